@@ -1,0 +1,322 @@
+//! Where locks live: the [`LockBackend`] trait and its implementations.
+//!
+//! A backend answers four questions per key, each in one round trip where the
+//! backend is remote:
+//!
+//! * **acquire-or-enqueue** ([`LockBackend::acquire`]): take the lock with a token,
+//!   or join the key's queue of waiting instances and say how long to wait at most;
+//! * **release-and-wake-next** ([`LockBackend::release`]): free the lock if the token
+//!   still owns it and wake *one* waiting instance;
+//! * **extend** ([`LockBackend::extend`]): re-arm the TTL if the token still owns it;
+//! * **leave** ([`LockBackend::leave`]): a waiter that gives up leaves the queue.
+//!
+//! Wake-ups arrive through a [`WakeRegistry`] that the backend fills (for Redis, from
+//! the instance's single pub/sub channel); a waiting caller [`watch`](LockBackend::watch)es
+//! the key *before* it asks, so a wake-up that races with the reply is never lost.
+//!
+//! Every operation is idempotent for a given token: repeating an acquire whose reply
+//! was lost either finds the lock already ours or competes again. That is how
+//! ambiguous results are reconciled, never by guessing.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use tokio::sync::watch;
+
+use crate::error::Result;
+use crate::key::LockKey;
+
+pub mod memory;
+pub mod redis;
+
+/// A random 128-bit value identifying one lease. Only its holder knows it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(u128);
+
+impl LeaseToken {
+    /// A fresh token from the thread-local CSPRNG.
+    pub fn random() -> Self {
+        LeaseToken(rand::random())
+    }
+
+    /// The token as 32 lowercase hex digits (what is stored at the lock key).
+    pub fn to_hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    /// Shows only the first 8 hex digits: enough to correlate logs, not to forge.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({:08x}…)", (self.0 >> 96) as u32)
+    }
+}
+
+/// The answer to [`LockBackend::acquire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    /// The lock is ours.
+    Acquired {
+        /// The fencing epoch minted for this lease: strictly greater than every
+        /// epoch minted before for the key (0 when the backend has no fencing).
+        epoch: u64,
+        /// How many *other* instances wait in the key's queue.
+        waiting: u32,
+    },
+    /// Someone else holds (or has a claim on) the lock; we are queued.
+    Busy {
+        /// Ask again after this long at the latest, even without a wake-up
+        /// (the remaining TTL, bounded by the queue entry's refresh interval).
+        retry_in: Duration,
+    },
+}
+
+/// The answer to [`LockBackend::release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// `true` if the lock was ours and is now deleted; `false` if the token did not
+    /// own it any more (expired, or taken by someone else): nothing was deleted.
+    pub released: bool,
+    /// How many other instances wait in the key's queue.
+    pub waiting: u32,
+}
+
+/// The answer to [`LockBackend::extend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extend {
+    /// The TTL was re-armed.
+    Extended {
+        /// How many other instances wait in the key's queue.
+        waiting: u32,
+    },
+    /// The token does not own the lock: the lease is lost.
+    NotOwner,
+}
+
+/// A store of distributed locks: Redis, Redlock, or in-process memory.
+///
+/// Implementations must be safe to call concurrently and must keep these
+/// semantics, which the [`Locker`](crate::Locker) and the tests rely on:
+///
+/// 1. At most one token owns a key at a time; ownership ends at the TTL unless
+///    extended.
+/// 2. `acquire` with the token that already owns the key re-arms the TTL and returns
+///    `Acquired` with the lease's epoch (idempotent retry).
+/// 3. Epochs of one key strictly increase across acquisitions.
+/// 4. `release` and `extend` change nothing unless the token owns the key.
+/// 5. After a release, a caller that is blocked in a [`Wakeup`] obtained from
+///    [`watch`](LockBackend::watch) for that key (in this or another instance) is
+///    woken, and a spurious wake-up is harmless.
+///
+/// # Cancel safety
+///
+/// Dropping any of the futures may leave the operation done or not done; because
+/// every operation is idempotent per token, the caller repeats it (or releases) to
+/// reconcile.
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// Acquire-or-enqueue `key` for `token` with a TTL of `ttl`. With `queue` false
+    /// a busy lock is reported without joining the key's queue (`try_lock`).
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire>;
+
+    /// Release `key` if `token` owns it, then wake the next waiting instance.
+    async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released>;
+
+    /// Re-arm the TTL of `key` to `ttl` if `token` owns it.
+    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend>;
+
+    /// Leave the queue of `key` (this instance no longer wants it) and pass on any
+    /// claim this instance was given.
+    async fn leave(&self, key: &LockKey) -> Result<()>;
+
+    /// Registers interest in wake-ups for `key`. Call it before `acquire` so that a
+    /// wake-up published in between is kept.
+    fn watch(&self, key: &LockKey) -> Wakeup;
+
+    /// Whether epochs are fencing tokens (strictly increasing per key). `false` for
+    /// backends that cannot promise it.
+    fn fencing(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
+        (**self).acquire(key, token, ttl, queue).await
+    }
+    async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
+        (**self).release(key, token).await
+    }
+    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+        (**self).extend(key, token, ttl).await
+    }
+    async fn leave(&self, key: &LockKey) -> Result<()> {
+        (**self).leave(key).await
+    }
+    fn watch(&self, key: &LockKey) -> Wakeup {
+        (**self).watch(key)
+    }
+    fn fencing(&self) -> bool {
+        (**self).fencing()
+    }
+}
+
+type Watchers = DashMap<LockKey, watch::Sender<u64>>;
+
+/// Per-key wake-up fan-in for one backend instance.
+///
+/// A backend calls [`wake`](WakeRegistry::wake) when it learns that a key may be
+/// free (a pub/sub message, an in-process release); callers wait on a [`Wakeup`].
+/// Entries exist only while someone watches, so the registry stays as small as the
+/// set of keys being waited for.
+#[derive(Clone, Default)]
+pub struct WakeRegistry {
+    watchers: Arc<Watchers>,
+}
+
+impl fmt::Debug for WakeRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeRegistry")
+            .field("watched_keys", &self.watchers.len())
+            .finish()
+    }
+}
+
+impl WakeRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts watching `key`; wake-ups from now on are seen by the returned handle.
+    pub fn watch(&self, key: &LockKey) -> Wakeup {
+        let rx = self
+            .watchers
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Wakeup {
+            rx: Some(rx),
+            key: key.clone(),
+            watchers: Arc::clone(&self.watchers),
+        }
+    }
+
+    /// Wakes every watcher of `key`. Returns `false` if nobody watches it.
+    pub fn wake(&self, key: &[u8]) -> bool {
+        match self.watchers.get(key) {
+            Some(tx) => {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wakes every watcher of every key (after a lost notification connection, when
+    /// messages may have been missed).
+    pub fn wake_all(&self) {
+        for tx in self.watchers.iter() {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Number of handles currently watching `key`.
+    pub fn watchers(&self, key: &[u8]) -> usize {
+        self.watchers
+            .get(key)
+            .map_or(0, |tx| tx.receiver_count())
+    }
+
+    /// Number of keys currently watched.
+    pub fn len(&self) -> usize {
+        self.watchers.len()
+    }
+
+    /// Whether no key is watched.
+    pub fn is_empty(&self) -> bool {
+        self.watchers.is_empty()
+    }
+}
+
+/// Interest in the wake-ups of one key; dropping it ends the interest.
+#[derive(Debug)]
+pub struct Wakeup {
+    rx: Option<watch::Receiver<u64>>,
+    key: LockKey,
+    watchers: Arc<Watchers>,
+}
+
+impl Wakeup {
+    /// Resolves at the first wake-up since this handle was created or since the
+    /// previous `woken` returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a wake-up that arrives while no call is pending is kept for the
+    /// next call.
+    pub async fn woken(&mut self) {
+        if let Some(rx) = self.rx.as_mut() {
+            // The sender lives in the registry until every receiver is gone, so
+            // `changed` can only fail if the registry itself was dropped.
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+impl Drop for Wakeup {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        // Under the shard lock, so a concurrent `watch` either sees the entry and
+        // subscribes before this check, or inserts a fresh one after the removal.
+        self.watchers
+            .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wake_before_waiting_is_kept_and_entries_are_removed() {
+        let reg = WakeRegistry::new();
+        let key = LockKey::from("k");
+        let mut a = reg.watch(&key);
+        let mut b = reg.watch(&key);
+        assert!(reg.wake(b"k"));
+        // Both see the wake-up that happened before they started waiting.
+        a.woken().await;
+        b.woken().await;
+        drop(a);
+        assert_eq!(reg.len(), 1);
+        drop(b);
+        assert!(reg.is_empty());
+        assert!(!reg.wake(b"k"));
+    }
+
+    #[test]
+    fn token_hex_is_32_digits_and_debug_hides_most() {
+        let t = LeaseToken::random();
+        assert_eq!(t.to_hex().len(), 32);
+        assert!(format!("{t:?}").len() < 30);
+    }
+}

@@ -1,0 +1,14 @@
+-- extend: compare-and-PEXPIRE
+--
+-- KEYS[1] lock   KEYS[2] fence   KEYS[3] queue
+-- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] fence ttl ms  ARGV[4] instance id
+--
+-- Returns { 1, others } when extended, { 0, 0 } when the token does not own the lock.
+local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('GET', lock) ~= ARGV[1] then
+  return { 0, 0 }
+end
+redis.call('PEXPIRE', lock, tonumber(ARGV[2]))
+redis.call('PEXPIRE', fence, tonumber(ARGV[3]))
+local _, others = scan_queue(queue, ARGV[4])
+return { 1, others }

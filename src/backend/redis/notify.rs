@@ -1,0 +1,101 @@
+//! The instance's single notification subscription.
+//!
+//! One task per backend keeps one pub/sub connection subscribed to the instance's
+//! channel. Each message carries a raw key; the task wakes that key's watchers. When
+//! the connection drops, the task reconnects with backoff and resubscribes, then
+//! wakes every watcher once, because messages sent during the gap are lost (a
+//! spurious wake-up only causes a retry). Meanwhile waiters fall back to their timers.
+//!
+//! A message for a key nobody here waits for any more means this instance was given
+//! a claim it will not use: the task leaves the key's queue, which passes the claim
+//! on, so no other instance waits out the claim window for nothing.
+
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::Inner;
+use crate::key::LockKey;
+
+/// Shared view of the subscription's health.
+#[derive(Debug, Default)]
+pub(super) struct Status {
+    up: AtomicBool,
+    count: AtomicU64,
+}
+
+impl Status {
+    pub(super) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+    pub(super) fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+pub(super) async fn run(
+    client: redis::Client,
+    channel: String,
+    connect_timeout: Duration,
+    inner: Weak<Inner>,
+    stop: CancellationToken,
+) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let attempt = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let connected = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = tokio::time::timeout(connect_timeout, attempt) => r,
+        };
+        match connected {
+            Ok(Ok(pubsub)) => {
+                backoff = MIN_BACKOFF;
+                let Some(i) = inner.upgrade() else { return };
+                i.subscriber.up.store(true, Ordering::Release);
+                i.subscriber.count.fetch_add(1, Ordering::AcqRel);
+                // Anything published while we were away is lost: let waiters retry.
+                i.wakeups.wake_all();
+                drop(i);
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        m = messages.next() => m,
+                    };
+                    let Some(msg) = msg else { break };
+                    let Some(i) = inner.upgrade() else { return };
+                    let raw = msg.get_payload_bytes();
+                    if !i.wakeups.wake(raw) {
+                        let key = LockKey::from(raw);
+                        tokio::spawn(async move {
+                            if let Err(e) = i.leave(&key).await {
+                                tracing::debug!(%key, error = %e, "leaving an unwanted claim failed");
+                            }
+                        });
+                    }
+                }
+                if let Some(i) = inner.upgrade() {
+                    i.subscriber.up.store(false, Ordering::Release);
+                }
+                tracing::debug!(%channel, "notification connection lost; reconnecting");
+            }
+            Ok(Err(e)) => tracing::debug!(%channel, error = %e, "subscribing failed"),
+            Err(_) => tracing::debug!(%channel, "subscribing timed out"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}

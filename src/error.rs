@@ -1,0 +1,199 @@
+//! The one error type of lockflight.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::key::LockKey;
+
+/// What a lock operation was doing when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Waiting in this process's local queue behind another task.
+    WaitingLocally,
+    /// Talking to the backend to acquire the lock (or waiting for its wake-up).
+    Acquiring,
+    /// Renewing a held lease.
+    Renewing,
+    /// Releasing a held lease.
+    Releasing,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::WaitingLocally => "waiting locally",
+            Phase::Acquiring => "acquiring",
+            Phase::Renewing => "renewing",
+            Phase::Releasing => "releasing",
+        })
+    }
+}
+
+/// A boxed, cloneable error source (errors are shared between coalesced callers).
+pub(crate) type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in lockflight.
+///
+/// Every variant that concerns a lock names its key and, where it matters, the
+/// [`Phase`]. The enum is `Clone` because coalesced callers share one outcome.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock was not obtained within the wait timeout.
+    #[error("lock {key:?}: timed out after {waited:?} while {phase}")]
+    Timeout {
+        /// The lock key.
+        key: LockKey,
+        /// Where the time ran out.
+        phase: Phase,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The lease was lost (expired, taken over, or deleted) while it was held or
+    /// being released; the guarded work must be assumed to have run unprotected.
+    #[error("lock {key:?}: lease lost while {phase}: {reason}")]
+    LeaseLost {
+        /// The lock key.
+        key: LockKey,
+        /// Where the loss was noticed.
+        phase: Phase,
+        /// Why the lease is considered lost.
+        reason: String,
+    },
+    /// Too many tasks are already waiting locally for this key.
+    #[error("lock {key:?}: overloaded, {waiters} tasks already wait locally (max_waiters)")]
+    Overloaded {
+        /// The lock key.
+        key: LockKey,
+        /// The configured bound that was reached.
+        waiters: usize,
+    },
+    /// The key cannot be used as a lock key.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The rejected key.
+        key: LockKey,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A setting is impossible (zero TTL, renewal slower than the TTL, …).
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The lock key holds a value lockflight did not write: a value of another type,
+    /// or a string without a TTL. lockflight never overwrites it.
+    #[error("lock {key:?}: the Redis key holds a foreign value while {phase}: {detail}")]
+    ForeignValue {
+        /// The lock key.
+        key: LockKey,
+        /// The operation that found it.
+        phase: Phase,
+        /// What was found.
+        detail: String,
+    },
+    /// The server refused the command for lack of permission (ACL `NOPERM`).
+    #[error("lock {key:?}: no permission while {phase}: {source}")]
+    NoPermission {
+        /// The lock key.
+        key: LockKey,
+        /// The operation that was refused.
+        phase: Phase,
+        /// The server's error.
+        source: Source,
+    },
+    /// Redlock: fewer than a majority of the instances agreed.
+    #[error("lock {key:?}: quorum not reached while {phase}: {acquired} of {needed} needed")]
+    QuorumNotReached {
+        /// The lock key.
+        key: LockKey,
+        /// The operation.
+        phase: Phase,
+        /// How many instances granted it.
+        acquired: usize,
+        /// How many were needed.
+        needed: usize,
+    },
+    /// The shared computation of [`Locker::coalesce`](crate::Locker::coalesce) (or the
+    /// guarded work of another caller) panicked.
+    #[error("lock {key:?}: the coalesced computation panicked")]
+    Panicked {
+        /// The lock key.
+        key: LockKey,
+    },
+    /// The backend could not be reached when it was set up.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// The address (never the password).
+        target: String,
+        /// The underlying error.
+        source: Source,
+    },
+    /// The backend failed: I/O, a protocol error, an unexpected reply.
+    #[error("lock {key:?}: backend error while {phase}: {source}")]
+    Backend {
+        /// The lock key (empty for connection set-up).
+        key: LockKey,
+        /// The operation.
+        phase: Phase,
+        /// The underlying error.
+        source: Source,
+    },
+}
+
+impl Error {
+    /// The key this error is about, if any.
+    pub fn key(&self) -> Option<&LockKey> {
+        match self {
+            Error::Timeout { key, .. }
+            | Error::LeaseLost { key, .. }
+            | Error::Overloaded { key, .. }
+            | Error::InvalidKey { key, .. }
+            | Error::ForeignValue { key, .. }
+            | Error::NoPermission { key, .. }
+            | Error::QuorumNotReached { key, .. }
+            | Error::Panicked { key }
+            | Error::Backend { key, .. } => Some(key),
+            Error::InvalidConfig { .. } | Error::Connect { .. } => None,
+        }
+    }
+
+    /// Whether retrying the same operation later may succeed (timeouts, overload,
+    /// backend I/O, quorum); `false` for bad input and foreign values.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::Overloaded { .. }
+                | Error::Backend { .. }
+                | Error::Connect { .. }
+                | Error::QuorumNotReached { .. }
+                | Error::LeaseLost { .. }
+        )
+    }
+
+    /// A backend error for `key` in `phase`.
+    pub fn backend(
+        key: &LockKey,
+        phase: Phase,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Backend {
+            key: key.clone(),
+            phase,
+            source: Arc::from(source.into()),
+        }
+    }
+
+    pub(crate) fn config(reason: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// `Result<T, lockflight::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,191 @@
+//! What a task holds: [`LockGuard`], and the [`FencingToken`] it carries.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::locker::Shared;
+use crate::slot::Slot;
+
+/// A totally ordered token that strictly increases across every critical section
+/// of a key: `(epoch, seq)`, compared lexicographically.
+///
+/// `epoch` is minted by the backend for each acquisition (`max(last + 1, server time
+/// in µs)`), `seq` counts local handoffs within that lease. Hand both to the guarded
+/// resource and let it reject writers whose token is not newer than the last one it
+/// accepted:
+///
+/// ```sql
+/// UPDATE stock SET qty = qty - ?, fence_epoch = ?, fence_seq = ?
+///  WHERE sku = ? AND (fence_epoch, fence_seq) < (?, ?)
+/// ```
+///
+/// ```
+/// use lockflight::FencingToken;
+///
+/// let a = FencingToken { epoch: 7, seq: 3 };
+/// let b = FencingToken { epoch: 8, seq: 0 };
+/// assert!(a < b);
+/// assert!(FencingToken { epoch: 7, seq: 4 } > a);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken {
+    /// The lease's epoch from the backend.
+    pub epoch: u64,
+    /// The handoff sequence within the lease (0 for the task that acquired it).
+    pub seq: u64,
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.epoch, self.seq)
+    }
+}
+
+/// The key and fencing token of a held lock, for code that does not hold the guard
+/// itself (the closure of [`Locker::with_lock`](crate::Locker::with_lock), handlers
+/// behind the tower layer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The lock key.
+    pub key: LockKey,
+    /// The fencing token of this critical section.
+    pub fencing_token: FencingToken,
+}
+
+/// A held lock.
+///
+/// Release it with [`release`](LockGuard::release) to learn whether the lease was
+/// still held; dropping it releases (or hands off) in the background. While it is
+/// held a watchdog renews the lease; [`lost`](LockGuard::lost) resolves if the lease
+/// is lost, no later than its validity ends.
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    slot: Option<Arc<Slot>>,
+    lease: Arc<Lease>,
+    seq: u64,
+    done: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.key)
+            .field("fencing_token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> LockGuard {
+        LockGuard {
+            shared,
+            slot,
+            lease,
+            seq,
+            done: false,
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// This critical section's fencing token.
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken {
+            epoch: self.lease.epoch,
+            seq: self.seq,
+        }
+    }
+
+    /// Key and fencing token, as a cloneable value.
+    pub fn info(&self) -> LockInfo {
+        LockInfo {
+            key: self.lease.key.clone(),
+            fencing_token: self.fencing_token(),
+        }
+    }
+
+    /// Whether the lease has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the lease is known to stay valid without a further renewal.
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the lease is lost: the backend said it is no longer ours, or
+    /// renewals failed until its validity ran out. It never resolves for a lease that
+    /// stays held. The future does not borrow the guard.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lease.lost_token().clone().cancelled_owned()
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::LeaseLost {
+            key: self.lease.key.clone(),
+            phase: Phase::Renewing,
+            reason: self.lease.lost_reason(),
+        }
+    }
+
+    /// Releases the lock: hands it to a local waiter (with handoff on and within its
+    /// budget) or deletes it at the backend and wakes the next waiting instance.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the backend no longer held this lease (it expired or
+    /// was taken over; nothing was deleted); backend errors after brief retries (the
+    /// lock then expires at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// The release runs to completion in a background task even if this future is
+    /// dropped; only its result is lost.
+    pub async fn release(mut self) -> Result<()> {
+        self.done = true;
+        let job = self
+            .shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
+        match job {
+            None => Ok(()),
+            Some(job) => match tokio::spawn(job.run()).await {
+                Ok(result) => result,
+                Err(e) => Err(Error::backend(&self.lease.key, Phase::Releasing, e)),
+            },
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(job) = self
+            .shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
+        {
+            job.spawn();
+        }
+    }
+}

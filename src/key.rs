@@ -1,0 +1,288 @@
+//! Lock keys and the extractors that find a key in a request.
+//!
+//! A [`LockKey`] is an arbitrary, non-empty byte string of at most [`MAX_KEY_LEN`]
+//! bytes. Conversions from `&str`, `String`, `&[u8]` and `Vec<u8>` are infallible;
+//! the key is validated when it is used, so a bad key becomes a clear
+//! [`Error::InvalidKey`](crate::Error::InvalidKey) at the call site instead of a panic.
+//!
+//! Binary keys round-trip exactly. The Redis names derived from a key escape `%`, `{`
+//! and `}` so that every name of one key shares one cluster hash tag and no two keys
+//! ever share a derived name.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Error;
+
+/// The longest key accepted, in bytes.
+///
+/// Longer keys are rejected with [`Error::InvalidKey`](crate::Error::InvalidKey):
+/// every key is copied into several Redis names and into every wake-up message, so
+/// an unbounded key would be an unbounded cost per lock.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The name of a lock: a non-empty byte string of at most [`MAX_KEY_LEN`] bytes.
+///
+/// Cheap to clone (reference counted). Ordering, equality and hashing are those of
+/// the bytes.
+///
+/// ```
+/// use lockflight::LockKey;
+///
+/// let a = LockKey::from("sku:555");
+/// let b = LockKey::from(b"sku:555".to_vec());
+/// assert_eq!(a, b);
+/// assert_eq!(a.as_bytes(), b"sku:555");
+/// assert_eq!(a.to_string(), "sku:555");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey(Arc<[u8]>);
+
+impl LockKey {
+    /// The key's bytes, exactly as given.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The key as UTF-8 text, if it is valid UTF-8.
+    pub fn as_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.0).ok()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the key is empty (an empty key is never accepted for locking).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Checks the key against the rules every backend relies on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] when the key is empty or longer than [`MAX_KEY_LEN`].
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.0.is_empty() {
+            return Err(Error::InvalidKey {
+                key: self.clone(),
+                reason: "the key is empty".into(),
+            });
+        }
+        if self.0.len() > MAX_KEY_LEN {
+            return Err(Error::InvalidKey {
+                key: self.clone(),
+                reason: format!(
+                    "the key is {} bytes long, the limit is {MAX_KEY_LEN}",
+                    self.0.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl From<&str> for LockKey {
+    fn from(s: &str) -> Self {
+        LockKey(Arc::from(s.as_bytes()))
+    }
+}
+
+impl From<String> for LockKey {
+    fn from(s: String) -> Self {
+        LockKey(Arc::from(s.into_bytes()))
+    }
+}
+
+impl From<&String> for LockKey {
+    fn from(s: &String) -> Self {
+        LockKey::from(s.as_str())
+    }
+}
+
+impl From<&[u8]> for LockKey {
+    fn from(b: &[u8]) -> Self {
+        LockKey(Arc::from(b))
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for LockKey {
+    fn from(b: &[u8; N]) -> Self {
+        LockKey(Arc::from(&b[..]))
+    }
+}
+
+impl From<Vec<u8>> for LockKey {
+    fn from(b: Vec<u8>) -> Self {
+        LockKey(Arc::from(b))
+    }
+}
+
+impl From<&LockKey> for LockKey {
+    fn from(k: &LockKey) -> Self {
+        k.clone()
+    }
+}
+
+impl Borrow<[u8]> for LockKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for LockKey {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Longest prefix of a key shown in messages; the rest is elided.
+const DISPLAY_LIMIT: usize = 64;
+
+impl fmt::Display for LockKey {
+    /// Text keys print as they are; other bytes print as `\xNN` escapes. Keys longer
+    /// than 64 bytes are shortened with `…(N bytes)`, so an error about an oversized
+    /// key stays readable.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = &self.0[..self.0.len().min(DISPLAY_LIMIT)];
+        for chunk in shown.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c.is_control() {
+                    write!(f, "{}", c.escape_default())?;
+                } else {
+                    write!(f, "{c}")?;
+                }
+            }
+            for b in chunk.invalid() {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        if self.0.len() > DISPLAY_LIMIT {
+            write!(f, "…({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LockKey(\"{self}\")")
+    }
+}
+
+/// Finds the lock key of a request.
+///
+/// Implemented for closures `Fn(&Req) -> Option<LockKey>` and for the ready-made
+/// extractors [`HeaderKey`] and [`PathSegment`]. `None` means the request has no key;
+/// what happens then is the caller's policy (the tower layer passes it through or
+/// rejects it).
+///
+/// ```
+/// use lockflight::{KeyExtractor, LockKey};
+///
+/// let by_query = |req: &String| req.strip_prefix("sku=").map(LockKey::from);
+/// assert_eq!(by_query.extract(&"sku=7".to_string()), Some(LockKey::from("7")));
+/// assert_eq!(by_query.extract(&"other".to_string()), None);
+/// ```
+pub trait KeyExtractor<Req> {
+    /// The key of `req`, or `None` when it has none.
+    fn extract(&self, req: &Req) -> Option<LockKey>;
+}
+
+impl<Req, F> KeyExtractor<Req> for F
+where
+    F: Fn(&Req) -> Option<LockKey>,
+{
+    fn extract(&self, req: &Req) -> Option<LockKey> {
+        self(req)
+    }
+}
+
+/// Takes the key from an HTTP header's raw bytes.
+///
+/// ```
+/// use lockflight::{HeaderKey, KeyExtractor, LockKey};
+///
+/// let extract = HeaderKey::new(http::header::HeaderName::from_static("x-sku"));
+/// let req = http::Request::builder().header("x-sku", "555").body(()).unwrap();
+/// assert_eq!(extract.extract(&req), Some(LockKey::from("555")));
+/// ```
+#[derive(Clone, Debug)]
+pub struct HeaderKey {
+    name: http::header::HeaderName,
+}
+
+impl HeaderKey {
+    /// Uses the header `name`; requests without it have no key.
+    pub fn new(name: http::header::HeaderName) -> Self {
+        HeaderKey { name }
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for HeaderKey {
+    fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
+        req.headers()
+            .get(&self.name)
+            .map(|v| LockKey::from(v.as_bytes()))
+    }
+}
+
+/// Takes the key from one segment of the URI path (0-based, after the leading `/`),
+/// as it appears in the URI (percent-encoded).
+///
+/// ```
+/// use lockflight::{KeyExtractor, LockKey, PathSegment};
+///
+/// let req = http::Request::builder().uri("/items/555/reserve").body(()).unwrap();
+/// assert_eq!(PathSegment::new(1).extract(&req), Some(LockKey::from("555")));
+/// assert_eq!(PathSegment::new(7).extract(&req), None);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct PathSegment {
+    index: usize,
+}
+
+impl PathSegment {
+    /// Uses path segment number `index` (`/items/{sku}` has `sku` at index 1).
+    pub fn new(index: usize) -> Self {
+        PathSegment { index }
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for PathSegment {
+    fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
+        req.uri()
+            .path()
+            .trim_start_matches('/')
+            .split('/')
+            .nth(self.index)
+            .filter(|s| !s.is_empty())
+            .map(LockKey::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_keys_round_trip() {
+        let raw = vec![0u8, 0xff, b'{', b'}', b'%'];
+        let k = LockKey::from(raw.clone());
+        assert_eq!(k.as_bytes(), &raw[..]);
+        assert_eq!(k.as_str(), None);
+        assert_eq!(k.to_string(), "\\u{0}\\xff{}%");
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let empty = LockKey::from("").validate().unwrap_err();
+        assert!(empty.to_string().contains("empty"), "{empty}");
+        let long = LockKey::from(vec![b'a'; MAX_KEY_LEN + 1]).validate().unwrap_err();
+        assert!(long.to_string().contains("1025 bytes"), "{long}");
+        LockKey::from(vec![b'a'; MAX_KEY_LEN]).validate().unwrap();
+    }
+}

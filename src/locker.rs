@@ -1,0 +1,811 @@
+//! [`Locker`]: the user's handle, and its validated settings.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Acquire, LeaseToken, LockBackend, Released};
+use crate::coalesce::Flights;
+use crate::error::{Error, Phase, Result};
+use crate::guard::{LockGuard, LockInfo};
+use crate::key::LockKey;
+use crate::lease::{self, Lease};
+use crate::slot::{Abandon, Forward, Grant, Join, Lead, Release, Slot, SlotMap};
+use crate::stats::{Stats, StatsInner};
+
+/// Local lease handoff settings; see [`LockerBuilder::handoff`].
+///
+/// With handoff on, a holder that releases while another local task waits for the
+/// same key passes the still-valid lease to that task in memory: no backend request
+/// at all. The budget bounds how long one process keeps a lease this way, so other
+/// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
+/// total hold time per lease, both **halved** while the backend reports other
+/// instances waiting for the key. A lease with less than `min_validity` left, or
+/// whose loss is being signalled, is never handed on.
+///
+/// Turn it on when the guarded resource tolerates one process running many critical
+/// sections in a row (counters, stock, caches); leave it off when strict
+/// cross-instance FIFO order matters more than throughput.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockflight::Handoff;
+///
+/// let h = Handoff::enabled().max_consecutive(32).max_hold(Duration::from_millis(100));
+/// assert!(h.is_enabled());
+/// assert!(!Handoff::disabled().is_enabled());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Handoff {
+    enabled: bool,
+    max_consecutive: u32,
+    max_hold: Duration,
+    min_validity: Option<Duration>,
+}
+
+impl Handoff {
+    /// Default bound on consecutive handoffs per lease.
+    pub const DEFAULT_MAX_CONSECUTIVE: u32 = 64;
+    /// Default bound on the total hold time of one lease across handoffs.
+    pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
+
+    /// No handoff: every critical section acquires from the backend (the default).
+    pub fn disabled() -> Self {
+        Handoff {
+            enabled: false,
+            ..Self::enabled()
+        }
+    }
+
+    /// Handoff with the default budget.
+    pub fn enabled() -> Self {
+        Handoff {
+            enabled: true,
+            max_consecutive: Self::DEFAULT_MAX_CONSECUTIVE,
+            max_hold: Self::DEFAULT_MAX_HOLD,
+            min_validity: None,
+        }
+    }
+
+    /// At most `n` handoffs per lease (at least 1).
+    pub fn max_consecutive(mut self, n: u32) -> Self {
+        self.max_consecutive = n;
+        self
+    }
+
+    /// At most `d` of total hold time per lease.
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = d;
+        self
+    }
+
+    /// Never hand on a lease with less than `d` of validity left (default: a third
+    /// of the lease TTL).
+    pub fn min_validity(mut self, d: Duration) -> Self {
+        self.min_validity = Some(d);
+        self
+    }
+
+    /// Whether handoff is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+}
+
+impl Default for Handoff {
+    fn default() -> Self {
+        Self::disabled()
+    }
+}
+
+/// What [`Locker::with_lock`] (and the tower layer) do when a lease is lost while the
+/// guarded work runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossPolicy {
+    /// Drop the guarded future and return [`Error::LeaseLost`] (the default).
+    #[default]
+    Abort,
+    /// Only signal: the work runs on; it can watch [`LockGuard::lost`].
+    Signal,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) lease_ttl: Duration,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) renew_every: Duration,
+    pub(crate) handoff: Handoff,
+    pub(crate) min_validity: Duration,
+    pub(crate) max_waiters: usize,
+    pub(crate) coalescing: bool,
+    pub(crate) on_loss: LossPolicy,
+}
+
+/// Settings of a [`Locker`]; see [`Locker::builder`].
+#[must_use]
+pub struct LockerBuilder {
+    backend: Arc<dyn LockBackend>,
+    lease_ttl: Duration,
+    wait_timeout: Duration,
+    renew_every: Option<Duration>,
+    handoff: Handoff,
+    max_waiters: usize,
+    coalescing: bool,
+    on_loss: LossPolicy,
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("backend", &self.backend)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("renew_every", &self.renew_every)
+            .field("handoff", &self.handoff)
+            .field("max_waiters", &self.max_waiters)
+            .field("coalescing", &self.coalescing)
+            .field("on_loss", &self.on_loss)
+            .finish()
+    }
+}
+
+impl LockerBuilder {
+    /// Default lease TTL.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// Default bound on [`Locker::lock`].
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default bound on local waiters per key.
+    pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+    /// The shortest lease TTL accepted.
+    pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+
+    /// How long a lease lives without renewal (default 30 s, at least 100 ms). The
+    /// watchdog renews it every third of that while it is held.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long [`Locker::lock`] waits before [`Error::Timeout`] (default 5 s).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// How often the watchdog renews a held lease (default: a third of the TTL).
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// Local lease handoff (default [`Handoff::disabled`]).
+    pub fn handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = handoff;
+        self
+    }
+
+    /// Bound on tasks waiting locally per key (default 10,000); the excess gets
+    /// [`Error::Overloaded`] at once.
+    pub fn max_waiters(mut self, n: usize) -> Self {
+        self.max_waiters = n;
+        self
+    }
+
+    /// Per-process coalescing (default on). Off, every task competes with the
+    /// backend on its own: the naive baseline, kept for comparison.
+    pub fn coalescing(mut self, on: bool) -> Self {
+        self.coalescing = on;
+        self
+    }
+
+    /// What [`Locker::with_lock`] does on lease loss (default [`LossPolicy::Abort`]).
+    pub fn on_loss(mut self, policy: LossPolicy) -> Self {
+        self.on_loss = policy;
+        self
+    }
+
+    /// Validates the settings and builds the locker.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting: a TTL under 100 ms, a zero wait
+    /// timeout, a renewal interval that is zero or not shorter than the TTL minus its
+    /// drift margin, zero `max_waiters`, a handoff budget of zero, or a handoff
+    /// `min_validity` not shorter than the TTL.
+    pub fn build(self) -> Result<Locker> {
+        let ttl = self.lease_ttl;
+        if ttl < Self::MIN_LEASE_TTL {
+            return Err(Error::config(format!(
+                "lease_ttl is {ttl:?}, it must be at least {:?}",
+                Self::MIN_LEASE_TTL
+            )));
+        }
+        if self.wait_timeout.is_zero() {
+            return Err(Error::config(
+                "wait_timeout is zero; use try_lock for a single attempt",
+            ));
+        }
+        let renew_every = self.renew_every.unwrap_or(ttl / 3);
+        let usable = ttl.saturating_sub(lease::drift(ttl));
+        if renew_every.is_zero() || renew_every >= usable {
+            return Err(Error::config(format!(
+                "renew_every is {renew_every:?}; it must be above zero and below the lease \
+                 validity of {usable:?} (lease_ttl minus the drift margin)"
+            )));
+        }
+        if self.max_waiters == 0 {
+            return Err(Error::config("max_waiters is zero"));
+        }
+        let min_validity = self.handoff.min_validity.unwrap_or(ttl / 3);
+        if self.handoff.enabled {
+            if self.handoff.max_consecutive == 0 || self.handoff.max_hold.is_zero() {
+                return Err(Error::config(
+                    "handoff budget is zero (max_consecutive and max_hold must be above zero)",
+                ));
+            }
+            if min_validity >= usable {
+                return Err(Error::config(format!(
+                    "handoff min_validity is {min_validity:?}, it must be below the lease \
+                     validity of {usable:?}"
+                )));
+            }
+        }
+        let config = Config {
+            lease_ttl: ttl,
+            wait_timeout: self.wait_timeout,
+            renew_every,
+            handoff: self.handoff,
+            min_validity,
+            max_waiters: self.max_waiters,
+            coalescing: self.coalescing,
+            on_loss: self.on_loss,
+        };
+        let backend = self.backend;
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
+            backend,
+            config,
+            stats: Arc::default(),
+            slots: SlotMap::default(),
+            flights: Flights::default(),
+        });
+        Ok(Locker { shared })
+    }
+}
+
+/// The handle a service uses to take distributed locks.
+///
+/// Cheap to clone; clones share everything. Build **one per process** per backend:
+/// coalescing works among the tasks that share a `Locker`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use std::time::Duration;
+/// use lockflight::{Handoff, Locker, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new())
+///     .lease_ttl(Duration::from_secs(30))
+///     .wait_timeout(Duration::from_secs(5))
+///     .handoff(Handoff::enabled().max_consecutive(64))
+///     .build()?;
+///
+/// let guard = locker.lock("sku:555").await?;
+/// let token = guard.fencing_token(); // hand it to the resource with every write
+/// guard.release().await?;
+///
+/// let stock = locker
+///     .with_lock("sku:555", |info| async move { info.fencing_token > token })
+///     .await?;
+/// assert!(stock);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.shared.backend)
+            .field("config", &self.shared.config)
+            .field("active_keys", &self.shared.slots.len())
+            .finish()
+    }
+}
+
+pub(crate) struct Shared {
+    me: Weak<Shared>,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) config: Config,
+    pub(crate) stats: Arc<StatsInner>,
+    pub(crate) slots: SlotMap,
+    pub(crate) flights: Flights,
+}
+
+impl Locker {
+    /// Starts configuring a locker over `backend`.
+    pub fn builder(backend: impl LockBackend) -> LockerBuilder {
+        LockerBuilder {
+            backend: Arc::new(backend),
+            lease_ttl: LockerBuilder::DEFAULT_LEASE_TTL,
+            wait_timeout: LockerBuilder::DEFAULT_WAIT_TIMEOUT,
+            renew_every: None,
+            handoff: Handoff::disabled(),
+            max_waiters: LockerBuilder::DEFAULT_MAX_WAITERS,
+            coalescing: true,
+            on_loss: LossPolicy::Abort,
+        }
+    }
+
+    /// Takes the lock of `key`, waiting up to the configured wait timeout.
+    ///
+    /// Within this process at most one task per key talks to the backend; the others
+    /// wait in a local FIFO and are granted either leadership or (with handoff) the
+    /// lease itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Timeout`] when
+    /// the wait timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already
+    /// wait for the key; [`Error::ForeignValue`], [`Error::NoPermission`] and
+    /// [`Error::Backend`] from the backend (transient backend errors are retried
+    /// until the deadline).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. A dropped waiter leaves the local queue without disturbing it; a
+    /// dropped leader passes leadership (and its token, so an acquire that may have
+    /// landed is reconciled) to the next waiter, or releases that token and leaves the
+    /// backend queue in the background when nobody waits.
+    pub async fn lock(&self, key: impl Into<LockKey>) -> Result<LockGuard> {
+        self.lock_within(key, self.shared.config.wait_timeout).await
+    }
+
+    /// Like [`lock`](Self::lock) with an explicit wait timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<LockGuard> {
+        let key = key.into();
+        key.validate()?;
+        let start = Instant::now();
+        let deadline = start + wait;
+        let shared = &self.shared;
+        let fwd: Arc<dyn Forward> = shared.arc();
+        if !shared.config.coalescing {
+            return shared
+                .lead(&key, None, Lead::default(), start, deadline, true)
+                .await?
+                .ok_or_else(|| unreachable_busy(&key));
+        }
+        let lead = match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
+            Join::Lead(slot) => {
+                return shared
+                    .lead(&key, Some(slot), Lead::default(), start, deadline, true)
+                    .await?
+                    .ok_or_else(|| unreachable_busy(&key));
+            }
+            Join::Overloaded => {
+                return Err(Error::Overloaded {
+                    key,
+                    waiters: shared.config.max_waiters,
+                });
+            }
+            Join::Wait(mut ticket) => {
+                shared.stats.local_wait();
+                match tokio::time::timeout_at(deadline, ticket.granted()).await {
+                    Err(_) => {
+                        shared.stats.timeout();
+                        return Err(Error::Timeout {
+                            key,
+                            phase: Phase::WaitingLocally,
+                            waited: start.elapsed(),
+                        });
+                    }
+                    Ok(Grant::Lease(lease, seq)) => {
+                        let slot = Arc::clone(ticket.slot());
+                        return Ok(LockGuard::new(shared.arc(), Some(slot), lease, seq));
+                    }
+                    Ok(Grant::Lead(lead)) => (Arc::clone(ticket.slot()), lead),
+                }
+            }
+        };
+        let (slot, lead) = lead;
+        shared
+            .lead(&key, Some(slot), lead, start, deadline, true)
+            .await?
+            .ok_or_else(|| unreachable_busy(&key))
+    }
+
+    /// Takes the lock of `key` if it is free right now: one backend request, no
+    /// waiting. Returns `None` when another task of this process or another instance
+    /// holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), except that a busy lock is `Ok(None)`, not a timeout
+    /// (a backend that does not answer within the wait timeout is a timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a request that may have landed is released in the background.
+    pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
+        let key = key.into();
+        key.validate()?;
+        let start = Instant::now();
+        let deadline = start + self.shared.config.wait_timeout;
+        let shared = &self.shared;
+        let slot = if shared.config.coalescing {
+            let fwd: Arc<dyn Forward> = shared.arc();
+            match Slot::try_join(&shared.slots, &key, &fwd) {
+                Some(slot) => Some(slot),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        shared
+            .lead(&key, slot, Lead::default(), start, deadline, false)
+            .await
+    }
+
+    /// Runs `work` while holding the lock of `key`, then releases it.
+    ///
+    /// `work` receives the [`LockInfo`] (key and fencing token). With the default
+    /// [`LossPolicy::Abort`], if the lease is lost while `work` runs, its future is
+    /// dropped at its next `.await` and the call returns [`Error::LeaseLost`].
+    /// Problems releasing after `work` completed are logged, not returned: `work` ran
+    /// under a valid lease (loss is always signalled before validity ends).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), plus [`Error::LeaseLost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` and releases (or hands off) the lock in the
+    /// background.
+    pub async fn with_lock<F, Fut, T>(&self, key: impl Into<LockKey>, work: F) -> Result<T>
+    where
+        F: FnOnce(LockInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock(key).await?;
+        let out = match self.shared.config.on_loss {
+            LossPolicy::Signal => work(guard.info()).await,
+            LossPolicy::Abort => {
+                let lost = guard.lost();
+                tokio::select! {
+                    biased;
+                    _ = lost => return Err(guard.lost_error()),
+                    out = work(guard.info()) => out,
+                }
+            }
+        };
+        if let Err(e) = guard.release().await {
+            tracing::debug!(error = %e, "release after with_lock failed");
+        }
+        Ok(out)
+    }
+
+    /// Counters since the locker was built.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats.snapshot()
+    }
+
+    /// Number of keys with local activity (a holder, a leader or waiters). Zero when
+    /// every task is done: slots never outlive their use.
+    pub fn active_keys(&self) -> usize {
+        self.shared.slots.len()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+fn unreachable_busy(key: &LockKey) -> Error {
+    Error::backend(key, Phase::Acquiring, "busy reply to a waiting acquire")
+}
+
+/// The one task that talks to the backend for a key, until it holds the lease or
+/// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
+struct Leading {
+    shared: Arc<Shared>,
+    key: LockKey,
+    slot: Option<Arc<Slot>>,
+    lead: Lead,
+    finished: bool,
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let cleanup = match &self.slot {
+            Some(slot) => match slot.abandon(&self.shared.slots, self.lead) {
+                Abandon::Succeeded => return,
+                Abandon::Cleanup(lead) => lead,
+            },
+            None => self.lead,
+        };
+        self.shared.cleanup(&self.key, cleanup);
+    }
+}
+
+impl Shared {
+    fn arc(&self) -> Arc<Shared> {
+        self.me.upgrade().expect("a Locker's shared state is alive while it is used")
+    }
+
+    /// Releases a token whose acquire may have landed and leaves the backend queue,
+    /// in the background.
+    fn cleanup(&self, key: &LockKey, lead: Lead) {
+        if lead.token.is_none() && !lead.queued {
+            return;
+        }
+        let key = key.clone();
+        let backend = Arc::clone(&self.backend);
+        spawn_detached(async move {
+            if let Some(token) = lead.token {
+                if let Err(e) = backend.release(&key, token).await {
+                    tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
+                }
+            }
+            if lead.queued {
+                if let Err(e) = backend.leave(&key).await {
+                    tracing::debug!(%key, error = %e, "leaving the queue failed");
+                }
+            }
+        });
+    }
+
+    /// Acquires from the backend as the key's leader. `Ok(None)` only when `queue` is
+    /// false and the lock is busy.
+    async fn lead(
+        &self,
+        key: &LockKey,
+        slot: Option<Arc<Slot>>,
+        inherited: Lead,
+        start: Instant,
+        deadline: Instant,
+        queue: bool,
+    ) -> Result<Option<LockGuard>> {
+        let token = inherited.token.unwrap_or_else(LeaseToken::random);
+        let mut leading = Leading {
+            shared: self.arc(),
+            key: key.clone(),
+            slot,
+            lead: Lead {
+                token: Some(token),
+                queued: inherited.queued,
+            },
+            finished: false,
+        };
+        let mut wakeup = self.backend.watch(key);
+        let ttl = self.config.lease_ttl;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let sent_at = Instant::now();
+            // From here until a definite answer, the acquire may have landed.
+            leading.lead.token = Some(token);
+            self.stats.acquire_attempt();
+            let reply =
+                tokio::time::timeout_at(deadline, self.backend.acquire(key, token, ttl, queue))
+                    .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(_) => return Err(self.timed_out(key, start)),
+            };
+            match reply {
+                Ok(Acquire::Acquired { epoch, waiting }) => {
+                    self.stats.acquired();
+                    leading.finished = true;
+                    let lease = Arc::new(Lease::new(key.clone(), token, epoch, ttl, sent_at, waiting));
+                    if let Some(slot) = &leading.slot {
+                        slot.acquired();
+                    }
+                    spawn_detached(lease::watchdog(
+                        Arc::clone(&lease),
+                        Arc::clone(&self.backend),
+                        self.config.renew_every,
+                        Arc::clone(&self.stats),
+                    ));
+                    return Ok(Some(LockGuard::new(
+                        self.arc(),
+                        leading.slot.take(),
+                        lease,
+                        0,
+                    )));
+                }
+                Ok(Acquire::Busy { retry_in }) => {
+                    leading.lead.token = None;
+                    if !queue {
+                        return Ok(None);
+                    }
+                    leading.lead.queued = true;
+                    backoff = Duration::from_millis(10);
+                    tokio::select! {
+                        _ = wakeup.woken() => {}
+                        _ = tokio::time::sleep(retry_in) => {}
+                        _ = tokio::time::sleep_until(deadline) => {
+                            return Err(self.timed_out(key, start));
+                        }
+                    }
+                }
+                Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
+                    tracing::debug!(%key, error = %e, "acquire failed; retrying");
+                    if Instant::now() + backoff >= deadline {
+                        self.stats.timeout();
+                        return Err(e);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    // A definite refusal: nothing was written.
+                    leading.lead.token = None;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self, key: &LockKey, start: Instant) -> Error {
+        self.stats.timeout();
+        Error::Timeout {
+            key: key.clone(),
+            phase: Phase::Acquiring,
+            waited: start.elapsed(),
+        }
+    }
+
+    /// Whether `lease` may go to a local waiter instead of back to the backend.
+    pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
+        let h = &self.config.handoff;
+        if !h.enabled || lease.is_lost() || lease.remaining() < self.config.min_validity {
+            return false;
+        }
+        let (max_n, max_hold) = if lease.waiting.load(Ordering::Relaxed) > 0 {
+            (h.max_consecutive.div_ceil(2), h.max_hold / 2)
+        } else {
+            (h.max_consecutive, h.max_hold)
+        };
+        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+    }
+
+    /// Ends a holder's use of `lease` (as handoff number `seq`): hands it to the next
+    /// local waiter when allowed, or returns the backend release to run.
+    pub(crate) fn finish(
+        &self,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> Option<ReleaseJob> {
+        if let Some(slot) = &slot {
+            let handoff = self.may_hand_off(&lease);
+            if slot.release(&lease, seq + 1, handoff) == Release::HandedOff {
+                lease.handoffs.fetch_add(1, Ordering::Relaxed);
+                self.stats.handoff();
+                return None;
+            }
+        }
+        Some(ReleaseJob {
+            shared: self.arc(),
+            slot,
+            lease,
+        })
+    }
+}
+
+impl Forward for Shared {
+    fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
+        match grant {
+            Grant::Lead(lead) => {
+                if let Abandon::Cleanup(lead) = slot.abandon(&self.slots, lead) {
+                    self.cleanup(slot.key(), lead);
+                }
+            }
+            Grant::Lease(lease, seq) => {
+                // The waiter never used it: pass it on as if it had just finished,
+                // without claiming a sequence number it did not use.
+                if let Some(job) = self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1)) {
+                    job.spawn();
+                }
+            }
+        }
+    }
+}
+
+/// A backend release still to be done; it completes even if its caller goes away.
+pub(crate) struct ReleaseJob {
+    shared: Arc<Shared>,
+    slot: Option<Arc<Slot>>,
+    lease: Arc<Lease>,
+}
+
+impl ReleaseJob {
+    /// Releases at the backend (retrying transient errors briefly), then lets the
+    /// next local waiter lead.
+    pub(crate) async fn run(self) -> Result<()> {
+        let ReleaseJob {
+            shared,
+            slot,
+            lease,
+        } = self;
+        lease.stop();
+        let mut attempt = 0u32;
+        let result = loop {
+            shared.stats.release();
+            match shared.backend.release(&lease.key, lease.token).await {
+                Err(Error::Backend { .. }) if attempt < 2 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20) * attempt).await;
+                }
+                other => break other,
+            }
+        };
+        if let Some(slot) = &slot {
+            slot.released(&shared.slots);
+        }
+        match result? {
+            Released { released: true, .. } => Ok(()),
+            Released { released: false, .. } => Err(Error::LeaseLost {
+                key: lease.key.clone(),
+                phase: Phase::Releasing,
+                reason: if lease.is_lost() {
+                    lease.lost_reason()
+                } else {
+                    "the lock was no longer held by this lease (expired or taken over); \
+                     nothing was deleted"
+                        .into()
+                },
+            }),
+        }
+    }
+
+    /// Runs in the background. Without a Tokio runtime (a guard dropped outside
+    /// one), the backend release is skipped — the lease expires at its TTL — and the
+    /// next local waiter is promoted at once.
+    pub(crate) fn spawn(self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = self.run().await {
+                        tracing::debug!(error = %e, "background release failed");
+                    }
+                });
+            }
+            Err(_) => {
+                self.lease.stop();
+                if let Some(slot) = &self.slot {
+                    slot.released(&self.shared.slots);
+                }
+            }
+        }
+    }
+}
+
+/// Spawns `fut` on the current runtime, if there is one.
+fn spawn_detached<F>(fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
+    }
+}

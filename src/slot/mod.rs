@@ -1,0 +1,346 @@
+//! The per-key state machine that makes one task per key per process talk to the
+//! backend.
+//!
+//! ```text
+//!            join (first)                 acquired
+//!   Idle ─────────────────► Acquiring ─────────────────► Held ──┐ release with handoff:
+//!    ▲                        │  ▲                         │  ▲  │ the lease moves to the
+//!    │ nobody left            │  │ leader failed/cancelled │  └──┘ next waiter in memory
+//!    │ (slot removed)         │  │ → next waiter leads     │
+//!    │                        ▼  │                         ▼ release without handoff
+//!    └─────────────────────── (promote) ◄──────────── Releasing
+//!                                          released
+//! ```
+//!
+//! Every other task that joins while the slot is not idle waits in a FIFO of local
+//! waiters, each on its own one-shot channel, with its own deadline (the caller's).
+//! A waiter is *granted* either leadership (it becomes the one task that acquires
+//! from the backend, inheriting the previous leader's token so an acquire that may
+//! have landed is reconciled) or a handed-off lease.
+//!
+//! All transitions are synchronous steps under one mutex; the async work (backend
+//! calls) happens between steps, outside the lock. That is what makes the machine
+//! checkable by exhaustive interleaving (see `tests`).
+//!
+//! # Invariants
+//!
+//! 1. At most one leader or holder per slot: `mode` is `Acquiring`, `Held` or
+//!    `Releasing` exactly while one task owns that role, and `Idle` otherwise.
+//! 2. A slot in `Idle` mode has no waiters, and is removed from the map in the same
+//!    step (it is marked `removed`; a task that finds a removed slot retries with a
+//!    fresh one). So the map holds only slots that someone uses.
+//! 3. A grant is never lost: it is delivered to a live waiter or, if that waiter is
+//!    gone, taken back and offered to the next one; a waiter that disappears after a
+//!    grant was delivered passes the grant on from its `Drop`.
+//! 4. Waiters are served in FIFO order; a waiter that leaves is removed without
+//!    disturbing the others.
+//!
+//! # Lock order
+//!
+//! Slot mutex, then the map's shard lock (removal). Arrivals take the shard lock
+//! only to clone the slot's `Arc` and release it before taking the slot mutex. No
+//! lock is held across an `.await`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dashmap::DashMap;
+use tokio::sync::oneshot;
+
+use crate::backend::LeaseToken;
+use crate::key::LockKey;
+use crate::lease::Lease;
+
+#[cfg(test)]
+mod tests;
+
+/// The slots of one locker.
+pub(crate) type SlotMap = DashMap<LockKey, Arc<Slot>>;
+
+/// What a leader inherits from its predecessor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lead {
+    /// Reuse this token: the predecessor's acquire may have landed.
+    pub(crate) token: Option<LeaseToken>,
+    /// This instance may be in the backend's queue for the key.
+    pub(crate) queued: bool,
+}
+
+/// What a waiter is given.
+#[derive(Debug)]
+pub(crate) enum Grant {
+    /// Become the leader.
+    Lead(Lead),
+    /// Take over the held lease; `seq` is the handoff sequence for the new holder.
+    Lease(Arc<Lease>, u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Idle,
+    Acquiring,
+    Held,
+    Releasing,
+}
+
+#[derive(Debug)]
+struct State {
+    mode: Mode,
+    removed: bool,
+    next_id: u64,
+    waiters: VecDeque<(u64, oneshot::Sender<Grant>)>,
+}
+
+/// One key's state.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    key: LockKey,
+    state: Mutex<State>,
+}
+
+/// The result of joining a slot.
+#[derive(Debug)]
+pub(crate) enum Join {
+    /// The caller leads: it acquires from the backend.
+    Lead(Arc<Slot>),
+    /// The caller waits for a grant.
+    Wait(Ticket),
+    /// The local queue is full.
+    Overloaded,
+}
+
+/// A waiter's place in the queue. Dropping it leaves the queue, passing on a grant
+/// that arrived in the meantime.
+pub(crate) struct Ticket {
+    slot: Arc<Slot>,
+    id: u64,
+    rx: Option<oneshot::Receiver<Grant>>,
+    fwd: Arc<dyn Forward>,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("key", &self.slot.key).field("id", &self.id).finish()
+    }
+}
+
+/// What the caller must do after a release decision.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// The lease went to a local waiter; nothing else to do.
+    HandedOff,
+    /// Release the lease at the backend, then call [`Slot::released`].
+    Backend,
+}
+
+/// What a failed or cancelled leader leaves to clean up.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Abandon {
+    /// A waiter took over (with the token); nothing to clean up.
+    Succeeded,
+    /// Nobody took over: release the token (if an acquire may have landed) and leave
+    /// the backend queue (if this instance may be queued).
+    Cleanup(Lead),
+}
+
+impl Slot {
+    fn new(key: LockKey) -> Slot {
+        Slot {
+            key,
+            state: Mutex::new(State {
+                mode: Mode::Idle,
+                removed: false,
+                next_id: 0,
+                waiters: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding this mutex; if a panic ever did, the state is
+        // still consistent step by step, so recover rather than cascade.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    #[cfg(test)]
+    pub(crate) fn mode(&self) -> Mode {
+        self.lock().mode
+    }
+
+    #[cfg(test)]
+    pub(crate) fn waiters(&self) -> usize {
+        self.lock().waiters.len()
+    }
+
+    /// Joins the slot of `key`: lead if it is idle, otherwise queue (bounded by
+    /// `max_waiters`).
+    pub(crate) fn join(
+        map: &SlotMap,
+        key: &LockKey,
+        max_waiters: usize,
+        fwd: &Arc<dyn Forward>,
+    ) -> Join {
+        loop {
+            let slot = Arc::clone(
+                map.entry(key.clone())
+                    .or_insert_with(|| Arc::new(Slot::new(key.clone())))
+                    .value(),
+            );
+            let mut st = slot.lock();
+            if st.removed {
+                continue;
+            }
+            if st.mode == Mode::Idle {
+                st.mode = Mode::Acquiring;
+                drop(st);
+                return Join::Lead(slot);
+            }
+            if st.waiters.len() >= max_waiters {
+                return Join::Overloaded;
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            let (tx, rx) = oneshot::channel();
+            st.waiters.push_back((id, tx));
+            drop(st);
+            return Join::Wait(Ticket {
+                slot,
+                id,
+                rx: Some(rx),
+                fwd: Arc::clone(fwd),
+            });
+        }
+    }
+
+    /// Joins only if the slot is idle (no local holder, leader or waiter).
+    pub(crate) fn try_join(
+        map: &SlotMap,
+        key: &LockKey,
+        fwd: &Arc<dyn Forward>,
+    ) -> Option<Arc<Slot>> {
+        match Self::join(map, key, 0, fwd) {
+            Join::Lead(slot) => Some(slot),
+            Join::Wait(_) => unreachable!("max_waiters 0 never queues"),
+            Join::Overloaded => None,
+        }
+    }
+
+    /// The leader obtained the lease.
+    pub(crate) fn acquired(&self) {
+        let mut st = self.lock();
+        debug_assert_eq!(st.mode, Mode::Acquiring);
+        st.mode = Mode::Held;
+    }
+
+    /// The leader failed or was cancelled. Leadership (and `token`) passes to the
+    /// next live waiter; if there is none the slot goes idle and is removed.
+    pub(crate) fn abandon(self: &Arc<Self>, map: &SlotMap, lead: Lead) -> Abandon {
+        let mut st = self.lock();
+        debug_assert_eq!(st.mode, Mode::Acquiring);
+        if Self::grant_next(&mut st, Grant::Lead(lead)).is_none() {
+            Abandon::Succeeded
+        } else {
+            self.go_idle(&mut st, map);
+            Abandon::Cleanup(lead)
+        }
+    }
+
+    /// The holder is done with the lease. With `handoff` the lease (as `seq`) goes to
+    /// the next live waiter, if any; otherwise the caller releases it at the backend.
+    pub(crate) fn release(&self, lease: &Arc<Lease>, seq: u64, handoff: bool) -> Release {
+        let mut st = self.lock();
+        debug_assert_eq!(st.mode, Mode::Held);
+        if handoff && Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
+            return Release::HandedOff;
+        }
+        st.mode = Mode::Releasing;
+        Release::Backend
+    }
+
+    /// The backend release finished (or was given up): the next waiter leads.
+    pub(crate) fn released(self: &Arc<Self>, map: &SlotMap) {
+        let mut st = self.lock();
+        debug_assert_eq!(st.mode, Mode::Releasing);
+        st.mode = Mode::Acquiring;
+        if Self::grant_next(&mut st, Grant::Lead(Lead::default())).is_some() {
+            self.go_idle(&mut st, map);
+        }
+    }
+
+    /// Offers `grant` to waiters in FIFO order; returns it if nobody took it.
+    fn grant_next(st: &mut State, mut grant: Grant) -> Option<Grant> {
+        while let Some((_, tx)) = st.waiters.pop_front() {
+            match tx.send(grant) {
+                Ok(()) => return None,
+                Err(back) => grant = back,
+            }
+        }
+        Some(grant)
+    }
+
+    fn go_idle(self: &Arc<Self>, st: &mut State, map: &SlotMap) {
+        debug_assert!(st.waiters.is_empty());
+        st.mode = Mode::Idle;
+        st.removed = true;
+        map.remove_if(&self.key, |_, s| Arc::ptr_eq(s, self));
+    }
+}
+
+impl Ticket {
+    /// Waits for the grant.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped, dropping the ticket passes on any grant.
+    pub(crate) async fn granted(&mut self) -> Grant {
+        match self.rx.as_mut() {
+            // The sender is only dropped after a send (grants are never dropped), so
+            // an error cannot happen while the ticket is queued.
+            Some(rx) => match rx.await {
+                Ok(grant) => {
+                    self.rx = None;
+                    grant
+                }
+                Err(_) => unreachable!("a queued waiter's sender is never dropped unsent"),
+            },
+            None => std::future::pending().await,
+        }
+    }
+
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+
+    /// Leaves the queue; returns a grant that arrived before leaving, which the
+    /// caller must pass on.
+    fn leave(&mut self) -> Option<Grant> {
+        let mut rx = self.rx.take()?;
+        rx.close();
+        match rx.try_recv() {
+            Ok(grant) => Some(grant),
+            Err(_) => {
+                let mut st = self.slot.lock();
+                st.waiters.retain(|(id, _)| *id != self.id);
+                None
+            }
+        }
+    }
+}
+
+/// Passes on a grant whose receiver no longer wants it. Implemented by the locker,
+/// which knows how to finish a lease or clean up after a leader.
+pub(crate) trait Forward: Send + Sync {
+    fn forward(&self, slot: &Arc<Slot>, grant: Grant);
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(grant) = self.leave() {
+            self.fwd.forward(&self.slot, grant);
+        }
+    }
+}
