@@ -185,35 +185,48 @@ impl Slot {
         fwd: &Arc<dyn Forward>,
     ) -> Join {
         loop {
-            let slot = Arc::clone(
-                map.entry(key.clone())
-                    .or_insert_with(|| Arc::new(Slot::new(key.clone())))
-                    .value(),
-            );
-            let mut st = slot.lock();
-            if st.removed {
-                continue;
+            if let Some(join) = Self::lookup(map, key).enter(max_waiters, fwd) {
+                return join;
             }
-            if st.mode == Mode::Idle {
-                st.mode = Mode::Acquiring;
-                drop(st);
-                return Join::Lead(slot);
-            }
-            if st.waiters.len() >= max_waiters {
-                return Join::Overloaded;
-            }
-            let id = st.next_id;
-            st.next_id += 1;
-            let (tx, rx) = oneshot::channel();
-            st.waiters.push_back((id, tx));
-            drop(st);
-            return Join::Wait(Ticket {
-                slot,
-                id,
-                rx: Some(rx),
-                fwd: Arc::clone(fwd),
-            });
         }
+    }
+
+    /// First half of [`join`](Self::join): the key's slot, created if missing. The
+    /// map's shard lock is released before returning.
+    fn lookup(map: &SlotMap, key: &LockKey) -> Arc<Slot> {
+        Arc::clone(
+            map.entry(key.clone())
+                .or_insert_with(|| Arc::new(Slot::new(key.clone())))
+                .value(),
+        )
+    }
+
+    /// Second half of [`join`](Self::join); `None` if the slot was removed in between
+    /// (the caller looks it up again).
+    fn enter(self: Arc<Self>, max_waiters: usize, fwd: &Arc<dyn Forward>) -> Option<Join> {
+        let mut st = self.lock();
+        if st.removed {
+            return None;
+        }
+        if st.mode == Mode::Idle {
+            st.mode = Mode::Acquiring;
+            drop(st);
+            return Some(Join::Lead(self));
+        }
+        if st.waiters.len() >= max_waiters {
+            return Some(Join::Overloaded);
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let (tx, rx) = oneshot::channel();
+        st.waiters.push_back((id, tx));
+        drop(st);
+        Some(Join::Wait(Ticket {
+            slot: self,
+            id,
+            rx: Some(rx),
+            fwd: Arc::clone(fwd),
+        }))
     }
 
     /// Joins only if the slot is idle (no local holder, leader or waiter).
@@ -309,6 +322,12 @@ impl Ticket {
             },
             None => std::future::pending().await,
         }
+    }
+
+    /// Whether a grant is waiting to be received (model tests).
+    #[cfg(test)]
+    pub(crate) fn has_grant(&self) -> bool {
+        self.rx.as_ref().is_some_and(|rx| !rx.is_empty())
     }
 
     pub(crate) fn slot(&self) -> &Arc<Slot> {
