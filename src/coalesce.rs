@@ -117,9 +117,10 @@ impl Locker {
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
     /// let (a, b) = tokio::join!(
     ///     locker.coalesce("user:7", || async { "loaded once".to_string() }),
-    ///     locker.coalesce("user:7", || async { unreachable!("shares the first run") }),
+    ///     locker.coalesce("user:7", || async { String::from("not run: shares the first") }),
     /// );
-    /// assert_eq!(a?, b?);
+    /// assert_eq!(a?, "loaded once");
+    /// assert_eq!(b?, "loaded once");
     /// # Ok(()) }
     /// ```
     ///

@@ -1,4 +1,60 @@
-//! lockflight: Redis distributed locks that stay cheap under contention.
+//! # lockflight
+//!
+//! Redis distributed locks that stay cheap under contention.
+//!
+//! A plain Redis lock turns every waiting task of every instance into a client
+//! polling Redis. lockflight coalesces inside each process: per key, only **one**
+//! local task competes for the distributed lock; the others wait on in-memory
+//! futures. Optionally the holder hands the still-valid lease straight to the next
+//! local waiter ([`Handoff`]), within a fairness budget, so a hot key runs at close
+//! to the speed of an in-process mutex while staying mutually exclusive across
+//! instances.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockflight::Result<()> {
+//! use std::time::Duration;
+//! use lockflight::{Handoff, Locker, MemoryBackend};
+//!
+//! // RedisBackend::connect("redis://127.0.0.1:6379").await? in a real deployment.
+//! let locker = Locker::builder(MemoryBackend::new())
+//!     .lease_ttl(Duration::from_secs(30))
+//!     .wait_timeout(Duration::from_secs(5))
+//!     .handoff(Handoff::enabled())
+//!     .build()?;
+//!
+//! let guard = locker.lock("sku:555").await?;
+//! let fence = guard.fencing_token(); // pass it to the resource with every write
+//! guard.release().await?;
+//!
+//! let reserved = locker
+//!     .with_lock("sku:555", |info| async move { info.fencing_token > fence })
+//!     .await?;
+//! assert!(reserved);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! 1. No two holders of one key whose validity windows overlap, across processes
+//!    (given a backend that keeps its own semantics, see [`LockBackend`]).
+//! 2. [`FencingToken`]s of a key strictly increase in acquisition order, handoffs
+//!    included.
+//! 3. A guard never outlives its lease silently: loss is signalled
+//!    ([`LockGuard::lost`]) no later than the end of its validity, and
+//!    [`Locker::with_lock`] drops the guarded work.
+//! 4. Nothing leaks: when all tasks are done, no per-key state remains in the
+//!    process and no lock remains in Redis (a killed holder's lock expires at its
+//!    TTL).
+//! 5. Cancelling any future at any `.await` keeps 1–4.
+//! 6. Bad input gets a clear [`Error`], never a panic, a hang, or a lock held by
+//!    nobody.
+//!
+//! ## Where to start
+//!
+//! * [`Locker`]: `lock`, `try_lock`, `with_lock`, `coalesce`, `stats`.
+//! * [`RedisBackend`] for Redis, [`MemoryBackend`] for a single process.
+//! * [`backend`] for the protocol and the [`LockBackend`] trait.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
@@ -11,11 +67,15 @@ mod locker;
 mod slot;
 mod stats;
 
+pub use backend::LockBackend;
 pub use backend::memory::MemoryBackend;
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
-pub use backend::LockBackend;
 pub use error::{Error, Phase, Result};
 pub use guard::{FencingToken, LockGuard, LockInfo};
-pub use key::{HeaderKey, KeyExtractor, LockKey, PathSegment, MAX_KEY_LEN};
+pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};
 pub use locker::{Handoff, Locker, LockerBuilder, LossPolicy};
 pub use stats::Stats;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

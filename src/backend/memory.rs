@@ -99,8 +99,10 @@ impl MemoryBackend {
         }
     }
 
-    fn waiting(&self, key: &LockKey) -> u32 {
-        u32::try_from(self.inner.wakeups.watchers(key.as_bytes())).unwrap_or(u32::MAX)
+    /// Other waiters on `key`: its watchers, less `own` (the caller's own watch).
+    fn waiting(&self, key: &LockKey, own: usize) -> u32 {
+        let n = self.inner.wakeups.watchers(key.as_bytes()).saturating_sub(own);
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 }
 
@@ -126,7 +128,7 @@ impl LockBackend for MemoryBackend {
             drop(entry);
             return Ok(Acquire::Acquired {
                 epoch,
-                waiting: self.waiting(key),
+                waiting: self.waiting(key, 1),
             });
         }
         if held.epoch != 0 && held.expires > now {
@@ -143,7 +145,7 @@ impl LockBackend for MemoryBackend {
         drop(entry);
         Ok(Acquire::Acquired {
             epoch,
-            waiting: self.waiting(key),
+            waiting: self.waiting(key, 1),
         })
     }
 
@@ -159,7 +161,7 @@ impl LockBackend for MemoryBackend {
         }
         Ok(Released {
             released,
-            waiting: self.waiting(key),
+            waiting: self.waiting(key, 0),
         })
     }
 
@@ -170,7 +172,7 @@ impl LockBackend for MemoryBackend {
                 held.expires = now + ttl;
                 drop(held);
                 Ok(Extend::Extended {
-                    waiting: self.waiting(key),
+                    waiting: self.waiting(key, 0),
                 })
             }
             _ => Ok(Extend::NotOwner),
