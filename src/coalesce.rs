@@ -116,7 +116,10 @@ impl Locker {
     ///
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
     /// let (a, b) = tokio::join!(
-    ///     locker.coalesce("user:7", || async { "loaded once".to_string() }),
+    ///     locker.coalesce("user:7", || async {
+    ///         tokio::task::yield_now().await; // a real load awaits I/O here
+    ///         "loaded once".to_string()
+    ///     }),
     ///     locker.coalesce("user:7", || async { String::from("not run: shares the first") }),
     /// );
     /// assert_eq!(a?, "loaded once");
@@ -164,7 +167,7 @@ impl Locker {
             let notified = flight.done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let take_over = {
                 let mut st = flight.lock();
                 if let Some(outcome) = &st.outcome {
                     return match outcome {
@@ -175,13 +178,19 @@ impl Locker {
                         Err(e) => Err(e.clone()),
                     };
                 }
-                if !st.leading {
+                if st.leading {
+                    false
+                } else {
                     st.leading = true;
                     st.followers -= 1;
-                    drop(st);
-                    std::mem::forget(follower);
-                    return self.lead_flight(flights, fkey, Arc::clone(&flight), f).await;
+                    true
                 }
+            };
+            if take_over {
+                std::mem::forget(follower);
+                return self
+                    .lead_flight(flights, fkey, Arc::clone(&flight), f)
+                    .await;
             }
             notified.await;
         }

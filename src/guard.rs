@@ -159,8 +159,8 @@ impl LockGuard {
     ///
     /// # Cancel safety
     ///
-    /// The release runs to completion in a background task even if this future is
-    /// dropped; only its result is lost.
+    /// If this future is dropped before the backend answered, the release is re-run
+    /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         let job = self
@@ -168,10 +168,7 @@ impl LockGuard {
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
         match job {
             None => Ok(()),
-            Some(job) => match tokio::spawn(job.run()).await {
-                Ok(result) => result,
-                Err(e) => Err(Error::backend(&self.lease.key, Phase::Releasing, e)),
-            },
+            Some(job) => job.run().await,
         }
     }
 }

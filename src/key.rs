@@ -281,7 +281,9 @@ mod tests {
     fn validation_names_the_problem() {
         let empty = LockKey::from("").validate().unwrap_err();
         assert!(empty.to_string().contains("empty"), "{empty}");
-        let long = LockKey::from(vec![b'a'; MAX_KEY_LEN + 1]).validate().unwrap_err();
+        let long = LockKey::from(vec![b'a'; MAX_KEY_LEN + 1])
+            .validate()
+            .unwrap_err();
         assert!(long.to_string().contains("1025 bytes"), "{long}");
         LockKey::from(vec![b'a'; MAX_KEY_LEN]).validate().unwrap();
     }

@@ -64,6 +64,7 @@ mod guard;
 mod key;
 mod lease;
 mod locker;
+pub mod routing;
 mod slot;
 mod stats;
 

@@ -549,7 +549,9 @@ impl Drop for Leading {
 
 impl Shared {
     fn arc(&self) -> Arc<Shared> {
-        self.me.upgrade().expect("a Locker's shared state is alive while it is used")
+        self.me
+            .upgrade()
+            .expect("a Locker's shared state is alive while it is used")
     }
 
     /// Releases a token whose acquire may have landed and leaves the backend queue,
@@ -561,15 +563,15 @@ impl Shared {
         let key = key.clone();
         let backend = Arc::clone(&self.backend);
         spawn_detached(async move {
-            if let Some(token) = lead.token {
-                if let Err(e) = backend.release(&key, token).await {
-                    tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
-                }
+            if let Some(token) = lead.token
+                && let Err(e) = backend.release(&key, token).await
+            {
+                tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
             }
-            if lead.queued {
-                if let Err(e) = backend.leave(&key).await {
-                    tracing::debug!(%key, error = %e, "leaving the queue failed");
-                }
+            if lead.queued
+                && let Err(e) = backend.leave(&key).await
+            {
+                tracing::debug!(%key, error = %e, "leaving the queue failed");
             }
         });
     }
@@ -615,7 +617,8 @@ impl Shared {
                 Ok(Acquire::Acquired { epoch, waiting }) => {
                     self.stats.acquired();
                     leading.finished = true;
-                    let lease = Arc::new(Lease::new(key.clone(), token, epoch, ttl, sent_at, waiting));
+                    let lease =
+                        Arc::new(Lease::new(key.clone(), token, epoch, ttl, sent_at, waiting));
                     if let Some(slot) = &leading.slot {
                         slot.acquired();
                     }
@@ -723,7 +726,8 @@ impl Forward for Shared {
             Grant::Lease(lease, seq) => {
                 // The waiter never used it: pass it on as if it had just finished,
                 // without claiming a sequence number it did not use.
-                if let Some(job) = self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1)) {
+                if let Some(job) = self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1))
+                {
                     job.spawn();
                 }
             }
@@ -738,15 +742,26 @@ pub(crate) struct ReleaseJob {
     lease: Arc<Lease>,
 }
 
+/// Re-runs a release from scratch in the background if the future running it is
+/// dropped half-way (release is idempotent per token).
+struct Rearm(Option<ReleaseJob>);
+
+impl Drop for Rearm {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            job.spawn();
+        }
+    }
+}
+
 impl ReleaseJob {
     /// Releases at the backend (retrying transient errors briefly), then lets the
-    /// next local waiter lead.
+    /// next local waiter lead. If this future is dropped before it finishes, the
+    /// release is re-run in the background.
     pub(crate) async fn run(self) -> Result<()> {
-        let ReleaseJob {
-            shared,
-            slot,
-            lease,
-        } = self;
+        let mut rearm = Rearm(Some(self));
+        let job = rearm.0.as_ref().expect("armed");
+        let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
         lease.stop();
         let mut attempt = 0u32;
         let result = loop {
@@ -759,12 +774,15 @@ impl ReleaseJob {
                 other => break other,
             }
         };
-        if let Some(slot) = &slot {
+        let job = rearm.0.take().expect("armed");
+        if let Some(slot) = &job.slot {
             slot.released(&shared.slots);
         }
         match result? {
             Released { released: true, .. } => Ok(()),
-            Released { released: false, .. } => Err(Error::LeaseLost {
+            Released {
+                released: false, ..
+            } => Err(Error::LeaseLost {
                 key: lease.key.clone(),
                 phase: Phase::Releasing,
                 reason: if lease.is_lost() {

@@ -101,7 +101,11 @@ impl MemoryBackend {
 
     /// Other waiters on `key`: its watchers, less `own` (the caller's own watch).
     fn waiting(&self, key: &LockKey, own: usize) -> u32 {
-        let n = self.inner.wakeups.watchers(key.as_bytes()).saturating_sub(own);
+        let n = self
+            .inner
+            .wakeups
+            .watchers(key.as_bytes())
+            .saturating_sub(own);
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 }
@@ -198,20 +202,28 @@ mod tests {
         let k = LockKey::from("k");
         let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
         let ttl = Duration::from_secs(1);
-        let Acquire::Acquired { epoch: e1, .. } = b.acquire(&k, t1, ttl, true).await.unwrap() else {
+        let Acquire::Acquired { epoch: e1, .. } = b.acquire(&k, t1, ttl, true).await.unwrap()
+        else {
             panic!("free lock not acquired")
         };
         // Idempotent retry: same epoch.
         assert_eq!(
             b.acquire(&k, t1, ttl, true).await.unwrap(),
-            Acquire::Acquired { epoch: e1, waiting: 0 }
+            Acquire::Acquired {
+                epoch: e1,
+                waiting: 0
+            }
         );
-        assert!(matches!(b.acquire(&k, t2, ttl, true).await.unwrap(), Acquire::Busy { .. }));
+        assert!(matches!(
+            b.acquire(&k, t2, ttl, true).await.unwrap(),
+            Acquire::Busy { .. }
+        ));
         assert_eq!(b.extend(&k, t2, ttl).await.unwrap(), Extend::NotOwner);
         assert!(!b.release(&k, t2).await.unwrap().released);
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(b.extend(&k, t1, ttl).await.unwrap(), Extend::NotOwner);
-        let Acquire::Acquired { epoch: e2, .. } = b.acquire(&k, t2, ttl, true).await.unwrap() else {
+        let Acquire::Acquired { epoch: e2, .. } = b.acquire(&k, t2, ttl, true).await.unwrap()
+        else {
             panic!("expired lock not acquired")
         };
         assert!(e2 > e1);

@@ -239,9 +239,7 @@ impl WakeRegistry {
 
     /// Number of handles currently watching `key`.
     pub fn watchers(&self, key: &[u8]) -> usize {
-        self.watchers
-            .get(key)
-            .map_or(0, |tx| tx.receiver_count())
+        self.watchers.get(key).map_or(0, |tx| tx.receiver_count())
     }
 
     /// Number of keys currently watched.

@@ -120,7 +120,10 @@ pub(crate) struct Ticket {
 
 impl std::fmt::Debug for Ticket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ticket").field("key", &self.slot.key).field("id", &self.id).finish()
+        f.debug_struct("Ticket")
+            .field("key", &self.slot.key)
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -169,11 +172,6 @@ impl Slot {
     #[cfg(test)]
     pub(crate) fn mode(&self) -> Mode {
         self.lock().mode
-    }
-
-    #[cfg(test)]
-    pub(crate) fn waiters(&self) -> usize {
-        self.lock().waiters.len()
     }
 
     /// Joins the slot of `key`: lead if it is idle, otherwise queue (bounded by

@@ -226,7 +226,10 @@ impl World {
             }
         }
         assert_eq!(self.holders, 0);
-        assert!(self.map.is_empty(), "slot left in the map; schedule {schedule:?}");
+        assert!(
+            self.map.is_empty(),
+            "slot left in the map; schedule {schedule:?}"
+        );
     }
 }
 
@@ -297,11 +300,21 @@ fn handoff_sequence_numbers_increase() {
     // the lease was handed on, the holders saw strictly increasing sequence numbers.
     let mut world = World::new(&[Patient, Patient, Patient], true);
     // Everyone joins first, then the leader acquires and each holder releases.
-    for step in [(0, Action::Look), (0, Action::Enter), (1, Action::Look), (1, Action::Enter),
-        (2, Action::Look), (2, Action::Enter), (0, Action::Acquire), (0, Action::Release),
-        (1, Action::Receive), (1, Action::Release), (2, Action::Receive), (2, Action::Release),
-        (2, Action::Released)]
-    {
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (1, Action::Look),
+        (1, Action::Enter),
+        (2, Action::Look),
+        (2, Action::Enter),
+        (0, Action::Acquire),
+        (0, Action::Release),
+        (1, Action::Receive),
+        (1, Action::Release),
+        (2, Action::Receive),
+        (2, Action::Release),
+        (2, Action::Released),
+    ] {
         world.step(step);
     }
     world.check_end(&[]);

@@ -132,10 +132,22 @@ impl RedisBackendBuilder {
             )));
         }
         for (name, d, min) in [
-            ("response_timeout", self.response_timeout, Duration::from_millis(1)),
-            ("connection_timeout", self.connection_timeout, Duration::from_millis(1)),
+            (
+                "response_timeout",
+                self.response_timeout,
+                Duration::from_millis(1),
+            ),
+            (
+                "connection_timeout",
+                self.connection_timeout,
+                Duration::from_millis(1),
+            ),
             ("claim_ttl", self.claim_ttl, Duration::from_millis(1)),
-            ("queue_entry_ttl", self.queue_entry_ttl, Duration::from_millis(30)),
+            (
+                "queue_entry_ttl",
+                self.queue_entry_ttl,
+                Duration::from_millis(30),
+            ),
         ] {
             if d < min {
                 return Err(Error::config(format!(
@@ -158,9 +170,8 @@ impl RedisBackendBuilder {
     /// Dropping the future abandons the connection attempt; nothing is left behind.
     pub async fn connect(self) -> Result<RedisBackend> {
         self.validate()?;
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
-            Error::config(format!("redis url {}: {e}", redact(&self.url)))
-        })?;
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| Error::config(format!("redis url {}: {e}", redact(&self.url))))?;
         let target = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
@@ -341,7 +352,12 @@ impl RedisBackend {
 }
 
 impl Inner {
-    async fn invoke(&self, script: &Script, keys: &[&[u8]], args: &[&[u8]]) -> Result<Vec<i64>, RedisError> {
+    async fn invoke(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Vec<i64>, RedisError> {
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(*k);
@@ -541,7 +557,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_settings() {
-        let e = RedisBackend::builder("redis://x").prefix("a{b").validate().unwrap_err();
+        let e = RedisBackend::builder("redis://x")
+            .prefix("a{b")
+            .validate()
+            .unwrap_err();
         assert!(e.to_string().contains("prefix"), "{e}");
         let e = RedisBackend::builder("redis://x")
             .claim_ttl(Duration::ZERO)
