@@ -2,8 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -136,8 +140,10 @@ impl LockGuard {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.lease.lost_token().clone().cancelled_owned()
+    pub fn lost(&self) -> Lost {
+        Lost {
+            inner: self.lease.lost_token().clone().cancelled_owned(),
+        }
     }
 
     pub(crate) fn lost_error(&self) -> Error {
@@ -184,5 +190,27 @@ impl Drop for LockGuard {
         {
             job.spawn();
         }
+    }
+}
+
+/// Resolves when a lease is lost; see [`LockGuard::lost`]. Owns what it needs, so it
+/// can outlive the guard.
+#[must_use = "futures do nothing unless polled"]
+#[pin_project::pin_project]
+pub struct Lost {
+    #[pin]
+    inner: WaitForCancellationFutureOwned,
+}
+
+impl fmt::Debug for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost").finish_non_exhaustive()
+    }
+}
+
+impl Future for Lost {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.project().inner.poll(cx)
     }
 }

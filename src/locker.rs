@@ -512,6 +512,10 @@ impl Locker {
         self.shared.slots.len()
     }
 
+    pub(crate) fn loss_policy(&self) -> LossPolicy {
+        self.shared.config.on_loss
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

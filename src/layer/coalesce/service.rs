@@ -1,0 +1,171 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use tower_service::Service;
+
+use super::body::CoalescedBody;
+use crate::key::KeyExtractor;
+use crate::layer::BoxError;
+use crate::locker::Locker;
+
+/// Shares one response among concurrent identical requests; see
+/// [`CoalesceLayer`](super::CoalesceLayer).
+///
+/// `poll_ready` forwards to the inner service; `call` keeps the ready service and
+/// leaves a clone (the clone-and-swap pattern), since the inner call happens only if
+/// this request leads its flight. The response future is boxed.
+#[derive(Clone, Debug)]
+pub struct CoalesceService<S, E> {
+    inner: S,
+    locker: Locker,
+    extractor: E,
+    max_body: usize,
+}
+
+impl<S, E> CoalesceService<S, E> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, locker: Locker, extractor: E, max_body: usize) -> Self {
+        CoalesceService {
+            inner,
+            locker,
+            extractor,
+            max_body,
+        }
+    }
+}
+
+/// What one flight's callers share.
+#[derive(Clone)]
+enum Shared {
+    Response {
+        status: http::StatusCode,
+        version: http::Version,
+        headers: http::HeaderMap,
+        body: Bytes,
+    },
+    /// The leader's response could not be shared (too large or of unknown size):
+    /// everyone else runs their own request.
+    Bypass,
+    Failed(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+/// An inner error shared by every caller of a flight.
+#[derive(Clone)]
+struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Debug for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl<S, E, ReqB, ResB> Service<http::Request<ReqB>> for CoalesceService<S, E>
+where
+    S: Service<http::Request<ReqB>, Response = http::Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    E: KeyExtractor<http::Request<ReqB>>,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = http::Response<CoalescedBody<ResB>>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let Some(key) = self.extractor.extract(&req) else {
+            let fut = service.call(req);
+            return Box::pin(async move {
+                let res = fut.await.map_err(Into::into)?;
+                Ok(res.map(CoalescedBody::Original))
+            });
+        };
+        let locker = self.locker.clone();
+        let max_body = self.max_body;
+        Box::pin(async move {
+            let mut req = Some(req);
+            let mut own: Option<http::Response<ResB>> = None;
+            let shared = locker
+                .coalesce(key, || {
+                    let (req, own, service) = (req.take(), &mut own, &mut service);
+                    async move {
+                        let Some(req) = req else {
+                            return Shared::Bypass;
+                        };
+                        let res = match service.call(req).await {
+                            Ok(res) => res,
+                            Err(e) => return Shared::Failed(Arc::from(e.into())),
+                        };
+                        let fits = res
+                            .body()
+                            .size_hint()
+                            .exact()
+                            .is_some_and(|n| n <= max_body as u64);
+                        if !fits {
+                            *own = Some(res);
+                            return Shared::Bypass;
+                        }
+                        let (parts, body) = res.into_parts();
+                        match body.collect().await {
+                            Ok(collected) => Shared::Response {
+                                status: parts.status,
+                                version: parts.version,
+                                headers: parts.headers,
+                                body: collected.to_bytes(),
+                            },
+                            Err(e) => Shared::Failed(Arc::from(e.into())),
+                        }
+                    }
+                })
+                .await?;
+            match shared {
+                Shared::Response {
+                    status,
+                    version,
+                    headers,
+                    body,
+                } => {
+                    let mut res = http::Response::new(CoalescedBody::Shared(Full::new(body)));
+                    *res.status_mut() = status;
+                    *res.version_mut() = version;
+                    *res.headers_mut() = headers;
+                    Ok(res)
+                }
+                Shared::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
+                Shared::Bypass => {
+                    if let Some(res) = own {
+                        return Ok(res.map(CoalescedBody::Original));
+                    }
+                    // Our closure never ran: run our own request.
+                    let req = req.take().ok_or("lockflight: coalesced request lost")?;
+                    let res = service.call(req).await.map_err(Into::into)?;
+                    Ok(res.map(CoalescedBody::Original))
+                }
+            }
+        })
+    }
+}

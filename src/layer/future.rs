@@ -1,0 +1,178 @@
+//! The response future of [`LockService`](super::LockService).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use pin_project::pin_project;
+use tower_service::Service;
+
+use super::BoxError;
+use super::service::WithLockInfo;
+use crate::error::{Error, Result};
+use crate::guard::{LockGuard, Lost};
+use crate::key::LockKey;
+use crate::locker::{Locker, LossPolicy};
+
+type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
+
+/// The future returned by [`LockService::call`](super::LockService): waits for the
+/// lock, runs the inner service while holding it, and releases it when done.
+///
+/// Dropping it drops the inner future and releases (or hands off) the lock in the
+/// background.
+#[pin_project]
+#[must_use = "futures do nothing unless polled"]
+pub struct ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    #[pin]
+    state: State<S, Req>,
+}
+
+#[pin_project(project = StateProj)]
+enum State<S, Req>
+where
+    S: Service<Req>,
+{
+    Locking {
+        lock: LockFuture,
+        call: Option<(S, Req)>,
+        abort_on_loss: bool,
+    },
+    Running {
+        #[pin]
+        fut: S::Future,
+        #[pin]
+        lost: Option<Lost>,
+        guard: Option<LockGuard>,
+    },
+    Passing {
+        #[pin]
+        fut: S::Future,
+    },
+    Failed {
+        error: Option<Error>,
+    },
+    Done,
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for ResponseFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Locking { .. } => "locking",
+            State::Running { .. } => "running",
+            State::Passing { .. } => "passing through",
+            State::Failed { .. } => "failed",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, Req> ResponseFuture<S, Req>
+where
+    S: Service<Req> + Send + 'static,
+    Req: Send + 'static,
+{
+    pub(super) fn locking(locker: &Locker, key: LockKey, service: S, req: Req) -> Self {
+        let locker = locker.clone();
+        let abort_on_loss = locker.loss_policy() == LossPolicy::Abort;
+        ResponseFuture {
+            state: State::Locking {
+                lock: Box::pin(async move { locker.lock(key).await }),
+                call: Some((service, req)),
+                abort_on_loss,
+            },
+        }
+    }
+
+    pub(super) fn passing(fut: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Passing { fut },
+        }
+    }
+
+    pub(super) fn failed(error: Error) -> Self {
+        ResponseFuture {
+            state: State::Failed { error: Some(error) },
+        }
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    Req: WithLockInfo,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Locking {
+                    lock,
+                    call,
+                    abort_on_loss,
+                } => {
+                    let guard = match ready!(lock.as_mut().poll(cx)) {
+                        Ok(guard) => guard,
+                        Err(e) => {
+                            state.set(State::Done);
+                            return Poll::Ready(Err(e.into()));
+                        }
+                    };
+                    let Some((mut service, mut req)) = call.take() else {
+                        unreachable!("the call is taken only here, once")
+                    };
+                    req.set_lock_info(guard.info());
+                    let lost = abort_on_loss.then(|| guard.lost());
+                    let fut = service.call(req);
+                    state.set(State::Running {
+                        fut,
+                        lost,
+                        guard: Some(guard),
+                    });
+                }
+                StateProj::Running { fut, lost, guard } => {
+                    if let Some(lost) = lost.as_pin_mut()
+                        && lost.poll(cx).is_ready()
+                    {
+                        let error = match guard.as_ref() {
+                            Some(g) => g.lost_error(),
+                            None => unreachable!("the guard lives until the state ends"),
+                        };
+                        // Drops the inner future before it can do more work.
+                        state.set(State::Done);
+                        return Poll::Ready(Err(error.into()));
+                    }
+                    let out = ready!(fut.poll(cx));
+                    state.set(State::Done);
+                    return Poll::Ready(out.map_err(Into::into));
+                }
+                StateProj::Passing { fut } => {
+                    let out = ready!(fut.poll(cx));
+                    state.set(State::Done);
+                    return Poll::Ready(out.map_err(Into::into));
+                }
+                StateProj::Failed { error } => {
+                    let error = error.take();
+                    state.set(State::Done);
+                    return Poll::Ready(Err(match error {
+                        Some(e) => e.into(),
+                        None => "lockflight: response future polled after completion".into(),
+                    }));
+                }
+                StateProj::Done => {
+                    panic!("lockflight: response future polled after completion")
+                }
+            }
+        }
+    }
+}
