@@ -1,0 +1,443 @@
+//! The tower layers with mock inner services: readiness, guard lifetime, key
+//! policies, error mapping, lease loss, and response sharing.
+
+mod support;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey};
+use lockflight::{
+    Error, HeaderKey, LockInfo, LockKey, Locker, MemoryBackend, PathSegment, RedisBackend,
+};
+use support::wait_until;
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+fn memory_locker() -> Locker {
+    Locker::builder(MemoryBackend::new())
+        .wait_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+fn sku_header() -> HeaderKey {
+    HeaderKey::new(http::HeaderName::from_static("x-sku"))
+}
+
+fn request(sku: Option<&str>) -> Request<()> {
+    let mut b = Request::builder().uri("/items");
+    if let Some(sku) = sku {
+        b = b.header("x-sku", sku);
+    }
+    b.body(()).unwrap()
+}
+
+async fn is_free(locker: &Locker, key: &str) -> bool {
+    match locker.try_lock(key).await.unwrap() {
+        Some(g) => {
+            g.release().await.unwrap();
+            true
+        }
+        None => false,
+    }
+}
+
+#[tokio::test]
+async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
+    let locker = memory_locker();
+    let inner = service_fn(|req: Request<()>| async move {
+        let info = req.extensions().get::<LockInfo>().cloned();
+        Ok::<_, Infallible>(info)
+    });
+    let svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
+    let info = svc.oneshot(request(Some("555"))).await.unwrap().unwrap();
+    assert_eq!(info.key, LockKey::from("555"));
+    assert!(info.fencing_token.epoch > 0);
+    let l = locker.clone();
+    assert!(
+        wait_until(Duration::from_secs(2), || {
+            let l = l.clone();
+            async move { is_free(&l, "555").await }
+        })
+        .await
+    );
+    assert_eq!(locker.active_keys(), 0);
+}
+
+#[tokio::test]
+async fn the_guard_lives_until_the_response_future_completes_or_is_dropped() {
+    let locker = memory_locker();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let inner = {
+        let (release, started) = (release.clone(), started.clone());
+        service_fn(move |_req: Request<()>| {
+            let (release, started) = (release.clone(), started.clone());
+            async move {
+                started.notify_one();
+                release.notified().await;
+                Ok::<_, Infallible>("done")
+            }
+        })
+    };
+    let mut svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
+
+    // Completed: held while pending, free afterwards.
+    let fut = svc.ready().await.unwrap().call(request(Some("a")));
+    let task = tokio::spawn(fut);
+    started.notified().await;
+    assert!(
+        !is_free(&locker, "a").await,
+        "lock not held while the handler runs"
+    );
+    release.notify_one();
+    assert_eq!(task.await.unwrap().unwrap(), "done");
+    let l = locker.clone();
+    assert!(
+        wait_until(Duration::from_secs(2), || {
+            let l = l.clone();
+            async move { is_free(&l, "a").await }
+        })
+        .await
+    );
+
+    // Dropped: the lock is released too.
+    let fut = svc.ready().await.unwrap().call(request(Some("a")));
+    let task = tokio::spawn(fut);
+    started.notified().await;
+    assert!(!is_free(&locker, "a").await);
+    task.abort();
+    let _ = task.await;
+    let l = locker.clone();
+    assert!(
+        wait_until(Duration::from_secs(2), || {
+            let l = l.clone();
+            async move { is_free(&l, "a").await }
+        })
+        .await
+    );
+    assert_eq!(locker.active_keys(), 0);
+}
+
+/// An inner service that becomes ready only after `pending` polls, and refuses
+/// calls on an instance that was not polled ready.
+#[derive(Clone)]
+struct Picky {
+    pending: usize,
+    ready: bool,
+    polls: Arc<AtomicUsize>,
+}
+
+impl Service<Request<()>> for Picky {
+    type Response = &'static str;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<&'static str, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        if self.pending > 0 {
+            self.pending -= 1;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<()>) -> Self::Future {
+        assert!(self.ready, "called an instance that was not polled ready");
+        self.ready = false;
+        Box::pin(async { Ok("ok") })
+    }
+}
+
+#[tokio::test]
+async fn readiness_is_forwarded_and_the_ready_instance_is_called() {
+    let locker = memory_locker();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let inner = Picky {
+        pending: 2,
+        ready: false,
+        polls: polls.clone(),
+    };
+    let mut svc = LockLayer::new(locker, sku_header()).layer(inner);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(svc.poll_ready(&mut cx).is_pending());
+    assert!(svc.poll_ready(&mut cx).is_pending());
+    assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    assert_eq!(polls.load(Ordering::SeqCst), 3);
+    // The instance that was polled ready is the one called, after the lock is held;
+    // the clone left behind must be polled ready again before the next call.
+    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
+    assert_eq!(
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request(Some("k")))
+            .await
+            .unwrap(),
+        "ok"
+    );
+}
+
+#[tokio::test]
+async fn inner_errors_propagate() {
+    let locker = memory_locker();
+    let inner = service_fn(|_req: Request<()>| async { Err::<(), _>("inner failed") });
+    let err = LockLayer::new(locker, sku_header())
+        .layer(inner)
+        .oneshot(request(Some("k")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "inner failed");
+}
+
+#[tokio::test]
+async fn requests_without_a_key_follow_the_policy() {
+    let locker = memory_locker();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let ran = ran.clone();
+        service_fn(move |req: Request<()>| {
+            let ran = ran.clone();
+            async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(req.extensions().get::<LockInfo>().is_some())
+            }
+        })
+    };
+    let pass = LockLayer::new(locker.clone(), sku_header()).layer(inner.clone());
+    assert!(
+        !pass.oneshot(request(None)).await.unwrap(),
+        "no lock info without a key"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+
+    let reject = LockLayer::new(locker.clone(), sku_header())
+        .missing_key(MissingKey::Reject)
+        .layer(inner);
+    let err = reject.oneshot(request(None)).await.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::InvalidKey { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the handler ran for a rejected request"
+    );
+    // A present but empty key is rejected by validation, not locked.
+    let empty = LockLayer::new(locker, sku_header())
+        .layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(true)
+        }))
+        .oneshot(request(Some("")))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        empty.downcast_ref::<Error>(),
+        Some(Error::InvalidKey { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_wait_timeout_is_an_error_naming_the_key() {
+    let locker = memory_locker();
+    let held = locker.lock("busy").await.unwrap();
+    let svc =
+        LockLayer::new(locker.clone(), sku_header()).layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(())
+        }));
+    let err = svc.oneshot(request(Some("busy"))).await.unwrap_err();
+    match err.downcast_ref::<Error>() {
+        Some(Error::Timeout { key, .. }) => assert_eq!(key, &LockKey::from("busy")),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    held.release().await.unwrap();
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn axum_maps_a_timeout_to_503_with_retry_after() {
+    use axum::error_handling::HandleErrorLayer;
+    use lockflight::layer::handle_error;
+
+    let locker = memory_locker();
+    let held = locker.lock("busy").await.unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(handle_error))
+        .layer(LockLayer::new(locker.clone(), sku_header()))
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(axum::response::Response::new(axum::body::Body::empty()))
+        }));
+    let res = svc.oneshot(request(Some("busy"))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    held.release().await.unwrap();
+}
+
+/// Sets a flag when dropped: proves the handler's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
+    let server = support::shared();
+    let prefix = support::unique_prefix("layer-loss");
+    let backend = RedisBackend::builder(server.url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let lock_name = backend.lock_name(&LockKey::from("k"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let inner = {
+        let (dropped, finished, started) = (dropped.clone(), finished.clone(), started.clone());
+        service_fn(move |_req: Request<()>| {
+            let flag = DropFlag(dropped.clone());
+            let (finished, started) = (finished.clone(), started.clone());
+            async move {
+                let _flag = flag;
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+                Ok::<_, Infallible>(())
+            }
+        })
+    };
+    let svc = LockLayer::new(locker, sku_header()).layer(inner);
+    let call = tokio::spawn(svc.oneshot(request(Some("k"))));
+    started.notified().await;
+    let mut con = server.connection().await;
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let err = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the loss was not noticed")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::LeaseLost { .. })),
+        "{err}"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler future was not dropped"
+    );
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+fn get(sku: &str) -> Request<()> {
+    Request::builder()
+        .uri(format!("/items/{sku}"))
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesce_layer_gives_identical_gets_one_execution() {
+    let locker = memory_locker();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        service_fn(move |req: Request<()>| {
+            let runs = runs.clone();
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let body = format!("{} run {n}", req.uri().path());
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(StatusCode::OK)
+                        .header("x-run", n.to_string())
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+    let mut calls = Vec::new();
+    for _ in 0..100 {
+        calls.push(tokio::spawn(svc.clone().oneshot(get("555"))));
+    }
+    for c in calls {
+        let res = c.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["x-run"], "1");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "/items/555 run 1");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            locker.active_keys() == 0
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesce_layer_does_not_share_bodies_over_the_limit() {
+    let locker = memory_locker();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        service_fn(move |_req: Request<()>| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(vec![b'x'; 2048]))))
+            }
+        })
+    };
+    let svc = CoalesceLayer::new(locker, PathSegment::new(1))
+        .max_body(1024)
+        .layer(inner);
+    let mut calls = Vec::new();
+    for _ in 0..5 {
+        calls.push(tokio::spawn(svc.clone().oneshot(get("big"))));
+    }
+    for c in calls {
+        let body = c
+            .await
+            .unwrap()
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body.len(), 2048);
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        5,
+        "large bodies must not be shared"
+    );
+}

@@ -1,0 +1,51 @@
+//! Pins `Send` (and `Sync` where it matters) on every public future and handle, so a
+//! change that makes one `!Send` fails to compile here instead of in users' code.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use lockflight::layer::{CoalesceLayer, LockLayer};
+use lockflight::{HeaderKey, LockGuard, Locker, MemoryBackend, PathSegment, RedisBackend, Stats};
+use tower::{Layer, Service, service_fn};
+
+fn send<T: Send>(_: &T) {}
+fn send_sync<T: Send + Sync>() {}
+fn send_future<F: Future + Send>(_: F) {}
+
+#[test]
+fn handles_are_send_and_sync() {
+    send_sync::<Locker>();
+    send_sync::<LockGuard>();
+    send_sync::<MemoryBackend>();
+    send_sync::<RedisBackend>();
+    send_sync::<lockflight::Error>();
+    send_sync::<Stats>();
+}
+
+#[tokio::test]
+async fn every_public_future_is_send() {
+    let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
+    send_future(RedisBackend::connect("redis://127.0.0.1:1"));
+    send_future(locker.lock("k"));
+    send_future(locker.lock_within("k", std::time::Duration::from_secs(1)));
+    send_future(locker.try_lock("k"));
+    send_future(locker.with_lock("k", |_info| async { 1 }));
+    send_future(locker.coalesce("k", || async { 1 }));
+    let guard = locker.lock("k").await.unwrap();
+    send(&guard.lost());
+    send_future(guard.release());
+
+    let inner = service_fn(|_req: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::new(),
+        )))
+    });
+    let mut lock_svc = LockLayer::new(
+        locker.clone(),
+        HeaderKey::new(http::HeaderName::from_static("x")),
+    )
+    .layer(inner);
+    send_future(lock_svc.call(http::Request::new(())));
+    let mut coalesce_svc = CoalesceLayer::new(locker, PathSegment::new(0)).layer(inner);
+    send_future(coalesce_svc.call(http::Request::new(())));
+}
