@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend, Released};
 use crate::coalesce::Flights;
@@ -381,6 +382,11 @@ impl Locker {
     pub async fn lock_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<LockGuard> {
         let key = key.into();
         key.validate()?;
+        let span = tracing::debug_span!("lockflight.lock", key = %key);
+        self.lock_inner(key, wait).instrument(span).await
+    }
+
+    async fn lock_inner(&self, key: LockKey, wait: Duration) -> Result<LockGuard> {
         let start = Instant::now();
         let deadline = start + wait;
         let shared = &self.shared;
@@ -607,8 +613,10 @@ impl Shared {
         let mut backoff = Duration::from_millis(10);
         loop {
             let sent_at = Instant::now();
-            // From here until a definite answer, the acquire may have landed.
+            // From here until a definite answer, the acquire may have landed, and may
+            // have queued this instance.
             leading.lead.token = Some(token);
+            leading.lead.queued |= queue;
             self.stats.acquire_attempt();
             let reply =
                 tokio::time::timeout_at(deadline, self.backend.acquire(key, token, ttl, queue))
@@ -657,7 +665,6 @@ impl Shared {
                 Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
                     tracing::debug!(%key, error = %e, "acquire failed; retrying");
                     if Instant::now() + backoff >= deadline {
-                        self.stats.timeout();
                         return Err(e);
                     }
                     tokio::time::sleep(backoff).await;
@@ -763,6 +770,11 @@ impl ReleaseJob {
     /// next local waiter lead. If this future is dropped before it finishes, the
     /// release is re-run in the background.
     pub(crate) async fn run(self) -> Result<()> {
+        let span = tracing::debug_span!("lockflight.release", key = %self.lease.key);
+        self.run_inner().instrument(span).await
+    }
+
+    async fn run_inner(self) -> Result<()> {
         let mut rearm = Rearm(Some(self));
         let job = rearm.0.as_ref().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));

@@ -37,6 +37,7 @@
 mod axum;
 mod coalesce;
 pub mod future;
+#[allow(clippy::module_inception)]
 mod layer;
 mod service;
 

@@ -82,8 +82,11 @@ impl Lease {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
-    /// Time left before the lease must be considered lost.
+    /// Time left before the lease must be considered lost (zero once it is lost).
     pub(crate) fn remaining(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
         self.valid_until().saturating_duration_since(Instant::now())
     }
 

@@ -170,6 +170,12 @@ impl RedisBackendBuilder {
     /// Dropping the future abandons the connection attempt; nothing is left behind.
     pub async fn connect(self) -> Result<RedisBackend> {
         self.validate()?;
+        #[cfg(feature = "tls-rustls")]
+        {
+            // `rediss://` needs a process-wide crypto provider; keep one installed by
+            // the application, else install ring's.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(self.url.as_str())
             .map_err(|e| Error::config(format!("redis url {}: {e}", redact(&self.url))))?;
         let target = client.get_connection_info().addr().to_string();
