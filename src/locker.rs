@@ -572,6 +572,7 @@ impl Shared {
         }
         let key = key.clone();
         let backend = Arc::clone(&self.backend);
+        let stats = Arc::clone(&self.stats);
         spawn_detached(async move {
             if let Some(token) = lead.token
                 && let Err(e) = backend.release(&key, token).await
@@ -579,7 +580,10 @@ impl Shared {
                 tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
             }
             if lead.queued
-                && let Err(e) = backend.leave(&key).await
+                && let Err(e) = {
+                    stats.left();
+                    backend.leave(&key).await
+                }
             {
                 tracing::debug!(%key, error = %e, "leaving the queue failed");
             }

@@ -4,6 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a [`Locker`](crate::Locker)'s counters (monotonic since it was built).
 ///
+/// Backend requests (one round trip each) are `acquire_attempts + releases +
+/// renew_attempts + leaves`.
+///
 /// Subtract two snapshots to measure an interval:
 ///
 /// ```
@@ -31,8 +34,12 @@ pub struct Stats {
     pub handoffs: u64,
     /// Release requests sent to the backend.
     pub releases: u64,
+    /// Renewal requests sent to the backend.
+    pub renew_attempts: u64,
     /// Successful renewals.
     pub renewals: u64,
+    /// Requests to leave a key's backend queue (a waiter that gave up).
+    pub leaves: u64,
     /// Leases lost while held.
     pub leases_lost: u64,
     /// Calls that ended in [`Error::Timeout`](crate::Error::Timeout).
@@ -48,7 +55,9 @@ impl std::ops::Sub for Stats {
             local_waits: self.local_waits - o.local_waits,
             handoffs: self.handoffs - o.handoffs,
             releases: self.releases - o.releases,
+            renew_attempts: self.renew_attempts - o.renew_attempts,
             renewals: self.renewals - o.renewals,
+            leaves: self.leaves - o.leaves,
             leases_lost: self.leases_lost - o.leases_lost,
             timeouts: self.timeouts - o.timeouts,
         }
@@ -62,7 +71,9 @@ pub(crate) struct StatsInner {
     local_waits: AtomicU64,
     handoffs: AtomicU64,
     releases: AtomicU64,
+    renew_attempts: AtomicU64,
     renewals: AtomicU64,
+    leaves: AtomicU64,
     leases_lost: AtomicU64,
     timeouts: AtomicU64,
 }
@@ -91,7 +102,9 @@ counter! {
     local_wait => local_waits, "lockflight_local_waits_total";
     handoff => handoffs, "lockflight_handoffs_total";
     release => releases, "lockflight_releases_total";
+    renew_attempt => renew_attempts, "lockflight_renew_attempts_total";
     renewed => renewals, "lockflight_renewals_total";
+    left => leaves, "lockflight_leaves_total";
     lost => leases_lost, "lockflight_leases_lost_total";
     timeout => timeouts, "lockflight_timeouts_total";
 }

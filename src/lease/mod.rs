@@ -148,6 +148,7 @@ pub(crate) async fn watchdog(
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent_at = Instant::now();
+        stats.renew_attempt();
         let outcome = tokio::select! {
             biased;
             _ = lease.stop.cancelled() => return,

@@ -110,7 +110,7 @@ where
             let mut req = Some(req);
             let mut own: Option<http::Response<ResB>> = None;
             let shared = locker
-                .coalesce(key, || {
+                .coalesce(key.clone(), || {
                     let (req, own, service) = (req.take(), &mut own, &mut service);
                     async move {
                         let Some(req) = req else {
@@ -160,9 +160,15 @@ where
                     if let Some(res) = own {
                         return Ok(res.map(CoalescedBody::Original));
                     }
-                    // Our closure never ran: run our own request.
+                    // Our closure never ran: run our own request, under the lock
+                    // like every read of this layer.
                     let req = req.take().ok_or("lockflight: coalesced request lost")?;
-                    let res = service.call(req).await.map_err(Into::into)?;
+                    let res = locker
+                        .with_lock(key, |_| {
+                            let call = service.call(req);
+                            async move { call.await.map_err(Into::into) }
+                        })
+                        .await??;
                     Ok(res.map(CoalescedBody::Original))
                 }
             }

@@ -1,0 +1,31 @@
+//! The lockflight demo: several inventory instances (separate processes) sharing
+//! one Redis and one SQLite database take a burst of concurrent reservations on a
+//! few hot SKUs, once per locking mode — a plain Redis lock per request, lockflight
+//! (coalesced), lockflight with lease handoff, and each behind a SKU-routing
+//! gateway — and print what each mode cost.
+//!
+//! ```text
+//! cargo run --example demo --features axum
+//! ```
+//!
+//! Without `REDIS_URL` it starts a private `redis-server` (temporary directory, no
+//! persistence, stopped at exit) if one is installed; otherwise it runs one
+//! instance on the in-process backend and says so. It is the `inventory` example
+//! (`examples/inventory/`) started in demo mode: it runs copies of its own
+//! executable as the instances and the gateway.
+
+#[path = "inventory/app.rs"]
+mod app;
+#[path = "inventory/cli.rs"]
+mod cli;
+#[path = "inventory/client.rs"]
+mod client;
+#[path = "inventory/demo.rs"]
+mod demo;
+#[path = "inventory/gateway.rs"]
+mod gateway;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    cli::main("demo").await
+}

@@ -1,0 +1,109 @@
+//! A small HTTP/1.1 client (hyper-util's pooled legacy client) for the demo and
+//! the tests.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// Errors of this module.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A keep-alive connection pool; cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A buffered response.
+#[derive(Clone, Debug)]
+pub(crate) struct Reply {
+    /// Status.
+    pub(crate) status: StatusCode,
+    /// Headers.
+    #[allow(dead_code)] // used by tests/inventory.rs
+    pub(crate) headers: HeaderMap,
+    /// Body.
+    pub(crate) body: Bytes,
+}
+
+impl Reply {
+    /// The body as JSON (`Null` if it is not JSON).
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The body as text (lossy).
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The `error` field of a JSON error body, if any.
+    pub(crate) fn error_code(&self) -> Option<String> {
+        self.json()
+            .get("error")
+            .and_then(|e| e.as_str())
+            .map(str::to_owned)
+    }
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Http {
+    /// A new pool.
+    pub(crate) fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Http { client }
+    }
+
+    /// Sends a request and buffers the response.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        json: Option<&serde_json::Value>,
+    ) -> Result<Reply, BoxError> {
+        let mut req = Request::builder().method(method).uri(url);
+        let body = match json {
+            Some(value) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                Full::new(Bytes::from(serde_json::to_vec(value)?))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let res = self.client.request(req.body(body)?).await?;
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// `GET url`.
+    pub(crate) async fn get(&self, url: &str) -> Result<Reply, BoxError> {
+        self.send(Method::GET, url, None).await
+    }
+
+    /// `POST url` with a JSON body.
+    pub(crate) async fn post(
+        &self,
+        url: &str,
+        json: &serde_json::Value,
+    ) -> Result<Reply, BoxError> {
+        self.send(Method::POST, url, Some(json)).await
+    }
+}
