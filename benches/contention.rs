@@ -65,7 +65,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Wakeup};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::{Handoff, LockBackend, LockKey, Locker, RedisBackend};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -421,8 +421,8 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);
         self.inner.leave(key).await
     }
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        self.inner.watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        self.inner.wakeups()
     }
     fn fencing(&self) -> bool {
         self.inner.fencing()

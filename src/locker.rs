@@ -14,6 +14,7 @@ use crate::coalesce::Flights;
 use crate::error::{Error, Phase, Result};
 use crate::guard::{LockGuard, LockInfo};
 use crate::key::LockKey;
+use crate::lease::renewal::Renewals;
 use crate::lease::{self, Lease};
 use crate::slot::{Abandon, Forward, Grant, Join, Lead, Release, Slot, SlotMap};
 use crate::stats::{Stats, StatsInner};
@@ -268,11 +269,18 @@ impl LockerBuilder {
             on_loss: self.on_loss,
         };
         let backend = self.backend;
+        let stats = Arc::<StatsInner>::default();
+        let renewals = Arc::new(Renewals::new(
+            Arc::clone(&backend),
+            config.renew_every,
+            Arc::clone(&stats),
+        ));
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
             backend,
             config,
-            stats: Arc::default(),
+            stats,
+            renewals,
             slots: SlotMap::default(),
             flights: Flights::default(),
         });
@@ -329,6 +337,7 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<StatsInner>,
     pub(crate) slots: SlotMap,
     pub(crate) flights: Flights,
+    renewals: Arc<Renewals>,
 }
 
 impl Locker {
@@ -612,10 +621,12 @@ impl Shared {
             },
             finished: false,
         };
-        let mut wakeup = self.backend.watch(key);
+        let wakeups = self.backend.wakeups();
+        let mut wakeup: Option<crate::backend::Wakeup> = None;
         let ttl = self.config.lease_ttl;
         let mut backoff = Duration::from_millis(10);
         loop {
+            let generation = wakeups.generation(key.as_bytes());
             let sent_at = Instant::now();
             // From here until a definite answer, the acquire may have landed, and may
             // have queued this instance.
@@ -638,12 +649,7 @@ impl Shared {
                     if let Some(slot) = &leading.slot {
                         slot.acquired();
                     }
-                    spawn_detached(lease::watchdog(
-                        Arc::clone(&lease),
-                        Arc::clone(&self.backend),
-                        self.config.renew_every,
-                        Arc::clone(&self.stats),
-                    ));
+                    self.renewals.watch(&lease, sent_at);
                     return Ok(Some(LockGuard::new(
                         self.arc(),
                         leading.slot.take(),
@@ -656,8 +662,19 @@ impl Shared {
                     if !queue {
                         return Ok(None);
                     }
-                    leading.lead.queued = true;
                     backoff = Duration::from_millis(10);
+                    let wakeup = match &mut wakeup {
+                        Some(w) => w,
+                        None => {
+                            // Watch only now that we wait; a wake-up that arrived
+                            // before this registration shows in the generation.
+                            let w = wakeup.insert(wakeups.watch(key));
+                            if wakeups.generation(key.as_bytes()) != generation {
+                                continue;
+                            }
+                            w
+                        }
+                    };
                     tokio::select! {
                         _ = wakeup.woken() => {}
                         _ = tokio::time::sleep(retry_in) => {}
@@ -782,7 +799,7 @@ impl ReleaseJob {
         let mut rearm = Rearm(Some(self));
         let job = rearm.0.as_ref().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
-        lease.stop();
+        shared.renewals.forget(&lease);
         let mut attempt = 0u32;
         let result = loop {
             shared.stats.release();
@@ -829,7 +846,7 @@ impl ReleaseJob {
                 });
             }
             Err(_) => {
-                self.lease.stop();
+                self.shared.renewals.forget(&self.lease);
                 if let Some(slot) = &self.slot {
                     slot.released(&self.shared.slots);
                 }

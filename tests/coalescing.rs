@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Wakeup};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::{
     Error, FencingToken, Handoff, LockBackend, LockKey, Locker, MemoryBackend, RedisBackend,
 };
@@ -88,8 +88,8 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);
         self.inner.leave(key).await
     }
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        self.inner.watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        self.inner.wakeups()
     }
 }
 

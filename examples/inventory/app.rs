@@ -34,7 +34,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Wakeup};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey, PathParam, handle_error};
 use lockflight::{FencingToken, LockBackend, LockInfo, LockKey, Locker};
 use serde::{Deserialize, Serialize};
@@ -208,8 +208,8 @@ impl<B: LockBackend> LockBackend for CountingBackend<B> {
         self.inner.leave(key).await
     }
 
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        self.inner.watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        self.inner.wakeups()
     }
 
     fn fencing(&self) -> bool {

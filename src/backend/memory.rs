@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry, Wakeup};
+use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -99,14 +99,9 @@ impl MemoryBackend {
         }
     }
 
-    /// Other waiters on `key`: its watchers, less `own` (the caller's own watch).
-    fn waiting(&self, key: &LockKey, own: usize) -> u32 {
-        let n = self
-            .inner
-            .wakeups
-            .watchers(key.as_bytes())
-            .saturating_sub(own);
-        u32::try_from(n).unwrap_or(u32::MAX)
+    /// Other waiters on `key`: its watchers (a caller watches only while it waits).
+    fn waiting(&self, key: &LockKey) -> u32 {
+        u32::try_from(self.inner.wakeups.watchers(key.as_bytes())).unwrap_or(u32::MAX)
     }
 }
 
@@ -132,7 +127,7 @@ impl LockBackend for MemoryBackend {
             drop(entry);
             return Ok(Acquire::Acquired {
                 epoch,
-                waiting: self.waiting(key, 1),
+                waiting: self.waiting(key),
             });
         }
         if held.epoch != 0 && held.expires > now {
@@ -149,7 +144,7 @@ impl LockBackend for MemoryBackend {
         drop(entry);
         Ok(Acquire::Acquired {
             epoch,
-            waiting: self.waiting(key, 1),
+            waiting: self.waiting(key),
         })
     }
 
@@ -165,7 +160,7 @@ impl LockBackend for MemoryBackend {
         }
         Ok(Released {
             released,
-            waiting: self.waiting(key, 0),
+            waiting: self.waiting(key),
         })
     }
 
@@ -176,7 +171,7 @@ impl LockBackend for MemoryBackend {
                 held.expires = now + ttl;
                 drop(held);
                 Ok(Extend::Extended {
-                    waiting: self.waiting(key, 0),
+                    waiting: self.waiting(key),
                 })
             }
             _ => Ok(Extend::NotOwner),
@@ -187,8 +182,8 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        self.inner.wakeups.watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        &self.inner.wakeups
     }
 }
 

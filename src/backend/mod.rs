@@ -11,8 +11,11 @@
 //! * **leave** ([`LockBackend::leave`]): a waiter that gives up leaves the queue.
 //!
 //! Wake-ups arrive through a [`WakeRegistry`] that the backend fills (for Redis, from
-//! the instance's single pub/sub channel); a waiting caller [`watch`](LockBackend::watch)es
-//! the key *before* it asks, so a wake-up that races with the reply is never lost.
+//! the instance's single pub/sub channel). A caller that was told to wait starts
+//! watching the key only then — an acquire that succeeds at once costs no
+//! registration — and compares the key's wake-up generation from before its request
+//! with the one after registering, so a wake-up that raced with the reply is never
+//! lost (it only causes an immediate retry).
 //!
 //! Every operation is idempotent for a given token: repeating an acquire whose reply
 //! was lost either finds the lock already ours or competes again. That is how
@@ -20,6 +23,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -107,9 +111,9 @@ pub enum Extend {
 ///    `Acquired` with the lease's epoch (idempotent retry).
 /// 3. Epochs of one key strictly increase across acquisitions.
 /// 4. `release` and `extend` change nothing unless the token owns the key.
-/// 5. After a release, a caller that is blocked in a [`Wakeup`] obtained from
-///    [`watch`](LockBackend::watch) for that key (in this or another instance) is
-///    woken, and a spurious wake-up is harmless.
+/// 5. After a release, a waiting instance is woken through its
+///    [`wakeups`](LockBackend::wakeups) registry: [`WakeRegistry::wake`] for the key.
+///    A spurious wake-up is harmless.
 ///
 /// # Cancel safety
 ///
@@ -138,9 +142,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// claim this instance was given.
     async fn leave(&self, key: &LockKey) -> Result<()>;
 
-    /// Registers interest in wake-ups for `key`. Call it before `acquire` so that a
-    /// wake-up published in between is kept.
-    fn watch(&self, key: &LockKey) -> Wakeup;
+    /// The registry through which this backend delivers wake-ups for the keys this
+    /// instance waits for.
+    fn wakeups(&self) -> &WakeRegistry;
 
     /// Whether epochs are fencing tokens (strictly increasing per key). `false` for
     /// backends that cannot promise it.
@@ -169,8 +173,8 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     async fn leave(&self, key: &LockKey) -> Result<()> {
         (**self).leave(key).await
     }
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        (**self).watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        (**self).wakeups()
     }
     fn fencing(&self) -> bool {
         (**self).fencing()
@@ -179,15 +183,30 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
 
 type Watchers = DashMap<LockKey, watch::Sender<u64>>;
 
+/// Number of wake-up generation counters; keys share them by hash.
+const STRIPES: usize = 64;
+
 /// Per-key wake-up fan-in for one backend instance.
 ///
 /// A backend calls [`wake`](WakeRegistry::wake) when it learns that a key may be
 /// free (a pub/sub message, an in-process release); callers wait on a [`Wakeup`].
 /// Entries exist only while someone watches, so the registry stays as small as the
-/// set of keys being waited for.
-#[derive(Clone, Default)]
+/// set of keys being waited for. Every wake-up also bumps a generation counter
+/// shared by the keys of one stripe, so a caller that starts watching late can tell
+/// whether it may have missed one.
+#[derive(Clone)]
 pub struct WakeRegistry {
     watchers: Arc<Watchers>,
+    generations: Arc<[AtomicU64; STRIPES]>,
+}
+
+impl Default for WakeRegistry {
+    fn default() -> Self {
+        WakeRegistry {
+            watchers: Arc::default(),
+            generations: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
 }
 
 impl fmt::Debug for WakeRegistry {
@@ -202,6 +221,17 @@ impl WakeRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn stripe(&self, key: &[u8]) -> &AtomicU64 {
+        &self.generations[crate::routing::key_hash(key) as usize % STRIPES]
+    }
+
+    /// The wake-up generation of `key`: it changes whenever `key` (or another key
+    /// of its stripe) is woken. Read it before asking the backend; if it changed by
+    /// the time you watch, a wake-up may have been missed: ask again at once.
+    pub fn generation(&self, key: &[u8]) -> u64 {
+        self.stripe(key).load(Ordering::Acquire)
     }
 
     /// Starts watching `key`; wake-ups from now on are seen by the returned handle.
@@ -220,6 +250,7 @@ impl WakeRegistry {
 
     /// Wakes every watcher of `key`. Returns `false` if nobody watches it.
     pub fn wake(&self, key: &[u8]) -> bool {
+        self.stripe(key).fetch_add(1, Ordering::AcqRel);
         match self.watchers.get(key) {
             Some(tx) => {
                 tx.send_modify(|n| *n = n.wrapping_add(1));
@@ -232,6 +263,9 @@ impl WakeRegistry {
     /// Wakes every watcher of every key (after a lost notification connection, when
     /// messages may have been missed).
     pub fn wake_all(&self) {
+        for g in self.generations.iter() {
+            g.fetch_add(1, Ordering::AcqRel);
+        }
         for tx in self.watchers.iter() {
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -240,6 +274,11 @@ impl WakeRegistry {
     /// Number of handles currently watching `key`.
     pub fn watchers(&self, key: &[u8]) -> usize {
         self.watchers.get(key).map_or(0, |tx| tx.receiver_count())
+    }
+
+    /// Whether anyone watches `key`.
+    pub fn is_watched(&self, key: &[u8]) -> bool {
+        self.watchers.contains_key(key)
     }
 
     /// Number of keys currently watched.
@@ -298,6 +337,13 @@ mod tests {
     async fn a_wake_before_waiting_is_kept_and_entries_are_removed() {
         let reg = WakeRegistry::new();
         let key = LockKey::from("k");
+        let before = reg.generation(b"k");
+        assert!(!reg.wake(b"k"), "nobody watches yet");
+        assert_ne!(
+            reg.generation(b"k"),
+            before,
+            "an unwatched wake-up still counts"
+        );
         let mut a = reg.watch(&key);
         let mut b = reg.watch(&key);
         assert!(reg.wake(b"k"));

@@ -1,5 +1,13 @@
 //! A held distributed lock, its watchdog, and the loss signal.
 //!
+//! The watchdog is one task per [`Locker`](crate::Locker) (see [`renewal`]): a set
+//! of held leases, each due for renewal a renewal interval after the previous
+//! renewal (or the acquire) was sent, scanned every quarter of that interval. A due
+//! lease gets a short-lived task that renews it (retrying errors until its validity
+//! ends) and puts it back in the set. Short critical sections cost no task and no
+//! timer: their leases join and leave the set (a push and a swap-remove under a
+//! mutex) long before they are due.
+//!
 //! # Invariants
 //!
 //! 1. `valid_until` is measured on the monotonic clock from the moment the acquire
@@ -12,19 +20,20 @@
 //!
 //! # Lock order
 //!
-//! The `valid_until` mutex is a leaf: nothing else is locked while it is held, and it
-//! is never held across an `.await`.
+//! The renewal set's mutex, then a lease's `valid_until` mutex (a leaf). Neither is
+//! held across an `.await`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Extend, LeaseToken, LockBackend};
+use crate::backend::LeaseToken;
 use crate::key::LockKey;
-use crate::stats::StatsInner;
+
+pub(crate) mod renewal;
 
 /// The safety margin subtracted from every validity window: 1 % of the TTL + 2 ms,
 /// for clock drift between this process and the backend.
@@ -48,6 +57,9 @@ pub(crate) struct Lease {
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
+    /// The lease's index in the renewal set (`usize::MAX` when not in it). Only
+    /// written while the set's mutex is held.
+    slot: AtomicUsize,
 }
 
 impl Lease {
@@ -71,6 +83,7 @@ impl Lease {
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
+            slot: AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -78,7 +91,7 @@ impl Lease {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set_valid_until(&self, at: Instant) {
+    pub(crate) fn set_valid_until(&self, at: Instant) {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
@@ -115,65 +128,12 @@ impl Lease {
         true
     }
 
-    /// Stops the watchdog (final release).
+    /// Marks the lease finally released: renewal stops.
     pub(crate) fn stop(&self) {
         self.stop.cancel();
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.stop.is_cancelled()
-    }
-}
-
-/// Renews `lease` every `every` until it is stopped or lost.
-pub(crate) async fn watchdog(
-    lease: Arc<Lease>,
-    backend: Arc<dyn LockBackend>,
-    every: Duration,
-    stats: Arc<StatsInner>,
-) {
-    let retry = (every / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
-    let mut next = Instant::now() + every;
-    loop {
-        let valid_until = lease.valid_until();
-        tokio::select! {
-            biased;
-            _ = lease.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(valid_until) => {
-                if !lease.is_stopped() && lease.mark_lost("its validity ran out before a renewal succeeded") {
-                    stats.lost();
-                }
-                return;
-            }
-            _ = tokio::time::sleep_until(next) => {}
-        }
-        let sent_at = Instant::now();
-        stats.renew_attempt();
-        let outcome = tokio::select! {
-            biased;
-            _ = lease.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(valid_until) => continue,
-            r = backend.extend(&lease.key, lease.token, lease.ttl) => r,
-        };
-        match outcome {
-            Ok(Extend::Extended { waiting }) => {
-                stats.renewed();
-                lease.waiting.store(waiting, Ordering::Relaxed);
-                lease.set_valid_until(sent_at + lease.ttl.saturating_sub(drift(lease.ttl)));
-                next = sent_at + every;
-            }
-            Ok(Extend::NotOwner) => {
-                if !lease.is_stopped()
-                    && lease.mark_lost("the backend reports the lock is no longer ours")
-                {
-                    stats.lost();
-                }
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(key = %lease.key, error = %e, "renewal failed; retrying");
-                next = Instant::now() + retry;
-            }
-        }
     }
 }

@@ -25,7 +25,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry, Wakeup};
+use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -532,8 +532,8 @@ impl LockBackend for RedisBackend {
         self.inner.leave(key).await
     }
 
-    fn watch(&self, key: &LockKey) -> Wakeup {
-        self.inner.wakeups.watch(key)
+    fn wakeups(&self) -> &WakeRegistry {
+        &self.inner.wakeups
     }
 }
 

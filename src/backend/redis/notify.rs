@@ -6,9 +6,10 @@
 //! wakes every watcher once, because messages sent during the gap are lost (a
 //! spurious wake-up only causes a retry). Meanwhile waiters fall back to their timers.
 //!
-//! A message for a key nobody here waits for any more means this instance was given
-//! a claim it will not use: the task leaves the key's queue, which passes the claim
-//! on, so no other instance waits out the claim window for nothing.
+//! A message for a key nobody here waits for any more (still nobody after a short
+//! grace period) means this instance was given a claim it will not use: the task
+//! leaves the key's queue, which passes the claim on, so no other instance waits out
+//! the claim window for nothing.
 
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +37,8 @@ impl Status {
     }
 }
 
+/// How long a wake-up for a key nobody watches waits before the claim is given up.
+const UNWANTED_GRACE: Duration = Duration::from_millis(25);
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -76,8 +79,16 @@ pub(super) async fn run(
                     let Some(i) = inner.upgrade() else { return };
                     let raw = msg.get_payload_bytes();
                     if !i.wakeups.wake(raw) {
+                        // Nobody watches the key right now. A leader may be between
+                        // its acquire's reply and its registration (it will see the
+                        // generation change and retry), so give it a moment before
+                        // concluding the claim is unwanted and passing it on.
                         let key = LockKey::from(raw);
                         tokio::spawn(async move {
+                            tokio::time::sleep(UNWANTED_GRACE).await;
+                            if i.wakeups.is_watched(key.as_bytes()) {
+                                return;
+                            }
                             if let Err(e) = i.leave(&key).await {
                                 tracing::debug!(%key, error = %e, "leaving an unwanted claim failed");
                             }
