@@ -584,7 +584,10 @@ impl Shared {
         let stats = Arc::clone(&self.stats);
         spawn_detached(async move {
             if let Some(token) = lead.token
-                && let Err(e) = backend.release(&key, token).await
+                && let Err(e) = {
+                    stats.release();
+                    backend.release(&key, token).await
+                }
             {
                 tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
             }

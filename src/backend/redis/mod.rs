@@ -375,7 +375,9 @@ impl Inner {
         call.invoke_async(&mut conn).await
     }
 
-    async fn leave(&self, key: &LockKey) -> Result<()> {
+    /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
+    /// holds the key's claim (see `lua/leave.lua`).
+    async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<()> {
         let n = Names::new(&self.prefix, key);
         self.invoke(
             &LEAVE,
@@ -385,6 +387,7 @@ impl Inner {
                 self.claim_ttl_ms.to_string().as_bytes(),
                 self.channel_prefix.as_bytes(),
                 key.as_bytes(),
+                if only_if_claimed { b"1" } else { b"0" },
             ],
         )
         .await
@@ -529,7 +532,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {
-        self.inner.leave(key).await
+        self.inner.leave(key, false).await
     }
 
     fn wakeups(&self) -> &WakeRegistry {

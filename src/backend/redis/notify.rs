@@ -7,9 +7,10 @@
 //! spurious wake-up only causes a retry). Meanwhile waiters fall back to their timers.
 //!
 //! A message for a key nobody here waits for any more (still nobody after a short
-//! grace period) means this instance was given a claim it will not use: the task
-//! leaves the key's queue, which passes the claim on, so no other instance waits out
-//! the claim window for nothing.
+//! grace period) means this instance may have been given a claim it will not use:
+//! if the claim is still this instance's, the task leaves the key's queue, which
+//! passes the claim on, so no other instance waits out the claim window for
+//! nothing. A claim already used, or a newer queue entry, is left alone.
 
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,7 +90,9 @@ pub(super) async fn run(
                             if i.wakeups.is_watched(key.as_bytes()) {
                                 return;
                             }
-                            if let Err(e) = i.leave(&key).await {
+                            // Only if the claim is still ours: a leader of this
+                            // instance may have used it, or queued again, meanwhile.
+                            if let Err(e) = i.leave(&key, true).await {
                                 tracing::debug!(%key, error = %e, "leaving an unwanted claim failed");
                             }
                         });
