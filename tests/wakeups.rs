@@ -85,3 +85,124 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
         );
     }
 }
+
+mod support;
+
+use lockflight::RedisBackend;
+
+async fn backend(url: &str, prefix: &str) -> RedisBackend {
+    let b = RedisBackend::builder(url)
+        .prefix(prefix)
+        .claim_ttl(Duration::from_secs(30))
+        .queue_entry_ttl(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    assert!(support::wait_until(Duration::from_secs(5), || async { b.is_subscribed() }).await);
+    b
+}
+
+fn queue_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
+    [b.lock_name(key), b":q".to_vec()].concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwanted_claim_is_passed_on() {
+    let server = support::shared();
+    let prefix = support::unique_prefix("unwanted-claim");
+    let (a, b, c) = (
+        backend(&server.url(), &prefix).await,
+        backend(&server.url(), &prefix).await,
+        backend(&server.url(), &prefix).await,
+    );
+    let key = LockKey::from("k");
+    let ttl = Duration::from_secs(30);
+    let held = LeaseToken::random();
+    assert!(matches!(
+        a.acquire(&key, held, ttl, true).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    // B queues through the trait but never watches: it will not use a claim.
+    let b_token = LeaseToken::random();
+    assert!(matches!(
+        b.acquire(&key, b_token, ttl, true).await.unwrap(),
+        Acquire::Busy { .. }
+    ));
+    assert!(a.release(&key, held).await.unwrap().released);
+    // The release gave B a 30 s claim; B's notifier gives it up after its grace
+    // period, so C gets the lock long before the claim would expire.
+    let started = Instant::now();
+    let got = support::wait_until(Duration::from_secs(10), || async {
+        matches!(
+            c.acquire(&key, LeaseToken::random(), ttl, false)
+                .await
+                .unwrap(),
+            Acquire::Acquired { .. }
+        )
+    })
+    .await;
+    assert!(
+        got && started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
+    let server = support::shared();
+    let prefix = support::unique_prefix("used-claim");
+    let (a, b) = (
+        backend(&server.url(), &prefix).await,
+        backend(&server.url(), &prefix).await,
+    );
+    let key = LockKey::from("k");
+    let ttl = Duration::from_secs(30);
+    let held = LeaseToken::random();
+    assert!(matches!(
+        a.acquire(&key, held, ttl, true).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    let b_token = LeaseToken::random();
+    assert!(matches!(
+        b.acquire(&key, b_token, ttl, true).await.unwrap(),
+        Acquire::Busy { .. }
+    ));
+    assert!(a.release(&key, held).await.unwrap().released);
+    // Within B's grace period, B uses its claim (nobody watches at B, as for a
+    // leader whose reply is in flight, so its notifier schedules an unwanted-claim
+    // check) and A, which waits properly, queues for the key again.
+    assert!(matches!(
+        b.acquire(&key, b_token, ttl, true).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    let _a_waits = a.wakeups().watch(&key);
+    assert!(matches!(
+        a.acquire(&key, LeaseToken::random(), ttl, true)
+            .await
+            .unwrap(),
+        Acquire::Busy { .. }
+    ));
+    // B releases (A gets the claim) and B queues again, not yet watching.
+    assert!(b.release(&key, b_token).await.unwrap().released);
+    assert!(matches!(
+        b.acquire(&key, LeaseToken::random(), ttl, true)
+            .await
+            .unwrap(),
+        Acquire::Busy { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // B's stale check (its claim was used long ago) must not have removed B's newer
+    // queue entry.
+    let mut con = server.connection().await;
+    let entry: Option<String> = redis::cmd("HGET")
+        .arg(queue_name(&b, &key))
+        .arg(b.instance_id())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        entry.is_some(),
+        "a stale unwanted-claim check deleted a live queue entry"
+    );
+}
