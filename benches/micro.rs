@@ -5,9 +5,9 @@
 //! filter such as `-- uncontended`).
 //!
 //! * `uncontended/*`: one lock + release per iteration on a current-thread runtime.
-//!   Every variant ends its iteration with `tokio::task::yield_now()`, so the lease
-//!   watchdog task that `Locker::lock` spawns runs (and exits) inside the
-//!   measurement, as it would in a service; `yield_now` alone is measured as the
+//!   Every variant ends its iteration with `tokio::task::yield_now()`, so any
+//!   background work a release leaves (a dropped guard's release task) runs inside
+//!   the measurement, as it would in a service; `yield_now` alone is measured as the
 //!   baseline. Slot-map + lease overhead = `locker_*` − `memory_backend_trait`.
 //! * `coalesce/*`: uncontended `Locker::coalesce` and `with_lock` on `MemoryBackend`.
 //! * `fencing/*`: `FencingToken` comparison and sorting.
@@ -265,7 +265,7 @@ fn million_keys_leave_an_empty_map() {
                 tokio::task::yield_now().await;
             }
         }
-        // Let the last watchdogs finish.
+        // Let any background work left by the last releases finish.
         for _ in 0..4 {
             tokio::task::yield_now().await;
         }
