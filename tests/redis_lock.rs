@@ -199,6 +199,30 @@ async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
     }
 }
 
+/// Waits for `guard`'s loss after the lock key was changed behind it by `what`,
+/// checks it came within `bound` and that releasing reports the loss; returns how
+/// long it took.
+async fn expect_loss(guard: LockGuard, bound: Duration, what: &str) -> Duration {
+    let changed = Instant::now();
+    within(
+        bound + Duration::from_secs(2),
+        &format!("lost() after {what}"),
+        guard.lost(),
+    )
+    .await;
+    let noticed = changed.elapsed();
+    assert!(
+        noticed <= bound,
+        "loss after {what} noticed after {noticed:?}"
+    );
+    assert!(guard.is_lost());
+    match guard.release().await {
+        Err(Error::LeaseLost { phase, .. }) => assert_eq!(phase, Phase::Releasing),
+        other => panic!("release after {what}: {other:?}"),
+    }
+    noticed
+}
+
 // ---------------------------------------------------------------------------
 // Mutual exclusion: the hot-key read-modify-write counter
 // ---------------------------------------------------------------------------
@@ -1002,20 +1026,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
         .query_async::<()>(&mut con)
         .await
         .unwrap();
-    let changed = Instant::now();
-    within(
-        bound + Duration::from_secs(2),
-        "lost() after DEL",
-        guard.lost(),
-    )
-    .await;
-    let noticed = changed.elapsed();
-    assert!(noticed <= bound, "loss after DEL noticed after {noticed:?}");
-    assert!(guard.is_lost());
-    match guard.release().await {
-        Err(Error::LeaseLost { phase, .. }) => assert_eq!(phase, Phase::Releasing),
-        other => panic!("release of a deleted lock: {other:?}"),
-    }
+    let noticed = expect_loss(guard, bound, "DEL").await;
     println!("loss after DEL noticed after {noticed:?}");
 
     // Overwritten by another value (with a TTL, so it looks like another holder).
@@ -1030,20 +1041,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
         .query_async::<()>(&mut con)
         .await
         .unwrap();
-    let changed = Instant::now();
-    within(
-        bound + Duration::from_secs(2),
-        "lost() after SET",
-        guard.lost(),
-    )
-    .await;
-    let noticed = changed.elapsed();
-    assert!(noticed <= bound, "loss after SET noticed after {noticed:?}");
-    assert!(guard.is_lost());
-    match guard.release().await {
-        Err(Error::LeaseLost { phase, .. }) => assert_eq!(phase, Phase::Releasing),
-        other => panic!("release of an overwritten lock: {other:?}"),
-    }
+    let noticed = expect_loss(guard, bound, "SET").await;
     let value: Option<String> = redis::cmd("GET")
         .arg(&name)
         .query_async(&mut con)

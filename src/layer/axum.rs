@@ -38,6 +38,10 @@ impl IntoResponse for Error {
 /// Turns a service error into a response: lockflight's [`Error`]s through their
 /// [`IntoResponse`], anything else as 500. Made for
 /// `axum::error_handling::HandleErrorLayer::new(handle_error)`.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it completes on its first poll and holds nothing.
 pub async fn handle_error(err: BoxError) -> Response {
     match err.downcast::<Error>() {
         Ok(e) => e.into_response(),
