@@ -1042,6 +1042,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
         .await
         .unwrap();
     let noticed = expect_loss(guard, bound, "SET").await;
+    println!("loss after SET noticed after {noticed:?}");
     let value: Option<String> = redis::cmd("GET")
         .arg(&name)
         .query_async(&mut con)
