@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use app::{AppState, CountingBackend, Hooks, WriteOutcome};
+use app::{AppState, Hooks, WriteOutcome};
 use axum::Router;
 use axum::body::Body;
 use axum::error_handling::HandleErrorLayer;
@@ -52,10 +52,10 @@ async fn instance(
     db: sqlx::SqlitePool,
     configure: impl FnOnce(lockflight::LockerBuilder) -> lockflight::LockerBuilder,
 ) -> AppState {
-    let backend = CountingBackend::new(redis_backend(prefix).await);
-    let requests = backend.counts();
-    let locker = configure(Locker::builder(backend)).build().expect("locker");
-    AppState::new(db, locker, requests, name).describe("redis", "test")
+    let locker = configure(Locker::builder(redis_backend(prefix).await))
+        .build()
+        .expect("locker");
+    AppState::new(db, locker, name).describe("redis", "test")
 }
 
 /// Serves `router` on 127.0.0.1:0; returns its base URL. The server lives as long
@@ -269,10 +269,10 @@ async fn stale_fencing_tokens_are_rejected_by_the_database() {
         .execute(&db)
         .await
         .expect("insert");
-    let backend = CountingBackend::new(MemoryBackend::new());
-    let requests = backend.counts();
-    let locker = Locker::builder(backend).build().expect("locker");
-    let state = AppState::new(db, locker, requests, "unit");
+    let locker = Locker::builder(MemoryBackend::new())
+        .build()
+        .expect("locker");
+    let state = AppState::new(db, locker, "unit");
     let t = |epoch, seq| FencingToken { epoch, seq };
     let write = |token| {
         let state = state.clone();

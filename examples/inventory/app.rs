@@ -27,16 +27,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey, PathParam, handle_error};
-use lockflight::{FencingToken, LockBackend, LockInfo, LockKey, Locker};
+use lockflight::{FencingToken, LockInfo, Locker};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
@@ -120,104 +118,6 @@ pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Err
 }
 
 // ---------------------------------------------------------------------------
-// Counting the lock backend's requests
-// ---------------------------------------------------------------------------
-
-/// Requests this instance sent to its lock backend. With Redis each one is one
-/// `EVALSHA` round trip (acquire-or-enqueue, release-and-wake-next, extend, leave).
-#[derive(Debug, Default)]
-pub(crate) struct LockRequests {
-    acquire: AtomicU64,
-    release: AtomicU64,
-    extend: AtomicU64,
-    leave: AtomicU64,
-}
-
-impl LockRequests {
-    /// All requests.
-    pub(crate) fn total(&self) -> u64 {
-        self.acquire.load(Ordering::Relaxed)
-            + self.release.load(Ordering::Relaxed)
-            + self.extend.load(Ordering::Relaxed)
-            + self.leave.load(Ordering::Relaxed)
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        json!({
-            "acquire": self.acquire.load(Ordering::Relaxed),
-            "release": self.release.load(Ordering::Relaxed),
-            "extend": self.extend.load(Ordering::Relaxed),
-            "leave": self.leave.load(Ordering::Relaxed),
-            "total": self.total(),
-        })
-    }
-}
-
-/// A [`LockBackend`] wrapper that counts the requests it forwards.
-#[derive(Debug)]
-pub(crate) struct CountingBackend<B> {
-    inner: B,
-    counts: Arc<LockRequests>,
-}
-
-impl<B: LockBackend> CountingBackend<B> {
-    /// Wraps `inner`.
-    pub(crate) fn new(inner: B) -> Self {
-        CountingBackend {
-            inner,
-            counts: Arc::default(),
-        }
-    }
-
-    /// The counters, shared with the wrapper.
-    pub(crate) fn counts(&self) -> Arc<LockRequests> {
-        Arc::clone(&self.counts)
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend> LockBackend for CountingBackend<B> {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-        queue: bool,
-    ) -> lockflight::Result<Acquire> {
-        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(key, token, ttl, queue).await
-    }
-
-    async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
-        self.counts.release.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(key, token).await
-    }
-
-    async fn extend(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        self.counts.extend.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, token, ttl).await
-    }
-
-    async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
-        self.counts.leave.fetch_add(1, Ordering::Relaxed);
-        self.inner.leave(key).await
-    }
-
-    fn wakeups(&self) -> &WakeRegistry {
-        self.inner.wakeups()
-    }
-
-    fn fencing(&self) -> bool {
-        self.inner.fencing()
-    }
-}
-
-// ---------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------
 
@@ -263,8 +163,6 @@ pub(crate) struct AppState {
     pub(crate) db: SqlitePool,
     /// The locker (one per process).
     pub(crate) locker: Locker,
-    /// Requests sent to the lock backend.
-    pub(crate) lock_requests: Arc<LockRequests>,
     /// The app's counters.
     pub(crate) counters: Arc<Counters>,
     /// Test hooks.
@@ -279,16 +177,10 @@ pub(crate) struct AppState {
 
 impl AppState {
     /// State for an instance named `instance`, with no test hooks.
-    pub(crate) fn new(
-        db: SqlitePool,
-        locker: Locker,
-        lock_requests: Arc<LockRequests>,
-        instance: &str,
-    ) -> Self {
+    pub(crate) fn new(db: SqlitePool, locker: Locker, instance: &str) -> Self {
         AppState {
             db,
             locker,
-            lock_requests,
             counters: Arc::default(),
             hooks: Arc::default(),
             instance: Arc::from(instance),
@@ -347,7 +239,15 @@ impl AppState {
                 "leases_lost": s.leases_lost,
                 "timeouts": s.timeouts,
             },
-            "lock_requests": self.lock_requests.to_json(),
+            // Requests sent to the lock backend; with Redis each is one EVALSHA
+            // round trip (acquire-or-enqueue, release-and-wake-next, extend, leave).
+            "lock_requests": {
+                "acquire": s.acquire_attempts,
+                "release": s.releases,
+                "extend": s.renew_attempts,
+                "leave": s.leaves,
+                "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves,
+            },
             "app": {
                 "reservations": Counters::get(&c.reservations),
                 "out_of_stock": Counters::get(&c.out_of_stock),

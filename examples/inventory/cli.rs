@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use lockflight::{Handoff, LockBackend, Locker, MemoryBackend, RedisBackend};
 
-use crate::app::{self, AppState, CountingBackend};
+use crate::app::{self, AppState};
 use crate::{demo, gateway};
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -164,8 +164,6 @@ async fn serve() -> Result<(), BoxError> {
             (Arc::new(MemoryBackend::new()), "memory")
         }
     };
-    let backend = CountingBackend::new(backend);
-    let requests = backend.counts();
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_millis(wait_ms))
         .coalescing(locking != Locking::Plain)
@@ -189,7 +187,7 @@ async fn serve() -> Result<(), BoxError> {
     let db = app::open_db(Some(&db_path)).await?;
     println!("[{name}] database {}", db_path.display());
 
-    let state = AppState::new(db, locker, requests, &name).describe(kind, locking.name());
+    let state = AppState::new(db, locker, &name).describe(kind, locking.name());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     println!(
