@@ -50,6 +50,15 @@ async fn is_free(locker: &Locker, key: &str) -> bool {
     }
 }
 
+/// Waits (up to 2 s) until `key` is free: a finished request releases in the
+/// background.
+async fn becomes_free(locker: &Locker, key: &str) -> bool {
+    wait_until(Duration::from_secs(2), || async {
+        is_free(locker, key).await
+    })
+    .await
+}
+
 #[tokio::test]
 async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     let locker = memory_locker();
@@ -61,14 +70,7 @@ async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     let info = svc.oneshot(request(Some("555"))).await.unwrap().unwrap();
     assert_eq!(info.key, LockKey::from("555"));
     assert!(info.fencing_token.epoch > 0);
-    let l = locker.clone();
-    assert!(
-        wait_until(Duration::from_secs(2), || {
-            let l = l.clone();
-            async move { is_free(&l, "555").await }
-        })
-        .await
-    );
+    assert!(becomes_free(&locker, "555").await, "lock still held");
     assert_eq!(locker.active_keys(), 0);
 }
 
@@ -100,14 +102,7 @@ async fn the_guard_lives_until_the_response_future_completes_or_is_dropped() {
     );
     release.notify_one();
     assert_eq!(task.await.unwrap().unwrap(), "done");
-    let l = locker.clone();
-    assert!(
-        wait_until(Duration::from_secs(2), || {
-            let l = l.clone();
-            async move { is_free(&l, "a").await }
-        })
-        .await
-    );
+    assert!(becomes_free(&locker, "a").await, "lock still held");
 
     // Dropped: the lock is released too.
     let fut = svc.ready().await.unwrap().call(request(Some("a")));
@@ -116,14 +111,7 @@ async fn the_guard_lives_until_the_response_future_completes_or_is_dropped() {
     assert!(!is_free(&locker, "a").await);
     task.abort();
     let _ = task.await;
-    let l = locker.clone();
-    assert!(
-        wait_until(Duration::from_secs(2), || {
-            let l = l.clone();
-            async move { is_free(&l, "a").await }
-        })
-        .await
-    );
+    assert!(becomes_free(&locker, "a").await, "lock still held");
     assert_eq!(locker.active_keys(), 0);
 }
 
