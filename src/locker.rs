@@ -399,50 +399,44 @@ impl Locker {
         let start = Instant::now();
         let deadline = start + wait;
         let shared = &self.shared;
-        let fwd: Arc<dyn Forward> = shared.arc();
-        if !shared.config.coalescing {
-            return shared
-                .lead(&key, None, Lead::default(), start, deadline, true)
-                .await?
-                .ok_or_else(|| unreachable_busy(&key));
-        }
-        let lead = match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
-            Join::Lead(slot) => {
-                return shared
-                    .lead(&key, Some(slot), Lead::default(), start, deadline, true)
-                    .await?
-                    .ok_or_else(|| unreachable_busy(&key));
-            }
-            Join::Overloaded => {
-                return Err(Error::Overloaded {
-                    key,
-                    waiters: shared.config.max_waiters,
-                });
-            }
-            Join::Wait(mut ticket) => {
-                shared.stats.local_wait();
-                match tokio::time::timeout_at(deadline, ticket.granted()).await {
-                    Err(_) => {
-                        shared.stats.timeout();
-                        return Err(Error::Timeout {
-                            key,
-                            phase: Phase::WaitingLocally,
-                            waited: start.elapsed(),
-                        });
+        let (slot, lead) = if !shared.config.coalescing {
+            (None, Lead::default())
+        } else {
+            let fwd: Arc<dyn Forward> = shared.arc();
+            match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
+                Join::Lead(slot) => (Some(slot), Lead::default()),
+                Join::Overloaded => {
+                    return Err(Error::Overloaded {
+                        key,
+                        waiters: shared.config.max_waiters,
+                    });
+                }
+                Join::Wait(mut ticket) => {
+                    shared.stats.local_wait();
+                    match tokio::time::timeout_at(deadline, ticket.granted()).await {
+                        Err(_) => {
+                            shared.stats.timeout();
+                            return Err(Error::Timeout {
+                                key,
+                                phase: Phase::WaitingLocally,
+                                waited: start.elapsed(),
+                            });
+                        }
+                        Ok(Grant::Lease(lease, seq)) => {
+                            let slot = Arc::clone(ticket.slot());
+                            return Ok(LockGuard::new(shared.arc(), Some(slot), lease, seq));
+                        }
+                        Ok(Grant::Lead(lead)) => (Some(Arc::clone(ticket.slot())), lead),
                     }
-                    Ok(Grant::Lease(lease, seq)) => {
-                        let slot = Arc::clone(ticket.slot());
-                        return Ok(LockGuard::new(shared.arc(), Some(slot), lease, seq));
-                    }
-                    Ok(Grant::Lead(lead)) => (Arc::clone(ticket.slot()), lead),
                 }
             }
         };
-        let (slot, lead) = lead;
         shared
-            .lead(&key, Some(slot), lead, start, deadline, true)
+            .lead(&key, slot, lead, start, deadline, true)
             .await?
-            .ok_or_else(|| unreachable_busy(&key))
+            .ok_or_else(|| {
+                Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
+            })
     }
 
     /// Takes the lock of `key` if it is free right now: one backend request, no
@@ -534,10 +528,6 @@ impl Locker {
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
-}
-
-fn unreachable_busy(key: &LockKey) -> Error {
-    Error::backend(key, Phase::Acquiring, "busy reply to a waiting acquire")
 }
 
 /// The one task that talks to the backend for a key, until it holds the lease or
