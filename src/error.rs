@@ -105,6 +105,21 @@ pub enum Error {
         /// The server's error.
         source: Source,
     },
+    /// The server refused the command for a reason that retrying at once will not
+    /// change: out of memory under `noeviction` (`OOM`), a read-only replica
+    /// (`READONLY`), a script error. Reported at once, never retried until the
+    /// deadline. A renewal refused with `READONLY` means the lease is lost.
+    #[error("lock {key:?}: the server refused the command while {phase} ({code}): {source}")]
+    Refused {
+        /// The lock key.
+        key: LockKey,
+        /// The operation that was refused.
+        phase: Phase,
+        /// The server's error code (`OOM`, `READONLY`, `ERR`, …).
+        code: String,
+        /// The server's error.
+        source: Source,
+    },
     /// Redlock: fewer than a majority of the instances agreed.
     #[error("lock {key:?}: quorum not reached while {phase}: {acquired} of {needed} needed")]
     QuorumNotReached {
@@ -154,6 +169,7 @@ impl Error {
             | Error::InvalidKey { key, .. }
             | Error::ForeignValue { key, .. }
             | Error::NoPermission { key, .. }
+            | Error::Refused { key, .. }
             | Error::QuorumNotReached { key, .. }
             | Error::Panicked { key }
             | Error::Backend { key, .. } => Some(key),

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio_util::sync::WaitForCancellationFutureOwned;
-
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -50,15 +48,94 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// The key and fencing token of a held lock, for code that does not hold the guard
-/// itself (the closure of [`Locker::with_lock`](crate::Locker::with_lock), handlers
-/// behind the tower layer).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The key, fencing token and loss signal of a held lock, for code that does not
+/// hold the guard itself (the closure of [`Locker::with_lock`](crate::Locker::with_lock),
+/// handlers behind the tower layer, which find it in the request's extensions).
+///
+/// Two infos are equal when they name the same key and fencing token.
+#[derive(Clone, Debug)]
 pub struct LockInfo {
     /// The lock key.
     pub key: LockKey,
     /// The fencing token of this critical section.
     pub fencing_token: FencingToken,
+    /// Observes the loss of the lease: what work running under
+    /// [`LossPolicy::Signal`](crate::LossPolicy::Signal) watches.
+    pub loss: LossSignal,
+}
+
+impl PartialEq for LockInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.fencing_token == other.fencing_token
+    }
+}
+
+impl Eq for LockInfo {}
+
+/// A cloneable view of one lease's loss, detached from the guard.
+///
+/// Work that runs under [`LossPolicy::Signal`](crate::LossPolicy::Signal) (or that
+/// wants to stop early on its own terms) checks [`is_lost`](Self::is_lost) before
+/// each write, or races its work against [`lost`](Self::lost):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use lockflight::{Locker, LossPolicy, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new())
+///     .on_loss(LossPolicy::Signal)
+///     .build()?;
+/// let wrote = locker
+///     .with_lock("sku:555", |info| async move {
+///         tokio::select! {
+///             _ = info.loss.lost() => false, // stop before writing unprotected
+///             _ = std::future::ready(()) => !info.loss.is_lost(),
+///         }
+///     })
+///     .await?;
+/// assert!(wrote);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LossSignal {
+    lease: Arc<Lease>,
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LossSignal {
+    /// Whether the lease is lost: the loss was signalled, or its validity window
+    /// has ended on the monotonic clock (whatever the renewal task has done).
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the lease is known to stay valid without a further renewal (zero
+    /// once it is lost).
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the lease is lost; see [`LockGuard::lost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Lost {
+        Lost::new(&self.lease)
+    }
+
+    /// Why the lease was lost, once it is.
+    pub fn reason(&self) -> Option<String> {
+        self.is_lost().then(|| self.lease.lost_reason())
+    }
 }
 
 /// A held lock.
@@ -115,15 +192,24 @@ impl LockGuard {
         }
     }
 
-    /// Key and fencing token, as a cloneable value.
+    /// Key, fencing token and loss signal, as a cloneable value.
     pub fn info(&self) -> LockInfo {
         LockInfo {
             key: self.lease.key.clone(),
             fencing_token: self.fencing_token(),
+            loss: self.loss_signal(),
         }
     }
 
-    /// Whether the lease has been lost.
+    /// A cloneable loss signal that does not borrow the guard.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(&self.lease),
+        }
+    }
+
+    /// Whether the lease has been lost: the loss was signalled, or its validity
+    /// window has ended on the monotonic clock.
     pub fn is_lost(&self) -> bool {
         self.lease.is_lost()
     }
@@ -134,16 +220,16 @@ impl LockGuard {
     }
 
     /// Resolves when the lease is lost: the backend said it is no longer ours, or
-    /// renewals failed until its validity ran out. It never resolves for a lease that
-    /// stays held. The future does not borrow the guard.
+    /// its validity ran out before a renewal succeeded. It has its own timer at the
+    /// end of the validity window, so it resolves then even if the renewal task is
+    /// late or gone. It never resolves for a lease that stays held. The future does
+    /// not borrow the guard.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
     pub fn lost(&self) -> Lost {
-        Lost {
-            inner: self.lease.lost_token().clone().cancelled_owned(),
-        }
+        Lost::new(&self.lease)
     }
 
     pub(crate) fn lost_error(&self) -> Error {
@@ -196,10 +282,16 @@ impl Drop for LockGuard {
 /// Resolves when a lease is lost; see [`LockGuard::lost`]. Owns what it needs, so it
 /// can outlive the guard.
 #[must_use = "futures do nothing unless polled"]
-#[pin_project::pin_project]
 pub struct Lost {
-    #[pin]
-    inner: WaitForCancellationFutureOwned,
+    inner: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Lost {
+    fn new(lease: &Arc<Lease>) -> Lost {
+        Lost {
+            inner: Box::pin(Arc::clone(lease).lost()),
+        }
+    }
 }
 
 impl fmt::Debug for Lost {
@@ -210,7 +302,7 @@ impl fmt::Debug for Lost {
 
 impl Future for Lost {
     type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.project().inner.poll(cx)
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner.as_mut().poll(cx)
     }
 }

@@ -73,7 +73,7 @@ pub use backend::LockBackend;
 pub use backend::memory::MemoryBackend;
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
 pub use error::{Error, Phase, Result};
-pub use guard::{FencingToken, LockGuard, LockInfo, Lost};
+pub use guard::{FencingToken, LockGuard, LockInfo, LossSignal, Lost};
 pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};
 pub use locker::{Handoff, Locker, LockerBuilder, LossPolicy};
 pub use stats::Stats;

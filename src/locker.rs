@@ -166,6 +166,9 @@ impl LockerBuilder {
     pub const DEFAULT_MAX_WAITERS: usize = 10_000;
     /// The shortest lease TTL accepted.
     pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+    /// The longest lease TTL accepted (30 days): longer ones overflow clocks and
+    /// Redis expiry arithmetic, and a lock nobody can take for a month is a bug.
+    pub const MAX_LEASE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
     /// How long a lease lives without renewal (default 30 s, at least 100 ms). The
     /// watchdog renews it every third of that while it is held.
@@ -175,6 +178,7 @@ impl LockerBuilder {
     }
 
     /// How long [`Locker::lock`] waits before [`Error::Timeout`] (default 5 s).
+    /// `Duration::MAX` waits as long as it takes.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -216,16 +220,19 @@ impl LockerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] naming the setting: a TTL under 100 ms, a zero wait
-    /// timeout, a renewal interval that is zero or not shorter than the TTL minus its
-    /// drift margin, zero `max_waiters`, a handoff budget of zero, or a handoff
-    /// `min_validity` not shorter than the TTL.
+    /// [`Error::InvalidConfig`] naming the setting: a TTL under 100 ms or over
+    /// [`MAX_LEASE_TTL`](Self::MAX_LEASE_TTL), a zero wait timeout, a renewal
+    /// interval that is zero or too slow to renew in time (the interval plus the
+    /// watchdog's scan delay must leave at least half of the lease's validity for
+    /// the renewal itself), zero `max_waiters`, a handoff budget of zero, or a
+    /// handoff `min_validity` not shorter than the lease's validity.
     pub fn build(self) -> Result<Locker> {
         let ttl = self.lease_ttl;
-        if ttl < Self::MIN_LEASE_TTL {
+        if ttl < Self::MIN_LEASE_TTL || ttl > Self::MAX_LEASE_TTL {
             return Err(Error::config(format!(
-                "lease_ttl is {ttl:?}, it must be at least {:?}",
-                Self::MIN_LEASE_TTL
+                "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+                Self::MIN_LEASE_TTL,
+                Self::MAX_LEASE_TTL
             )));
         }
         if self.wait_timeout.is_zero() {
@@ -235,10 +242,14 @@ impl LockerBuilder {
         }
         let renew_every = self.renew_every.unwrap_or(ttl / 3);
         let usable = ttl.saturating_sub(lease::drift(ttl));
-        if renew_every.is_zero() || renew_every >= usable {
+        let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
+        if renew_every.is_zero() || latest_start > usable / 2 {
             return Err(Error::config(format!(
-                "renew_every is {renew_every:?}; it must be above zero and below the lease \
-                 validity of {usable:?} (lease_ttl minus the drift margin)"
+                "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
+                 after the acquire, which leaves less than half of the lease validity of \
+                 {usable:?} (lease_ttl minus the drift margin) to renew in time; use at \
+                 most {:?}",
+                usable * 2 / 5
             )));
         }
         if self.max_waiters == 0 {
@@ -397,46 +408,56 @@ impl Locker {
 
     async fn lock_inner(&self, key: LockKey, wait: Duration) -> Result<LockGuard> {
         let start = Instant::now();
-        let deadline = start + wait;
+        let deadline = deadline_after(start, wait);
         let shared = &self.shared;
-        let (slot, lead) = if !shared.config.coalescing {
-            (None, Lead::default())
-        } else {
-            let fwd: Arc<dyn Forward> = shared.arc();
-            match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
-                Join::Lead(slot) => (Some(slot), Lead::default()),
-                Join::Overloaded => {
-                    return Err(Error::Overloaded {
-                        key,
-                        waiters: shared.config.max_waiters,
-                    });
-                }
-                Join::Wait(mut ticket) => {
-                    shared.stats.local_wait();
-                    match tokio::time::timeout_at(deadline, ticket.granted()).await {
-                        Err(_) => {
-                            shared.stats.timeout();
-                            return Err(Error::Timeout {
-                                key,
-                                phase: Phase::WaitingLocally,
-                                waited: start.elapsed(),
-                            });
+        loop {
+            let (slot, lead) = if !shared.config.coalescing {
+                (None, Lead::default())
+            } else {
+                let fwd: Arc<dyn Forward> = shared.arc();
+                match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
+                    Join::Lead(slot) => (Some(slot), Lead::default()),
+                    Join::Overloaded => {
+                        return Err(Error::Overloaded {
+                            key,
+                            waiters: shared.config.max_waiters,
+                        });
+                    }
+                    Join::Wait(mut ticket) => {
+                        shared.stats.local_wait();
+                        match tokio::time::timeout_at(deadline, ticket.granted()).await {
+                            Err(_) => {
+                                shared.stats.timeout();
+                                return Err(Error::Timeout {
+                                    key,
+                                    phase: Phase::WaitingLocally,
+                                    waited: start.elapsed(),
+                                });
+                            }
+                            Ok(Grant::Lease(lease, seq)) => {
+                                let slot = Arc::clone(ticket.slot());
+                                let guard = LockGuard::new(shared.arc(), Some(slot), lease, seq);
+                                if !guard.is_lost() {
+                                    return Ok(guard);
+                                }
+                                // The handed-on lease ran out while this task woke up:
+                                // it is not held. Let it go and compete again.
+                                tracing::debug!(%key, "a handed-off lease expired before its grant");
+                                drop(guard);
+                                continue;
+                            }
+                            Ok(Grant::Lead(lead)) => (Some(Arc::clone(ticket.slot())), lead),
                         }
-                        Ok(Grant::Lease(lease, seq)) => {
-                            let slot = Arc::clone(ticket.slot());
-                            return Ok(LockGuard::new(shared.arc(), Some(slot), lease, seq));
-                        }
-                        Ok(Grant::Lead(lead)) => (Some(Arc::clone(ticket.slot())), lead),
                     }
                 }
-            }
-        };
-        shared
-            .lead(&key, slot, lead, start, deadline, true)
-            .await?
-            .ok_or_else(|| {
-                Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
-            })
+            };
+            return shared
+                .lead(&key, slot, lead, start, deadline, true)
+                .await?
+                .ok_or_else(|| {
+                    Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
+                });
+        }
     }
 
     /// Takes the lock of `key` if it is free right now: one backend request, no
@@ -455,7 +476,7 @@ impl Locker {
         let key = key.into();
         key.validate()?;
         let start = Instant::now();
-        let deadline = start + self.shared.config.wait_timeout;
+        let deadline = deadline_after(start, self.shared.config.wait_timeout);
         let shared = &self.shared;
         let slot = if shared.config.coalescing {
             let fwd: Arc<dyn Forward> = shared.arc();
@@ -473,11 +494,17 @@ impl Locker {
 
     /// Runs `work` while holding the lock of `key`, then releases it.
     ///
-    /// `work` receives the [`LockInfo`] (key and fencing token). With the default
-    /// [`LossPolicy::Abort`], if the lease is lost while `work` runs, its future is
-    /// dropped at its next `.await` and the call returns [`Error::LeaseLost`].
-    /// Problems releasing after `work` completed are logged, not returned: `work` ran
-    /// under a valid lease (loss is always signalled before validity ends).
+    /// `work` receives the [`LockInfo`]: key, fencing token and a
+    /// [`LossSignal`](crate::LossSignal). With the default [`LossPolicy::Abort`], if
+    /// the lease is lost while `work` runs, its future is dropped at its next
+    /// `.await` and the call returns [`Error::LeaseLost`]. With
+    /// [`LossPolicy::Signal`] the work runs on and watches `info.loss` itself.
+    ///
+    /// If the release after `work` finds that the lock was no longer this lease's
+    /// (it expired or was taken over while `work` ran), the call returns
+    /// [`Error::LeaseLost`]: the work ran past its lease. Other release problems
+    /// (the backend unreachable) are logged, not returned: the work completed within
+    /// its validity, and the lock expires at its TTL.
     ///
     /// # Errors
     ///
@@ -504,10 +531,14 @@ impl Locker {
                 }
             }
         };
-        if let Err(e) = guard.release().await {
-            tracing::debug!(error = %e, "release after with_lock failed");
+        match guard.release().await {
+            Ok(()) => Ok(out),
+            Err(e @ Error::LeaseLost { .. }) => Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "release after with_lock failed");
+                Ok(out)
+            }
         }
-        Ok(out)
     }
 
     /// Counters since the locker was built.
@@ -635,10 +666,35 @@ impl Shared {
             };
             match reply {
                 Ok(Acquire::Acquired { epoch, waiting }) => {
+                    if epoch == 0 && self.backend.fencing() {
+                        leading.lead.token = Some(token);
+                        return Err(Error::backend(
+                            key,
+                            Phase::Acquiring,
+                            "the backend granted the lock without a fencing epoch",
+                        ));
+                    }
+                    let lease = Arc::new(Lease::new(
+                        key.clone(),
+                        token,
+                        epoch,
+                        ttl,
+                        sent_at,
+                        waiting,
+                        Arc::clone(&self.stats),
+                    ));
+                    if Instant::now() >= lease.valid_until() {
+                        // The reply came back after the lease's validity ended (a slow
+                        // network, a stalled runtime): it is not held. Ask again with
+                        // the same token, which re-arms it if it still exists.
+                        tracing::debug!(%key, "acquire reply arrived after the lease's validity");
+                        if Instant::now() >= deadline {
+                            return Err(self.timed_out(key, start));
+                        }
+                        continue;
+                    }
                     self.stats.acquired();
                     leading.finished = true;
-                    let lease =
-                        Arc::new(Lease::new(key.clone(), token, epoch, ttl, sent_at, waiting));
                     if let Some(slot) = &leading.slot {
                         slot.acquired();
                     }
@@ -677,6 +733,8 @@ impl Shared {
                     }
                 }
                 Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
+                    // Transient: the request may or may not have landed; the token
+                    // stays armed so a retry (or the cleanup) reconciles it.
                     tracing::debug!(%key, error = %e, "acquire failed; retrying");
                     if Instant::now() + backoff >= deadline {
                         return Err(e);
@@ -684,8 +742,15 @@ impl Shared {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
+                Err(e @ Error::Refused { .. }) => {
+                    // Refused by the server (out of memory, a read-only replica):
+                    // answered at once. Keep the token armed for the cleanup, which
+                    // releases whatever a partly run script might have written.
+                    return Err(e);
+                }
                 Err(e) => {
-                    // A definite refusal: nothing was written.
+                    // A definite refusal (foreign value, permission, bad input): the
+                    // scripts read everything that can fail before they write.
                     leading.lead.token = None;
                     return Err(e);
                 }
@@ -779,6 +844,20 @@ impl Drop for Rearm {
     }
 }
 
+/// A release handed to a background task. If the task is dropped before it runs
+/// (its runtime is shutting down), the local state is settled anyway: the lease
+/// stops being renewed and expires at its TTL, and the slot lets its next waiter
+/// lead (or goes idle) instead of staying in `Releasing` forever.
+struct Background(Option<ReleaseJob>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            job.settle_locally();
+        }
+    }
+}
+
 impl ReleaseJob {
     /// Releases at the backend (retrying transient errors briefly), then lets the
     /// next local waiter lead. If this future is dropped before it finishes, the
@@ -797,7 +876,7 @@ impl ReleaseJob {
         let result = loop {
             shared.stats.release();
             match shared.backend.release(&lease.key, lease.token).await {
-                Err(Error::Backend { .. }) if attempt < 2 => {
+                Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(20) * attempt).await;
                 }
@@ -805,47 +884,85 @@ impl ReleaseJob {
             }
         };
         let job = rearm.0.take().expect("armed");
-        if let Some(slot) = &job.slot {
-            slot.released(&shared.slots);
-        }
+        // A release that failed may still hold the lock at the backend: the next
+        // local leader inherits the token and reconciles it (its acquire finds the
+        // lock already ours) instead of everyone waiting out the TTL.
+        let unsettled = match &result {
+            Err(Error::Backend { .. } | Error::Connect { .. } | Error::Refused { .. }) => Lead {
+                token: Some(lease.token),
+                queued: false,
+            },
+            _ => Lead::default(),
+        };
+        job.settle(unsettled);
         match result? {
             Released { released: true, .. } => Ok(()),
             Released {
                 released: false, ..
-            } => Err(Error::LeaseLost {
-                key: lease.key.clone(),
-                phase: Phase::Releasing,
-                reason: if lease.is_lost() {
+            } => {
+                let reason = if lease.is_lost() {
                     lease.lost_reason()
                 } else {
                     "the lock was no longer held by this lease (expired or taken over); \
                      nothing was deleted"
                         .into()
-                },
-            }),
+                };
+                Err(Error::LeaseLost {
+                    key: lease.key.clone(),
+                    phase: Phase::Releasing,
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// Lets the next local waiter lead, inheriting `lead`; with nobody waiting, the
+    /// slot goes idle and `lead`'s token (if any) is released in the background.
+    fn settle(self, lead: Lead) {
+        let Some(slot) = &self.slot else {
+            self.shared.cleanup(&self.lease.key, lead);
+            return;
+        };
+        if let Some(lead) = slot.released(&self.shared.slots, lead) {
+            self.shared.cleanup(&self.lease.key, lead);
+        }
+    }
+
+    /// Settles the local state without a backend release: the lease expires at its
+    /// TTL.
+    fn settle_locally(self) {
+        self.shared.renewals.forget(&self.lease);
+        if let Some(slot) = &self.slot {
+            let _ = slot.released(&self.shared.slots, Lead::default());
         }
     }
 
     /// Runs in the background. Without a Tokio runtime (a guard dropped outside
-    /// one), the backend release is skipped — the lease expires at its TTL — and the
-    /// next local waiter is promoted at once.
+    /// one), or if the runtime shuts down before the task runs, the backend release
+    /// is skipped — the lease expires at its TTL — and the next local waiter is
+    /// promoted at once.
     pub(crate) fn spawn(self) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
+                let mut pending = Background(Some(self));
                 handle.spawn(async move {
-                    if let Err(e) = self.run().await {
+                    let job = pending.0.take().expect("set above");
+                    if let Err(e) = job.run().await {
                         tracing::debug!(error = %e, "background release failed");
                     }
                 });
             }
-            Err(_) => {
-                self.shared.renewals.forget(&self.lease);
-                if let Some(slot) = &self.slot {
-                    slot.released(&self.shared.slots);
-                }
-            }
+            Err(_) => self.settle_locally(),
         }
     }
+}
+
+/// `start + wait`, or a far future when that overflows (a wait of `Duration::MAX`
+/// waits as long as it takes, like [`tokio::time::sleep`]).
+fn deadline_after(start: Instant, wait: Duration) -> Instant {
+    start
+        .checked_add(wait)
+        .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
 }
 
 /// Spawns `fut` on the current runtime, if there is one.

@@ -10,11 +10,17 @@
 //!
 //! # Invariants
 //!
+//! 0. Every observer decides loss for itself: [`Lease::is_lost`] is true once the
+//!    loss was signalled **or** `valid_until` has passed on the monotonic clock, and
+//!    the loss future ([`Lease::lost`]) resolves at `valid_until` by its own timer,
+//!    whatever the renewal task does (it may be late, or its runtime gone).
 //! 1. `valid_until` is measured on the monotonic clock from the moment the acquire
 //!    (or the last successful renewal) was *sent*, minus a drift margin, so it is
 //!    never later than the moment the backend lets the lock expire.
-//! 2. The watchdog signals loss (the `lost` token) no later than `valid_until`, at
-//!    once when the backend answers "not yours", and never un-signals it.
+//! 2. The watchdog signals loss (the `lost` token) at once when the backend answers
+//!    "not yours" (or the node refuses writes as a read-only replica), and never
+//!    un-signals it. The loss counter is incremented **before** the signal, so a
+//!    task woken by the signal sees it counted.
 //! 3. The watchdog stops when the lease is finally released (not when it is handed
 //!    off: one watchdog serves the lease across all its local holders).
 //!
@@ -24,7 +30,7 @@
 //! held across an `.await`.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::LeaseToken;
 use crate::key::LockKey;
+use crate::stats::StatsInner;
 
 pub(crate) mod renewal;
 
@@ -40,6 +47,9 @@ pub(crate) mod renewal;
 pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
+
+/// The loss reason when the validity window ended without a successful renewal.
+pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal succeeded";
 
 /// One acquisition of a distributed lock, shared by all local holders it is handed to.
 #[derive(Debug)]
@@ -57,6 +67,7 @@ pub(crate) struct Lease {
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
+    stats: Arc<StatsInner>,
     /// The lease's index in the renewal set (`usize::MAX` when not in it). Only
     /// written while the set's mutex is held.
     slot: AtomicUsize,
@@ -70,6 +81,7 @@ impl Lease {
         ttl: Duration,
         sent_at: Instant,
         waiting: u32,
+        stats: Arc<StatsInner>,
     ) -> Lease {
         Lease {
             key,
@@ -83,6 +95,7 @@ impl Lease {
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
+            stats,
             slot: AtomicUsize::new(usize::MAX),
         }
     }
@@ -103,12 +116,34 @@ impl Lease {
         self.valid_until().saturating_duration_since(Instant::now())
     }
 
+    /// Whether the lease is lost: signalled, or past its validity on the monotonic
+    /// clock (then this call signals it, so every observer agrees).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost(VALIDITY_ENDED);
+            return true;
+        }
+        false
     }
 
-    pub(crate) fn lost_token(&self) -> &CancellationToken {
-        &self.lost
+    /// Resolves when the lease is lost: at the signal, or at `valid_until` by its own
+    /// timer (re-read after each wake, since a renewal moves it).
+    pub(crate) async fn lost(self: Arc<Self>) {
+        loop {
+            let until = self.valid_until();
+            tokio::select! {
+                biased;
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => {}
+            }
+            if Instant::now() >= self.valid_until() {
+                self.mark_lost(VALIDITY_ENDED);
+                return;
+            }
+        }
     }
 
     pub(crate) fn lost_reason(&self) -> String {
@@ -118,12 +153,15 @@ impl Lease {
             .unwrap_or_else(|| "the lease was lost".into())
     }
 
-    /// Signals loss once; returns `true` the first time.
+    /// Signals loss once; returns `true` the first time. The reason and the loss
+    /// counter are set before the signal fires, so whoever is woken by it sees both.
     pub(crate) fn mark_lost(&self, reason: impl Into<String>) -> bool {
-        if self.lost.is_cancelled() {
+        if self.lost.is_cancelled() || self.lost_reason.set(reason.into()).is_err() {
             return false;
         }
-        let _ = self.lost_reason.set(reason.into());
+        if !self.is_stopped() {
+            self.stats.lost();
+        }
         self.lost.cancel();
         true
     }

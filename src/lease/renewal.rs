@@ -1,14 +1,15 @@
 //! The watchdog: one task per locker renews every held lease that needs it.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Lease, drift};
+use super::{Lease, VALIDITY_ENDED, drift};
 use crate::backend::{Extend, LockBackend};
+use crate::error::Error;
 use crate::stats::StatsInner;
 
 const NOT_QUEUED: usize = usize::MAX;
@@ -19,7 +20,18 @@ pub(crate) struct Renewals {
     backend: Arc<dyn LockBackend>,
     every: Duration,
     stats: Arc<StatsInner>,
-    driver: OnceLock<DropGuard>,
+    /// The scanning task, on the runtime of the latest `watch` that found none
+    /// running: a locker outlives runtimes (a static, repeated `block_on`), so a
+    /// driver whose runtime ended is replaced on the next acquisition.
+    driver: Mutex<Option<AbortHandle>>,
+}
+
+impl Drop for Renewals {
+    fn drop(&mut self) {
+        if let Some(driver) = self.driver.get_mut().unwrap_or_else(|e| e.into_inner()) {
+            driver.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Renewals {
@@ -42,7 +54,7 @@ impl Renewals {
             backend,
             every,
             stats,
-            driver: OnceLock::new(),
+            driver: Mutex::new(None),
         }
     }
 
@@ -51,20 +63,29 @@ impl Renewals {
     }
 
     /// How often the set is scanned: a quarter of the renewal interval, so a renewal
-    /// starts at most that late — far ahead of the lease's validity end.
+    /// starts at most that late (see [`tick`]).
     fn tick(&self) -> Duration {
-        (self.every / 4).max(Duration::from_millis(1))
+        tick(self.every)
     }
 
     /// Starts watching a lease whose acquire was sent at `sent_at`. Must be called
     /// within a Tokio runtime (acquisitions are).
     pub(crate) fn watch(self: &Arc<Self>, lease: &Arc<Lease>, sent_at: Instant) {
-        self.driver.get_or_init(|| {
-            let stop = CancellationToken::new();
-            tokio::spawn(drive(Arc::downgrade(self), self.tick(), stop.clone()));
-            stop.drop_guard()
-        });
+        self.ensure_driver();
         self.schedule(lease, sent_at + self.every);
+    }
+
+    /// Starts the scanning task on the current runtime unless one is running.
+    fn ensure_driver(self: &Arc<Self>) {
+        let mut driver = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+        if driver.as_ref().is_some_and(|d| !d.is_finished()) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let task = handle.spawn(drive(Arc::downgrade(self), self.tick()));
+        *driver = Some(task.abort_handle());
     }
 
     /// Puts `lease` (back) in the set, due at `due`, unless it was released.
@@ -113,28 +134,61 @@ impl Renewals {
     }
 }
 
+/// The scan interval for a renewal interval of `every`: a renewal starts at most
+/// this late. [`LockerBuilder::build`](crate::LockerBuilder::build) requires
+/// `every + tick(every)` to leave half of the lease's validity for the renewal's
+/// round trip and retries.
+pub(crate) fn tick(every: Duration) -> Duration {
+    (every / 4).max(Duration::from_millis(1))
+}
+
 /// Scans the set every `tick` and hands each due lease to a renewal task, until
-/// the locker is dropped.
-async fn drive(renewals: Weak<Renewals>, tick: Duration, stop: CancellationToken) {
+/// the locker is dropped (or the runtime it runs on shuts down).
+async fn drive(renewals: Weak<Renewals>, tick: Duration) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
+        ticks.tick().await;
         let Some(this) = renewals.upgrade() else {
             return;
         };
         for lease in this.due(Instant::now()) {
-            tokio::spawn(renew(Arc::clone(&this), lease));
+            let requeue = Requeue {
+                renewals: Arc::clone(&this),
+                lease: Some(lease),
+            };
+            tokio::spawn(renew(requeue));
+        }
+    }
+}
+
+/// A lease taken out of the set for renewal. If the renewal task is dropped before
+/// it finishes (its runtime shut down), the lease goes back into the set, due at
+/// once, so the next driver renews it.
+struct Requeue {
+    renewals: Arc<Renewals>,
+    lease: Option<Arc<Lease>>,
+}
+
+impl Drop for Requeue {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.renewals.schedule(&lease, Instant::now());
         }
     }
 }
 
 /// Renews one due lease, retrying errors until its validity ends, then puts it
 /// back in the set — or signals loss.
-async fn renew(renewals: Arc<Renewals>, lease: Arc<Lease>) {
+async fn renew(mut requeue: Requeue) {
+    let renewals = Arc::clone(&requeue.renewals);
+    let lease = requeue.lease.clone().expect("set by drive");
+    renew_lease(&renewals, &lease).await;
+    // Done: scheduled again, or lost, or released.
+    requeue.lease = None;
+}
+
+async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
     let retry = (renewals.every / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let stats = &renewals.stats;
     loop {
@@ -145,9 +199,7 @@ async fn renew(renewals: Arc<Renewals>, lease: Arc<Lease>) {
             biased;
             _ = lease.stop.cancelled() => return,
             _ = tokio::time::sleep_until(valid_until) => {
-                if lease.mark_lost("its validity ran out before a renewal succeeded") {
-                    stats.lost();
-                }
+                lease.mark_lost(VALIDITY_ENDED);
                 return;
             }
             r = renewals.backend.extend(&lease.key, lease.token, lease.ttl) => r,
@@ -156,16 +208,23 @@ async fn renew(renewals: Arc<Renewals>, lease: Arc<Lease>) {
             Ok(Extend::Extended { waiting }) => {
                 stats.renewed();
                 lease.waiting.store(waiting, Ordering::Relaxed);
+                // A reply that came back after the old validity ended cannot revive
+                // the lease: every observer may already have seen it lost.
+                if lease.is_lost() {
+                    return;
+                }
                 lease.set_valid_until(sent_at + lease.ttl.saturating_sub(drift(lease.ttl)));
-                renewals.schedule(&lease, sent_at + renewals.every);
+                renewals.schedule(lease, sent_at + renewals.every);
                 return;
             }
             Ok(Extend::NotOwner) => {
-                if !lease.is_stopped()
-                    && lease.mark_lost("the backend reports the lock is no longer ours")
-                {
-                    stats.lost();
-                }
+                lease.mark_lost("the backend reports the lock is no longer ours");
+                return;
+            }
+            Err(e @ Error::Refused { .. }) if is_read_only(&e) => {
+                lease.mark_lost(format!(
+                    "the node refused the renewal as a read-only replica (demoted): {e}"
+                ));
                 return;
             }
             Err(e) => {
@@ -179,6 +238,10 @@ async fn renew(renewals: Arc<Renewals>, lease: Arc<Lease>) {
             }
         }
     }
+}
+
+fn is_read_only(e: &Error) -> bool {
+    matches!(e, Error::Refused { code, .. } if code == "READONLY")
 }
 
 #[cfg(test)]
@@ -197,6 +260,7 @@ mod tests {
             ttl,
             Instant::now(),
             0,
+            Default::default(),
         ))
     }
 

@@ -272,14 +272,19 @@ impl Slot {
         Release::Backend
     }
 
-    /// The backend release finished (or was given up): the next waiter leads.
-    pub(crate) fn released(self: &Arc<Self>, map: &SlotMap) {
+    /// The backend release finished (or was given up): the next waiter leads,
+    /// inheriting `lead` (a token whose release failed, so the new leader reconciles
+    /// it instead of waiting for its TTL). Returns `lead` when nobody took it: the
+    /// slot went idle and the caller cleans up.
+    pub(crate) fn released(self: &Arc<Self>, map: &SlotMap, lead: Lead) -> Option<Lead> {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Releasing);
         st.mode = Mode::Acquiring;
-        if Self::grant_next(&mut st, Grant::Lead(Lead::default())).is_some() {
+        if Self::grant_next(&mut st, Grant::Lead(lead)).is_some() {
             self.go_idle(&mut st, map);
+            return Some(lead);
         }
+        None
     }
 
     /// Offers `grant` to waiters in FIFO order; returns it if nobody took it.

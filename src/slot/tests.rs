@@ -97,6 +97,7 @@ fn lease(key: &LockKey) -> Arc<Lease> {
         Duration::from_secs(30),
         Instant::now(),
         0,
+        Default::default(),
     ))
 }
 
@@ -156,7 +157,7 @@ impl World {
     fn step(&mut self, (i, action): (usize, Action)) {
         if action == Action::Background {
             let slot = self.fwd.pending.lock().unwrap().pop().unwrap();
-            slot.released(&self.map);
+            slot.released(&self.map, Lead::default());
             return;
         }
         let task = std::mem::replace(&mut self.tasks[i].1, Task::Done { held: false });
@@ -198,7 +199,7 @@ impl World {
                 }
             }
             (Task::Releasing(slot), Action::Released) => {
-                slot.released(&self.map);
+                slot.released(&self.map, Lead::default());
                 Task::Done { held: true }
             }
             (_, a) => panic!("action {a:?} not enabled"),
