@@ -500,9 +500,11 @@ impl Locker {
     /// `.await` and the call returns [`Error::LeaseLost`]. With
     /// [`LossPolicy::Signal`] the work runs on and watches `info.loss` itself.
     ///
-    /// If the release after `work` finds that the lock was no longer this lease's
-    /// (it expired or was taken over while `work` ran), the call returns
-    /// [`Error::LeaseLost`]: the work ran past its lease. Other release problems
+    /// If the lease was lost by the time `work` finished (possible under
+    /// [`LossPolicy::Signal`]), or the release after `work` finds that the lock
+    /// was no longer this lease's (it expired or was taken over while `work` ran),
+    /// the call returns [`Error::LeaseLost`] and `work`'s output is dropped: the
+    /// work ran past its lease. Other release problems
     /// (the backend unreachable) are logged, not returned: the work completed within
     /// its validity, and the lock expires at its TTL.
     ///
@@ -531,6 +533,11 @@ impl Locker {
                 }
             }
         };
+        if guard.is_lost() {
+            // Only reachable under `LossPolicy::Signal`: the work ran on after the
+            // loss, so its outcome was not protected by the lock.
+            return Err(guard.lost_error());
+        }
         match guard.release().await {
             Ok(()) => Ok(out),
             Err(e @ Error::LeaseLost { .. }) => Err(e),

@@ -1,0 +1,545 @@
+//! The lease contract under faults, against a backend whose every call can be made
+//! to fail, stall or lie: validity checked at grant, loss observed by every
+//! observer on the monotonic clock, counters before signals, settings that cannot
+//! renew in time rejected, background work that survives a change of runtime and a
+//! shutdown, a failed release reconciled by the next leader, and no panic on
+//! extreme durations.
+//!
+//! The backend here is [`MemoryBackend`] behind a fault plan; the Redis-specific
+//! behaviour (scripts, replies, ACLs) is tested against real servers elsewhere.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+use lockflight::{
+    Error, Handoff, LockBackend, LockKey, Locker, LossPolicy, MemoryBackend, Phase, Result,
+};
+use tokio::time::Instant;
+
+/// What one backend call does instead of its normal work.
+#[derive(Clone, Debug)]
+enum Fault {
+    /// Fail with this error (nothing done).
+    Fail(Error),
+    /// Do the work, then wait this long before answering.
+    Late(Duration),
+    /// Never answer (nothing done).
+    Hang,
+    /// Answer this acquire reply without doing anything.
+    Acquire(Acquire),
+    /// Answer this release reply without doing anything.
+    Release(Released),
+    /// Answer this extend reply without doing anything.
+    Extend(Extend),
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    acquire: VecDeque<Fault>,
+    release: VecDeque<Fault>,
+    extend: VecDeque<Fault>,
+    /// Applied to every extend once its queue is empty.
+    extend_always: Option<Fault>,
+}
+
+/// [`MemoryBackend`] with a queue of faults per operation, and call counters.
+#[derive(Clone, Debug, Default)]
+struct Faulty {
+    inner: MemoryBackend,
+    plan: Arc<Mutex<Plan>>,
+    acquires: Arc<AtomicU32>,
+    releases: Arc<AtomicU32>,
+    extends: Arc<AtomicU32>,
+}
+
+impl Faulty {
+    fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
+        self.plan.lock().unwrap()
+    }
+
+    fn next(&self, pick: impl FnOnce(&mut Plan) -> Option<Fault>) -> Option<Fault> {
+        pick(&mut self.plan())
+    }
+}
+
+async fn apply<T>(fault: Option<Fault>, work: impl Future<Output = Result<T>>) -> Result<T> {
+    match fault {
+        None => work.await,
+        Some(Fault::Fail(e)) => Err(e),
+        Some(Fault::Late(d)) => {
+            let out = work.await;
+            tokio::time::sleep(d).await;
+            out
+        }
+        Some(Fault::Hang) => std::future::pending().await,
+        Some(other) => panic!("fault {other:?} does not fit this call"),
+    }
+}
+
+#[async_trait]
+impl LockBackend for Faulty {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        match self.next(|p| p.acquire.pop_front()) {
+            Some(Fault::Acquire(reply)) => Ok(reply),
+            fault => apply(fault, self.inner.acquire(key, token, ttl, queue)).await,
+        }
+    }
+
+    async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        match self.next(|p| p.release.pop_front()) {
+            Some(Fault::Release(reply)) => Ok(reply),
+            fault => apply(fault, self.inner.release(key, token)).await,
+        }
+    }
+
+    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        match self.next(|p| p.extend.pop_front().or_else(|| p.extend_always.clone())) {
+            Some(Fault::Extend(reply)) => Ok(reply),
+            fault => apply(fault, self.inner.extend(key, token, ttl)).await,
+        }
+    }
+
+    async fn leave(&self, key: &LockKey) -> Result<()> {
+        self.inner.leave(key).await
+    }
+
+    fn wakeups(&self) -> &WakeRegistry {
+        self.inner.wakeups()
+    }
+}
+
+fn transient(key: &str, phase: Phase) -> Error {
+    Error::backend(&LockKey::from(key), phase, "injected I/O error")
+}
+
+fn locker(backend: &Faulty, ttl: Duration) -> Locker {
+    Locker::builder(backend.clone())
+        .lease_ttl(ttl)
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Defect: loss was signalled before the counter moved, so a task woken by
+/// `lost()` could read the old count. Many rounds on two worker threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_is_counted_before_it_is_signalled() {
+    let backend = Faulty::default();
+    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for round in 1..=100u64 {
+        let guard = locker.lock(format!("k{round}")).await.unwrap();
+        guard.lost().await;
+        assert_eq!(
+            locker.stats().leases_lost,
+            round,
+            "a task woken by the loss signal must see it counted"
+        );
+        drop(guard);
+    }
+}
+
+/// Defect: an acquire reply that arrives after `sent_at + ttl - drift` yielded a
+/// guard that was not lost although its validity had ended.
+#[tokio::test(start_paused = true)]
+async fn a_reply_after_the_validity_window_is_not_a_grant() {
+    let backend = Faulty::default();
+    let ttl = Duration::from_secs(1);
+    backend
+        .plan()
+        .acquire
+        .push_back(Fault::Late(ttl + Duration::from_millis(10)));
+    let locker = locker(&backend, ttl);
+    let guard = locker.lock("k").await.unwrap();
+    assert!(!guard.is_lost());
+    assert!(
+        guard.valid_for() > ttl / 2,
+        "the grant came from a fresh acquire, valid for {:?}",
+        guard.valid_for()
+    );
+    assert_eq!(backend.acquires.load(Ordering::SeqCst), 2, "asked again");
+    guard.release().await.unwrap();
+}
+
+/// Defect: a handed-off lease is checked at the local grant too: a waiter that
+/// wakes after the lease's validity ended competes again instead of holding it.
+#[test]
+fn a_handed_off_lease_that_ran_out_is_not_granted() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let backend = Faulty::default();
+        let ttl = Duration::from_millis(300);
+        let locker = Locker::builder(backend.clone())
+            .lease_ttl(ttl)
+            .handoff(Handoff::enabled().min_validity(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        let guard = locker.lock("k").await.unwrap();
+        let first = guard.fencing_token();
+        let waiter = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.lock("k").await }
+        });
+        tokio::task::yield_now().await;
+        // Hand off, then stall this single-threaded runtime past the validity
+        // window before the waiter can run.
+        drop(guard);
+        std::thread::sleep(ttl + Duration::from_millis(50));
+        let next = waiter.await.unwrap().unwrap();
+        assert!(!next.is_lost(), "granted a lease that had already run out");
+        assert!(next.valid_for() > Duration::ZERO);
+        assert!(next.fencing_token() > first);
+        next.release().await.unwrap();
+    });
+}
+
+/// Defect: `is_lost()` trusted only the signal; after a stall it answered `false`
+/// while the validity was already over.
+#[test]
+fn is_lost_follows_the_monotonic_clock_after_a_stall() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let backend = Faulty::default();
+        let locker = locker(&backend, Duration::from_millis(200));
+        let guard = locker.lock("k").await.unwrap();
+        let info = guard.info();
+        // The runtime stalls: no renewal task can run.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(guard.valid_for(), Duration::ZERO);
+        assert!(guard.is_lost(), "validity ended, so the lease is lost");
+        assert!(info.loss.is_lost());
+        assert_eq!(locker.stats().leases_lost, 1);
+        assert!(info.loss.reason().unwrap().contains("validity"));
+    });
+}
+
+/// Defect: a renewal interval that starts too late for the TTL was accepted; and a
+/// lease whose renewals never answer is signalled lost by the end of its
+/// validity, not after it.
+#[tokio::test(start_paused = true)]
+async fn settings_that_cannot_renew_in_time_are_rejected_and_loss_is_on_time() {
+    let backend = Faulty::default();
+    let ttl = Duration::from_secs(1);
+    let err = Locker::builder(backend.clone())
+        .lease_ttl(ttl)
+        .renew_every(Duration::from_millis(900))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(err.to_string().contains("renew_every"), "{err}");
+
+    // The slowest accepted interval, with renewals that never answer.
+    backend.plan().extend_always = Some(Fault::Hang);
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(ttl)
+        .renew_every(Duration::from_millis(390))
+        .build()
+        .unwrap();
+    let sent = Instant::now();
+    let guard = locker.lock("k").await.unwrap();
+    guard.lost().await;
+    let at = sent.elapsed();
+    assert!(at <= ttl, "loss signalled {at:?} after the acquire, TTL {ttl:?}");
+    assert!(at >= ttl * 9 / 10, "loss signalled early: {at:?}");
+    assert!(backend.extends.load(Ordering::SeqCst) >= 1);
+    assert!(guard.is_lost());
+}
+
+/// Defect: the renewal driver was spawned once on the first runtime; a locker used
+/// from a second runtime after the first ended held leases nobody renewed.
+#[test]
+fn a_locker_outlives_the_runtime_that_first_used_it() {
+    let backend = Faulty::default();
+    let locker = locker(&backend, Duration::from_millis(300));
+    let first = tokio::runtime::Runtime::new().unwrap();
+    first.block_on(async {
+        locker.lock("k").await.unwrap().release().await.unwrap();
+    });
+    drop(first);
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let guard = locker.lock("k").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(!guard.is_lost(), "{:?}", guard.info().loss.reason());
+        assert!(
+            locker.stats().renewals >= 2,
+            "renewed on the second runtime: {:?}",
+            locker.stats()
+        );
+        guard.release().await.unwrap();
+    });
+    assert_eq!(locker.active_keys(), 0);
+}
+
+/// Defect: at runtime shutdown, background releases were spawned but never ran,
+/// leaving the slot in `Releasing` forever. Now the key is left to expire at its
+/// TTL and the locker works on the next runtime.
+#[test]
+fn a_runtime_shutdown_leaves_no_stuck_slot() {
+    let backend = Faulty::default();
+    let ttl = Duration::from_millis(300);
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(ttl)
+        .handoff(Handoff::enabled())
+        .build()
+        .unwrap();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    first.block_on(async {
+        for key in ["a", "b"] {
+            let guard = locker.lock(key).await.unwrap();
+            // A holder task and a waiter task, both torn down by the shutdown.
+            tokio::spawn(async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+            });
+            let waiter = locker.clone();
+            tokio::spawn(async move { waiter.lock(key).await });
+        }
+        tokio::task::yield_now().await;
+    });
+    drop(first);
+    assert_eq!(locker.active_keys(), 0, "a slot outlived its runtime");
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let started = Instant::now();
+        let guard = locker.lock("a").await.unwrap();
+        assert!(started.elapsed() < ttl + Duration::from_secs(1));
+        guard.release().await.unwrap();
+    });
+}
+
+/// Defect: after a release failed three times, the next local leader started
+/// with a fresh token and the key blocked everyone until the TTL. Now it inherits
+/// the token, finds the lock already its own, and gets a newer fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_reconciled_by_the_next_leader() {
+    let backend = Faulty::default();
+    for _ in 0..3 {
+        backend
+            .plan()
+            .release
+            .push_back(Fault::Fail(transient("k", Phase::Releasing)));
+    }
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let guard = locker.lock("k").await.unwrap();
+    let first = guard.fencing_token();
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.lock("k").await }
+    });
+    while locker.stats().local_waits == 0 {
+        tokio::task::yield_now().await;
+    }
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    let next = waiter
+        .await
+        .unwrap()
+        .expect("the waiter reconciles the token instead of waiting out the TTL");
+    assert!(next.fencing_token() > first, "fencing tokens strictly increase");
+    next.release().await.unwrap();
+    assert!(locker.try_lock("k").await.unwrap().is_some());
+}
+
+/// Defect: `Duration::MAX` and friends overflowed `Instant` and panicked.
+#[tokio::test]
+async fn extreme_durations_are_rejected_or_saturate() {
+    let backend = Faulty::default();
+    let err = Locker::builder(backend.clone())
+        .lease_ttl(Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("lease_ttl"), "{err}");
+    let err = Locker::builder(backend.clone())
+        .handoff(Handoff::enabled().min_validity(Duration::MAX))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("min_validity"), "{err}");
+    let err = Locker::builder(backend.clone())
+        .renew_every(Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("renew_every"), "{err}");
+
+    let locker = Locker::builder(backend.clone())
+        .wait_timeout(Duration::MAX)
+        .handoff(
+            Handoff::enabled()
+                .max_hold(Duration::MAX)
+                .max_consecutive(u32::MAX),
+        )
+        .build()
+        .unwrap();
+    let guard = locker.lock("k").await.unwrap();
+    assert!(locker.try_lock("k").await.unwrap().is_none());
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.lock_within("k", Duration::MAX).await }
+    });
+    tokio::task::yield_now().await;
+    drop(guard);
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// Defect: `with_lock` returned `Ok` when the release found the lock no longer
+/// ours: the work had run past its lease.
+#[tokio::test]
+async fn with_lock_reports_a_release_that_found_the_lock_gone() {
+    let backend = Faulty::default();
+    backend.plan().release.push_back(Fault::Release(Released {
+        released: false,
+        waiting: 0,
+    }));
+    let locker = Locker::builder(backend.clone())
+        .on_loss(LossPolicy::Signal)
+        .build()
+        .unwrap();
+    let err = locker
+        .with_lock("k", |_| async { "done" })
+        .await
+        .unwrap_err();
+    match err {
+        Error::LeaseLost { key, phase, .. } => {
+            assert_eq!(key, LockKey::from("k"));
+            assert_eq!(phase, Phase::Releasing);
+        }
+        other => panic!("expected LeaseLost, got {other}"),
+    }
+}
+
+/// Defect: under `LossPolicy::Signal` the work had no way to observe loss. Now
+/// `LockInfo::loss` resolves and reads as lost, and the work runs to its end.
+#[tokio::test(start_paused = true)]
+async fn signal_policy_work_observes_loss_through_its_info() {
+    let backend = Faulty::default();
+    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(Duration::from_secs(3))
+        .on_loss(LossPolicy::Signal)
+        .build()
+        .unwrap();
+    let seen = locker
+        .with_lock("k", |info| async move {
+            assert!(!info.loss.is_lost());
+            info.loss.lost().await;
+            (info.loss.is_lost(), info.loss.valid_for(), info.loss.reason())
+        })
+        .await;
+    // The work ran to its end, but not under a valid lease: its outcome is an error.
+    let Err(Error::LeaseLost { .. }) = seen else {
+        panic!("expected LeaseLost after a lost lease, got {seen:?}")
+    };
+    assert_eq!(locker.stats().leases_lost, 1);
+}
+
+/// The work's view under `Signal`: what it observed, for a lease lost mid-way.
+#[tokio::test(start_paused = true)]
+async fn signal_policy_loss_view() {
+    let backend = Faulty::default();
+    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(Duration::from_secs(3))
+        .on_loss(LossPolicy::Signal)
+        .build()
+        .unwrap();
+    let guard = locker.lock("k").await.unwrap();
+    let info = guard.info();
+    info.loss.lost().await;
+    assert!(info.loss.is_lost());
+    assert_eq!(info.loss.valid_for(), Duration::ZERO);
+    assert!(info.loss.reason().unwrap().contains("no longer ours"));
+    assert!(guard.is_lost());
+}
+
+/// Defect: refusals a retry cannot change were retried until the deadline, even
+/// by `try_lock`. A `Refused` error is answered at once, and a renewal refused by
+/// a read-only (demoted) node is a loss at once.
+#[tokio::test(start_paused = true)]
+async fn refusals_are_answered_at_once() {
+    let backend = Faulty::default();
+    let refused = |code: &str, phase| Error::Refused {
+        key: LockKey::from("k"),
+        phase,
+        code: code.into(),
+        source: Arc::new(std::io::Error::other(format!("{code} injected"))),
+    };
+    backend
+        .plan()
+        .acquire
+        .push_back(Fault::Fail(refused("OOM", Phase::Acquiring)));
+    backend
+        .plan()
+        .acquire
+        .push_back(Fault::Fail(refused("OOM", Phase::Acquiring)));
+    let locker = locker(&backend, Duration::from_secs(3));
+    let started = Instant::now();
+    let err = locker.try_lock("k").await.unwrap_err();
+    assert!(matches!(err, Error::Refused { .. }), "{err}");
+    let err = locker.lock("k").await.unwrap_err();
+    assert!(matches!(err, Error::Refused { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert_eq!(backend.acquires.load(Ordering::SeqCst), 2, "no retries");
+
+    backend
+        .plan()
+        .extend
+        .push_back(Fault::Fail(refused("READONLY", Phase::Renewing)));
+    let guard = locker.lock("k").await.unwrap();
+    let acquired = Instant::now();
+    guard.lost().await;
+    assert!(
+        acquired.elapsed() < Duration::from_millis(1500),
+        "lost at the first (refused) renewal, not at validity end: {:?}",
+        acquired.elapsed()
+    );
+    assert!(guard.info().loss.reason().unwrap().contains("read-only"));
+}
+
+/// Defect: a malformed epoch silently became 0 (no fencing). An acquire granted
+/// without an epoch is an error, and the token is released, not leaked.
+#[tokio::test]
+async fn a_grant_without_an_epoch_is_an_error() {
+    let backend = Faulty::default();
+    backend.plan().acquire.push_back(Fault::Acquire(Acquire::Acquired {
+        epoch: 0,
+        waiting: 0,
+    }));
+    let locker = locker(&backend, Duration::from_secs(3));
+    let err = locker.lock("k").await.unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    assert!(err.to_string().contains("epoch"), "{err}");
+    let released = tokio::time::timeout(Duration::from_secs(5), async {
+        while backend.releases.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(released.is_ok(), "the token of a rejected grant is released");
+    assert_eq!(locker.active_keys(), 0);
+}
