@@ -36,19 +36,33 @@
 //!
 //! ## Guarantees
 //!
-//! 1. No two holders of one key whose validity windows overlap, across processes
-//!    (given a backend that keeps its own semantics, see [`LockBackend`]).
+//! 1. No two holders of one key whose validity windows overlap, across processes,
+//!    while the backend keeps its semantics (see [`LockBackend`]) and keeps its
+//!    data: a Redis restart without persistence ends every lease early, and only
+//!    fencing (2) protects the resource then.
 //! 2. [`FencingToken`]s of a key strictly increase in acquisition order, handoffs
-//!    included.
-//! 3. A guard never outlives its lease silently: loss is signalled
-//!    ([`LockGuard::lost`]) no later than the end of its validity, and
-//!    [`Locker::with_lock`] drops the guarded work.
+//!    included. With Redis, epochs are floored by the server's clock in µs, so they
+//!    keep increasing after the fence key is lost as long as that clock does not
+//!    step back.
+//! 3. A guard never outlives its lease silently: a grant whose reply came back after
+//!    its validity window is not a grant; [`LockGuard::is_lost`] is true and
+//!    [`LockGuard::lost`] resolves no later than the end of the validity window,
+//!    measured on the monotonic clock from when the acquire was sent, whatever the
+//!    renewal task has done; [`Locker::with_lock`] drops the guarded work (or, with
+//!    [`LossPolicy::Signal`], lets it watch a [`LossSignal`]).
 //! 4. Nothing leaks: when all tasks are done, no per-key state remains in the
 //!    process and no lock remains in Redis (a killed holder's lock expires at its
-//!    TTL).
-//! 5. Cancelling any future at any `.await` keeps 1–4.
+//!    TTL; so does a lock whose release could not reach Redis).
+//! 5. Cancelling any future at any `.await` keeps 1–4, and so does the shutdown of
+//!    the runtime that ran background releases and renewals (a `Locker` may be used
+//!    from one runtime after another).
 //! 6. Bad input gets a clear [`Error`], never a panic, a hang, or a lock held by
 //!    nobody.
+//!
+//! What is **not** guaranteed: mutual exclusion without fencing when a holder's
+//! process pauses past its validity (it may act for a moment after resuming, before
+//! it checks), when Redis loses data, or when clocks misbehave. Pass the fencing
+//! token to the resource wherever a stale write would do harm.
 //!
 //! ## Where to start
 //!

@@ -7,8 +7,7 @@
 //! [`support::unique_prefix`]; tests that pause, kill, restart, flush or kill
 //! connections of the server start their own [`RedisServer`].
 //!
-//! The last section, "Known bugs", holds tests that fail until the bugs they
-//! describe are fixed in `src/`.
+//! The last section holds regression tests for defects found and fixed earlier.
 
 mod support;
 
@@ -1689,13 +1688,13 @@ async fn uncontended_lock_and_release_cost_two_round_trips() {
 }
 
 // ---------------------------------------------------------------------------
-// Known bugs (these tests fail until src/ is fixed; see the test docs)
+// Regressions of fixed defects
 // ---------------------------------------------------------------------------
 
-/// BUG (src/locker.rs, `Shared::lead`): a leader cancelled while its *first*
-/// acquire is in flight does not leave the Redis queue.
+/// Regression (src/locker.rs, `Shared::lead`): a leader cancelled while its
+/// *first* acquire is in flight must leave the Redis queue.
 ///
-/// `lead` sets `leading.lead.queued = true` only after a `Busy` reply, so when the
+/// `lead` used to set `leading.lead.queued = true` only after a `Busy` reply, so when the
 /// future is dropped (timeout, abort) while the first acquire-or-enqueue is on the
 /// wire, `Leading::drop` → `Shared::cleanup` releases the token but never calls
 /// `leave`, although the script did enqueue this instance. The stale entry lives
@@ -1764,9 +1763,9 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
     );
 }
 
-/// BUG (src/lease/mod.rs, `Lease::remaining`, used by `LockGuard::valid_for`):
-/// once the backend has said the lock is no longer ours, `valid_for()` still
-/// reports the time left until the old `valid_until` (about `ttl - ttl/3`), so
+/// Regression (src/lease/mod.rs, `Lease::remaining`, used by
+/// `LockGuard::valid_for`): once the backend had said the lock is no longer ours,
+/// `valid_for()` still reported the time left until the old `valid_until` (about `ttl - ttl/3`), so
 /// code that checks `guard.valid_for() > margin` before a write believes it
 /// still holds the lock while `is_lost()` is true. A lost lease is known to be
 /// invalid: `valid_for()` should be zero.
