@@ -148,7 +148,7 @@ impl Service<Request<()>> for Picky {
 }
 
 #[tokio::test]
-async fn readiness_is_forwarded_and_the_ready_instance_is_called() {
+async fn readiness_is_immediate_and_the_inner_clone_is_driven_ready_under_the_lock() {
     let locker = memory_locker();
     let polls = Arc::new(AtomicUsize::new(0));
     let inner = Picky {
@@ -156,25 +156,175 @@ async fn readiness_is_forwarded_and_the_ready_instance_is_called() {
         ready: false,
         polls: polls.clone(),
     };
-    let mut svc = LockLayer::new(locker, sku_header()).layer(inner);
+    let mut svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
-    assert!(svc.poll_ready(&mut cx).is_pending());
-    assert!(svc.poll_ready(&mut cx).is_pending());
     assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
-    assert_eq!(polls.load(Ordering::SeqCst), 3);
-    // The instance that was polled ready is the one called, after the lock is held;
-    // the clone left behind must be polled ready again before the next call.
-    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
     assert_eq!(
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request(Some("k")))
-            .await
-            .unwrap(),
-        "ok"
+        polls.load(Ordering::SeqCst),
+        0,
+        "poll_ready reached the inner"
     );
+    // The future polls its clone until ready (two pending polls, then ready) and
+    // calls that same instance.
+    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
+    assert_eq!(polls.load(Ordering::SeqCst), 3);
+    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
+    assert!(becomes_free(&locker, "k").await, "lock still held");
+}
+
+/// An inner service whose readiness fails.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Request<()>> for Broken {
+    type Response = ();
+    type Error = &'static str;
+    type Future = std::future::Ready<Result<(), &'static str>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+        Poll::Ready(Err("inner not ready"))
+    }
+
+    fn call(&mut self, _req: Request<()>) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn an_inner_readiness_error_fails_the_call_and_releases_the_lock() {
+    let locker = memory_locker();
+    let svc = LockLayer::new(locker.clone(), sku_header()).layer(Broken);
+    let err = svc.clone().oneshot(request(Some("k"))).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner not ready");
+    assert!(becomes_free(&locker, "k").await, "lock still held");
+    let err = svc.oneshot(request(None)).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner not ready");
+}
+
+/// `tower::limit::ConcurrencyLimit` with one permit (the crate is built without
+/// tower's `limit` feature): `poll_ready` takes the permit, the call's future keeps
+/// it, clones start without one.
+struct OnePermit<S> {
+    inner: S,
+    semaphore: tokio_util::sync::PollSemaphore,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl<S> OnePermit<S> {
+    fn new(inner: S) -> Self {
+        OnePermit {
+            inner,
+            semaphore: tokio_util::sync::PollSemaphore::new(Arc::new(tokio::sync::Semaphore::new(
+                1,
+            ))),
+            permit: None,
+        }
+    }
+}
+
+impl<S: Clone> Clone for OnePermit<S> {
+    fn clone(&self) -> Self {
+        OnePermit {
+            inner: self.inner.clone(),
+            semaphore: self.semaphore.clone(),
+            permit: None,
+        }
+    }
+}
+
+impl<S, Req> Service<Req> for OnePermit<S>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if self.permit.is_none() {
+            match self.semaphore.poll_acquire(cx) {
+                Poll::Ready(permit) => self.permit = permit,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let permit = self.permit.take().expect("called before poll_ready");
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let out = fut.await;
+            drop(permit);
+            out
+        })
+    }
+}
+
+/// A request waiting for a hot key must not hold the inner service's readiness
+/// (here a concurrency permit): requests for other keys go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_its_lock_holds_no_inner_readiness() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let inner = OnePermit::new(service_fn(|req: Request<()>| async move {
+        Ok::<_, Infallible>(req.headers()["x-sku"].to_str().unwrap().to_owned())
+    }));
+    let svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
+
+    let held = locker.lock("a").await.unwrap();
+    let waits = locker.stats().local_waits;
+    let a = tokio::spawn(svc.clone().oneshot(request(Some("a"))));
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            locker.stats().local_waits > waits
+        })
+        .await,
+        "request A never waited for key a"
+    );
+    let b = tokio::time::timeout(
+        Duration::from_secs(2),
+        svc.clone().oneshot(request(Some("b"))),
+    )
+    .await
+    .expect("request B was blocked by request A's wait for another key")
+    .unwrap();
+    assert_eq!(b, "b");
+    assert!(!a.is_finished(), "A ran while key a was held");
+    held.release().await.unwrap();
+    assert_eq!(a.await.unwrap().unwrap(), "a");
+}
+
+/// If the lock cannot be taken, the inner service is never polled nor called.
+#[tokio::test]
+async fn a_failed_lock_never_touches_the_inner_service() {
+    let locker = memory_locker();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let inner = Picky {
+        pending: 0,
+        ready: false,
+        polls: polls.clone(),
+    };
+    let held = locker.lock("busy").await.unwrap();
+    let err = LockLayer::new(locker.clone(), sku_header())
+        .layer(inner)
+        .oneshot(request(Some("busy")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::Timeout { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        0,
+        "the inner service was polled"
+    );
+    held.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -427,5 +577,46 @@ async fn coalesce_layer_does_not_share_bodies_over_the_limit() {
         runs.load(Ordering::SeqCst),
         5,
         "large bodies must not be shared"
+    );
+}
+
+/// As for [`LockLayer`]: a read waiting for a held key holds no inner readiness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_read_waiting_for_its_lock_holds_no_inner_readiness() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let inner = OnePermit::new(service_fn(|req: Request<()>| async move {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
+            req.uri().path().to_owned(),
+        ))))
+    }));
+    let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+
+    let held = locker.lock("a").await.unwrap();
+    let waits = locker.stats().local_waits;
+    let a = tokio::spawn(svc.clone().oneshot(get("a")));
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            locker.stats().local_waits > waits
+        })
+        .await,
+        "read A never waited for key a"
+    );
+    let b = tokio::time::timeout(Duration::from_secs(2), svc.clone().oneshot(get("b")))
+        .await
+        .expect("read B was blocked by read A's wait for another key")
+        .unwrap();
+    assert_eq!(
+        b.into_body().collect().await.unwrap().to_bytes(),
+        "/items/b"
+    );
+    assert!(!a.is_finished(), "A ran while key a was held");
+    held.release().await.unwrap();
+    let a = a.await.unwrap().unwrap();
+    assert_eq!(
+        a.into_body().collect().await.unwrap().to_bytes(),
+        "/items/a"
     );
 }
