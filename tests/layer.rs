@@ -405,7 +405,7 @@ async fn a_wait_timeout_is_an_error_naming_the_key() {
 
 #[cfg(feature = "axum")]
 #[tokio::test]
-async fn axum_maps_a_timeout_to_503_with_retry_after() {
+async fn axum_maps_a_timeout_to_503_with_retry_after_and_a_bare_code() {
     use axum::error_handling::HandleErrorLayer;
     use lockflight::layer::handle_error;
 
@@ -420,6 +420,8 @@ async fn axum_maps_a_timeout_to_503_with_retry_after() {
     let res = svc.oneshot(request(Some("busy"))).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "lock_timeout", "the body is the code alone");
     held.release().await.unwrap();
 }
 
