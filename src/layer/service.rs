@@ -14,7 +14,7 @@ use crate::locker::Locker;
 ///
 /// Implemented for `http::Request<B>` (the info goes into its extensions). Implement
 /// it for your own request type to use [`LockService`] outside HTTP; a no-op is fine
-/// if the handler does not need the fencing token.
+/// if the handler needs neither the fencing token nor the loss signal.
 pub trait WithLockInfo {
     /// Attaches `info` to the request.
     fn set_lock_info(&mut self, info: LockInfo);
@@ -47,6 +47,14 @@ impl<B> WithLockInfo for http::Request<B> {
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
 /// future completes or is dropped — not when a streamed response body ends.
+///
+/// # Lease loss
+///
+/// With [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the inner
+/// future is dropped as soon as the lease is lost, and the call fails with
+/// [`Error::LeaseLost`]. With [`LossPolicy::Signal`](crate::LossPolicy::Signal) it
+/// runs on, and watches the [`LockInfo::loss`] it finds in the request; see the
+/// [module docs](super#lease-loss).
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
