@@ -60,6 +60,15 @@ async fn becomes_free(locker: &Locker, key: &str) -> bool {
     .await
 }
 
+/// Waits (up to 2 s) until the locker keeps no per-key state: slots go when the
+/// background release that follows a request is done.
+async fn no_active_keys(locker: &Locker) -> bool {
+    wait_until(Duration::from_secs(2), || async {
+        locker.active_keys() == 0
+    })
+    .await
+}
+
 #[tokio::test]
 async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     let locker = memory_locker();
@@ -72,7 +81,7 @@ async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     assert_eq!(info.key, LockKey::from("555"));
     assert!(info.fencing_token.epoch > 0);
     assert!(becomes_free(&locker, "555").await, "lock still held");
-    assert_eq!(locker.active_keys(), 0);
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 #[tokio::test]
@@ -113,7 +122,7 @@ async fn the_guard_lives_until_the_response_future_completes_or_is_dropped() {
     task.abort();
     let _ = task.await;
     assert!(becomes_free(&locker, "a").await, "lock still held");
-    assert_eq!(locker.active_keys(), 0);
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 /// An inner service that becomes ready only after `pending` polls, and refuses
@@ -614,17 +623,20 @@ fn get(sku: &str) -> Request<()> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn coalesce_layer_gives_identical_gets_one_execution() {
     let locker = memory_locker();
     let runs = Arc::new(AtomicUsize::new(0));
+    // The handler finishes only when the test opens the gate, after every request
+    // has joined the flight: sharing does not depend on timing.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let inner = {
-        let runs = runs.clone();
+        let (runs, gate) = (runs.clone(), gate.clone());
         service_fn(move |req: Request<()>| {
-            let runs = runs.clone();
+            let (runs, gate) = (runs.clone(), gate.clone());
             async move {
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _open = gate.acquire().await.unwrap();
                 let body = format!("{} run {n}", req.uri().path());
                 Ok::<_, Infallible>(
                     Response::builder()
@@ -637,24 +649,24 @@ async fn coalesce_layer_gives_identical_gets_one_execution() {
         })
     };
     let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
-    let mut calls = Vec::new();
-    for _ in 0..100 {
-        calls.push(tokio::spawn(svc.clone().oneshot(get("555"))));
+    let mut calls: Vec<_> = (0..100)
+        .map(|_| Box::pin(svc.clone().oneshot(get("555"))))
+        .collect();
+    // One poll each: the first leads (and waits at the gate), the others join.
+    for call in &mut calls {
+        assert!(futures::poll!(call.as_mut()).is_pending());
     }
-    for c in calls {
-        let res = c.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    gate.add_permits(1);
+    for res in futures::future::join_all(calls).await {
+        let res = res.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["x-run"], "1");
         let body = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "/items/555 run 1");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(
-        wait_until(Duration::from_secs(2), || async {
-            locker.active_keys() == 0
-        })
-        .await
-    );
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
