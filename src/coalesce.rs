@@ -408,12 +408,11 @@ mod tests {
             let (locker, gate) = (locker.clone(), Arc::clone(&gate));
             tokio::spawn(async move {
                 locker
-                    .coalesce("k", || async move {
+                    .coalesce::<(), _, _>("k", || async move {
                         gate.notified().await;
                         panic!("leader panics");
                     })
                     .await
-                    .map(|()| ())
             })
         };
         // The leader's flight exists once it waits on the gate.

@@ -522,7 +522,7 @@ async fn loss_app(
 
     let server = support::shared();
     let backend = RedisBackend::builder(server.url())
-        .prefix(&support::unique_prefix("layer-signal"))
+        .prefix(support::unique_prefix("layer-signal"))
         .connect()
         .await
         .unwrap();
