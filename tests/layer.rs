@@ -16,7 +16,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey};
 use lockflight::{
-    Error, HeaderKey, LockInfo, LockKey, Locker, MemoryBackend, PathSegment, RedisBackend,
+    Error, HeaderKey, LockInfo, LockKey, Locker, LossPolicy, MemoryBackend, PathSegment,
+    RedisBackend,
 };
 use support::wait_until;
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -59,6 +60,15 @@ async fn becomes_free(locker: &Locker, key: &str) -> bool {
     .await
 }
 
+/// Waits (up to 2 s) until the locker keeps no per-key state: slots go when the
+/// background release that follows a request is done.
+async fn no_active_keys(locker: &Locker) -> bool {
+    wait_until(Duration::from_secs(2), || async {
+        locker.active_keys() == 0
+    })
+    .await
+}
+
 #[tokio::test]
 async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     let locker = memory_locker();
@@ -71,7 +81,7 @@ async fn handler_sees_lock_info_and_the_lock_is_released_on_completion() {
     assert_eq!(info.key, LockKey::from("555"));
     assert!(info.fencing_token.epoch > 0);
     assert!(becomes_free(&locker, "555").await, "lock still held");
-    assert_eq!(locker.active_keys(), 0);
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 #[tokio::test]
@@ -112,7 +122,7 @@ async fn the_guard_lives_until_the_response_future_completes_or_is_dropped() {
     task.abort();
     let _ = task.await;
     assert!(becomes_free(&locker, "a").await, "lock still held");
-    assert_eq!(locker.active_keys(), 0);
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 /// An inner service that becomes ready only after `pending` polls, and refuses
@@ -148,7 +158,7 @@ impl Service<Request<()>> for Picky {
 }
 
 #[tokio::test]
-async fn readiness_is_forwarded_and_the_ready_instance_is_called() {
+async fn readiness_is_immediate_and_the_inner_clone_is_driven_ready_under_the_lock() {
     let locker = memory_locker();
     let polls = Arc::new(AtomicUsize::new(0));
     let inner = Picky {
@@ -156,25 +166,175 @@ async fn readiness_is_forwarded_and_the_ready_instance_is_called() {
         ready: false,
         polls: polls.clone(),
     };
-    let mut svc = LockLayer::new(locker, sku_header()).layer(inner);
+    let mut svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
-    assert!(svc.poll_ready(&mut cx).is_pending());
-    assert!(svc.poll_ready(&mut cx).is_pending());
     assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
-    assert_eq!(polls.load(Ordering::SeqCst), 3);
-    // The instance that was polled ready is the one called, after the lock is held;
-    // the clone left behind must be polled ready again before the next call.
-    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
     assert_eq!(
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request(Some("k")))
-            .await
-            .unwrap(),
-        "ok"
+        polls.load(Ordering::SeqCst),
+        0,
+        "poll_ready reached the inner"
     );
+    // The future polls its clone until ready (two pending polls, then ready) and
+    // calls that same instance.
+    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
+    assert_eq!(polls.load(Ordering::SeqCst), 3);
+    assert_eq!(svc.call(request(Some("k"))).await.unwrap(), "ok");
+    assert!(becomes_free(&locker, "k").await, "lock still held");
+}
+
+/// An inner service whose readiness fails.
+#[derive(Clone)]
+struct Broken;
+
+impl Service<Request<()>> for Broken {
+    type Response = ();
+    type Error = &'static str;
+    type Future = std::future::Ready<Result<(), &'static str>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+        Poll::Ready(Err("inner not ready"))
+    }
+
+    fn call(&mut self, _req: Request<()>) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn an_inner_readiness_error_fails_the_call_and_releases_the_lock() {
+    let locker = memory_locker();
+    let svc = LockLayer::new(locker.clone(), sku_header()).layer(Broken);
+    let err = svc.clone().oneshot(request(Some("k"))).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner not ready");
+    assert!(becomes_free(&locker, "k").await, "lock still held");
+    let err = svc.oneshot(request(None)).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner not ready");
+}
+
+/// `tower::limit::ConcurrencyLimit` with one permit (the crate is built without
+/// tower's `limit` feature): `poll_ready` takes the permit, the call's future keeps
+/// it, clones start without one.
+struct OnePermit<S> {
+    inner: S,
+    semaphore: tokio_util::sync::PollSemaphore,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl<S> OnePermit<S> {
+    fn new(inner: S) -> Self {
+        OnePermit {
+            inner,
+            semaphore: tokio_util::sync::PollSemaphore::new(Arc::new(tokio::sync::Semaphore::new(
+                1,
+            ))),
+            permit: None,
+        }
+    }
+}
+
+impl<S: Clone> Clone for OnePermit<S> {
+    fn clone(&self) -> Self {
+        OnePermit {
+            inner: self.inner.clone(),
+            semaphore: self.semaphore.clone(),
+            permit: None,
+        }
+    }
+}
+
+impl<S, Req> Service<Req> for OnePermit<S>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if self.permit.is_none() {
+            match self.semaphore.poll_acquire(cx) {
+                Poll::Ready(permit) => self.permit = permit,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let permit = self.permit.take().expect("called before poll_ready");
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let out = fut.await;
+            drop(permit);
+            out
+        })
+    }
+}
+
+/// A request waiting for a hot key must not hold the inner service's readiness
+/// (here a concurrency permit): requests for other keys go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_its_lock_holds_no_inner_readiness() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let inner = OnePermit::new(service_fn(|req: Request<()>| async move {
+        Ok::<_, Infallible>(req.headers()["x-sku"].to_str().unwrap().to_owned())
+    }));
+    let svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
+
+    let held = locker.lock("a").await.unwrap();
+    let waits = locker.stats().local_waits;
+    let a = tokio::spawn(svc.clone().oneshot(request(Some("a"))));
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            locker.stats().local_waits > waits
+        })
+        .await,
+        "request A never waited for key a"
+    );
+    let b = tokio::time::timeout(
+        Duration::from_secs(2),
+        svc.clone().oneshot(request(Some("b"))),
+    )
+    .await
+    .expect("request B was blocked by request A's wait for another key")
+    .unwrap();
+    assert_eq!(b, "b");
+    assert!(!a.is_finished(), "A ran while key a was held");
+    held.release().await.unwrap();
+    assert_eq!(a.await.unwrap().unwrap(), "a");
+}
+
+/// If the lock cannot be taken, the inner service is never polled nor called.
+#[tokio::test]
+async fn a_failed_lock_never_touches_the_inner_service() {
+    let locker = memory_locker();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let inner = Picky {
+        pending: 0,
+        ready: false,
+        polls: polls.clone(),
+    };
+    let held = locker.lock("busy").await.unwrap();
+    let err = LockLayer::new(locker.clone(), sku_header())
+        .layer(inner)
+        .oneshot(request(Some("busy")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::Timeout { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        0,
+        "the inner service was polled"
+    );
+    held.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -255,7 +415,7 @@ async fn a_wait_timeout_is_an_error_naming_the_key() {
 
 #[cfg(feature = "axum")]
 #[tokio::test]
-async fn axum_maps_a_timeout_to_503_with_retry_after() {
+async fn axum_maps_a_timeout_to_503_with_retry_after_and_a_bare_code() {
     use axum::error_handling::HandleErrorLayer;
     use lockflight::layer::handle_error;
 
@@ -270,6 +430,8 @@ async fn axum_maps_a_timeout_to_503_with_retry_after() {
     let res = svc.oneshot(request(Some("busy"))).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "lock_timeout", "the body is the code alone");
     held.release().await.unwrap();
 }
 
@@ -339,6 +501,121 @@ async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
     assert!(!finished.load(Ordering::SeqCst));
 }
 
+/// An axum app on real Redis whose `POST /items/{sku}` handler holds the lock of
+/// `sku` and watches `Extension<LockInfo>`: it waits (up to 5 s) for the loss, then
+/// answers 409 if the lease is lost, 200 otherwise. Returns the app, the lock's Redis
+/// name for "k", a notification when the handler has started, and flags set when
+/// the handler's future is dropped and when it finished.
+#[cfg(feature = "axum")]
+async fn loss_app(
+    policy: LossPolicy,
+) -> (
+    axum::Router,
+    Vec<u8>,
+    Arc<tokio::sync::Notify>,
+    Arc<AtomicBool>,
+    Arc<AtomicBool>,
+) {
+    use axum::Extension;
+    use axum::error_handling::HandleErrorLayer;
+    use lockflight::layer::{PathParam, handle_error};
+
+    let server = support::shared();
+    let backend = RedisBackend::builder(server.url())
+        .prefix(support::unique_prefix("layer-signal"))
+        .connect()
+        .await
+        .unwrap();
+    let lock_name = backend.lock_name(&LockKey::from("k"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .on_loss(policy)
+        .build()
+        .unwrap();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (started, dropped, finished) = (started.clone(), dropped.clone(), finished.clone());
+        move |Extension(info): Extension<LockInfo>| async move {
+            let _flag = DropFlag(dropped);
+            started.notify_one();
+            let _ = tokio::time::timeout(Duration::from_secs(5), info.loss.lost()).await;
+            finished.store(true, Ordering::SeqCst);
+            if info.loss.is_lost() {
+                assert!(info.loss.reason().is_some());
+                (StatusCode::CONFLICT, "not written: lease lost")
+            } else {
+                (StatusCode::OK, "written")
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/items/{sku}", axum::routing::post(handler))
+        .route_layer(
+            tower::ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(handle_error))
+                .layer(LockLayer::new(locker, PathParam::new("sku"))),
+        );
+    (app, lock_name, started, dropped, finished)
+}
+
+/// Deletes the lock behind its holder's back once the handler runs, and returns the
+/// response with its body.
+#[cfg(feature = "axum")]
+async fn steal_while_handling(
+    app: axum::Router,
+    lock_name: &[u8],
+    started: &tokio::sync::Notify,
+) -> (StatusCode, Bytes) {
+    let req = Request::post("/items/k")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let call = tokio::spawn(app.oneshot(req));
+    started.notified().await;
+    let mut con = support::shared().connection().await;
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(lock_name)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock was not held while the handler ran");
+    let res = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("no response")
+        .unwrap()
+        .unwrap();
+    let status = res.status();
+    (status, res.into_body().collect().await.unwrap().to_bytes())
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
+    let (app, lock_name, started, _dropped, finished) = loss_app(LossPolicy::Signal).await;
+    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    assert!(finished.load(Ordering::SeqCst), "the handler was aborted");
+    assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
+    assert_eq!(body, "not written: lease lost");
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_abort_the_handler_is_dropped_and_the_client_gets_lease_lost() {
+    let (app, lock_name, started, dropped, finished) = loss_app(LossPolicy::Abort).await;
+    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body, "lease_lost");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler future was not dropped"
+    );
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the handler ran to its end"
+    );
+}
+
 fn get(sku: &str) -> Request<()> {
     Request::builder()
         .uri(format!("/items/{sku}"))
@@ -346,17 +623,20 @@ fn get(sku: &str) -> Request<()> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn coalesce_layer_gives_identical_gets_one_execution() {
     let locker = memory_locker();
     let runs = Arc::new(AtomicUsize::new(0));
+    // The handler finishes only when the test opens the gate, after every request
+    // has joined the flight: sharing does not depend on timing.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let inner = {
-        let runs = runs.clone();
+        let (runs, gate) = (runs.clone(), gate.clone());
         service_fn(move |req: Request<()>| {
-            let runs = runs.clone();
+            let (runs, gate) = (runs.clone(), gate.clone());
             async move {
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _open = gate.acquire().await.unwrap();
                 let body = format!("{} run {n}", req.uri().path());
                 Ok::<_, Infallible>(
                     Response::builder()
@@ -369,24 +649,24 @@ async fn coalesce_layer_gives_identical_gets_one_execution() {
         })
     };
     let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
-    let mut calls = Vec::new();
-    for _ in 0..100 {
-        calls.push(tokio::spawn(svc.clone().oneshot(get("555"))));
+    let mut calls: Vec<_> = (0..100)
+        .map(|_| Box::pin(svc.clone().oneshot(get("555"))))
+        .collect();
+    // One poll each: the first leads (and waits at the gate), the others join.
+    for call in &mut calls {
+        assert!(futures::poll!(call.as_mut()).is_pending());
     }
-    for c in calls {
-        let res = c.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    gate.add_permits(1);
+    for res in futures::future::join_all(calls).await {
+        let res = res.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["x-run"], "1");
         let body = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "/items/555 run 1");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(
-        wait_until(Duration::from_secs(2), || async {
-            locker.active_keys() == 0
-        })
-        .await
-    );
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,5 +707,46 @@ async fn coalesce_layer_does_not_share_bodies_over_the_limit() {
         runs.load(Ordering::SeqCst),
         5,
         "large bodies must not be shared"
+    );
+}
+
+/// As for [`LockLayer`]: a read waiting for a held key holds no inner readiness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_read_waiting_for_its_lock_holds_no_inner_readiness() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let inner = OnePermit::new(service_fn(|req: Request<()>| async move {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
+            req.uri().path().to_owned(),
+        ))))
+    }));
+    let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+
+    let held = locker.lock("a").await.unwrap();
+    let waits = locker.stats().local_waits;
+    let a = tokio::spawn(svc.clone().oneshot(get("a")));
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            locker.stats().local_waits > waits
+        })
+        .await,
+        "read A never waited for key a"
+    );
+    let b = tokio::time::timeout(Duration::from_secs(2), svc.clone().oneshot(get("b")))
+        .await
+        .expect("read B was blocked by read A's wait for another key")
+        .unwrap();
+    assert_eq!(
+        b.into_body().collect().await.unwrap().to_bytes(),
+        "/items/b"
+    );
+    assert!(!a.is_finished(), "A ran while key a was held");
+    held.release().await.unwrap();
+    let a = a.await.unwrap().unwrap();
+    assert_eq!(
+        a.into_body().collect().await.unwrap().to_bytes(),
+        "/items/a"
     );
 }

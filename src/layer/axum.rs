@@ -9,35 +9,74 @@ use super::BoxError;
 use crate::error::Error;
 use crate::key::{KeyExtractor, LockKey};
 
+/// The status and stable code of `e`: the table in the docs of `IntoResponse for
+/// Error`. Exhaustive on purpose: a new variant does not compile until it has a code.
+fn status_and_code(e: &Error) -> (StatusCode, &'static str) {
+    const BUSY: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
+    const INTERNAL: StatusCode = StatusCode::INTERNAL_SERVER_ERROR;
+    match e {
+        Error::Timeout { .. } => (BUSY, "lock_timeout"),
+        Error::Overloaded { .. } => (BUSY, "lock_overloaded"),
+        Error::LeaseLost { .. } => (BUSY, "lease_lost"),
+        Error::Refused { .. } => (BUSY, "lock_refused"),
+        Error::QuorumNotReached { .. } => (BUSY, "quorum_not_reached"),
+        Error::Backend { .. } => (BUSY, "backend_unavailable"),
+        Error::Connect { .. } => (BUSY, "backend_unreachable"),
+        Error::InvalidKey { .. } => (StatusCode::BAD_REQUEST, "invalid_key"),
+        Error::ForeignValue { .. } => (INTERNAL, "foreign_value"),
+        Error::NoPermission { .. } => (INTERNAL, "no_permission"),
+        Error::InvalidConfig { .. } => (INTERNAL, "invalid_config"),
+        Error::Panicked { .. } => (INTERNAL, "panicked"),
+    }
+}
+
+/// The body of a response for an error that is not lockflight's.
+const INTERNAL_CODE: &str = "internal";
+
 impl IntoResponse for Error {
-    /// * 503 with `Retry-After: 1` for [`Error::Timeout`] and [`Error::Overloaded`];
-    /// * 503 for a lost lease, an unreachable backend or a missing quorum;
-    /// * 400 for an invalid key;
-    /// * 500 for everything else (foreign values, permissions, configuration, panics).
+    /// A response whose body is a short, stable code — never the error's message,
+    /// which names the key and may quote the Redis server. The full error goes to
+    /// `tracing` (target `lockflight::layer::axum`): at `WARN` for server errors, at
+    /// `DEBUG` for a busy lock (timeout, overload) and for bad requests.
     ///
-    /// The body is the error's message.
+    /// | error | status | body |
+    /// |---|---|---|
+    /// | [`Error::Timeout`] | 503, `Retry-After: 1` | `lock_timeout` |
+    /// | [`Error::Overloaded`] | 503, `Retry-After: 1` | `lock_overloaded` |
+    /// | [`Error::LeaseLost`] | 503 | `lease_lost` |
+    /// | [`Error::Refused`] (`OOM`, `READONLY`, …) | 503 | `lock_refused` |
+    /// | [`Error::QuorumNotReached`] | 503 | `quorum_not_reached` |
+    /// | [`Error::Backend`] | 503 | `backend_unavailable` |
+    /// | [`Error::Connect`] | 503 | `backend_unreachable` |
+    /// | [`Error::InvalidKey`] | 400 | `invalid_key` |
+    /// | [`Error::ForeignValue`] | 500 | `foreign_value` |
+    /// | [`Error::NoPermission`] | 500 | `no_permission` |
+    /// | [`Error::InvalidConfig`] | 500 | `invalid_config` |
+    /// | [`Error::Panicked`] | 500 | `panicked` |
+    /// | any other error, in [`handle_error`] | 500 | `internal` |
+    ///
+    /// The codes are part of the API: they change only in a breaking release.
     fn into_response(self) -> Response {
-        let status = match &self {
-            Error::Timeout { .. } | Error::Overloaded { .. } => {
-                let mut res = (StatusCode::SERVICE_UNAVAILABLE, self.to_string()).into_response();
-                res.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return res;
-            }
-            Error::LeaseLost { .. }
-            | Error::Backend { .. }
-            | Error::Connect { .. }
-            | Error::QuorumNotReached { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        (status, self.to_string()).into_response()
+        let (status, code) = status_and_code(&self);
+        let busy = matches!(self, Error::Timeout { .. } | Error::Overloaded { .. });
+        if status.is_server_error() && !busy {
+            tracing::warn!(code, status = status.as_u16(), error = %self, "lockflight error response");
+        } else {
+            tracing::debug!(code, status = status.as_u16(), error = %self, "lockflight error response");
+        }
+        let mut res = (status, code).into_response();
+        if busy {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        res
     }
 }
 
 /// Turns a service error into a response: lockflight's [`Error`]s through their
-/// [`IntoResponse`], anything else as 500. Made for
-/// `axum::error_handling::HandleErrorLayer::new(handle_error)`.
+/// [`IntoResponse`] (a short code per error, see the table there), anything else as
+/// a 500 whose body is `internal`. The full error goes to `tracing`, never to the
+/// client. Made for `axum::error_handling::HandleErrorLayer::new(handle_error)`.
 ///
 /// # Cancel safety
 ///
@@ -45,7 +84,10 @@ impl IntoResponse for Error {
 pub async fn handle_error(err: BoxError) -> Response {
     match err.downcast::<Error>() {
         Ok(e) => e.into_response(),
-        Err(other) => (StatusCode::INTERNAL_SERVER_ERROR, other.to_string()).into_response(),
+        Err(other) => {
+            tracing::warn!(code = INTERNAL_CODE, status = 500, error = %other, "service error response");
+            (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_CODE).into_response()
+        }
     }
 }
 
@@ -94,28 +136,222 @@ impl<B> KeyExtractor<http::Request<B>> for PathParam {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use super::*;
+    use crate::Phase;
+
+    const KEY: &str = "sku:secret-555";
+    const REDIS_TEXT: &str = "OOM command not allowed when used memory > 'maxmemory'";
+
+    fn source() -> crate::error::Source {
+        Arc::new(std::io::Error::other(REDIS_TEXT))
+    }
+
+    /// One error of every variant, with the code and status it must map to.
+    fn every_variant() -> Vec<(Error, &'static str, StatusCode)> {
+        let key = LockKey::from(KEY);
+        let phase = Phase::Acquiring;
+        let busy = StatusCode::SERVICE_UNAVAILABLE;
+        let internal = StatusCode::INTERNAL_SERVER_ERROR;
+        vec![
+            (
+                Error::Timeout {
+                    key: key.clone(),
+                    phase,
+                    waited: Duration::from_secs(5),
+                },
+                "lock_timeout",
+                busy,
+            ),
+            (
+                Error::Overloaded {
+                    key: key.clone(),
+                    waiters: 10,
+                },
+                "lock_overloaded",
+                busy,
+            ),
+            (
+                Error::LeaseLost {
+                    key: key.clone(),
+                    phase: Phase::Renewing,
+                    reason: REDIS_TEXT.into(),
+                },
+                "lease_lost",
+                busy,
+            ),
+            (
+                Error::InvalidKey {
+                    key: key.clone(),
+                    reason: "the key is too long".into(),
+                },
+                "invalid_key",
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                Error::InvalidConfig {
+                    reason: REDIS_TEXT.into(),
+                },
+                "invalid_config",
+                internal,
+            ),
+            (
+                Error::ForeignValue {
+                    key: key.clone(),
+                    phase,
+                    detail: REDIS_TEXT.into(),
+                },
+                "foreign_value",
+                internal,
+            ),
+            (
+                Error::NoPermission {
+                    key: key.clone(),
+                    phase,
+                    source: source(),
+                },
+                "no_permission",
+                internal,
+            ),
+            (
+                Error::Refused {
+                    key: key.clone(),
+                    phase,
+                    code: "OOM".into(),
+                    source: source(),
+                },
+                "lock_refused",
+                busy,
+            ),
+            (
+                Error::QuorumNotReached {
+                    key: key.clone(),
+                    phase,
+                    acquired: 1,
+                    needed: 2,
+                },
+                "quorum_not_reached",
+                busy,
+            ),
+            (Error::Panicked { key: key.clone() }, "panicked", internal),
+            (
+                Error::Connect {
+                    target: format!("redis://{KEY}:6379"),
+                    source: source(),
+                },
+                "backend_unreachable",
+                busy,
+            ),
+            (
+                Error::Backend {
+                    key,
+                    phase,
+                    source: source(),
+                },
+                "backend_unavailable",
+                busy,
+            ),
+        ]
+    }
+
+    async fn body_of(res: Response) -> String {
+        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    fn assert_clean(body: &str) {
+        for leak in [KEY, "secret", "LockKey(", "OOM", "maxmemory", "redis://"] {
+            assert!(!body.contains(leak), "body {body:?} leaks {leak:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_variant_maps_to_its_status_and_a_bare_code() {
+        let mut codes = std::collections::HashSet::new();
+        for (error, code, status) in every_variant() {
+            assert!(codes.insert(code), "code {code} used twice");
+            let res = error.clone().into_response();
+            assert_eq!(res.status(), status, "{error:?}");
+            let busy = matches!(error, Error::Timeout { .. } | Error::Overloaded { .. });
+            assert_eq!(
+                res.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+                busy.then_some(&b"1"[..]),
+                "{error:?}"
+            );
+            let body = body_of(res).await;
+            assert_eq!(body, code, "{error:?}");
+            assert_clean(&body);
+            // The same through `handle_error`.
+            let body = body_of(handle_error(Box::new(error)).await).await;
+            assert_eq!(body, code);
+        }
+    }
+
+    #[tokio::test]
+    async fn other_errors_are_an_internal_500_without_their_text() {
+        let res = handle_error(format!("inner failed on {KEY}: {REDIS_TEXT}").into()).await;
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = body_of(res).await;
+        assert_eq!(body, "internal");
+        assert_clean(&body);
+    }
+
+    /// Captures what a `tracing` subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(f: impl FnOnce()) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
     #[test]
-    fn statuses() {
-        let key = LockKey::from("k");
-        let timeout = Error::Timeout {
-            key: key.clone(),
-            phase: crate::Phase::Acquiring,
-            waited: Duration::from_secs(5),
+    fn the_full_error_goes_to_tracing() {
+        for (error, code, status) in every_variant() {
+            let full = error.to_string();
+            let log = logged(|| drop(error.clone().into_response()));
+            assert!(log.contains(&full), "{log:?} lacks {full:?}");
+            assert!(log.contains(code), "{log:?} lacks {code}");
+            let busy = matches!(error, Error::Timeout { .. } | Error::Overloaded { .. });
+            let level = if status.is_server_error() && !busy {
+                "WARN"
+            } else {
+                "DEBUG"
+            };
+            assert!(
+                log.contains(level),
+                "{error:?} logged {log:?}, not at {level}"
+            );
         }
-        .into_response();
-        assert_eq!(timeout.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(timeout.headers()[header::RETRY_AFTER], "1");
-        let lost = Error::LeaseLost {
-            key: key.clone(),
-            phase: crate::Phase::Renewing,
-            reason: "gone".into(),
-        }
-        .into_response();
-        assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let bad = LockKey::from("").validate().unwrap_err().into_response();
-        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        let log = logged(|| {
+            let res = futures::executor::block_on(handle_error("inner failed".into()));
+            drop(res);
+        });
+        assert!(
+            log.contains("WARN") && log.contains("inner failed"),
+            "{log:?}"
+        );
     }
 }

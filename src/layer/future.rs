@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project::pin_project;
+use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::BoxError;
@@ -18,10 +19,11 @@ use crate::locker::{Locker, LossPolicy};
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
 
 /// The future returned by [`LockService::call`](super::LockService): waits for the
-/// lock, runs the inner service while holding it, and releases it when done.
+/// lock, then drives its own clone of the inner service to readiness and calls it
+/// while holding the lock, and releases the lock when done.
 ///
 /// Dropping it drops the inner future and releases (or hands off) the lock in the
-/// background.
+/// background. If the lock is not obtained, the inner service is never polled.
 #[pin_project]
 #[must_use = "futures do nothing unless polled"]
 pub struct ResponseFuture<S, Req>
@@ -42,16 +44,18 @@ where
         call: Option<(S, Req)>,
         abort_on_loss: bool,
     },
+    /// The lock is held: the inner clone is polled ready, then called.
     Running {
         #[pin]
-        fut: S::Future,
+        fut: Oneshot<S, Req>,
         #[pin]
         lost: Option<Lost>,
         guard: Option<LockGuard>,
     },
+    /// No key, and the policy lets the request through without a lock.
     Passing {
         #[pin]
-        fut: S::Future,
+        fut: Oneshot<S, Req>,
     },
     Failed {
         error: Option<Error>,
@@ -91,9 +95,11 @@ where
         }
     }
 
-    pub(super) fn passing(fut: S::Future) -> Self {
+    pub(super) fn passing(service: S, req: Req) -> Self {
         ResponseFuture {
-            state: State::Passing { fut },
+            state: State::Passing {
+                fut: Oneshot::new(service, req),
+            },
         }
     }
 
@@ -128,14 +134,13 @@ where
                             return Poll::Ready(Err(e.into()));
                         }
                     };
-                    let Some((mut service, mut req)) = call.take() else {
+                    let Some((service, mut req)) = call.take() else {
                         unreachable!("the call is taken only here, once")
                     };
                     req.set_lock_info(guard.info());
                     let lost = abort_on_loss.then(|| guard.lost());
-                    let fut = service.call(req);
                     state.set(State::Running {
-                        fut,
+                        fut: Oneshot::new(service, req),
                         lost,
                         guard: Some(guard),
                     });

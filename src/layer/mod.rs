@@ -2,10 +2,11 @@
 //!
 //! * [`LockLayer`] wraps a service so that each request runs while holding the lock
 //!   of its key (found by a [`KeyExtractor`](crate::KeyExtractor)). The handler
-//!   finds a [`LockInfo`](crate::LockInfo) (key and fencing token) in the request
-//!   extensions. If the lease is lost while the handler runs, its future is dropped
-//!   and the call fails with [`Error::LeaseLost`](crate::Error::LeaseLost); a wait
-//!   timeout fails with [`Error::Timeout`](crate::Error::Timeout).
+//!   finds a [`LockInfo`](crate::LockInfo) (key, fencing token and loss signal) in
+//!   the request extensions. What happens when the lease is lost while the handler
+//!   runs depends on the locker's [`LossPolicy`](crate::LossPolicy), see
+//!   [Lease loss](#lease-loss); a wait timeout fails with
+//!   [`Error::Timeout`](crate::Error::Timeout).
 //! * [`CoalesceLayer`] makes concurrent identical reads (same key) share one
 //!   execution and one buffered response.
 //!
@@ -30,6 +31,53 @@
 //!             .layer(HandleErrorLayer::new(handle_error))
 //!             .layer(LockLayer::new(locker, PathParam::new("sku"))),
 //!     )
+//! # }
+//! ```
+//!
+//! Error responses carry a short stable code (`lock_timeout`, `lease_lost`, …), never
+//! the error's text; the table is on `IntoResponse for Error`.
+//!
+//! # Lease loss
+//!
+//! With the default [`LossPolicy::Abort`](crate::LossPolicy::Abort), a handler
+//! whose lease is lost is dropped at its next `.await`, and the call fails with
+//! [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost` through
+//! [`handle_error`]). With [`LossPolicy::Signal`](crate::LossPolicy::Signal) the
+//! handler runs to its end and decides for itself: the `loss` field of its
+//! [`LockInfo`](crate::LockInfo) is a [`LossSignal`](crate::LossSignal). Check it
+//! before each write the lock protects, and pass the fencing token along, so that
+//! the resource rejects a write that comes too late anyway:
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # fn app() -> lockflight::Result<axum::Router> {
+//! use axum::{error_handling::HandleErrorLayer, http::StatusCode, routing::post, Extension, Router};
+//! use lockflight::layer::{handle_error, LockLayer, PathParam};
+//! use lockflight::{FencingToken, LockInfo, Locker, LossPolicy, MemoryBackend};
+//! use tower::ServiceBuilder;
+//!
+//! async fn reserve(Extension(info): Extension<LockInfo>) -> (StatusCode, &'static str) {
+//!     let stock = load_stock().await;
+//!     if info.loss.is_lost() {
+//!         // Another holder may be writing by now: do not write unprotected.
+//!         return (StatusCode::CONFLICT, "lock lost, retry");
+//!     }
+//!     save_stock(stock - 1, info.fencing_token).await;
+//!     (StatusCode::OK, "reserved")
+//! }
+//! # async fn load_stock() -> u32 { 1 }
+//! # async fn save_stock(_qty: u32, _fence: FencingToken) {}
+//!
+//! let locker = Locker::builder(MemoryBackend::new())
+//!     .on_loss(LossPolicy::Signal)
+//!     .build()?;
+//! Ok(Router::new()
+//!     .route("/items/{sku}/reserve", post(reserve))
+//!     .route_layer(
+//!         ServiceBuilder::new()
+//!             .layer(HandleErrorLayer::new(handle_error))
+//!             .layer(LockLayer::new(locker, PathParam::new("sku"))),
+//!     ))
 //! # }
 //! ```
 

@@ -14,7 +14,7 @@ use crate::locker::Locker;
 ///
 /// Implemented for `http::Request<B>` (the info goes into its extensions). Implement
 /// it for your own request type to use [`LockService`] outside HTTP; a no-op is fine
-/// if the handler does not need the fencing token.
+/// if the handler needs neither the fencing token nor the loss signal.
 pub trait WithLockInfo {
     /// Attaches `info` to the request.
     fn set_lock_info(&mut self, info: LockInfo);
@@ -30,16 +30,31 @@ impl<B> WithLockInfo for http::Request<B> {
 ///
 /// # Readiness
 ///
-/// `poll_ready` only forwards to the inner service: the key comes from the request,
-/// so all per-key work (coalescing, acquiring, handoff) happens in the future that
-/// `call` returns. `call` keeps the inner service that was polled ready and leaves a
-/// clone in its place (the clone-and-swap pattern), because the inner call happens
-/// later, once the lock is held. That is why the inner service must be `Clone`.
+/// `poll_ready` is always ready at once and does not poll the inner service. The key
+/// comes from the request, so all per-key work happens in the future that `call`
+/// returns, in this order: acquire the lock, then drive a clone of the inner service
+/// to readiness, then call it (as [`tower::util::Oneshot`] does). Readiness is never
+/// held while waiting for a lock: with a `ConcurrencyLimit` or a `Buffer` inside, a
+/// request waiting for a hot key holds no permit or slot, so requests for other keys
+/// are not stuck behind it. If the lock is not obtained, the inner service is not
+/// touched at all. That is why the inner service must be `Clone`.
+///
+/// The inner service's backpressure therefore applies once the lock is held: put
+/// load shedding or a concurrency limit *outside* this layer to bound how many
+/// requests wait for locks (the locker's `max_waiters` bounds it per key).
 ///
 /// # Guard lifetime
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
 /// future completes or is dropped — not when a streamed response body ends.
+///
+/// # Lease loss
+///
+/// With [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the inner
+/// future is dropped as soon as the lease is lost, and the call fails with
+/// [`Error::LeaseLost`]. With [`LossPolicy::Signal`](crate::LossPolicy::Signal) it
+/// runs on, and watches the [`LockInfo::loss`] it finds in the request; see the
+/// [module docs](super#lease-loss).
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
@@ -76,20 +91,18 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S, Req>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    /// Always ready: the inner service is polled ready in the response future,
+    /// once the lock is held (see [Readiness](LockService#readiness)).
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         match self.extractor.extract(&req) {
-            Some(key) => ResponseFuture::locking(&self.locker, key, ready, req),
+            Some(key) => ResponseFuture::locking(&self.locker, key, inner, req),
             None => match self.missing {
-                MissingKey::PassThrough => {
-                    let mut ready = ready;
-                    ResponseFuture::passing(ready.call(req))
-                }
+                MissingKey::PassThrough => ResponseFuture::passing(inner, req),
                 MissingKey::Reject => ResponseFuture::failed(Error::InvalidKey {
                     key: LockKey::from(""),
                     reason: "the request carries no lock key".into(),

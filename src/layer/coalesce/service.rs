@@ -6,6 +6,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
+use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::CoalescedBody;
@@ -16,9 +17,16 @@ use crate::locker::Locker;
 /// Shares one response among concurrent identical requests; see
 /// [`CoalesceLayer`](super::CoalesceLayer).
 ///
-/// `poll_ready` forwards to the inner service; `call` keeps the ready service and
-/// leaves a clone (the clone-and-swap pattern), since the inner call happens only if
-/// this request leads its flight. The response future is boxed.
+/// # Readiness
+///
+/// `poll_ready` is always ready at once and does not poll the inner service: the
+/// key comes from the request, so all per-key work happens in the future. `call`
+/// takes a clone of the inner service; the future drives that clone to readiness
+/// only when it is about to call it — as the flight's leader, under the lock, or
+/// for its own request when the shared response could not be shared. A request
+/// waiting for its flight or its lock holds no readiness (no `ConcurrencyLimit`
+/// permit, no `Buffer` slot), and a follower never touches the inner service. The
+/// response future is boxed.
 #[derive(Clone, Debug)]
 pub struct CoalesceService<S, E> {
     inner: S,
@@ -90,17 +98,17 @@ where
     type Error = BoxError;
     type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    /// Always ready: the inner service is polled ready in the response future,
+    /// right before it is called (see [Readiness](CoalesceService#readiness)).
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
+        let mut service = self.inner.clone();
         let Some(key) = self.extractor.extract(&req) else {
-            let fut = service.call(req);
             return Box::pin(async move {
-                let res = fut.await.map_err(Into::into)?;
+                let res = service.oneshot(req).await.map_err(Into::into)?;
                 Ok(res.map(CoalescedBody::Original))
             });
         };
@@ -116,7 +124,11 @@ where
                         let Some(req) = req else {
                             return Shared::Bypass;
                         };
-                        let res = match service.call(req).await {
+                        let call = match service.ready().await {
+                            Ok(ready) => ready.call(req),
+                            Err(e) => return Shared::Failed(Arc::from(e.into())),
+                        };
+                        let res = match call.await {
                             Ok(res) => res,
                             Err(e) => return Shared::Failed(Arc::from(e.into())),
                         };
@@ -164,9 +176,8 @@ where
                     // like every read of this layer.
                     let req = req.take().ok_or("lockflight: coalesced request lost")?;
                     let res = locker
-                        .with_lock(key, |_| {
-                            let call = service.call(req);
-                            async move { call.await.map_err(Into::into) }
+                        .with_lock(key, |_| async move {
+                            service.oneshot(req).await.map_err(Into::into)
                         })
                         .await??;
                     Ok(res.map(CoalescedBody::Original))
