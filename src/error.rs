@@ -120,18 +120,6 @@ pub enum Error {
         /// The server's error.
         source: Source,
     },
-    /// Redlock: fewer than a majority of the instances agreed.
-    #[error("lock {key:?}: quorum not reached while {phase}: {acquired} of {needed} needed")]
-    QuorumNotReached {
-        /// The lock key.
-        key: LockKey,
-        /// The operation.
-        phase: Phase,
-        /// How many instances granted it.
-        acquired: usize,
-        /// How many were needed.
-        needed: usize,
-    },
     /// The shared computation of [`Locker::coalesce`](crate::Locker::coalesce) (or the
     /// guarded work of another caller) panicked.
     #[error("lock {key:?}: the coalesced computation panicked")]
@@ -170,7 +158,6 @@ impl Error {
             | Error::ForeignValue { key, .. }
             | Error::NoPermission { key, .. }
             | Error::Refused { key, .. }
-            | Error::QuorumNotReached { key, .. }
             | Error::Panicked { key }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
@@ -178,7 +165,8 @@ impl Error {
     }
 
     /// Whether retrying the same operation later may succeed (timeouts, overload,
-    /// backend I/O, quorum); `false` for bad input and foreign values.
+    /// backend I/O, a lost lease); `false` for bad input, foreign values,
+    /// permissions and refusals.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
@@ -186,9 +174,35 @@ impl Error {
                 | Error::Overloaded { .. }
                 | Error::Backend { .. }
                 | Error::Connect { .. }
-                | Error::QuorumNotReached { .. }
                 | Error::LeaseLost { .. }
         )
+    }
+
+    /// A short, stable code for this error (`lock_timeout`, `lease_lost`, …): what
+    /// an HTTP response or a metric label may carry instead of the message, which
+    /// names the key and may quote the server. The codes change only in a breaking
+    /// release.
+    ///
+    /// ```
+    /// use lockflight::{Error, LockKey};
+    ///
+    /// let e = LockKey::from("").validate().unwrap_err();
+    /// assert_eq!(e.code(), "invalid_key");
+    /// ```
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "lock_timeout",
+            Error::LeaseLost { .. } => "lease_lost",
+            Error::Overloaded { .. } => "lock_overloaded",
+            Error::InvalidKey { .. } => "invalid_key",
+            Error::InvalidConfig { .. } => "invalid_config",
+            Error::ForeignValue { .. } => "foreign_value",
+            Error::NoPermission { .. } => "no_permission",
+            Error::Refused { .. } => "lock_refused",
+            Error::Panicked { .. } => "panicked",
+            Error::Connect { .. } => "backend_unreachable",
+            Error::Backend { .. } => "backend_unavailable",
+        }
     }
 
     /// A backend error for `key` in `phase`.

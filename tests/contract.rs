@@ -261,7 +261,10 @@ async fn settings_that_cannot_renew_in_time_are_rejected_and_loss_is_on_time() {
     let guard = locker.lock("k").await.unwrap();
     guard.lost().await;
     let at = sent.elapsed();
-    assert!(at <= ttl, "loss signalled {at:?} after the acquire, TTL {ttl:?}");
+    assert!(
+        at <= ttl,
+        "loss signalled {at:?} after the acquire, TTL {ttl:?}"
+    );
     assert!(at >= ttl * 9 / 10, "loss signalled early: {at:?}");
     assert!(backend.extends.load(Ordering::SeqCst) >= 1);
     assert!(guard.is_lost());
@@ -362,7 +365,10 @@ async fn a_failed_release_is_reconciled_by_the_next_leader() {
         .await
         .unwrap()
         .expect("the waiter reconciles the token instead of waiting out the TTL");
-    assert!(next.fencing_token() > first, "fencing tokens strictly increase");
+    assert!(
+        next.fencing_token() > first,
+        "fencing tokens strictly increase"
+    );
     next.release().await.unwrap();
     assert!(locker.try_lock("k").await.unwrap().is_some());
 }
@@ -448,7 +454,11 @@ async fn signal_policy_work_observes_loss_through_its_info() {
         .with_lock("k", |info| async move {
             assert!(!info.loss.is_lost());
             info.loss.lost().await;
-            (info.loss.is_lost(), info.loss.valid_for(), info.loss.reason())
+            (
+                info.loss.is_lost(),
+                info.loss.valid_for(),
+                info.loss.reason(),
+            )
         })
         .await;
     // The work ran to its end, but not under a valid lease: its outcome is an error.
@@ -526,10 +536,13 @@ async fn refusals_are_answered_at_once() {
 #[tokio::test]
 async fn a_grant_without_an_epoch_is_an_error() {
     let backend = Faulty::default();
-    backend.plan().acquire.push_back(Fault::Acquire(Acquire::Acquired {
-        epoch: 0,
-        waiting: 0,
-    }));
+    backend
+        .plan()
+        .acquire
+        .push_back(Fault::Acquire(Acquire::Acquired {
+            epoch: 0,
+            waiting: 0,
+        }));
     let locker = locker(&backend, Duration::from_secs(3));
     let err = locker.lock("k").await.unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
@@ -540,6 +553,9 @@ async fn a_grant_without_an_epoch_is_an_error() {
         }
     })
     .await;
-    assert!(released.is_ok(), "the token of a rejected grant is released");
+    assert!(
+        released.is_ok(),
+        "the token of a rejected grant is released"
+    );
     assert_eq!(locker.active_keys(), 0);
 }

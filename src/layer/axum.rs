@@ -9,24 +9,23 @@ use super::BoxError;
 use crate::error::Error;
 use crate::key::{KeyExtractor, LockKey};
 
-/// The status and stable code of `e`: the table in the docs of `IntoResponse for
-/// Error`. Exhaustive on purpose: a new variant does not compile until it has a code.
-fn status_and_code(e: &Error) -> (StatusCode, &'static str) {
+/// The status of `e`: the table in the docs of `IntoResponse for Error`.
+/// Exhaustive on purpose: a new variant does not compile until it has a status.
+fn status(e: &Error) -> StatusCode {
     const BUSY: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
     const INTERNAL: StatusCode = StatusCode::INTERNAL_SERVER_ERROR;
     match e {
-        Error::Timeout { .. } => (BUSY, "lock_timeout"),
-        Error::Overloaded { .. } => (BUSY, "lock_overloaded"),
-        Error::LeaseLost { .. } => (BUSY, "lease_lost"),
-        Error::Refused { .. } => (BUSY, "lock_refused"),
-        Error::QuorumNotReached { .. } => (BUSY, "quorum_not_reached"),
-        Error::Backend { .. } => (BUSY, "backend_unavailable"),
-        Error::Connect { .. } => (BUSY, "backend_unreachable"),
-        Error::InvalidKey { .. } => (StatusCode::BAD_REQUEST, "invalid_key"),
-        Error::ForeignValue { .. } => (INTERNAL, "foreign_value"),
-        Error::NoPermission { .. } => (INTERNAL, "no_permission"),
-        Error::InvalidConfig { .. } => (INTERNAL, "invalid_config"),
-        Error::Panicked { .. } => (INTERNAL, "panicked"),
+        Error::Timeout { .. }
+        | Error::Overloaded { .. }
+        | Error::LeaseLost { .. }
+        | Error::Refused { .. }
+        | Error::Backend { .. }
+        | Error::Connect { .. } => BUSY,
+        Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        Error::ForeignValue { .. }
+        | Error::NoPermission { .. }
+        | Error::InvalidConfig { .. }
+        | Error::Panicked { .. } => INTERNAL,
     }
 }
 
@@ -45,7 +44,6 @@ impl IntoResponse for Error {
     /// | [`Error::Overloaded`] | 503, `Retry-After: 1` | `lock_overloaded` |
     /// | [`Error::LeaseLost`] | 503 | `lease_lost` |
     /// | [`Error::Refused`] (`OOM`, `READONLY`, …) | 503 | `lock_refused` |
-    /// | [`Error::QuorumNotReached`] | 503 | `quorum_not_reached` |
     /// | [`Error::Backend`] | 503 | `backend_unavailable` |
     /// | [`Error::Connect`] | 503 | `backend_unreachable` |
     /// | [`Error::InvalidKey`] | 400 | `invalid_key` |
@@ -57,7 +55,7 @@ impl IntoResponse for Error {
     ///
     /// The codes are part of the API: they change only in a breaking release.
     fn into_response(self) -> Response {
-        let (status, code) = status_and_code(&self);
+        let (status, code) = (status(&self), self.code());
         let busy = matches!(self, Error::Timeout { .. } | Error::Overloaded { .. });
         if status.is_server_error() && !busy {
             tracing::warn!(code, status = status.as_u16(), error = %self, "lockflight error response");
@@ -224,16 +222,6 @@ mod tests {
                     source: source(),
                 },
                 "lock_refused",
-                busy,
-            ),
-            (
-                Error::QuorumNotReached {
-                    key: key.clone(),
-                    phase,
-                    acquired: 1,
-                    needed: 2,
-                },
-                "quorum_not_reached",
                 busy,
             ),
             (Error::Panicked { key: key.clone() }, "panicked", internal),
