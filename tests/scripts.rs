@@ -1,7 +1,8 @@
-//! The Redis backend's scripts against a real Redis: every reply of every script
-//! through `RedisBackend`'s decoding, foreign values refused before anything is
-//! written, release reconciliation by tombstone, a refused wake-up `PUBLISH` and the
-//! classification of server refusals (`OOM`, `READONLY`).
+//! The Redis backend's scripts and connection checks against a real Redis: every
+//! reply of every script through `RedisBackend`'s decoding, foreign values refused
+//! before anything is written, release reconciliation by tombstone, a refused
+//! wake-up `PUBLISH`, the classification of server refusals (`OOM`, `READONLY`),
+//! and `connect()`'s verification (passwords, ACLs, the minimal ACL line).
 //!
 //! Tests that only need *a* Redis use [`support::shared`] with their own
 //! [`support::unique_prefix`]; tests that change the server's configuration or ACLs
@@ -557,5 +558,178 @@ async fn a_read_only_replica_is_refused() {
     match r.extend(&key, token, TTL).await {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "READONLY"),
         other => panic!("extend: expected Refused(READONLY), got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// connect() verifies
+// ---------------------------------------------------------------------------
+
+fn assert_connect_auth_failure(what: &str, result: lockflight::Result<RedisBackend>) {
+    match result {
+        Err(e @ Error::Connect { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("authentication failed"),
+                "{what}: the message does not say authentication failed: {text}"
+            );
+            assert!(
+                !text.contains("secretpw") && !text.contains("wrongpw"),
+                "{text}"
+            );
+        }
+        other => panic!("{what}: expected Connect, got {other:?}"),
+    }
+}
+
+/// Against a `requirepass` server, `connect()` fails at once without the password
+/// or with a wrong one, and succeeds with the right one.
+#[tokio::test]
+async fn connect_checks_the_password() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    query::<()>(
+        &mut admin,
+        redis::cmd("CONFIG").arg(&["SET", "requirepass", "secretpw"]),
+    )
+    .await;
+    let port = server.port();
+    let started = Instant::now();
+    assert_connect_auth_failure(
+        "no password",
+        RedisBackend::connect(&format!("redis://127.0.0.1:{port}/")).await,
+    );
+    assert_connect_auth_failure(
+        "wrong password",
+        RedisBackend::connect(&format!("redis://:wrongpw@127.0.0.1:{port}/")).await,
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let b = RedisBackend::connect(&format!("redis://:secretpw@127.0.0.1:{port}/"))
+        .await
+        .expect("the right password");
+    assert!(b.is_subscribed());
+}
+
+/// The exact rules of the minimal ACL user documented on `RedisBackend`, for the
+/// prefix `lfacl`.
+const MINIMAL_RULES: &[&str] = &[
+    "~lfacl:*",
+    "&lfacl:inst:*",
+    "+evalsha",
+    "+script|load",
+    "+publish",
+    "+subscribe",
+    "+time",
+    "+type",
+    "+get",
+    "+set",
+    "+del",
+    "+exists",
+    "+pexpire",
+    "+pttl",
+    "+hgetall",
+    "+hset",
+    "+hdel",
+];
+
+async fn set_user(admin: &mut MultiplexedConnection, user: &str, rules: &[&str]) {
+    query::<()>(
+        admin,
+        redis::cmd("ACL")
+            .arg(&["SETUSER", user, "reset", "on", ">pw"])
+            .arg(rules),
+    )
+    .await;
+}
+
+/// Every operation, with a second instance waiting and woken: holder and waiter
+/// both use `url`.
+async fn exercise(url: &str) -> lockflight::Result<()> {
+    let holder = RedisBackend::builder(url).prefix("lfacl").connect().await?;
+    let waiter = RedisBackend::builder(url).prefix("lfacl").connect().await?;
+    let key = LockKey::from(LeaseToken::random().to_hex());
+    let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
+    epoch_of(holder.acquire(&key, t1, TTL, true).await?);
+    let Acquire::Busy { .. } = waiter.acquire(&key, t2, TTL, true).await? else {
+        panic!("the waiter got a held lock")
+    };
+    let mut woken = waiter.wakeups().watch(&key);
+    assert_eq!(
+        holder.extend(&key, t1, TTL).await?,
+        Extend::Extended { waiting: 1 }
+    );
+    assert!(holder.release(&key, t1).await?.released);
+    tokio::time::timeout(Duration::from_secs(5), woken.woken())
+        .await
+        .expect("the waiter is woken");
+    epoch_of(waiter.acquire(&key, t2, TTL, true).await?);
+    assert!(waiter.release(&key, t2).await?.released);
+    epoch_of(holder.acquire(&key, t1, TTL, true).await?);
+    holder.leave(&key).await?;
+    assert!(holder.release(&key, t1).await?.released);
+    Ok(())
+}
+
+fn assert_no_permission(
+    what: &str,
+    result: lockflight::Result<impl std::fmt::Debug>,
+    needle: &str,
+) {
+    match result {
+        Err(e @ Error::NoPermission { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.to_lowercase().contains(needle),
+                "{what}: the message does not name {needle:?}: {text}"
+            );
+        }
+        other => panic!("{what}: expected NoPermission, got {other:?}"),
+    }
+}
+
+/// ACL users: without `evalsha`, without the key pattern or without the channel
+/// pattern, `connect()` fails with `NoPermission` naming what was refused; the
+/// minimal user succeeds and can run every operation; and every rule of the
+/// minimal line is needed (without it, connect or some operation is refused).
+#[tokio::test]
+async fn connect_checks_acl_permissions_and_the_minimal_line_suffices() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let url = format!("redis://app:pw@127.0.0.1:{}/", server.port());
+    let without = |rule: &str| -> Vec<&str> {
+        MINIMAL_RULES
+            .iter()
+            .copied()
+            .filter(|r| *r != rule)
+            .collect()
+    };
+    let connect = || RedisBackend::builder(url.clone()).prefix("lfacl").connect();
+
+    set_user(&mut admin, "app", &without("+evalsha")).await;
+    assert_no_permission("without evalsha", connect().await, "evalsha");
+
+    let mut rules = without("~lfacl:*");
+    rules.push("~other:*");
+    set_user(&mut admin, "app", &rules).await;
+    assert_no_permission("without the key pattern", connect().await, "key");
+
+    let mut rules = without("&lfacl:inst:*");
+    rules.push("&other:*");
+    set_user(&mut admin, "app", &rules).await;
+    assert_no_permission("without the channel pattern", connect().await, "channel");
+
+    set_user(&mut admin, "app", MINIMAL_RULES).await;
+    exercise(&url).await.expect("the minimal ACL user");
+
+    for rule in MINIMAL_RULES {
+        set_user(&mut admin, "app", &without(rule)).await;
+        match exercise(&url).await {
+            Err(e @ Error::NoPermission { .. }) => println!("without {rule}: {e}"),
+            other => panic!("without {rule}: expected NoPermission, got {other:?}"),
+        }
     }
 }

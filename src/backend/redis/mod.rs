@@ -18,11 +18,12 @@
 //! happened: the claim is taken back, the failure is logged, and the waiters fall
 //! back to their timers.
 //!
-//! All operations are Lua scripts (`lua/*.lua`) run with `EVALSHA`, loaded on
-//! `NOSCRIPT`: one round trip each. Each script does all its reads that can fail (a
-//! value of another type at one of the key's names) before its first write, because
-//! Redis does not roll a script back: a foreign value is reported as
-//! [`Error::ForeignValue`] with nothing changed.
+//! All operations are Lua scripts (`lua/*.lua`) run with `EVALSHA`, loaded by
+//! [`connect`](RedisBackendBuilder::connect) and again on `NOSCRIPT`: one round trip
+//! each. Each script does all its reads that can fail (a value of another type at
+//! one of the key's names) before its first write, because Redis does not roll a
+//! script back: a foreign value is reported as [`Error::ForeignValue`] with nothing
+//! changed.
 //!
 //! A successful release leaves a short-lived tombstone holding its token, so that a
 //! release repeated because its reply was lost is reported as done, not as a loss.
@@ -61,6 +62,10 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/acq
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
+
+/// The key `connect` runs the extend script on (with a random token: it writes
+/// nothing) to check the key permissions: `<prefix>:{lockflight-probe}`.
+const PROBE_KEY: &str = "lockflight-probe";
 
 /// Settings of a [`RedisBackend`]; see [`RedisBackend::builder`].
 #[derive(Clone)]
@@ -180,12 +185,24 @@ impl RedisBackendBuilder {
         Ok(())
     }
 
-    /// Connects the command connection and starts the notification subscriber.
+    /// Connects, then checks that the server lets this backend do its work: loads
+    /// the scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
+    /// `<prefix>:{lockflight-probe}` (with a random token, so it writes nothing),
+    /// waits for the notification subscription (`SUBSCRIBE`) and publishes one empty
+    /// message on this instance's channel (`PUBLISH`). A backend that connects is
+    /// one whose password and ACL rules work; see [`RedisBackend`] for the minimal
+    /// ACL rules.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a malformed URL or setting; [`Error::Connect`]
-    /// if the server cannot be reached within the connection timeout.
+    /// * [`Error::InvalidConfig`] for a malformed URL or setting;
+    /// * [`Error::Connect`] if the server cannot be reached or the subscription is
+    ///   not up within the connection timeout, or if authentication failed (a wrong
+    ///   or missing password: the message says so, without the password);
+    /// * [`Error::NoPermission`] if the ACL refuses a command, the key pattern or the
+    ///   channel pattern; the message names the check and quotes the server;
+    /// * [`Error::Refused`] or [`Error::Backend`] if the server refuses the checks
+    ///   for another reason.
     ///
     /// # Cancel safety
     ///
@@ -208,18 +225,15 @@ impl RedisBackendBuilder {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
-            .map_err(|e| Error::Connect {
-                target: target.clone(),
-                source: Arc::new(e),
-            })?;
+            .map_err(|e| connect_error(&target, "connecting", e))?;
         let instance_id = format!("{:016x}", rand::random::<u64>());
         let channel_prefix = format!("{}:inst:", self.prefix);
-        let channel = format!("{channel_prefix}{instance_id}");
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             conn,
+            client,
             target,
-            channel: channel.clone(),
+            channel: format!("{channel_prefix}{instance_id}"),
             prefix: self.prefix,
             instance_id,
             channel_prefix,
@@ -228,16 +242,18 @@ impl RedisBackendBuilder {
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
             tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
+            connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
             _stop: stop.clone().drop_guard(),
         });
         tokio::spawn(notify::run(
-            client,
-            channel,
-            self.connection_timeout,
+            inner.client.clone(),
+            inner.channel.clone(),
+            inner.connection_timeout,
             Arc::downgrade(&inner),
             stop,
         ));
+        inner.verify().await?;
         Ok(RedisBackend { inner })
     }
 }
@@ -263,6 +279,22 @@ fn millis(d: Duration) -> u64 {
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// # ACL
+///
+/// The minimal rights, for the default prefix `lockflight` (tested against Redis
+/// 7.0; replace both patterns' `lockflight` with your prefix):
+///
+/// ```text
+/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +type +get +set +del +exists +pexpire +pttl +hgetall +hset +hdel
+/// ```
+///
+/// The commands after `+subscribe` are the ones the scripts run: Redis checks them
+/// inside scripts too. [`connect`](RedisBackendBuilder::connect) checks `EVALSHA`,
+/// `SCRIPT LOAD`, `PUBLISH`, `SUBSCRIBE` and both patterns; a user that lacks one of
+/// the scripts' commands fails with [`Error::NoPermission`] at its first lock
+/// operation instead. (The `CLIENT SETINFO` that the `redis` crate sends on each new
+/// connection may be refused: its result is ignored.)
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -270,6 +302,7 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: ConnectionManager,
+    client: redis::Client,
     target: String,
     prefix: String,
     instance_id: String,
@@ -280,6 +313,7 @@ struct Inner {
     entry_ttl_ms: u64,
     entry_refresh: Duration,
     tombstone_ttl_ms: u64,
+    connection_timeout: Duration,
     subscriber: notify::Status,
     _stop: DropGuard,
 }
@@ -336,8 +370,9 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a malformed URL, [`Error::Connect`] when the
-    /// server cannot be reached.
+    /// As [`RedisBackendBuilder::connect`]: [`Error::InvalidConfig`] for a malformed
+    /// URL, [`Error::Connect`] when the server cannot be reached or authentication
+    /// fails, [`Error::NoPermission`] when the ACL lacks a right.
     ///
     /// # Cancel safety
     ///
@@ -415,6 +450,113 @@ impl Inner {
         call.invoke_async(&mut conn).await
     }
 
+    /// The checks of `connect`: the scripts load, the extend script runs on the
+    /// probe key, the subscription comes up, and this instance may publish on its
+    /// channel.
+    async fn verify(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.check_error("SCRIPT LOAD", e))?;
+        }
+        let probe = LockKey::from(PROBE_KEY);
+        let n = Names::new(&self.prefix, &probe);
+        let reply = self
+            .invoke(
+                &EXTEND,
+                &[&n.lock, &n.fence, &n.queue],
+                &[
+                    LeaseToken::random().to_hex().as_bytes(),
+                    b"1",
+                    b"1",
+                    self.instance_id.as_bytes(),
+                ],
+            )
+            .await
+            .map_err(|e| {
+                let name = String::from_utf8_lossy(&n.lock);
+                self.check_error(&format!("running the extend script (EVALSHA) on {name}"), e)
+            })?;
+        decode_extend(&probe, &reply)?;
+        self.first_subscription().await?;
+        redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg("")
+            .query_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
+        Ok(())
+    }
+
+    /// Waits, at most the connection timeout, until the notification task has
+    /// subscribed once. An ACL or authentication refusal ends the wait at once.
+    async fn first_subscription(&self) -> Result<()> {
+        let mut attempts = self.subscriber.attempts();
+        let deadline = tokio::time::Instant::now() + self.connection_timeout;
+        let mut last = None;
+        loop {
+            match &*attempts.borrow_and_update() {
+                notify::Attempt::Subscribed => return Ok(()),
+                notify::Attempt::Failed(e) => {
+                    if is_auth_failure(e) || classify(e) == Class::NoPermission {
+                        return Err(
+                            self.check_error(&format!("SUBSCRIBE to {}", self.channel), e.clone())
+                        );
+                    }
+                    last = Some(e.clone());
+                }
+                notify::Attempt::Pending => {}
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, attempts.changed()).await,
+                Ok(Ok(()))
+            ) {
+                let check = format!(
+                    "SUBSCRIBE to {} did not succeed within {:?}",
+                    self.channel, self.connection_timeout
+                );
+                return Err(Error::Connect {
+                    target: self.target.clone(),
+                    source: match last {
+                        Some(e) => Arc::new(CheckFailed { check, source: e }),
+                        None => Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(check)),
+                    },
+                });
+            }
+        }
+    }
+
+    /// The error of a failed `connect` check.
+    fn check_error(&self, check: &str, e: RedisError) -> Error {
+        if is_auth_failure(&e) {
+            return connect_error(&self.target, check, e);
+        }
+        let failed = Arc::new(CheckFailed {
+            check: format!("connect check: {check}"),
+            source: e,
+        });
+        match classify(&failed.source) {
+            Class::NoPermission => Error::NoPermission {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                source: failed,
+            },
+            Class::Refused(code) => Error::Refused {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                code,
+                source: failed,
+            },
+            Class::Foreign | Class::Transient => Error::Connect {
+                target: self.target.clone(),
+                source: failed,
+            },
+        }
+    }
+
     /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
     /// holds the key's claim (see `lua/leave.lua`). Returns whether it left.
     async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<bool> {
@@ -438,6 +580,45 @@ impl Inner {
             warn_refused_publish(key, "leave", &error);
         }
         Ok(left)
+    }
+}
+
+/// A failed `connect` check: what was checked, and the server's answer.
+#[derive(Debug)]
+struct CheckFailed {
+    check: String,
+    source: RedisError,
+}
+
+impl fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.check, self.source)
+    }
+}
+
+impl std::error::Error for CheckFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// A wrong or missing password: the handshake's `AUTH` failed, or a command was
+/// answered `NOAUTH` / `WRONGPASS`.
+fn is_auth_failure(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+/// `Error::Connect` for a failure while `doing` something at connect time; an
+/// authentication failure says so (the password is never part of the message).
+fn connect_error(target: &str, doing: &str, e: RedisError) -> Error {
+    let check = if is_auth_failure(&e) {
+        format!("authentication failed ({doing})")
+    } else {
+        doing.to_owned()
+    };
+    Error::Connect {
+        target: target.to_owned(),
+        source: Arc::new(CheckFailed { check, source: e }),
     }
 }
 
