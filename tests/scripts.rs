@@ -2,7 +2,8 @@
 //! reply of every script through `RedisBackend`'s decoding, foreign values refused
 //! before anything is written, release reconciliation by tombstone, a refused
 //! wake-up `PUBLISH`, the classification of server refusals (`OOM`, `READONLY`),
-//! and `connect()`'s verification (passwords, ACLs, the minimal ACL line).
+//! `connect()`'s verification (passwords, ACLs, the minimal ACL line) and the
+//! notifier's restart on a new runtime.
 //!
 //! Tests that only need *a* Redis use [`support::shared`] with their own
 //! [`support::unique_prefix`]; tests that change the server's configuration or ACLs
@@ -13,7 +14,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
-use lockflight::{Error, LockBackend, LockKey, RedisBackend};
+use lockflight::{Error, LockBackend, LockKey, Locker, RedisBackend};
 use redis::aio::MultiplexedConnection;
 use support::{RedisServer, shared, unique_prefix, wait_until};
 
@@ -732,4 +733,66 @@ async fn connect_checks_acl_permissions_and_the_minimal_line_suffices() {
             other => panic!("without {rule}: expected NoPermission, got {other:?}"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// The notifier follows the runtime
+// ---------------------------------------------------------------------------
+
+/// A backend connected on a runtime that has ended restarts its notification
+/// subscription on the runtime that uses it: a waiter there is woken by a release
+/// well before its fallback timer (10 s here).
+#[test]
+fn the_notifier_restarts_on_a_new_runtime() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("respawn");
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let waiter = first
+        .block_on(
+            RedisBackend::builder(server.url())
+                .prefix(&prefix)
+                .queue_entry_ttl(Duration::from_secs(30))
+                .connect(),
+        )
+        .unwrap();
+    drop(first);
+
+    runtime().block_on(async {
+        let holder = connect(&server.url(), &prefix).await;
+        let key = LockKey::from("k");
+        let token = LeaseToken::random();
+        epoch_of(holder.acquire(&key, token, TTL, true).await.unwrap());
+        let locker = Locker::builder(waiter.clone())
+            .wait_timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let task = tokio::spawn(async move { locker.lock("k").await.map(drop) });
+        let con = server.connection().await;
+        let queue = name(&holder, &key, ":q");
+        let id = waiter.instance_id().to_owned();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let (mut con, queue, id) = (con.clone(), queue.clone(), id.clone());
+                async move { hexists(&mut con, &queue, &id).await }
+            })
+            .await,
+            "the waiter never queued"
+        );
+        let released = Instant::now();
+        assert!(holder.release(&key, token).await.unwrap().released);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the waiter is woken well before its fallback timer")
+            .unwrap()
+            .expect("the waiter's lock");
+        println!("woken {:?} after the release", released.elapsed());
+    });
 }

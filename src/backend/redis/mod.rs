@@ -38,12 +38,13 @@
 //! [`Error::Backend`].
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, Value};
+use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
@@ -244,15 +245,11 @@ impl RedisBackendBuilder {
             tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
-            _stop: stop.clone().drop_guard(),
+            notifier: Mutex::new(None),
+            stop: stop.clone(),
+            _stop: stop.drop_guard(),
         });
-        tokio::spawn(notify::run(
-            inner.client.clone(),
-            inner.channel.clone(),
-            inner.connection_timeout,
-            Arc::downgrade(&inner),
-            stop,
-        ));
+        inner.ensure_notifier();
         inner.verify().await?;
         Ok(RedisBackend { inner })
     }
@@ -315,6 +312,9 @@ struct Inner {
     tombstone_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
+    /// The notification task, restarted by `ensure_notifier` when it has ended.
+    notifier: Mutex<Option<JoinHandle<()>>>,
+    stop: CancellationToken,
     _stop: DropGuard,
 }
 
@@ -448,6 +448,30 @@ impl Inner {
         }
         let mut conn = self.conn.clone();
         call.invoke_async(&mut conn).await
+    }
+
+    /// Starts the notification task on the current runtime unless it is running:
+    /// at connect, and again when the runtime that ran it has shut down (its tasks
+    /// are gone, and with them the wake-ups). Meanwhile waiters rely on their timers.
+    fn ensure_notifier(self: &Arc<Self>) {
+        let mut task = self.notifier.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if task.is_some() {
+            tracing::debug!(channel = %self.channel, "the notification task ended with its runtime; restarting it");
+        }
+        self.subscriber.restarting();
+        *task = Some(runtime.spawn(notify::run(
+            self.client.clone(),
+            self.channel.clone(),
+            self.connection_timeout,
+            Arc::downgrade(self),
+            self.stop.clone(),
+        )));
     }
 
     /// The checks of `connect`: the scripts load, the extend script runs on the
@@ -818,7 +842,11 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let inner = &*self.inner;
+        let inner = &self.inner;
+        if queue {
+            // A caller about to wait needs the wake-ups.
+            inner.ensure_notifier();
+        }
         let n = Names::new(&inner.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);

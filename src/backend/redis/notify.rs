@@ -14,6 +14,10 @@
 //!
 //! An empty message carries no key: `connect` publishes one to check that it may,
 //! and it is ignored here.
+//!
+//! The task runs on the runtime that started it; when that runtime shuts down, the
+//! backend starts a new one on the runtime that uses it next (see
+//! `Inner::ensure_notifier`).
 
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,6 +70,11 @@ impl Status {
     /// Follows the outcomes of the subscription attempts.
     pub(super) fn attempts(&self) -> watch::Receiver<Attempt> {
         self.attempt.subscribe()
+    }
+    /// A new task takes over (the previous one ended without saying so).
+    pub(super) fn restarting(&self) {
+        self.up.store(false, Ordering::Release);
+        self.attempt.send_replace(Attempt::Pending);
     }
     fn report(&self, attempt: Attempt) {
         self.attempt.send_replace(attempt);
