@@ -1,4 +1,4 @@
-//! The in-process backend: the same semantics as Redis, inside one process.
+//! The in-process backend: locks in this process's memory.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,17 +14,28 @@ use crate::error::Result;
 use crate::key::LockKey;
 
 /// Locks held in this process's memory, with TTLs, fencing epochs and release
-/// notifications — the semantics of [`RedisBackend`](crate::RedisBackend) without
-/// the network.
+/// notifications, and the [`LockBackend`] semantics the [`Locker`](crate::Locker)
+/// relies on.
 ///
 /// Use it for a single-instance service, for development, and wherever the locked
 /// resource lives in one process. Clones share the same locks, so several
 /// [`Locker`](crate::Locker)s built on clones exclude each other.
 ///
+/// How it differs from [`RedisBackend`](crate::RedisBackend):
+///
+/// * **No queue.** Waiters are not ordered and hold no claim; `leave` does nothing.
+/// * **Every watcher is woken** on a release (Redis wakes one waiting instance); the
+///   others find the lock taken and wait again.
+/// * **Epochs are floored by this process's wall clock**, not a server's: one
+///   counter per backend, at least the wall-clock time in microseconds. They
+///   strictly increase per key (and across keys) while the process runs, including
+///   a same-token acquire, which mints a new epoch as Redis does; a clock set back
+///   across a restart of the process can repeat them.
+/// * Replies cannot be lost, so there is no release tombstone: releasing a token
+///   twice reports `released: false` the second time.
+///
 /// Expiry follows Tokio's clock ([`tokio::time::Instant`]), so tests can drive it
-/// with `tokio::time::pause`. Fencing epochs come from one counter per backend,
-/// floored by the wall clock in microseconds: they strictly increase per key (and
-/// across keys).
+/// with `tokio::time::pause`.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -121,16 +132,9 @@ impl LockBackend for MemoryBackend {
             expires: now,
         });
         let held = entry.value_mut();
-        if held.token == token && held.epoch != 0 && held.expires > now {
-            held.expires = now + ttl;
-            let epoch = held.epoch;
-            drop(entry);
-            return Ok(Acquire::Acquired {
-                epoch,
-                waiting: self.waiting(key),
-            });
-        }
-        if held.epoch != 0 && held.expires > now {
+        // Already ours (a retry, or a new leader reusing the token): re-armed below,
+        // with a new epoch like any acquisition.
+        if held.token != token && held.epoch != 0 && held.expires > now {
             return Ok(Acquire::Busy {
                 retry_in: held.expires - now,
             });
@@ -201,14 +205,19 @@ mod tests {
         else {
             panic!("free lock not acquired")
         };
-        // Idempotent retry: same epoch.
+        // Already ours: re-armed, with a new and greater epoch.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let Acquire::Acquired { epoch: e1b, .. } = b.acquire(&k, t1, ttl, true).await.unwrap()
+        else {
+            panic!("own lock not re-acquired")
+        };
+        assert!(e1b > e1, "{e1b} after {e1}");
+        tokio::time::advance(Duration::from_millis(600)).await;
         assert_eq!(
-            b.acquire(&k, t1, ttl, true).await.unwrap(),
-            Acquire::Acquired {
-                epoch: e1,
-                waiting: 0
-            }
+            b.extend(&k, t1, ttl).await.unwrap(),
+            Extend::Extended { waiting: 0 }
         );
+        let e1 = e1b;
         assert!(matches!(
             b.acquire(&k, t2, ttl, true).await.unwrap(),
             Acquire::Busy { .. }

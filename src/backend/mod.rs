@@ -17,8 +17,10 @@
 //! with the one after registering, so a wake-up that raced with the reply is never
 //! lost (it only causes an immediate retry).
 //!
-//! Every operation is idempotent for a given token: repeating an acquire whose reply
-//! was lost either finds the lock already ours or competes again. That is how
+//! Every operation can be repeated with the same token: repeating an acquire whose
+//! reply was lost either finds the lock already ours (and mints a new epoch) or
+//! competes again; repeating a release whose reply was lost reports the release the
+//! first attempt made (where replies can be lost, as with Redis). That is how
 //! ambiguous results are reconciled, never by guessing.
 
 use std::fmt;
@@ -108,9 +110,14 @@ pub enum Extend {
 /// 1. At most one token owns a key at a time; ownership ends at the TTL unless
 ///    extended.
 /// 2. `acquire` with the token that already owns the key re-arms the TTL and returns
-///    `Acquired` with the lease's epoch (idempotent retry).
-/// 3. Epochs of one key strictly increase across acquisitions.
-/// 4. `release` and `extend` change nothing unless the token owns the key.
+///    `Acquired` with a **newly minted** epoch, greater than the one it replaces (a
+///    retry after a lost reply, or a new leader that reuses the token of a release
+///    that failed: each critical section gets its own, greater fencing epoch).
+/// 3. Epochs of one key strictly increase across acquisitions, same-token ones
+///    included.
+/// 4. `release` and `extend` change nothing unless the token owns the key. A
+///    backend whose replies can be lost reports a repeated release of a token it
+///    has just released as `released: true`.
 /// 5. After a release, a waiting instance is woken through its
 ///    [`wakeups`](LockBackend::wakeups) registry: [`WakeRegistry::wake`] for the key.
 ///    A spurious wake-up is harmless.

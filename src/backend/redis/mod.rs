@@ -1,28 +1,50 @@
-//! The Redis backend: one Redis server (or a Redis Cluster behind the same scripts).
+//! The Redis backend: one Redis server.
 //!
 //! # Protocol
 //!
-//! Every name of a key shares one hash tag, so each script touches a single cluster
-//! slot: the lock `<prefix>:{<key>}`, its fence `<prefix>:{<key>}:fence`, its waiter
-//! queue `<prefix>:{<key>}:q` and its claim `<prefix>:{<key>}:claim`. In `<key>` the
-//! bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break the hash
-//! tag or collide with each other.
+//! Every name of a key shares one hash tag: the lock `<prefix>:{<key>}`, its fence
+//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q`, its claim
+//! `<prefix>:{<key>}:claim` and its release tombstone `<prefix>:{<key>}:rel`. In
+//! `<key>` the bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break
+//! the hash tag or collide with each other. The scripts are single-slot by design, but
+//! Redis Cluster is not supported yet: this backend talks to one server, and it is
+//! untested against a cluster (see the design notes on scale-out).
 //!
 //! Each backend has a random instance id and **one** notification channel
 //! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
 //! publishes the key on the channel of the instance at the head of the key's queue
-//! and gives it a short claim window; exactly one waiting instance is woken.
+//! and gives it a short claim window; exactly one waiting instance is woken. If the
+//! server refuses that `PUBLISH` (an ACL without the channel), the release still
+//! happened: the claim is taken back, the failure is logged, and the waiters fall
+//! back to their timers.
 //!
-//! All operations are Lua scripts (`lua/*.lua`) run with `EVALSHA`, loaded on
-//! `NOSCRIPT`: one round trip each.
+//! All operations are Lua scripts (`lua/*.lua`) run with `EVALSHA`, loaded by
+//! [`connect`](RedisBackendBuilder::connect) and again on `NOSCRIPT`: one round trip
+//! each. Each script does all its reads that can fail (a value of another type at
+//! one of the key's names) before its first write, because Redis does not roll a
+//! script back: a foreign value is reported as [`Error::ForeignValue`] with nothing
+//! changed.
+//!
+//! A successful release leaves a short-lived tombstone holding its token, so that a
+//! release repeated because its reply was lost is reported as done, not as a loss.
+//!
+//! # Errors
+//!
+//! Server refusals that retrying at once will not change (`OOM`, `READONLY`, a script
+//! error, `MISCONF`, `NOAUTH`, …) are [`Error::Refused`], ACL refusals
+//! [`Error::NoPermission`], `WRONGTYPE` [`Error::ForeignValue`]; I/O errors, timeouts,
+//! dropped connections and a server that is loading, busy or failing over
+//! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`) are transient
+//! [`Error::Backend`].
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
+use redis::{ErrorKind, RedisError, Script, Value};
+use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
@@ -41,6 +63,10 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/acq
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
+
+/// The key `connect` runs the extend script on (with a random token: it writes
+/// nothing) to check the key permissions: `<prefix>:{lockflight-probe}`.
+const PROBE_KEY: &str = "lockflight-probe";
 
 /// Settings of a [`RedisBackend`]; see [`RedisBackend::builder`].
 #[derive(Clone)]
@@ -97,7 +123,9 @@ impl RedisBackendBuilder {
     }
 
     /// Bound on one reply, time spent queued on the connection included (default
-    /// 2 s). A lock operation whose reply is late is reconciled by repeating it.
+    /// 2 s). A lock operation whose reply is late is reconciled by repeating it; so
+    /// that a repeated release is recognised, a release leaves a tombstone for
+    /// `max(2 × response_timeout, 1 s)`.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -158,12 +186,24 @@ impl RedisBackendBuilder {
         Ok(())
     }
 
-    /// Connects the command connection and starts the notification subscriber.
+    /// Connects, then checks that the server lets this backend do its work: loads
+    /// the scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
+    /// `<prefix>:{lockflight-probe}` (with a random token, so it writes nothing),
+    /// waits for the notification subscription (`SUBSCRIBE`) and publishes one empty
+    /// message on this instance's channel (`PUBLISH`). A backend that connects is
+    /// one whose password and ACL rules work; see [`RedisBackend`] for the minimal
+    /// ACL rules.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a malformed URL or setting; [`Error::Connect`]
-    /// if the server cannot be reached within the connection timeout.
+    /// * [`Error::InvalidConfig`] for a malformed URL or setting;
+    /// * [`Error::Connect`] if the server cannot be reached or the subscription is
+    ///   not up within the connection timeout, or if authentication failed (a wrong
+    ///   or missing password: the message says so, without the password);
+    /// * [`Error::NoPermission`] if the ACL refuses a command, the key pattern or the
+    ///   channel pattern; the message names the check and quotes the server;
+    /// * [`Error::Refused`] or [`Error::Backend`] if the server refuses the checks
+    ///   for another reason.
     ///
     /// # Cancel safety
     ///
@@ -186,35 +226,31 @@ impl RedisBackendBuilder {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
-            .map_err(|e| Error::Connect {
-                target: target.clone(),
-                source: Arc::new(e),
-            })?;
+            .map_err(|e| connect_error(&target, "connecting", e))?;
         let instance_id = format!("{:016x}", rand::random::<u64>());
         let channel_prefix = format!("{}:inst:", self.prefix);
-        let channel = format!("{channel_prefix}{instance_id}");
-        let wakeups = WakeRegistry::new();
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             conn,
+            client,
             target,
+            channel: format!("{channel_prefix}{instance_id}"),
             prefix: self.prefix,
             instance_id,
             channel_prefix,
-            wakeups: wakeups.clone(),
+            wakeups: WakeRegistry::new(),
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
+            tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
+            connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
-            _stop: stop.clone().drop_guard(),
+            notifier: Mutex::new(None),
+            stop: stop.clone(),
+            _stop: stop.drop_guard(),
         });
-        tokio::spawn(notify::run(
-            client,
-            channel,
-            self.connection_timeout,
-            Arc::downgrade(&inner),
-            stop,
-        ));
+        inner.ensure_notifier();
+        inner.verify().await?;
         Ok(RedisBackend { inner })
     }
 }
@@ -240,6 +276,22 @@ fn millis(d: Duration) -> u64 {
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// # ACL
+///
+/// The minimal rights, for the default prefix `lockflight` (tested against Redis
+/// 7.0; replace both patterns' `lockflight` with your prefix):
+///
+/// ```text
+/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +type +get +set +del +exists +pexpire +pttl +hgetall +hset +hdel
+/// ```
+///
+/// The commands after `+subscribe` are the ones the scripts run: Redis checks them
+/// inside scripts too. [`connect`](RedisBackendBuilder::connect) checks `EVALSHA`,
+/// `SCRIPT LOAD`, `PUBLISH`, `SUBSCRIBE` and both patterns; a user that lacks one of
+/// the scripts' commands fails with [`Error::NoPermission`] at its first lock
+/// operation instead. (The `CLIENT SETINFO` that the `redis` crate sends on each new
+/// connection may be refused: its result is ignored.)
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -247,15 +299,22 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: ConnectionManager,
+    client: redis::Client,
     target: String,
     prefix: String,
     instance_id: String,
     channel_prefix: String,
+    channel: String,
     wakeups: WakeRegistry,
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
+    tombstone_ttl_ms: u64,
+    connection_timeout: Duration,
     subscriber: notify::Status,
+    /// The notification task, restarted by `ensure_notifier` when it has ended.
+    notifier: Mutex<Option<JoinHandle<()>>>,
+    stop: CancellationToken,
     _stop: DropGuard,
 }
 
@@ -275,6 +334,7 @@ struct Names {
     fence: Vec<u8>,
     queue: Vec<u8>,
     claim: Vec<u8>,
+    tombstone: Vec<u8>,
 }
 
 impl Names {
@@ -296,6 +356,7 @@ impl Names {
             fence: with(b":fence"),
             queue: with(b":q"),
             claim: with(b":claim"),
+            tombstone: with(b":rel"),
             lock,
         }
     }
@@ -309,8 +370,9 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a malformed URL, [`Error::Connect`] when the
-    /// server cannot be reached.
+    /// As [`RedisBackendBuilder::connect`]: [`Error::InvalidConfig`] for a malformed
+    /// URL, [`Error::Connect`] when the server cannot be reached or authentication
+    /// fails, [`Error::NoPermission`] when the ACL lacks a right.
     ///
     /// # Cancel safety
     ///
@@ -338,7 +400,7 @@ impl RedisBackend {
 
     /// The pub/sub channel this instance is woken on.
     pub fn channel(&self) -> String {
-        format!("{}{}", self.inner.channel_prefix, self.inner.instance_id)
+        self.inner.channel.clone()
     }
 
     /// The Redis name of the lock of `key`.
@@ -355,6 +417,19 @@ impl RedisBackend {
     pub fn subscriptions(&self) -> u64 {
         self.inner.subscriber.count()
     }
+
+    /// Leaves the queue of `key` only if this instance holds the key's claim (it was
+    /// woken for a key it no longer wants), passing the claim to the next waiting
+    /// instance. Returns `false`, changing nothing, when the claim is not this
+    /// instance's. The notification task does this by itself for wake-ups nobody
+    /// here waits for.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBackend::leave`].
+    pub async fn leave_if_claimed(&self, key: &LockKey) -> Result<bool> {
+        self.inner.leave(key, true).await
+    }
 }
 
 impl Inner {
@@ -363,7 +438,7 @@ impl Inner {
         script: &Script,
         keys: &[&[u8]],
         args: &[&[u8]],
-    ) -> Result<Vec<i64>, RedisError> {
+    ) -> Result<Value, RedisError> {
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(*k);
@@ -375,56 +450,387 @@ impl Inner {
         call.invoke_async(&mut conn).await
     }
 
-    /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
-    /// holds the key's claim (see `lua/leave.lua`).
-    async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<()> {
-        let n = Names::new(&self.prefix, key);
-        self.invoke(
-            &LEAVE,
-            &[&n.lock, &n.queue, &n.claim],
-            &[
-                self.instance_id.as_bytes(),
-                self.claim_ttl_ms.to_string().as_bytes(),
-                self.channel_prefix.as_bytes(),
-                key.as_bytes(),
-                if only_if_claimed { b"1" } else { b"0" },
-            ],
-        )
-        .await
-        .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+    /// Starts the notification task on the current runtime unless it is running:
+    /// at connect, and again when the runtime that ran it has shut down (its tasks
+    /// are gone, and with them the wake-ups). Meanwhile waiters rely on their timers.
+    fn ensure_notifier(self: &Arc<Self>) {
+        let mut task = self.notifier.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if task.is_some() {
+            tracing::debug!(channel = %self.channel, "the notification task ended with its runtime; restarting it");
+        }
+        self.subscriber.restarting();
+        *task = Some(runtime.spawn(notify::run(
+            self.client.clone(),
+            self.channel.clone(),
+            self.connection_timeout,
+            Arc::downgrade(self),
+            self.stop.clone(),
+        )));
+    }
+
+    /// The checks of `connect`: the scripts load, the extend script runs on the
+    /// probe key, the subscription comes up, and this instance may publish on its
+    /// channel.
+    async fn verify(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.check_error("SCRIPT LOAD", e))?;
+        }
+        let probe = LockKey::from(PROBE_KEY);
+        let n = Names::new(&self.prefix, &probe);
+        let reply = self
+            .invoke(
+                &EXTEND,
+                &[&n.lock, &n.fence, &n.queue],
+                &[
+                    LeaseToken::random().to_hex().as_bytes(),
+                    b"1",
+                    b"1",
+                    self.instance_id.as_bytes(),
+                ],
+            )
+            .await
+            .map_err(|e| {
+                let name = String::from_utf8_lossy(&n.lock);
+                self.check_error(&format!("running the extend script (EVALSHA) on {name}"), e)
+            })?;
+        decode_extend(&probe, &reply)?;
+        self.first_subscription().await?;
+        redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg("")
+            .query_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
         Ok(())
     }
+
+    /// Waits, at most the connection timeout, until the notification task has
+    /// subscribed once. An ACL or authentication refusal ends the wait at once.
+    async fn first_subscription(&self) -> Result<()> {
+        let mut attempts = self.subscriber.attempts();
+        let deadline = tokio::time::Instant::now() + self.connection_timeout;
+        let mut last = None;
+        loop {
+            match &*attempts.borrow_and_update() {
+                notify::Attempt::Subscribed => return Ok(()),
+                notify::Attempt::Failed(e) => {
+                    if is_auth_failure(e) || classify(e) == Class::NoPermission {
+                        return Err(
+                            self.check_error(&format!("SUBSCRIBE to {}", self.channel), e.clone())
+                        );
+                    }
+                    last = Some(e.clone());
+                }
+                notify::Attempt::Pending => {}
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, attempts.changed()).await,
+                Ok(Ok(()))
+            ) {
+                let check = format!(
+                    "SUBSCRIBE to {} did not succeed within {:?}",
+                    self.channel, self.connection_timeout
+                );
+                return Err(Error::Connect {
+                    target: self.target.clone(),
+                    source: match last {
+                        Some(e) => Arc::new(CheckFailed { check, source: e }),
+                        None => Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(check)),
+                    },
+                });
+            }
+        }
+    }
+
+    /// The error of a failed `connect` check.
+    fn check_error(&self, check: &str, e: RedisError) -> Error {
+        if is_auth_failure(&e) {
+            return connect_error(&self.target, check, e);
+        }
+        let failed = Arc::new(CheckFailed {
+            check: format!("connect check: {check}"),
+            source: e,
+        });
+        match classify(&failed.source) {
+            Class::NoPermission => Error::NoPermission {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                source: failed,
+            },
+            Class::Refused(code) => Error::Refused {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                code,
+                source: failed,
+            },
+            Class::Foreign | Class::Transient => Error::Connect {
+                target: self.target.clone(),
+                source: failed,
+            },
+        }
+    }
+
+    /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
+    /// holds the key's claim (see `lua/leave.lua`). Returns whether it left.
+    async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<bool> {
+        let n = Names::new(&self.prefix, key);
+        let reply = self
+            .invoke(
+                &LEAVE,
+                &[&n.lock, &n.queue, &n.claim],
+                &[
+                    self.instance_id.as_bytes(),
+                    self.claim_ttl_ms.to_string().as_bytes(),
+                    self.channel_prefix.as_bytes(),
+                    key.as_bytes(),
+                    if only_if_claimed { b"1" } else { b"0" },
+                ],
+            )
+            .await
+            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        let (left, refused) = decode_leave(key, &reply)?;
+        if let Some(error) = refused {
+            warn_refused_publish(key, "leave", &error);
+        }
+        Ok(left)
+    }
 }
 
+/// A failed `connect` check: what was checked, and the server's answer.
+#[derive(Debug)]
+struct CheckFailed {
+    check: String,
+    source: RedisError,
+}
+
+impl fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.check, self.source)
+    }
+}
+
+impl std::error::Error for CheckFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// A wrong or missing password: the handshake's `AUTH` failed, or a command was
+/// answered `NOAUTH` / `WRONGPASS`.
+fn is_auth_failure(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+/// `Error::Connect` for a failure while `doing` something at connect time; an
+/// authentication failure says so (the password is never part of the message).
+fn connect_error(target: &str, doing: &str, e: RedisError) -> Error {
+    let check = if is_auth_failure(&e) {
+        format!("authentication failed ({doing})")
+    } else {
+        doing.to_owned()
+    };
+    Error::Connect {
+        target: target.to_owned(),
+        source: Arc::new(CheckFailed { check, source: e }),
+    }
+}
+
+/// How a Redis error is reported; see [`map_err`].
+#[derive(Debug, PartialEq, Eq)]
+enum Class {
+    /// The ACL refused a command, a key or a channel.
+    NoPermission,
+    /// `WRONGTYPE`: a value lockflight did not write.
+    Foreign,
+    /// A refusal that retrying at once will not change, with the server's code.
+    Refused(String),
+    /// I/O, a timeout, a dropped connection, a server loading, busy or failing over.
+    Transient,
+}
+
+fn classify(e: &RedisError) -> Class {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return Class::Transient;
+    }
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        // A reconnection whose AUTH was refused (the password changed).
+        return Class::Refused("WRONGPASS".into());
+    }
+    match e.code() {
+        Some("NOPERM") => Class::NoPermission,
+        // Redis 7.0 answers an ACL refusal inside a script with ERR.
+        Some("ERR")
+            if e.detail()
+                .is_some_and(|d| d.starts_with("The user executing the script can't")) =>
+        {
+            Class::NoPermission
+        }
+        Some("WRONGTYPE") => Class::Foreign,
+        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN") => Class::Transient,
+        Some(code) => Class::Refused(code.to_owned()),
+        // Client-side: a protocol error (the connection is replaced), a lost reply.
+        None => Class::Transient,
+    }
+}
+
+/// The error of a failed lock operation: `NOPERM` → [`Error::NoPermission`];
+/// `WRONGTYPE` → [`Error::ForeignValue`]; `OOM`, `READONLY`, `NOSCRIPT` (after the
+/// reload), `ERR` (a script error), `MISCONF`, `NOAUTH`, `WRONGPASS` and other server
+/// refusals → [`Error::Refused`]; I/O, timeouts, dropped connections, `LOADING`,
+/// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN` → [`Error::Backend`] (transient).
 fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
-    use redis::{ErrorKind, ServerErrorKind};
-    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
-        return Error::NoPermission {
-            key: key.clone(),
+    let key = key.clone();
+    match classify(&e) {
+        Class::NoPermission => Error::NoPermission {
+            key,
             phase,
             source: Arc::new(e),
-        };
-    }
-    if e.code() == Some("WRONGTYPE") {
-        return Error::ForeignValue {
-            key: key.clone(),
+        },
+        Class::Foreign => Error::ForeignValue {
+            key,
             phase,
-            detail: e.to_string(),
-        };
-    }
-    Error::Backend {
-        key: key.clone(),
-        phase,
-        source: Arc::new(e),
+            // Without the script's location that Redis appends.
+            detail: e
+                .detail()
+                .and_then(|d| d.split(" script: ").next())
+                .unwrap_or("a value of another type")
+                .to_owned(),
+        },
+        Class::Refused(code) => Error::Refused {
+            key,
+            phase,
+            code,
+            source: Arc::new(e),
+        },
+        Class::Transient => Error::Backend {
+            key,
+            phase,
+            source: Arc::new(e),
+        },
     }
 }
 
-fn unexpected(key: &LockKey, phase: Phase, reply: &[i64]) -> Error {
+fn warn_refused_publish(key: &LockKey, operation: &str, error: &str) {
+    tracing::warn!(
+        %key,
+        error,
+        "{operation}: the server refused the wake-up PUBLISH; the next instance was not woken and falls back to its timer"
+    );
+}
+
+fn unexpected(key: &LockKey, phase: Phase, reply: &Value) -> Error {
     Error::backend(key, phase, format!("unexpected script reply {reply:?}"))
 }
 
-fn waiting(n: i64) -> u32 {
-    u32::try_from(n).unwrap_or(0)
+/// A count of waiting instances (negative or oversized values are clamped).
+fn waiting(v: &Value) -> u32 {
+    match v {
+        Value::Int(n) => u32::try_from((*n).max(0)).unwrap_or(u32::MAX),
+        _ => 0,
+    }
+}
+
+/// A fencing epoch: a positive integer, else the reply is malformed.
+fn decode_epoch(key: &LockKey, v: &Value) -> Result<u64> {
+    match v {
+        Value::Int(n) if *n > 0 => Ok(*n as u64),
+        _ => Err(Error::backend(
+            key,
+            Phase::Acquiring,
+            format!("malformed epoch {v:?} in the acquire reply"),
+        )),
+    }
+}
+
+/// The optional last element of a release or leave reply: a refused `PUBLISH`.
+fn refused_publish(rest: &[Value]) -> Option<Option<String>> {
+    match rest {
+        [] => Some(None),
+        [Value::BulkString(b)] => Some(Some(String::from_utf8_lossy(b).into_owned())),
+        [Value::SimpleString(s)] => Some(Some(s.clone())),
+        _ => None,
+    }
+}
+
+/// The reply of `lua/acquire.lua`; `max_wait` bounds the retry time of `Busy`.
+fn decode_acquire(key: &LockKey, reply: &Value, max_wait: Duration) -> Result<Acquire> {
+    let foreign = |detail: &str| Error::ForeignValue {
+        key: key.clone(),
+        phase: Phase::Acquiring,
+        detail: detail.into(),
+    };
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1), epoch, others] => Ok(Acquire::Acquired {
+                epoch: decode_epoch(key, epoch)?,
+                waiting: waiting(others),
+            }),
+            [Value::Int(0), Value::Int(wait_ms), _] => Ok(Acquire::Busy {
+                retry_in: Duration::from_millis(u64::try_from(*wait_ms).unwrap_or(0)).min(max_wait),
+            }),
+            [Value::Int(-1)] => Err(foreign("the lock key holds a value that is not a string")),
+            [Value::Int(-2)] => Err(foreign("the lock key holds a string without a TTL")),
+            _ => Err(unexpected(key, Phase::Acquiring, reply)),
+        },
+        _ => Err(unexpected(key, Phase::Acquiring, reply)),
+    }
+}
+
+/// The reply of `lua/release.lua`, and the error of a refused wake-up `PUBLISH`.
+fn decode_release(key: &LockKey, reply: &Value) -> Result<(Released, Option<String>)> {
+    if let Value::Array(items) = reply
+        && let [Value::Int(released @ (0 | 1)), others, rest @ ..] = items.as_slice()
+        && let Some(refused) = refused_publish(rest)
+    {
+        let released = Released {
+            released: *released == 1,
+            waiting: waiting(others),
+        };
+        return Ok((released, refused));
+    }
+    Err(unexpected(key, Phase::Releasing, reply))
+}
+
+/// The reply of `lua/extend.lua`.
+fn decode_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1), others] => Ok(Extend::Extended {
+                waiting: waiting(others),
+            }),
+            [Value::Int(0), _] => Ok(Extend::NotOwner),
+            _ => Err(unexpected(key, Phase::Renewing, reply)),
+        },
+        _ => Err(unexpected(key, Phase::Renewing, reply)),
+    }
+}
+
+/// The reply of `lua/leave.lua`: whether the instance left, and the error of a
+/// refused wake-up `PUBLISH`.
+fn decode_leave(key: &LockKey, reply: &Value) -> Result<(bool, Option<String>)> {
+    if let Value::Array(items) = reply {
+        match items.as_slice() {
+            [Value::Int(1), _, rest @ ..] => {
+                if let Some(refused) = refused_publish(rest) {
+                    return Ok((true, refused));
+                }
+            }
+            [Value::Int(0), _] => return Ok((false, None)),
+            _ => {}
+        }
+    }
+    Err(unexpected(key, Phase::Acquiring, reply))
 }
 
 #[async_trait]
@@ -436,14 +842,18 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let inner = &*self.inner;
+        let inner = &self.inner;
+        if queue {
+            // A caller about to wait needs the wake-ups.
+            inner.ensure_notifier();
+        }
         let n = Names::new(&inner.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
         let reply = inner
             .invoke(
                 &ACQUIRE,
-                &[&n.lock, &n.fence, &n.queue, &n.claim],
+                &[&n.lock, &n.fence, &n.queue, &n.claim, &n.tombstone],
                 &[
                     token.to_hex().as_bytes(),
                     ttl_ms.to_string().as_bytes(),
@@ -455,27 +865,7 @@ impl LockBackend for RedisBackend {
             )
             .await
             .map_err(|e| map_err(key, Phase::Acquiring, e))?;
-        match reply[..] {
-            [1, epoch, others] => Ok(Acquire::Acquired {
-                epoch: u64::try_from(epoch).unwrap_or(0),
-                waiting: waiting(others),
-            }),
-            [0, wait_ms, _] => Ok(Acquire::Busy {
-                retry_in: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))
-                    .min(inner.entry_refresh),
-            }),
-            [-1] => Err(Error::ForeignValue {
-                key: key.clone(),
-                phase: Phase::Acquiring,
-                detail: "the lock key holds a value that is not a string".into(),
-            }),
-            [-2] => Err(Error::ForeignValue {
-                key: key.clone(),
-                phase: Phase::Acquiring,
-                detail: "the lock key holds a string without a TTL".into(),
-            }),
-            _ => Err(unexpected(key, Phase::Acquiring, &reply)),
-        }
+        decode_acquire(key, &reply, inner.entry_refresh)
     }
 
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
@@ -484,24 +874,23 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &RELEASE,
-                &[&n.lock, &n.queue, &n.claim],
+                &[&n.lock, &n.queue, &n.claim, &n.tombstone],
                 &[
                     token.to_hex().as_bytes(),
                     inner.instance_id.as_bytes(),
                     inner.claim_ttl_ms.to_string().as_bytes(),
                     inner.channel_prefix.as_bytes(),
                     key.as_bytes(),
+                    inner.tombstone_ttl_ms.to_string().as_bytes(),
                 ],
             )
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        match reply[..] {
-            [released @ (0 | 1), others] => Ok(Released {
-                released: released == 1,
-                waiting: waiting(others),
-            }),
-            _ => Err(unexpected(key, Phase::Releasing, &reply)),
+        let (released, refused) = decode_release(key, &reply)?;
+        if let Some(error) = refused {
+            warn_refused_publish(key, "release", &error);
         }
+        Ok(released)
     }
 
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
@@ -522,17 +911,11 @@ impl LockBackend for RedisBackend {
             )
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
-        match reply[..] {
-            [1, others] => Ok(Extend::Extended {
-                waiting: waiting(others),
-            }),
-            [0, _] => Ok(Extend::NotOwner),
-            _ => Err(unexpected(key, Phase::Renewing, &reply)),
-        }
+        decode_extend(key, &reply)
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {
-        self.inner.leave(key, false).await
+        self.inner.leave(key, false).await.map(drop)
     }
 
     fn wakeups(&self) -> &WakeRegistry {
@@ -551,11 +934,224 @@ mod tests {
         assert_eq!(n.fence, b"lf:{a%7Bb%7D%25}:fence");
         assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:q");
         assert_eq!(n.claim, b"lf:{a%7Bb%7D%25}:claim");
+        assert_eq!(n.tombstone, b"lf:{a%7Bb%7D%25}:rel");
         // Distinct keys never share a name, even when one looks escaped.
         assert_ne!(
             Names::new("lf", &LockKey::from("%7B")).lock,
             Names::new("lf", &LockKey::from("{")).lock
         );
+    }
+
+    fn ints(ns: &[i64]) -> Value {
+        Value::Array(ns.iter().map(|n| Value::Int(*n)).collect())
+    }
+
+    fn key() -> LockKey {
+        LockKey::from("k")
+    }
+
+    fn assert_backend_error<T: fmt::Debug>(result: Result<T>, needle: &str) {
+        match result {
+            Err(e @ Error::Backend { .. }) => assert!(e.to_string().contains(needle), "{e}"),
+            other => panic!("expected Backend({needle}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decodes_every_acquire_reply() {
+        let max = Duration::from_secs(1);
+        let k = key();
+        assert_eq!(
+            decode_acquire(&k, &ints(&[1, 42, 3]), max).unwrap(),
+            Acquire::Acquired {
+                epoch: 42,
+                waiting: 3
+            }
+        );
+        assert_eq!(
+            decode_acquire(&k, &ints(&[0, 250, 1]), max).unwrap(),
+            Acquire::Busy {
+                retry_in: Duration::from_millis(250)
+            }
+        );
+        // Bounded by the queue entry's refresh interval.
+        assert_eq!(
+            decode_acquire(&k, &ints(&[0, 60_000, 0]), max).unwrap(),
+            Acquire::Busy { retry_in: max }
+        );
+        for code in [-1, -2] {
+            assert!(matches!(
+                decode_acquire(&k, &ints(&[code]), max),
+                Err(Error::ForeignValue { .. })
+            ));
+        }
+        assert_backend_error(decode_acquire(&k, &Value::Int(1), max), "unexpected");
+        assert_backend_error(decode_acquire(&k, &ints(&[1, 2]), max), "unexpected");
+    }
+
+    #[test]
+    fn a_malformed_epoch_is_an_error_not_zero() {
+        let k = key();
+        let max = Duration::from_secs(1);
+        for epoch in [
+            Value::Int(0),
+            Value::Int(-5),
+            Value::BulkString(b"12".to_vec()),
+            Value::Nil,
+        ] {
+            let reply = Value::Array(vec![Value::Int(1), epoch, Value::Int(0)]);
+            assert_backend_error(decode_acquire(&k, &reply, max), "malformed epoch");
+        }
+        assert_eq!(
+            decode_epoch(&k, &Value::Int(i64::MAX)).unwrap(),
+            i64::MAX as u64
+        );
+    }
+
+    #[test]
+    fn decodes_every_release_reply() {
+        let k = key();
+        assert_eq!(
+            decode_release(&k, &ints(&[1, 2])).unwrap(),
+            (
+                Released {
+                    released: true,
+                    waiting: 2
+                },
+                None
+            )
+        );
+        assert_eq!(
+            decode_release(&k, &ints(&[0, 0])).unwrap(),
+            (
+                Released {
+                    released: false,
+                    waiting: 0
+                },
+                None
+            )
+        );
+        let refused = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(1),
+            Value::BulkString(b"ERR no channel".to_vec()),
+        ]);
+        assert_eq!(
+            decode_release(&k, &refused).unwrap(),
+            (
+                Released {
+                    released: true,
+                    waiting: 1
+                },
+                Some("ERR no channel".to_owned())
+            )
+        );
+        assert_backend_error(decode_release(&k, &ints(&[2, 0])), "unexpected");
+        assert_backend_error(decode_release(&k, &ints(&[1, 0, 5])), "unexpected");
+    }
+
+    #[test]
+    fn decodes_every_extend_and_leave_reply() {
+        let k = key();
+        assert_eq!(
+            decode_extend(&k, &ints(&[1, 4])).unwrap(),
+            Extend::Extended { waiting: 4 }
+        );
+        assert_eq!(decode_extend(&k, &ints(&[0, 0])).unwrap(), Extend::NotOwner);
+        assert_backend_error(decode_extend(&k, &Value::Int(1)), "unexpected");
+
+        assert_eq!(decode_leave(&k, &ints(&[1, 0])).unwrap(), (true, None));
+        assert_eq!(decode_leave(&k, &ints(&[0, 0])).unwrap(), (false, None));
+        let refused = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::BulkString(b"ERR no channel".to_vec()),
+        ]);
+        assert_eq!(
+            decode_leave(&k, &refused).unwrap(),
+            (true, Some("ERR no channel".to_owned()))
+        );
+        // The bare integer the old script returned is not a valid reply.
+        assert_backend_error(decode_leave(&k, &Value::Int(1)), "unexpected");
+    }
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+    }
+
+    #[test]
+    fn classifies_server_errors() {
+        use redis::ServerErrorKind;
+        let known = |kind: ServerErrorKind| RedisError::from((ErrorKind::Server(kind), "detail"));
+        assert_eq!(
+            classify(&known(ServerErrorKind::NoPerm)),
+            Class::NoPermission
+        );
+        assert_eq!(
+            classify(&server_error(
+                "ERR",
+                "The user executing the script can't run this command or subcommand script: x"
+            )),
+            Class::NoPermission
+        );
+        assert_eq!(classify(&server_error("WRONGTYPE", "x")), Class::Foreign);
+        for (error, code) in [
+            (server_error("OOM", "command not allowed"), "OOM"),
+            (known(ServerErrorKind::ReadOnly), "READONLY"),
+            (known(ServerErrorKind::NoScript), "NOSCRIPT"),
+            (known(ServerErrorKind::ResponseError), "ERR"),
+            (server_error("MISCONF", "x"), "MISCONF"),
+            (server_error("NOAUTH", "x"), "NOAUTH"),
+            (server_error("WRONGPASS", "x"), "WRONGPASS"),
+            (
+                RedisError::from((ErrorKind::AuthenticationFailed, "x")),
+                "WRONGPASS",
+            ),
+        ] {
+            assert_eq!(classify(&error), Class::Refused(code.into()), "{error}");
+        }
+        for error in [
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            known(ServerErrorKind::BusyLoading),
+            known(ServerErrorKind::MasterDown),
+            known(ServerErrorKind::TryAgain),
+            known(ServerErrorKind::ClusterDown),
+            server_error("BUSY", "a script is running"),
+        ] {
+            assert_eq!(classify(&error), Class::Transient, "{error}");
+        }
+    }
+
+    #[test]
+    fn maps_classes_to_errors() {
+        let k = key();
+        assert!(matches!(
+            map_err(&k, Phase::Renewing, RedisError::from((ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "x"))),
+            Error::Refused { code, phase: Phase::Renewing, .. } if code == "READONLY"
+        ));
+        match map_err(
+            &k,
+            Phase::Acquiring,
+            server_error(
+                "WRONGTYPE",
+                "the fence key holds a value of another type script: abc, on @user_script:1.",
+            ),
+        ) {
+            Error::ForeignValue { detail, .. } => {
+                assert_eq!(detail, "the fence key holds a value of another type")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            map_err(
+                &k,
+                Phase::Releasing,
+                RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+            ),
+            Error::Backend { .. }
+        ));
     }
 
     #[test]

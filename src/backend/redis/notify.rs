@@ -11,22 +11,53 @@
 //! if the claim is still this instance's, the task leaves the key's queue, which
 //! passes the claim on, so no other instance waits out the claim window for
 //! nothing. A claim already used, or a newer queue entry, is left alone.
+//!
+//! An empty message carries no key: `connect` publishes one to check that it may,
+//! and it is ignored here.
+//!
+//! The task runs on the runtime that started it; when that runtime shuts down, the
+//! backend starts a new one on the runtime that uses it next (see
+//! `Inner::ensure_notifier`).
 
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use redis::RedisError;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
 use crate::key::LockKey;
 
+/// The outcome of the task's latest attempt to subscribe.
+#[derive(Clone, Debug)]
+pub(super) enum Attempt {
+    /// No attempt has ended yet.
+    Pending,
+    /// Subscribed.
+    Subscribed,
+    /// The attempt failed (it is retried with backoff).
+    Failed(RedisError),
+}
+
 /// Shared view of the subscription's health.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Status {
     up: AtomicBool,
     count: AtomicU64,
+    attempt: watch::Sender<Attempt>,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status {
+            up: AtomicBool::new(false),
+            count: AtomicU64::new(0),
+            attempt: watch::Sender::new(Attempt::Pending),
+        }
+    }
 }
 
 impl Status {
@@ -35,6 +66,18 @@ impl Status {
     }
     pub(super) fn count(&self) -> u64 {
         self.count.load(Ordering::Acquire)
+    }
+    /// Follows the outcomes of the subscription attempts.
+    pub(super) fn attempts(&self) -> watch::Receiver<Attempt> {
+        self.attempt.subscribe()
+    }
+    /// A new task takes over (the previous one ended without saying so).
+    pub(super) fn restarting(&self) {
+        self.up.store(false, Ordering::Release);
+        self.attempt.send_replace(Attempt::Pending);
+    }
+    fn report(&self, attempt: Attempt) {
+        self.attempt.send_replace(attempt);
     }
 }
 
@@ -67,6 +110,7 @@ pub(super) async fn run(
                 let Some(i) = inner.upgrade() else { return };
                 i.subscriber.up.store(true, Ordering::Release);
                 i.subscriber.count.fetch_add(1, Ordering::AcqRel);
+                i.subscriber.report(Attempt::Subscribed);
                 // Anything published while we were away is lost: let waiters retry.
                 i.wakeups.wake_all();
                 drop(i);
@@ -79,6 +123,9 @@ pub(super) async fn run(
                     let Some(msg) = msg else { break };
                     let Some(i) = inner.upgrade() else { return };
                     let raw = msg.get_payload_bytes();
+                    if raw.is_empty() {
+                        continue;
+                    }
                     if !i.wakeups.wake(raw) {
                         // Nobody watches the key right now. A leader may be between
                         // its acquire's reply and its registration (it will see the
@@ -103,8 +150,18 @@ pub(super) async fn run(
                 }
                 tracing::debug!(%channel, "notification connection lost; reconnecting");
             }
-            Ok(Err(e)) => tracing::debug!(%channel, error = %e, "subscribing failed"),
-            Err(_) => tracing::debug!(%channel, "subscribing timed out"),
+            Ok(Err(e)) => {
+                tracing::debug!(%channel, error = %e, "subscribing failed");
+                let Some(i) = inner.upgrade() else { return };
+                i.subscriber.report(Attempt::Failed(e));
+            }
+            Err(_) => {
+                tracing::debug!(%channel, "subscribing timed out");
+                let Some(i) = inner.upgrade() else { return };
+                let timed_out =
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "subscribing timed out");
+                i.subscriber.report(Attempt::Failed(timed_out.into()));
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -5,10 +5,15 @@
 --
 -- Returns { 1, others } when extended, { 0, 0 } when the token does not own the lock.
 local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
-if redis.call('GET', lock) ~= ARGV[1] then
+
+-- Reads.
+if read('lock', 'GET', lock) ~= ARGV[1] then
   return { 0, 0 }
 end
+local q = read_queue(queue, ARGV[4], false)
+
+-- Writes.
 redis.call('PEXPIRE', lock, tonumber(ARGV[2]))
 redis.call('PEXPIRE', fence, tonumber(ARGV[3]))
-local _, others = scan_queue(queue, ARGV[4])
-return { 1, others }
+purge(queue, q)
+return { 1, q.others }

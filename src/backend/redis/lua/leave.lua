@@ -5,16 +5,32 @@
 -- ARGV[5] "1": only if this instance holds the key's claim (an unwanted wake-up)
 --
 -- Removes the instance's queue entry; if it held the claim, the claim passes to the
--- next live waiter. Returns the number of other live entries, or -1 when ARGV[5] is
--- "1" and the claim is not ours (then nothing changes: a newer waiter of this
--- instance may have consumed the claim, or queued again, meanwhile).
+-- next live waiter. Returns { 1, others [, publish error] } (others: the live entries
+-- left; a refused PUBLISH takes the passed claim back and is reported), or { 0, 0 }
+-- when ARGV[5] is "1" and the claim is not ours: then nothing changes (a newer waiter
+-- of this instance may have consumed the claim, or queued again, meanwhile).
 local lock, queue, claim = KEYS[1], KEYS[2], KEYS[3]
 local me = ARGV[1]
-if ARGV[5] == '1' and redis.call('GET', claim) ~= me then
-  return -1
+
+-- Reads.
+local claimant = read('claim', 'GET', claim)
+if ARGV[5] == '1' and claimant ~= me then
+  return { 0, 0 }
 end
-redis.call('HDEL', queue, me)
-if redis.call('GET', claim) == me then
+local lock_free = redis.call('EXISTS', lock) == 0
+local q = read_queue(queue, me, true)
+
+-- Writes.
+if q.mine then
+  redis.call('HDEL', queue, me)
+end
+purge(queue, q)
+if claimant == me then
   redis.call('DEL', claim)
+  claimant = false
 end
-return wake_next(lock, queue, claim, me, tonumber(ARGV[2]), ARGV[3], ARGV[4])
+local refused
+if lock_free and claimant == false and q.head ~= nil then
+  refused = wake(q.head, claim, tonumber(ARGV[2]), ARGV[3] .. q.head, ARGV[4])
+end
+return { 1, q.others, refused }

@@ -3,42 +3,72 @@
 -- The waiter queue of a key is a hash: field = instance id, value = "<enqueued µs> <expires ms>".
 -- Entries expire so that a crashed instance cannot block the queue; the hash itself
 -- carries a TTL so an abandoned queue leaves no key behind.
+--
+-- A script is not rolled back when a command fails half-way. So every script does all
+-- the reads that can fail (a key holding a value of another type) before its first
+-- write: a foreign value is reported with nothing changed.
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
--- Drops expired entries; returns the head (earliest enqueued live instance) and the
--- number of live entries other than `me`.
-local function scan_queue(queue, me)
-  local all = redis.call('HGETALL', queue)
-  local head, head_enq, others = nil, nil, 0
+-- `redis.call(cmd, key)`, but a value of the wrong type at `key` raises a WRONGTYPE
+-- error that names the key's role.
+local function read(role, cmd, key)
+  local reply = redis.pcall(cmd, key)
+  if type(reply) == 'table' and reply.err then
+    if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+      error({ err = 'WRONGTYPE the ' .. role .. ' key holds a value of another type' })
+    end
+    error(reply)
+  end
+  return reply
+end
+
+-- Reads the queue. Returns a table with `head`: the earliest live entry (other than
+-- `me` when `skip_me`), `others`: the number of live entries other than `me`,
+-- `mine`: the enqueue time of `me`'s live entry (or nil), and `expired`: the ids of
+-- expired entries, for `purge`.
+local function read_queue(queue, me, skip_me)
+  local all = read('queue', 'HGETALL', queue)
+  local q = { others = 0, expired = {} }
+  local head_enq
   for i = 1, #all, 2 do
     local id = all[i]
     local enq, exp = string.match(all[i + 1], '^(%d+) (%d+)$')
-    enq, exp = tonumber(enq), tonumber(exp)
-    if exp == nil or exp <= now_ms then
-      redis.call('HDEL', queue, id)
+    if enq == nil or tonumber(exp) <= now_ms then
+      q.expired[#q.expired + 1] = id
     else
-      if id ~= me then
-        others = others + 1
+      if id == me then
+        q.mine = enq
+      else
+        q.others = q.others + 1
       end
-      if head == nil or enq < head_enq then
-        head, head_enq = id, enq
+      if (id ~= me or not skip_me) and (head_enq == nil or tonumber(enq) < head_enq) then
+        q.head, head_enq = id, tonumber(enq)
       end
     end
   end
-  return head, others
+  return q
 end
 
--- If the lock is free and nobody holds a claim, gives the head of the queue a claim
--- of `claim_ttl` ms and publishes the raw key on the head's channel. Returns the
--- number of live entries other than `me`.
-local function wake_next(lock, queue, claim, me, claim_ttl, channel_prefix, raw_key)
-  local head, others = scan_queue(queue, me)
-  if head ~= nil and redis.call('EXISTS', lock) == 0 and redis.call('EXISTS', claim) == 0 then
-    redis.call('SET', claim, head, 'PX', claim_ttl)
-    redis.call('PUBLISH', channel_prefix .. head, raw_key)
+-- Drops the expired entries `read_queue` found.
+local function purge(queue, q)
+  for _, id in ipairs(q.expired) do
+    redis.call('HDEL', queue, id)
   end
-  return others
+end
+
+-- Gives `head` a claim of `claim_ttl` ms and publishes the raw key on its channel.
+-- If the PUBLISH is refused (an ACL without that channel), takes the claim back, so
+-- that nobody waits out the claim of an instance that was never told, and returns
+-- the error; else returns nil.
+local function wake(head, claim, claim_ttl, channel, raw_key)
+  redis.call('SET', claim, head, 'PX', claim_ttl)
+  local reply = redis.pcall('PUBLISH', channel, raw_key)
+  if type(reply) == 'table' and reply.err then
+    redis.call('DEL', claim)
+    return reply.err
+  end
+  return nil
 end
