@@ -749,15 +749,16 @@ impl Shared {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
-                Err(e @ Error::Refused { .. }) => {
-                    // Refused by the server (out of memory, a read-only replica):
-                    // answered at once. Keep the token armed for the cleanup, which
-                    // releases whatever a partly run script might have written.
+                Err(e @ (Error::Refused { .. } | Error::NoPermission { .. })) => {
+                    // Refused by the server (out of memory, a read-only replica, a
+                    // command the ACL user lacks): answered at once. Keep the token
+                    // armed for the cleanup, which releases whatever a partly run
+                    // script might have written.
                     return Err(e);
                 }
                 Err(e) => {
-                    // A definite refusal (foreign value, permission, bad input): the
-                    // scripts read everything that can fail before they write.
+                    // A definite refusal (foreign value, bad input): the scripts read
+                    // everything that can fail before they write.
                     leading.lead.token = None;
                     return Err(e);
                 }
