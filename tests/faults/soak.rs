@@ -1,10 +1,14 @@
 //! Row 7: a seeded **nemesis soak**.
 //!
-//! 3 instances × 8 tasks with handoff on take a hot key (half the time) or one of
-//! 16 Zipf-distributed keys, and write to a fenced resource. A nemesis meanwhile
-//! stops Redis (SIGSTOP for up to 2 × TTL), kills and restarts it empty, and
-//! kills client and pub/sub connections; a few holders stall for up to 2 × TTL
-//! between their check and their write (a paused holder, in process).
+//! 3 instances × 8 tasks with handoff on, plus a 4th instance of 4 tasks on a
+//! runtime of its own, take a hot key (half the time) or one of 16
+//! Zipf-distributed keys, and write to a fenced resource. A nemesis meanwhile
+//! stops Redis (SIGSTOP for up to 2 × TTL), kills and restarts it empty, kills
+//! client and pub/sub connections, and **freezes the 4th instance** for up to
+//! 2 × TTL: it blocks the only thread of that instance's runtime, so none of its
+//! tasks, timers or renewals run — a paused holder process, in process. A few
+//! holders also stall for up to 2 × TTL between their check and their write
+//! while their runtime runs on (their lease is renewed meanwhile).
 //!
 //! The seed is printed; `LOCKFLIGHT_SOAK_SEED=<seed>` replays its schedule (the
 //! timing of a real server is not replayable), `LOCKFLIGHT_SOAK_SECS=60` runs the
@@ -28,6 +32,8 @@ use crate::{
 
 const LOCKERS: usize = 3;
 const TASKS: usize = 8;
+/// Tasks of the instance that the nemesis freezes.
+const FROZEN_TASKS: usize = 4;
 const ZIPF_KEYS: usize = 16;
 const WAIT: Duration = Duration::from_secs(2);
 const DEFAULT_SECS: u64 = 15;
@@ -117,6 +123,86 @@ async fn worker(locker: Locker, name: String, seed: u64, shared: Arc<Shared>) {
     }
 }
 
+/// The instance that the nemesis freezes: a thread running a current-thread
+/// runtime with its own locker and workers.
+struct Freezable {
+    locker: Locker,
+    freeze: tokio::sync::mpsc::UnboundedSender<Duration>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Freezable {
+    async fn start(url: String, prefix: String, seed: u64, shared: Arc<Shared>) -> Freezable {
+        let (locker_tx, locker_rx) = tokio::sync::oneshot::channel();
+        let (freeze, mut freezes) = tokio::sync::mpsc::unbounded_channel::<Duration>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the frozen instance's runtime");
+            runtime.block_on(async move {
+                let locker = Locker::builder(backend_at(&url, &prefix).await)
+                    .lease_ttl(TTL)
+                    .wait_timeout(WAIT)
+                    .handoff(Handoff::enabled())
+                    .build()
+                    .unwrap();
+                let _ = locker_tx.send(locker.clone());
+                let mut tasks = JoinSet::new();
+                for t in 0..FROZEN_TASKS {
+                    tasks.spawn(worker(
+                        locker.clone(),
+                        format!("frozen/{t}"),
+                        seed.wrapping_add(1000 + t as u64),
+                        Arc::clone(&shared),
+                    ));
+                }
+                loop {
+                    tokio::select! {
+                        Some(d) = freezes.recv() => {
+                            // Blocks the runtime's only thread: everything stops.
+                            std::thread::sleep(d);
+                        }
+                        joined = tasks.join_next() => match joined {
+                            None => break,
+                            Some(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                            Some(_) => {}
+                        },
+                    }
+                }
+                // Let background releases finish on this runtime.
+                crate::wait_idle(std::slice::from_ref(&locker)).await;
+            });
+        });
+        let locker = within(
+            Duration::from_secs(20),
+            "the frozen instance's start",
+            locker_rx,
+        )
+        .await
+        .expect("the frozen instance started");
+        Freezable {
+            locker,
+            freeze,
+            thread,
+        }
+    }
+
+    async fn join(self) {
+        let thread = self.thread;
+        let joined = within(
+            Duration::from_secs(60),
+            "the frozen instance's thread",
+            tokio::task::spawn_blocking(move || thread.join()),
+        )
+        .await
+        .expect("join the frozen instance's thread");
+        if let Err(panic) = joined {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
 /// Zero fenced-order violations, no overlap (except after Redis lost its data),
 /// no grant of a lost lease, only typed errors, and no lock key left once every
 /// task stopped and the TTLs passed.
@@ -147,6 +233,7 @@ async fn nemesis_soak() {
                 .unwrap(),
         );
     }
+    let frozen = Freezable::start(server.url(), prefix.clone(), seed, Arc::clone(&shared)).await;
     let mut tasks = JoinSet::new();
     for (li, locker) in lockers.iter().enumerate() {
         for t in 0..TASKS {
@@ -171,7 +258,7 @@ async fn nemesis_soak() {
             break;
         }
         match rng.random_range(0..100) {
-            0..25 => {
+            0..20 => {
                 let pause =
                     Duration::from_millis(rng.random_range(100..=2 * TTL.as_millis() as u64));
                 server.pause();
@@ -179,7 +266,7 @@ async fn nemesis_soak() {
                 server.resume();
                 actions.add("pause redis");
             }
-            25..40 if last_restart.elapsed() >= Duration::from_secs(3) => {
+            20..32 if last_restart.elapsed() >= Duration::from_secs(3) => {
                 shared.history.data_loss();
                 server.kill();
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
@@ -190,7 +277,7 @@ async fn nemesis_soak() {
                 last_restart = Instant::now();
                 actions.add("kill + restart redis");
             }
-            40..65 => {
+            32..52 => {
                 let mut con = server.connection().await;
                 if client_kill(&mut con, "normal", Duration::from_secs(1))
                     .await
@@ -199,7 +286,7 @@ async fn nemesis_soak() {
                     actions.add("kill client connections");
                 }
             }
-            65..80 => {
+            52..65 => {
                 let mut con = server.connection().await;
                 if client_kill(&mut con, "pubsub", Duration::from_secs(1))
                     .await
@@ -208,11 +295,22 @@ async fn nemesis_soak() {
                     actions.add("kill pub/sub connections");
                 }
             }
+            65..85 => {
+                let pause =
+                    Duration::from_millis(rng.random_range(100..=2 * TTL.as_millis() as u64));
+                if frozen.freeze.send(pause).is_ok() {
+                    tokio::time::sleep(pause).await;
+                    actions.add("freeze an instance");
+                }
+            }
             _ => actions.add("nothing"),
         }
     }
     shared.stop.store(true, Ordering::Relaxed);
     within(Duration::from_secs(60), "the tasks", join_all(tasks)).await;
+    let frozen_locker = frozen.locker.clone();
+    frozen.join().await;
+    lockers.push(frozen_locker);
     wait_idle(&lockers).await;
     assert_no_lock_left(&server, &prefix, 3 * TTL).await;
 
