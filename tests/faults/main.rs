@@ -1,14 +1,14 @@
 //! The fault matrix as integration tests against real `redis-server` processes.
 //!
-//! | row | fault | module |
+//! | row | fault | tests |
 //! |---|---|---|
-//! | 1 | the holder's **process** is SIGSTOPped for 2 × TTL | [`holder_pause`] |
-//! | 2 | **Redis** is SIGSTOPped for 2 × TTL while a lock is held and waited on | [`redis_pause`] |
-//! | 3 | Redis is **killed and restarted empty**, twice, under a hot key | [`restart`] |
-//! | 4 | the **reply is lost** after the server applied acquire / extend / release | [`lost_reply`] |
-//! | 5 | `CLIENT KILL TYPE normal` / `pubsub` every 200 ms under load | [`client_kill`] |
-//! | 6 | **handoff** while Redis becomes a **black hole** | [`blackhole`] |
-//! | 7 | a seeded **nemesis soak** of all of the above | [`soak`] |
+//! | 1 | the holder's **process** is SIGSTOPped for 2 × TTL | [`holder_pause::paused_holder_process_sees_loss_or_is_fenced`] |
+//! | 2 | **Redis** is SIGSTOPped for 2 × TTL while a lock is held and waited on | [`redis_pause::paused_redis_signals_loss_in_time_and_never_overlaps`] |
+//! | 3 | Redis is **killed and restarted empty**, twice, under a hot key | [`restart::tokens_increase_and_progress_resumes_across_empty_restarts`] |
+//! | 4 | the **reply is lost** after the server applied acquire / extend / release (and the release **request** is lost) | [`lost_reply`]`::*` (6 tests) |
+//! | 5 | `CLIENT KILL TYPE normal` / `pubsub` every 200 ms under load | [`client_kill::killed_connections_keep_the_counter_exact`] |
+//! | 6 | **handoff** while Redis becomes a **black hole** | [`blackhole::handoff_into_a_black_hole_grants_only_valid_leases_and_signals_loss`] |
+//! | 7 | a seeded **nemesis soak** of all of the above | [`soak::nemesis_soak`] |
 //!
 //! The oracle ([`oracle`]): a fenced resource that accepts only increasing
 //! fencing tokens, and a history of critical sections that must never overlap in
