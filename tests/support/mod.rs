@@ -35,6 +35,9 @@
 //!
 //! [`CountingProxy`] sits between a client and a server: it counts the RESP
 //! commands the client sends, and can delay, black-hole or reset the traffic.
+//! [`fault_proxy::FaultProxy`] parses both directions and can lose the reply of
+//! chosen commands after the server applied them. [`nemesis`] stops and continues
+//! any process (a child holder), kills client connections, and samples Zipf ranks.
 //!
 //! # Things to know about redis-rs 1.8
 //!
@@ -70,6 +73,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+
+pub(crate) mod fault_proxy;
+pub(crate) mod nemesis;
 
 const REDIS_NOT_FOUND: &str = "redis-server not found: install it (apt-get install -y redis-server) or run scripts/test, which does";
 

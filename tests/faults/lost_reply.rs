@@ -1,0 +1,388 @@
+//! Row 4: the **reply is lost after the server applied the command**, for
+//! acquire, extend and release ([`FaultProxy`] forwards the request, and closes
+//! the connection at the first byte of its reply).
+//!
+//! Instance A talks to Redis through the proxy, instance B directly. The proxy
+//! learns the three scripts' hashes by watching one lock, renewal and release,
+//! so the tests do not depend on the scripts' text or arguments.
+
+use std::time::{Duration, Instant};
+
+use lockflight::{Error, LockKey, Locker};
+
+use crate::support::fault_proxy::{FaultProxy, evalsha_on};
+use crate::support::{RedisServer, unique_prefix, wait_until};
+use crate::{TTL, backend_at, serial, within};
+
+/// A TTL long enough that "free again at once" cannot be confused with "free
+/// again because it expired".
+const LONG_TTL: Duration = Duration::from_secs(10);
+/// What "at once" means here (a reconnect and a retry or two).
+const QUICKLY: Duration = Duration::from_secs(2);
+
+struct Scripts {
+    acquire: Vec<u8>,
+    extend: Vec<u8>,
+    release: Vec<u8>,
+}
+
+struct Setup {
+    server: RedisServer,
+    proxy: FaultProxy,
+    prefix: String,
+    scripts: Scripts,
+}
+
+impl Setup {
+    async fn new(name: &str) -> Setup {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server).await;
+        let prefix = unique_prefix(name);
+        let scripts = learn_scripts(&proxy, &prefix).await;
+        Setup {
+            server,
+            proxy,
+            prefix,
+            scripts,
+        }
+    }
+
+    /// Instance A: through the proxy.
+    async fn a(&self, ttl: Duration, wait: Duration) -> Locker {
+        Locker::builder(backend_at(&self.proxy.url(), &self.prefix).await)
+            .lease_ttl(ttl)
+            .wait_timeout(wait)
+            .build()
+            .unwrap()
+    }
+
+    /// Instance B: straight to Redis.
+    async fn b(&self, ttl: Duration) -> Locker {
+        Locker::builder(backend_at(&self.server.url(), &self.prefix).await)
+            .lease_ttl(ttl)
+            .wait_timeout(Duration::from_secs(15))
+            .build()
+            .unwrap()
+    }
+
+    async fn lock_name(&self, key: &str) -> Vec<u8> {
+        backend_at(&self.server.url(), &self.prefix)
+            .await
+            .lock_name(&LockKey::from(key))
+    }
+
+    async fn pttl(&self, name: &[u8]) -> i64 {
+        let mut con = self.server.connection().await;
+        redis::cmd("PTTL")
+            .arg(name)
+            .query_async(&mut con)
+            .await
+            .unwrap()
+    }
+}
+
+/// Watches one acquire, renewal and release through the proxy: the first script
+/// run on the key is the acquire, the last the release, the one in between the
+/// extend.
+async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
+    let backend = backend_at(&proxy.url(), prefix).await;
+    let name = backend.lock_name(&LockKey::from("calibrate"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    proxy.record(true);
+    let guard = locker.lock("calibrate").await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let renewed = locker.stats().renewals >= 1;
+            async move { renewed }
+        })
+        .await,
+        "no renewal to learn from"
+    );
+    guard.release().await.unwrap();
+    let shas: Vec<Vec<u8>> = proxy
+        .recorded()
+        .into_iter()
+        .filter(|c| c.len() > 3 && c[0].eq_ignore_ascii_case(b"EVALSHA") && c[3] == name)
+        .map(|c| c[1].clone())
+        .collect();
+    proxy.record(false);
+    let (acquire, release) = (shas[0].clone(), shas[shas.len() - 1].clone());
+    let extend = shas
+        .iter()
+        .find(|s| **s != acquire && **s != release)
+        .cloned()
+        .unwrap_or_else(|| panic!("no extend among the scripts seen: {shas:?}"));
+    assert_ne!(acquire, release);
+    Scripts {
+        acquire,
+        extend,
+        release,
+    }
+}
+
+/// The acquire ran (the lock is set with A's token) but A never heard: A retries
+/// with the same token, which the script recognizes as its own. A holds the
+/// lock — not nobody — and releases it; B gets it right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_acquire_reply_is_reconciled_by_the_same_token() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-acquire").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
+    let b = s.b(LONG_TTL).await;
+
+    s.proxy
+        .drop_replies(evalsha_on(&s.scripts.acquire, &name), 1);
+    let started = Instant::now();
+    let guard = within(Duration::from_secs(10), "A's lock", a.lock(key))
+        .await
+        .expect("a lost acquire reply is reconciled");
+    let took = started.elapsed();
+    println!("lost acquire reply: A held the lock {took:?} after asking");
+    assert_eq!(s.proxy.dropped(), 1, "the acquire's reply was lost once");
+    assert!(took <= QUICKLY, "reconciling took {took:?}");
+    assert!(!guard.is_lost());
+    assert!(guard.valid_for() > LONG_TTL / 2);
+    assert!(
+        b.try_lock(key).await.unwrap().is_none(),
+        "the lock must be held (by A)"
+    );
+    assert!(s.pttl(&name).await > 0);
+    guard
+        .release()
+        .await
+        .expect("A's release finds its own token at the key");
+    let taken = Instant::now();
+    let g = within(QUICKLY, "B's lock after A's release", b.lock(key))
+        .await
+        .unwrap();
+    assert!(taken.elapsed() <= QUICKLY);
+    g.release().await.unwrap();
+    assert_eq!(a.stats().leases_lost, 0);
+    assert!(a.stats().acquire_attempts >= 2);
+}
+
+/// Every acquire reply is lost until A gives up: the acquire that landed is
+/// released in the background, so B takes the lock at once instead of after the
+/// TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_acquire_replies_until_the_caller_gives_up_leave_no_lock() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-acquire-give-up").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(LONG_TTL, Duration::from_secs(1)).await;
+    let b = s.b(LONG_TTL).await;
+
+    s.proxy
+        .drop_replies(evalsha_on(&s.scripts.acquire, &name), 1_000);
+    let result = within(Duration::from_secs(10), "A's lock", a.lock(key)).await;
+    s.proxy.clear_rules();
+    let gave_up = Instant::now();
+    let dropped = s.proxy.dropped();
+    println!(
+        "lost acquire replies: A gave up with {:?} after {dropped} lost replies",
+        result.as_ref().map(|_| ()).map_err(crate::kind)
+    );
+    match result {
+        Err(Error::Timeout { .. } | Error::Backend { .. }) => {}
+        other => panic!("A's lock with every reply lost: {other:?}"),
+    }
+    assert!(dropped >= 1);
+    let g = within(
+        Duration::from_secs(15),
+        "B's lock after A gave up",
+        b.lock(key),
+    )
+    .await
+    .unwrap();
+    let blocked = gave_up.elapsed();
+    println!("lost acquire replies: B held the lock {blocked:?} after A gave up");
+    assert!(
+        blocked <= QUICKLY,
+        "the lock A's landed acquire set was held by nobody for {blocked:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// Two renewal replies are lost (the renewals did happen): the watchdog retries,
+/// and the lease is neither lost nor taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_extend_replies_are_retried_without_a_false_loss() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-extend").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(TTL, Duration::from_secs(5)).await;
+    let b = s.b(TTL).await;
+
+    let guard = a.lock(key).await.unwrap();
+    s.proxy
+        .drop_replies(evalsha_on(&s.scripts.extend, &name), 2);
+    let dropped = wait_until(Duration::from_secs(5), || {
+        let n = s.proxy.dropped();
+        async move { n >= 2 }
+    })
+    .await;
+    assert!(dropped, "two renewal replies were not lost: {:?}", s.proxy);
+    let renewals = a.stats().renewals;
+    // Watch for more than a TTL: no loss, nobody else gets the lock.
+    let until = Instant::now() + TTL + TTL / 2;
+    while Instant::now() < until {
+        assert!(
+            !guard.is_lost(),
+            "a lost renewal reply ended in a loss: {:?}",
+            guard.loss_signal().reason()
+        );
+        assert!(b.try_lock(key).await.unwrap().is_none(), "B took A's lock");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        a.stats().renewals > renewals,
+        "no renewal after the lost replies"
+    );
+    assert_eq!(a.stats().leases_lost, 0);
+    guard.release().await.expect("A still owns its lock");
+    let g = within(QUICKLY, "B's lock", b.lock(key)).await.unwrap();
+    g.release().await.unwrap();
+}
+
+/// The release ran (the lock is gone) but A never heard, even after its retries:
+/// A reports a backend error — not a loss — and the lock is free for B at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_replies_leave_the_lock_free() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-release-free").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
+    let b = s.b(LONG_TTL).await;
+
+    // Every reply of the first release and its two retries is lost.
+    let guard = a.lock(key).await.unwrap();
+    s.proxy
+        .drop_replies(evalsha_on(&s.scripts.release, &name), 3);
+    let result = within(Duration::from_secs(15), "A's release", guard.release()).await;
+    s.proxy.clear_rules();
+    let released = Instant::now();
+    println!(
+        "lost release replies: A's release returned {:?} after {} lost replies",
+        result.as_ref().map_err(crate::kind),
+        s.proxy.dropped()
+    );
+    let g = within(Duration::from_secs(15), "B's lock", b.lock(key))
+        .await
+        .unwrap();
+    let blocked = released.elapsed();
+    println!("lost release replies: B held the lock {blocked:?} after A's release");
+    assert!(
+        blocked <= QUICKLY,
+        "a released lock was held by nobody for {blocked:?}"
+    );
+    g.release().await.unwrap();
+    assert!(
+        !matches!(result, Err(Error::LeaseLost { .. })),
+        "a release whose replies were lost reported a lost lease: {result:?}"
+    );
+    assert_eq!(a.stats().leases_lost, 0);
+}
+
+/// The release ran but its reply was lost once: the retry must recognize that
+/// the lock it finds gone was released by itself, and report success, not
+/// `LeaseLost` (the holder did nothing wrong and never lost its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_reply_is_not_reported_as_lost() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-release").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
+    let b = s.b(LONG_TTL).await;
+
+    let guard = a.lock(key).await.unwrap();
+    s.proxy
+        .drop_replies(evalsha_on(&s.scripts.release, &name), 1);
+    let result = within(Duration::from_secs(15), "A's release", guard.release()).await;
+    assert_eq!(s.proxy.dropped(), 1);
+    let released = Instant::now();
+    let g = within(Duration::from_secs(15), "B's lock", b.lock(key))
+        .await
+        .unwrap();
+    assert!(released.elapsed() <= QUICKLY);
+    g.release().await.unwrap();
+    assert_eq!(a.stats().leases_lost, 0);
+    assert!(
+        result.is_ok(),
+        "a release whose reply was lost (the lock was deleted by it) reported {result:?}"
+    );
+}
+
+/// A release whose **request** never reaches Redis (the first attempt and both
+/// retries) fails with a backend error, and the lock stays held at Redis. The
+/// next local waiter inherits the token to reconcile that lock instead of
+/// waiting out the TTL — and starts a new critical section, whose fencing token
+/// must be greater than the previous holder's: a fenced resource that accepted
+/// the previous holder's writes would otherwise reject the new, legitimate
+/// holder (guarantee 2: tokens strictly increase across critical sections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_release_requests_do_not_reuse_a_fencing_token() {
+    let _serial = serial().await;
+    let s = Setup::new("lost-release-request").await;
+    let key = "k";
+    let name = s.lock_name(key).await;
+    let a = s.a(LONG_TTL, Duration::from_secs(10)).await;
+    let fence = crate::oracle::Fence::default();
+
+    let first = a.lock(key).await.unwrap();
+    let t1 = first.fencing_token();
+    assert!(fence.write(key, t1, "first"));
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock(key).await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let waiting = a.stats().local_waits >= 1;
+            async move { waiting }
+        })
+        .await,
+        "the second task never waited"
+    );
+    s.proxy
+        .drop_requests(evalsha_on(&s.scripts.release, &name), 3);
+    let result = within(
+        Duration::from_secs(15),
+        "the first release",
+        first.release(),
+    )
+    .await;
+    s.proxy.clear_rules();
+    println!(
+        "lost release requests: the release returned {:?} after {} lost requests; the lock's \
+         PTTL is {} ms",
+        result.as_ref().map_err(crate::kind),
+        s.proxy.dropped_requests(),
+        s.pttl(&name).await
+    );
+    assert!(
+        matches!(result, Err(Error::Backend { .. })),
+        "a release that never reached Redis: {result:?}"
+    );
+    let second = within(Duration::from_secs(15), "the waiter", waiter)
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock");
+    let t2 = second.fencing_token();
+    let accepted = fence.write(key, t2, "second");
+    println!("lost release requests: first holder {t1}, next holder {t2}");
+    second.release().await.unwrap();
+    assert!(
+        t2 > t1 && accepted,
+        "the next critical section got fencing token {t2} after {t1}: the fenced resource \
+         rejects the legitimate holder"
+    );
+}

@@ -1,0 +1,175 @@
+//! The fault matrix as integration tests against real `redis-server` processes.
+//!
+//! | row | fault | tests |
+//! |---|---|---|
+//! | 1 | the holder's **process** is SIGSTOPped for 2 × TTL | [`holder_pause::paused_holder_process_sees_loss_or_is_fenced`] |
+//! | 2 | **Redis** is SIGSTOPped for 2 × TTL while a lock is held and waited on | [`redis_pause::paused_redis_signals_loss_in_time_and_never_overlaps`] |
+//! | 3 | Redis is **killed and restarted empty**, twice, under a hot key | [`restart::tokens_increase_and_progress_resumes_across_empty_restarts`] |
+//! | 4 | the **reply is lost** after the server applied acquire / extend / release (and the release **request** is lost) | [`lost_reply`]`::*` (6 tests) |
+//! | 5 | `CLIENT KILL TYPE normal` / `pubsub` every 200 ms under load | [`client_kill::killed_connections_keep_the_counter_exact`] |
+//! | 6 | **handoff** while Redis becomes a **black hole** | [`blackhole::handoff_into_a_black_hole_grants_only_valid_leases_and_signals_loss`] |
+//! | 7 | a seeded **nemesis soak** of all of the above | [`soak::nemesis_soak`] |
+//!
+//! The oracle ([`oracle`]): a fenced resource that accepts only increasing
+//! fencing tokens, and a history of critical sections that must never overlap in
+//! the holders' belief and whose tokens must follow acquisition order.
+//!
+//! Every test runs alone ([`serial`]): these tests pause, kill and restart
+//! servers and measure loss latencies, which a second fault test running on the
+//! same two cores would blur. Each test that disturbs Redis starts its own
+//! server; the fenced resource of the cross-process test lives in the shared
+//! server, which nobody disturbs.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod blackhole;
+mod client_kill;
+mod holder_pause;
+mod lost_reply;
+mod oracle;
+mod redis_pause;
+mod restart;
+mod soak;
+
+use std::future::Future;
+use std::time::Duration;
+
+use lockflight::{Error, Locker, RedisBackend};
+use support::{RedisServer, wait_until};
+use tokio::task::JoinSet;
+
+/// The lease TTL of the fault tests.
+pub(crate) const TTL: Duration = Duration::from_secs(1);
+
+/// One fault test at a time (see the module docs). Hold the guard for the test.
+pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
+/// A backend on `url` under `prefix` whose notification subscription is up.
+pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+    let backend = RedisBackend::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect the backend");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let up = backend.is_subscribed();
+            async move { up }
+        })
+        .await,
+        "the notification subscription of {backend:?} never came up"
+    );
+    backend
+}
+
+/// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
+pub(crate) async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+/// Joins every task; re-raises the first panic.
+pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(v) => out.push(v),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("a test task was cancelled: {e}"),
+        }
+    }
+    out
+}
+
+/// Waits until none of `lockers` has local activity left.
+pub(crate) async fn wait_idle(lockers: &[Locker]) {
+    let idle = wait_until(Duration::from_secs(15), || {
+        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
+        async move { busy == 0 }
+    })
+    .await;
+    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
+    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+}
+
+/// The lock keys (not fences, queues or claims) under `prefix` on `server`.
+pub(crate) async fn lock_keys(server: &RedisServer, prefix: &str) -> Vec<String> {
+    let mut con = server.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:{{*"))
+        .query_async(&mut con)
+        .await
+        .expect("KEYS");
+    keys.into_iter().filter(|k| k.ends_with('}')).collect()
+}
+
+/// Waits (up to `limit`) until no lock key is left under `prefix`; panics
+/// naming the ones that stay.
+pub(crate) async fn assert_no_lock_left(server: &RedisServer, prefix: &str, limit: Duration) {
+    let gone = wait_until(limit, || async {
+        lock_keys(server, prefix).await.is_empty()
+    })
+    .await;
+    let left = lock_keys(server, prefix).await;
+    assert!(
+        gone,
+        "lock keys still in Redis {limit:?} after all tasks stopped: {left:?}"
+    );
+}
+
+/// The kind of a lockflight error, for counting.
+pub(crate) fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::Timeout { .. } => "Timeout",
+        Error::LeaseLost { .. } => "LeaseLost",
+        Error::Overloaded { .. } => "Overloaded",
+        Error::InvalidKey { .. } => "InvalidKey",
+        Error::InvalidConfig { .. } => "InvalidConfig",
+        Error::ForeignValue { .. } => "ForeignValue",
+        Error::NoPermission { .. } => "NoPermission",
+        Error::Refused { .. } => "Refused",
+        Error::QuorumNotReached { .. } => "QuorumNotReached",
+        Error::Panicked { .. } => "Panicked",
+        Error::Connect { .. } => "Connect",
+        Error::Backend { .. } => "Backend",
+        _ => "other",
+    }
+}
+
+/// Counts of things by name, for a test's report.
+#[derive(Default, Debug)]
+pub(crate) struct Tally(std::sync::Mutex<std::collections::BTreeMap<String, u64>>);
+
+impl Tally {
+    pub(crate) fn add(&self, what: impl Into<String>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(what.into())
+            .or_default() += 1;
+    }
+
+    pub(crate) fn get(&self, what: &str) -> u64 {
+        self.snapshot().get(what).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The proxy's RESP parsers work on tricky streams in every chunking.
+#[test]
+fn fault_proxy_parsers() {
+    support::fault_proxy::self_test();
+}
