@@ -123,23 +123,9 @@ pub(crate) async fn assert_no_lock_left(server: &RedisServer, prefix: &str, limi
     );
 }
 
-/// The kind of a lockflight error, for counting.
+/// The kind of a lockflight error, for counting: its stable code.
 pub(crate) fn kind(e: &Error) -> &'static str {
-    match e {
-        Error::Timeout { .. } => "Timeout",
-        Error::LeaseLost { .. } => "LeaseLost",
-        Error::Overloaded { .. } => "Overloaded",
-        Error::InvalidKey { .. } => "InvalidKey",
-        Error::InvalidConfig { .. } => "InvalidConfig",
-        Error::ForeignValue { .. } => "ForeignValue",
-        Error::NoPermission { .. } => "NoPermission",
-        Error::Refused { .. } => "Refused",
-        Error::QuorumNotReached { .. } => "QuorumNotReached",
-        Error::Panicked { .. } => "Panicked",
-        Error::Connect { .. } => "Connect",
-        Error::Backend { .. } => "Backend",
-        _ => "other",
-    }
+    e.code()
 }
 
 /// Counts of things by name, for a test's report.
