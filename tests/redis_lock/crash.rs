@@ -1,0 +1,111 @@
+//! A holder process killed with SIGKILL.
+
+use super::*;
+
+const CHILD_ENV: &str = "LOCKFLIGHT_CHILD";
+const CHILD_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// Not a test: the child process of [`killed_holder_blocks_at_most_lease_ttl`]. It
+/// takes the lock, prints `HELD <epoch>`, and waits to be killed.
+#[tokio::test]
+#[ignore = "child process of killed_holder_blocks_at_most_lease_ttl"]
+async fn child_holder_process() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let backend = RedisBackend::builder(var("LOCKFLIGHT_CHILD_URL"))
+        .prefix(var("LOCKFLIGHT_CHILD_PREFIX"))
+        .connect()
+        .await
+        .expect("child: connect");
+    let locker = Locker::builder(backend)
+        .lease_ttl(CHILD_LEASE_TTL)
+        .build()
+        .expect("child: build");
+    let guard = locker
+        .lock(var("LOCKFLIGHT_CHILD_KEY"))
+        .await
+        .expect("child: lock");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\nHELD {}", guard.fencing_token().epoch).unwrap();
+    out.flush().unwrap();
+    drop(out);
+    std::future::pending::<()>().await;
+}
+
+/// A holder whose process is killed (no release, no more renewals) blocks the
+/// others for no longer than its lease TTL, and not shorter than the lock's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_blocks_at_most_lease_ttl() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let server = shared();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("killed-holder");
+    let key = "k";
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut child = tokio::process::Command::new(exe)
+        .args([
+            "--exact",
+            "crash::child_holder_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env(CHILD_ENV, "1")
+        .env("LOCKFLIGHT_CHILD_URL", server.url())
+        .env("LOCKFLIGHT_CHILD_PREFIX", &prefix)
+        .env("LOCKFLIGHT_CHILD_KEY", key)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the child holder");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let child_epoch: u64 = within(Duration::from_secs(30), "the child's HELD line", async {
+        while let Some(line) = lines.next_line().await.expect("read the child's stdout") {
+            if let Some(at) = line.find("HELD ") {
+                return line[at + 5..].trim().parse().expect("HELD <epoch>");
+            }
+        }
+        panic!("the child exited without holding the lock");
+    })
+    .await;
+
+    let backend = backend_at(&server.url(), &prefix).await;
+    let lock_name = backend.lock_name(&LockKey::from(key));
+    let locker = Locker::builder(backend)
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    assert!(
+        locker.try_lock(key).await.unwrap().is_none(),
+        "the child holds the lock"
+    );
+    let mut con = server.connection().await;
+
+    child.kill().await.expect("SIGKILL the child");
+    let killed = Instant::now();
+    let left = pttl(&mut con, &lock_name).await;
+    assert!(
+        left > 0,
+        "the lock key must still live after the kill: PTTL {left}"
+    );
+    let guard = locker
+        .lock(key)
+        .await
+        .expect("the lock frees up at its TTL");
+    let blocked = killed.elapsed();
+    println!("killed holder blocked for {blocked:?} (PTTL at the kill: {left} ms)");
+    assert!(
+        blocked < CHILD_LEASE_TTL + Duration::from_secs(1),
+        "a killed holder blocked others for {blocked:?}"
+    );
+    assert!(
+        blocked + Duration::from_millis(50) >= Duration::from_millis(left as u64),
+        "the lock was taken {blocked:?} after the kill, before its TTL of {left} ms ran out"
+    );
+    assert!(guard.fencing_token().epoch > child_epoch);
+    guard.release().await.unwrap();
+}

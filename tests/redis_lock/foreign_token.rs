@@ -1,0 +1,71 @@
+//! Releases that are not ours.
+
+use super::*;
+
+/// Release with a foreign token deletes nothing and says so, both through the
+/// `LockBackend` trait and through a guard whose key was taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_with_foreign_token_deletes_nothing() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("foreign-token");
+    let key = LockKey::from("k");
+    let backend = backend_at(&server.url(), &prefix).await;
+    let locker = Locker::builder(backend.clone()).build().unwrap();
+    let name = backend.lock_name(&key);
+    let mut con = server.connection().await;
+
+    // Directly through the trait.
+    let guard = locker.lock(&key).await.unwrap();
+    let stranger = LeaseToken::random();
+    let released = backend.release(&key, stranger).await.unwrap();
+    assert!(!released.released, "a foreign token released the lock");
+    assert!(exists(&mut con, &name).await, "the lock key was deleted");
+    assert_eq!(
+        backend
+            .extend(&key, stranger, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        Extend::NotOwner
+    );
+    assert!(matches!(
+        backend
+            .acquire(&key, stranger, Duration::from_secs(1), false)
+            .await
+            .unwrap(),
+        Acquire::Busy { .. }
+    ));
+    assert!(pttl(&mut con, &name).await > 1000, "the TTL was touched");
+    guard.release().await.expect("still ours");
+    assert!(!exists(&mut con, &name).await);
+
+    // Through a guard whose lock was overwritten behind its back.
+    let guard = locker.lock(&key).await.unwrap();
+    redis::cmd("SET")
+        .arg(&name)
+        .arg("foreign")
+        .arg("PX")
+        .arg(30_000)
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    match guard.release().await {
+        Err(Error::LeaseLost { key: k, phase, .. }) => {
+            assert_eq!(k, key);
+            assert_eq!(phase, Phase::Releasing);
+        }
+        other => panic!("release of an overwritten lock: {other:?}"),
+    }
+    let value: Option<String> = redis::cmd("GET")
+        .arg(&name)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(value.as_deref(), Some("foreign"));
+    redis::cmd("DEL")
+        .arg(&name)
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    wait_idle(&[locker]).await;
+}

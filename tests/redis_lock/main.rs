@@ -1,0 +1,251 @@
+//! Integration tests of lockflight's locks against a real Redis: mutual exclusion
+//! under contention (coalescing, naive and handoff modes, and the in-memory backend),
+//! fencing tokens, wake-ups, crash recovery, renewal, loss, bad input and cancel
+//! safety.
+//!
+//! Tests that only need *a* Redis use [`support::shared`] with their own
+//! [`support::unique_prefix`]; tests that pause, kill, restart, flush or kill
+//! connections of the server start their own [`RedisServer`].
+//!
+//! The last section holds regression tests for defects found and fixed earlier.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::future::Future;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockflight::backend::{Acquire, Extend, LeaseToken};
+use lockflight::{
+    Error, FencingToken, Handoff, LockBackend, LockGuard, LockKey, Locker, LockerBuilder,
+    MAX_KEY_LEN, MemoryBackend, Phase, RedisBackend,
+};
+use redis::aio::MultiplexedConnection;
+use support::{CountingProxy, RedisServer, shared, unique_prefix, wait_until};
+use tokio::task::JoinSet;
+mod bad_input;
+mod cancel;
+mod cost;
+mod counter;
+mod crash;
+mod fencing;
+mod foreign_token;
+mod regressions;
+mod renewal;
+mod wakeups;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// A backend on `url` under `prefix`, whose notification subscription is up (so
+/// that no wake-up published by a test is lost to a subscription still starting,
+/// and no `wake_all` of a late subscription causes an extra acquire attempt).
+async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+    subscribed(
+        RedisBackend::builder(url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect the backend"),
+    )
+    .await
+}
+
+/// Waits until `backend`'s notification subscription is established.
+async fn subscribed(backend: RedisBackend) -> RedisBackend {
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let up = backend.is_subscribed();
+            async move { up }
+        })
+        .await,
+        "the notification subscription of {backend:?} never came up"
+    );
+    backend
+}
+
+/// The Redis name of `key`'s waiter queue (the lock's name + `:q`).
+fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
+    let mut name = backend.lock_name(key);
+    name.extend_from_slice(b":q");
+    name
+}
+
+async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
+    redis::cmd("EXISTS")
+        .arg(name)
+        .query_async::<i64>(con)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+    redis::cmd("PTTL")
+        .arg(name)
+        .query_async::<i64>(con)
+        .await
+        .expect("PTTL")
+}
+
+async fn hlen(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+    redis::cmd("HLEN")
+        .arg(name)
+        .query_async::<i64>(con)
+        .await
+        .expect("HLEN")
+}
+
+async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {
+    redis::cmd("HEXISTS")
+        .arg(name)
+        .arg(field)
+        .query_async::<i64>(con)
+        .await
+        .expect("HEXISTS")
+        == 1
+}
+
+/// Joins every task; re-raises the first panic.
+async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(v) => out.push(v),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("a test task was cancelled: {e}"),
+        }
+    }
+    out
+}
+
+/// Waits until none of `lockers` has local activity left.
+async fn wait_idle(lockers: &[Locker]) {
+    let idle = wait_until(Duration::from_secs(10), || {
+        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
+        async move { busy == 0 }
+    })
+    .await;
+    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
+    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+}
+
+/// Sum of `acquire_attempts` over `lockers`.
+fn total_attempts(lockers: &[Locker]) -> u64 {
+    lockers.iter().map(|l| l.stats().acquire_attempts).sum()
+}
+
+/// Proves mutual exclusion from inside a critical section: entering while another
+/// task is inside panics. Leaving happens on drop, so a cancelled critical section
+/// leaves too (before its lock guard is dropped, if declared after it).
+struct Exclusive(Arc<AtomicUsize>);
+
+impl Exclusive {
+    fn enter(inside: &Arc<AtomicUsize>) -> Exclusive {
+        let before = inside.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(before, 0, "two holders of one lock at the same time");
+        Exclusive(Arc::clone(inside))
+    }
+}
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Sets a flag when dropped (proves a future was dropped).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A tiny deterministic PRNG (xorshift64), so the tests need no extra dependency.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn assert_strictly_increasing(tokens: &[FencingToken]) {
+    for (i, pair) in tokens.windows(2).enumerate() {
+        assert!(
+            pair[0] < pair[1],
+            "fencing tokens do not strictly increase at #{i}: {} then {} (of {})",
+            pair[0],
+            pair[1],
+            tokens.len()
+        );
+    }
+}
+
+/// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
+async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+/// Waits for `guard`'s loss after the lock key was changed behind it by `what`,
+/// checks it came within `bound` and that releasing reports the loss; returns how
+/// long it took.
+async fn expect_loss(guard: LockGuard, bound: Duration, what: &str) -> Duration {
+    let changed = Instant::now();
+    within(
+        bound + Duration::from_secs(2),
+        &format!("lost() after {what}"),
+        guard.lost(),
+    )
+    .await;
+    let noticed = changed.elapsed();
+    assert!(
+        noticed <= bound,
+        "loss after {what} noticed after {noticed:?}"
+    );
+    assert!(guard.is_lost());
+    match guard.release().await {
+        Err(Error::LeaseLost { phase, .. }) => assert_eq!(phase, Phase::Releasing),
+        other => panic!("release after {what}: {other:?}"),
+    }
+    noticed
+}
+
+/// How a test's lockers coordinate locally.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Coalescing,
+    Naive,
+    Handoff,
+}
+
+fn configure(builder: LockerBuilder, mode: Mode) -> LockerBuilder {
+    let builder = builder.wait_timeout(Duration::from_secs(60));
+    match mode {
+        Mode::Coalescing => builder,
+        Mode::Naive => builder.coalescing(false),
+        Mode::Handoff => builder.handoff(Handoff::enabled()),
+    }
+}
