@@ -13,8 +13,8 @@
 //! # With axum
 //!
 //! Use `route_layer`, not `layer`, so that only matched routes lock (and the
-//! [`PathParam`] extractor sees the matched route), and map errors with
-//! [`handle_error`] (feature `axum`), which turns lockflight's errors into 503 / 400
+//! `PathParam` extractor sees the matched route), and map errors with
+//! `handle_error` (feature `axum`), which turns lockflight's errors into 503 / 400
 //! responses:
 //!
 //! ```
@@ -42,7 +42,7 @@
 //! With the default [`LossPolicy::Abort`](crate::LossPolicy::Abort), a handler
 //! whose lease is lost is dropped at its next `.await`, and the call fails with
 //! [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost` through
-//! [`handle_error`]). With [`LossPolicy::Signal`](crate::LossPolicy::Signal) the
+//! `handle_error`). With [`LossPolicy::Signal`](crate::LossPolicy::Signal) the
 //! handler runs to its end and decides for itself: the `loss` field of its
 //! [`LockInfo`](crate::LockInfo) is a [`LossSignal`](crate::LossSignal). Check it
 //! before each write the lock protects, and pass the fencing token along, so that
