@@ -1,5 +1,8 @@
 //! Cancel safety.
 
+use rand::rngs::StdRng;
+use rand::{RngExt as _, SeedableRng as _};
+
 use super::*;
 
 /// 200 tasks on one key over three lockers (coalescing, handoff, naive); half of
@@ -34,9 +37,9 @@ async fn cancelled_lock_calls_leave_nothing_behind() {
     for i in 0..TASKS {
         let locker = lockers[(i % 3) as usize].clone();
         let (key, inside, completed) = (key.clone(), inside.clone(), completed.clone());
-        let mut rng = XorShift::new(i + 1);
-        let start_in = Duration::from_micros(rng.below(20_000));
-        let hold = Duration::from_micros(rng.below(2_000));
+        let mut rng = StdRng::seed_from_u64(i + 1);
+        let start_in = Duration::from_micros(rng.random_range(0..20_000));
+        let hold = Duration::from_micros(rng.random_range(0..2_000));
         let body = async move {
             tokio::time::sleep(start_in).await;
             let guard = locker.lock(&key).await.expect("lock within 60 s");
@@ -47,7 +50,7 @@ async fn cancelled_lock_calls_leave_nothing_behind() {
             guard.release().await.expect("release");
             completed.fetch_add(1, Ordering::SeqCst);
         };
-        let cancel_after = Duration::from_micros(rng.below(60_000));
+        let cancel_after = Duration::from_micros(rng.random_range(0..60_000));
         match i % 4 {
             0 | 2 => {
                 must_finish.spawn(body);

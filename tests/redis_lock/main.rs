@@ -167,28 +167,6 @@ impl Drop for SetOnDrop {
     }
 }
 
-/// A tiny deterministic PRNG (xorshift64), so the tests need no extra dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn assert_strictly_increasing(tokens: &[FencingToken]) {
     for (i, pair) in tokens.windows(2).enumerate() {
         assert!(

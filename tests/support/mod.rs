@@ -28,8 +28,8 @@
 //! process dies for any reason (even `SIGKILL`, or a static that is never
 //! dropped), the pipe closes and the supervisor kills the server.
 //!
-//! Linux only: process states are read from `/proc`, signals are sent with the
-//! shell's `kill`.
+//! Linux only: process states are read from `/proc`; signals are sent with
+//! `nix` (a safe wrapper of `kill(2)`).
 //!
 //! # Fault injection
 //!
@@ -643,15 +643,16 @@ fn stop_supervised(mut running: Supervised, paused: bool) {
     }
 }
 
-/// Sends `SIGNAME` (e.g. `"STOP"`) to `pid` with the shell's `kill`.
+/// Sends `SIG<NAME>` (e.g. `"STOP"`) to `pid`; `false` if the name is unknown or
+/// the signal could not be sent.
 fn send_signal(pid: u32, signal: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", r#"kill -s "$1" "$2""#, "sh", signal, &pid.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let (Ok(signal), Ok(pid)) = (format!("SIG{signal}").parse::<Signal>(), i32::try_from(pid))
+    else {
+        return false;
+    };
+    kill(Pid::from_raw(pid), signal).is_ok()
 }
 
 /// The state letter of `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`, ...), `None`
