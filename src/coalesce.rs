@@ -204,6 +204,7 @@ impl Locker {
     {
         let key: LockKey = key.into();
         key.validate()?;
+        self.check_reentry(&key)?;
         let flights = &self.shared().flights;
         let fkey = (key.clone(), TypeId::of::<T>());
         let flight = match flights.map.entry(fkey.clone()) {

@@ -70,6 +70,16 @@ pub enum Error {
         /// The configured bound that was reached.
         waiters: usize,
     },
+    /// The running future already holds this lock (it runs inside
+    /// [`Locker::with_lock`](crate::Locker::with_lock) or behind the lock layer for
+    /// the same key): asking again would wait behind itself. Answered at once.
+    #[error(
+        "lock {key:?}: already held by the running future (inside with_lock or the lock layer); locking it again would wait behind itself"
+    )]
+    Reentrant {
+        /// The lock key.
+        key: LockKey,
+    },
     /// The key cannot be used as a lock key.
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {
@@ -159,6 +169,7 @@ impl Error {
             | Error::NoPermission { key, .. }
             | Error::Refused { key, .. }
             | Error::Panicked { key }
+            | Error::Reentrant { key }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
         }
@@ -200,6 +211,7 @@ impl Error {
             Error::NoPermission { .. } => "no_permission",
             Error::Refused { .. } => "lock_refused",
             Error::Panicked { .. } => "panicked",
+            Error::Reentrant { .. } => "lock_reentrant",
             Error::Connect { .. } => "backend_unreachable",
             Error::Backend { .. } => "backend_unavailable",
         }

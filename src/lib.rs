@@ -79,6 +79,7 @@ mod key;
 pub mod layer;
 mod lease;
 mod locker;
+mod reentry;
 pub mod routing;
 mod slot;
 mod stats;

@@ -374,11 +374,23 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Timeout`] when
-    /// the wait timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already
+    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Reentrant`] at
+    /// once when the running future already holds `key` (it runs inside
+    /// [`with_lock`](Self::with_lock) or behind the lock layer for it, see
+    /// "Reentrancy" below); [`Error::Timeout`] when the wait timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already
     /// wait for the key; [`Error::ForeignValue`], [`Error::NoPermission`] and
     /// [`Error::Backend`] from the backend (transient backend errors are retried
     /// until the deadline).
+    ///
+    /// # Reentrancy
+    ///
+    /// Locks are not reentrant: a second `lock` of a held key would wait behind
+    /// itself. Inside [`with_lock`](Self::with_lock)'s closure and behind the lock
+    /// layer, the held keys are known (a task-local scope around the guarded
+    /// future), so asking again fails at once with [`Error::Reentrant`]. Holding is
+    /// scoped to the guarded future, not to a thread or a task: tasks move between
+    /// threads, and one task may run independent futures (`join!`) that each wait
+    /// for the lock in turn, correctly.
     ///
     /// # Cancel safety
     ///
@@ -402,6 +414,7 @@ impl Locker {
     pub async fn lock_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<LockGuard> {
         let key = key.into();
         key.validate()?;
+        self.check_reentry(&key)?;
         let span = tracing::debug_span!("lockflight.lock", key = %key);
         self.lock_inner(key, wait).instrument(span).await
     }
@@ -475,6 +488,7 @@ impl Locker {
     pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
         let key = key.into();
         key.validate()?;
+        self.check_reentry(&key)?;
         let start = Instant::now();
         let deadline = deadline_after(start, self.shared.config.wait_timeout);
         let shared = &self.shared;
@@ -522,14 +536,15 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let guard = self.lock(key).await?;
+        let work = crate::reentry::scope(self.id(), guard.key().clone(), work(guard.info()));
         let out = match self.shared.config.on_loss {
-            LossPolicy::Signal => work(guard.info()).await,
+            LossPolicy::Signal => work.await,
             LossPolicy::Abort => {
                 let lost = guard.lost();
                 tokio::select! {
                     biased;
                     _ = lost => return Err(guard.lost_error()),
-                    out = work(guard.info()) => out,
+                    out = work => out,
                 }
             }
         };
@@ -557,6 +572,19 @@ impl Locker {
     /// every task is done: slots never outlive their use.
     pub fn active_keys(&self) -> usize {
         self.shared.slots.len()
+    }
+
+    /// This locker's identity (shared by its clones), for the reentry check.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// [`Error::Reentrant`] if the running future already holds `key` here.
+    pub(crate) fn check_reentry(&self, key: &LockKey) -> Result<()> {
+        if crate::reentry::holds(self.id(), key) {
+            return Err(Error::Reentrant { key: key.clone() });
+        }
+        Ok(())
     }
 
     pub(crate) fn loss_policy(&self) -> LossPolicy {

@@ -25,7 +25,8 @@ fn status(e: &Error) -> StatusCode {
         Error::ForeignValue { .. }
         | Error::NoPermission { .. }
         | Error::InvalidConfig { .. }
-        | Error::Panicked { .. } => INTERNAL,
+        | Error::Panicked { .. }
+        | Error::Reentrant { .. } => INTERNAL,
     }
 }
 
@@ -51,6 +52,7 @@ impl IntoResponse for Error {
     /// | [`Error::NoPermission`] | 500 | `no_permission` |
     /// | [`Error::InvalidConfig`] | 500 | `invalid_config` |
     /// | [`Error::Panicked`] | 500 | `panicked` |
+    /// | [`Error::Reentrant`] | 500 | `lock_reentrant` |
     /// | any other error, in [`handle_error`] | 500 | `internal` |
     ///
     /// The codes are part of the API: they change only in a breaking release.

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 use tower::util::Oneshot;
 use tower_service::Service;
 
@@ -15,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::guard::{LockGuard, Lost};
 use crate::key::LockKey;
 use crate::locker::{Locker, LossPolicy};
+use crate::reentry::{self, Held};
 
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
 
@@ -43,11 +45,13 @@ where
         lock: LockFuture,
         call: Option<(S, Req)>,
         abort_on_loss: bool,
+        locker: usize,
     },
-    /// The lock is held: the inner clone is polled ready, then called.
+    /// The lock is held: the inner clone is polled ready, then called, as a
+    /// holder of the key (a nested lock of the same key fails at once).
     Running {
         #[pin]
-        fut: Oneshot<S, Req>,
+        fut: TaskLocalFuture<Held, Oneshot<S, Req>>,
         #[pin]
         lost: Option<Lost>,
         guard: Option<LockGuard>,
@@ -86,11 +90,13 @@ where
     pub(super) fn locking(locker: &Locker, key: LockKey, service: S, req: Req) -> Self {
         let locker = locker.clone();
         let abort_on_loss = locker.loss_policy() == LossPolicy::Abort;
+        let id = locker.id();
         ResponseFuture {
             state: State::Locking {
                 lock: Box::pin(async move { locker.lock(key).await }),
                 call: Some((service, req)),
                 abort_on_loss,
+                locker: id,
             },
         }
     }
@@ -126,6 +132,7 @@ where
                     lock,
                     call,
                     abort_on_loss,
+                    locker,
                 } => {
                     let guard = match ready!(lock.as_mut().poll(cx)) {
                         Ok(guard) => guard,
@@ -139,8 +146,10 @@ where
                     };
                     req.set_lock_info(guard.info());
                     let lost = abort_on_loss.then(|| guard.lost());
+                    let fut =
+                        reentry::scope(*locker, guard.key().clone(), Oneshot::new(service, req));
                     state.set(State::Running {
-                        fut: Oneshot::new(service, req),
+                        fut,
                         lost,
                         guard: Some(guard),
                     });
