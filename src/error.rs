@@ -62,6 +62,13 @@ pub enum Error {
         /// Why the lease is considered lost.
         reason: String,
     },
+    /// The lock is held and the call asked not to wait
+    /// ([`LockOptions::try_only`](crate::LockOptions::try_only)).
+    #[error("lock {key:?}: busy, and the call does not wait")]
+    Busy {
+        /// The lock key.
+        key: LockKey,
+    },
     /// Too many tasks are already waiting locally for this key.
     #[error("lock {key:?}: overloaded, {waiters} tasks already wait locally (max_waiters)")]
     Overloaded {
@@ -170,6 +177,7 @@ impl Error {
             | Error::Refused { key, .. }
             | Error::Panicked { key }
             | Error::Reentrant { key }
+            | Error::Busy { key }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
         }
@@ -182,6 +190,7 @@ impl Error {
         matches!(
             self,
             Error::Timeout { .. }
+                | Error::Busy { .. }
                 | Error::Overloaded { .. }
                 | Error::Backend { .. }
                 | Error::Connect { .. }
@@ -205,6 +214,7 @@ impl Error {
             Error::Timeout { .. } => "lock_timeout",
             Error::LeaseLost { .. } => "lease_lost",
             Error::Overloaded { .. } => "lock_overloaded",
+            Error::Busy { .. } => "lock_busy",
             Error::InvalidKey { .. } => "invalid_key",
             Error::InvalidConfig { .. } => "invalid_config",
             Error::ForeignValue { .. } => "foreign_value",

@@ -90,7 +90,7 @@ pub use backend::redis::{RedisBackend, RedisBackendBuilder};
 pub use error::{Error, Phase, Result};
 pub use guard::{FencingToken, LockGuard, LockInfo, LossSignal, Lost};
 pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};
-pub use locker::{Handoff, Locker, LockerBuilder, LossPolicy};
+pub use locker::{Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 pub use stats::Stats;
 
 #[cfg(doctest)]

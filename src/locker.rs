@@ -117,6 +117,60 @@ pub enum LossPolicy {
     Signal,
 }
 
+/// Per-call settings of [`Locker::lock_with`] (and per route, of
+/// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field
+/// takes the locker's setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockflight::LockOptions;
+///
+/// // Wait at most 200 ms, hold for at most 10 s without renewal.
+/// let quick = LockOptions::new()
+///     .wait_timeout(Duration::from_millis(200))
+///     .lease_ttl(Duration::from_secs(10));
+/// // Fail fast: Error::Busy at once when the key is held.
+/// let fail_fast = LockOptions::new().try_only();
+/// # let _ = (quick, fail_fast);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct LockOptions {
+    wait_timeout: Option<Duration>,
+    lease_ttl: Option<Duration>,
+    try_only: bool,
+}
+
+impl LockOptions {
+    /// The locker's settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long this call waits for the lock (`Duration::MAX`: as long as it
+    /// takes).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The TTL of a lease this call acquires from the backend. It must fit the
+    /// locker's renewal interval (the rule of
+    /// [`LockerBuilder::build`](crate::LockerBuilder::build)). A lease handed to
+    /// this call by another local task (handoff) keeps its own TTL.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Do not wait: [`Error::Busy`] at once when another task of this process or
+    /// another instance holds the lock (one backend request at most).
+    pub fn try_only(mut self) -> Self {
+        self.try_only = true;
+        self
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) lease_ttl: Duration,
@@ -242,16 +296,7 @@ impl LockerBuilder {
         }
         let renew_every = self.renew_every.unwrap_or(ttl / 3);
         let usable = ttl.saturating_sub(lease::drift(ttl));
-        let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
-        if renew_every.is_zero() || latest_start > usable / 2 {
-            return Err(Error::config(format!(
-                "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
-                 after the acquire, which leaves less than half of the lease validity of \
-                 {usable:?} (lease_ttl minus the drift margin) to renew in time; use at \
-                 most {:?}",
-                usable * 2 / 5
-            )));
-        }
+        validate_ttl(ttl, renew_every).map_err(Error::config)?;
         if self.max_waiters == 0 {
             return Err(Error::config("max_waiters is zero"));
         }
@@ -416,10 +461,69 @@ impl Locker {
         key.validate()?;
         self.check_reentry(&key)?;
         let span = tracing::debug_span!("lockflight.lock", key = %key);
-        self.lock_inner(key, wait).instrument(span).await
+        let ttl = self.shared.config.lease_ttl;
+        self.lock_inner(key, wait, ttl).instrument(span).await
     }
 
-    async fn lock_inner(&self, key: LockKey, wait: Duration) -> Result<LockGuard> {
+    /// Like [`lock`](Self::lock) with per-call settings: a wait timeout, a lease
+    /// TTL, or no waiting at all.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockflight::Result<()> {
+    /// use std::time::Duration;
+    /// use lockflight::{Error, LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let held = locker.lock("sku:555").await?;
+    /// let busy = locker.lock_with("sku:555", LockOptions::new().try_only()).await;
+    /// assert!(matches!(busy, Err(Error::Busy { .. })));
+    /// drop(held);
+    /// let guard = locker
+    ///     .lock_with("sku:555", LockOptions::new().wait_timeout(Duration::from_secs(1)))
+    ///     .await?;
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock); [`Error::Busy`] for a busy key with
+    /// [`LockOptions::try_only`]; [`Error::InvalidConfig`] for a lease TTL that the
+    /// locker cannot renew in time.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(
+        &self,
+        key: impl Into<LockKey>,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
+        let key = key.into();
+        key.validate()?;
+        self.check_reentry(&key)?;
+        let config = &self.shared.config;
+        let ttl = match options.lease_ttl {
+            Some(ttl) => {
+                validate_ttl(ttl, config.renew_every)
+                    .map_err(|reason| Error::config(format!("lock_with({key}): {reason}")))?;
+                ttl
+            }
+            None => config.lease_ttl,
+        };
+        let span = tracing::debug_span!("lockflight.lock", key = %key);
+        if options.try_only {
+            return match self.try_lock_inner(&key, ttl).instrument(span).await? {
+                Some(guard) => Ok(guard),
+                None => Err(Error::Busy { key }),
+            };
+        }
+        let wait = options.wait_timeout.unwrap_or(config.wait_timeout);
+        self.lock_inner(key, wait, ttl).instrument(span).await
+    }
+
+    async fn lock_inner(&self, key: LockKey, wait: Duration, ttl: Duration) -> Result<LockGuard> {
         let start = Instant::now();
         let deadline = deadline_after(start, wait);
         let shared = &self.shared;
@@ -465,7 +569,17 @@ impl Locker {
                 }
             };
             return shared
-                .lead(&key, slot, lead, start, deadline, true)
+                .lead(
+                    &key,
+                    slot,
+                    lead,
+                    Call {
+                        start,
+                        deadline,
+                        queue: true,
+                        ttl,
+                    },
+                )
                 .await?
                 .ok_or_else(|| {
                     Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
@@ -489,6 +603,12 @@ impl Locker {
         let key = key.into();
         key.validate()?;
         self.check_reentry(&key)?;
+        self.try_lock_inner(&key, self.shared.config.lease_ttl)
+            .await
+    }
+
+    async fn try_lock_inner(&self, key: &LockKey, ttl: Duration) -> Result<Option<LockGuard>> {
+        let key = key.clone();
         let start = Instant::now();
         let deadline = deadline_after(start, self.shared.config.wait_timeout);
         let shared = &self.shared;
@@ -502,7 +622,17 @@ impl Locker {
             None
         };
         shared
-            .lead(&key, slot, Lead::default(), start, deadline, false)
+            .lead(
+                &key,
+                slot,
+                Lead::default(),
+                Call {
+                    start,
+                    deadline,
+                    queue: false,
+                    ttl,
+                },
+            )
             .await
     }
 
@@ -596,6 +726,17 @@ impl Locker {
     }
 }
 
+/// What one call asks of the leader loop.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    start: Instant,
+    deadline: Instant,
+    /// Join the backend's queue when busy (`false` for a single attempt).
+    queue: bool,
+    /// The TTL of a lease acquired by this call.
+    ttl: Duration,
+}
+
 /// The one task that talks to the backend for a key, until it holds the lease or
 /// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
 struct Leading {
@@ -665,10 +806,14 @@ impl Shared {
         key: &LockKey,
         slot: Option<Arc<Slot>>,
         inherited: Lead,
-        start: Instant,
-        deadline: Instant,
-        queue: bool,
+        call: Call,
     ) -> Result<Option<LockGuard>> {
+        let Call {
+            start,
+            deadline,
+            queue,
+            ttl,
+        } = call;
         let token = inherited.token.unwrap_or_else(LeaseToken::random);
         let mut leading = Leading {
             shared: self.arc(),
@@ -682,7 +827,6 @@ impl Shared {
         };
         let wakeups = self.backend.wakeups();
         let mut wakeup: Option<crate::backend::Wakeup> = None;
-        let ttl = self.config.lease_ttl;
         let mut backoff = Duration::from_millis(10);
         loop {
             let generation = wakeups.generation(key.as_bytes());
@@ -991,6 +1135,31 @@ impl ReleaseJob {
             Err(_) => self.settle_locally(),
         }
     }
+}
+
+/// Checks that leases of `ttl` can be renewed in time every `renew_every`: the
+/// interval plus the watchdog's scan delay must leave at least half of the
+/// lease's validity for the renewal itself.
+fn validate_ttl(ttl: Duration, renew_every: Duration) -> std::result::Result<(), String> {
+    if !(LockerBuilder::MIN_LEASE_TTL..=LockerBuilder::MAX_LEASE_TTL).contains(&ttl) {
+        return Err(format!(
+            "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+            LockerBuilder::MIN_LEASE_TTL,
+            LockerBuilder::MAX_LEASE_TTL
+        ));
+    }
+    let usable = ttl.saturating_sub(lease::drift(ttl));
+    let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
+    if renew_every.is_zero() || latest_start > usable / 2 {
+        return Err(format!(
+            "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
+             after the acquire, which leaves less than half of the lease validity of \
+             {usable:?} (lease_ttl {ttl:?} minus the drift margin) to renew in time; use a \
+             renew_every of at most {:?} or a longer lease_ttl",
+            usable * 2 / 5
+        ));
+    }
+    Ok(())
 }
 
 /// `start + wait`, or a far future when that overflows (a wait of `Duration::MAX`

@@ -16,6 +16,7 @@ fn status(e: &Error) -> StatusCode {
     const INTERNAL: StatusCode = StatusCode::INTERNAL_SERVER_ERROR;
     match e {
         Error::Timeout { .. }
+        | Error::Busy { .. }
         | Error::Overloaded { .. }
         | Error::LeaseLost { .. }
         | Error::Refused { .. }
@@ -43,6 +44,7 @@ impl IntoResponse for Error {
     /// |---|---|---|
     /// | [`Error::Timeout`] | 503, `Retry-After: 1` | `lock_timeout` |
     /// | [`Error::Overloaded`] | 503, `Retry-After: 1` | `lock_overloaded` |
+    /// | [`Error::Busy`] (fail-fast routes) | 503, `Retry-After: 1` | `lock_busy` |
     /// | [`Error::LeaseLost`] | 503 | `lease_lost` |
     /// | [`Error::Refused`] (`OOM`, `READONLY`, …) | 503 | `lock_refused` |
     /// | [`Error::Backend`] | 503 | `backend_unavailable` |
@@ -58,7 +60,10 @@ impl IntoResponse for Error {
     /// The codes are part of the API: they change only in a breaking release.
     fn into_response(self) -> Response {
         let (status, code) = (status(&self), self.code());
-        let busy = matches!(self, Error::Timeout { .. } | Error::Overloaded { .. });
+        let busy = matches!(
+            self,
+            Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
+        );
         if status.is_server_error() && !busy {
             tracing::warn!(code, status = status.as_u16(), error = %self, "lockflight error response");
         } else {
@@ -174,6 +179,12 @@ mod tests {
                 "lock_overloaded",
                 busy,
             ),
+            (Error::Busy { key: key.clone() }, "lock_busy", busy),
+            (
+                Error::Reentrant { key: key.clone() },
+                "lock_reentrant",
+                internal,
+            ),
             (
                 Error::LeaseLost {
                     key: key.clone(),
@@ -267,7 +278,10 @@ mod tests {
             assert!(codes.insert(code), "code {code} used twice");
             let res = error.clone().into_response();
             assert_eq!(res.status(), status, "{error:?}");
-            let busy = matches!(error, Error::Timeout { .. } | Error::Overloaded { .. });
+            let busy = matches!(
+                error,
+                Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
+            );
             assert_eq!(
                 res.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
                 busy.then_some(&b"1"[..]),
@@ -324,7 +338,10 @@ mod tests {
             let log = logged(|| drop(error.clone().into_response()));
             assert!(log.contains(&full), "{log:?} lacks {full:?}");
             assert!(log.contains(code), "{log:?} lacks {code}");
-            let busy = matches!(error, Error::Timeout { .. } | Error::Overloaded { .. });
+            let busy = matches!(
+                error,
+                Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
+            );
             let level = if status.is_server_error() && !busy {
                 "WARN"
             } else {

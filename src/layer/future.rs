@@ -15,7 +15,7 @@ use super::service::WithLockInfo;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, Lost};
 use crate::key::LockKey;
-use crate::locker::{Locker, LossPolicy};
+use crate::locker::{LockOptions, Locker, LossPolicy};
 use crate::reentry::{self, Held};
 
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
@@ -87,13 +87,19 @@ where
     S: Service<Req> + Send + 'static,
     Req: Send + 'static,
 {
-    pub(super) fn locking(locker: &Locker, key: LockKey, service: S, req: Req) -> Self {
+    pub(super) fn locking(
+        locker: &Locker,
+        key: LockKey,
+        options: LockOptions,
+        service: S,
+        req: Req,
+    ) -> Self {
         let locker = locker.clone();
         let abort_on_loss = locker.loss_policy() == LossPolicy::Abort;
         let id = locker.id();
         ResponseFuture {
             state: State::Locking {
-                lock: Box::pin(async move { locker.lock(key).await }),
+                lock: Box::pin(async move { locker.lock_with(key, options).await }),
                 call: Some((service, req)),
                 abort_on_loss,
                 locker: id,

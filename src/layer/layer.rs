@@ -1,7 +1,7 @@
 use tower_layer::Layer;
 
 use super::service::LockService;
-use crate::locker::Locker;
+use crate::locker::{LockOptions, Locker};
 
 /// What [`LockService`] does with a request whose key extractor finds no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,6 +34,7 @@ pub struct LockLayer<E> {
     locker: Locker,
     extractor: E,
     missing: MissingKey,
+    options: LockOptions,
 }
 
 impl<E> LockLayer<E> {
@@ -43,7 +44,32 @@ impl<E> LockLayer<E> {
             locker,
             extractor,
             missing: MissingKey::default(),
+            options: LockOptions::default(),
         }
+    }
+
+    /// Per-route lock settings (default: the locker's). Give each route its own
+    /// layer to give it its own wait timeout or lease TTL; with
+    /// [`LockOptions::try_only`] the route fails fast — [`Error::Busy`]
+    /// (`503 lock_busy` with `Retry-After` under the `axum` feature) at once when the
+    /// key is held — instead of queueing.
+    ///
+    /// ```
+    /// use lockflight::layer::LockLayer;
+    /// use lockflight::{HeaderKey, LockOptions, Locker, MemoryBackend};
+    ///
+    /// # fn main() -> lockflight::Result<()> {
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let sku = HeaderKey::new(http::HeaderName::from_static("x-sku"));
+    /// let fail_fast = LockLayer::new(locker, sku).options(LockOptions::new().try_only());
+    /// # let _ = fail_fast;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Error::Busy`]: crate::Error::Busy
+    pub fn options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// What to do with requests that have no key (default: pass through).
@@ -63,5 +89,6 @@ impl<S, E: Clone> Layer<S> for LockLayer<E> {
             self.extractor.clone(),
             self.missing,
         )
+        .with_options(self.options)
     }
 }

@@ -8,7 +8,7 @@ use super::layer::MissingKey;
 use crate::error::Error;
 use crate::guard::LockInfo;
 use crate::key::{KeyExtractor, LockKey};
-use crate::locker::Locker;
+use crate::locker::{LockOptions, Locker};
 
 /// A request type that can carry the [`LockInfo`] of the lock it runs under.
 ///
@@ -61,6 +61,7 @@ pub struct LockService<S, E> {
     locker: Locker,
     extractor: E,
     missing: MissingKey,
+    options: LockOptions,
 }
 
 impl<S, E> LockService<S, E> {
@@ -71,7 +72,14 @@ impl<S, E> LockService<S, E> {
             locker,
             extractor,
             missing,
+            options: LockOptions::default(),
         }
+    }
+
+    /// Locks with these per-call settings (see [`LockLayer::options`](super::LockLayer::options)).
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// The inner service.
@@ -100,7 +108,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let inner = self.inner.clone();
         match self.extractor.extract(&req) {
-            Some(key) => ResponseFuture::locking(&self.locker, key, inner, req),
+            Some(key) => ResponseFuture::locking(&self.locker, key, self.options, inner, req),
             None => match self.missing {
                 MissingKey::PassThrough => ResponseFuture::passing(inner, req),
                 MissingKey::Reject => ResponseFuture::failed(Error::InvalidKey {

@@ -1,0 +1,182 @@
+//! Per-call settings (`Locker::lock_with`) and per-route settings
+//! (`LockLayer::options`) against a real Redis: a wait timeout, a lease TTL, and
+//! fail-fast (`try_only`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::Request;
+use lockflight::layer::LockLayer;
+use lockflight::{Error, HeaderKey, LockKey, LockOptions, Locker, RedisBackend};
+use support::{shared, unique_prefix};
+use tower::{Layer, ServiceExt, service_fn};
+
+const LOCKER_WAIT: Duration = Duration::from_secs(30);
+
+async fn redis_locker(name: &str) -> (Locker, RedisBackend) {
+    let backend = RedisBackend::builder(shared().url())
+        .prefix(unique_prefix(name))
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::builder(backend.clone())
+        .wait_timeout(LOCKER_WAIT)
+        .build()
+        .unwrap();
+    (locker, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_call_wait_timeout_replaces_the_lockers() {
+    let (locker, _) = redis_locker("options-wait").await;
+    let guard = locker.lock("k").await.unwrap();
+    let started = Instant::now();
+    let err = locker
+        .lock_with(
+            "k",
+            LockOptions::new().wait_timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
+        "waited {waited:?}, the per-call timeout is 300 ms (the locker's is 30 s)"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_only_fails_fast_with_busy_and_one_request() {
+    let prefix = unique_prefix("options-try-shared");
+    let connect = || async {
+        let backend = RedisBackend::builder(shared().url())
+            .prefix(prefix.clone())
+            .connect()
+            .await
+            .unwrap();
+        Locker::builder(backend)
+            .wait_timeout(LOCKER_WAIT)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (connect().await, connect().await);
+
+    // Held by another instance: one backend request, Busy at once.
+    let held = one.lock("k").await.unwrap();
+    let before = two.stats();
+    let started = Instant::now();
+    let err = two
+        .lock_with("k", LockOptions::new().try_only())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Busy { ref key } if *key == LockKey::from("k")),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!((two.stats() - before).acquire_attempts, 1);
+
+    // Held by another task of this process: no backend request at all.
+    let before = one.stats();
+    let err = one
+        .lock_with("k", LockOptions::new().try_only())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert_eq!((one.stats() - before).acquire_attempts, 0);
+
+    held.release().await.unwrap();
+    let guard = two
+        .lock_with("k", LockOptions::new().try_only())
+        .await
+        .expect("free: taken at once");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_call_lease_ttl_is_what_redis_holds() {
+    let (locker, backend) = redis_locker("options-ttl").await;
+    let key = LockKey::from("k");
+    let con = shared().connection().await;
+    let pttl = |mut con: redis::aio::MultiplexedConnection, name: Vec<u8>| async move {
+        redis::cmd("PTTL")
+            .arg(name)
+            .query_async::<i64>(&mut con)
+            .await
+            .unwrap()
+    };
+    let guard = locker
+        .lock_with(&key, LockOptions::new().lease_ttl(Duration::from_secs(90)))
+        .await
+        .unwrap();
+    let left = pttl(con.clone(), backend.lock_name(&key)).await;
+    assert!(
+        (60_000..=90_000).contains(&left),
+        "PTTL {left} ms, the call asked for 90 s (the locker's TTL is 30 s)"
+    );
+    guard.release().await.unwrap();
+
+    // A TTL the locker cannot renew in time (renewal every 10 s) is refused.
+    let err = locker
+        .lock_with(&key, LockOptions::new().lease_ttl(Duration::from_secs(2)))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::InvalidConfig { reason } => {
+            assert!(
+                reason.contains("renew_every") && reason.contains('k'),
+                "{reason}"
+            );
+        }
+        other => panic!("expected InvalidConfig, got {other}"),
+    }
+}
+
+/// A fail-fast route answers at once while the key is held; a normal route on the
+/// same locker waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_fast_route_answers_at_once_when_busy() {
+    let (locker, _) = redis_locker("options-route").await;
+    let sku = || HeaderKey::new(http::HeaderName::from_static("x-sku"));
+    let handler =
+        service_fn(|_req: Request<()>| async { Ok::<_, std::convert::Infallible>("done") });
+    let fail_fast = LockLayer::new(locker.clone(), sku())
+        .options(LockOptions::new().try_only())
+        .layer(handler);
+    let patient = LockLayer::new(locker.clone(), sku())
+        .options(LockOptions::new().wait_timeout(Duration::from_secs(20)))
+        .layer(handler);
+    let req = || {
+        Request::builder()
+            .header("x-sku", "sku:9")
+            .body(())
+            .unwrap()
+    };
+
+    let held = locker.lock("sku:9").await.unwrap();
+    let started = Instant::now();
+    let err = fail_fast.clone().oneshot(req()).await.unwrap_err();
+    let err = err.downcast::<Error>().expect("a lockflight error");
+    assert!(matches!(*err, Error::Busy { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let waiting = tokio::spawn(patient.oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the patient route waits for the lock"
+    );
+    held.release().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), "done");
+    // Once the patient route's lock is released (in the background, as its
+    // response completed), the fail-fast route goes through.
+    let through = support::wait_until(Duration::from_secs(5), || {
+        let svc = fail_fast.clone();
+        async move { svc.oneshot(req()).await.is_ok() }
+    })
+    .await;
+    assert!(through, "the fail-fast route never got the free lock");
+}
