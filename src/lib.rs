@@ -79,6 +79,7 @@ mod key;
 pub mod layer;
 mod lease;
 mod locker;
+mod multi;
 mod reentry;
 pub mod routing;
 mod slot;
@@ -91,6 +92,7 @@ pub use error::{Error, Phase, Result};
 pub use guard::{FencingToken, LockGuard, LockInfo, LossSignal, Lost};
 pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};
 pub use locker::{Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
+pub use multi::MultiGuard;
 pub use stats::Stats;
 
 #[cfg(doctest)]

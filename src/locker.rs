@@ -704,6 +704,11 @@ impl Locker {
         self.shared.slots.len()
     }
 
+    /// The configured wait timeout.
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        self.shared.config.wait_timeout
+    }
+
     /// This locker's identity (shared by its clones), for the reentry check.
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.shared) as usize
