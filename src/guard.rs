@@ -151,6 +151,7 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     seq: u64,
     done: bool,
+    granted_at: tokio::time::Instant,
 }
 
 impl fmt::Debug for LockGuard {
@@ -176,6 +177,7 @@ impl LockGuard {
             lease,
             seq,
             done: false,
+            granted_at: tokio::time::Instant::now(),
         }
     }
 
@@ -255,6 +257,7 @@ impl LockGuard {
     /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
+        crate::stats::histograms::hold(self.granted_at.elapsed());
         let job = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
@@ -270,6 +273,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
+        crate::stats::histograms::hold(self.granted_at.elapsed());
         if let Some(job) = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)

@@ -465,6 +465,14 @@ impl Locker {
         self.lock_inner(key, wait, ttl).instrument(span).await
     }
 
+    /// Records the wait of a granted call.
+    fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
+        if result.is_ok() {
+            crate::stats::histograms::wait(start.elapsed());
+        }
+        result
+    }
+
     /// Like [`lock`](Self::lock) with per-call settings: a wait timeout, a lease
     /// TTL, or no waiting at all.
     ///
@@ -525,6 +533,16 @@ impl Locker {
 
     async fn lock_inner(&self, key: LockKey, wait: Duration, ttl: Duration) -> Result<LockGuard> {
         let start = Instant::now();
+        Self::granted(start, self.lock_inner_at(key, start, wait, ttl).await)
+    }
+
+    async fn lock_inner_at(
+        &self,
+        key: LockKey,
+        start: Instant,
+        wait: Duration,
+        ttl: Duration,
+    ) -> Result<LockGuard> {
         let deadline = deadline_after(start, wait);
         let shared = &self.shared;
         loop {
@@ -608,8 +626,20 @@ impl Locker {
     }
 
     async fn try_lock_inner(&self, key: &LockKey, ttl: Duration) -> Result<Option<LockGuard>> {
-        let key = key.clone();
         let start = Instant::now();
+        match self.try_lock_at(key, start, ttl).await {
+            Ok(Some(guard)) => Self::granted(start, Ok(Some(guard))),
+            other => other,
+        }
+    }
+
+    async fn try_lock_at(
+        &self,
+        key: &LockKey,
+        start: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        let key = key.clone();
         let deadline = deadline_after(start, self.shared.config.wait_timeout);
         let shared = &self.shared;
         let slot = if shared.config.coalescing {
@@ -1057,6 +1087,7 @@ impl ReleaseJob {
         let job = rearm.0.as_ref().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
         shared.renewals.forget(&lease);
+        crate::stats::histograms::renewals(lease.renewed.load(Ordering::Relaxed));
         let mut attempt = 0u32;
         let result = loop {
             shared.stats.release();
@@ -1117,6 +1148,7 @@ impl ReleaseJob {
     /// TTL.
     fn settle_locally(self) {
         self.shared.renewals.forget(&self.lease);
+        crate::stats::histograms::renewals(self.lease.renewed.load(Ordering::Relaxed));
         if let Some(slot) = &self.slot {
             let _ = slot.released(&self.shared.slots, Lead::default());
         }

@@ -7,6 +7,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Backend requests (one round trip each) are `acquire_attempts + releases +
 /// renew_attempts + leaves`.
 ///
+/// With the `metrics` feature every counter is also exported through the
+/// `metrics` facade as `lockflight_<field>_total` (e.g.
+/// `lockflight_acquire_attempts_total`), and three histograms help size
+/// `lease_ttl` and `wait_timeout` from the tail of real hold and wait times (no
+/// labels: a key would make the cardinality unbounded):
+///
+/// | name | unit | recorded |
+/// |---|---|---|
+/// | `lockflight_wait_seconds` | seconds | when a call is granted the lock: time since it asked |
+/// | `lockflight_hold_seconds` | seconds | when a holder releases (or drops) its guard: time since its grant |
+/// | `lockflight_lease_renewals` | renewals | when a lease is finally released: how often it was renewed |
+///
 /// Subtract two snapshots to measure an interval:
 ///
 /// ```
@@ -61,6 +73,36 @@ impl std::ops::Sub for Stats {
             leases_lost: self.leases_lost - o.leases_lost,
             timeouts: self.timeouts - o.timeouts,
         }
+    }
+}
+
+/// The histograms documented on [`Stats`], through the `metrics` facade (feature
+/// `metrics`); no-ops without the feature.
+pub(crate) mod histograms {
+    use std::time::Duration;
+
+    /// A call was granted the lock after waiting `d`.
+    pub(crate) fn wait(d: Duration) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("lockflight_wait_seconds").record(d.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = d;
+    }
+
+    /// A holder held the lock for `d`.
+    pub(crate) fn hold(d: Duration) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("lockflight_hold_seconds").record(d.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = d;
+    }
+
+    /// A lease was renewed `n` times before its final release.
+    pub(crate) fn renewals(n: u32) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("lockflight_lease_renewals").record(f64::from(n));
+        #[cfg(not(feature = "metrics"))]
+        let _ = n;
     }
 }
 

@@ -16,8 +16,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey};
 use lockflight::{
-    Error, HeaderKey, LockInfo, LockKey, Locker, LossPolicy, MemoryBackend, PathSegment,
-    RedisBackend,
+    Error, HeaderKey, LockInfo, LockKey, Locker, MemoryBackend, PathSegment, RedisBackend,
 };
 use support::wait_until;
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -508,7 +507,7 @@ async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
 /// the handler's future is dropped and when it finished.
 #[cfg(feature = "axum")]
 async fn loss_app(
-    policy: LossPolicy,
+    policy: lockflight::LossPolicy,
 ) -> (
     axum::Router,
     Vec<u8>,
@@ -592,7 +591,8 @@ async fn steal_while_handling(
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
-    let (app, lock_name, started, _dropped, finished) = loss_app(LossPolicy::Signal).await;
+    let (app, lock_name, started, _dropped, finished) =
+        loss_app(lockflight::LossPolicy::Signal).await;
     let (status, body) = steal_while_handling(app, &lock_name, &started).await;
     assert!(finished.load(Ordering::SeqCst), "the handler was aborted");
     assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
@@ -602,7 +602,8 @@ async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abort_the_handler_is_dropped_and_the_client_gets_lease_lost() {
-    let (app, lock_name, started, dropped, finished) = loss_app(LossPolicy::Abort).await;
+    let (app, lock_name, started, dropped, finished) =
+        loss_app(lockflight::LossPolicy::Abort).await;
     let (status, body) = steal_while_handling(app, &lock_name, &started).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body, "lease_lost");

@@ -61,6 +61,8 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
     /// Local handoffs so far.
     pub(crate) handoffs: AtomicU32,
+    /// Successful renewals so far.
+    pub(crate) renewed: AtomicU32,
     /// Other instances waiting, as last reported by the backend.
     pub(crate) waiting: AtomicU32,
     valid_until: Mutex<Instant>,
@@ -90,6 +92,7 @@ impl Lease {
             ttl,
             acquired_at: Instant::now(),
             handoffs: AtomicU32::new(0),
+            renewed: AtomicU32::new(0),
             waiting: AtomicU32::new(waiting),
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
             lost: CancellationToken::new(),

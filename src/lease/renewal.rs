@@ -207,6 +207,7 @@ async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
         match outcome {
             Ok(Extend::Extended { waiting }) => {
                 stats.renewed();
+                lease.renewed.fetch_add(1, Ordering::Relaxed);
                 lease.waiting.store(waiting, Ordering::Relaxed);
                 // A reply that came back after the old validity ended cannot revive
                 // the lease: every observer may already have seen it lost.
