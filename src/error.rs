@@ -127,6 +127,24 @@ pub enum Error {
         /// The lock key.
         key: LockKey,
     },
+    /// A quorum backend ([`RedlockBackend`](crate::RedlockBackend)) could not get a
+    /// majority of its nodes to agree: too few nodes answered (down, unreachable,
+    /// refusing) for a majority to be possible. Whatever the minority granted was
+    /// released before this error was returned. Transient: a retry may succeed once
+    /// enough nodes are back.
+    #[error(
+        "lock {key:?}: quorum not reached while {phase}: {granted} of the {needed} nodes needed agreed"
+    )]
+    QuorumNotReached {
+        /// The lock key.
+        key: LockKey,
+        /// The operation.
+        phase: Phase,
+        /// How many nodes granted (or extended) the lock.
+        granted: usize,
+        /// How many nodes are needed (a majority).
+        needed: usize,
+    },
     /// The backend could not be reached when it was set up.
     #[error("cannot connect to {target}: {source}")]
     Connect {
@@ -159,6 +177,7 @@ impl Error {
             | Error::NoPermission { key, .. }
             | Error::Refused { key, .. }
             | Error::Panicked { key }
+            | Error::QuorumNotReached { key, .. }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
         }
@@ -175,6 +194,7 @@ impl Error {
                 | Error::Backend { .. }
                 | Error::Connect { .. }
                 | Error::LeaseLost { .. }
+                | Error::QuorumNotReached { .. }
         )
     }
 
@@ -202,6 +222,7 @@ impl Error {
             Error::Panicked { .. } => "panicked",
             Error::Connect { .. } => "backend_unreachable",
             Error::Backend { .. } => "backend_unavailable",
+            Error::QuorumNotReached { .. } => "quorum_not_reached",
         }
     }
 
