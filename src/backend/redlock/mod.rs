@@ -225,15 +225,15 @@ impl RedlockBackendBuilder {
         })
     }
 
-    async fn connect_node(&self, url: &String) -> Result<Node> {
-        let backend = RedisBackend::builder(url.clone())
+    async fn connect_node(&self, url: &str) -> Result<Node> {
+        let backend = RedisBackend::builder(url)
             .prefix(self.prefix.clone())
             .response_timeout(self.node_timeout)
             .connection_timeout(self.connection_timeout)
             .connect()
             .await?;
         let target = format!("{backend:?}");
-        let client = redis::Client::open(url.as_str())
+        let client = redis::Client::open(url)
             .map_err(|e| Error::config(format!("redis url of node {target}: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.node_timeout))
@@ -334,6 +334,8 @@ impl fmt::Debug for RedlockBackend {
 enum Outcome<T> {
     Ok(T),
     Failed(Error),
+    /// No reply within the node timeout.
+    TimedOut,
 }
 
 impl RedlockBackend {
@@ -400,11 +402,10 @@ impl Inner {
                 match tokio::time::timeout(timeout, fut).await {
                     Ok(Ok(v)) => Outcome::Ok(v),
                     Ok(Err(e)) => Outcome::Failed(e),
-                    Err(_) => Outcome::Failed(Error::backend(
-                        key,
-                        phase,
-                        format!("no reply from {:?} within {timeout:?}", node.backend),
-                    )),
+                    Err(_) => {
+                        tracing::debug!(%key, %phase, node = ?node.backend, "redlock: no reply within {timeout:?}");
+                        Outcome::TimedOut
+                    }
                 }
             }
         }))
@@ -509,6 +510,113 @@ impl Inner {
         ));
     }
 
+    /// One acquire round (and write-back round); also says whether a node failed
+    /// fast with a transient error.
+    async fn acquire_once(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> (Result<Acquire>, bool) {
+        let inner = self;
+        let before: Vec<u64> = inner
+            .nodes
+            .iter()
+            .map(|node| node.backend.wakeups().generation(key.as_bytes()))
+            .collect();
+        if let Some(f) = inner.forwarders.get(key) {
+            f.woken.store(0, Ordering::Release);
+        }
+        let sent_at = Instant::now();
+        let outcomes = inner
+            .round(key, Phase::Acquiring, |node| {
+                node.backend.acquire(key, token, ttl, queue)
+            })
+            .await;
+        let mut granted = Vec::new(); // (node, epoch, waiting)
+        let mut busy = Vec::new(); // retry_in
+        let mut unknown = Vec::new(); // node indices that may hold it
+        let mut definite = Vec::new();
+        let mut fast = false;
+        for (i, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Outcome::Ok(Acquire::Acquired { epoch, waiting }) => {
+                    granted.push((i, epoch, waiting))
+                }
+                Outcome::Ok(Acquire::Busy { retry_in }) => busy.push(retry_in),
+                Outcome::Failed(e) => {
+                    if is_definite(&e) {
+                        definite.push(e);
+                    } else {
+                        fast = true;
+                    }
+                    // A definite refusal wrote nothing; releasing it is harmless.
+                    unknown.push(i);
+                }
+                Outcome::TimedOut => unknown.push(i),
+            }
+        }
+        let validity = |now: Instant| ttl.saturating_sub(now - sent_at).saturating_sub(drift(ttl));
+        if granted.len() >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
+            let epoch = granted.iter().map(|g| g.1).max().unwrap_or(0);
+            let waiting = granted.iter().map(|g| g.2).max().unwrap_or(0);
+            let fence_ttl = fence_ttl_ms(ttl);
+            let written = join_all(granted.iter().map(|&(i, _, _)| {
+                let node = &inner.nodes[i];
+                async move {
+                    tokio::time::timeout(
+                        inner.node_timeout,
+                        inner.write_back(node, key, token, epoch, fence_ttl),
+                    )
+                    .await
+                }
+            }))
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(Ok(true))))
+            .count();
+            if written >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
+                inner.unwatch_nodes(key);
+                return (Ok(Acquire::Acquired { epoch, waiting }), fast);
+            }
+            tracing::debug!(%key, written, "redlock: the fence write-back reached no majority in time");
+        }
+        // Not granted: release wherever it may be held.
+        let mut holders: Vec<usize> = granted.iter().map(|g| g.0).collect();
+        holders.extend_from_slice(&unknown);
+        holders.sort_unstable();
+        inner.release_on(key, token, &holders).await;
+        if granted.len() + busy.len() >= inner.quorum {
+            let retry_in = if granted.is_empty() && busy.len() >= inner.quorum {
+                // Held elsewhere: a majority may be free when the quorum-th
+                // earliest node frees it.
+                busy.sort_unstable();
+                busy[inner.quorum - 1] + inner.jitter() / 4
+            } else {
+                inner.jitter()
+            };
+            if queue {
+                inner.watch_nodes(key, &before);
+            }
+            return (Ok(Acquire::Busy { retry_in }), fast);
+        }
+        if definite.len() >= inner.quorum
+            && let Some(e) = definite.into_iter().next()
+        {
+            return (Err(e), fast);
+        }
+        (
+            Err(Error::QuorumNotReached {
+                key: key.clone(),
+                phase: Phase::Acquiring,
+                granted: granted.len(),
+                needed: inner.quorum,
+            }),
+            fast,
+        )
+    }
+
     /// Stops counting the wake-ups of `key` (acquired, or no longer wanted).
     fn unwatch_nodes(&self, key: &LockKey) {
         if let Some((_, f)) = self.forwarders.remove(key) {
@@ -604,95 +712,23 @@ impl LockBackend for RedlockBackend {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let inner = &*self.inner;
-        let before: Vec<u64> = inner
-            .nodes
-            .iter()
-            .map(|node| node.backend.wakeups().generation(key.as_bytes()))
-            .collect();
-        if let Some(f) = inner.forwarders.get(key) {
-            f.woken.store(0, Ordering::Release);
-        }
-        let sent_at = Instant::now();
-        let outcomes = inner
-            .round(key, Phase::Acquiring, |node| {
-                node.backend.acquire(key, token, ttl, queue)
-            })
-            .await;
-        let mut granted = Vec::new(); // (node, epoch, waiting)
-        let mut busy = Vec::new(); // retry_in
-        let mut unknown = Vec::new(); // node indices that may hold it
-        let mut definite = Vec::new();
-        for (i, o) in outcomes.into_iter().enumerate() {
-            match o {
-                Outcome::Ok(Acquire::Acquired { epoch, waiting }) => {
-                    granted.push((i, epoch, waiting))
+        // A node that fails fast (its connection is being re-established after a
+        // restart or a reset) is asked again, within one node timeout; a node that
+        // does not answer in time is not.
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let (result, fast_failures) = self.inner.acquire_once(key, token, ttl, queue).await;
+            match result {
+                Err(Error::QuorumNotReached { .. })
+                    if fast_failures && start.elapsed() + pause < self.inner.node_timeout =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause *= 3;
                 }
-                Outcome::Ok(Acquire::Busy { retry_in }) => busy.push(retry_in),
-                Outcome::Failed(e) => {
-                    if is_definite(&e) {
-                        definite.push(e);
-                    }
-                    // A definite refusal wrote nothing; releasing it is harmless.
-                    unknown.push(i);
-                }
+                other => return other,
             }
         }
-        let validity = |now: Instant| ttl.saturating_sub(now - sent_at).saturating_sub(drift(ttl));
-        if granted.len() >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
-            let epoch = granted.iter().map(|g| g.1).max().unwrap_or(0);
-            let waiting = granted.iter().map(|g| g.2).max().unwrap_or(0);
-            let fence_ttl = fence_ttl_ms(ttl);
-            let written = join_all(granted.iter().map(|&(i, _, _)| {
-                let node = &inner.nodes[i];
-                async move {
-                    tokio::time::timeout(
-                        inner.node_timeout,
-                        inner.write_back(node, key, token, epoch, fence_ttl),
-                    )
-                    .await
-                }
-            }))
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(Ok(true))))
-            .count();
-            if written >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
-                inner.unwatch_nodes(key);
-                return Ok(Acquire::Acquired { epoch, waiting });
-            }
-            tracing::debug!(%key, written, "redlock: the fence write-back reached no majority in time");
-        }
-        // Not granted: release wherever it may be held.
-        let mut holders: Vec<usize> = granted.iter().map(|g| g.0).collect();
-        holders.extend_from_slice(&unknown);
-        holders.sort_unstable();
-        inner.release_on(key, token, &holders).await;
-        if granted.len() + busy.len() >= inner.quorum {
-            let retry_in = if granted.is_empty() && busy.len() >= inner.quorum {
-                // Held elsewhere: a majority may be free when the quorum-th
-                // earliest node frees it.
-                busy.sort_unstable();
-                busy[inner.quorum - 1] + inner.jitter() / 4
-            } else {
-                inner.jitter()
-            };
-            if queue {
-                inner.watch_nodes(key, &before);
-            }
-            return Ok(Acquire::Busy { retry_in });
-        }
-        if definite.len() >= inner.quorum
-            && let Some(e) = definite.into_iter().next()
-        {
-            return Err(e);
-        }
-        Err(Error::QuorumNotReached {
-            key: key.clone(),
-            phase: Phase::Acquiring,
-            granted: granted.len(),
-            needed: inner.quorum,
-        })
     }
 
     /// Releases on every node (the holder's wake-up goes out on each).
@@ -764,7 +800,7 @@ impl LockBackend for RedlockBackend {
                     waiting = waiting.max(*w);
                 }
                 Outcome::Ok(Extend::NotOwner) => not_owner += 1,
-                Outcome::Failed(_) => {}
+                Outcome::Failed(_) | Outcome::TimedOut => {}
             }
         }
         if extended >= inner.quorum {
@@ -800,9 +836,12 @@ impl LockBackend for RedlockBackend {
                 Outcome::Failed(e) => {
                     first.get_or_insert(e);
                 }
+                Outcome::TimedOut => {}
             }
         }
-        first.map_or(Ok(()), Err)
+        Err(first.unwrap_or_else(|| {
+            Error::backend(key, Phase::Acquiring, "redlock: no node answered the leave")
+        }))
     }
 
     fn wakeups(&self) -> &WakeRegistry {
