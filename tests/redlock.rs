@@ -232,7 +232,7 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
     let servers = stormy();
     calm_down(servers).await;
     let prefix = unique_prefix("subsets");
-    let b = backend(&urls(servers), &prefix, Duration::from_millis(150)).await;
+    let b = backend(&urls(servers), &prefix, Duration::from_millis(250)).await;
     let locker = Locker::builder(b.clone())
         .lease_ttl(Duration::from_secs(3))
         .build()
@@ -245,11 +245,20 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
                 s.pause();
             }
         }
-        let result = locker.try_lock(key.clone()).await;
+        let mut result = locker.try_lock(key.clone()).await;
         if up.len() >= 3 {
+            // A node slower than the node timeout on a loaded machine makes one
+            // attempt fail (released, reported busy): a few attempts, bounded.
+            for _ in 0..5 {
+                if matches!(result, Ok(Some(_))) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                result = locker.try_lock(key.clone()).await;
+            }
             let guard = result
-                .unwrap_or_else(|e| panic!("{} nodes up: {e}", up.len()))
-                .unwrap_or_else(|| panic!("{} nodes up: busy", up.len()));
+                .unwrap_or_else(|e| panic!("down = {down:05b}: {e}"))
+                .unwrap_or_else(|| panic!("down = {down:05b}: busy"));
             guard.release().await.expect("release with a majority up");
         } else {
             match result {
