@@ -315,8 +315,8 @@ struct Inner {
     node_timeout: Duration,
     retry_delay: Duration,
     wakeups: WakeRegistry,
-    /// Per key this instance waits for: which nodes have woken it since its last
-    /// attempt.
+    /// Per key this instance waits for: the task forwarding its wake node's
+    /// wake-ups.
     forwarders: Arc<Forwarders>,
     stop: CancellationToken,
     _stop: DropGuard,
@@ -642,7 +642,7 @@ impl Inner {
 
 /// The wake-up count of one waited-for key.
 struct Forwarder {
-    /// Bit i: node i has woken this instance since its last attempt.
+    /// Bit i: watched node i has woken this instance since its last attempt.
     woken: AtomicU64,
     stop: CancellationToken,
 }
@@ -661,14 +661,15 @@ const WAKE_THRESHOLD: usize = 1;
 /// How often a forwarder checks whether anyone still waits for its key.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
-/// Counts the nodes' wake-ups of `key`; wakes this backend's watchers of `key` when
-/// a majority of nodes have woken it. Ends when stopped, or when nobody here
-/// watches the key any more.
+/// Counts the watched nodes' wake-ups of `key` (today: the key's wake node only);
+/// wakes this backend's watchers of `key` when `threshold` nodes have woken it
+/// since the last attempt. Ends when stopped, or when nobody here watches the key
+/// any more.
 async fn forward(
     key: LockKey,
     forwarder: Arc<Forwarder>,
     mut watches: Vec<Wakeup>,
-    quorum: usize,
+    threshold: usize,
     registry: WakeRegistry,
     forwarders: Arc<Forwarders>,
 ) {
@@ -678,7 +679,7 @@ async fn forward(
         tokio::select! {
             _ = forwarder.stop.cancelled() => break,
             (_, i, _) = any => {
-                if forwarder.mark(i) >= quorum {
+                if forwarder.mark(i) >= threshold {
                     forwarder.woken.store(0, Ordering::Release);
                     registry.wake(key.as_bytes());
                 }
