@@ -579,3 +579,65 @@ async fn fencing_tokens_increase_across_restarts() {
     assert_strictly_increasing(&all);
     calm_down(servers).await;
 }
+
+// ---------------------------------------------------------------------------
+// Wake-ups
+// ---------------------------------------------------------------------------
+
+/// A waiting instance is woken by the holder's release through the key's wake
+/// node, well before its retry timer (the queue-entry refresh, 1 s) would fire; the
+/// waiter was queued on the wake node only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiting_instance_at_once() {
+    let servers = calm();
+    let urls = urls(servers);
+    let prefix = unique_prefix("wake");
+    let a = backend(&urls, &prefix, Duration::from_secs(1)).await;
+    let b = backend(&urls, &prefix, Duration::from_secs(1)).await;
+    let la = Locker::builder(a.clone()).build().unwrap();
+    let lb = Locker::builder(b.clone()).build().unwrap();
+    let key = LockKey::from("k");
+    let mut wake_ups = Vec::new();
+    for round in 0..5 {
+        let guard = la.lock(key.clone()).await.unwrap();
+        let waiter = {
+            let (lb, key) = (lb.clone(), key.clone());
+            tokio::spawn(async move {
+                let g = lb.lock(key).await.expect("B locks");
+                let at = Instant::now();
+                g.release().await.unwrap();
+                at
+            })
+        };
+        // B is queued: exactly one node holds a queue entry for it.
+        let queued = wait_until(Duration::from_secs(5), || async {
+            let mut entries = 0;
+            for (i, node) in b.node_backends().enumerate() {
+                let mut q = node.lock_name(&key);
+                q.extend_from_slice(b":q");
+                let mut con = servers[i].connection().await;
+                let n: i64 = redis::cmd("HLEN")
+                    .arg(&q)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                entries += n;
+            }
+            entries == 1
+        })
+        .await;
+        assert!(queued, "round {round}: B is not queued on exactly one node");
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let acquired = within(Duration::from_secs(5), "B's lock", waiter)
+            .await
+            .unwrap();
+        wake_ups.push(acquired.saturating_duration_since(released));
+    }
+    wake_ups.sort();
+    let median = wake_ups[wake_ups.len() / 2];
+    assert!(
+        median < Duration::from_millis(300),
+        "B woke after {wake_ups:?}: the release did not wake it"
+    );
+}
