@@ -860,41 +860,28 @@ impl LockBackend for RedlockBackend {
         })
     }
 
-    /// Leaves the queue of `key` on every node.
+    /// Leaves the queue of `key` (on its wake node, the only one that queues).
     ///
     /// # Errors
     ///
-    /// The first node's error when no node confirmed it (queue entries expire on
-    /// their own).
+    /// The wake node's error, or a transient [`Error::Backend`] when it does not
+    /// answer in time (queue entries expire on their own).
     async fn leave(&self, key: &LockKey) -> Result<()> {
         let inner = &*self.inner;
         inner.unwatch_nodes(key);
+        // Only the wake node queues waiting instances.
         let wake = &inner.nodes[inner.wake_node(key)];
-        let outcomes = inner
-            .round(key, Phase::Acquiring, |node| {
-                let mine = std::ptr::eq(node, wake);
-                async move {
-                    if mine {
-                        node.backend.leave(key).await
-                    } else {
-                        Ok(())
-                    }
-                }
-            })
-            .await;
-        let mut first = None;
-        for o in outcomes {
-            match o {
-                Outcome::Ok(()) => return Ok(()),
-                Outcome::Failed(e) => {
-                    first.get_or_insert(e);
-                }
-                Outcome::TimedOut => {}
-            }
+        match tokio::time::timeout(inner.node_timeout, wake.backend.leave(key)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::backend(
+                key,
+                Phase::Acquiring,
+                format!(
+                    "redlock: no reply to the leave from {:?} within {:?}",
+                    wake.backend, inner.node_timeout
+                ),
+            )),
         }
-        Err(first.unwrap_or_else(|| {
-            Error::backend(key, Phase::Acquiring, "redlock: no node answered the leave")
-        }))
     }
 
     fn wakeups(&self) -> &WakeRegistry {
