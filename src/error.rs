@@ -144,6 +144,24 @@ pub enum Error {
         /// The lock key.
         key: LockKey,
     },
+    /// A quorum backend ([`RedlockBackend`](crate::RedlockBackend)) could not get a
+    /// majority of its nodes to agree: too few nodes answered (down, unreachable,
+    /// refusing) for a majority to be possible. Whatever the minority granted was
+    /// released before this error was returned. Transient: a retry may succeed once
+    /// enough nodes are back.
+    #[error(
+        "lock {key:?}: quorum not reached while {phase}: {granted} of the {needed} nodes needed agreed"
+    )]
+    QuorumNotReached {
+        /// The lock key.
+        key: LockKey,
+        /// The operation.
+        phase: Phase,
+        /// How many nodes granted (or extended) the lock.
+        granted: usize,
+        /// How many nodes are needed (a majority).
+        needed: usize,
+    },
     /// The backend could not be reached when it was set up.
     #[error("cannot connect to {target}: {source}")]
     Connect {
@@ -178,6 +196,7 @@ impl Error {
             | Error::Panicked { key }
             | Error::Reentrant { key }
             | Error::Busy { key }
+            | Error::QuorumNotReached { key, .. }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
         }
@@ -195,6 +214,7 @@ impl Error {
                 | Error::Backend { .. }
                 | Error::Connect { .. }
                 | Error::LeaseLost { .. }
+                | Error::QuorumNotReached { .. }
         )
     }
 
@@ -224,6 +244,7 @@ impl Error {
             Error::Reentrant { .. } => "lock_reentrant",
             Error::Connect { .. } => "backend_unreachable",
             Error::Backend { .. } => "backend_unavailable",
+            Error::QuorumNotReached { .. } => "quorum_not_reached",
         }
     }
 

@@ -88,6 +88,7 @@ mod stats;
 pub use backend::LockBackend;
 pub use backend::memory::MemoryBackend;
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
+pub use backend::redlock::{RedlockBackend, RedlockBackendBuilder};
 pub use error::{Error, Phase, Result};
 pub use guard::{FencingToken, LockGuard, LockInfo, LossSignal, Lost};
 pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};

@@ -946,9 +946,18 @@ impl Shared {
                         }
                     }
                 }
-                Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
+                Err(
+                    e @ (Error::Backend { .. }
+                    | Error::Connect { .. }
+                    | Error::QuorumNotReached { .. }),
+                ) => {
                     // Transient: the request may or may not have landed; the token
-                    // stays armed so a retry (or the cleanup) reconciles it.
+                    // stays armed so a retry (or the cleanup) reconciles it. A
+                    // single attempt (`try_lock`) reports a missing quorum at once:
+                    // the nodes answered, and a majority of them is out of reach.
+                    if !queue && matches!(e, Error::QuorumNotReached { .. }) {
+                        return Err(e);
+                    }
                     tracing::debug!(%key, error = %e, "acquire failed; retrying");
                     if Instant::now() + backoff >= deadline {
                         return Err(e);

@@ -37,6 +37,7 @@ use crate::key::LockKey;
 
 pub mod memory;
 pub mod redis;
+pub mod redlock;
 
 /// A random 128-bit value identifying one lease. Only its holder knows it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,6 +21,7 @@ fn status(e: &Error) -> StatusCode {
         | Error::LeaseLost { .. }
         | Error::Refused { .. }
         | Error::Backend { .. }
+        | Error::QuorumNotReached { .. }
         | Error::Connect { .. } => BUSY,
         Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
         Error::ForeignValue { .. }
