@@ -1574,13 +1574,13 @@ async fn measure_wake(run: &mut Run<'_>) -> Result<Wake, String> {
         // B waits in lock(): its queue entry exists and it has had time to park.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let queued: bool = redis::cmd("HEXISTS")
+            let queued: Option<String> = redis::cmd("ZSCORE")
                 .arg(&queue)
                 .arg(&b_id)
                 .query_async(&mut run.admin)
                 .await
                 .map_err(|e| e.to_string())?;
-            if queued {
+            if queued.is_some() {
                 break;
             }
             if Instant::now() > deadline {

@@ -81,22 +81,24 @@ async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
         .expect("PTTL")
 }
 
+/// The number of entries of a waiter queue (a sorted set).
 async fn hlen(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
-    redis::cmd("HLEN")
+    redis::cmd("ZCARD")
         .arg(name)
         .query_async::<i64>(con)
         .await
-        .expect("HLEN")
+        .expect("ZCARD")
 }
 
+/// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {
-    redis::cmd("HEXISTS")
+    redis::cmd("ZSCORE")
         .arg(name)
         .arg(field)
-        .query_async::<i64>(con)
+        .query_async::<Option<String>>(con)
         .await
-        .expect("HEXISTS")
-        == 1
+        .expect("ZSCORE")
+        .is_some()
 }
 
 /// Joins every task; re-raises the first panic.

@@ -195,7 +195,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // B's stale check (its claim was used long ago) must not have removed B's newer
     // queue entry.
     let mut con = server.connection().await;
-    let entry: Option<String> = redis::cmd("HGET")
+    let entry: Option<String> = redis::cmd("ZSCORE")
         .arg(queue_name(&b, &key))
         .arg(b.instance_id())
         .query_async(&mut con)

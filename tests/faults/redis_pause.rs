@@ -113,7 +113,7 @@ async fn paused_redis_signals_loss_in_time_and_never_overlaps() {
         wait_until(Duration::from_secs(10), || {
             let (mut con, queue) = (con.clone(), &queue);
             async move {
-                redis::cmd("HLEN")
+                redis::cmd("ZCARD")
                     .arg(queue)
                     .query_async::<i64>(&mut con)
                     .await

@@ -3,8 +3,10 @@
 //! # Protocol
 //!
 //! Every name of a key shares one hash tag: the lock `<prefix>:{<key>}`, its fence
-//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q`, its claim
-//! `<prefix>:{<key>}:claim` and its release tombstone `<prefix>:{<key>}:rel`. In
+//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q` (a sorted set by
+//! enqueue time) with its expiry index `<prefix>:{<key>}:qx` (the same members by
+//! expiry time), its claim `<prefix>:{<key>}:claim` and its release tombstone
+//! `<prefix>:{<key>}:rel`. In
 //! `<key>` the bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break
 //! the hash tag or collide with each other. The scripts are single-slot by design, but
 //! Redis Cluster is not supported yet: this backend talks to one server, and it is
@@ -283,7 +285,7 @@ fn millis(d: Duration) -> u64 {
 /// 7.0; replace both patterns' `lockflight` with your prefix):
 ///
 /// ```text
-/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +type +get +set +del +exists +pexpire +pttl +hgetall +hset +hdel
+/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zadd +zrem
 /// ```
 ///
 /// The commands after `+subscribe` are the ones the scripts run: Redis checks them
@@ -335,6 +337,7 @@ struct Names {
     queue: Vec<u8>,
     claim: Vec<u8>,
     tombstone: Vec<u8>,
+    queue_expiry: Vec<u8>,
 }
 
 impl Names {
@@ -357,6 +360,7 @@ impl Names {
             queue: with(b":q"),
             claim: with(b":claim"),
             tombstone: with(b":rel"),
+            queue_expiry: with(b":qx"),
             lock,
         }
     }
@@ -491,7 +495,7 @@ impl Inner {
         let reply = self
             .invoke(
                 &EXTEND,
-                &[&n.lock, &n.fence, &n.queue],
+                &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     LeaseToken::random().to_hex().as_bytes(),
                     b"1",
@@ -588,7 +592,7 @@ impl Inner {
         let reply = self
             .invoke(
                 &LEAVE,
-                &[&n.lock, &n.queue, &n.claim],
+                &[&n.lock, &n.queue, &n.claim, &n.queue_expiry],
                 &[
                     self.instance_id.as_bytes(),
                     self.claim_ttl_ms.to_string().as_bytes(),
@@ -853,7 +857,14 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &ACQUIRE,
-                &[&n.lock, &n.fence, &n.queue, &n.claim, &n.tombstone],
+                &[
+                    &n.lock,
+                    &n.fence,
+                    &n.queue,
+                    &n.claim,
+                    &n.tombstone,
+                    &n.queue_expiry,
+                ],
                 &[
                     token.to_hex().as_bytes(),
                     ttl_ms.to_string().as_bytes(),
@@ -874,7 +885,7 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &RELEASE,
-                &[&n.lock, &n.queue, &n.claim, &n.tombstone],
+                &[&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
                     inner.instance_id.as_bytes(),
@@ -901,7 +912,7 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &EXTEND,
-                &[&n.lock, &n.fence, &n.queue],
+                &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
                     ttl_ms.to_string().as_bytes(),
@@ -935,6 +946,7 @@ mod tests {
         assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:q");
         assert_eq!(n.claim, b"lf:{a%7Bb%7D%25}:claim");
         assert_eq!(n.tombstone, b"lf:{a%7Bb%7D%25}:rel");
+        assert_eq!(n.queue_expiry, b"lf:{a%7Bb%7D%25}:qx");
         // Distinct keys never share a name, even when one looks escaped.
         assert_ne!(
             Names::new("lf", &LockKey::from("%7B")).lock,
