@@ -243,7 +243,7 @@ enum Mode {
 fn configure(builder: LockerBuilder, mode: Mode) -> LockerBuilder {
     let builder = builder.wait_timeout(Duration::from_secs(60));
     match mode {
-        Mode::Coalescing => builder,
+        Mode::Coalescing => builder.handoff(Handoff::disabled()),
         Mode::Naive => builder.coalescing(false),
         Mode::Handoff => builder.handoff(Handoff::enabled()),
     }
