@@ -230,7 +230,11 @@ impl LockerBuilder {
     }
 
     /// Per-process coalescing (default on). Off, every task competes with the
-    /// backend on its own: the naive baseline, kept for comparison.
+    /// backend on its own and handoff is impossible: a wake-up for the instance
+    /// wakes every local task waiting for the key (a herd). Not part of the
+    /// supported API: kept, hidden, only as the naive baseline of the benchmarks
+    /// and tests.
+    #[doc(hidden)]
     pub fn coalescing(mut self, on: bool) -> Self {
         self.coalescing = on;
         self
