@@ -1782,7 +1782,7 @@ async fn measure_wake(run: &mut Run<'_>) -> Result<Wake, String> {
     let (b, b_backend, b_counts) = counting_locker(&run.url, &prefix, Mode::Coalesced).await?;
     let b = Arc::new(b);
     let key = LockKey::from("wake");
-    let queue = format!("{prefix}:{{wake}}:q");
+    let queue = format!("{prefix}:{{wake}}:wq");
     let b_id = b_backend.instance_id().to_owned();
     let reps = run.cfg.wake_reps;
     let mut wake = Vec::with_capacity(reps);

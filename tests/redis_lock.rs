@@ -57,10 +57,10 @@ async fn subscribed(backend: RedisBackend) -> RedisBackend {
     backend
 }
 
-/// The Redis name of `key`'s waiter queue (the lock's name + `:q`).
+/// The Redis name of `key`'s waiter queue (the lock's name + `:wq`).
 fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
     let mut name = backend.lock_name(key);
-    name.extend_from_slice(b":q");
+    name.extend_from_slice(b":wq");
     name
 }
 

@@ -35,7 +35,7 @@ async fn connect(url: &str, prefix: &str) -> RedisBackend {
         .expect("connect the backend")
 }
 
-/// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:q`, `:claim`, `:rel`).
+/// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:wq`, `:wqx`, `:claim`, `:rel`).
 fn name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
     [backend.lock_name(key), suffix.as_bytes().to_vec()].concat()
 }
@@ -90,7 +90,7 @@ async fn hset(con: &mut MultiplexedConnection, name: &[u8], field: &str, value: 
 /// Puts a value of the wrong type at `<lock name><suffix>`: a list at the queue and
 /// its expiry index (sorted sets), a hash elsewhere (strings).
 async fn put_foreign(con: &mut MultiplexedConnection, name: &[u8], suffix: &str) {
-    if suffix == ":q" || suffix == ":qx" {
+    if suffix == ":wq" || suffix == ":wqx" {
         query::<()>(con, redis::cmd("RPUSH").arg(name).arg("x")).await
     } else {
         hset(con, name, "f", "v").await
@@ -154,7 +154,7 @@ async fn acquire_replies() {
         Acquire::Busy { retry_in } => assert!(retry_in <= Duration::from_secs(1), "{retry_in:?}"),
         other => panic!("expected Busy, got {other:?}"),
     }
-    let queue = name(&a, &key, ":q");
+    let queue = name(&a, &key, ":wq");
     assert!(queued(&mut con, &queue, b.instance_id()).await);
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
@@ -265,7 +265,7 @@ async fn extend_replies() {
             .await
             .unwrap(),
     );
-    enqueue(&mut con, &name(&a, &key, ":q"), "other", 1, LIVE_ENTRY).await;
+    enqueue(&mut con, &name(&a, &key, ":wq"), "other", 1, LIVE_ENTRY).await;
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
         Extend::Extended { waiting: 1 }
@@ -290,7 +290,7 @@ async fn leave_replies() {
     let a = connect(&server.url(), &prefix).await;
     let mut con = server.connection().await;
     let key = LockKey::from("k");
-    let (queue, claim) = (name(&a, &key, ":q"), name(&a, &key, ":claim"));
+    let (queue, claim) = (name(&a, &key, ":wq"), name(&a, &key, ":claim"));
 
     // Normal: a queued instance holding the claim leaves; the claim passes on.
     enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
@@ -345,7 +345,7 @@ async fn reads_first_setup(name: &str) -> (RedisBackend, MultiplexedConnection) 
     )
 }
 
-/// The expiry index `:qx` is read only when the queue is not empty: for a foreign
+/// The expiry index `:wqx` is read only when the queue is not empty: for a foreign
 /// value there, put another instance into the queue itself.
 async fn queue_beside_foreign_index(
     con: &mut MultiplexedConnection,
@@ -353,8 +353,8 @@ async fn queue_beside_foreign_index(
     key: &LockKey,
     suffix: &str,
 ) {
-    if suffix == ":qx" {
-        let queue = name(backend, key, ":q");
+    if suffix == ":wqx" {
+        let queue = name(backend, key, ":wq");
         query::<()>(con, redis::cmd("ZADD").arg(queue).arg(1).arg("other")).await;
     }
 }
@@ -364,7 +364,7 @@ async fn queue_beside_foreign_index(
 async fn foreign_values_stop_acquire_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-acquire").await;
-    for suffix in [":fence", ":q", ":qx", ":claim", ":rel"] {
+    for suffix in [":fence", ":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("acquire{suffix}"));
         queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
         put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
@@ -379,7 +379,7 @@ async fn foreign_values_stop_acquire_before_any_write() {
         let kind = type_of(&mut con, &name(&a, &key, suffix)).await;
         assert_eq!(
             kind,
-            if suffix.starts_with(":q") {
+            if suffix.starts_with(":wq") {
                 "list"
             } else {
                 "hash"
@@ -393,7 +393,7 @@ async fn foreign_values_stop_acquire_before_any_write() {
 async fn foreign_values_stop_release_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-release").await;
-    for suffix in [":q", ":qx", ":claim", ":rel"] {
+    for suffix in [":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("release{suffix}"));
         let token = LeaseToken::random();
         epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
@@ -419,9 +419,9 @@ async fn foreign_values_stop_extend_before_any_write() {
     let key = LockKey::from("extend");
     let token = LeaseToken::random();
     epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
-    put_foreign(&mut con, &name(&a, &key, ":q"), ":q").await;
+    put_foreign(&mut con, &name(&a, &key, ":wq"), ":wq").await;
     assert_foreign(
-        "extend with a list at :q",
+        "extend with a list at :wq",
         a.extend(&key, token, Duration::from_secs(300)).await,
     );
     assert!(
@@ -436,7 +436,7 @@ async fn foreign_values_stop_leave_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-leave").await;
     let key = LockKey::from("leave");
-    let queue = name(&a, &key, ":q");
+    let queue = name(&a, &key, ":wq");
     enqueue(&mut con, &queue, a.instance_id(), 1, LIVE_ENTRY).await;
     put_foreign(&mut con, &name(&a, &key, ":claim"), ":claim").await;
     assert_foreign("leave with a hash at :claim", a.leave(&key).await);
@@ -476,7 +476,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     let key = LockKey::from("k");
     let (lock, queue, claim) = (
         u.lock_name(&key),
-        name(&u, &key, ":q"),
+        name(&u, &key, ":wq"),
         name(&u, &key, ":claim"),
     );
 
@@ -822,7 +822,7 @@ fn the_notifier_restarts_on_a_new_runtime() {
             .unwrap();
         let task = tokio::spawn(async move { locker.lock("k").await.map(drop) });
         let con = server.connection().await;
-        let queue = name(&holder, &key, ":q");
+        let queue = name(&holder, &key, ":wq");
         let id = waiter.instance_id().to_owned();
         assert!(
             wait_until(Duration::from_secs(10), || {

@@ -103,7 +103,7 @@ async fn backend(url: &str, prefix: &str) -> RedisBackend {
 }
 
 fn queue_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [b.lock_name(key), b":q".to_vec()].concat()
+    [b.lock_name(key), b":wq".to_vec()].concat()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

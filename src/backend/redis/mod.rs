@@ -3,12 +3,17 @@
 //! # Protocol
 //!
 //! Every name of a key shares one hash tag: the lock `<prefix>:{<key>}`, its fence
-//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q` (a sorted set by
-//! enqueue time) with its expiry index `<prefix>:{<key>}:qx` (the same members by
+//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:wq` (a sorted set by
+//! enqueue time) with its expiry index `<prefix>:{<key>}:wqx` (the same members by
 //! expiry time), its claim `<prefix>:{<key>}:claim` and its release tombstone
-//! `<prefix>:{<key>}:rel`. In
-//! `<key>` the bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break
-//! the hash tag or collide with each other. The scripts are single-slot by design, but
+//! `<prefix>:{<key>}:rel`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
+//! so binary keys cannot break the hash tag or collide with each other.
+//!
+//! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
+//! new names so that instances of both versions never meet a value of the wrong
+//! type during a rolling upgrade: they still exclude each other through the same
+//! lock, fence, claim and tombstone, but do not see each other's queue entries
+//! (waiters of the other version fall back to their retry timers). The scripts are single-slot by design, but
 //! Redis Cluster is not supported yet: this backend talks to one server, and it is
 //! untested against a cluster (see the design notes on scale-out).
 //!
@@ -357,10 +362,10 @@ impl Names {
         let with = |suffix: &[u8]| [&lock[..], suffix].concat();
         Names {
             fence: with(b":fence"),
-            queue: with(b":q"),
+            queue: with(b":wq"),
             claim: with(b":claim"),
             tombstone: with(b":rel"),
-            queue_expiry: with(b":qx"),
+            queue_expiry: with(b":wqx"),
             lock,
         }
     }
@@ -943,10 +948,10 @@ mod tests {
         let n = Names::new("lf", &LockKey::from(&b"a{b}%"[..]));
         assert_eq!(n.lock, b"lf:{a%7Bb%7D%25}");
         assert_eq!(n.fence, b"lf:{a%7Bb%7D%25}:fence");
-        assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:q");
+        assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:wq");
         assert_eq!(n.claim, b"lf:{a%7Bb%7D%25}:claim");
         assert_eq!(n.tombstone, b"lf:{a%7Bb%7D%25}:rel");
-        assert_eq!(n.queue_expiry, b"lf:{a%7Bb%7D%25}:qx");
+        assert_eq!(n.queue_expiry, b"lf:{a%7Bb%7D%25}:wqx");
         // Distinct keys never share a name, even when one looks escaped.
         assert_ne!(
             Names::new("lf", &LockKey::from("%7B")).lock,
