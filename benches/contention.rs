@@ -1,24 +1,35 @@
 //! Contention benchmark: P worker **processes** × T Tokio tasks contend for Redis
-//! locks through lockflight, side by side with an in-process `tokio::sync::Mutex`
-//! floor.
+//! locks through lockflight, side by side with a plain Redis lock (`SET NX PX` + 1 ms
+//! retry + Lua compare-and-delete, [`PlainLock`]) and an in-process
+//! `tokio::sync::Mutex` floor.
 //!
 //! ```text
-//! cargo bench --bench contention                       # full matrix (~4–5 min on 2 cores)
+//! cargo bench --bench contention                       # default run (~6 min on 2 cores)
 //! LOCKFLIGHT_BENCH_SMOKE=1 cargo bench --bench contention   # tiny, still checks correctness
-//! LOCKFLIGHT_BENCH_SECS=5 LOCKFLIGHT_BENCH_P=4 LOCKFLIGHT_BENCH_T=1,8,64 cargo bench --bench contention
+//! LOCKFLIGHT_BENCH_COMPARE=0 LOCKFLIGHT_BENCH_P=4 LOCKFLIGHT_BENCH_T=1,8,64 cargo bench --bench contention
 //! ```
 //!
-//! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round),
-//! `LOCKFLIGHT_BENCH_SECS` (per point), `LOCKFLIGHT_BENCH_P`, `LOCKFLIGHT_BENCH_T`
+//! The default run has two parts. The **comparison matrix** ([`compare_cells`]): the
+//! `hotkey-rmw` workload at P × T ∈ {1×1, 1×8, 1×64, 4×8, 4×64} and
+//! `hotkey-rmw-hold1ms` at 4×64, each in the modes plain, naive, coalesced, default
+//! and floor; then 4, 16 and 64 instances × 2 tasks (coalesced and default) for the
+//! cost of one hot key against the number of waiting instances. Then the
+//! **per-workload matrix**: each of `LOCKFLIGHT_BENCH_WORKLOADS` (default `zipf`) at
+//! P = `LOCKFLIGHT_BENCH_P` × each T of `LOCKFLIGHT_BENCH_T`, in each of
+//! `LOCKFLIGHT_BENCH_MODES`.
+//!
+//! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round,
+//! no comparison matrix), `LOCKFLIGHT_BENCH_SECS` (per point, default 2),
+//! `LOCKFLIGHT_BENCH_COMPARE` (`0`: skip the comparison matrix; or a comma list of its
+//! `PxT` cells to keep, e.g. `1x1,4x64`), `LOCKFLIGHT_BENCH_P`, `LOCKFLIGHT_BENCH_T`
 //! (comma list), `LOCKFLIGHT_BENCH_REPEAT` (rounds per point, default 3: on a small
 //! VM the same point varies by 2–3× from run to run, so the modes of one point are
 //! run interleaved and the median round is reported), `LOCKFLIGHT_BENCH_WORKLOADS`
 //! (`hotkey-rmw,hotkey-rmw-hold1ms,zipf`), `LOCKFLIGHT_BENCH_MODES`
-//! (`naive,coalesced,handoff,floor`), `LOCKFLIGHT_BENCH_WORKER_THREADS` (Tokio
-//! workers per process, default 2; 0 = current-thread runtime), `REDIS_URL`.
+//! (`plain,naive,coalesced,default,handoff,floor`), `LOCKFLIGHT_BENCH_WORKER_THREADS`
+//! (Tokio workers per process, default 2; 0 = current-thread runtime), `REDIS_URL`.
 //!
-//! Default matrix: P = 4, T ∈ {1, 8, 64}, 2 s per point, 3 rounds. The floor runs one
-//! process with P·T tasks. Outputs go to `target/lockflight-bench/`
+//! The floor runs one process with P·T tasks. Outputs go to `target/lockflight-bench/`
 //! (`results.jsonl`, `results.md`, `contention.svg`; smoke runs to `…/smoke/`).
 //!
 //! Without `REDIS_URL` a private `redis-server` is started on a free loopback port
@@ -46,8 +57,9 @@
 //! `n`; ordered by that value (the true global order of the critical sections), the
 //! fencing tokens strictly increase — across all processes, handoffs included (this
 //! implies that each worker's own sequence strictly increases and that the union has
-//! no duplicate). No lease may be lost, no lock may time out, no lock key may remain.
-//! Any violation makes [`run`] fail, and the bench exit non-zero.
+//! no duplicate). No lease may be lost, no lock may time out, no lock key may remain
+//! (the plain lock's keys included; it has no fencing tokens, so only its counter
+//! oracle applies). Any violation makes [`run`] fail, and the bench exit non-zero.
 #![allow(dead_code)] // also compiled as a module of tests/bench_smoke.rs, which uses part of it
 
 #[path = "../tests/support/mod.rs"]
@@ -126,41 +138,115 @@ impl Workload {
 /// How the critical section is guarded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Mode {
+    /// A plain Redis lock, no lockflight: `SET key token NX PX 30000`, retried every
+    /// 1 ms while busy, released by a Lua compare-and-delete (see [`PlainLock`]).
+    Plain,
     /// `coalescing(false)`: every task competes at Redis.
     Naive,
     /// Coalescing on, handoff off.
     Coalesced,
-    /// Coalescing and handoff on (default budget).
+    /// `Locker::builder(backend).build()`: the default configuration (coalescing and
+    /// handoff with the default budget).
+    Default,
+    /// Coalescing and an explicit `Handoff::enabled()` (the same settings as the
+    /// default today; kept so that older result files keep their meaning).
     Handoff,
     /// One process, a `tokio::sync::Mutex` per key, no distributed lock.
     Floor,
 }
 
 impl Mode {
-    pub(crate) const ALL: [Mode; 4] = [Mode::Naive, Mode::Coalesced, Mode::Handoff, Mode::Floor];
+    pub(crate) const ALL: [Mode; 5] = [
+        Mode::Plain,
+        Mode::Naive,
+        Mode::Coalesced,
+        Mode::Default,
+        Mode::Floor,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Mode::Plain => "plain",
             Mode::Naive => "naive",
             Mode::Coalesced => "coalesced",
+            Mode::Default => "default",
             Mode::Handoff => "handoff",
             Mode::Floor => "floor",
         }
     }
 
     fn parse(s: &str) -> Option<Mode> {
-        Self::ALL.into_iter().find(|m| m.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain([Mode::Handoff])
+            .find(|m| m.name() == s)
+    }
+
+    /// Whether the mode takes a lockflight lock (with fencing tokens and a `Locker`).
+    fn is_lockflight(self) -> bool {
+        !matches!(self, Mode::Plain | Mode::Floor)
     }
 
     fn locker(self, backend: impl LockBackend) -> lockflight::Result<Locker> {
         let b = Locker::builder(backend).wait_timeout(WAIT_TIMEOUT);
         match self {
             Mode::Naive => b.coalescing(false).handoff(Handoff::disabled()),
-            Mode::Coalesced | Mode::Floor => b.coalescing(true).handoff(Handoff::disabled()),
+            Mode::Coalesced | Mode::Floor | Mode::Plain => {
+                b.coalescing(true).handoff(Handoff::disabled())
+            }
+            Mode::Default => b,
             Mode::Handoff => b.coalescing(true).handoff(Handoff::enabled()),
         }
         .build()
     }
+}
+
+/// One cell of the comparison matrix: a workload at P processes × T tasks, run in
+/// each of `modes` (interleaved, `repeat` rounds).
+#[derive(Clone, Debug)]
+pub(crate) struct Cell {
+    pub(crate) workload: Workload,
+    pub(crate) procs: usize,
+    pub(crate) tasks: usize,
+    pub(crate) modes: Vec<Mode>,
+}
+
+/// The comparison matrix of issue #13: the default configuration against a plain
+/// Redis lock and the in-process floor at P ∈ {1, 4} × T ∈ {1, 8, 64} (0 ms hold),
+/// 4 × 64 with a 1 ms hold, and the cost of one hot key waited on by 4, 16 and 64
+/// instances.
+pub(crate) fn compare_cells() -> Vec<Cell> {
+    let all = vec![
+        Mode::Plain,
+        Mode::Naive,
+        Mode::Coalesced,
+        Mode::Default,
+        Mode::Floor,
+    ];
+    let mut cells: Vec<Cell> = [(1, 1), (1, 8), (1, 64), (4, 8), (4, 64)]
+        .into_iter()
+        .map(|(procs, tasks)| Cell {
+            workload: Workload::HotkeyRmw,
+            procs,
+            tasks,
+            modes: all.clone(),
+        })
+        .collect();
+    cells.push(Cell {
+        workload: Workload::HotkeyHold,
+        procs: 4,
+        tasks: 64,
+        modes: all,
+    });
+    for procs in [4, 16, 64] {
+        cells.push(Cell {
+            workload: Workload::HotkeyRmw,
+            procs,
+            tasks: 2,
+            modes: vec![Mode::Coalesced, Mode::Default],
+        });
+    }
+    cells
 }
 
 /// Builds the command that runs one worker process (the coordinator adds
@@ -182,6 +268,8 @@ pub(crate) struct Config {
     pub(crate) repeat: usize,
     pub(crate) workloads: Vec<Workload>,
     pub(crate) modes: Vec<Mode>,
+    /// The comparison matrix (issue #13), run before the per-workload matrix.
+    pub(crate) compare: Vec<Cell>,
     /// Repetitions of the wake-up scenario.
     pub(crate) wake_reps: usize,
     /// Repetitions of the uncontended lock + release.
@@ -213,16 +301,18 @@ fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
 }
 
 impl Config {
-    /// The default matrix: P = 4, T ∈ {1, 8, 64}, 3 s per point, every workload and mode.
+    /// The default run: the comparison matrix ([`compare_cells`]), 2 s per point, 3
+    /// rounds, and the zipf workload at P = 4, T ∈ {8, 64} in every mode.
     pub(crate) fn full(worker: WorkerCommand) -> Config {
         Config {
             smoke: false,
             procs: 4,
-            tasks: vec![1, 8, 64],
+            tasks: vec![8, 64],
             secs: 2.0,
             repeat: 3,
-            workloads: Workload::ALL.to_vec(),
+            workloads: vec![Workload::Zipf],
             modes: Mode::ALL.to_vec(),
+            compare: compare_cells(),
             wake_reps: 200,
             uncontended_reps: 500,
             out_dir: target_dir().join("lockflight-bench"),
@@ -241,6 +331,8 @@ impl Config {
             tasks: vec![4],
             secs: 0.5,
             repeat: 1,
+            workloads: Workload::ALL.to_vec(),
+            compare: Vec::new(),
             wake_reps: 30,
             uncontended_reps: 50,
             out_dir: target_dir().join("lockflight-bench").join("smoke"),
@@ -293,6 +385,11 @@ impl Config {
                     _ => panic!("LOCKFLIGHT_BENCH_T: {t:?} is not a positive number"),
                 })
                 .collect();
+        }
+        if let Some(keep) = list("LOCKFLIGHT_BENCH_COMPARE") {
+            // `0` (or empty): no comparison matrix; else the `PxT` cells listed.
+            cfg.compare
+                .retain(|c| keep.contains(&format!("{}x{}", c.procs, c.tasks)));
         }
         if let Some(ws) = list("LOCKFLIGHT_BENCH_WORKLOADS") {
             cfg.workloads = ws
@@ -577,6 +674,70 @@ pub(crate) fn worker_main() {
 enum Guard {
     Lock(Arc<Locker>),
     Mutexes(Vec<tokio::sync::Mutex<()>>),
+    Plain(PlainLock),
+}
+
+/// The honest baseline: a plain Redis lock as the usual libraries write it, on
+/// redis-rs. `SET <name> <random token> NX PX 30000`; while busy, sleep 1 ms and try
+/// again; release with a Lua compare-and-delete (`EVALSHA`). No coalescing, no
+/// queue, no wake-ups, no fencing.
+pub(crate) struct PlainLock {
+    conn: redis::aio::MultiplexedConnection,
+    names: Vec<String>,
+    /// `[acquire attempts, releases]`
+    requests: [AtomicU64; 2],
+}
+
+static PLAIN_RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+    )
+});
+
+impl PlainLock {
+    const TTL_MS: u64 = 30_000;
+    const RETRY: Duration = Duration::from_millis(1);
+
+    /// Takes the lock of key `k`; returns its token.
+    async fn lock(&self, k: usize, deadline: Instant) -> Result<String, String> {
+        let token = LeaseToken::random().to_hex();
+        let mut conn = self.conn.clone();
+        loop {
+            self.requests[0].fetch_add(1, Ordering::Relaxed);
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(&self.names[k])
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(Self::TTL_MS)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("plain SET NX: {e}"))?;
+            if ok.is_some() {
+                return Ok(token);
+            }
+            if Instant::now() > deadline {
+                return Err("plain lock: timed out".into());
+            }
+            tokio::time::sleep(Self::RETRY).await;
+        }
+    }
+
+    async fn unlock(&self, k: usize, token: &str) -> Result<(), String> {
+        self.requests[1].fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.conn.clone();
+        let deleted: i64 = PLAIN_RELEASE
+            .key(&self.names[k])
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| format!("plain release: {e}"))?;
+        if deleted == 1 {
+            Ok(())
+        } else {
+            Err("plain release: the lock was no longer ours".into())
+        }
+    }
 }
 
 struct Ctx {
@@ -622,6 +783,15 @@ async fn worker(spec: Value) -> Result<Value, String> {
     let (guard, counts) = if mode == Mode::Floor {
         let mutexes = (0..nkeys).map(|_| tokio::sync::Mutex::new(())).collect();
         (Guard::Mutexes(mutexes), None)
+    } else if mode == Mode::Plain {
+        let plain = PlainLock {
+            conn: data_connection(&url).await?,
+            names: (0..nkeys)
+                .map(|k| format!("{prefix}:{{plain-{k}}}"))
+                .collect(),
+            requests: Default::default(),
+        };
+        (Guard::Plain(plain), None)
     } else {
         let backend = RedisBackend::builder(url.as_str())
             .prefix(prefix.as_str())
@@ -669,7 +839,7 @@ async fn worker(spec: Value) -> Result<Value, String> {
     });
     let stats_before = match &ctx.guard {
         Guard::Lock(l) => Some(l.stats()),
-        Guard::Mutexes(_) => None,
+        Guard::Mutexes(_) | Guard::Plain(_) => None,
     };
     tokio::time::sleep_until(start.into()).await;
     let handles: Vec<_> = (0..tasks)
@@ -709,7 +879,15 @@ async fn worker(spec: Value) -> Result<Value, String> {
         }
         _ => Value::Null,
     };
-    let requests = counts.map_or([0; 4], |c| c.snapshot());
+    let requests = match &ctx.guard {
+        Guard::Plain(p) => [
+            p.requests[0].load(Ordering::Relaxed),
+            p.requests[1].load(Ordering::Relaxed),
+            0,
+            0,
+        ],
+        _ => counts.map_or([0; 4], |c| c.snapshot()),
+    };
     let hist: Vec<[u64; 2]> = hist
         .iter_recorded()
         .map(|v| [v.value_iterated_to(), v.count_at_value()])
@@ -765,6 +943,13 @@ async fn task_body(
                 let c = critical_section(ctx, &mut conn, k).await?;
                 out.records.push([k as u64, c, 0, 0]);
                 drop(guard);
+            }
+            Guard::Plain(plain) => {
+                let token = plain.lock(k, t0 + WAIT_TIMEOUT).await?;
+                hist.record(micros(t0.elapsed())).ok();
+                let c = critical_section(ctx, &mut conn, k).await?;
+                out.records.push([k as u64, c, 0, 0]);
+                plain.unlock(k, &token).await?;
             }
         }
         out.sections += 1;
@@ -946,6 +1131,8 @@ pub(crate) struct Uncontended {
 #[derive(Clone, Debug)]
 pub(crate) struct Report {
     pub(crate) points: Vec<Point>,
+    /// The comparison matrix's points ([`Config::compare`]).
+    pub(crate) compare: Vec<Point>,
     pub(crate) wake: Wake,
     pub(crate) uncontended: Vec<Uncontended>,
     pub(crate) markdown: String,
@@ -1018,9 +1205,11 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
         .modes
         .iter()
         .copied()
-        .filter(|&m| m != Mode::Floor)
+        .filter(|&m| m.is_lockflight())
         .collect();
-    let steps = cfg.workloads.len() * cfg.tasks.len() * cfg.modes.len() * cfg.repeat + 2;
+    let steps = cfg.workloads.len() * cfg.tasks.len() * cfg.modes.len() * cfg.repeat
+        + cfg.compare.iter().map(|c| c.modes.len()).sum::<usize>() * cfg.repeat
+        + 2;
     let pb = ProgressBar::new(steps as u64);
     pb.set_style(
         ProgressStyle::with_template(
@@ -1068,48 +1257,26 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
     let wake = measure_wake(&mut run).await?;
     run.pb.inc(1);
 
+    let mut compare = Vec::new();
+    for cell in &cfg.compare {
+        compare.extend(
+            run_cell(
+                &mut run,
+                cell.workload,
+                cell.procs,
+                cell.tasks,
+                &cell.modes,
+                &mut violations,
+            )
+            .await?,
+        );
+    }
     let mut points = Vec::new();
     for &workload in &cfg.workloads {
         for &t in &cfg.tasks {
-            // The modes of one (workload, T) run interleaved, `repeat` rounds; the
-            // point reported is the round with the median throughput.
-            let mut rounds: Vec<Vec<Point>> = vec![Vec::new(); cfg.modes.len()];
-            for round in 0..cfg.repeat {
-                for (m, &mode) in cfg.modes.iter().enumerate() {
-                    run.pb.set_message(format!(
-                        "{} {} T={t} round {}/{}",
-                        workload.name(),
-                        mode.name(),
-                        round + 1,
-                        cfg.repeat
-                    ));
-                    let (point, bad) = run_point(&mut run, workload, mode, t).await?;
-                    run.say(format!(
-                    "{:<20} {:<9} P={} T={:<3} {:>9.0} cs/s  wait p50 {:>7} p99 {:>7}  req/cs {:>7.3}  server lock cmds/cs {:>7.2}  shares {}{}",
-                    workload.name(),
-                    mode.name(),
-                    point.procs,
-                    point.tasks,
-                    point.throughput,
-                    fmt_us(point.wait_p50_us as i64),
-                    fmt_us(point.wait_p99_us as i64),
-                    point.requests_per_cs(),
-                    point.server_lock_per_cs(),
-                    fmt_shares(&point.shares()),
-                    if bad.is_empty() { "" } else { "  *** CORRECTNESS VIOLATION ***" },
-                ));
-                    violations.extend(bad);
-                    rounds[m].push(point);
-                    run.pb.inc(1);
-                }
-            }
-            for mut r in rounds {
-                let all: Vec<f64> = r.iter().map(|p| p.throughput).collect();
-                r.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
-                let mut median = r.swap_remove(r.len() / 2);
-                median.rounds = all;
-                points.push(median);
-            }
+            let modes = cfg.modes.clone();
+            points
+                .extend(run_cell(&mut run, workload, cfg.procs, t, &modes, &mut violations).await?);
         }
     }
     run.pb.finish_and_clear();
@@ -1118,6 +1285,7 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
     let total = started.elapsed();
     let mut report = Report {
         points,
+        compare,
         wake,
         uncontended,
         markdown: String::new(),
@@ -1137,6 +1305,60 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
     }
 }
 
+/// Runs one (workload, P, T) point in each of `modes`, interleaved, `repeat` rounds;
+/// returns, per mode, the round with the median throughput (with every round's
+/// throughput in `rounds`).
+async fn run_cell(
+    run: &mut Run<'_>,
+    workload: Workload,
+    procs: usize,
+    t: usize,
+    modes: &[Mode],
+    violations: &mut Vec<String>,
+) -> Result<Vec<Point>, String> {
+    let repeat = run.cfg.repeat;
+    let mut rounds: Vec<Vec<Point>> = vec![Vec::new(); modes.len()];
+    for round in 0..repeat {
+        for (m, &mode) in modes.iter().enumerate() {
+            run.pb.set_message(format!(
+                "{} {} P={procs} T={t} round {}/{}",
+                workload.name(),
+                mode.name(),
+                round + 1,
+                repeat
+            ));
+            let (point, bad) = run_point(run, workload, mode, procs, t).await?;
+            run.say(format!(
+                "{:<20} {:<9} P={} T={:<3} {:>9.0} cs/s  wait p50 {:>7} p99 {:>7}  req/cs {:>7.3}  server lock cmds/cs {:>7.2}  shares {}{}",
+                workload.name(),
+                mode.name(),
+                point.procs,
+                point.tasks,
+                point.throughput,
+                fmt_us(point.wait_p50_us as i64),
+                fmt_us(point.wait_p99_us as i64),
+                point.requests_per_cs(),
+                point.server_lock_per_cs(),
+                fmt_shares(&point.shares()),
+                if bad.is_empty() { "" } else { "  *** CORRECTNESS VIOLATION ***" },
+            ));
+            violations.extend(bad);
+            rounds[m].push(point);
+            run.pb.inc(1);
+        }
+    }
+    Ok(rounds
+        .into_iter()
+        .map(|mut r| {
+            let all: Vec<f64> = r.iter().map(|p| p.throughput).collect();
+            r.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
+            let mut median = r.swap_remove(r.len() / 2);
+            median.rounds = all;
+            median
+        })
+        .collect())
+}
+
 /// A message from a worker's stdout.
 enum Msg {
     Ready,
@@ -1149,14 +1371,15 @@ async fn run_point(
     run: &mut Run<'_>,
     workload: Workload,
     mode: Mode,
+    p: usize,
     t: usize,
 ) -> Result<(Point, Vec<String>), String> {
     let cfg = run.cfg;
     let prefix = run.prefix();
     let (procs, tasks) = if mode == Mode::Floor {
-        (1, cfg.procs * t)
+        (1, p * t)
     } else {
-        (cfg.procs, t)
+        (p, t)
     };
     let what = format!("{} {} P={procs} T={tasks}", workload.name(), mode.name());
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Msg)>();
@@ -1430,7 +1653,7 @@ async fn verify(
                 break;
             }
         }
-        if mode != Mode::Floor {
+        if mode.is_lockflight() {
             for pair in recs.windows(2) {
                 let (a, b) = (&pair[0], &pair[1]);
                 if (a.1, a.2) >= (b.1, b.2) && reported < 10 {
@@ -1559,7 +1782,7 @@ async fn measure_wake(run: &mut Run<'_>) -> Result<Wake, String> {
     let (b, b_backend, b_counts) = counting_locker(&run.url, &prefix, Mode::Coalesced).await?;
     let b = Arc::new(b);
     let key = LockKey::from("wake");
-    let queue = format!("{prefix}:{{wake}}:q");
+    let queue = format!("{prefix}:{{wake}}:wq");
     let b_id = b_backend.instance_id().to_owned();
     let reps = run.cfg.wake_reps;
     let mut wake = Vec::with_capacity(reps);
@@ -1574,13 +1797,13 @@ async fn measure_wake(run: &mut Run<'_>) -> Result<Wake, String> {
         // B waits in lock(): its queue entry exists and it has had time to park.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let queued: bool = redis::cmd("HEXISTS")
+            let queued: Option<String> = redis::cmd("ZSCORE")
                 .arg(&queue)
                 .arg(&b_id)
                 .query_async(&mut run.admin)
                 .await
                 .map_err(|e| e.to_string())?;
-            if queued {
+            if queued.is_some() {
                 break;
             }
             if Instant::now() > deadline {
@@ -1760,7 +1983,7 @@ fn targets(cfg: &Config, r: &Report) -> Vec<Target> {
             met: Some(p.requests_per_cs() <= 3.0),
         });
     }
-    if let Some(p) = find(&r.points, w, Mode::Handoff, t) {
+    if let Some(p) = find(&r.points, w, Mode::Default, t) {
         out.push(Target {
             name: format!("Redis requests / critical section, handoff, {at}"),
             goal: "≤ 0.1".into(),
@@ -1774,7 +1997,7 @@ fn targets(cfg: &Config, r: &Report) -> Vec<Target> {
     }
     for wl in [Workload::HotkeyRmw, Workload::HotkeyHold] {
         if let (Some(h), Some(f)) = (
-            find(&r.points, wl, Mode::Handoff, t),
+            find(&r.points, wl, Mode::Default, t),
             find(&r.points, wl, Mode::Floor, t),
         ) {
             let ratio = h.throughput / f.throughput.max(1e-9);
@@ -1836,7 +2059,7 @@ fn targets(cfg: &Config, r: &Report) -> Vec<Target> {
         measured: "see `cargo bench --bench micro`".into(),
         met: None,
     });
-    if let Some(p) = find(&r.points, w, Mode::Handoff, t) {
+    if let Some(p) = find(&r.points, w, Mode::Default, t) {
         let shares = p.shares();
         let ok = shares.iter().all(|s| (0.15..=0.35).contains(s));
         out.push(Target {
@@ -1847,6 +2070,241 @@ fn targets(cfg: &Config, r: &Report) -> Vec<Target> {
         });
     }
     out
+}
+
+/// The point of (workload, mode, P, T) in the comparison matrix.
+fn cell(r: &Report, w: Workload, m: Mode, p: usize, t: usize) -> Option<&Point> {
+    let procs = if m == Mode::Floor { 1 } else { p };
+    r.compare.iter().find(|x| {
+        x.workload == w
+            && x.mode == m
+            && x.procs == procs
+            && if m == Mode::Floor {
+                x.tasks == p * t
+            } else {
+                x.tasks == t
+            }
+    })
+}
+
+/// Server commands per critical section, the critical section's GET + SET included.
+fn server_per_cs(p: &Point) -> f64 {
+    p.server.values().sum::<u64>() as f64 / p.sections.max(1) as f64
+}
+
+/// The comparison table and the targets of issue #13.
+fn compare_markdown(s: &mut String, r: &Report) {
+    let _ = writeln!(
+        s,
+        "### The default configuration against a plain Redis lock (issue #13)\n"
+    );
+    let _ = writeln!(
+        s,
+        "cs/s of the median round (range over the rounds), `plain` = `SET NX PX` + 1 ms \
+         retry + Lua compare-and-delete on redis-rs; `default` = \
+         `Locker::builder(backend).build()`; `naive` = `coalescing(false)`; `floor` = one \
+         process, P·T tasks, a `tokio::sync::Mutex`. ×plain = default / plain.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | P×T | floor | plain | default | ×plain | coalesced | naive | default % of floor |\n|---|---|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    let mut seen: Vec<(Workload, usize, usize)> = Vec::new();
+    for p in &r.compare {
+        let key = if p.mode == Mode::Floor {
+            continue;
+        } else {
+            (p.workload, p.procs, p.tasks)
+        };
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+    }
+    let get = |w, m, p, t| cell(r, w, m, p, t);
+    let rate = |x: Option<&Point>| x.map_or("—".to_owned(), fmt_cs);
+    for &(w, p, t) in &seen {
+        if get(w, Mode::Plain, p, t).is_none() {
+            continue;
+        }
+        let d = get(w, Mode::Default, p, t);
+        let pl = get(w, Mode::Plain, p, t);
+        let f = get(w, Mode::Floor, p, t);
+        let ratio = |a: Option<&Point>, b: Option<&Point>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}×", a.throughput / b.throughput.max(1e-9)),
+            _ => "—".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {p}×{t} | {} | {} | {} | {} | {} | {} | {} |",
+            w.name(),
+            rate(f),
+            rate(pl),
+            rate(d),
+            ratio(d, pl),
+            rate(get(w, Mode::Coalesced, p, t)),
+            rate(get(w, Mode::Naive, p, t)),
+            match (d, f) {
+                (Some(d), Some(f)) =>
+                    format!("{:.0} %", d.throughput / f.throughput.max(1e-9) * 100.0),
+                _ => "—".into(),
+            },
+        );
+    }
+    s.push('\n');
+    let _ = writeln!(
+        s,
+        "| workload | P×T | mode | wait p50 | wait p99 | server cmds/cs (CS's GET+SET incl.) | lock req/cs | handoffs/cs | shares |\n|---|---|---|--:|--:|--:|--:|--:|---|"
+    );
+    for p in &r.compare {
+        let per = |n: u64| n as f64 / p.sections.max(1) as f64;
+        let _ = writeln!(
+            s,
+            "| {} | {}×{} | {} | {} | {} | {:.2} | {:.3} | {:.3} | {} |",
+            p.workload.name(),
+            p.procs,
+            p.tasks,
+            p.mode.name(),
+            fmt_us(p.wait_p50_us as i64),
+            fmt_us(p.wait_p99_us as i64),
+            server_per_cs(p),
+            p.requests_per_cs(),
+            per(p.handoffs),
+            fmt_shares(&p.shares()),
+        );
+    }
+    s.push('\n');
+
+    // The targets.
+    let mut t: Vec<Target> = Vec::new();
+    let rmw = Workload::HotkeyRmw;
+    for (w, p, n, goal) in [
+        (rmw, 1, 8, 2.0),
+        (rmw, 1, 64, 2.0),
+        (rmw, 4, 8, 2.0),
+        (rmw, 4, 64, 2.0),
+        (Workload::HotkeyHold, 4, 64, 1.1),
+    ] {
+        if let (Some(d), Some(pl)) = (get(w, Mode::Default, p, n), get(w, Mode::Plain, p, n)) {
+            let x = d.throughput / pl.throughput.max(1e-9);
+            let p99 = d.wait_p99_us as f64 / (pl.wait_p99_us.max(1) as f64);
+            let shares = d.shares();
+            let fair = p == 1 || shares.iter().all(|s| (0.15..=0.35).contains(s));
+            t.push(Target {
+                name: format!("1. default vs plain lock, {} {p}×{n}", w.name()),
+                goal: format!("≥ {goal}× throughput, wait p99 ≤ 1/10, shares 15–35 %"),
+                measured: format!(
+                    "{x:.2}× ({} vs {}); p99 {} vs {} (= {:.2}); shares {}",
+                    fmt_rate(d.throughput),
+                    fmt_rate(pl.throughput),
+                    fmt_us(d.wait_p99_us as i64),
+                    fmt_us(pl.wait_p99_us as i64),
+                    p99,
+                    fmt_shares(&shares)
+                ),
+                met: Some(x >= goal && p99 <= 0.1 && fair),
+            });
+        }
+    }
+    if let (Some(d), Some(f)) = (get(rmw, Mode::Default, 4, 64), get(rmw, Mode::Floor, 4, 64)) {
+        let x = d.throughput / f.throughput.max(1e-9);
+        t.push(Target {
+            name: "2. default (handoff) vs in-process floor, 4×64".into(),
+            goal: "≥ 95 %".into(),
+            measured: format!(
+                "{:.0} % ({} vs {})",
+                x * 100.0,
+                fmt_rate(d.throughput),
+                fmt_rate(f.throughput)
+            ),
+            met: Some(x >= 0.95),
+        });
+    }
+    if let Some(d) = get(rmw, Mode::Default, 4, 64) {
+        let all = server_per_cs(d);
+        t.push(Target {
+            name: "3. server commands per critical section, default, 4×64".into(),
+            goal: "≤ 4 (lock side ≤ 2)".into(),
+            measured: format!("{all:.2} (lock side {:.2})", d.server_lock_per_cs()),
+            met: Some(all <= 4.0 && d.server_lock_per_cs() <= 2.0),
+        });
+    }
+    for m in [Mode::Coalesced, Mode::Default] {
+        let pts: Vec<&Point> = [4, 16, 64]
+            .into_iter()
+            .filter_map(|p| get(rmw, m, p, 2))
+            .collect();
+        if pts.len() == 3 {
+            let v: Vec<f64> = pts.iter().map(|p| p.server_lock_per_cs()).collect();
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            t.push(Target {
+                name: format!(
+                    "4. lock commands/cs with 4, 16, 64 instances × 2 tasks, {}",
+                    m.name()
+                ),
+                goal: "flat within 20 %".into(),
+                measured: format!(
+                    "{} (max/min {:.2})",
+                    v.iter()
+                        .map(|x| format!("{x:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    hi / lo.max(1e-9)
+                ),
+                met: Some(hi <= lo * 1.2),
+            });
+        }
+    }
+    if let (Some(n), Some(pl)) = (get(rmw, Mode::Naive, 4, 64), get(rmw, Mode::Plain, 4, 64)) {
+        t.push(Target {
+            name: "5. `coalescing(false)` vs plain lock, 4×64".into(),
+            goal: "no worse (or not public API)".into(),
+            measured: format!(
+                "{:.2}× ({} vs {}); the mode is `#[doc(hidden)]`, a benchmark baseline",
+                n.throughput / pl.throughput.max(1e-9),
+                fmt_rate(n.throughput),
+                fmt_rate(pl.throughput)
+            ),
+            met: Some(n.throughput >= pl.throughput),
+        });
+    }
+    if let (Some(d), Some(pl)) = (get(rmw, Mode::Default, 1, 1), get(rmw, Mode::Plain, 1, 1)) {
+        let x = d.throughput / pl.throughput.max(1e-9);
+        t.push(Target {
+            name: "6. uncontended (1×1), default vs plain lock".into(),
+            goal: "within 5 %".into(),
+            measured: format!(
+                "{:.0} % ({} vs {} cs/s); lock wait p50 {} vs {}; server cmds/cs {:.1} vs {:.1}",
+                x * 100.0,
+                fmt_rate(d.throughput),
+                fmt_rate(pl.throughput),
+                fmt_us(d.wait_p50_us as i64),
+                fmt_us(pl.wait_p50_us as i64),
+                server_per_cs(d),
+                server_per_cs(pl)
+            ),
+            met: Some(x >= 0.95),
+        });
+    }
+    let _ = writeln!(s, "#### Issue #13 targets\n");
+    let _ = writeln!(s, "| target | goal | measured | met |\n|---|---|---|---|");
+    for x in t {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            x.name,
+            x.goal,
+            x.measured,
+            if x.met == Some(true) {
+                "met"
+            } else {
+                "**not met**"
+            }
+        );
+    }
+    s.push('\n');
 }
 
 fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> String {
@@ -1893,6 +2351,10 @@ fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> String {
             let _ = writeln!(s, "- {v}");
         }
         s.push('\n');
+    }
+
+    if !r.compare.is_empty() {
+        compare_markdown(&mut s, r);
     }
 
     let _ = writeln!(s, "### Targets\n");
@@ -2067,7 +2529,7 @@ fn write_outputs(cfg: &Config, r: &mut Report) -> Result<(), String> {
         "total_s": r.total.as_secs_f64(),
     });
     let _ = writeln!(jsonl, "{meta}");
-    for p in &r.points {
+    for p in r.points.iter().chain(&r.compare) {
         let _ = writeln!(jsonl, "{}", p.to_json());
     }
     let wake = sorted(&r.wake.wake_us);
@@ -2127,6 +2589,8 @@ fn chart(cfg: &Config, r: &Report, path: &Path) -> Result<(), Box<dyn std::error
         Mode::Naive => RGBColor(214, 39, 40),
         Mode::Coalesced => RGBColor(31, 119, 180),
         Mode::Handoff => RGBColor(44, 160, 44),
+        Mode::Default => RGBColor(44, 160, 44),
+        Mode::Plain => RGBColor(255, 127, 14),
         Mode::Floor => RGBColor(100, 100, 100),
     };
     let rows = cfg.workloads.len();

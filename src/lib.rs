@@ -5,7 +5,7 @@
 //! A plain Redis lock turns every waiting task of every instance into a client
 //! polling Redis. lockflight coalesces inside each process: per key, only **one**
 //! local task competes for the distributed lock; the others wait on in-memory
-//! futures. Optionally the holder hands the still-valid lease straight to the next
+//! futures. By default the holder hands the still-valid lease straight to the next
 //! local waiter ([`Handoff`]), within a fairness budget, so a hot key runs at close
 //! to the speed of an in-process mutex while staying mutually exclusive across
 //! instances.

@@ -345,9 +345,11 @@ async fn a_failed_release_is_reconciled_by_the_next_leader() {
             .release
             .push_back(Fault::Fail(transient("k", Phase::Releasing)));
     }
+    // Without handoff: the release goes to the backend even though a task waits.
     let locker = Locker::builder(backend.clone())
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(3))
+        .handoff(Handoff::disabled())
         .build()
         .unwrap();
     let guard = locker.lock("k").await.unwrap();

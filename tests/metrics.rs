@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lockflight::{Locker, MemoryBackend};
+use lockflight::{Handoff, Locker, MemoryBackend};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 /// Histogram samples and counter values by metric name.
@@ -38,8 +38,10 @@ async fn wait_hold_and_renewals_are_recorded() {
         .install()
         .expect("the only recorder of this test binary");
 
+    // No handoff: each holder has its own lease (and its own renewals sample).
     let locker = Locker::builder(MemoryBackend::new())
         .lease_ttl(Duration::from_millis(300))
+        .handoff(Handoff::disabled())
         .build()
         .unwrap();
     // A holder that keeps the lock across two renewals, and a waiter behind it.

@@ -24,8 +24,8 @@ use support::{RedisServer, shared, unique_prefix, wait_until};
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// A queue entry that stays live for the whole test: `<enqueued µs> <expires ms>`.
-const LIVE_ENTRY: &str = "1 99999999999999";
+/// The expiry (ms) of a queue entry that stays live for the whole test.
+const LIVE_ENTRY: u64 = 99_999_999_999_999;
 
 async fn connect(url: &str, prefix: &str) -> RedisBackend {
     RedisBackend::builder(url)
@@ -35,7 +35,7 @@ async fn connect(url: &str, prefix: &str) -> RedisBackend {
         .expect("connect the backend")
 }
 
-/// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:q`, `:claim`, `:rel`).
+/// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:wq`, `:wqx`, `:claim`, `:rel`).
 fn name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
     [backend.lock_name(key), suffix.as_bytes().to_vec()].concat()
 }
@@ -62,14 +62,35 @@ async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> b
     query::<i64>(con, redis::cmd("HEXISTS").arg(name).arg(field)).await == 1
 }
 
+/// Whether `id` has an entry in the waiter queue `queue` (a sorted set).
+async fn queued(con: &mut MultiplexedConnection, queue: &[u8], id: &str) -> bool {
+    query::<Option<String>>(con, redis::cmd("ZSCORE").arg(queue).arg(id))
+        .await
+        .is_some()
+}
+
+/// Puts `id` into the waiter queue `queue` (and its expiry index `<queue>x`),
+/// enqueued at `enqueued_us`, expiring at `expires_ms`.
+async fn enqueue(
+    con: &mut MultiplexedConnection,
+    queue: &[u8],
+    id: &str,
+    enqueued_us: u64,
+    expires_ms: u64,
+) {
+    let expiry = [queue, b"x"].concat();
+    query::<()>(con, redis::cmd("ZADD").arg(queue).arg(enqueued_us).arg(id)).await;
+    query::<()>(con, redis::cmd("ZADD").arg(expiry).arg(expires_ms).arg(id)).await;
+}
+
 async fn hset(con: &mut MultiplexedConnection, name: &[u8], field: &str, value: &str) {
     query::<()>(con, redis::cmd("HSET").arg(name).arg(field).arg(value)).await
 }
 
-/// Puts a value of the wrong type at `<lock name><suffix>`: a list at the queue
-/// (a hash), a hash elsewhere (strings).
+/// Puts a value of the wrong type at `<lock name><suffix>`: a list at the queue and
+/// its expiry index (sorted sets), a hash elsewhere (strings).
 async fn put_foreign(con: &mut MultiplexedConnection, name: &[u8], suffix: &str) {
-    if suffix == ":q" {
+    if suffix == ":wq" || suffix == ":wqx" {
         query::<()>(con, redis::cmd("RPUSH").arg(name).arg("x")).await
     } else {
         hset(con, name, "f", "v").await
@@ -133,8 +154,8 @@ async fn acquire_replies() {
         Acquire::Busy { retry_in } => assert!(retry_in <= Duration::from_secs(1), "{retry_in:?}"),
         other => panic!("expected Busy, got {other:?}"),
     }
-    let queue = name(&a, &key, ":q");
-    assert!(hexists(&mut con, &queue, b.instance_id()).await);
+    let queue = name(&a, &key, ":wq");
+    assert!(queued(&mut con, &queue, b.instance_id()).await);
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
         Extend::Extended { waiting: 1 }
@@ -148,7 +169,7 @@ async fn acquire_replies() {
             .unwrap(),
         Acquire::Busy { .. }
     ));
-    assert!(!hexists(&mut con, &queue, c.instance_id()).await);
+    assert!(!queued(&mut con, &queue, c.instance_id()).await);
 
     // Another type at the lock key (-1): reported, left alone.
     let key = LockKey::from("hash");
@@ -244,7 +265,7 @@ async fn extend_replies() {
             .await
             .unwrap(),
     );
-    hset(&mut con, &name(&a, &key, ":q"), "other", LIVE_ENTRY).await;
+    enqueue(&mut con, &name(&a, &key, ":wq"), "other", 1, LIVE_ENTRY).await;
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
         Extend::Extended { waiting: 1 }
@@ -269,11 +290,11 @@ async fn leave_replies() {
     let a = connect(&server.url(), &prefix).await;
     let mut con = server.connection().await;
     let key = LockKey::from("k");
-    let (queue, claim) = (name(&a, &key, ":q"), name(&a, &key, ":claim"));
+    let (queue, claim) = (name(&a, &key, ":wq"), name(&a, &key, ":claim"));
 
     // Normal: a queued instance holding the claim leaves; the claim passes on.
-    hset(&mut con, &queue, a.instance_id(), "0 99999999999999").await;
-    hset(&mut con, &queue, "next", LIVE_ENTRY).await;
+    enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
+    enqueue(&mut con, &queue, "next", 1, LIVE_ENTRY).await;
     query::<()>(
         &mut con,
         redis::cmd("SET")
@@ -284,13 +305,13 @@ async fn leave_replies() {
     )
     .await;
     a.leave(&key).await.expect("leave");
-    assert!(!hexists(&mut con, &queue, a.instance_id()).await);
+    assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
 
     // Only if claimed, and the claim is someone else's: nothing changes.
-    hset(&mut con, &queue, a.instance_id(), "0 99999999999999").await;
+    enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
     assert!(!a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
-    assert!(hexists(&mut con, &queue, a.instance_id()).await);
+    assert!(queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
 
     // Only if claimed, and the claim is ours: left.
@@ -304,7 +325,7 @@ async fn leave_replies() {
     )
     .await;
     assert!(a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
-    assert!(!hexists(&mut con, &queue, a.instance_id()).await);
+    assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
 }
 
@@ -324,13 +345,28 @@ async fn reads_first_setup(name: &str) -> (RedisBackend, MultiplexedConnection) 
     )
 }
 
+/// The expiry index `:wqx` is read only when the queue is not empty: for a foreign
+/// value there, put another instance into the queue itself.
+async fn queue_beside_foreign_index(
+    con: &mut MultiplexedConnection,
+    backend: &RedisBackend,
+    key: &LockKey,
+    suffix: &str,
+) {
+    if suffix == ":wqx" {
+        let queue = name(backend, key, ":wq");
+        query::<()>(con, redis::cmd("ZADD").arg(queue).arg(1).arg("other")).await;
+    }
+}
+
 /// acquire leaves no lock behind.
 #[tokio::test]
 async fn foreign_values_stop_acquire_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-acquire").await;
-    for suffix in [":fence", ":q", ":claim", ":rel"] {
+    for suffix in [":fence", ":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("acquire{suffix}"));
+        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
         put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
         assert_foreign(
             &format!("acquire with a foreign value at {suffix}"),
@@ -341,7 +377,14 @@ async fn foreign_values_stop_acquire_before_any_write() {
             "acquire with a foreign value at {suffix} left the lock behind"
         );
         let kind = type_of(&mut con, &name(&a, &key, suffix)).await;
-        assert_eq!(kind, if suffix == ":q" { "list" } else { "hash" });
+        assert_eq!(
+            kind,
+            if suffix.starts_with(":wq") {
+                "list"
+            } else {
+                "hash"
+            }
+        );
     }
 }
 
@@ -350,10 +393,11 @@ async fn foreign_values_stop_acquire_before_any_write() {
 async fn foreign_values_stop_release_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-release").await;
-    for suffix in [":q", ":claim", ":rel"] {
+    for suffix in [":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("release{suffix}"));
         let token = LeaseToken::random();
         epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
         put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
         assert_foreign(
             &format!("release with a foreign value at {suffix}"),
@@ -375,9 +419,9 @@ async fn foreign_values_stop_extend_before_any_write() {
     let key = LockKey::from("extend");
     let token = LeaseToken::random();
     epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
-    put_foreign(&mut con, &name(&a, &key, ":q"), ":q").await;
+    put_foreign(&mut con, &name(&a, &key, ":wq"), ":wq").await;
     assert_foreign(
-        "extend with a list at :q",
+        "extend with a list at :wq",
         a.extend(&key, token, Duration::from_secs(300)).await,
     );
     assert!(
@@ -392,12 +436,12 @@ async fn foreign_values_stop_leave_before_any_write() {
     let _log = shared().log_on_panic();
     let (a, mut con) = reads_first_setup("reads-first-leave").await;
     let key = LockKey::from("leave");
-    let queue = name(&a, &key, ":q");
-    hset(&mut con, &queue, a.instance_id(), LIVE_ENTRY).await;
+    let queue = name(&a, &key, ":wq");
+    enqueue(&mut con, &queue, a.instance_id(), 1, LIVE_ENTRY).await;
     put_foreign(&mut con, &name(&a, &key, ":claim"), ":claim").await;
     assert_foreign("leave with a hash at :claim", a.leave(&key).await);
     assert!(
-        hexists(&mut con, &queue, a.instance_id()).await,
+        queued(&mut con, &queue, a.instance_id()).await,
         "leave removed the queue entry although it failed"
     );
 }
@@ -432,14 +476,14 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     let key = LockKey::from("k");
     let (lock, queue, claim) = (
         u.lock_name(&key),
-        name(&u, &key, ":q"),
+        name(&u, &key, ":wq"),
         name(&u, &key, ":claim"),
     );
 
     // Release.
     let token = LeaseToken::random();
     epoch_of(u.acquire(&key, token, TTL, true).await.unwrap());
-    hset(&mut admin, &queue, "waiter", LIVE_ENTRY).await;
+    enqueue(&mut admin, &queue, "waiter", 1, LIVE_ENTRY).await;
     assert_eq!(
         u.release(&key, token).await.expect("release"),
         Released {
@@ -454,7 +498,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     );
 
     // Leave, holding the claim: it would pass to "waiter", who cannot be told.
-    hset(&mut admin, &queue, u.instance_id(), "0 99999999999999").await;
+    enqueue(&mut admin, &queue, u.instance_id(), 0, LIVE_ENTRY).await;
     query::<()>(
         &mut admin,
         redis::cmd("SET")
@@ -465,7 +509,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     )
     .await;
     u.leave(&key).await.expect("leave");
-    assert!(!hexists(&mut admin, &queue, u.instance_id()).await);
+    assert!(!queued(&mut admin, &queue, u.instance_id()).await);
     assert!(!exists(&mut admin, &claim).await);
 
     // The default user may publish anywhere: the claim is given.
@@ -625,16 +669,18 @@ const MINIMAL_RULES: &[&str] = &[
     "+publish",
     "+subscribe",
     "+time",
-    "+type",
     "+get",
     "+set",
     "+del",
     "+exists",
     "+pexpire",
     "+pttl",
-    "+hgetall",
-    "+hset",
-    "+hdel",
+    "+zcard",
+    "+zscore",
+    "+zrange",
+    "+zrangebyscore",
+    "+zadd",
+    "+zrem",
 ];
 
 async fn set_user(admin: &mut MultiplexedConnection, user: &str, rules: &[&str]) {
@@ -776,12 +822,12 @@ fn the_notifier_restarts_on_a_new_runtime() {
             .unwrap();
         let task = tokio::spawn(async move { locker.lock("k").await.map(drop) });
         let con = server.connection().await;
-        let queue = name(&holder, &key, ":q");
+        let queue = name(&holder, &key, ":wq");
         let id = waiter.instance_id().to_owned();
         assert!(
             wait_until(Duration::from_secs(10), || {
                 let (mut con, queue, id) = (con.clone(), queue.clone(), id.clone());
-                async move { hexists(&mut con, &queue, &id).await }
+                async move { queued(&mut con, &queue, &id).await }
             })
             .await,
             "the waiter never queued"

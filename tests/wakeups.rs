@@ -103,7 +103,7 @@ async fn backend(url: &str, prefix: &str) -> RedisBackend {
 }
 
 fn queue_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [b.lock_name(key), b":q".to_vec()].concat()
+    [b.lock_name(key), b":wq".to_vec()].concat()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +195,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // B's stale check (its claim was used long ago) must not have removed B's newer
     // queue entry.
     let mut con = server.connection().await;
-    let entry: Option<String> = redis::cmd("HGET")
+    let entry: Option<String> = redis::cmd("ZSCORE")
         .arg(queue_name(&b, &key))
         .arg(b.instance_id())
         .query_async(&mut con)

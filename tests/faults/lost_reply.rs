@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockflight::{Error, LockKey, Locker};
+use lockflight::{Error, Handoff, LockKey, Locker};
 
 use crate::support::fault_proxy::{FaultProxy, evalsha_on};
 use crate::support::{RedisServer, unique_prefix, wait_until};
@@ -47,11 +47,13 @@ impl Setup {
         }
     }
 
-    /// Instance A: through the proxy.
+    /// Instance A: through the proxy. Without handoff, so that every release the
+    /// tests lose goes to Redis even while a local task waits.
     async fn a(&self, ttl: Duration, wait: Duration) -> Locker {
         Locker::builder(backend_at(&self.proxy.url(), &self.prefix).await)
             .lease_ttl(ttl)
             .wait_timeout(wait)
+            .handoff(Handoff::disabled())
             .build()
             .unwrap()
     }

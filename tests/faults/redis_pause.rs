@@ -49,7 +49,7 @@ async fn paused_redis_signals_loss_in_time_and_never_overlaps() {
     let queue = {
         let backend = backend_at(&server.url(), &prefix).await;
         let mut name = backend.lock_name(&key.into());
-        name.extend_from_slice(b":q");
+        name.extend_from_slice(b":wq");
         name
     };
 
@@ -113,7 +113,7 @@ async fn paused_redis_signals_loss_in_time_and_never_overlaps() {
         wait_until(Duration::from_secs(10), || {
             let (mut con, queue) = (con.clone(), &queue);
             async move {
-                redis::cmd("HLEN")
+                redis::cmd("ZCARD")
                     .arg(queue)
                     .query_async::<i64>(&mut con)
                     .await

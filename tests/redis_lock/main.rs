@@ -68,10 +68,10 @@ async fn subscribed(backend: RedisBackend) -> RedisBackend {
     backend
 }
 
-/// The Redis name of `key`'s waiter queue (the lock's name + `:q`).
+/// The Redis name of `key`'s waiter queue (the lock's name + `:wq`).
 fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
     let mut name = backend.lock_name(key);
-    name.extend_from_slice(b":q");
+    name.extend_from_slice(b":wq");
     name
 }
 
@@ -92,22 +92,24 @@ async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
         .expect("PTTL")
 }
 
+/// The number of entries of a waiter queue (a sorted set).
 async fn hlen(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
-    redis::cmd("HLEN")
+    redis::cmd("ZCARD")
         .arg(name)
         .query_async::<i64>(con)
         .await
-        .expect("HLEN")
+        .expect("ZCARD")
 }
 
+/// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {
-    redis::cmd("HEXISTS")
+    redis::cmd("ZSCORE")
         .arg(name)
         .arg(field)
-        .query_async::<i64>(con)
+        .query_async::<Option<String>>(con)
         .await
-        .expect("HEXISTS")
-        == 1
+        .expect("ZSCORE")
+        .is_some()
 }
 
 /// Joins every task; re-raises the first panic.
@@ -222,7 +224,7 @@ enum Mode {
 fn configure(builder: LockerBuilder, mode: Mode) -> LockerBuilder {
     let builder = builder.wait_timeout(Duration::from_secs(60));
     match mode {
-        Mode::Coalescing => builder,
+        Mode::Coalescing => builder.handoff(Handoff::disabled()),
         Mode::Naive => builder.coalescing(false),
         Mode::Handoff => builder.handoff(Handoff::enabled()),
     }

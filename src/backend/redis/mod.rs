@@ -3,10 +3,17 @@
 //! # Protocol
 //!
 //! Every name of a key shares one hash tag: the lock `<prefix>:{<key>}`, its fence
-//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q`, its claim
-//! `<prefix>:{<key>}:claim` and its release tombstone `<prefix>:{<key>}:rel`. In
-//! `<key>` the bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break
-//! the hash tag or collide with each other. The scripts are single-slot by design, but
+//! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:wq` (a sorted set by
+//! enqueue time) with its expiry index `<prefix>:{<key>}:wqx` (the same members by
+//! expiry time), its claim `<prefix>:{<key>}:claim` and its release tombstone
+//! `<prefix>:{<key>}:rel`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
+//! so binary keys cannot break the hash tag or collide with each other.
+//!
+//! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
+//! new names so that instances of both versions never meet a value of the wrong
+//! type during a rolling upgrade: they still exclude each other through the same
+//! lock, fence, claim and tombstone, but do not see each other's queue entries
+//! (waiters of the other version fall back to their retry timers). The scripts are single-slot by design, but
 //! Redis Cluster is not supported yet: this backend talks to one server, and it is
 //! untested against a cluster (see the design notes on scale-out).
 //!
@@ -283,7 +290,7 @@ fn millis(d: Duration) -> u64 {
 /// 7.0; replace both patterns' `lockflight` with your prefix):
 ///
 /// ```text
-/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +type +get +set +del +exists +pexpire +pttl +hgetall +hset +hdel
+/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zadd +zrem
 /// ```
 ///
 /// The commands after `+subscribe` are the ones the scripts run: Redis checks them
@@ -335,6 +342,7 @@ struct Names {
     queue: Vec<u8>,
     claim: Vec<u8>,
     tombstone: Vec<u8>,
+    queue_expiry: Vec<u8>,
 }
 
 impl Names {
@@ -354,9 +362,10 @@ impl Names {
         let with = |suffix: &[u8]| [&lock[..], suffix].concat();
         Names {
             fence: with(b":fence"),
-            queue: with(b":q"),
+            queue: with(b":wq"),
             claim: with(b":claim"),
             tombstone: with(b":rel"),
+            queue_expiry: with(b":wqx"),
             lock,
         }
     }
@@ -491,7 +500,7 @@ impl Inner {
         let reply = self
             .invoke(
                 &EXTEND,
-                &[&n.lock, &n.fence, &n.queue],
+                &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     LeaseToken::random().to_hex().as_bytes(),
                     b"1",
@@ -588,7 +597,7 @@ impl Inner {
         let reply = self
             .invoke(
                 &LEAVE,
-                &[&n.lock, &n.queue, &n.claim],
+                &[&n.lock, &n.queue, &n.claim, &n.queue_expiry],
                 &[
                     self.instance_id.as_bytes(),
                     self.claim_ttl_ms.to_string().as_bytes(),
@@ -853,7 +862,14 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &ACQUIRE,
-                &[&n.lock, &n.fence, &n.queue, &n.claim, &n.tombstone],
+                &[
+                    &n.lock,
+                    &n.fence,
+                    &n.queue,
+                    &n.claim,
+                    &n.tombstone,
+                    &n.queue_expiry,
+                ],
                 &[
                     token.to_hex().as_bytes(),
                     ttl_ms.to_string().as_bytes(),
@@ -874,7 +890,7 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &RELEASE,
-                &[&n.lock, &n.queue, &n.claim, &n.tombstone],
+                &[&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
                     inner.instance_id.as_bytes(),
@@ -901,7 +917,7 @@ impl LockBackend for RedisBackend {
         let reply = inner
             .invoke(
                 &EXTEND,
-                &[&n.lock, &n.fence, &n.queue],
+                &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
                     ttl_ms.to_string().as_bytes(),
@@ -932,9 +948,10 @@ mod tests {
         let n = Names::new("lf", &LockKey::from(&b"a{b}%"[..]));
         assert_eq!(n.lock, b"lf:{a%7Bb%7D%25}");
         assert_eq!(n.fence, b"lf:{a%7Bb%7D%25}:fence");
-        assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:q");
+        assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:wq");
         assert_eq!(n.claim, b"lf:{a%7Bb%7D%25}:claim");
         assert_eq!(n.tombstone, b"lf:{a%7Bb%7D%25}:rel");
+        assert_eq!(n.queue_expiry, b"lf:{a%7Bb%7D%25}:wqx");
         // Distinct keys never share a name, even when one looks escaped.
         assert_ne!(
             Names::new("lf", &LockKey::from("%7B")).lock,

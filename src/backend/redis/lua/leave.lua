@@ -1,6 +1,6 @@
 -- leave: a waiting instance gives up
 --
--- KEYS[1] lock   KEYS[2] queue   KEYS[3] claim
+-- KEYS[1] lock   KEYS[2] queue   KEYS[3] claim   KEYS[4] queue expiry index
 -- ARGV[1] instance id  ARGV[2] claim ttl ms  ARGV[3] channel prefix  ARGV[4] raw key
 -- ARGV[5] "1": only if this instance holds the key's claim (an unwanted wake-up)
 --
@@ -9,7 +9,7 @@
 -- left; a refused PUBLISH takes the passed claim back and is reported), or { 0, 0 }
 -- when ARGV[5] is "1" and the claim is not ours: then nothing changes (a newer waiter
 -- of this instance may have consumed the claim, or queued again, meanwhile).
-local lock, queue, claim = KEYS[1], KEYS[2], KEYS[3]
+local lock, queue, claim, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me = ARGV[1]
 
 -- Reads.
@@ -18,13 +18,13 @@ if ARGV[5] == '1' and claimant ~= me then
   return { 0, 0 }
 end
 local lock_free = redis.call('EXISTS', lock) == 0
-local q = read_queue(queue, me, true)
+local q = read_queue(queue, expiry, me, true, true, false)
 
 -- Writes.
 if q.mine then
-  redis.call('HDEL', queue, me)
+  dequeue(queue, expiry, me)
 end
-purge(queue, q)
+purge(queue, expiry, q)
 if claimant == me then
   redis.call('DEL', claim)
   claimant = false

@@ -1,21 +1,37 @@
 -- Shared prelude of lockflight's scripts (prepended to each of them).
 --
--- The waiter queue of a key is a hash: field = instance id, value = "<enqueued µs> <expires ms>".
--- Entries expire so that a crashed instance cannot block the queue; the hash itself
--- carries a TTL so an abandoned queue leaves no key behind.
+-- The waiter queue of a key is two sorted sets with the same members, the ids of the
+-- waiting instances: the queue itself (score: enqueue time in µs, the FIFO order)
+-- and its expiry index (score: the entry's expiry in ms). Entries expire so that a
+-- crashed instance cannot block the queue; both sets carry a TTL so an abandoned
+-- queue leaves no key behind. Every queue operation is O(log n) and a constant
+-- number of commands, whatever the number of waiting instances; a script that finds
+-- the queue empty (one ZCARD) touches nothing else of it.
+--
+-- The server clock (TIME) is read only where it is used: to mint a fencing epoch,
+-- and to expire or stamp queue entries when the queue is not empty.
 --
 -- A script is not rolled back when a command fails half-way. So every script does all
 -- the reads that can fail (a key holding a value of another type) before its first
 -- write: a foreign value is reported with nothing changed.
 
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local clock
+-- The server's time, read once per script and only when needed: { ms, us }.
+local function now()
+  if clock == nil then
+    local time = redis.call('TIME')
+    clock = {
+      ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000),
+      us = tonumber(time[1]) * 1000000 + tonumber(time[2]),
+    }
+  end
+  return clock
+end
 
--- `redis.call(cmd, key)`, but a value of the wrong type at `key` raises a WRONGTYPE
--- error that names the key's role.
-local function read(role, cmd, key)
-  local reply = redis.pcall(cmd, key)
+-- `redis.call(cmd, key, ...)`, but a value of the wrong type at `key` raises a
+-- WRONGTYPE error that names the key's role.
+local function read(role, cmd, key, ...)
+  local reply = redis.pcall(cmd, key, ...)
   if type(reply) == 'table' and reply.err then
     if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
       error({ err = 'WRONGTYPE the ' .. role .. ' key holds a value of another type' })
@@ -25,27 +41,38 @@ local function read(role, cmd, key)
   return reply
 end
 
--- Reads the queue. Returns a table with `head`: the earliest live entry (other than
--- `me` when `skip_me`), `others`: the number of live entries other than `me`,
--- `mine`: the enqueue time of `me`'s live entry (or nil), and `expired`: the ids of
--- expired entries, for `purge`.
-local function read_queue(queue, me, skip_me)
-  local all = read('queue', 'HGETALL', queue)
+-- Reads the queue (`queue`, and its expiry index `expiry`). Returns a table with
+-- `others`: the number of live entries other than `me`, `mine`: the enqueue time of
+-- `me`'s live entry (or nil), `expired`: the ids of expired entries (for `purge`),
+-- and, with `want_head`, `head`: the earliest live entry (other than `me` when
+-- `skip_me`). With `for_write`, the expiry index is type-checked even when the queue
+-- is empty (the caller will write it).
+local function read_queue(queue, expiry, me, want_head, skip_me, for_write)
   local q = { others = 0, expired = {} }
-  local head_enq
-  for i = 1, #all, 2 do
-    local id = all[i]
-    local enq, exp = string.match(all[i + 1], '^(%d+) (%d+)$')
-    if enq == nil or tonumber(exp) <= now_ms then
-      q.expired[#q.expired + 1] = id
-    else
-      if id == me then
-        q.mine = enq
-      else
-        q.others = q.others + 1
-      end
-      if (id ~= me or not skip_me) and (head_enq == nil or tonumber(enq) < head_enq) then
-        q.head, head_enq = id, tonumber(enq)
+  local size = read('queue', 'ZCARD', queue)
+  if size == 0 then
+    if for_write then
+      read('queue expiry', 'ZCARD', expiry)
+    end
+    return q
+  end
+  q.expired = read('queue expiry', 'ZRANGEBYSCORE', expiry, '-inf', now().ms)
+  local dead = {}
+  for _, id in ipairs(q.expired) do
+    dead[id] = true
+  end
+  local mine = redis.call('ZSCORE', queue, me)
+  if mine and not dead[me] then
+    q.mine = mine
+  end
+  q.others = math.max(0, size - #q.expired - (q.mine and 1 or 0))
+  if want_head and q.others + (q.mine and 1 or 0) > 0 then
+    -- The head is among the first #expired + 2 entries (expired ones and `me` skipped).
+    local first = redis.call('ZRANGE', queue, 0, #q.expired + 1)
+    for _, id in ipairs(first) do
+      if not dead[id] and (id ~= me or not skip_me) then
+        q.head = id
+        break
       end
     end
   end
@@ -53,10 +80,17 @@ local function read_queue(queue, me, skip_me)
 end
 
 -- Drops the expired entries `read_queue` found.
-local function purge(queue, q)
-  for _, id in ipairs(q.expired) do
-    redis.call('HDEL', queue, id)
+local function purge(queue, expiry, q)
+  if #q.expired > 0 then
+    redis.call('ZREM', queue, unpack(q.expired))
+    redis.call('ZREM', expiry, unpack(q.expired))
   end
+end
+
+-- Removes `me`'s entry.
+local function dequeue(queue, expiry, me)
+  redis.call('ZREM', queue, me)
+  redis.call('ZREM', expiry, me)
 end
 
 -- Gives `head` a claim of `claim_ttl` ms and publishes the raw key on its channel.

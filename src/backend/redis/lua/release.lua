@@ -1,6 +1,7 @@
 -- release-and-wake-next
 --
 -- KEYS[1] lock   KEYS[2] queue   KEYS[3] claim   KEYS[4] release tombstone
+-- KEYS[5] queue expiry index
 -- ARGV[1] token  ARGV[2] instance id  ARGV[3] claim ttl ms  ARGV[4] channel prefix
 -- ARGV[5] raw key (the wake-up message)  ARGV[6] tombstone ttl ms
 --
@@ -10,14 +11,17 @@
 -- If the lock is free afterwards and nobody holds a claim, the head of the queue gets
 -- a claim window and one message on its channel; a refused PUBLISH takes the claim
 -- back and is reported as the third element.
-local lock, queue, claim, tombstone = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+--
+-- Fast path (ours, nobody queued): GET lock, GET tombstone, GET claim, ZCARD queue,
+-- DEL lock, SET tombstone.
+local lock, queue, claim, tombstone, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, me = ARGV[1], ARGV[2]
 
 -- Reads.
 local current = read('lock', 'GET', lock)
 local previous = read('tombstone', 'GET', tombstone)
-local q = read_queue(queue, me, false)
 local claimant = read('claim', 'GET', claim)
+local q = read_queue(queue, expiry, me, true, false, false)
 
 -- Writes.
 local released = 0
@@ -28,7 +32,7 @@ if current == token then
 elseif previous == token then
   released = 1
 end
-purge(queue, q)
+purge(queue, expiry, q)
 local refused
 if current == false and claimant == false and q.head ~= nil then
   refused = wake(q.head, claim, tonumber(ARGV[3]), ARGV[4] .. q.head, ARGV[5])
