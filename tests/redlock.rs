@@ -614,9 +614,9 @@ async fn a_release_wakes_the_waiting_instance_at_once() {
             let mut entries = 0;
             for (i, node) in b.node_backends().enumerate() {
                 let mut q = node.lock_name(&key);
-                q.extend_from_slice(b":q");
+                q.extend_from_slice(b":wq");
                 let mut con = servers[i].connection().await;
-                let n: i64 = redis::cmd("HLEN")
+                let n: i64 = redis::cmd("ZCARD")
                     .arg(&q)
                     .query_async(&mut con)
                     .await
