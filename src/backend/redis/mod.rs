@@ -6,9 +6,10 @@
 //! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:q`, its claim
 //! `<prefix>:{<key>}:claim` and its release tombstone `<prefix>:{<key>}:rel`. In
 //! `<key>` the bytes `%`, `{` and `}` are percent-escaped, so binary keys cannot break
-//! the hash tag or collide with each other. The scripts are single-slot by design, but
-//! Redis Cluster is not supported yet: this backend talks to one server, and it is
-//! untested against a cluster (see the design notes on scale-out).
+//! the hash tag or collide with each other. The scripts are single-slot by design, so
+//! the same scripts run on one server, on a Redis Cluster (feature `cluster`, see
+//! [`RedisBackend::cluster`]) and on a primary found through sentinels (feature
+//! `sentinel`, see [`RedisBackend::sentinel`]).
 //!
 //! Each backend has a random instance id and **one** notification channel
 //! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
@@ -34,15 +35,16 @@
 //! error, `MISCONF`, `NOAUTH`, …) are [`Error::Refused`], ACL refusals
 //! [`Error::NoPermission`], `WRONGTYPE` [`Error::ForeignValue`]; I/O errors, timeouts,
 //! dropped connections and a server that is loading, busy or failing over
-//! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`) are transient
-//! [`Error::Backend`].
+//! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, and a `MOVED` or
+//! `ASK` redirect the cluster client could not resolve within its retries) are
+//! transient [`Error::Backend`].
 
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, Script, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -51,7 +53,14 @@ use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
+#[cfg(feature = "cluster")]
+mod cluster;
+mod conn;
 mod notify;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+
+use conn::{Conn, Timeouts, Topology};
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
 
@@ -72,7 +81,7 @@ const PROBE_KEY: &str = "lockflight-probe";
 #[derive(Clone)]
 #[must_use]
 pub struct RedisBackendBuilder {
-    url: String,
+    topology: Topology,
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
@@ -83,7 +92,15 @@ pub struct RedisBackendBuilder {
 impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackendBuilder")
-            .field("url", &redact(&self.url))
+            .field(
+                "urls",
+                &self
+                    .topology
+                    .urls()
+                    .into_iter()
+                    .map(redact)
+                    .collect::<Vec<_>>(),
+            )
             .field("prefix", &self.prefix)
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
@@ -216,23 +233,16 @@ impl RedisBackendBuilder {
             // the application, else install ring's.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| Error::config(format!("redis url {}: {e}", redact(&self.url))))?;
-        let target = client.get_connection_info().addr().to_string();
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(|e| connect_error(&target, "connecting", e))?;
+        let timeouts = Timeouts {
+            response: self.response_timeout,
+            connection: self.connection_timeout,
+        };
+        let (conn, target) = open(&self.topology, timeouts).await?;
         let instance_id = format!("{:016x}", rand::random::<u64>());
         let channel_prefix = format!("{}:inst:", self.prefix);
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             conn,
-            client,
             target,
             channel: format!("{channel_prefix}{instance_id}"),
             prefix: self.prefix,
@@ -252,6 +262,67 @@ impl RedisBackendBuilder {
         inner.ensure_notifier();
         inner.verify().await?;
         Ok(RedisBackend { inner })
+    }
+}
+
+/// Opens the command connection of `topology`; returns it with a description of
+/// the target for error messages.
+async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)> {
+    match topology {
+        Topology::Single(url) => {
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?;
+            let target = client.get_connection_info().addr().to_string();
+            let conn =
+                ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))
+                    .await
+                    .map_err(|e| connect_error(&target, "connecting", e))?;
+            Ok((Conn::Single { conn, client }, target))
+        }
+        #[cfg(feature = "cluster")]
+        Topology::Cluster(nodes) => {
+            let target = format!(
+                "cluster [{}]",
+                nodes
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if nodes.is_empty() {
+                return Err(Error::config("a redis cluster needs at least one node url"));
+            }
+            for n in nodes {
+                redis::Client::open(n.as_str())
+                    .map_err(|e| Error::config(format!("redis url {}: {e}", redact(n))))?;
+            }
+            let conn = cluster::ClusterConn::connect(nodes, timeouts)
+                .await
+                .map_err(|e| connect_error(&target, "connecting to the cluster", e))?;
+            Ok((Conn::Cluster(conn), target))
+        }
+        #[cfg(feature = "sentinel")]
+        Topology::Sentinel(settings) => {
+            let target = format!(
+                "sentinel master {:?} via [{}]",
+                settings.master,
+                settings
+                    .sentinels
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let conn = sentinel::SentinelConn::connect(settings.clone(), timeouts)
+                .await
+                .map_err(|e| match e {
+                    sentinel::ConnectError::Config(m) => Error::config(m),
+                    sentinel::ConnectError::Redis(e) => {
+                        connect_error(&target, "resolving the primary", e)
+                    }
+                })?;
+            Ok((Conn::Sentinel(conn), target))
+        }
     }
 }
 
@@ -298,8 +369,7 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: ConnectionManager,
-    client: redis::Client,
+    conn: Conn,
     target: String,
     prefix: String,
     instance_id: String,
@@ -383,8 +453,42 @@ impl RedisBackend {
 
     /// Starts configuring a backend for `url`.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Topology::Single(url.into()))
+    }
+
+    /// Starts configuring a backend on a Redis Cluster reached through `nodes`
+    /// (URLs of any of its nodes; the others are discovered). Scripts are routed by
+    /// their key's slot, `MOVED`/`ASK` redirects are followed and the topology is
+    /// refreshed by the `redis` crate's cluster client; wake-ups use one classic
+    /// pub/sub subscription on one node (see the module docs of the cluster mode in
+    /// the crate's design notes).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let backend = RedisBackend::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(nodes: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(Topology::Cluster(
+            nodes.into_iter().map(Into::into).collect(),
+        ))
+    }
+}
+
+impl RedisBackendBuilder {
+    fn new(topology: Topology) -> RedisBackendBuilder {
         RedisBackendBuilder {
-            url: url.into(),
+            topology,
             prefix: RedisBackendBuilder::DEFAULT_PREFIX.to_owned(),
             response_timeout: RedisBackendBuilder::DEFAULT_RESPONSE_TIMEOUT,
             connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
@@ -392,7 +496,9 @@ impl RedisBackend {
             queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
         }
     }
+}
 
+impl RedisBackend {
     /// This instance's random id (its queue entries and its channel carry it).
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
@@ -439,15 +545,7 @@ impl Inner {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
-        }
-        for a in args {
-            call.arg(*a);
-        }
-        let mut conn = self.conn.clone();
-        call.invoke_async(&mut conn).await
+        self.conn.invoke(script, keys, args).await
     }
 
     /// Starts the notification task on the current runtime unless it is running:
@@ -466,7 +564,7 @@ impl Inner {
         }
         self.subscriber.restarting();
         *task = Some(runtime.spawn(notify::run(
-            self.client.clone(),
+            self.conn.clone(),
             self.channel.clone(),
             self.connection_timeout,
             Arc::downgrade(self),
@@ -478,11 +576,9 @@ impl Inner {
     /// probe key, the subscription comes up, and this instance may publish on its
     /// channel.
     async fn verify(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
         for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
+            self.conn
+                .load(script)
                 .await
                 .map_err(|e| self.check_error("SCRIPT LOAD", e))?;
         }
@@ -506,10 +602,10 @@ impl Inner {
             })?;
         decode_extend(&probe, &reply)?;
         self.first_subscription().await?;
-        redis::cmd("PUBLISH")
-            .arg(&self.channel)
-            .arg("")
-            .query_async::<i64>(&mut conn)
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&self.channel).arg("");
+        self.conn
+            .query(&publish)
             .await
             .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
         Ok(())
@@ -677,7 +773,11 @@ fn classify(e: &RedisError) -> Class {
             Class::NoPermission
         }
         Some("WRONGTYPE") => Class::Foreign,
-        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN") => Class::Transient,
+        // A cluster in flux: a redirect still unresolved after the cluster client's
+        // retries (a failover or a migration in progress) is retried by the caller.
+        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK") => {
+            Class::Transient
+        }
         Some(code) => Class::Refused(code.to_owned()),
         // Client-side: a protocol error (the connection is replaced), a lost reply.
         None => Class::Transient,
@@ -688,7 +788,8 @@ fn classify(e: &RedisError) -> Class {
 /// `WRONGTYPE` → [`Error::ForeignValue`]; `OOM`, `READONLY`, `NOSCRIPT` (after the
 /// reload), `ERR` (a script error), `MISCONF`, `NOAUTH`, `WRONGPASS` and other server
 /// refusals → [`Error::Refused`]; I/O, timeouts, dropped connections, `LOADING`,
-/// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN` → [`Error::Backend`] (transient).
+/// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK` →
+/// [`Error::Backend`] (transient).
 fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
     let key = key.clone();
     match classify(&e) {
@@ -1119,6 +1220,8 @@ mod tests {
             known(ServerErrorKind::TryAgain),
             known(ServerErrorKind::ClusterDown),
             server_error("BUSY", "a script is running"),
+            server_error("MOVED", "3999 127.0.0.1:6381"),
+            server_error("ASK", "3999 127.0.0.1:6381"),
         ] {
             assert_eq!(classify(&error), Class::Transient, "{error}");
         }
