@@ -74,6 +74,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub(crate) mod cluster;
 pub(crate) mod fault_proxy;
 pub(crate) mod nemesis;
 
