@@ -98,6 +98,70 @@ impl Conn {
         }
     }
 
+    /// Runs `script`, then `WAIT replicas timeout`, in one pipeline on one
+    /// connection (so the `WAIT` counts this connection's write); returns the
+    /// script's reply and the number of replicas that acknowledged.
+    pub(super) async fn invoke_acked(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<(Value, i64), RedisError> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
+        for a in args {
+            call.arg(*a);
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&call)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis().max(1) as u64);
+        let run = |mut conn: ConnectionManager| {
+            let (pipe, call) = (&pipe, &call);
+            async move {
+                match pipe.query_async::<(Value, i64)>(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        call.load_async(&mut conn).await?;
+                        pipe.query_async::<(Value, i64)>(&mut conn).await
+                    }
+                    other => other,
+                }
+            }
+        };
+        match self {
+            Conn::Single { conn, .. } => run(conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "replica acknowledgement is not supported on a cluster",
+            ))),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => {
+                let renewal = script.get_hash() == super::EXTEND.get_hash();
+                s.with_primary(renewal, run).await
+            }
+        }
+    }
+
+    /// The server commands go to now (see `RedisBackend::server`).
+    pub(super) fn server(&self) -> String {
+        match self {
+            Conn::Single { client, .. } => client.get_connection_info().addr().to_string(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => "cluster".to_owned(),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => s.server(),
+        }
+    }
+
     /// Loads `script` (`SCRIPT LOAD`; on every primary of a cluster).
     pub(super) async fn load(&self, script: &Script) -> Result<(), RedisError> {
         let call = script.prepare_invoke();

@@ -82,6 +82,7 @@ const PROBE_KEY: &str = "lockflight-probe";
 #[must_use]
 pub struct RedisBackendBuilder {
     topology: Topology,
+    replica_ack: Option<(u32, Duration)>,
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
@@ -102,6 +103,7 @@ impl fmt::Debug for RedisBackendBuilder {
                     .collect::<Vec<_>>(),
             )
             .field("prefix", &self.prefix)
+            .field("replica_ack", &self.replica_ack)
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("claim_ttl", &self.claim_ttl)
@@ -169,7 +171,44 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Replica acknowledgement: after an acquire or a renewal writes the lock, wait
+    /// (`WAIT replicas timeout`, on the same connection, in the same pipeline) until
+    /// at least `replicas` replicas have the write. An acquire that fewer replicas
+    /// acknowledged is not granted: it fails with [`Error::Refused`] with code
+    /// `NOREPLICAS`, and the locker releases the lock it wrote. A renewal that fewer
+    /// replicas acknowledged counts as failed: it is retried until the lease's
+    /// validity ends, then the lease is lost.
+    ///
+    /// What it guarantees: a granted lease (and each renewal that counted) was on
+    /// at least `replicas` replicas when it was granted. What it does not: Redis
+    /// replication stays asynchronous, and a failover may still promote a replica
+    /// that missed the write (Sentinel does not promote the most up-to-date replica
+    /// by the writes *you* care about, and the replica may lose the write on restart
+    /// without persistence); it narrows the failover window, it does not close it.
+    /// It costs one more reply per acquire and renewal, as long as the slowest of
+    /// the `replicas` fastest replicas takes.
+    ///
+    /// For one server and for sentinel mode; a cluster backend refuses it (its
+    /// `WAIT` would not follow the key's slot).
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+
     fn validate(&self) -> Result<()> {
+        if let Some((replicas, timeout)) = self.replica_ack {
+            if replicas == 0 || timeout < Duration::from_millis(1) {
+                return Err(Error::config(format!(
+                    "redis replica_ack({replicas}, {timeout:?}): needs at least 1 replica and 1 ms"
+                )));
+            }
+            #[cfg(feature = "cluster")]
+            if matches!(self.topology, Topology::Cluster(_)) {
+                return Err(Error::config(
+                    "redis replica_ack is not supported on a cluster backend",
+                ));
+            }
+        }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
             return Err(Error::config(format!(
                 "redis prefix {:?} must be non-empty and contain no '{{' or '}}'",
@@ -252,6 +291,7 @@ impl RedisBackendBuilder {
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
+            replica_ack: self.replica_ack,
             tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
@@ -379,6 +419,7 @@ struct Inner {
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
+    replica_ack: Option<(u32, Duration)>,
     tombstone_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
@@ -485,10 +526,47 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// Starts configuring a backend on the primary that the sentinels at
+    /// `sentinels` (URLs; any of them may be down) name for `master`. The primary
+    /// is looked up at connect, and again on `+switch-master`, on connection errors
+    /// and on `READONLY`; a renewal answered `READONLY` by a demoted primary is a
+    /// loss at once. See [`replica_ack`](RedisBackendBuilder::replica_ack) to
+    /// narrow the window in which a failover loses a granted lock.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use std::time::Duration;
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let backend = RedisBackend::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .replica_ack(1, Duration::from_millis(100))
+    /// .connect()
+    /// .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(sentinels: I, master: impl Into<String>) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(Topology::Sentinel(sentinel::SentinelSettings {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master: master.into(),
+        }))
+    }
+}
+
 impl RedisBackendBuilder {
     fn new(topology: Topology) -> RedisBackendBuilder {
         RedisBackendBuilder {
             topology,
+            replica_ack: None,
             prefix: RedisBackendBuilder::DEFAULT_PREFIX.to_owned(),
             response_timeout: RedisBackendBuilder::DEFAULT_RESPONSE_TIMEOUT,
             connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
@@ -507,6 +585,14 @@ impl RedisBackend {
     /// The pub/sub channel this instance is woken on.
     pub fn channel(&self) -> String {
         self.inner.channel.clone()
+    }
+
+    /// The server the command connection talks to now, `host:port`: the server of
+    /// a single-server backend, the current primary of a sentinel backend (it
+    /// changes when the backend follows a failover), or `cluster` for a cluster
+    /// backend (its commands go to the node of each key's slot).
+    pub fn server(&self) -> String {
+        self.inner.conn.server()
     }
 
     /// The Redis name of the lock of `key`.
@@ -545,7 +631,28 @@ impl Inner {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
-        self.conn.invoke(script, keys, args).await
+        let Some((replicas, timeout)) = self.replica_ack else {
+            return self.conn.invoke(script, keys, args).await;
+        };
+        if !std::ptr::eq(script, &*ACQUIRE) && !std::ptr::eq(script, &*EXTEND) {
+            return self.conn.invoke(script, keys, args).await;
+        }
+        let (reply, acks) = self
+            .conn
+            .invoke_acked(script, keys, args, replicas, timeout)
+            .await?;
+        // `{ 1, … }`: the acquire or the renewal wrote the lock.
+        let wrote =
+            matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(1))));
+        if wrote && acks < i64::from(replicas) {
+            return Err(redis::make_extension_error(
+                "NOREPLICAS".to_owned(),
+                Some(format!(
+                    "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
+                )),
+            ));
+        }
+        Ok(reply)
     }
 
     /// Starts the notification task on the current runtime unless it is running:

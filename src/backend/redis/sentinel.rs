@@ -136,6 +136,15 @@ impl SentinelConn {
         Ok(self.current().client.clone())
     }
 
+    /// `host:port` of the current primary.
+    pub(super) fn server(&self) -> String {
+        self.current()
+            .client
+            .get_connection_info()
+            .addr()
+            .to_string()
+    }
+
     /// How many times the primary has been replaced.
     pub(super) fn generation(&self) -> u64 {
         self.current().generation
@@ -200,6 +209,58 @@ impl SentinelConn {
         true
     }
 
+    /// Switches to the primary at `host:port` that a `+switch-master` announced,
+    /// once it answers `ROLE` as master (the sentinel that announces it may be the
+    /// only one that knows yet, so asking the sentinels could still name the old
+    /// one). Returns whether the connection is now on that primary.
+    pub(super) async fn switch_to(&self, host: &str, port: u16, seen: u64) -> bool {
+        let cur = self.current();
+        if cur.generation != seen {
+            return true;
+        }
+        let addr = format!("{host}:{port}");
+        if cur.client.get_connection_info().addr().to_string() == addr {
+            return true;
+        }
+        let info = cur
+            .client
+            .get_connection_info()
+            .clone()
+            .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
+        let Ok(client) = redis::Client::open(info) else {
+            return false;
+        };
+        let connected =
+            tokio::time::timeout(self.timeouts.connection + self.timeouts.response, async {
+                let mut conn = ConnectionManager::new_with_config(
+                    client.clone(),
+                    manager_config(self.timeouts),
+                )
+                .await?;
+                let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+                Ok::<_, RedisError>((conn, role))
+            })
+            .await;
+        let conn = match connected {
+            Ok(Ok((conn, role))) if matches!(role.first(), Some(Value::BulkString(b)) if b == b"master") => {
+                conn
+            }
+            _ => return false,
+        };
+        let mut cur = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if cur.generation != seen {
+            return true;
+        }
+        tracing::info!(master = %self.settings.master, to = %addr, "+switch-master: following the new primary");
+        let generation = seen + 1;
+        *cur = Arc::new(Current {
+            client,
+            conn,
+            generation,
+        });
+        true
+    }
+
     /// Runs a script on the primary. A connection error or `READONLY` makes it look
     /// the primary up again; if it moved, the script runs once more there (not a
     /// renewal (`renewal`) answered `READONLY`: see the module docs).
@@ -215,6 +276,27 @@ impl SentinelConn {
                 let renewal = renewal && is_readonly(&e);
                 if self.re_resolve(cur.generation, false).await && !renewal {
                     call.invoke_async(&mut self.current().conn.clone()).await
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Runs `f` on the primary's connection, re-resolving and running it once more
+    /// as [`invoke`](Self::invoke) does.
+    pub(super) async fn with_primary<T, F, Fut>(&self, renewal: bool, f: F) -> Result<T, RedisError>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        let cur = self.current();
+        match f(cur.conn.clone()).await {
+            Err(e) if moved(&e) => {
+                let renewal = renewal && is_readonly(&e);
+                if self.re_resolve(cur.generation, false).await && !renewal {
+                    f(self.current().conn.clone()).await
                 } else {
                     Err(e)
                 }
@@ -304,12 +386,16 @@ async fn listen_switch_master(url: String, conn: Weak<SentinelConn>, stop: Cance
                 let Some(c) = conn.upgrade() else { return };
                 // `<master name> <old ip> <old port> <new ip> <new port>`
                 let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
-                if payload.split(' ').next() == Some(c.settings.master.as_str()) {
+                let parts: Vec<&str> = payload.split(' ').collect();
+                if let [name, _, _, host, port] = parts[..]
+                    && name == c.settings.master
+                    && let Ok(port) = port.parse::<u16>()
+                {
                     tracing::debug!(%payload, "+switch-master");
                     let seen = c.generation();
                     // The new primary may need a moment to answer ROLE as master.
-                    for _ in 0..20 {
-                        if c.re_resolve(seen, true).await {
+                    for _ in 0..40 {
+                        if c.switch_to(host, port, seen).await {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(25)).await;
