@@ -77,6 +77,7 @@ use tokio::task::{JoinHandle, JoinSet};
 pub(crate) mod cluster;
 pub(crate) mod fault_proxy;
 pub(crate) mod nemesis;
+pub(crate) mod sentinel;
 
 const REDIS_NOT_FOUND: &str = "redis-server not found: install it (apt-get install -y redis-server) or run scripts/test, which does";
 
