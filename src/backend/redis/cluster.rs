@@ -79,6 +79,9 @@ impl ClusterConn {
             .max_retry_wait(200)
             .retry_wait_formula(5, 2)
             .connection_concurrency_limit(CONCURRENCY_LIMIT)
+            // Without it, Nagle's algorithm holds a request back behind an
+            // unacknowledged one on the same node connection.
+            .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
             .build()?;
         let conn = client.get_async_connection().await?;
         Ok(ClusterConn { conn, seeds })
