@@ -58,6 +58,7 @@ async fn data_conn() -> ClusterConnection {
         .connection_timeout(Duration::from_secs(5))
         .min_retry_wait(5)
         .max_retry_wait(200)
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
         .build()
         .expect("cluster client")
         .get_async_connection()
