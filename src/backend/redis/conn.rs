@@ -53,14 +53,18 @@ pub(super) fn manager_config(t: Timeouts) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
+/// One server: its connection and a client for the subscription.
+#[derive(Clone)]
+pub(super) struct Single {
+    pub(super) conn: ConnectionManager,
+    pub(super) client: redis::Client,
+}
+
 /// The command connection of a backend. Cheap to clone.
 #[derive(Clone)]
 pub(super) enum Conn {
     /// One server, reconnected by the `ConnectionManager`.
-    Single {
-        conn: ConnectionManager,
-        client: redis::Client,
-    },
+    Single(Box<Single>),
     /// A cluster: slot routing, `MOVED`/`ASK`, topology refresh and reconnects are
     /// the `redis` crate's cluster client's.
     #[cfg(feature = "cluster")]
@@ -87,7 +91,7 @@ impl Conn {
             call.arg(*a);
         }
         match self {
-            Conn::Single { conn, .. } => call.invoke_async(&mut conn.clone()).await,
+            Conn::Single(single) => call.invoke_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => call.invoke_async(&mut c.conn.clone()).await,
             #[cfg(feature = "sentinel")]
@@ -137,7 +141,7 @@ impl Conn {
             }
         };
         match self {
-            Conn::Single { conn, .. } => run(conn.clone()).await,
+            Conn::Single(single) => run(single.conn.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => Err(RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,
@@ -154,7 +158,7 @@ impl Conn {
     /// The server commands go to now (see `RedisBackend::server`).
     pub(super) fn server(&self) -> String {
         match self {
-            Conn::Single { client, .. } => client.get_connection_info().addr().to_string(),
+            Conn::Single(single) => single.client.get_connection_info().addr().to_string(),
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => "cluster".to_owned(),
             #[cfg(feature = "sentinel")]
@@ -166,7 +170,7 @@ impl Conn {
     pub(super) async fn load(&self, script: &Script) -> Result<(), RedisError> {
         let call = script.prepare_invoke();
         match self {
-            Conn::Single { conn, .. } => call.load_async(&mut conn.clone()).await.map(drop),
+            Conn::Single(single) => call.load_async(&mut single.conn.clone()).await.map(drop),
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => call.load_async(&mut c.conn.clone()).await.map(drop),
             #[cfg(feature = "sentinel")]
@@ -178,7 +182,7 @@ impl Conn {
     /// goes to any node, `SCRIPT LOAD` to every primary).
     pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single { conn, .. } => cmd.query_async(&mut conn.clone()).await,
+            Conn::Single(single) => cmd.query_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.conn.clone()).await,
             #[cfg(feature = "sentinel")]
@@ -192,7 +196,7 @@ impl Conn {
     /// sentinels, the current primary.
     pub(super) async fn subscribe_targets(&self) -> Result<Vec<redis::Client>, RedisError> {
         match self {
-            Conn::Single { client, .. } => Ok(vec![client.clone()]),
+            Conn::Single(single) => Ok(vec![single.client.clone()]),
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.nodes().await,
             #[cfg(feature = "sentinel")]

@@ -317,7 +317,10 @@ async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)>
                 ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))
                     .await
                     .map_err(|e| connect_error(&target, "connecting", e))?;
-            Ok((Conn::Single { conn, client }, target))
+            Ok((
+                Conn::Single(Box::new(conn::Single { conn, client })),
+                target,
+            ))
         }
         #[cfg(feature = "cluster")]
         Topology::Cluster(nodes) => {
