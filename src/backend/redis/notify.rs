@@ -109,7 +109,12 @@ pub(super) async fn run(
                 r = tokio::time::timeout(connect_timeout, conn.subscribe_targets()) => r,
             };
             match listed {
-                Ok(Ok(list)) if !list.is_empty() => targets = list,
+                Ok(Ok(mut list)) if !list.is_empty() => {
+                    // Instances spread their subscriptions over a cluster's nodes.
+                    let start = (rand::random::<u64>() % list.len() as u64) as usize;
+                    list.rotate_left(start);
+                    targets = list;
+                }
                 Ok(Err(e)) if targets.is_empty() => {
                     tracing::debug!(%channel, error = %e, "finding a server to subscribe on failed");
                     let Some(i) = inner.upgrade() else { return };
