@@ -1385,5 +1385,18 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("claim_ttl"), "{e}");
+        let e = RedisBackend::builder("redis://x")
+            .replica_ack(0, Duration::from_millis(100))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("replica_ack"), "{e}");
+        #[cfg(feature = "cluster")]
+        {
+            let e = RedisBackend::cluster(["redis://x"])
+                .replica_ack(1, Duration::from_millis(100))
+                .validate()
+                .unwrap_err();
+            assert!(e.to_string().contains("cluster"), "{e}");
+        }
     }
 }
