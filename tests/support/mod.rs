@@ -74,8 +74,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub(crate) mod cluster;
 pub(crate) mod fault_proxy;
 pub(crate) mod nemesis;
+pub(crate) mod sentinel;
 
 const REDIS_NOT_FOUND: &str = "redis-server not found: install it (apt-get install -y redis-server) or run scripts/test, which does";
 

@@ -1,4 +1,4 @@
-//! The Redis backend: one Redis server.
+//! The Redis backend: one Redis server, a Redis Cluster, or a primary behind Sentinel.
 //!
 //! # Protocol
 //!
@@ -7,15 +7,16 @@
 //! enqueue time) with its expiry index `<prefix>:{<key>}:wqx` (the same members by
 //! expiry time), its claim `<prefix>:{<key>}:claim` and its release tombstone
 //! `<prefix>:{<key>}:rel`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
-//! so binary keys cannot break the hash tag or collide with each other.
+//! so binary keys cannot break the hash tag or collide with each other. The scripts
+//! are single-slot by design, so the same scripts run on one server, on a Redis
+//! Cluster (feature `cluster`, see [`RedisBackend::cluster`]) and on a primary found
+//! through sentinels (feature `sentinel`, see [`RedisBackend::sentinel`]).
 //!
 //! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
 //! new names so that instances of both versions never meet a value of the wrong
 //! type during a rolling upgrade: they still exclude each other through the same
 //! lock, fence, claim and tombstone, but do not see each other's queue entries
-//! (waiters of the other version fall back to their retry timers). The scripts are single-slot by design, but
-//! Redis Cluster is not supported yet: this backend talks to one server, and it is
-//! untested against a cluster (see the design notes on scale-out).
+//! (waiters of the other version fall back to their retry timers).
 //!
 //! Each backend has a random instance id and **one** notification channel
 //! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
@@ -41,15 +42,16 @@
 //! error, `MISCONF`, `NOAUTH`, …) are [`Error::Refused`], ACL refusals
 //! [`Error::NoPermission`], `WRONGTYPE` [`Error::ForeignValue`]; I/O errors, timeouts,
 //! dropped connections and a server that is loading, busy or failing over
-//! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`) are transient
-//! [`Error::Backend`].
+//! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, and a `MOVED` or
+//! `ASK` redirect the cluster client could not resolve within its retries) are
+//! transient [`Error::Backend`].
 
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, Script, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -58,7 +60,14 @@ use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
+#[cfg(feature = "cluster")]
+mod cluster;
+mod conn;
 mod notify;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+
+use conn::{Conn, Timeouts, Topology};
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
 
@@ -79,7 +88,8 @@ const PROBE_KEY: &str = "lockflight-probe";
 #[derive(Clone)]
 #[must_use]
 pub struct RedisBackendBuilder {
-    url: String,
+    topology: Topology,
+    replica_ack: Option<(u32, Duration)>,
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
@@ -90,8 +100,17 @@ pub struct RedisBackendBuilder {
 impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackendBuilder")
-            .field("url", &redact(&self.url))
+            .field(
+                "urls",
+                &self
+                    .topology
+                    .urls()
+                    .into_iter()
+                    .map(redact)
+                    .collect::<Vec<_>>(),
+            )
             .field("prefix", &self.prefix)
+            .field("replica_ack", &self.replica_ack)
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("claim_ttl", &self.claim_ttl)
@@ -159,7 +178,44 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Replica acknowledgement: after an acquire or a renewal writes the lock, wait
+    /// (`WAIT replicas timeout`, on the same connection, in the same pipeline) until
+    /// at least `replicas` replicas have the write. An acquire that fewer replicas
+    /// acknowledged is not granted: it fails with [`Error::Refused`] with code
+    /// `NOREPLICAS`, and the locker releases the lock it wrote. A renewal that fewer
+    /// replicas acknowledged counts as failed: it is retried until the lease's
+    /// validity ends, then the lease is lost.
+    ///
+    /// What it guarantees: a granted lease (and each renewal that counted) was on
+    /// at least `replicas` replicas when it was granted. What it does not: Redis
+    /// replication stays asynchronous, and a failover may still promote a replica
+    /// that missed the write (Sentinel does not promote the most up-to-date replica
+    /// by the writes *you* care about, and the replica may lose the write on restart
+    /// without persistence); it narrows the failover window, it does not close it.
+    /// It costs one more reply per acquire and renewal, as long as the slowest of
+    /// the `replicas` fastest replicas takes.
+    ///
+    /// For one server and for sentinel mode; a cluster backend refuses it (its
+    /// `WAIT` would not follow the key's slot).
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+
     fn validate(&self) -> Result<()> {
+        if let Some((replicas, timeout)) = self.replica_ack {
+            if replicas == 0 || timeout < Duration::from_millis(1) {
+                return Err(Error::config(format!(
+                    "redis replica_ack({replicas}, {timeout:?}): needs at least 1 replica and 1 ms"
+                )));
+            }
+            #[cfg(feature = "cluster")]
+            if matches!(self.topology, Topology::Cluster(_)) {
+                return Err(Error::config(
+                    "redis replica_ack is not supported on a cluster backend",
+                ));
+            }
+        }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
             return Err(Error::config(format!(
                 "redis prefix {:?} must be non-empty and contain no '{{' or '}}'",
@@ -223,23 +279,16 @@ impl RedisBackendBuilder {
             // the application, else install ring's.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| Error::config(format!("redis url {}: {e}", redact(&self.url))))?;
-        let target = client.get_connection_info().addr().to_string();
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(|e| connect_error(&target, "connecting", e))?;
+        let timeouts = Timeouts {
+            response: self.response_timeout,
+            connection: self.connection_timeout,
+        };
+        let (conn, target) = open(&self.topology, timeouts).await?;
         let instance_id = format!("{:016x}", rand::random::<u64>());
         let channel_prefix = format!("{}:inst:", self.prefix);
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             conn,
-            client,
             target,
             channel: format!("{channel_prefix}{instance_id}"),
             prefix: self.prefix,
@@ -249,6 +298,7 @@ impl RedisBackendBuilder {
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
+            replica_ack: self.replica_ack,
             tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
@@ -259,6 +309,70 @@ impl RedisBackendBuilder {
         inner.ensure_notifier();
         inner.verify().await?;
         Ok(RedisBackend { inner })
+    }
+}
+
+/// Opens the command connection of `topology`; returns it with a description of
+/// the target for error messages.
+async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)> {
+    match topology {
+        Topology::Single(url) => {
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?;
+            let target = client.get_connection_info().addr().to_string();
+            let conn =
+                ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))
+                    .await
+                    .map_err(|e| connect_error(&target, "connecting", e))?;
+            Ok((
+                Conn::Single(Box::new(conn::Single { conn, client })),
+                target,
+            ))
+        }
+        #[cfg(feature = "cluster")]
+        Topology::Cluster(nodes) => {
+            let target = format!(
+                "cluster [{}]",
+                nodes
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if nodes.is_empty() {
+                return Err(Error::config("a redis cluster needs at least one node url"));
+            }
+            for n in nodes {
+                redis::Client::open(n.as_str())
+                    .map_err(|e| Error::config(format!("redis url {}: {e}", redact(n))))?;
+            }
+            let conn = cluster::ClusterConn::connect(nodes, timeouts)
+                .await
+                .map_err(|e| connect_error(&target, "connecting to the cluster", e))?;
+            Ok((Conn::Cluster(conn), target))
+        }
+        #[cfg(feature = "sentinel")]
+        Topology::Sentinel(settings) => {
+            let target = format!(
+                "sentinel master {:?} via [{}]",
+                settings.master,
+                settings
+                    .sentinels
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let conn = sentinel::SentinelConn::connect(settings.clone(), timeouts)
+                .await
+                .map_err(|e| match e {
+                    sentinel::ConnectError::Config(m) => Error::config(m),
+                    sentinel::ConnectError::Redis(e) => {
+                        connect_error(&target, "resolving the primary", e)
+                    }
+                })?;
+            Ok((Conn::Sentinel(conn), target))
+        }
     }
 }
 
@@ -305,8 +419,7 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: ConnectionManager,
-    client: redis::Client,
+    conn: Conn,
     target: String,
     prefix: String,
     instance_id: String,
@@ -316,6 +429,7 @@ struct Inner {
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
+    replica_ack: Option<(u32, Duration)>,
     tombstone_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
@@ -392,8 +506,79 @@ impl RedisBackend {
 
     /// Starts configuring a backend for `url`.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Topology::Single(url.into()))
+    }
+
+    /// Starts configuring a backend on a Redis Cluster reached through `nodes`
+    /// (URLs of any of its nodes; the others are discovered). Scripts are routed by
+    /// their key's slot, `MOVED`/`ASK` redirects are followed and the topology is
+    /// refreshed by the `redis` crate's cluster client; wake-ups use one classic
+    /// pub/sub subscription on one node (see the module docs of the cluster mode in
+    /// the crate's design notes).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let backend = RedisBackend::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(nodes: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(Topology::Cluster(
+            nodes.into_iter().map(Into::into).collect(),
+        ))
+    }
+}
+
+impl RedisBackend {
+    /// Starts configuring a backend on the primary that the sentinels at
+    /// `sentinels` (URLs; any of them may be down) name for `master`. The primary
+    /// is looked up at connect, and again on `+switch-master`, on connection errors
+    /// and on `READONLY`; a renewal answered `READONLY` by a demoted primary is a
+    /// loss at once. See [`replica_ack`](RedisBackendBuilder::replica_ack) to
+    /// narrow the window in which a failover loses a granted lock.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use std::time::Duration;
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let backend = RedisBackend::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .replica_ack(1, Duration::from_millis(100))
+    /// .connect()
+    /// .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(sentinels: I, master: impl Into<String>) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(Topology::Sentinel(sentinel::SentinelSettings {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master: master.into(),
+        }))
+    }
+}
+
+impl RedisBackendBuilder {
+    fn new(topology: Topology) -> RedisBackendBuilder {
         RedisBackendBuilder {
-            url: url.into(),
+            topology,
+            replica_ack: None,
             prefix: RedisBackendBuilder::DEFAULT_PREFIX.to_owned(),
             response_timeout: RedisBackendBuilder::DEFAULT_RESPONSE_TIMEOUT,
             connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
@@ -401,7 +586,9 @@ impl RedisBackend {
             queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
         }
     }
+}
 
+impl RedisBackend {
     /// This instance's random id (its queue entries and its channel carry it).
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
@@ -410,6 +597,14 @@ impl RedisBackend {
     /// The pub/sub channel this instance is woken on.
     pub fn channel(&self) -> String {
         self.inner.channel.clone()
+    }
+
+    /// The server the command connection talks to now, `host:port`: the server of
+    /// a single-server backend, the current primary of a sentinel backend (it
+    /// changes when the backend follows a failover), or `cluster` for a cluster
+    /// backend (its commands go to the node of each key's slot).
+    pub fn server(&self) -> String {
+        self.inner.conn.server()
     }
 
     /// The Redis name of the lock of `key`.
@@ -448,15 +643,28 @@ impl Inner {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
+        let Some((replicas, timeout)) = self.replica_ack else {
+            return self.conn.invoke(script, keys, args).await;
+        };
+        if !std::ptr::eq(script, &*ACQUIRE) && !std::ptr::eq(script, &*EXTEND) {
+            return self.conn.invoke(script, keys, args).await;
         }
-        for a in args {
-            call.arg(*a);
+        let (reply, acks) = self
+            .conn
+            .invoke_acked(script, keys, args, replicas, timeout)
+            .await?;
+        // `{ 1, … }`: the acquire or the renewal wrote the lock.
+        let wrote =
+            matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(1))));
+        if wrote && acks < i64::from(replicas) {
+            return Err(redis::make_extension_error(
+                "NOREPLICAS".to_owned(),
+                Some(format!(
+                    "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
+                )),
+            ));
         }
-        let mut conn = self.conn.clone();
-        call.invoke_async(&mut conn).await
+        Ok(reply)
     }
 
     /// Starts the notification task on the current runtime unless it is running:
@@ -475,7 +683,7 @@ impl Inner {
         }
         self.subscriber.restarting();
         *task = Some(runtime.spawn(notify::run(
-            self.client.clone(),
+            self.conn.clone(),
             self.channel.clone(),
             self.connection_timeout,
             Arc::downgrade(self),
@@ -487,11 +695,9 @@ impl Inner {
     /// probe key, the subscription comes up, and this instance may publish on its
     /// channel.
     async fn verify(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
         for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
+            self.conn
+                .load(script)
                 .await
                 .map_err(|e| self.check_error("SCRIPT LOAD", e))?;
         }
@@ -515,10 +721,10 @@ impl Inner {
             })?;
         decode_extend(&probe, &reply)?;
         self.first_subscription().await?;
-        redis::cmd("PUBLISH")
-            .arg(&self.channel)
-            .arg("")
-            .query_async::<i64>(&mut conn)
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&self.channel).arg("");
+        self.conn
+            .query(&publish)
             .await
             .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
         Ok(())
@@ -686,7 +892,11 @@ fn classify(e: &RedisError) -> Class {
             Class::NoPermission
         }
         Some("WRONGTYPE") => Class::Foreign,
-        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN") => Class::Transient,
+        // A cluster in flux: a redirect still unresolved after the cluster client's
+        // retries (a failover or a migration in progress) is retried by the caller.
+        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK") => {
+            Class::Transient
+        }
         Some(code) => Class::Refused(code.to_owned()),
         // Client-side: a protocol error (the connection is replaced), a lost reply.
         None => Class::Transient,
@@ -697,7 +907,8 @@ fn classify(e: &RedisError) -> Class {
 /// `WRONGTYPE` → [`Error::ForeignValue`]; `OOM`, `READONLY`, `NOSCRIPT` (after the
 /// reload), `ERR` (a script error), `MISCONF`, `NOAUTH`, `WRONGPASS` and other server
 /// refusals → [`Error::Refused`]; I/O, timeouts, dropped connections, `LOADING`,
-/// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN` → [`Error::Backend`] (transient).
+/// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK` →
+/// [`Error::Backend`] (transient).
 fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
     let key = key.clone();
     match classify(&e) {
@@ -1136,6 +1347,8 @@ mod tests {
             known(ServerErrorKind::TryAgain),
             known(ServerErrorKind::ClusterDown),
             server_error("BUSY", "a script is running"),
+            server_error("MOVED", "3999 127.0.0.1:6381"),
+            server_error("ASK", "3999 127.0.0.1:6381"),
         ] {
             assert_eq!(classify(&error), Class::Transient, "{error}");
         }
@@ -1189,5 +1402,18 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("claim_ttl"), "{e}");
+        let e = RedisBackend::builder("redis://x")
+            .replica_ack(0, Duration::from_millis(100))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("replica_ack"), "{e}");
+        #[cfg(feature = "cluster")]
+        {
+            let e = RedisBackend::cluster(["redis://x"])
+                .replica_ack(1, Duration::from_millis(100))
+                .validate()
+                .unwrap_err();
+            assert!(e.to_string().contains("cluster"), "{e}");
+        }
     }
 }

@@ -1,7 +1,11 @@
 //! The instance's single notification subscription.
 //!
 //! One task per backend keeps one pub/sub connection subscribed to the instance's
-//! channel. Each message carries a raw key; the task wakes that key's watchers. When
+//! channel, on one server: the server itself, any node of a cluster (a classic
+//! `PUBLISH` reaches every node; see `cluster` for why not sharded pub/sub), or the
+//! primary the sentinels name. When the connection drops or cannot be made, the task
+//! asks the command connection again where to subscribe (`CLUSTER NODES`, the
+//! sentinels) and tries the servers in turn. Each message carries a raw key; the task wakes that key's watchers. When
 //! the connection drops, the task reconnects with backoff and resubscribes, then
 //! wakes every watcher once, because messages sent during the gap are lost (a
 //! spurious wake-up only causes a retry). Meanwhile waiters fall back to their timers.
@@ -29,6 +33,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
+use super::conn::Conn;
 use crate::key::LockKey;
 
 /// The outcome of the task's latest attempt to subscribe.
@@ -87,14 +92,47 @@ const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 pub(super) async fn run(
-    client: redis::Client,
+    conn: Conn,
     channel: String,
     connect_timeout: Duration,
     inner: Weak<Inner>,
     stop: CancellationToken,
 ) {
     let mut backoff = MIN_BACKOFF;
+    let mut targets: Vec<redis::Client> = Vec::new();
+    let mut next = 0;
     loop {
+        if next >= targets.len() {
+            // Where to subscribe now: a node may have failed, a primary moved.
+            let listed = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = tokio::time::timeout(connect_timeout, conn.subscribe_targets()) => r,
+            };
+            match listed {
+                Ok(Ok(mut list)) if !list.is_empty() => {
+                    // Instances spread their subscriptions over a cluster's nodes.
+                    let start = (rand::random::<u64>() % list.len() as u64) as usize;
+                    list.rotate_left(start);
+                    targets = list;
+                }
+                Ok(Err(e)) if targets.is_empty() => {
+                    tracing::debug!(%channel, error = %e, "finding a server to subscribe on failed");
+                    let Some(i) = inner.upgrade() else { return };
+                    i.subscriber.report(Attempt::Failed(e));
+                }
+                _ => {}
+            }
+            next = 0;
+        }
+        let Some(client) = targets.get(next).cloned() else {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            continue;
+        };
+        next += 1;
         let attempt = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
@@ -148,6 +186,8 @@ pub(super) async fn run(
                 if let Some(i) = inner.upgrade() {
                     i.subscriber.up.store(false, Ordering::Release);
                 }
+                // Ask again where to subscribe.
+                next = targets.len();
                 tracing::debug!(%channel, "notification connection lost; reconnecting");
             }
             Ok(Err(e)) => {

@@ -1,0 +1,206 @@
+//! The command connection behind `Inner::invoke`: one server, a Redis Cluster, or
+//! the primary that a set of sentinels names.
+//!
+//! Every mode answers the same three questions: run a script (`EVALSHA`, loading it
+//! on `NOSCRIPT`), run a plain command, and say which servers the notification
+//! task may subscribe on (see `notify`).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, RedisError, Script, Value};
+
+/// How a backend reaches Redis.
+#[derive(Clone, Debug)]
+pub(super) enum Topology {
+    /// One server.
+    Single(String),
+    /// A Redis Cluster, through any of these seed nodes.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+    /// The primary of `master` as the sentinels name it.
+    #[cfg(feature = "sentinel")]
+    Sentinel(super::sentinel::SentinelSettings),
+}
+
+impl Topology {
+    /// The URLs this topology was given (for messages; passwords are redacted by
+    /// the caller).
+    pub(super) fn urls(&self) -> Vec<&str> {
+        match self {
+            Topology::Single(url) => vec![url.as_str()],
+            #[cfg(feature = "cluster")]
+            Topology::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            #[cfg(feature = "sentinel")]
+            Topology::Sentinel(s) => s.sentinels.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// Timeouts every mode applies.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Timeouts {
+    pub(super) response: Duration,
+    pub(super) connection: Duration,
+}
+
+/// The settings of the single-server `ConnectionManager`.
+pub(super) fn manager_config(t: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(t.response))
+        .set_connection_timeout(Some(t.connection))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+/// One server: its connection and a client for the subscription.
+#[derive(Clone)]
+pub(super) struct Single {
+    pub(super) conn: ConnectionManager,
+    pub(super) client: redis::Client,
+}
+
+/// The command connection of a backend. Cheap to clone.
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// One server, reconnected by the `ConnectionManager`.
+    Single(Box<Single>),
+    /// A cluster: slot routing, `MOVED`/`ASK`, topology refresh and reconnects are
+    /// the `redis` crate's cluster client's.
+    #[cfg(feature = "cluster")]
+    Cluster(super::cluster::ClusterConn),
+    /// The primary named by sentinels, re-resolved on connection errors, on
+    /// `READONLY` and on `+switch-master`.
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::SentinelConn>),
+}
+
+impl Conn {
+    /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`).
+    pub(super) async fn invoke(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
+        for a in args {
+            call.arg(*a);
+        }
+        match self {
+            Conn::Single(single) => call.invoke_async(&mut single.conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => call.invoke_async(&mut c.conn.clone()).await,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => {
+                s.invoke(&call, script.get_hash() == super::EXTEND.get_hash())
+                    .await
+            }
+        }
+    }
+
+    /// Runs `script`, then `WAIT replicas timeout`, in one pipeline on one
+    /// connection (so the `WAIT` counts this connection's write); returns the
+    /// script's reply and the number of replicas that acknowledged.
+    pub(super) async fn invoke_acked(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<(Value, i64), RedisError> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
+        for a in args {
+            call.arg(*a);
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&call)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis().max(1) as u64);
+        let run = |mut conn: ConnectionManager| {
+            let (pipe, call) = (&pipe, &call);
+            async move {
+                match pipe.query_async::<(Value, i64)>(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        call.load_async(&mut conn).await?;
+                        pipe.query_async::<(Value, i64)>(&mut conn).await
+                    }
+                    other => other,
+                }
+            }
+        };
+        match self {
+            Conn::Single(single) => run(single.conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "replica acknowledgement is not supported on a cluster",
+            ))),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => {
+                let renewal = script.get_hash() == super::EXTEND.get_hash();
+                s.with_primary(renewal, run).await
+            }
+        }
+    }
+
+    /// The server commands go to now (see `RedisBackend::server`).
+    pub(super) fn server(&self) -> String {
+        match self {
+            Conn::Single(single) => single.client.get_connection_info().addr().to_string(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => "cluster".to_owned(),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => s.server(),
+        }
+    }
+
+    /// Loads `script` (`SCRIPT LOAD`; on every primary of a cluster).
+    pub(super) async fn load(&self, script: &Script) -> Result<(), RedisError> {
+        let call = script.prepare_invoke();
+        match self {
+            Conn::Single(single) => call.load_async(&mut single.conn.clone()).await.map(drop),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => call.load_async(&mut c.conn.clone()).await.map(drop),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => s.load(&call).await,
+        }
+    }
+
+    /// Runs a plain command (routed by its first key in a cluster; a keyless one
+    /// goes to any node, `SCRIPT LOAD` to every primary).
+    pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Single(single) => cmd.query_async(&mut single.conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => cmd.query_async(&mut c.conn.clone()).await,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => s.query(cmd).await,
+        }
+    }
+
+    /// The servers the notification task may subscribe on, best first. The
+    /// notification channel is a classic pub/sub channel: on one server it is that
+    /// server; in a cluster a `PUBLISH` reaches every node, so any node will do; with
+    /// sentinels, the current primary.
+    pub(super) async fn subscribe_targets(&self) -> Result<Vec<redis::Client>, RedisError> {
+        match self {
+            Conn::Single(single) => Ok(vec![single.client.clone()]),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.nodes().await,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) => Ok(vec![s.primary_client().await?]),
+        }
+    }
+}

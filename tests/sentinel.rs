@@ -1,0 +1,277 @@
+//! lockflight through Sentinel: one primary, two replicas, three sentinels, started
+//! once for this test binary ([`support::sentinel::Sentinels`]); the tests run one
+//! at a time (`SERIAL`) because they fail the primary over.
+//!
+//! * `follows_sentinel_failover_during_hot_key_workload`: `SENTINEL FAILOVER` under
+//!   a hot-key workload; the backends follow the new primary within a bound (printed:
+//!   the failover-follow time), the workload goes on, tokens never go back.
+//! * `follows_a_killed_primary_during_hot_key_workload`: the same with the primary
+//!   killed (`SIGKILL`); it comes back as a replica.
+//! * `replica_ack_never_grants_a_write_no_replica_has`: with `replica_ack(1, …)` and
+//!   the replicas paused, an acquire fails with `Refused { code: "NOREPLICAS" }` and
+//!   leaves no lock behind; once they resume, it is granted.
+#![cfg(feature = "sentinel")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
+use support::sentinel::{MASTER, Sentinels};
+use support::{unique_prefix, wait_until};
+use tokio::sync::OnceCell;
+use tokio::task::JoinSet;
+
+static TOPOLOGY: OnceCell<Sentinels> = OnceCell::const_new();
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn topology() -> &'static Sentinels {
+    TOPOLOGY.get_or_init(Sentinels::start).await
+}
+
+async fn backend(prefix: &str, ack: bool) -> RedisBackend {
+    let t = topology().await;
+    let mut builder = RedisBackend::sentinel(t.sentinel_urls(), MASTER).prefix(prefix);
+    if ack {
+        builder = builder.replica_ack(1, Duration::from_millis(100));
+    }
+    let b = builder
+        .connect()
+        .await
+        .expect("connect through the sentinels");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let up = b.is_subscribed();
+            async move { up }
+        })
+        .await,
+        "the notification subscription never came up"
+    );
+    b
+}
+
+async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(j) = set.join_next().await {
+        match j {
+            Ok(v) => out.push(v),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("task cancelled: {e}"),
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    SentinelFailover,
+    KillPrimary,
+}
+
+/// 2 instances × 8 tasks run critical sections on one hot key while the primary
+/// fails over. Returns (failover time, follow time, longest stall).
+async fn failover_under_load(fault: Fault) -> (Duration, Duration, Duration) {
+    let t = topology().await;
+    t.wait_settled(Duration::from_secs(60)).await;
+    let prefix = unique_prefix(&format!("{fault:?}"));
+    let backends = [backend(&prefix, false).await, backend(&prefix, false).await];
+    let old = t.primary_addr().await;
+    for b in &backends {
+        assert_eq!(b.server(), old);
+    }
+    let lockers: Vec<Locker> = backends
+        .iter()
+        .map(|b| {
+            Locker::builder(b.clone())
+                .lease_ttl(Duration::from_secs(3))
+                .wait_timeout(Duration::from_secs(60))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let key = LockKey::from("hot");
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let completions = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let tokens = Arc::new(Mutex::new(Vec::<FencingToken>::new()));
+    let mut tasks = JoinSet::new();
+    for l in &lockers {
+        for _ in 0..8 {
+            let (l, key, stop, inside, overlaps, done, completions, tokens) = (
+                l.clone(),
+                key.clone(),
+                stop.clone(),
+                inside.clone(),
+                overlaps.clone(),
+                done.clone(),
+                completions.clone(),
+                tokens.clone(),
+            );
+            tasks.spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let g = l.lock(&key).await.expect("lock across the failover");
+                    tokens.lock().unwrap().push(g.fencing_token());
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    let _ = g.release().await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    completions.lock().unwrap().push(Instant::now());
+                }
+            });
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let n = done.load(Ordering::SeqCst);
+            async move { n >= 100 }
+        })
+        .await
+    );
+    let started = Instant::now();
+    match fault {
+        Fault::SentinelFailover => t.failover().await,
+        Fault::KillPrimary => t.by_addr(&old).kill(),
+    }
+    let new = t.wait_primary_change(&old, Duration::from_secs(30)).await;
+    let switched = Instant::now();
+    // Every backend follows the new primary.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let all = backends.iter().all(|b| b.server() == new);
+            async move { all }
+        })
+        .await,
+        "the backends did not follow the new primary {new}: {:?}",
+        backends
+            .iter()
+            .map(RedisBackend::server)
+            .collect::<Vec<_>>()
+    );
+    let followed = Instant::now();
+    // The workload goes on on the new primary.
+    let at_follow = done.load(Ordering::SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let n = done.load(Ordering::SeqCst);
+            async move { n >= at_follow + 100 }
+        })
+        .await,
+        "the workload stalled after the failover"
+    );
+    let resumed = {
+        let c = completions.lock().unwrap();
+        c.iter().copied().find(|&i| i > switched).unwrap()
+    };
+    stop.store(true, Ordering::SeqCst);
+    join_all(tasks).await;
+    let stall = {
+        let c = completions.lock().unwrap();
+        c.windows(2)
+            .map(|w| w[1].saturating_duration_since(w[0]))
+            .max()
+            .unwrap()
+    };
+    let tokens = tokens.lock().unwrap().clone();
+    let backwards = tokens.windows(2).filter(|w| w[0] >= w[1]).count();
+    let lost: u64 = lockers.iter().map(|l| l.stats().leases_lost).sum();
+    let failover = switched - started;
+    let follow = followed.saturating_duration_since(switched);
+    println!(
+        "{fault:?}: sentinels named {new} {failover:?} after the fault; backends followed \
+         {follow:?} later; first critical section after the switch {:?} after it; longest \
+         stall {stall:?}; {} sections; {} overlaps; {lost} leases lost; {backwards} token \
+         inversions",
+        resumed.saturating_duration_since(switched),
+        done.load(Ordering::SeqCst),
+        overlaps.load(Ordering::SeqCst),
+    );
+    assert!(
+        follow <= Duration::from_secs(2),
+        "following the new primary took {follow:?}"
+    );
+    assert_eq!(backwards, 0, "fencing tokens went back across the failover");
+    if matches!(fault, Fault::KillPrimary) {
+        t.by_addr(&old).restart();
+        let _: () = t
+            .by_addr(&old)
+            .cmd(&[
+                "REPLICAOF",
+                new.split(':').next().unwrap(),
+                new.split(':').nth(1).unwrap(),
+            ])
+            .await
+            .unwrap();
+    }
+    t.wait_settled(Duration::from_secs(60)).await;
+    (failover, follow, stall)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_sentinel_failover_during_hot_key_workload() {
+    let _serial = SERIAL.lock().await;
+    failover_under_load(Fault::SentinelFailover).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_killed_primary_during_hot_key_workload() {
+    let _serial = SERIAL.lock().await;
+    failover_under_load(Fault::KillPrimary).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_ack_never_grants_a_write_no_replica_has() {
+    let _serial = SERIAL.lock().await;
+    let t = topology().await;
+    t.wait_settled(Duration::from_secs(60)).await;
+    let prefix = unique_prefix("ack");
+    let b = backend(&prefix, true).await;
+    let locker = Locker::builder(b.clone())
+        .wait_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let key = LockKey::from("k");
+    // Acknowledged: granted.
+    locker.lock(&key).await.unwrap().release().await.unwrap();
+
+    let primary = t.primary_addr().await;
+    let replicas: Vec<_> = t
+        .data
+        .iter()
+        .filter(|n| n.is_running() && n.hostport() != primary)
+        .collect();
+    for r in &replicas {
+        r.pause();
+    }
+    let outcome = locker.try_lock(&key).await;
+    let lock_name = String::from_utf8(b.lock_name(&key)).unwrap();
+    let pnode = t.by_addr(&primary);
+    let left_behind = !wait_until(Duration::from_secs(5), || async {
+        !pnode
+            .cmd::<bool>(&["EXISTS", &lock_name])
+            .await
+            .unwrap_or(true)
+    })
+    .await;
+    for r in &replicas {
+        r.resume();
+    }
+    match outcome {
+        Err(Error::Refused { code, .. }) => assert_eq!(code, "NOREPLICAS"),
+        other => panic!("expected Refused(NOREPLICAS) with the replicas paused, got {other:?}"),
+    }
+    assert!(!left_behind, "the unacknowledged lock was not released");
+    // Acknowledged again once the replicas are back.
+    t.wait_settled(Duration::from_secs(30)).await;
+    let g = locker
+        .lock(&key)
+        .await
+        .expect("granted once replicas acknowledge");
+    g.release().await.unwrap();
+}
