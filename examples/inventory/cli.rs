@@ -4,7 +4,9 @@
 //! ```text
 //! inventory [serve]               one instance (env: REDIS_URL, PORT, BIND, ...)
 //! inventory gateway NAME=URL ...  a gateway routing each SKU to one instance
-//! inventory demo                  the multi-process demo
+//! inventory demo [--cluster]      the multi-process demo (on a private 3-shard
+//!                                 Redis Cluster with --cluster; needs the
+//!                                 `cluster` feature)
 //! ```
 //!
 //! Environment of `serve`:
@@ -12,6 +14,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `REDIS_URL` | lock in this Redis | the in-process backend (single instance) |
+//! | `REDIS_CLUSTER_URLS` | lock in this Redis Cluster (comma-separated nodes; feature `cluster`) | unset |
 //! | `BIND`, `PORT` | listen address (loopback only) | `127.0.0.1`, `3000` |
 //! | `DATABASE_PATH` | SQLite file, shareable by instances | a file in a temporary directory |
 //! | `INVENTORY_LOCKING` | `plain` (no coalescing), `coalesced`, `handoff` | `coalesced` |
@@ -38,12 +41,12 @@ pub(crate) async fn main(default: &str) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str).unwrap_or(default) {
         "serve" => serve().await,
-        "demo" => demo_until_interrupted().await,
+        "demo" => demo_until_interrupted(args.iter().any(|a| a == "--cluster")).await,
         "gateway" => run_gateway(args.get(1..).unwrap_or_default()).await,
         other => {
             eprintln!(
                 "unknown command {other:?}\n\nusage:\n  inventory [serve]\n  \
-                 inventory gateway NAME=http://127.0.0.1:PORT ...\n  inventory demo"
+                 inventory gateway NAME=http://127.0.0.1:PORT ...\n  inventory demo [--cluster]"
             );
             return ExitCode::from(2);
         }
@@ -59,9 +62,9 @@ pub(crate) async fn main(default: &str) -> ExitCode {
 
 /// The demo, stopped early (and cleaned up: children and Redis are killed when the
 /// demo's future is dropped) on Ctrl-C or SIGTERM.
-async fn demo_until_interrupted() -> Result<(), BoxError> {
+async fn demo_until_interrupted(cluster: bool) -> Result<(), BoxError> {
     tokio::select! {
-        result = demo::run() => result,
+        result = demo::run(cluster) => result,
         () = shutdown_signal(false) => {
             eprintln!("\ninterrupted: stopping the instances and Redis");
             Ok(())
@@ -150,20 +153,22 @@ async fn serve() -> Result<(), BoxError> {
         .unwrap_or(5000);
     let addr = listen_addr()?;
 
-    let (backend, kind): (Arc<dyn LockBackend>, &str) = match env("REDIS_URL") {
-        Some(url) => {
-            let backend = RedisBackend::connect(&url).await?;
-            println!("[{name}] locking in Redis at {}", redact(&url));
-            (Arc::new(backend), "redis")
-        }
-        None => {
-            println!(
-                "[{name}] REDIS_URL is not set: running single-instance on the in-process \
+    let (backend, kind): (Arc<dyn LockBackend>, &str) =
+        match (env("REDIS_CLUSTER_URLS"), env("REDIS_URL")) {
+            (Some(urls), _) => (cluster_backend(&name, &urls).await?, "redis-cluster"),
+            (None, Some(url)) => {
+                let backend = RedisBackend::connect(&url).await?;
+                println!("[{name}] locking in Redis at {}", redact(&url));
+                (Arc::new(backend), "redis")
+            }
+            (None, None) => {
+                println!(
+                    "[{name}] REDIS_URL is not set: running single-instance on the in-process \
                  backend (locks are not shared with other processes)"
-            );
-            (Arc::new(MemoryBackend::new()), "memory")
-        }
-    };
+                );
+                (Arc::new(MemoryBackend::new()), "memory")
+            }
+        };
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_millis(wait_ms))
         .coalescing(locking != Locking::Plain)
@@ -264,4 +269,27 @@ pub(crate) async fn shutdown_signal(watch_stdin: bool) {
         () = term => {}
         () = stdin_eof => {}
     }
+}
+
+/// A backend on the Redis Cluster whose nodes are `urls` (comma-separated).
+#[cfg(feature = "cluster")]
+async fn cluster_backend(name: &str, urls: &str) -> Result<Arc<dyn LockBackend>, BoxError> {
+    let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
+    let backend = RedisBackend::cluster(nodes.iter().copied())
+        .connect()
+        .await?;
+    println!(
+        "[{name}] locking in a Redis Cluster of {} seed node(s)",
+        nodes.len()
+    );
+    Ok(Arc::new(backend))
+}
+
+#[cfg(not(feature = "cluster"))]
+async fn cluster_backend(_name: &str, _urls: &str) -> Result<Arc<dyn LockBackend>, BoxError> {
+    Err(
+        "REDIS_CLUSTER_URLS is set, but this build has no Redis Cluster support: \
+         build with --features axum,cluster"
+            .into(),
+    )
 }

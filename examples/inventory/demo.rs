@@ -101,40 +101,84 @@ struct Row {
     fence_order_ok: bool,
 }
 
-/// Runs the demo.
-pub(crate) async fn run() -> Result<(), BoxError> {
+/// Where the instances lock: one Redis (its URL) or a Redis Cluster (its nodes).
+#[derive(Clone, Debug)]
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// The environment variable that points an instance at it.
+    fn env(&self) -> (&'static str, String) {
+        match self {
+            Target::Single(url) => ("REDIS_URL", url.clone()),
+            Target::Cluster(nodes) => ("REDIS_CLUSTER_URLS", nodes.join(",")),
+        }
+    }
+
+    /// Every server whose commands count.
+    fn servers(&self) -> Vec<String> {
+        match self {
+            Target::Single(url) => vec![url.clone()],
+            Target::Cluster(nodes) => nodes.clone(),
+        }
+    }
+}
+
+/// Runs the demo; with `cluster`, on a private 3-shard Redis Cluster.
+pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
     let started = Instant::now();
     println!("lockflight demo: inventory instances reserving hot SKUs\n");
 
-    let mut private = None;
-    let redis_url = match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
-        Some(url) => {
-            println!("Redis: {} (from REDIS_URL)", redact(&url));
-            Some(url)
+    let mut private = Vec::new();
+    let target = if cluster {
+        if !cfg!(feature = "cluster") {
+            return Err("--cluster needs the cluster feature: \
+                        cargo run --example demo --features axum,cluster -- --cluster"
+                .into());
         }
-        None => match find_on_path("redis-server") {
-            Some(bin) => {
-                let redis = PrivateRedis::start(&bin).await?;
-                println!(
-                    "Redis: private redis-server on {} (temporary directory, no persistence, \
-                     stopped at exit)",
-                    redis.url
-                );
-                let url = redis.url.clone();
-                private = Some(redis);
-                Some(url)
+        let bin =
+            find_on_path("redis-server").ok_or("--cluster needs redis-server and redis-cli")?;
+        let nodes = PrivateRedis::start_cluster(&bin, 3).await?;
+        let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+        println!(
+            "Redis: private 3-shard Redis Cluster on {} (temporary directories, no \
+             persistence, stopped at exit)",
+            urls.join(", ")
+        );
+        private = nodes;
+        Some(Target::Cluster(urls))
+    } else {
+        match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
+            Some(url) => {
+                println!("Redis: {} (from REDIS_URL)", redact(&url));
+                Some(Target::Single(url))
             }
-            None => {
-                println!(
-                    "Redis: REDIS_URL is not set and redis-server is not installed: running ONE \
-                     instance on the in-process backend (no cross-process locking to show; \
-                     install redis-server, or set REDIS_URL, for the multi-process demo)"
-                );
-                None
-            }
-        },
+            None => match find_on_path("redis-server") {
+                Some(bin) => {
+                    let redis = PrivateRedis::start(&bin, &[]).await?;
+                    println!(
+                        "Redis: private redis-server on {} (temporary directory, no persistence, \
+                         stopped at exit)",
+                        redis.url
+                    );
+                    let url = redis.url.clone();
+                    private.push(redis);
+                    Some(Target::Single(url))
+                }
+                None => {
+                    println!(
+                        "Redis: REDIS_URL is not set and redis-server is not installed: running ONE \
+                         instance on the in-process backend (no cross-process locking to show; \
+                         install redis-server, or set REDIS_URL, for the multi-process demo)"
+                    );
+                    None
+                }
+            },
+        }
     };
-    let (instances, modes): (usize, Vec<Mode>) = match redis_url {
+    let (instances, modes): (usize, Vec<Mode>) = match target {
         Some(_) => (INSTANCES, MODES.to_vec()),
         None => (1, MODES.iter().copied().filter(|m| !m.gateway).collect()),
     };
@@ -149,30 +193,30 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     );
 
     let http = Http::new();
-    let mut redis_stats = match &redis_url {
-        Some(url) => Some(redis_connection(url).await?),
-        None => None,
-    };
+    let mut redis_stats = Vec::new();
+    for url in target.iter().flat_map(Target::servers) {
+        redis_stats.push(redis_connection(&url).await?);
+    }
     let mut rows = Vec::new();
     for mode in &modes {
         let row = run_mode(
             *mode,
             instances,
-            redis_url.as_deref(),
+            target.as_ref().map(Target::env),
             &db_path,
             &db,
             &http,
-            redis_stats.as_mut(),
+            &mut redis_stats,
         )
         .await?;
         rows.push(row);
     }
     db.close().await;
-    if let Some(redis) = private {
+    for redis in private {
         redis.stop().await;
     }
 
-    print_table(&rows, redis_url.is_some());
+    print_table(&rows, target.is_some());
     println!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -181,11 +225,11 @@ pub(crate) async fn run() -> Result<(), BoxError> {
 async fn run_mode(
     mode: Mode,
     instances: usize,
-    redis_url: Option<&str>,
+    redis_env: Option<(&'static str, String)>,
     db_path: &Path,
     db: &SqlitePool,
     http: &Http,
-    mut redis: Option<&mut redis::aio::MultiplexedConnection>,
+    redis: &mut [redis::aio::MultiplexedConnection],
 ) -> Result<Row, BoxError> {
     // Start the instances (concurrently) and, in gateway modes, the gateway.
     let mut starting = JoinSet::new();
@@ -196,8 +240,8 @@ async fn run_mode(
             ("INVENTORY_LOCKING", mode.locking.name().to_owned()),
             ("DATABASE_PATH", db_path.display().to_string()),
         ];
-        if let Some(url) = redis_url {
-            envs.push(("REDIS_URL", url.to_owned()));
+        if let Some((var, value)) = &redis_env {
+            envs.push((var, value.clone()));
         }
         starting.spawn(async move { Proc::spawn(&name, &["serve"], &envs).await });
     }
@@ -237,12 +281,9 @@ async fn run_mode(
     }
 
     let before = lock_totals(http, &procs).await?;
-    let commands_before = match redis.as_deref_mut() {
-        Some(con) => Some(server_commands(con).await?),
-        None => None,
-    };
+    let commands_before = server_commands(redis).await?;
 
-    let label = if redis_url.is_some() {
+    let label = if redis_env.is_some() {
         mode.label.to_owned()
     } else {
         mode.label.replace(" Redis", "")
@@ -250,10 +291,7 @@ async fn run_mode(
     let burst = burst(http, &targets, &skus, &label).await;
 
     let after = lock_totals(http, &procs).await?;
-    let commands_after = match redis {
-        Some(con) => Some(server_commands(con).await?),
-        None => None,
-    };
+    let commands_after = server_commands(redis).await?;
 
     // Check the books: final stock, the reservation log, the acknowledgements.
     let mut final_stock = 0;
@@ -455,22 +493,32 @@ async fn redis_connection(url: &str) -> Result<redis::aio::MultiplexedConnection
         .await?)
 }
 
-/// Commands the server has run (`INFO commandstats`; commands run inside Lua
-/// scripts count too), not counting `INFO` itself.
-async fn server_commands(con: &mut redis::aio::MultiplexedConnection) -> Result<u64, BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(con)
-        .await?;
-    Ok(info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| {
-            l.split_once("calls=")
-                .and_then(|(_, rest)| rest.split(',').next())
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .sum())
+/// Commands the servers have run (`INFO commandstats` summed over them; commands
+/// run inside Lua scripts count too), not counting `INFO` itself; `None` without
+/// servers.
+async fn server_commands(
+    servers: &mut [redis::aio::MultiplexedConnection],
+) -> Result<Option<u64>, BoxError> {
+    if servers.is_empty() {
+        return Ok(None);
+    }
+    let mut total = 0;
+    for con in servers {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(con)
+            .await?;
+        total += info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split_once("calls=")
+                    .and_then(|(_, rest)| rest.split(',').next())
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum::<u64>();
+    }
+    Ok(Some(total))
 }
 
 fn print_table(rows: &[Row], with_redis: bool) {
@@ -655,7 +703,7 @@ struct PrivateRedis {
 }
 
 impl PrivateRedis {
-    async fn start(bin: &Path) -> Result<PrivateRedis, BoxError> {
+    async fn start(bin: &Path, extra: &[&str]) -> Result<PrivateRedis, BoxError> {
         let mut last = String::new();
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -670,6 +718,7 @@ impl PrivateRedis {
                 .arg(bin)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
+                .args(extra)
                 .arg("--dir")
                 .arg(dir.path())
                 .arg("--logfile")
@@ -696,6 +745,59 @@ impl PrivateRedis {
             redis.stop().await;
         }
         Err(format!("redis-server did not start; its log:\n{last}").into())
+    }
+
+    /// `n` cluster-enabled servers joined into a Redis Cluster of `n` primaries
+    /// (no replicas) by `redis-cli --cluster create`, ready when every node reports
+    /// `cluster_state:ok`.
+    async fn start_cluster(bin: &Path, n: usize) -> Result<Vec<PrivateRedis>, BoxError> {
+        let cli = find_on_path("redis-cli").ok_or("--cluster needs redis-cli")?;
+        let mut nodes = Vec::new();
+        for _ in 0..n {
+            let args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+            nodes.push(PrivateRedis::start(bin, &args).await?);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                n.url
+                    .trim_start_matches("redis://")
+                    .trim_end_matches('/')
+                    .to_owned()
+            })
+            .collect();
+        let out = Command::new(cli)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+            .into());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            loop {
+                let mut con = redis_connection(&node.url).await?;
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut con)
+                    .await?;
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err("the private cluster did not reach cluster_state:ok".into());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(nodes)
     }
 
     async fn stop(mut self) {
