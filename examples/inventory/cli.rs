@@ -39,7 +39,14 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// given.
 pub(crate) async fn main(default: &str) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str).unwrap_or(default) {
+    // A leading flag (`demo --cluster` run as `cargo run --example demo -- --cluster`)
+    // belongs to the default command.
+    let command = args
+        .first()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with("--"))
+        .unwrap_or(default);
+    let result = match command {
         "serve" => serve().await,
         "demo" => demo_until_interrupted(args.iter().any(|a| a == "--cluster")).await,
         "gateway" => run_gateway(args.get(1..).unwrap_or_default()).await,
