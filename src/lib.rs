@@ -66,9 +66,14 @@
 //!
 //! ## Where to start
 //!
-//! * [`Locker`]: `lock`, `try_lock`, `with_lock`, `coalesce`, `stats`.
-//! * [`RedisBackend`] for Redis, [`MemoryBackend`] for a single process.
-//! * [`backend`] for the protocol and the [`LockBackend`] trait.
+//! * [`Locker`]: `lock`, `lock_with` (per-call [`LockOptions`]), `try_lock`,
+//!   `with_lock`, `lock_many` (a [`MultiGuard`] over several keys), `coalesce`,
+//!   `stats`.
+//! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
+//!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`] for a quorum
+//!   of independent primaries; [`MemoryBackend`] for a single process.
+//! * [`layer`] for tower and axum; [`backend`] for the protocol and the
+//!   [`LockBackend`] trait.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;

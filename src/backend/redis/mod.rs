@@ -9,8 +9,8 @@
 //! `<prefix>:{<key>}:rel`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
 //! so binary keys cannot break the hash tag or collide with each other. The scripts
 //! are single-slot by design, so the same scripts run on one server, on a Redis
-//! Cluster (feature `cluster`, see [`RedisBackend::cluster`]) and on a primary found
-//! through sentinels (feature `sentinel`, see [`RedisBackend::sentinel`]).
+//! Cluster (feature `cluster`, see `RedisBackend::cluster`) and on a primary found
+//! through sentinels (feature `sentinel`, see `RedisBackend::sentinel`).
 //!
 //! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
 //! new names so that instances of both versions never meet a value of the wrong
