@@ -1,25 +1,18 @@
 //! Command line of the `inventory` and `demo` examples (they share it: the demo
-//! starts copies of its own executable as inventory instances and as the gateway).
+//! starts copies of its own executable as inventory instances and as the gateway),
+//! parsed with clap; `--help` lists every flag.
 //!
 //! ```text
-//! inventory [serve]               one instance (env: REDIS_URL, PORT, BIND, ...)
+//! inventory [serve]               one instance (flags or env: REDIS_URL, PORT, ...)
 //! inventory gateway NAME=URL ...  a gateway routing each SKU to one instance
 //! inventory demo [--cluster]      the multi-process demo (on a private 3-shard
 //!                                 Redis Cluster with --cluster; needs the
 //!                                 `cluster` feature)
 //! ```
 //!
-//! Environment of `serve`:
-//!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `REDIS_URL` | lock in this Redis | the in-process backend (single instance) |
-//! | `REDIS_CLUSTER_URLS` | lock in this Redis Cluster (comma-separated nodes; feature `cluster`) | unset |
-//! | `BIND`, `PORT` | listen address (loopback only) | `127.0.0.1`, `3000` |
-//! | `DATABASE_PATH` | SQLite file, shareable by instances | a file in a temporary directory |
-//! | `INVENTORY_LOCKING` | `plain` (no coalescing), `coalesced`, `handoff` | `coalesced` |
-//! | `INSTANCE_NAME` | name in responses and logs | `inventory` |
-//! | `LOCK_WAIT_TIMEOUT_MS` | how long a request waits for its lock | `5000` |
+//! Every flag of `serve` may come from its environment variable (`--redis-url` from
+//! `REDIS_URL`, `--locking` from `INVENTORY_LOCKING`, …): that is how the demo
+//! configures its children.
 
 use std::error::Error;
 use std::net::{IpAddr, SocketAddr};
@@ -28,6 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::{Parser, Subcommand, ValueEnum};
 use lockflight::{Handoff, LockBackend, Locker, MemoryBackend, RedisBackend};
 
 use crate::app::{self, AppState};
@@ -35,28 +29,117 @@ use crate::{demo, gateway};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
+/// The inventory example: one instance, the SKU-routing gateway, or the demo.
+#[derive(Debug, Parser)]
+#[command(
+    name = "inventory",
+    version,
+    about = "The lockflight inventory example: an axum service that reserves stock under a Redis lock, its SKU-routing gateway, and the multi-process demo"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One inventory instance (the default of the `inventory` example).
+    Serve(ServeArgs),
+    /// A gateway that routes each SKU to one instance.
+    Gateway(GatewayArgs),
+    /// The multi-process demo (the default of the `demo` example).
+    Demo(DemoArgs),
+}
+
+/// Settings of one instance; each flag may also come from its environment variable.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Lock in this Redis (default: the in-process backend, single instance).
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+    /// Lock in this Redis Cluster: comma-separated seed nodes (feature `cluster`).
+    #[arg(long, env = "REDIS_CLUSTER_URLS", value_delimiter = ',')]
+    redis_cluster_urls: Vec<String>,
+    /// Listen address; loopback only (the example has no authentication).
+    #[arg(long, env = "BIND", default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Listen port (0: any free port).
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    port: u16,
+    /// SQLite file, shareable by instances (default: a file in a temporary directory).
+    #[arg(long, env = "DATABASE_PATH")]
+    database_path: Option<PathBuf>,
+    /// How requests lock their SKU.
+    #[arg(long, env = "INVENTORY_LOCKING", value_enum, default_value_t = Locking::Coalesced)]
+    locking: Locking,
+    /// Name in responses and logs.
+    #[arg(long, env = "INSTANCE_NAME", default_value = "inventory")]
+    instance_name: String,
+    /// How long a request waits for its lock, in milliseconds.
+    #[arg(long, env = "LOCK_WAIT_TIMEOUT_MS", default_value_t = 5000)]
+    lock_wait_timeout_ms: u64,
+    #[command(flatten)]
+    exit: ExitArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct GatewayArgs {
+    /// Upstream instances, as NAME=http://127.0.0.1:PORT.
+    #[arg(required = true, value_parser = parse_upstream)]
+    upstreams: Vec<(String, String)>,
+    /// Listen address; loopback only.
+    #[arg(long, env = "BIND", default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Listen port (0: any free port).
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    port: u16,
+    #[command(flatten)]
+    exit: ExitArgs,
+}
+
+#[derive(Debug, Default, clap::Args)]
+struct DemoArgs {
+    /// Run the instances on a private 3-shard Redis Cluster (feature `cluster`).
+    #[arg(long)]
+    cluster: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct ExitArgs {
+    /// Also stop when standard input reaches its end (set by the demo for its
+    /// children).
+    #[arg(
+        long,
+        env = "INVENTORY_EXIT_ON_STDIN_EOF",
+        hide = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    exit_on_stdin_eof: bool,
+}
+
+fn parse_upstream(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(n, u)| (n.to_owned(), u.to_owned()))
+        .ok_or_else(|| format!("expected NAME=URL, got {s:?}"))
+}
+
 /// Runs the command line; `default` (`"serve"` or `"demo"`) when no subcommand is
-/// given.
+/// given (flags after it belong to that default).
 pub(crate) async fn main(default: &str) -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // A leading flag (`demo --cluster` run as `cargo run --example demo -- --cluster`)
-    // belongs to the default command.
-    let command = args
-        .first()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with("--"))
-        .unwrap_or(default);
-    let result = match command {
-        "serve" => serve().await,
-        "demo" => demo_until_interrupted(args.iter().any(|a| a == "--cluster")).await,
-        "gateway" => run_gateway(args.get(1..).unwrap_or_default()).await,
-        other => {
-            eprintln!(
-                "unknown command {other:?}\n\nusage:\n  inventory [serve]\n  \
-                 inventory gateway NAME=http://127.0.0.1:PORT ...\n  inventory demo [--cluster]"
-            );
-            return ExitCode::from(2);
-        }
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let has_command = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
+        ["serve", "gateway", "demo", "help"].contains(&a)
+            || matches!(a, "-h" | "--help" | "-V" | "--version")
+    });
+    if !has_command {
+        args.insert(1.min(args.len()), default.into());
+    }
+    let cli = Cli::parse_from(args);
+    let result = match cli.command {
+        Some(Command::Serve(a)) => serve(a).await,
+        Some(Command::Gateway(a)) => run_gateway(a).await,
+        Some(Command::Demo(a)) => demo_until_interrupted(a.cluster).await,
+        None => unreachable!("a default command is inserted above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,7 +163,7 @@ async fn demo_until_interrupted(cluster: bool) -> Result<(), BoxError> {
 }
 
 /// Locking modes of an instance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Locking {
     /// `coalescing(false)`: every request competes at Redis on its own.
     Plain,
@@ -91,17 +174,7 @@ pub(crate) enum Locking {
 }
 
 impl Locking {
-    /// Parses `plain`, `coalesced` or `handoff`.
-    pub(crate) fn parse(s: &str) -> Option<Locking> {
-        match s {
-            "plain" => Some(Locking::Plain),
-            "coalesced" => Some(Locking::Coalesced),
-            "handoff" => Some(Locking::Handoff),
-            _ => None,
-        }
-    }
-
-    /// The name `parse` takes.
+    /// The mode's name on the command line (`INVENTORY_LOCKING`).
     pub(crate) fn name(self) -> &'static str {
         match self {
             Locking::Plain => "plain",
@@ -111,27 +184,15 @@ impl Locking {
     }
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// `BIND`:`PORT`, refusing anything but loopback (the example has no auth).
-fn listen_addr() -> Result<SocketAddr, BoxError> {
-    let ip: IpAddr = env("BIND")
-        .unwrap_or_else(|| "127.0.0.1".into())
-        .parse()
-        .map_err(|e| format!("BIND: {e}"))?;
-    if !ip.is_loopback() {
+/// `bind`:`port`, refusing anything but loopback (the example has no auth).
+fn listen_addr(bind: IpAddr, port: u16) -> Result<SocketAddr, BoxError> {
+    if !bind.is_loopback() {
         return Err(format!(
-            "BIND={ip}: this example listens on loopback addresses only (it has no authentication)"
+            "BIND={bind}: this example listens on loopback addresses only (it has no authentication)"
         )
         .into());
     }
-    let port: u16 = env("PORT")
-        .unwrap_or_else(|| "3000".into())
-        .parse()
-        .map_err(|e| format!("PORT: {e}"))?;
-    Ok(SocketAddr::new(ip, port))
+    Ok(SocketAddr::new(bind, port))
 }
 
 /// Hides the password of `redis://user:password@host`.
@@ -144,38 +205,38 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// One inventory instance, configured from the environment.
-async fn serve() -> Result<(), BoxError> {
-    let name = env("INSTANCE_NAME").unwrap_or_else(|| "inventory".into());
-    let locking = match env("INVENTORY_LOCKING") {
-        Some(s) => Locking::parse(&s).ok_or_else(|| {
-            format!("INVENTORY_LOCKING={s}: expected plain, coalesced or handoff")
-        })?,
-        None => Locking::Coalesced,
-    };
-    let wait_ms: u64 = env("LOCK_WAIT_TIMEOUT_MS")
-        .map(|v| v.parse())
-        .transpose()
-        .map_err(|e| format!("LOCK_WAIT_TIMEOUT_MS: {e}"))?
-        .unwrap_or(5000);
-    let addr = listen_addr()?;
+/// One inventory instance.
+async fn serve(args: ServeArgs) -> Result<(), BoxError> {
+    let name = args.instance_name;
+    let locking = args.locking;
+    let wait_ms = args.lock_wait_timeout_ms;
+    let addr = listen_addr(args.bind, args.port)?;
+    let redis_url = args.redis_url.filter(|u| !u.is_empty());
+    let cluster_urls: Vec<String> = args
+        .redis_cluster_urls
+        .into_iter()
+        .filter(|u| !u.is_empty())
+        .collect();
 
-    let (backend, kind): (Arc<dyn LockBackend>, &str) =
-        match (env("REDIS_CLUSTER_URLS"), env("REDIS_URL")) {
-            (Some(urls), _) => (cluster_backend(&name, &urls).await?, "redis-cluster"),
-            (None, Some(url)) => {
-                let backend = RedisBackend::connect(&url).await?;
-                println!("[{name}] locking in Redis at {}", redact(&url));
-                (Arc::new(backend), "redis")
-            }
-            (None, None) => {
-                println!(
-                    "[{name}] REDIS_URL is not set: running single-instance on the in-process \
+    let (backend, kind): (Arc<dyn LockBackend>, &str) = match (!cluster_urls.is_empty(), redis_url)
+    {
+        (true, _) => (
+            cluster_backend(&name, &cluster_urls).await?,
+            "redis-cluster",
+        ),
+        (false, Some(url)) => {
+            let backend = RedisBackend::connect(&url).await?;
+            println!("[{name}] locking in Redis at {}", redact(&url));
+            (Arc::new(backend), "redis")
+        }
+        (false, None) => {
+            println!(
+                "[{name}] REDIS_URL is not set: running single-instance on the in-process \
                  backend (locks are not shared with other processes)"
-                );
-                (Arc::new(MemoryBackend::new()), "memory")
-            }
-        };
+            );
+            (Arc::new(MemoryBackend::new()), "memory")
+        }
+    };
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_millis(wait_ms))
         .coalescing(locking != Locking::Plain)
@@ -187,8 +248,8 @@ async fn serve() -> Result<(), BoxError> {
         .build()?;
 
     let _tmp; // keeps a temporary database directory alive until exit
-    let db_path: PathBuf = match env("DATABASE_PATH") {
-        Some(path) => PathBuf::from(path),
+    let db_path: PathBuf = match args.database_path {
+        Some(path) => path,
         None => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().join("inventory.db");
@@ -206,7 +267,7 @@ async fn serve() -> Result<(), BoxError> {
         "[{name}] locking mode {}; listening on http://{local}",
         locking.name()
     );
-    let watch_stdin = env("INVENTORY_EXIT_ON_STDIN_EOF").is_some();
+    let watch_stdin = args.exit.exit_on_stdin_eof;
     axum::serve(listener, app::app(state))
         .with_graceful_shutdown(shutdown_signal(watch_stdin))
         .await?;
@@ -215,27 +276,17 @@ async fn serve() -> Result<(), BoxError> {
 }
 
 /// `gateway NAME=URL ...`: the SKU-routing gateway.
-async fn run_gateway(args: &[String]) -> Result<(), BoxError> {
-    let upstreams: Vec<(String, String)> = args
-        .iter()
-        .map(|a| {
-            a.split_once('=')
-                .map(|(n, u)| (n.to_owned(), u.to_owned()))
-                .ok_or_else(|| format!("expected NAME=URL, got {a:?}"))
-        })
-        .collect::<Result<_, _>>()?;
-    if upstreams.is_empty() {
-        return Err("usage: inventory gateway NAME=http://127.0.0.1:PORT ...".into());
-    }
+async fn run_gateway(args: GatewayArgs) -> Result<(), BoxError> {
+    let upstreams = args.upstreams;
     let (router, members) = gateway::gateway(&upstreams);
-    let listener = tokio::net::TcpListener::bind(listen_addr()?).await?;
+    let listener = tokio::net::TcpListener::bind(listen_addr(args.bind, args.port)?).await?;
     let local = listener.local_addr()?;
     let names: Vec<String> = members.members().into_iter().map(|(n, _)| n).collect();
     println!(
         "[gateway] routing each SKU to one of {}; listening on http://{local}",
         names.join(", ")
     );
-    let watch_stdin = env("INVENTORY_EXIT_ON_STDIN_EOF").is_some();
+    let watch_stdin = args.exit.exit_on_stdin_eof;
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal(watch_stdin))
         .await?;
@@ -280,9 +331,8 @@ pub(crate) async fn shutdown_signal(watch_stdin: bool) {
 
 /// A backend on the Redis Cluster whose nodes are `urls` (comma-separated).
 #[cfg(feature = "cluster")]
-async fn cluster_backend(name: &str, urls: &str) -> Result<Arc<dyn LockBackend>, BoxError> {
-    let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
-    let backend = RedisBackend::cluster(nodes.iter().copied())
+async fn cluster_backend(name: &str, nodes: &[String]) -> Result<Arc<dyn LockBackend>, BoxError> {
+    let backend = RedisBackend::cluster(nodes.iter().cloned())
         .connect()
         .await?;
     println!(
@@ -293,7 +343,7 @@ async fn cluster_backend(name: &str, urls: &str) -> Result<Arc<dyn LockBackend>,
 }
 
 #[cfg(not(feature = "cluster"))]
-async fn cluster_backend(_name: &str, _urls: &str) -> Result<Arc<dyn LockBackend>, BoxError> {
+async fn cluster_backend(_name: &str, _nodes: &[String]) -> Result<Arc<dyn LockBackend>, BoxError> {
     Err(
         "REDIS_CLUSTER_URLS is set, but this build has no Redis Cluster support: \
          build with --features axum,cluster"
