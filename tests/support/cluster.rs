@@ -19,8 +19,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    SUPERVISOR, SpawnError, Supervised, process_alive, read_logs, release_port, reserve_port,
-    send_signal, server_pid, stop_supervised, tail, tempdir, wait_for_state,
+    SpawnError, Supervised, read_logs, release_port, reserve_port, send_signal, spawn_supervised,
+    stop_supervised, tail, tempdir, wait_for_state,
 };
 
 /// One supervised `redis-server` with extra arguments; killed when dropped.
@@ -49,7 +49,7 @@ impl Node {
                 all.push(path.display().to_string());
             }
             all.extend(args(port));
-            match spawn(&binary, dir.path(), port, &all) {
+            match spawn_supervised(&binary, dir.path(), port, &all, &[]) {
                 Ok(running) => {
                     return Node {
                         port,
@@ -167,7 +167,7 @@ impl Node {
         s.1 = false;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match spawn(&self.binary, self.dir.path(), self.port, &self.args) {
+            match spawn_supervised(&self.binary, self.dir.path(), self.port, &self.args, &[]) {
                 Ok(r) => {
                     s.0 = Some(r);
                     return;
@@ -194,87 +194,6 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
         release_port(self.port);
-    }
-}
-
-/// Starts `binary args` under the supervisor and waits until it answers `INFO`.
-fn spawn(
-    binary: &std::path::Path,
-    dir: &std::path::Path,
-    port: u16,
-    args: &[String],
-) -> Result<Supervised, SpawnError> {
-    let log_file = dir.join("redis.log");
-    let err = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("redis.stdout"))
-        .map_err(|e| SpawnError::Failed(format!("cannot create {}: {e}", dir.display())))?;
-    let mut supervisor = Command::new("sh")
-        .arg("-c")
-        .arg(SUPERVISOR)
-        .arg("sh")
-        .arg(dir)
-        .arg(binary)
-        .args(args)
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(&log_file)
-        .args(["--protected-mode", "no", "--daemonize", "no"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(err))
-        .spawn()
-        .map_err(|e| SpawnError::Failed(format!("cannot run sh: {e}")))?;
-    let mut line = String::new();
-    let read = supervisor
-        .stdout
-        .take()
-        .map(|out| std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line));
-    let pid = match (read, line.trim().parse::<u32>()) {
-        (Some(Ok(_)), Ok(pid)) => pid,
-        _ => {
-            let _ = supervisor.kill();
-            let _ = supervisor.wait();
-            return Err(SpawnError::Failed(format!(
-                "the supervisor printed no pid\n{}",
-                read_logs(dir)
-            )));
-        }
-    };
-    let running = Supervised { supervisor, pid };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if !process_alive(pid) {
-            let logs = read_logs(dir);
-            stop_supervised(running, false);
-            let m = format!("redis-server {args:?} on port {port} exited at startup:\n{logs}");
-            return Err(if logs.contains("Address already in use") {
-                SpawnError::PortConflict(m)
-            } else {
-                SpawnError::Failed(m)
-            });
-        }
-        match server_pid(port) {
-            Some(p) if p == pid => return Ok(running),
-            Some(other) => {
-                stop_supervised(running, false);
-                return Err(SpawnError::PortConflict(format!(
-                    "port {port} is answered by pid {other}"
-                )));
-            }
-            None => {}
-        }
-        if Instant::now() >= deadline {
-            let logs = read_logs(dir);
-            stop_supervised(running, false);
-            return Err(SpawnError::Failed(format!(
-                "redis-server on port {port} did not answer within 10 s:\n{logs}"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

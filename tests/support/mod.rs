@@ -512,6 +512,30 @@ fn tempdir() -> tempfile::TempDir {
 
 /// Starts redis-server on `port` under a supervisor and waits until it answers.
 fn spawn_redis(binary: &Path, dir: &Path, port: u16) -> Result<Supervised, SpawnError> {
+    let standalone = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dbfilename",
+        "dump.rdb",
+        "--enable-debug-command",
+        "yes",
+    ];
+    spawn_supervised(binary, dir, port, &[], &standalone)
+}
+
+/// Starts `binary <leading> --bind 127.0.0.1 --port <port> <flags>` under the
+/// supervisor (logging into `dir`) and waits until it answers on `port`.
+/// `leading` comes first because `redis-server` reads a config file (a
+/// sentinel's) only as its first argument.
+fn spawn_supervised(
+    binary: &Path,
+    dir: &Path,
+    port: u16,
+    leading: &[String],
+    flags: &[&str],
+) -> Result<Supervised, SpawnError> {
     let log_file = dir.join("redis.log");
     let supervisor_err = std::fs::OpenOptions::new()
         .create(true)
@@ -525,21 +549,14 @@ fn spawn_redis(binary: &Path, dir: &Path, port: u16) -> Result<Supervised, Spawn
         .arg("sh")
         .arg(dir)
         .arg(binary)
+        .args(leading)
         .args(["--bind", "127.0.0.1", "--port", &port_arg])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dbfilename",
-            "dump.rdb",
-        ])
+        .args(flags)
         .arg("--dir")
         .arg(dir)
         .arg("--logfile")
         .arg(&log_file)
         .args(["--protected-mode", "no", "--daemonize", "no"])
-        .args(["--enable-debug-command", "yes"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(supervisor_err))
