@@ -87,6 +87,26 @@ pub enum Error {
         /// The lock key.
         key: LockKey,
     },
+    /// The backend does not store this kind of lock (a read-write lock or a
+    /// semaphore on a backend without them). Answered at once.
+    #[error("lock {key:?}: the backend has no {what}")]
+    Unsupported {
+        /// The lock key.
+        key: LockKey,
+        /// The lock kind the backend lacks (`"read-write locks"`, `"semaphores"`).
+        what: &'static str,
+    },
+    /// A semaphore was asked for with a number of permits other than the one fixed
+    /// for its key at first use (while any permit of the key is alive).
+    #[error("semaphore {key:?}: it has {permits} permits, asked for with {requested}")]
+    PermitMismatch {
+        /// The semaphore key.
+        key: LockKey,
+        /// The number of permits fixed for the key.
+        permits: u32,
+        /// The number this call asked for.
+        requested: u32,
+    },
     /// The key cannot be used as a lock key.
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {
@@ -197,6 +217,8 @@ impl Error {
             | Error::Reentrant { key }
             | Error::Busy { key }
             | Error::QuorumNotReached { key, .. }
+            | Error::Unsupported { key, .. }
+            | Error::PermitMismatch { key, .. }
             | Error::Backend { key, .. } => Some(key),
             Error::InvalidConfig { .. } | Error::Connect { .. } => None,
         }
@@ -245,6 +267,8 @@ impl Error {
             Error::Connect { .. } => "backend_unreachable",
             Error::Backend { .. } => "backend_unavailable",
             Error::QuorumNotReached { .. } => "quorum_not_reached",
+            Error::Unsupported { .. } => "lock_unsupported",
+            Error::PermitMismatch { .. } => "permit_mismatch",
         }
     }
 

@@ -87,6 +87,8 @@ mod locker;
 mod multi;
 mod reentry;
 pub mod routing;
+mod rwlock;
+mod semaphore;
 mod slot;
 mod stats;
 

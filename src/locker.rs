@@ -369,6 +369,8 @@ impl LockerBuilder {
             renewals,
             slots: SlotMap::default(),
             flights: Flights::default(),
+            rw: Default::default(),
+            semaphores: Default::default(),
         });
         Ok(Locker { shared })
     }
@@ -423,7 +425,11 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<StatsInner>,
     pub(crate) slots: SlotMap,
     pub(crate) flights: Flights,
-    renewals: Arc<Renewals>,
+    pub(crate) renewals: Arc<Renewals>,
+    /// The read-write locks' local state.
+    pub(crate) rw: crate::rwlock::RwLocks,
+    /// The semaphores' local state.
+    pub(crate) semaphores: crate::semaphore::Semaphores,
 }
 
 impl Locker {

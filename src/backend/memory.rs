@@ -13,6 +13,9 @@ use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::Result;
 use crate::key::LockKey;
 
+mod rw;
+mod semaphore;
+
 /// Locks held in this process's memory, with TTLs, fencing epochs and release
 /// notifications, and the [`LockBackend`] semantics the [`Locker`](crate::Locker)
 /// relies on.
@@ -58,6 +61,8 @@ struct Inner {
     locks: DashMap<LockKey, Held>,
     last_epoch: AtomicU64,
     wakeups: WakeRegistry,
+    rw: rw::State,
+    semaphores: semaphore::State,
 }
 
 #[derive(Clone, Copy)]
@@ -188,6 +193,14 @@ impl LockBackend for MemoryBackend {
 
     fn wakeups(&self) -> &WakeRegistry {
         &self.inner.wakeups
+    }
+
+    fn rw(&self) -> Option<&dyn crate::backend::rw::RwBackend> {
+        Some(self)
+    }
+
+    fn semaphore(&self) -> Option<&dyn crate::backend::semaphore::SemaphoreBackend> {
+        Some(self)
     }
 }
 

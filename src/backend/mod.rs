@@ -38,6 +38,11 @@ use crate::key::LockKey;
 pub mod memory;
 pub mod redis;
 pub mod redlock;
+pub mod rw;
+pub mod semaphore;
+
+use rw::RwBackend;
+use semaphore::SemaphoreBackend;
 
 /// A random 128-bit value identifying one lease. Only its holder knows it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -159,6 +164,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn fencing(&self) -> bool {
         true
     }
+
+    /// The backend's read-write locks, if it has them.
+    fn rw(&self) -> Option<&dyn RwBackend> {
+        None
+    }
+
+    /// The backend's semaphores, if it has them.
+    fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
+        None
+    }
 }
 
 #[async_trait]
@@ -186,6 +201,12 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     fn fencing(&self) -> bool {
         (**self).fencing()
+    }
+    fn rw(&self) -> Option<&dyn RwBackend> {
+        (**self).rw()
+    }
+    fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
+        (**self).semaphore()
     }
 }
 

@@ -28,7 +28,9 @@ fn status(e: &Error) -> StatusCode {
         | Error::NoPermission { .. }
         | Error::InvalidConfig { .. }
         | Error::Panicked { .. }
-        | Error::Reentrant { .. } => INTERNAL,
+        | Error::Reentrant { .. }
+        | Error::Unsupported { .. }
+        | Error::PermitMismatch { .. } => INTERNAL,
     }
 }
 
@@ -56,6 +58,8 @@ impl IntoResponse for Error {
     /// | [`Error::InvalidConfig`] | 500 | `invalid_config` |
     /// | [`Error::Panicked`] | 500 | `panicked` |
     /// | [`Error::Reentrant`] | 500 | `lock_reentrant` |
+    /// | [`Error::Unsupported`] | 500 | `lock_unsupported` |
+    /// | [`Error::PermitMismatch`] | 500 | `permit_mismatch` |
     /// | any other error, in [`handle_error`] | 500 | `internal` |
     ///
     /// The codes are part of the API: they change only in a breaking release.
@@ -184,6 +188,23 @@ mod tests {
             (
                 Error::Reentrant { key: key.clone() },
                 "lock_reentrant",
+                internal,
+            ),
+            (
+                Error::Unsupported {
+                    key: key.clone(),
+                    what: "semaphores",
+                },
+                "lock_unsupported",
+                internal,
+            ),
+            (
+                Error::PermitMismatch {
+                    key: key.clone(),
+                    permits: 4,
+                    requested: 5,
+                },
+                "permit_mismatch",
                 internal,
             ),
             (

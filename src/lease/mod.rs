@@ -51,10 +51,24 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 /// The loss reason when the validity window ended without a successful renewal.
 pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal succeeded";
 
+/// What a lease holds: how the watchdog renews it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseKind {
+    /// The exclusive lock ([`LockBackend::extend`](crate::backend::LockBackend::extend)).
+    Lock,
+    /// A shared read lease of a read-write lock.
+    Read,
+    /// The write lease of a read-write lock.
+    Write,
+    /// One permit of a semaphore.
+    Permit,
+}
+
 /// One acquisition of a distributed lock, shared by all local holders it is handed to.
 #[derive(Debug)]
 pub(crate) struct Lease {
     pub(crate) key: LockKey,
+    pub(crate) kind: LeaseKind,
     pub(crate) token: LeaseToken,
     pub(crate) epoch: u64,
     pub(crate) ttl: Duration,
@@ -87,6 +101,7 @@ impl Lease {
     ) -> Lease {
         Lease {
             key,
+            kind: LeaseKind::Lock,
             token,
             epoch,
             ttl,
@@ -101,6 +116,12 @@ impl Lease {
             stats,
             slot: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// The same lease, of another kind (renewed through that kind's backend call).
+    pub(crate) fn with_kind(mut self, kind: LeaseKind) -> Lease {
+        self.kind = kind;
+        self
     }
 
     pub(crate) fn valid_until(&self) -> Instant {

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Lease, VALIDITY_ENDED, drift};
+use super::{Lease, LeaseKind, VALIDITY_ENDED, drift};
 use crate::backend::{Extend, LockBackend};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::stats::StatsInner;
 
 const NOT_QUEUED: usize = usize::MAX;
@@ -138,6 +138,29 @@ impl Renewals {
 /// this late. [`LockerBuilder::build`](crate::LockerBuilder::build) requires
 /// `every + tick(every)` to leave half of the lease's validity for the renewal's
 /// round trip and retries.
+/// Renews `lease` through the backend call for its kind.
+async fn extend(backend: &dyn LockBackend, lease: &Lease) -> Result<Extend> {
+    let (key, token, ttl) = (&lease.key, lease.token, lease.ttl);
+    match lease.kind {
+        LeaseKind::Lock => backend.extend(key, token, ttl).await,
+        LeaseKind::Read | LeaseKind::Write => match backend.rw() {
+            Some(rw) if lease.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
+            Some(rw) => rw.extend_write(key, token, ttl).await,
+            None => Err(Error::Unsupported {
+                key: key.clone(),
+                what: "read-write locks",
+            }),
+        },
+        LeaseKind::Permit => match backend.semaphore() {
+            Some(sem) => sem.extend_permit(key, token, ttl).await,
+            None => Err(Error::Unsupported {
+                key: key.clone(),
+                what: "semaphores",
+            }),
+        },
+    }
+}
+
 pub(crate) fn tick(every: Duration) -> Duration {
     (every / 4).max(Duration::from_millis(1))
 }
@@ -202,7 +225,7 @@ async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
                 lease.mark_lost(VALIDITY_ENDED);
                 return;
             }
-            r = renewals.backend.extend(&lease.key, lease.token, lease.ttl) => r,
+            r = extend(&*renewals.backend, lease) => r,
         };
         match outcome {
             Ok(Extend::Extended { waiting }) => {

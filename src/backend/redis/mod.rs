@@ -64,6 +64,8 @@ use crate::key::LockKey;
 mod cluster;
 mod conn;
 mod notify;
+mod rw;
+mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
@@ -1147,6 +1149,14 @@ impl LockBackend for RedisBackend {
 
     fn wakeups(&self) -> &WakeRegistry {
         &self.inner.wakeups
+    }
+
+    fn rw(&self) -> Option<&dyn crate::backend::rw::RwBackend> {
+        Some(self)
+    }
+
+    fn semaphore(&self) -> Option<&dyn crate::backend::semaphore::SemaphoreBackend> {
+        Some(self)
     }
 }
 

@@ -1,0 +1,30 @@
+//! MemoryBackend's semaphores: [`SemaphoreBackend`](crate::backend::semaphore::SemaphoreBackend).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryBackend;
+use crate::backend::semaphore::SemaphoreBackend;
+use crate::backend::{Extend, LeaseToken};
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+
+/// The in-process state of the semaphore locks.
+#[derive(Debug, Default)]
+pub(super) struct State {}
+
+#[async_trait]
+impl SemaphoreBackend for MemoryBackend {
+    async fn extend_permit(
+        &self,
+        key: &LockKey,
+        _token: LeaseToken,
+        _ttl: Duration,
+    ) -> Result<Extend> {
+        Err(Error::Unsupported {
+            key: key.clone(),
+            what: "semaphores",
+        })
+    }
+}
