@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::task::JoinSet;
 
-use crate::app;
+use crate::app::{self, OPTIMISTIC_ATTEMPTS};
 use crate::cli::{Locking, redact};
 use crate::client::{BoxError, Http};
 
@@ -38,6 +38,34 @@ const STOCK: i64 = 450;
 const REQUESTS: usize = 2_000;
 /// Requests in flight at once.
 const CONCURRENCY: usize = 64;
+/// The low-contention scenario: as many SKUs as requests spread over them four
+/// each, with enough stock for all (writers of one SKU rarely meet).
+const COLD_SKUS: usize = 500;
+/// Stock of each cold SKU.
+const COLD_STOCK: i64 = 4;
+
+/// Which SKUs a mode's burst reserves.
+#[derive(Clone, Copy, Debug)]
+struct Shelf {
+    /// How many SKUs.
+    skus: usize,
+    /// Initial stock of each.
+    stock: i64,
+    /// Name prefix of the SKUs.
+    kind: &'static str,
+}
+
+const HOT: Shelf = Shelf {
+    skus: HOT_SKUS,
+    stock: STOCK,
+    kind: "hot",
+};
+const COLD: Shelf = Shelf {
+    skus: COLD_SKUS,
+    stock: COLD_STOCK,
+    kind: "cold",
+};
+
 /// How long a child may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -47,38 +75,60 @@ struct Mode {
     slug: &'static str,
     locking: Locking,
     gateway: bool,
+    /// The reservation route: `reserve` (under the SKU's lock, fenced) or
+    /// `reserve-optimistic` (no lock, a version column).
+    endpoint: &'static str,
 }
 
-const MODES: [Mode; 5] = [
+impl Mode {
+    /// Whether its writes carry fencing tokens (checked for order).
+    fn fenced(&self) -> bool {
+        self.endpoint == "reserve"
+    }
+}
+
+const MODES: [Mode; 6] = [
     Mode {
         label: "plain Redis lock per request",
         slug: "plain",
         locking: Locking::Plain,
         gateway: false,
+        endpoint: "reserve",
     },
     Mode {
         label: "lockflight",
         slug: "coalesced",
         locking: Locking::Coalesced,
         gateway: false,
+        endpoint: "reserve",
     },
     Mode {
         label: "lockflight + gateway",
         slug: "coalesced-gw",
         locking: Locking::Coalesced,
         gateway: true,
+        endpoint: "reserve",
     },
     Mode {
         label: "lockflight + handoff",
         slug: "handoff",
         locking: Locking::Handoff,
         gateway: false,
+        endpoint: "reserve",
     },
     Mode {
         label: "lockflight + handoff + gateway",
         slug: "handoff-gw",
         locking: Locking::Handoff,
         gateway: true,
+        endpoint: "reserve",
+    },
+    Mode {
+        label: "optimistic (version column)",
+        slug: "optimistic",
+        locking: Locking::Coalesced,
+        gateway: false,
+        endpoint: "reserve-optimistic",
     },
 ];
 
@@ -98,6 +148,8 @@ struct Row {
     lock_requests: u64,
     server_commands: Option<u64>,
     handoffs: u64,
+    /// Optimistic writes that found the row changed (and retried).
+    conflicts: u64,
     fence_order_ok: bool,
 }
 
@@ -183,6 +235,13 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
         None => (1, MODES.iter().copied().filter(|m| !m.gateway).collect()),
     };
 
+    // The low-contention comparison: lockflight's default against optimistic.
+    let cold_modes: Vec<Mode> = modes
+        .iter()
+        .copied()
+        .filter(|m| m.slug == "handoff" || m.slug == "optimistic")
+        .collect();
+
     let dir = tempfile::tempdir()?;
     let db_path = dir.path().join("inventory.db");
     let db = app::open_db(Some(&db_path)).await?;
@@ -201,6 +260,7 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
     for mode in &modes {
         let row = run_mode(
             *mode,
+            HOT,
             instances,
             target.as_ref().map(Target::env),
             &db_path,
@@ -211,12 +271,37 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
         .await?;
         rows.push(row);
     }
+    print_table(&rows, target.is_some(), true);
+    let mut cold = Vec::new();
+    if !cold_modes.is_empty() {
+        println!(
+            "\nLow contention: the same {REQUESTS} reservations over {COLD_SKUS} SKUs \
+             ({} requests per SKU), where optimistic locking needs no lock round trip:\n",
+            REQUESTS / COLD_SKUS
+        );
+    }
+    for mode in &cold_modes {
+        cold.push(
+            run_mode(
+                *mode,
+                COLD,
+                instances,
+                target.as_ref().map(Target::env),
+                &db_path,
+                &db,
+                &http,
+                &mut redis_stats,
+            )
+            .await?,
+        );
+    }
+    if !cold.is_empty() {
+        print_table(&cold, target.is_some(), false);
+    }
     db.close().await;
     for redis in private {
         redis.stop().await;
     }
-
-    print_table(&rows, target.is_some());
     println!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -224,6 +309,7 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
 #[allow(clippy::too_many_arguments)]
 async fn run_mode(
     mode: Mode,
+    shelf: Shelf,
     instances: usize,
     redis_env: Option<(&'static str, String)>,
     db_path: &Path,
@@ -265,14 +351,14 @@ async fn run_mode(
     };
 
     // Stock the shelves.
-    let skus: Vec<String> = (0..HOT_SKUS)
-        .map(|k| format!("{}-hot-{k}", mode.slug))
+    let skus: Vec<String> = (0..shelf.skus)
+        .map(|k| format!("{}-{}-{k}", mode.slug, shelf.kind))
         .collect();
     for sku in &skus {
         let res = http
             .post(
                 &format!("{}/items", procs[0].url),
-                &json!({ "sku": sku, "name": format!("hot item {sku}"), "stock": STOCK }),
+                &json!({ "sku": sku, "name": format!("{} item {sku}", shelf.kind), "stock": shelf.stock }),
             )
             .await?;
         if res.status != http::StatusCode::CREATED {
@@ -288,7 +374,7 @@ async fn run_mode(
     } else {
         mode.label.replace(" Redis", "")
     };
-    let burst = burst(http, &targets, &skus, &label).await;
+    let burst = burst(http, &targets, &skus, mode, &label).await;
 
     let after = lock_totals(http, &procs).await?;
     let commands_after = server_commands(redis).await?;
@@ -303,7 +389,7 @@ async fn run_mode(
             .ok_or_else(|| format!("GET /items/{sku}: {} {}", res.status, res.text()))?;
         logged_units += app::reservation_log(db, sku).await?.1;
     }
-    let initial = STOCK * HOT_SKUS as i64;
+    let initial = shelf.stock * shelf.skus as i64;
     let taken = initial - final_stock;
     let acked = burst.reserved as i64;
     // More acknowledged (or logged) than taken from the shelf, or a negative shelf.
@@ -334,7 +420,8 @@ async fn run_mode(
             .zip(commands_after)
             .map(|(b, a)| a.saturating_sub(b)),
         handoffs: after.handoffs - before.handoffs,
-        fence_order_ok: burst.fence_order_ok,
+        conflicts: after.conflicts - before.conflicts,
+        fence_order_ok: burst.fence_order_ok || !mode.fenced(),
     })
 }
 
@@ -362,7 +449,7 @@ type Ack = (String, i64, FencingToken);
 
 /// Fires `REQUESTS` reservations, `CONCURRENCY` at a time. Request `i` reserves
 /// `skus[i % n]` at `targets[i % m]`, so every SKU reaches every instance.
-async fn burst(http: &Http, targets: &[String], skus: &[String], label: &str) -> Burst {
+async fn burst(http: &Http, targets: &[String], skus: &[String], mode: Mode, label: &str) -> Burst {
     let bar = ProgressBar::with_draw_target(Some(REQUESTS as u64), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{prefix:>30} [{bar:30}] {pos:>4}/{len} {per_sec:>12}")
@@ -385,11 +472,18 @@ async fn burst(http: &Http, targets: &[String], skus: &[String], label: &str) ->
                     break;
                 }
                 let sku = &skus[i % skus.len()];
-                let url = format!("{}/items/{sku}/reserve", targets[i % targets.len()]);
+                let url = format!(
+                    "{}/items/{sku}/{}",
+                    targets[i % targets.len()],
+                    mode.endpoint
+                );
                 let t0 = Instant::now();
                 let res = http.post(&url, &json!({ "qty": 1 })).await;
                 out.latencies.push(t0.elapsed());
                 match res {
+                    Ok(r) if r.status == http::StatusCode::OK && !mode.fenced() => {
+                        out.reserved += 1;
+                    }
                     Ok(r) if r.status == http::StatusCode::OK => {
                         out.reserved += 1;
                         let body = r.json();
@@ -468,6 +562,7 @@ struct LockTotals {
     requests: u64,
     handoffs: u64,
     stale: u64,
+    conflicts: u64,
 }
 
 /// Sums the instances' `/stats`.
@@ -479,6 +574,7 @@ async fn lock_totals(http: &Http, procs: &[Proc]) -> Result<LockTotals, BoxError
         t.requests += n(&s["lock_requests"]["total"]);
         t.handoffs += n(&s["lockflight"]["handoffs"]);
         t.stale += n(&s["app"]["stale_rejected"]);
+        t.conflicts += n(&s["app"]["version_conflicts"]);
     }
     Ok(t)
 }
@@ -521,16 +617,15 @@ async fn server_commands(
     Ok(Some(total))
 }
 
-fn print_table(rows: &[Row], with_redis: bool) {
-    const W: [usize; 12] = [30, 8, 8, 8, 5, 4, 9, 9, 6, 13, 8, 14];
-    let line = |cells: [String; 12]| {
+fn print_table(rows: &[Row], with_redis: bool, legend: bool) {
+    const W: [usize; 13] = [30, 8, 8, 8, 5, 4, 9, 9, 6, 13, 8, 9, 14];
+    let line = |cells: [String; 13]| {
         let mut out = format!("{:<w$}", cells[0], w = W[0]);
         for (cell, w) in cells.iter().zip(W).skip(1) {
             out.push_str(&format!("  {cell:>w$}"));
         }
         println!("{}", out.trim_end());
     };
-    let what = if with_redis { "Redis" } else { "in-process" };
     println!();
     line([
         "mode".into(),
@@ -544,6 +639,7 @@ fn print_table(rows: &[Row], with_redis: bool) {
         "req/s".into(),
         "lock reqs/req".into(),
         "handoffs".into(),
+        "conflicts".into(),
         if with_redis { "Redis cmds/req" } else { "" }.into(),
     ]);
     for r in rows {
@@ -559,11 +655,20 @@ fn print_table(rows: &[Row], with_redis: bool) {
             format!("{:.0}", r.throughput),
             format!("{:.3}", r.lock_requests as f64 / REQUESTS as f64),
             r.handoffs.to_string(),
+            r.conflicts.to_string(),
             r.server_commands
                 .map(|c| format!("{:.2}", c as f64 / REQUESTS as f64))
                 .unwrap_or_default(),
         ]);
     }
+    if legend {
+        print_legend(with_redis);
+    }
+    checks(rows);
+}
+
+fn print_legend(with_redis: bool) {
+    let what = if with_redis { "Redis" } else { "in-process" };
     println!(
         "\n\
          reserved + sold out = {REQUESTS} per mode. oversold = reservations acknowledged (or logged\n\
@@ -572,7 +677,10 @@ fn print_table(rows: &[Row], with_redis: bool) {
          stale writers. p50/p99 = client-side latency of POST /items/{{sku}}/reserve.\n\
          lock reqs/req = requests the instances sent to the {what} lock backend (acquire-or-enqueue,\n\
          release-and-wake-next, extend, leave; one script round trip each) per reserve request\n\
-         (each runs one critical section). handoffs = leases passed to a local waiter in memory."
+         (each runs one critical section). handoffs = leases passed to a local waiter in memory.\n\
+         optimistic = no lock: read the row and its version, write only if the version is\n\
+         unchanged, else read again (conflicts = such retries; after {OPTIMISTIC_ATTEMPTS} the request\n\
+         answers 503). Its p50/p99 are of POST /items/{{sku}}/reserve-optimistic."
     );
     if with_redis {
         println!(
@@ -580,6 +688,9 @@ fn print_table(rows: &[Row], with_redis: bool) {
              EVALSHA, the commands inside the scripts, PUBLISH, ...)."
         );
     }
+}
+
+fn checks(rows: &[Row]) {
     let mut problems = Vec::new();
     for r in rows {
         if r.oversold != 0 {
