@@ -5,7 +5,7 @@
 //! gateway — and print what each mode cost.
 //!
 //! ```text
-//! cargo run --example demo --features axum
+//! cargo run --example demo --features axum,metrics
 //! ```
 //!
 //! Without `REDIS_URL` it starts a private `redis-server` (temporary directory, no
@@ -24,6 +24,8 @@ mod client;
 mod demo;
 #[path = "inventory/gateway.rs"]
 mod gateway;
+#[path = "inventory/sizing.rs"]
+mod sizing;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

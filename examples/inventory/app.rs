@@ -189,6 +189,18 @@ pub(crate) struct AppState {
     pub(crate) backend: Arc<str>,
     /// What locking mode the locker runs, for `/stats`.
     pub(crate) locking: Arc<str>,
+    /// More of `/stats` (the lock histograms where a recorder is installed).
+    pub(crate) more_stats: Option<MoreStats>,
+}
+
+/// A source of extra `/stats` fields, under `"histograms"`.
+#[derive(Clone)]
+pub(crate) struct MoreStats(pub(crate) Arc<dyn Fn() -> serde_json::Value + Send + Sync>);
+
+impl std::fmt::Debug for MoreStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MoreStats")
+    }
 }
 
 impl AppState {
@@ -202,6 +214,7 @@ impl AppState {
             instance: Arc::from(instance),
             backend: Arc::from("unknown"),
             locking: Arc::from("unknown"),
+            more_stats: None,
         }
     }
 
@@ -272,6 +285,9 @@ impl AppState {
                 "version_conflicts": Counters::get(&c.version_conflicts),
                 "checkouts": Counters::get(&c.checkouts),
             },
+            // Wait and hold times and renewals per lease, for sizing `lease_ttl`
+            // and `wait_timeout` from their tails (null without a recorder).
+            "histograms": self.more_stats.as_ref().map(|more| (more.0)()),
         })
     }
 }

@@ -260,7 +260,10 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     let db = app::open_db(Some(&db_path)).await?;
     println!("[{name}] database {}", db_path.display());
 
-    let state = AppState::new(db, locker, &name).describe(kind, locking.name());
+    let mut state = AppState::new(db, locker, &name).describe(kind, locking.name());
+    if let Some(sizing) = crate::sizing::Sizing::install() {
+        state.more_stats = Some(app::MoreStats(Arc::new(move || sizing.snapshot())));
+    }
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     println!(

@@ -150,6 +150,8 @@ struct Row {
     handoffs: u64,
     /// Optimistic writes that found the row changed (and retried).
     conflicts: u64,
+    /// Sizing data from the instances' histograms (cumulative since start).
+    sizing: Option<(f64, f64, f64)>,
     fence_order_ok: bool,
 }
 
@@ -421,6 +423,10 @@ async fn run_mode(
             .map(|(b, a)| a.saturating_sub(b)),
         handoffs: after.handoffs - before.handoffs,
         conflicts: after.conflicts - before.conflicts,
+        sizing: match (after.wait_p99, after.hold_p99, after.renewals_max) {
+            (Some(w), Some(h), r) => Some((w, h, r.unwrap_or(0.0))),
+            _ => None,
+        },
         fence_order_ok: burst.fence_order_ok || !mode.fenced(),
     })
 }
@@ -563,6 +569,11 @@ struct LockTotals {
     handoffs: u64,
     stale: u64,
     conflicts: u64,
+    /// The worst instance's p99 lock wait and hold, and most renewals of a lease
+    /// (from the `lockflight_*` histograms; `None` without the `metrics` feature).
+    wait_p99: Option<f64>,
+    hold_p99: Option<f64>,
+    renewals_max: Option<f64>,
 }
 
 /// Sums the instances' `/stats`.
@@ -575,6 +586,14 @@ async fn lock_totals(http: &Http, procs: &[Proc]) -> Result<LockTotals, BoxError
         t.handoffs += n(&s["lockflight"]["handoffs"]);
         t.stale += n(&s["app"]["stale_rejected"]);
         t.conflicts += n(&s["app"]["version_conflicts"]);
+        let h = &s["histograms"];
+        let worst = |was: Option<f64>, v: &serde_json::Value| match (was, v.as_f64()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        t.wait_p99 = worst(t.wait_p99, &h["lockflight_wait_seconds"]["p99"]);
+        t.hold_p99 = worst(t.hold_p99, &h["lockflight_hold_seconds"]["p99"]);
+        t.renewals_max = worst(t.renewals_max, &h["lockflight_lease_renewals"]["max"]);
     }
     Ok(t)
 }
@@ -660,6 +679,22 @@ fn print_table(rows: &[Row], with_redis: bool, legend: bool) {
                 .map(|c| format!("{:.2}", c as f64 / REQUESTS as f64))
                 .unwrap_or_default(),
         ]);
+    }
+    let sized: Vec<&Row> = rows.iter().filter(|r| r.sizing.is_some()).collect();
+    if !sized.is_empty() {
+        println!(
+            "\nsizing (GET /stats histograms, worst instance): lock wait p99 / hold p99 / most renewals of one lease"
+        );
+        for r in sized {
+            if let Some((w, h, n)) = r.sizing {
+                println!(
+                    "  {:<30} {:>9} / {:>9} / {n:.0}",
+                    r.label,
+                    format_ms(Duration::from_secs_f64(w)),
+                    format_ms(Duration::from_secs_f64(h))
+                );
+            }
+        }
     }
     if legend {
         print_legend(with_redis);

@@ -19,6 +19,7 @@ mod cli;
 mod client;
 mod demo;
 mod gateway;
+mod sizing;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
