@@ -157,5 +157,5 @@ impl Tally {
 /// The proxy's RESP parsers work on tricky streams in every chunking.
 #[test]
 fn fault_proxy_parsers() {
-    support::fault_proxy::self_test();
+    support::parsers_self_test();
 }
