@@ -1,155 +1,21 @@
 //! Counting complete RESP commands in a byte stream split at any point.
 
-// ---------------------------------------------------------------------------
-// RESP command counting
-// ---------------------------------------------------------------------------
-
 /// Counts the commands in a client-to-server RESP byte stream, fed in chunks
 /// of any size (a command may span chunks; a chunk may hold many commands).
 ///
 /// A command is an array `*<n>\r\n` of `n` bulk strings `$<len>\r\n<bytes>\r\n`
 /// (arrays with `n <= 0` are no command, as in Redis), or an inline command:
-/// a line with some non-blank character.
-#[derive(Debug, Default, Clone)]
+/// a line with some non-blank character. It is the [`CommandParser`], keeping
+/// only the count.
+#[derive(Default)]
 pub(crate) struct RespCommandCounter {
-    state: RespState,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) enum RespState {
-    /// Between commands.
-    #[default]
-    Idle,
-    /// In `*<n>` (after the `*`).
-    ArrayLen { value: u64, negative: bool },
-    /// Expecting the `$` of the next bulk string; `left` elements remain.
-    BulkStart { left: u64 },
-    /// In `$<len>` (after the `$`).
-    BulkLen {
-        left: u64,
-        value: u64,
-        negative: bool,
-    },
-    /// In a bulk string's payload and its `\r\n`: `bytes` remain.
-    BulkBody { left: u64, bytes: u64 },
-    /// In an inline command line.
-    Inline { nonblank: bool },
-    /// After a protocol error (Redis closes such a connection).
-    Broken,
+    parser: CommandParser,
 }
 
 impl RespCommandCounter {
     /// Feeds the next chunk; returns how many commands it completed.
     pub(crate) fn feed(&mut self, data: &[u8]) -> u64 {
-        use RespState::*;
-        let mut completed = 0;
-        let mut i = 0;
-        while i < data.len() {
-            let byte = data[i];
-            self.state = match self.state {
-                Idle => match byte {
-                    b'*' => ArrayLen {
-                        value: 0,
-                        negative: false,
-                    },
-                    b'\n' => Idle,
-                    _ => Inline {
-                        nonblank: !byte.is_ascii_whitespace(),
-                    },
-                },
-                ArrayLen { value, negative } => match byte {
-                    b'0'..=b'9' => ArrayLen {
-                        value: push_digit(value, byte),
-                        negative,
-                    },
-                    b'-' => ArrayLen {
-                        value,
-                        negative: true,
-                    },
-                    b'\n' if negative || value == 0 => Idle,
-                    b'\n' => BulkStart { left: value },
-                    _ => ArrayLen { value, negative },
-                },
-                BulkStart { left } => match byte {
-                    b'$' => BulkLen {
-                        left,
-                        value: 0,
-                        negative: false,
-                    },
-                    _ => Broken,
-                },
-                BulkLen {
-                    left,
-                    value,
-                    negative,
-                } => match byte {
-                    b'0'..=b'9' => BulkLen {
-                        left,
-                        value: push_digit(value, byte),
-                        negative,
-                    },
-                    b'-' => BulkLen {
-                        left,
-                        value,
-                        negative: true,
-                    },
-                    // A null bulk string: no payload.
-                    b'\n' if negative => element_done(left, &mut completed),
-                    b'\n' => BulkBody {
-                        left,
-                        bytes: value.saturating_add(2),
-                    },
-                    _ => BulkLen {
-                        left,
-                        value,
-                        negative,
-                    },
-                },
-                BulkBody { left, bytes } => {
-                    let available = (data.len() - i) as u64;
-                    let take = bytes.min(available);
-                    // `take >= 1`; the loop's `i += 1` takes the last one.
-                    i += take as usize - 1;
-                    if take == bytes {
-                        element_done(left, &mut completed)
-                    } else {
-                        BulkBody {
-                            left,
-                            bytes: bytes - take,
-                        }
-                    }
-                }
-                Inline { nonblank } => match byte {
-                    b'\n' => {
-                        if nonblank {
-                            completed += 1;
-                        }
-                        Idle
-                    }
-                    _ => Inline {
-                        nonblank: nonblank || !byte.is_ascii_whitespace(),
-                    },
-                },
-                Broken => Broken,
-            };
-            i += 1;
-        }
-        completed
-    }
-}
-
-pub(crate) fn push_digit(value: u64, digit: u8) -> u64 {
-    value
-        .saturating_mul(10)
-        .saturating_add(u64::from(digit - b'0'))
-}
-
-pub(crate) fn element_done(left: u64, completed: &mut u64) -> RespState {
-    if left <= 1 {
-        *completed += 1;
-        RespState::Idle
-    } else {
-        RespState::BulkStart { left: left - 1 }
+        self.parser.feed(data).len() as u64
     }
 }
 
