@@ -25,7 +25,13 @@ use std::time::{Duration, Instant};
 use lockflight::{FencingToken, Handoff, LockKey, Locker, RedisBackend};
 use redis::cluster_async::ClusterConnection;
 use support::cluster::{Cluster, NodeInfo};
-use support::{RedisServer, unique_prefix, wait_until};
+use support::{
+    RedisServer, assert_strictly_increasing, join_all, subscribed, unique_prefix, wait_idle,
+    wait_until,
+};
+
+/// How long a test waits for its lockers' local activity to end.
+const IDLE: Duration = Duration::from_secs(10);
 use tokio::task::JoinSet;
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
@@ -36,20 +42,14 @@ fn cluster() -> &'static Cluster {
 }
 
 async fn backend(prefix: &str) -> RedisBackend {
-    let b = RedisBackend::cluster(cluster().urls())
-        .prefix(prefix)
-        .connect()
-        .await
-        .expect("connect to the cluster");
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = b.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription never came up"
-    );
-    b
+    subscribed(
+        RedisBackend::cluster(cluster().urls())
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect to the cluster"),
+    )
+    .await
 }
 
 async fn data_conn() -> ClusterConnection {
@@ -111,40 +111,6 @@ impl Drop for Exclusive {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
-    let mut out = Vec::new();
-    while let Some(j) = set.join_next().await {
-        match j {
-            Ok(v) => out.push(v),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => panic!("task cancelled: {e}"),
-        }
-    }
-    out
-}
-
-fn assert_increasing(tokens: &[FencingToken], what: &str) {
-    for w in tokens.windows(2) {
-        assert!(
-            w[0] < w[1],
-            "{what}: fencing tokens go back: {} then {}",
-            w[0],
-            w[1]
-        );
-    }
-}
-
-async fn wait_idle(lockers: &[Locker]) {
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let busy: usize = lockers.iter().map(Locker::active_keys).sum();
-            async move { busy == 0 }
-        })
-        .await,
-        "slots left behind"
-    );
 }
 
 const INSTANCES: usize = 3;
@@ -231,7 +197,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
             .unwrap();
         assert!(!left, "lock key of {key} left behind");
     }
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     for l in &lockers {
         let s = l.stats();
         assert_eq!(s.leases_lost, 0, "{s:?}");
@@ -245,7 +211,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     );
     let out: Vec<Vec<FencingToken>> = tokens.iter().map(|t| t.lock().unwrap().clone()).collect();
     for (t, key) in out.iter().zip(&keys) {
-        assert_increasing(t, &key.to_string());
+        assert_strictly_increasing(t, &key.to_string());
     }
     out
 }
@@ -382,8 +348,8 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
         .unwrap();
     assert_eq!(v, total, "lost updates across the migration");
     assert_eq!(c.primary_of_slot(slot).await.id, to.id, "the slot moved");
-    assert_increasing(&tokens.lock().unwrap(), "migration");
-    wait_idle(&lockers).await;
+    assert_strictly_increasing(&tokens.lock().unwrap(), "migration");
+    wait_idle(&lockers, IDLE).await;
     println!(
         "migration: {moved_at} sections before, {} during, {total} in all; {} release errors",
         after - moved_at,
@@ -527,7 +493,7 @@ async fn killed_primary_while_held() {
         g.release().await.unwrap();
         t
     };
-    assert_increasing(&[first, second, third], "across the failover");
+    assert_strictly_increasing(&[first, second, third], "across the failover");
     stop.store(true, Ordering::SeqCst);
     join_all(others_tasks).await;
     let worst = *worst.lock().unwrap();
@@ -539,7 +505,7 @@ async fn killed_primary_while_held() {
     // The killed node comes back (empty) and rejoins as a replica.
     c.by_addr(&victim.addr).restart();
     c.wait_ok(Duration::from_secs(30)).await;
-    wait_idle(&[holder, waiter]).await;
+    wait_idle(&[holder, waiter], IDLE).await;
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {

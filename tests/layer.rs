@@ -18,7 +18,7 @@ use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey};
 use lockflight::{
     Error, HeaderKey, LockInfo, LockKey, Locker, MemoryBackend, PathSegment, RedisBackend,
 };
-use support::wait_until;
+use support::{is_free, wait_until};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 fn memory_locker() -> Locker {
@@ -38,16 +38,6 @@ fn request(sku: Option<&str>) -> Request<()> {
         b = b.header("x-sku", sku);
     }
     b.body(()).unwrap()
-}
-
-async fn is_free(locker: &Locker, key: &str) -> bool {
-    match locker.try_lock(key).await.unwrap() {
-        Some(g) => {
-            g.release().await.unwrap();
-            true
-        }
-        None => false,
-    }
 }
 
 /// Waits (up to 2 s) until `key` is free: a finished request releases in the

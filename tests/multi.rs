@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::{Error, LockKey, Locker, RedisBackend};
-use support::{shared, unique_prefix, wait_until};
+use support::{is_free, shared, unique_prefix, wait_until};
 
 async fn backend(prefix: &str) -> RedisBackend {
     RedisBackend::builder(shared().url())
@@ -38,16 +38,6 @@ async fn lockers_at(prefix: &str, n: usize, ttl: Duration) -> (Vec<Locker>, Redi
         );
     }
     (out, first.unwrap())
-}
-
-async fn is_free(locker: &Locker, key: &str) -> bool {
-    match locker.try_lock(key).await.unwrap() {
-        Some(g) => {
-            g.release().await.unwrap();
-            true
-        }
-        None => false,
-    }
 }
 
 /// Two instances lock {a, b} and {b, a} 1,000 times each, with a check that

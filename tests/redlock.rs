@@ -16,7 +16,7 @@ use std::time::Duration;
 use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, Phase, RedlockBackend};
 use redis::aio::MultiplexedConnection;
 use support::fault_proxy::{CommandMatcher, FaultProxy};
-use support::{RedisServer, unique_prefix, wait_until};
+use support::{RedisServer, assert_strictly_increasing, unique_prefix, wait_until, within};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -77,25 +77,6 @@ async fn locked_on(servers: &[RedisServer], b: &RedlockBackend, i: usize, key: &
         .await
         .expect("EXISTS")
         == 1
-}
-
-async fn within<F: std::future::Future>(limit: Duration, what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what}: did not finish within {limit:?}"),
-    }
-}
-
-fn assert_strictly_increasing(tokens: &[FencingToken]) {
-    for (i, pair) in tokens.windows(2).enumerate() {
-        assert!(
-            pair[0] < pair[1],
-            "fencing tokens do not strictly increase at #{i}: {} then {} (of {})",
-            pair[0],
-            pair[1],
-            tokens.len()
-        );
-    }
 }
 
 /// `instances` lockers × `tasks` tasks × `iterations` critical sections on `key`,
@@ -182,7 +163,7 @@ async fn counter_is_exact_over_five_nodes() {
     .await;
     assert_eq!(counter_value(&mut con, &counter).await, 3 * 40 * 25);
     assert_eq!(tokens.len(), 3000);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
     for l in &lockers {
         assert_eq!(l.active_keys(), 0);
     }
@@ -214,7 +195,7 @@ async fn counter_is_exact_over_five_nodes_with_handoff() {
     )
     .await;
     assert_eq!(counter_value(&mut con, &counter).await, 3000);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
     let handoffs: u64 = lockers.iter().map(|l| l.stats().handoffs).sum();
     assert!(handoffs > 0, "handoff never happened");
 }
@@ -514,7 +495,7 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
     )
     .await;
     assert_eq!(counter_value(&mut con, &counter).await, 80);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
     assert!(p0.dropped() + p1.dropped() > 0, "no reply was lost");
     let done = Instant::now();
     let clean = wait_until(ttl + Duration::from_millis(200), || async {
@@ -576,7 +557,7 @@ async fn fencing_tokens_increase_across_restarts() {
         tracing::debug!(phase, "fencing phase done");
     }
     assert_eq!(all.len(), 4 * 2 * 4 * 10);
-    assert_strictly_increasing(&all);
+    assert_strictly_increasing(&all, "tokens");
     calm_down(servers).await;
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockBackend, LockKey, Locker, RedisBackend};
 use redis::aio::MultiplexedConnection;
-use support::{RedisServer, shared, unique_prefix, wait_until};
+use support::{RedisServer, exists, pttl, query, shared, unique_prefix, wait_until};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -40,22 +40,8 @@ fn name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
     [backend.lock_name(key), suffix.as_bytes().to_vec()].concat()
 }
 
-async fn query<T: redis::FromRedisValue>(con: &mut MultiplexedConnection, cmd: &redis::Cmd) -> T {
-    cmd.query_async(con)
-        .await
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
-    query::<i64>(con, redis::cmd("EXISTS").arg(name)).await == 1
-}
-
 async fn get(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
     query(con, redis::cmd("GET").arg(name)).await
-}
-
-async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
-    query(con, redis::cmd("PTTL").arg(name)).await
 }
 
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {

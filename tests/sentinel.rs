@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
 use support::sentinel::{MASTER, Sentinels};
-use support::{unique_prefix, wait_until};
+use support::{join_all, subscribed, unique_prefix, wait_until};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
@@ -37,31 +37,13 @@ async fn backend(prefix: &str, ack: bool) -> RedisBackend {
     if ack {
         builder = builder.replica_ack(1, Duration::from_millis(100));
     }
-    let b = builder
-        .connect()
-        .await
-        .expect("connect through the sentinels");
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = b.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription never came up"
-    );
-    b
-}
-
-async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
-    let mut out = Vec::new();
-    while let Some(j) = set.join_next().await {
-        match j {
-            Ok(v) => out.push(v),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => panic!("task cancelled: {e}"),
-        }
-    }
-    out
+    subscribed(
+        builder
+            .connect()
+            .await
+            .expect("connect through the sentinels"),
+    )
+    .await
 }
 
 #[derive(Clone, Copy, Debug)]

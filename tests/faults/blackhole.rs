@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::oracle::{Fence, History};
 use crate::support::{CountingProxy, RedisServer, unique_prefix};
 use crate::{
-    TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
 
 const WAIT: Duration = Duration::from_secs(3);
@@ -228,6 +228,6 @@ async fn handoff_into_a_black_hole_grants_only_valid_leases_and_signals_loss() {
     );
     let mut all = partitioned.to_vec();
     all.push(direct);
-    wait_idle(&all).await;
+    wait_idle(&all, IDLE).await;
     assert_no_lock_left(&server, &prefix, TTL + Duration::from_secs(2)).await;
 }

@@ -13,7 +13,7 @@ use crate::oracle::{Fence, History};
 use crate::support::nemesis::client_kill;
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -185,6 +185,6 @@ async fn killed_connections_keep_the_counter_exact() {
         longest_lock <= WAIT + Duration::from_secs(1),
         "a lock() call took {longest_lock:?} with a wait timeout of {WAIT:?}"
     );
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     assert_no_lock_left(&server, &prefix, TTL + Duration::from_secs(2)).await;
 }

@@ -32,12 +32,14 @@ mod redis_pause;
 mod restart;
 mod soak;
 
-use std::future::Future;
 use std::time::Duration;
 
-use lockflight::{Error, Locker, RedisBackend};
-use support::{RedisServer, wait_until};
-use tokio::task::JoinSet;
+use lockflight::{Error, RedisBackend};
+use support::{RedisServer, subscribed, wait_until};
+pub(crate) use support::{join_all, wait_idle, within};
+
+/// How long a test waits for its lockers' local activity to end.
+pub(crate) const IDLE: Duration = Duration::from_secs(15);
 
 /// The lease TTL of the fault tests.
 pub(crate) const TTL: Duration = Duration::from_secs(1);
@@ -50,52 +52,14 @@ pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// A backend on `url` under `prefix` whose notification subscription is up.
 pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    let backend = RedisBackend::builder(url)
-        .prefix(prefix)
-        .connect()
-        .await
-        .expect("connect the backend");
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = backend.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription of {backend:?} never came up"
-    );
-    backend
-}
-
-/// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
-pub(crate) async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what}: did not finish within {limit:?}"),
-    }
-}
-
-/// Joins every task; re-raises the first panic.
-pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
-    let mut out = Vec::new();
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok(v) => out.push(v),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => panic!("a test task was cancelled: {e}"),
-        }
-    }
-    out
-}
-
-/// Waits until none of `lockers` has local activity left.
-pub(crate) async fn wait_idle(lockers: &[Locker]) {
-    let idle = wait_until(Duration::from_secs(15), || {
-        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
-        async move { busy == 0 }
-    })
-    .await;
-    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
-    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+    subscribed(
+        RedisBackend::builder(url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect the backend"),
+    )
+    .await
 }
 
 /// The lock keys (not fences, queues or claims) under `prefix` on `server`.

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use crate::oracle::{Fence, History};
 use crate::support::{RedisServer, unique_prefix, wait_until};
 use crate::{
-    TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
 
 /// The holder's `lost()` resolves by the end of its validity (measured, with a
@@ -199,6 +199,6 @@ async fn paused_redis_signals_loss_in_time_and_never_overlaps() {
     verdict.assert_clean("paused redis");
     assert!(holder_locker.stats().leases_lost >= 1);
     let all = [holder_locker, others[0].clone(), others[1].clone()];
-    wait_idle(&all).await;
+    wait_idle(&all, IDLE).await;
     assert_no_lock_left(&server, &prefix, TTL + Duration::from_secs(2)).await;
 }

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use crate::oracle::{Fence, History};
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -188,6 +188,6 @@ async fn tokens_increase_and_progress_resumes_across_empty_restarts() {
         errors.snapshot()
     );
 
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     assert_no_lock_left(&server, &prefix, TTL + Duration::from_secs(2)).await;
 }

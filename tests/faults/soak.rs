@@ -27,7 +27,7 @@ use crate::oracle::{Fence, History};
 use crate::support::nemesis::{Zipf, client_kill};
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -171,7 +171,7 @@ impl Freezable {
                     }
                 }
                 // Let background releases finish on this runtime.
-                crate::wait_idle(std::slice::from_ref(&locker)).await;
+                crate::wait_idle(std::slice::from_ref(&locker), IDLE).await;
             });
         });
         let locker = within(
@@ -311,7 +311,7 @@ async fn nemesis_soak() {
     let frozen_locker = frozen.locker.clone();
     frozen.join().await;
     lockers.push(frozen_locker);
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     assert_no_lock_left(&server, &prefix, 3 * TTL).await;
 
     let verdict = shared.history.check();

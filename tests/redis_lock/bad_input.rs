@@ -59,7 +59,7 @@ async fn invalid_keys_are_rejected() {
         .release()
         .await
         .unwrap();
-    wait_idle(&[locker]).await;
+    wait_idle(&[locker], IDLE).await;
 }
 
 #[tokio::test]
@@ -251,5 +251,5 @@ async fn foreign_values_at_the_lock_key_are_reported() {
         started,
     );
     assert_eq!(locker.stats().timeouts, 0);
-    wait_idle(&[locker]).await;
+    wait_idle(&[locker], IDLE).await;
 }

@@ -82,7 +82,7 @@ async fn cancelled_lock_calls_leave_nothing_behind() {
     assert!(completed >= TASKS / 2, "only {completed} completed");
     println!("cancel safety: {completed} of {TASKS} tasks completed");
 
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     let mut con = server.connection().await;
     let lock_name = backends[0].lock_name(&key);
     assert!(
@@ -134,5 +134,5 @@ async fn cancelled_lock_calls_leave_nothing_behind() {
         let stats = locker.stats();
         assert_eq!(stats.leases_lost, 0, "{stats:?}");
     }
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
 }

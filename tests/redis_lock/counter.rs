@@ -76,7 +76,7 @@ async fn redis_counter(mode: Mode) {
         "lost updates: mutual exclusion failed"
     );
 
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     let lock_name = backends[0].lock_name(&key);
     assert!(
         !exists(&mut con, &lock_name).await,
@@ -85,7 +85,7 @@ async fn redis_counter(mode: Mode) {
 
     let tokens = tokens.lock().unwrap().clone();
     assert_eq!(tokens.len() as u64, COUNTER_TOTAL);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
 
     let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
     let acquired: u64 = stats.iter().map(|s| s.acquired).sum();
@@ -176,9 +176,9 @@ async fn counter_is_exact_with_memory_backend() {
         COUNTER_TOTAL,
         "lost updates"
     );
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     assert!(backend.is_empty(), "a lock entry is left: {backend:?}");
     let tokens = tokens.lock().unwrap().clone();
     assert_eq!(tokens.len() as u64, COUNTER_TOTAL);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
 }

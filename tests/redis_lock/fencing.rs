@@ -71,7 +71,7 @@ async fn fencing_tokens_increase_across_flushall_and_restart() {
 
     let tokens = tokens.lock().unwrap().clone();
     assert_eq!(tokens.len(), 3 * lockers.len() * 4 * per_task);
-    assert_strictly_increasing(&tokens);
+    assert_strictly_increasing(&tokens, "tokens");
     assert!(
         tokens.iter().any(|t| t.seq > 0),
         "no handoff happened, so handoff sequences were not covered"
@@ -93,7 +93,7 @@ async fn fencing_tokens_increase_across_flushall_and_restart() {
         .await,
         "the subscriptions were not re-established after the restart"
     );
-    wait_idle(&lockers).await;
+    wait_idle(&lockers, IDLE).await;
     let mut con = server.connection().await;
     assert!(!exists(&mut con, &a.lock_name(&key)).await);
 }

@@ -67,5 +67,5 @@ async fn release_with_foreign_token_deletes_nothing() {
         .query_async::<()>(&mut con)
         .await
         .unwrap();
-    wait_idle(&[locker]).await;
+    wait_idle(&[locker], IDLE).await;
 }

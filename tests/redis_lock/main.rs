@@ -12,7 +12,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::future::Future;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +23,10 @@ use lockflight::{
     MAX_KEY_LEN, MemoryBackend, Phase, RedisBackend,
 };
 use redis::aio::MultiplexedConnection;
-use support::{CountingProxy, RedisServer, shared, unique_prefix, wait_until};
+use support::{
+    CountingProxy, RedisServer, assert_strictly_increasing, exists, join_all, pttl, queue_name,
+    shared, subscribed, unique_prefix, wait_idle, wait_until, within, zcard,
+};
 use tokio::task::JoinSet;
 mod bad_input;
 mod cancel;
@@ -41,6 +43,9 @@ mod wakeups;
 // Helpers
 // ---------------------------------------------------------------------------
 
+/// How long a test waits for its lockers' local activity to end.
+const IDLE: Duration = Duration::from_secs(10);
+
 /// A backend on `url` under `prefix`, whose notification subscription is up (so
 /// that no wake-up published by a test is lost to a subscription still starting,
 /// and no `wake_all` of a late subscription causes an extra acquire attempt).
@@ -55,52 +60,6 @@ async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
     .await
 }
 
-/// Waits until `backend`'s notification subscription is established.
-async fn subscribed(backend: RedisBackend) -> RedisBackend {
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = backend.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription of {backend:?} never came up"
-    );
-    backend
-}
-
-/// The Redis name of `key`'s waiter queue (the lock's name + `:wq`).
-fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    let mut name = backend.lock_name(key);
-    name.extend_from_slice(b":wq");
-    name
-}
-
-async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
-    redis::cmd("EXISTS")
-        .arg(name)
-        .query_async::<i64>(con)
-        .await
-        .expect("EXISTS")
-        == 1
-}
-
-async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
-    redis::cmd("PTTL")
-        .arg(name)
-        .query_async::<i64>(con)
-        .await
-        .expect("PTTL")
-}
-
-/// The number of entries of a waiter queue (a sorted set).
-async fn hlen(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
-    redis::cmd("ZCARD")
-        .arg(name)
-        .query_async::<i64>(con)
-        .await
-        .expect("ZCARD")
-}
-
 /// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {
     redis::cmd("ZSCORE")
@@ -110,30 +69,6 @@ async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> b
         .await
         .expect("ZSCORE")
         .is_some()
-}
-
-/// Joins every task; re-raises the first panic.
-async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
-    let mut out = Vec::new();
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok(v) => out.push(v),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => panic!("a test task was cancelled: {e}"),
-        }
-    }
-    out
-}
-
-/// Waits until none of `lockers` has local activity left.
-async fn wait_idle(lockers: &[Locker]) {
-    let idle = wait_until(Duration::from_secs(10), || {
-        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
-        async move { busy == 0 }
-    })
-    .await;
-    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
-    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
 }
 
 /// Sum of `acquire_attempts` over `lockers`.
@@ -166,26 +101,6 @@ struct SetOnDrop(Arc<AtomicBool>);
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-fn assert_strictly_increasing(tokens: &[FencingToken]) {
-    for (i, pair) in tokens.windows(2).enumerate() {
-        assert!(
-            pair[0] < pair[1],
-            "fencing tokens do not strictly increase at #{i}: {} then {} (of {})",
-            pair[0],
-            pair[1],
-            tokens.len()
-        );
-    }
-}
-
-/// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
-async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what}: did not finish within {limit:?}"),
     }
 }
 

@@ -40,7 +40,7 @@ async fn renewal_keeps_a_long_critical_section_exclusive() {
         "renewal: {} renewals, {tries} failed try_locks",
         stats.renewals
     );
-    wait_idle(&[holder, other]).await;
+    wait_idle(&[holder, other], IDLE).await;
 }
 
 /// `try_lock` returns `None` while another instance (or another local task) holds
@@ -65,7 +65,7 @@ async fn try_lock_is_none_while_held() {
     let guard = b.try_lock(&key).await.unwrap().expect("free again");
     assert!(a.try_lock(&key).await.unwrap().is_none());
     guard.release().await.unwrap();
-    wait_idle(&[a, b]).await;
+    wait_idle(&[a, b], IDLE).await;
 }
 
 /// A lock key deleted or overwritten behind the holder's back is noticed at the
@@ -126,7 +126,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
         .query_async::<()>(&mut con)
         .await
         .unwrap();
-    wait_idle(&[locker]).await;
+    wait_idle(&[locker], IDLE).await;
 }
 
 /// `with_lock` drops the user's future when the lease is lost and returns
@@ -189,7 +189,7 @@ async fn with_lock_aborts_work_on_loss() {
         noticed <= ttl / 3 + Duration::from_millis(200),
         "{noticed:?}"
     );
-    wait_idle(&[locker]).await;
+    wait_idle(&[locker], IDLE).await;
 }
 
 /// A paused (unresponsive) Redis cannot renew the lease: loss is signalled no

@@ -67,7 +67,7 @@ async fn waiter_is_woken_by_release() {
             "the waiter was not woken by the release (polling?): {latencies:?}"
         );
     }
-    wait_idle(&[holder, waiter]).await;
+    wait_idle(&[holder, waiter], IDLE).await;
 }
 
 /// With 8 instances waiting, each release wakes exactly one of them: one acquire
@@ -125,7 +125,7 @@ async fn release_wakes_one_waiting_instance_not_all() {
             let attempts: Vec<u64> = waiters.iter().map(|w| w.stats().acquire_attempts).collect();
             let mut con = con.clone();
             let queue = &queue;
-            async move { attempts.iter().all(|&n| n == 1) && hlen(&mut con, queue).await == 8 }
+            async move { attempts.iter().all(|&n| n == 1) && zcard(&mut con, queue).await == 8 }
         })
         .await,
         "the 8 waiters did not all queue with one attempt each: {:?}",
@@ -159,7 +159,7 @@ async fn release_wakes_one_waiting_instance_not_all() {
     assert_eq!(total_attempts(&waiters), 2 * WAITERS as u64);
     let mut all = waiters.clone();
     all.push(holder);
-    wait_idle(&all).await;
+    wait_idle(&all, IDLE).await;
 }
 
 /// The pub/sub connections are killed while waiters are parked: they still get
@@ -206,7 +206,7 @@ async fn waiters_survive_killed_pubsub_connection() {
     assert!(
         wait_until(Duration::from_secs(10), || {
             let (mut con, queue) = (con.clone(), &queue);
-            async move { hlen(&mut con, queue).await == WAITERS as i64 }
+            async move { zcard(&mut con, queue).await == WAITERS as i64 }
         })
         .await,
         "the waiters never queued"

@@ -78,7 +78,8 @@ mod proxy;
 mod relay;
 mod resp;
 mod server;
+mod steps;
 
 // Each test binary uses only part of the harness.
 #[allow(unused_imports)]
-pub(crate) use {ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*};
+pub(crate) use {ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -1,0 +1,111 @@
+//! Small steps every test binary needs: bounded waits, joining test tasks,
+//! lockflight-side checks (a subscribed backend, a free key, idle lockers,
+//! increasing fencing tokens) and reading lock keys in Redis.
+
+use std::future::Future;
+use std::time::Duration;
+
+use lockflight::{FencingToken, LockKey, Locker, RedisBackend};
+use redis::aio::MultiplexedConnection;
+use tokio::task::JoinSet;
+
+use super::wait_until;
+
+/// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
+pub(crate) async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+/// Joins every task; re-raises the first panic.
+pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(v) => out.push(v),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("a test task was cancelled: {e}"),
+        }
+    }
+    out
+}
+
+/// `backend` once its notification subscription is established (up to 10 s).
+pub(crate) async fn subscribed(backend: RedisBackend) -> RedisBackend {
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let up = backend.is_subscribed();
+            async move { up }
+        })
+        .await,
+        "the notification subscription of {backend:?} never came up"
+    );
+    backend
+}
+
+/// Whether `key` is free for `locker` right now (taken and released at once if so).
+pub(crate) async fn is_free(locker: &Locker, key: &str) -> bool {
+    match locker.try_lock(key).await.unwrap() {
+        Some(g) => {
+            g.release().await.unwrap();
+            true
+        }
+        None => false,
+    }
+}
+
+/// Waits (up to `limit`) until none of `lockers` has local activity left.
+pub(crate) async fn wait_idle(lockers: &[Locker], limit: Duration) {
+    let idle = wait_until(limit, || {
+        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
+        async move { busy == 0 }
+    })
+    .await;
+    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
+    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+}
+
+/// Panics (naming `what`) unless `tokens` strictly increase.
+pub(crate) fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
+    for (i, pair) in tokens.windows(2).enumerate() {
+        assert!(
+            pair[0] < pair[1],
+            "{what}: fencing tokens do not strictly increase at #{i}: {} then {} (of {})",
+            pair[0],
+            pair[1],
+            tokens.len()
+        );
+    }
+}
+
+/// The Redis name of `key`'s queue of waiting instances (a sorted set).
+pub(crate) fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
+    [backend.lock_name(key), b":wq".to_vec()].concat()
+}
+
+/// Runs `cmd`, panicking with the command's name on an error.
+pub(crate) async fn query<T: redis::FromRedisValue>(
+    con: &mut MultiplexedConnection,
+    cmd: &redis::Cmd,
+) -> T {
+    cmd.query_async(con)
+        .await
+        .unwrap_or_else(|e| panic!("{:?}: {e}", cmd.args_iter().next()))
+}
+
+/// Whether the Redis key `name` exists.
+pub(crate) async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
+    query::<i64>(con, redis::cmd("EXISTS").arg(name)).await == 1
+}
+
+/// The remaining TTL of `name` in ms (`-2` missing, `-1` without a TTL).
+pub(crate) async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+    query(con, redis::cmd("PTTL").arg(name)).await
+}
+
+/// The number of entries of a sorted set (a waiter queue).
+pub(crate) async fn zcard(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+    query(con, redis::cmd("ZCARD").arg(name)).await
+}
