@@ -611,11 +611,13 @@ impl Drop for WriteGuard {
     }
 }
 
-/// Whether a newcomer may join the shared read `lease`.
-fn admit(lease: &Lease) -> Admit {
+/// Whether a newcomer may join the shared read `lease`. A reader that waited for
+/// the acquisition in flight (it arrived before the lease existed) joins whatever
+/// the window says.
+fn admit(lease: &Lease, waited_for_acquire: bool) -> Admit {
     if lease.is_lost() {
         Admit::Replace
-    } else if lease.acquired_at.elapsed() < READ_ADMISSION_WINDOW
+    } else if (waited_for_acquire || lease.acquired_at.elapsed() < READ_ADMISSION_WINDOW)
         && lease.waiting.load(Ordering::Relaxed) == 0
     {
         Admit::Join
@@ -826,10 +828,15 @@ impl Locker {
                 Err(_) => return Ok(None),
             }
         };
+        let mut waited_for_acquire = false;
         loop {
             let rw = Arc::clone(&entry.rw);
             let notified = rw.changed.notified();
-            let arrive = entry.rw.share().arrive(|lease| admit(lease));
+            let arrive = entry
+                .rw
+                .share()
+                .arrive(|lease| admit(lease, waited_for_acquire));
+            waited_for_acquire = matches!(arrive, Arrive::WaitAcquire);
             match arrive {
                 Arrive::Join(lease) => {
                     crate::stats::histograms::wait(call.start.elapsed());
