@@ -535,3 +535,82 @@ async fn memory_backend_read_write_semantics() {
     assert!(t2 > t1);
     wait_idle(&[a, b, c]).await;
 }
+
+/// A reader or a waiting writer that crashed (it never releases, never asks again)
+/// blocks nobody past its TTL: the read lease ends at the lease TTL, the waiting
+/// writer's entry at the queue entry TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
+    use lockflight::LockBackend;
+    use lockflight::backend::{Acquire, LeaseToken};
+
+    let server = shared();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("rw-crash");
+    let entry_ttl = Duration::from_millis(600);
+    let connect = || async {
+        let b = RedisBackend::builder(server.url())
+            .prefix(&prefix)
+            .queue_entry_ttl(entry_ttl)
+            .connect()
+            .await
+            .unwrap();
+        let up = wait_until(Duration::from_secs(10), || {
+            let up = b.is_subscribed();
+            async move { up }
+        })
+        .await;
+        assert!(up);
+        b
+    };
+    let crashed = connect().await;
+    let locker = Locker::builder(connect().await).build().unwrap();
+    let key = LockKey::from("k");
+    let rw = crashed.rw().expect("Redis has read-write locks");
+
+    // A read lease of 400 ms that nobody renews or releases.
+    let ttl = Duration::from_millis(400);
+    let start = Instant::now();
+    let granted = rw
+        .acquire_read(&key, LeaseToken::random(), ttl, false)
+        .await;
+    assert!(
+        matches!(granted, Ok(Acquire::Acquired { .. })),
+        "{granted:?}"
+    );
+    assert!(
+        locker.try_write("k").await.unwrap().is_none(),
+        "the reader holds it"
+    );
+    let w = locker
+        .write_within("k", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() >= ttl - Duration::from_millis(50),
+        "{:?}",
+        start.elapsed()
+    );
+    w.release().await.unwrap();
+
+    // A writer registered as waiting (behind a live reader), then gone.
+    let reader = locker.read("k").await.unwrap();
+    let busy = rw
+        .acquire_write(&key, LeaseToken::random(), ttl, true)
+        .await;
+    assert!(matches!(busy, Ok(Acquire::Busy { .. })), "{busy:?}");
+    reader.release().await.unwrap();
+    let start = Instant::now();
+    assert!(
+        locker.try_read("k").await.unwrap().is_none(),
+        "a registered waiting writer refuses new read leases"
+    );
+    let r = locker
+        .read_within("k", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    r.release().await.unwrap();
+    wait_idle(&[locker]).await;
+}
