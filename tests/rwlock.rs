@@ -614,3 +614,104 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     r.release().await.unwrap();
     wait_idle(&[locker]).await;
 }
+
+/// The watchdog renews held read and write leases past their TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_read_and_write_leases_are_renewed_past_their_ttl() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("rw-renew");
+    let ttl = Duration::from_millis(400);
+    let locker = Locker::builder(backend_at(&server.url(), &prefix).await)
+        .lease_ttl(ttl)
+        .renew_every(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let r = locker.read("k").await.unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!r.is_lost(), "{:?}", r.loss_signal().reason());
+    r.release().await.unwrap();
+    let w = locker.write("k").await.unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!w.is_lost(), "{:?}", w.loss_signal().reason());
+    w.release().await.unwrap();
+    let stats = locker.stats();
+    assert!(stats.renewals >= 4, "{stats:?}");
+    wait_idle(&[locker]).await;
+}
+
+/// A backend without read-write locks answers at once with `Unsupported`; a bad
+/// key is an `InvalidKey`, not a panic.
+#[tokio::test]
+async fn unsupported_backends_and_bad_keys_are_clear_errors() {
+    use async_trait::async_trait;
+    use lockflight::LockBackend;
+    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+
+    #[derive(Debug, Default)]
+    struct MutexOnly(WakeRegistry);
+
+    #[async_trait]
+    impl LockBackend for MutexOnly {
+        async fn acquire(
+            &self,
+            _: &LockKey,
+            _: LeaseToken,
+            _: Duration,
+            _: bool,
+        ) -> lockflight::Result<Acquire> {
+            Ok(Acquire::Acquired {
+                epoch: 1,
+                waiting: 0,
+            })
+        }
+        async fn release(&self, _: &LockKey, _: LeaseToken) -> lockflight::Result<Released> {
+            Ok(Released {
+                released: true,
+                waiting: 0,
+            })
+        }
+        async fn extend(
+            &self,
+            _: &LockKey,
+            _: LeaseToken,
+            _: Duration,
+        ) -> lockflight::Result<Extend> {
+            Ok(Extend::Extended { waiting: 0 })
+        }
+        async fn leave(&self, _: &LockKey) -> lockflight::Result<()> {
+            Ok(())
+        }
+        fn wakeups(&self) -> &WakeRegistry {
+            &self.0
+        }
+    }
+
+    let locker = Locker::builder(MutexOnly::default()).build().unwrap();
+    assert!(matches!(
+        locker.read("k").await,
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        locker.write("k").await,
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        locker.try_read("k").await,
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        locker.try_write("k").await,
+        Err(Error::Unsupported { .. })
+    ));
+    let memory = Locker::builder(MemoryBackend::new()).build().unwrap();
+    assert!(matches!(
+        memory.read("").await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        memory.write("").await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert_eq!(locker.active_rw_keys() + memory.active_rw_keys(), 0);
+}

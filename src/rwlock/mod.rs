@@ -32,7 +32,12 @@
 //! within **admission window + longest read hold + wake-up latency** (a pub/sub
 //! message, or at worst the backend's retry interval: a third of the Redis
 //! backend's queue entry TTL, 1 s by default) — unless another *writer* gets it
-//! first: writers are not ordered among themselves.
+//! first: writers are not ordered among themselves. Before it registers, a writer
+//! passes its own process's gate, behind the local readers that arrived before it
+//! (they may take one more read lease, under the same window).
+//!
+//! Proved by the `a_stream_of_readers_cannot_starve_a_waiting_writer` test: with
+//! writer preference or the window turned off, its writer waits 10 s or more.
 //!
 //! # Fencing
 //!
