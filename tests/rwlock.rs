@@ -715,3 +715,39 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     ));
     assert_eq!(locker.active_rw_keys() + memory.active_rw_keys(), 0);
 }
+
+/// Guards that outlive their runtime are dropped without a panic and leave no
+/// local state; their leases expire at their TTL and the next runtime gets in.
+#[test]
+fn guards_dropped_after_their_runtime_leave_nothing_behind() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    let read = rt.block_on(locker.read("r")).unwrap();
+    let write = rt.block_on(locker.write("w")).unwrap();
+    drop(rt);
+    drop((read, write));
+    assert_eq!(locker.active_rw_keys(), 0);
+    let rt = runtime();
+    rt.block_on(async {
+        let w = locker
+            .write_within("r", Duration::from_secs(5))
+            .await
+            .unwrap();
+        w.release().await.unwrap();
+        let r = locker
+            .read_within("w", Duration::from_secs(5))
+            .await
+            .unwrap();
+        r.release().await.unwrap();
+    });
+    assert_eq!(locker.active_rw_keys(), 0);
+}
