@@ -99,7 +99,7 @@ impl Eq for LockInfo {}
 /// ```
 #[derive(Clone)]
 pub struct LossSignal {
-    lease: Arc<Lease>,
+    pub(crate) lease: Arc<Lease>,
 }
 
 impl fmt::Debug for LossSignal {
@@ -291,7 +291,7 @@ pub struct Lost {
 }
 
 impl Lost {
-    fn new(lease: &Arc<Lease>) -> Lost {
+    pub(crate) fn new(lease: &Arc<Lease>) -> Lost {
         Lost {
             inner: Box::pin(Arc::clone(lease).lost()),
         }

@@ -87,7 +87,7 @@ mod locker;
 mod multi;
 mod reentry;
 pub mod routing;
-mod rwlock;
+pub mod rwlock;
 mod semaphore;
 mod slot;
 mod stats;

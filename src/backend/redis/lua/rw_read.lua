@@ -1,0 +1,65 @@
+-- read-write lock: acquire (or re-arm) a read lease
+--
+-- KEYS[1] read leases (zset: token -> expiry ms)   KEYS[2] write lease (string, PX)
+-- KEYS[3] waiting writers (zset: token -> expiry ms)   KEYS[4] write fence
+-- KEYS[5] waiting instances (zset: instance id -> expiry ms)
+-- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] waiting entry ttl ms
+-- ARGV[5] "1" to register for the wake-up when busy, "0" not to  ARGV[6] fence ttl ms
+--
+-- Returns:
+--   { 1, last_write, 0 }        granted (or re-armed: the token already had a live
+--                               lease); last_write is the write fence (0 if none)
+--   { 0, wait_ms, writers }     refused: a write lease is held, or `writers` live
+--                               writers wait (writer preference); ask again within
+--                               wait_ms (the write lease's PTTL, or the earliest
+--                               waiting writer's expiry)
+--   { -2 }                      the write lease is a string without a TTL (foreign)
+local readers, writer, writers, fence, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[6])
+
+-- Reads.
+local holder = read('write lease', 'GET', writer)
+local mine = read('read leases', 'ZSCORE', readers, token)
+local last = read('write fence', 'GET', fence)
+read('waiting instances', 'ZCARD', waiting)
+local t = now()
+local ms = string.format('%.0f', t.ms)
+local live_writers = read('waiting writers', 'ZCOUNT', writers, '(' .. ms, '+inf')
+local rearm = mine and tonumber(mine) > t.ms
+
+local wait_ms
+if holder then
+  wait_ms = redis.call('PTTL', writer)
+  if wait_ms == -1 then
+    return { -2 }
+  end
+elseif live_writers > 0 and not rearm then
+  local first = redis.call('ZRANGEBYSCORE', writers, '(' .. ms, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  wait_ms = tonumber(first[2]) - t.ms
+end
+
+-- Writes.
+if wait_ms then
+  if wait_ms < 0 then
+    wait_ms = 0
+  end
+  redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
+  if ARGV[5] == '1' then
+    redis.call('ZADD', waiting, string.format('%.0f', t.ms + entry_ttl), me)
+    if redis.call('PTTL', waiting) < entry_ttl then
+      redis.call('PEXPIRE', waiting, entry_ttl)
+    end
+  end
+  return { 0, wait_ms, live_writers }
+end
+redis.call('ZREMRANGEBYSCORE', readers, '-inf', ms)
+redis.call('ZADD', readers, string.format('%.0f', t.ms + ttl), token)
+if redis.call('PTTL', readers) < ttl then
+  redis.call('PEXPIRE', readers, ttl)
+end
+if last then
+  redis.call('PEXPIRE', fence, fence_ttl)
+end
+redis.call('ZREM', waiting, me)
+return { 1, tonumber(last or '0') or 0, 0 }

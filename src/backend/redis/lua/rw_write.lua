@@ -1,0 +1,79 @@
+-- read-write lock: acquire (or re-arm) the write lease, or wait as a writer
+--
+-- KEYS[1] read leases (zset: token -> expiry ms)   KEYS[2] write lease (string, PX)
+-- KEYS[3] waiting writers (zset: token -> expiry ms)   KEYS[4] write fence
+-- KEYS[5] waiting instances (zset: instance id -> expiry ms)
+-- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] waiting entry ttl ms
+-- ARGV[5] "1" to wait (register as a waiting writer and for the wake-up), "0" not to
+-- ARGV[6] fence ttl ms
+--
+-- Returns:
+--   { 1, epoch, others }    granted (or re-armed: the token held it), with a fresh
+--                           epoch max(last + 1, server TIME in µs); `others`: the other
+--                           live waiting writers
+--   { 0, wait_ms, others }  busy: another write lease, or live read leases; with
+--                           ARGV[5] "1" the token is (re-)registered as a waiting writer
+--                           until now + ARGV[4], so no new read lease is granted
+--   { -2 }                  the write lease is a string without a TTL (foreign)
+local readers, writer, writers, fence, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[6])
+
+-- Reads.
+local holder = read('write lease', 'GET', writer)
+local last = read('write fence', 'GET', fence)
+local entry = read('waiting writers', 'ZSCORE', writers, token)
+read('waiting instances', 'ZCARD', waiting)
+local t = now()
+local ms = string.format('%.0f', t.ms)
+local live_readers = read('read leases', 'ZCOUNT', readers, '(' .. ms, '+inf')
+local others = redis.call('ZCOUNT', writers, '(' .. ms, '+inf')
+if entry and tonumber(entry) > t.ms then
+  others = others - 1
+end
+
+if holder == token or (holder == false and live_readers == 0) then
+  -- Writes.
+  if holder == token then
+    redis.call('PEXPIRE', writer, ttl)
+  else
+    redis.call('SET', writer, token, 'PX', ttl)
+  end
+  if entry then
+    redis.call('ZREM', writers, token)
+  end
+  redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
+  redis.call('ZREMRANGEBYSCORE', readers, '-inf', ms)
+  redis.call('ZREM', waiting, me)
+  local epoch = math.max((tonumber(last or '0') or 0) + 1, t.us)
+  redis.call('SET', fence, string.format('%.0f', epoch), 'PX', fence_ttl)
+  return { 1, epoch, others }
+end
+
+local wait_ms
+if holder then
+  wait_ms = redis.call('PTTL', writer)
+  if wait_ms == -1 then
+    return { -2 }
+  end
+else
+  local first = redis.call('ZRANGEBYSCORE', readers, '(' .. ms, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  wait_ms = tonumber(first[2]) - t.ms
+end
+if wait_ms < 0 then
+  wait_ms = 0
+end
+
+-- Writes.
+redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
+if ARGV[5] == '1' then
+  redis.call('ZADD', writers, string.format('%.0f', t.ms + entry_ttl), token)
+  if redis.call('PTTL', writers) < entry_ttl then
+    redis.call('PEXPIRE', writers, entry_ttl)
+  end
+  redis.call('ZADD', waiting, string.format('%.0f', t.ms + entry_ttl), me)
+  if redis.call('PTTL', waiting) < entry_ttl then
+    redis.call('PEXPIRE', waiting, entry_ttl)
+  end
+end
+return { 0, wait_ms, others }
