@@ -99,7 +99,7 @@ impl Eq for LockInfo {}
 /// ```
 #[derive(Clone)]
 pub struct LossSignal {
-    lease: Arc<Lease>,
+    pub(crate) lease: Arc<Lease>,
 }
 
 impl fmt::Debug for LossSignal {
