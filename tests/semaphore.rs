@@ -320,7 +320,7 @@ async fn cancellation_storm_leaks_no_permit() {
             handles.push(set.spawn(async move {
                 for _ in 0..10 {
                     let cut = Duration::from_micros(rand::random::<u64>() % 8_000);
-                    let got = if rand::random::<u8>() % 4 == 0 {
+                    let got = if rand::random::<u8>().is_multiple_of(4) {
                         tokio::time::timeout(cut, sem.try_acquire()).await
                     } else {
                         tokio::time::timeout(cut, async { sem.acquire().await.map(Some) }).await
@@ -425,7 +425,7 @@ async fn another_permit_count_is_a_mismatch() {
         started.elapsed() < Duration::from_secs(5),
         "answered at once, not at the wait timeout"
     );
-    wait_idle(&[b.clone()]).await;
+    wait_idle(std::slice::from_ref(&b)).await;
     held.release().await.unwrap();
     let p = b.semaphore("k", 3).acquire().await.unwrap();
     p.release().await.unwrap();
