@@ -312,11 +312,12 @@ async fn cancellation_storm_leaks_no_permit() {
         .await
         .unwrap()
         .permits_name(&LockKey::from("pool"));
+    let granted = Arc::new(AtomicUsize::new(0));
     let mut set = JoinSet::new();
     let mut handles = Vec::new();
     for l in &lockers {
         for _ in 0..40 {
-            let sem = l.semaphore("pool", N);
+            let (sem, granted) = (l.semaphore("pool", N), Arc::clone(&granted));
             handles.push(set.spawn(async move {
                 for _ in 0..10 {
                     let cut = Duration::from_micros(rand::random::<u64>() % 8_000);
@@ -326,6 +327,7 @@ async fn cancellation_storm_leaks_no_permit() {
                         tokio::time::timeout(cut, async { sem.acquire().await.map(Some) }).await
                     };
                     if let Ok(Ok(Some(permit))) = got {
+                        granted.fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_micros(rand::random::<u64>() % 2_000))
                             .await;
                         if rand::random::<bool>() {
@@ -354,6 +356,9 @@ async fn cancellation_storm_leaks_no_permit() {
         }
     }
     wait_idle(&lockers).await;
+    let granted = granted.load(Ordering::Relaxed);
+    println!("cancellation storm: {granted} permits granted, the rest cut short");
+    assert!(granted > 0, "the storm never got a permit");
     let mut con = server.connection().await;
     assert!(
         wait_until(Duration::from_secs(10), || {
@@ -398,15 +403,27 @@ async fn another_permit_count_is_a_mismatch() {
     let server = shared();
     let _log = server.log_on_panic();
     let prefix = unique_prefix("sem-mismatch");
-    let a = locker(
-        backend_at(&server.url(), &prefix).await,
-        Duration::from_secs(30),
-    );
+    let ab = backend_at(&server.url(), &prefix).await;
+    let count = with(&ab.permits_name(&LockKey::from("k")), "n");
+    let a = locker(ab, Duration::from_secs(30));
     let b = locker(
         backend_at(&server.url(), &prefix).await,
         Duration::from_secs(30),
     );
     let held = a.semaphore("k", 2).acquire().await.unwrap();
+    let con = server.connection().await;
+    let pttl = |mut con: MultiplexedConnection, name: Vec<u8>| async move {
+        redis::cmd("PTTL")
+            .arg(name)
+            .query_async::<i64>(&mut con)
+            .await
+            .unwrap()
+    };
+    let left = pttl(con.clone(), count.clone()).await;
+    assert!(
+        (1..=30_000).contains(&left),
+        "N is stored with the permits' lifetime: PTTL {left}"
+    );
     let started = Instant::now();
     for result in [
         b.semaphore("k", 3).acquire().await.map(Some),
@@ -427,6 +444,11 @@ async fn another_permit_count_is_a_mismatch() {
     );
     wait_idle(std::slice::from_ref(&b)).await;
     held.release().await.unwrap();
+    assert_eq!(
+        pttl(con.clone(), count.clone()).await,
+        -2,
+        "N goes with the last permit"
+    );
     let p = b.semaphore("k", 3).acquire().await.unwrap();
     p.release().await.unwrap();
     // Bad input is refused with the key named.
@@ -592,4 +614,80 @@ async fn lost_permit_is_signalled() {
         Err(Error::LeaseLost { phase, .. }) => assert_eq!(phase, Phase::Releasing),
         other => panic!("release of a lost permit: {other:?}"),
     }
+}
+
+/// Every future of the semaphore API is `Send` (usable from `tokio::spawn`).
+#[test]
+fn futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn check(sem: lockflight::semaphore::Semaphore, permit: Permit) {
+        send(&sem.acquire());
+        send(&sem.acquire_within(Duration::from_secs(1)));
+        send(&sem.try_acquire());
+        send(&permit.lost());
+        send(&permit.release());
+    }
+    let _ = check;
+}
+
+/// The minimal ACL rules documented on `RedisBackend` suffice for semaphores:
+/// every script command (acquire, wait, renew, release with its wake-up, leave)
+/// runs under them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rules_suffice() {
+    const RULES: &[&str] = &[
+        "~lfacl:*",
+        "&lfacl:inst:*",
+        "+evalsha",
+        "+script|load",
+        "+publish",
+        "+subscribe",
+        "+time",
+        "+get",
+        "+set",
+        "+del",
+        "+exists",
+        "+pexpire",
+        "+pttl",
+        "+zcard",
+        "+zscore",
+        "+zrange",
+        "+zrangebyscore",
+        "+zadd",
+        "+zrem",
+    ];
+    let server = support::RedisServer::start();
+    let _log = server.log_on_panic();
+    let mut admin = server.connection().await;
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "reset", "on", ">pw"])
+        .arg(RULES)
+        .query_async::<()>(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://app:pw@127.0.0.1:{}/", server.port());
+    let a = locker(backend_at(&url, "lfacl").await, Duration::from_millis(300));
+    let b = locker(backend_at(&url, "lfacl").await, Duration::from_millis(300));
+    let held = a.semaphore("k", 1).acquire().await.expect("acquire");
+    // b waits, gives up (leave), then waits again and is woken by the release.
+    let gave_up = b
+        .semaphore("k", 1)
+        .acquire_within(Duration::from_millis(200))
+        .await;
+    assert!(matches!(gave_up, Err(Error::Timeout { .. })), "{gave_up:?}");
+    wait_idle(std::slice::from_ref(&b)).await;
+    let waiting = tokio::spawn({
+        let sem = b.semaphore("k", 1);
+        async move { sem.acquire().await }
+    });
+    // Renewals run (every 100 ms) while b waits.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!held.is_lost(), "renewed under the ACL");
+    held.release().await.expect("release");
+    let p = within(Duration::from_secs(5), "b's permit", waiting)
+        .await
+        .unwrap()
+        .expect("b acquires");
+    assert!(b.semaphore("k", 1).try_acquire().await.unwrap().is_none());
+    p.release().await.unwrap();
 }

@@ -9,20 +9,23 @@
 -- alive at least as long, and the script that finds both sets empty deletes it.
 -- Expired permits are never counted and are purged by the next script that writes.
 
--- Reads the permit set: { size, live, expired } (expired: score <= now).
+-- Reads the permit set: { size, live, expired } (expired: the tokens whose expiry
+-- is not after now). Only the commands of the documented ACL rules are used
+-- (ZRANGEBYSCORE and ZREM, no ZCOUNT or ZREMRANGEBYSCORE).
 local function read_permits(permits)
-  local p = { size = read('permit set', 'ZCARD', permits), expired = 0 }
+  local p = { size = read('permit set', 'ZCARD', permits), expired = {} }
   if p.size > 0 then
-    p.expired = redis.call('ZCOUNT', permits, '-inf', now().ms)
+    p.expired = redis.call('ZRANGEBYSCORE', permits, '-inf', now().ms)
   end
-  p.live = p.size - p.expired
+  p.live = p.size - #p.expired
   return p
 end
 
--- Drops the expired permits `read_permits` found.
+-- Drops the expired permits `read_permits` found (in chunks: unpack has a limit).
 local function purge_permits(permits, p)
-  if p.expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', permits, '-inf', now().ms)
+  local chunk = 1000
+  for i = 1, #p.expired, chunk do
+    redis.call('ZREM', permits, unpack(p.expired, i, math.min(i + chunk - 1, #p.expired)))
   end
 end
 

@@ -36,7 +36,7 @@ local free
 if tonumber(stored) then
   free = tonumber(stored) - live
 else
-  free = released + p.expired
+  free = released + #p.expired
 end
 local woken, refused = notify(heads(queue, q, free, nil), ARGV[2], ARGV[3])
 if live == 0 and q.others == 0 and stored then
