@@ -107,6 +107,24 @@ impl Locker {
 
 /// A distributed semaphore: at most `N` [`Permit`]s of its key are held at a time,
 /// across every instance. Made by [`Locker::semaphore`]; cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use std::time::Duration;
+/// use lockflight::{Locker, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new()).build()?;
+/// let exports = locker.semaphore("exports", 3); // at most 3 exports at once
+/// let permit = exports.acquire_within(Duration::from_secs(1)).await?;
+/// let finished = tokio::select! {
+///     _ = permit.lost() => false, // stop: the permit no longer protects us
+///     _ = async { /* the export */ } => true,
+/// };
+/// assert!(finished);
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Semaphore {
     locker: Locker,
@@ -992,5 +1010,45 @@ mod tests {
             .map(|p| p.expect("every permit is free again"))
             .collect();
         assert_eq!(all.len(), 3);
+    }
+
+    /// A runtime that shuts down with a request task and waiters leaves no local
+    /// state behind: the next runtime acquires afresh (the permit its holder kept
+    /// expires at its TTL).
+    #[test]
+    fn a_runtime_shutdown_leaves_no_stuck_state() {
+        let locker = Locker::builder(MemoryBackend::new())
+            .lease_ttl(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let sem = locker.semaphore("k", 1);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let held = sem.acquire().await.unwrap();
+            for _ in 0..3 {
+                let sem = sem.clone();
+                tokio::spawn(async move { sem.acquire().await });
+            }
+            tokio::spawn(async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(locker.active_semaphores(), 1);
+        });
+        drop(rt);
+        assert_eq!(
+            locker.active_semaphores(),
+            0,
+            "the request task's state went with it"
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let p = sem
+                .acquire_within(Duration::from_secs(5))
+                .await
+                .expect("the permit comes back");
+            p.release().await.unwrap();
+        });
     }
 }
