@@ -161,7 +161,12 @@ async fn never_more_than_n_holders_across_instances() {
     )
     .await;
     let max = inside.max.load(Ordering::SeqCst);
-    println!("max holders at once: {max} of {N}");
+    let sections = 3 * TASKS * ROUNDS;
+    let requests: u64 = lockers.iter().map(|l| l.stats().acquire_attempts).sum();
+    println!(
+        "max holders at once: {max} of {N}; {requests} permit requests for {sections} \
+         critical sections (plus one release each)"
+    );
     assert!(
         max >= 2,
         "the permits were never used concurrently (max {max})"
@@ -457,11 +462,10 @@ async fn another_permit_count_is_a_mismatch() {
 }
 
 /// k local waiters that arrive while a request is in flight cost one more request,
-/// not k: counted at the proxy, 8 waiters cost 2 requests (the first waiter's, and
-/// one for the 7 others), and each release one.
+/// not k: counted at the proxy, 8 (and 32) waiters cost 2 requests (the first
+/// waiter's, and one for all the others), and each release one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_share_one_request() {
-    const K: usize = 8;
     let server = shared();
     let _log = server.log_on_panic();
     let proxy = CountingProxy::start(server).await;
@@ -470,35 +474,37 @@ async fn local_waiters_share_one_request() {
         backend_at(&proxy.url(), &prefix).await,
         Duration::from_secs(30),
     );
-    let sem = l.semaphore("pool", K as u32);
-    // Loads the scripts (NOSCRIPT, SCRIPT LOAD) once.
-    sem.acquire().await.unwrap().release().await.unwrap();
-    let attempts = l.stats().acquire_attempts;
-    proxy.reset();
-    proxy.set_delay(Duration::from_millis(300));
-    let mut set = JoinSet::new();
-    let first = sem.clone();
-    set.spawn(async move { first.acquire().await.unwrap() });
-    // The first waiter's request is now in flight (delayed by the proxy).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    for _ in 1..K {
-        let sem = sem.clone();
-        set.spawn(async move { sem.acquire().await.unwrap() });
+    for k in [8usize, 32] {
+        let sem = l.semaphore(format!("pool-{k}"), k as u32);
+        // Loads the scripts (NOSCRIPT, SCRIPT LOAD) once.
+        sem.acquire().await.unwrap().release().await.unwrap();
+        let attempts = l.stats().acquire_attempts;
+        proxy.reset();
+        proxy.set_delay(Duration::from_millis(300));
+        let mut set = JoinSet::new();
+        let first = sem.clone();
+        set.spawn(async move { first.acquire().await.unwrap() });
+        // The first waiter's request is now in flight (delayed by the proxy).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for _ in 1..k {
+            let sem = sem.clone();
+            set.spawn(async move { sem.acquire().await.unwrap() });
+        }
+        let held = within(Duration::from_secs(10), "k permits", join_all(set)).await;
+        let requests = proxy.commands();
+        proxy.set_delay(Duration::ZERO);
+        println!("{k} local waiters: {requests} Redis commands");
+        assert_eq!(l.stats().acquire_attempts - attempts, 2);
+        assert_eq!(
+            requests, 2,
+            "one request in flight, one for all who came meanwhile"
+        );
+        proxy.reset();
+        for p in held {
+            p.release().await.unwrap();
+        }
+        assert_eq!(proxy.commands(), k as u64, "one command per release");
     }
-    let held = within(Duration::from_secs(10), "k permits", join_all(set)).await;
-    let requests = proxy.commands();
-    proxy.set_delay(Duration::ZERO);
-    println!("{K} local waiters: {requests} Redis commands");
-    assert_eq!(l.stats().acquire_attempts - attempts, 2);
-    assert_eq!(
-        requests, 2,
-        "one request in flight, one for all who came meanwhile"
-    );
-    proxy.reset();
-    for p in held {
-        p.release().await.unwrap();
-    }
-    assert_eq!(proxy.commands(), K as u64, "one command per release");
 }
 
 /// A waiting instance is woken by the release's message, well before its retry
@@ -690,4 +696,51 @@ async fn the_documented_acl_rules_suffice() {
         .expect("b acquires");
     assert!(b.semaphore("k", 1).try_acquire().await.unwrap().is_none());
     p.release().await.unwrap();
+}
+
+/// On a Redis Cluster (3 primaries) the semaphore scripts are single-slot: 2
+/// instances × 10 tasks on a semaphore of 2 permits never exceed 2 holders, and
+/// leave nothing behind.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_a_cluster() {
+    const N: u32 = 2;
+    let cluster = support::cluster::Cluster::start();
+    let prefix = unique_prefix("sem-cluster");
+    let mut lockers = Vec::new();
+    for _ in 0..2 {
+        let b = RedisBackend::cluster(cluster.urls())
+            .prefix(&prefix)
+            .connect()
+            .await
+            .expect("connect to the cluster");
+        lockers.push(locker(subscribed(b).await, Duration::from_secs(30)));
+    }
+    let inside = Arc::new(Inside {
+        now: AtomicUsize::new(0),
+        max: AtomicUsize::new(0),
+    });
+    let mut set = JoinSet::new();
+    for l in &lockers {
+        for _ in 0..10 {
+            let (sem, inside) = (l.semaphore("pool", N), Arc::clone(&inside));
+            set.spawn(async move {
+                for _ in 0..5 {
+                    let permit = sem.acquire().await.expect("acquire");
+                    let entered = inside.enter(N as usize);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    drop(entered);
+                    permit.release().await.expect("release");
+                }
+            });
+        }
+    }
+    within(
+        Duration::from_secs(60),
+        "the cluster workload",
+        join_all(set),
+    )
+    .await;
+    assert_eq!(inside.max.load(Ordering::SeqCst), N as usize);
+    wait_idle(&lockers).await;
 }
