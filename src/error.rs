@@ -97,7 +97,9 @@ pub enum Error {
         what: &'static str,
     },
     /// A semaphore was asked for with a number of permits other than the one fixed
-    /// for its key at first use (while any permit of the key is alive).
+    /// for its key at first use, which holds while any permit or waiter of the key
+    /// lives ([`Semaphore`](crate::semaphore::Semaphore)). Answered at once, with
+    /// nothing changed.
     #[error("semaphore {key:?}: it has {permits} permits, asked for with {requested}")]
     PermitMismatch {
         /// The semaphore key.

@@ -88,7 +88,7 @@ mod multi;
 mod reentry;
 pub mod routing;
 pub mod rwlock;
-mod semaphore;
+pub mod semaphore;
 mod slot;
 mod stats;
 

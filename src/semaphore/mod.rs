@@ -1,5 +1,1054 @@
-//! Semaphores: `N` permits per key across every instance (in progress).
+//! Distributed semaphores: `N` permits per key across every instance.
+//!
+//! [`Locker::semaphore`] gives a [`Semaphore`] handle; [`Semaphore::acquire`] waits
+//! for a [`Permit`]. Each permit is a lease of its own (a random token in the
+//! backend, expiring at the locker's lease TTL unless renewed), renewed by the
+//! locker's watchdog while held, with the same loss signal as a
+//! [`LockGuard`](crate::LockGuard): if its holder dies, the permit comes back by
+//! itself within its TTL.
+//!
+//! # Coalescing
+//!
+//! Per key, **one** local task asks the backend for permits on behalf of every task
+//! of this locker waiting for that key: one request (one round trip with Redis)
+//! asks for up to `k` permits, `k` being the number of local waiters at the time it
+//! is sent (at most `N`), and the backend grants as many as are free. Granted
+//! permits go to the local waiters in FIFO order; tasks that arrive while a request
+//! is in flight wait for the next one. A permit granted for a waiter that has gone
+//! meanwhile goes to the next local waiter, or back to the backend.
+//!
+//! Released permits always go back to the backend (no local handoff): a release is
+//! one round trip, and it wakes waiting instances, this one included.
+//!
+//! # Wake-ups
+//!
+//! An instance that was not given all it asked for registers in the key's waiting
+//! set (entries expire) and waits for its wake-up, or the earliest expiry of a
+//! held permit, whichever comes first. A release that leaves `f` permits free
+//! publishes the key to up to `f` waiting instances, oldest first: one wake-up per
+//! free permit, never a broadcast. An instance that got permits and still waits
+//! moves to the back of the waiting set, so instances take turns.
+//!
+//! # Invariants
+//!
+//! 1. Per key at most one request task runs (`driving`), and it runs while the key
+//!    has local waiters; the key's local state is removed, under the map's lock,
+//!    only by that task when nobody waits, after it left the backend's waiting set.
+//! 2. A token the backend may have granted is always accounted for: it becomes a
+//!    [`Permit`] held by a waiter, or it is released in the background (a permit
+//!    nobody took, a request that failed, a reply that came back too late).
+//! 3. A [`Permit`] that is dropped, or whose release future is dropped, is released
+//!    in the background; without a runtime, it expires at its TTL.
+//!
+//! # Lock order
+//!
+//! The map of keys, then a key's queue. Neither is held across an `.await`.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use crate::backend::LeaseToken;
+use crate::backend::semaphore::SemaphoreBackend;
+use crate::error::{Error, Phase, Result};
+use crate::guard::{LossSignal, Lost};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseKind};
+use crate::locker::{Locker, Shared};
+
+/// The most permits a semaphore key may have.
+pub const MAX_PERMITS: u32 = 65_536;
+
+/// The most permits one request asks for (the tokens travel as script arguments).
+const MAX_BATCH: usize = 256;
+
+impl Locker {
+    /// A handle on the semaphore `key` with `permits` permits across every instance.
+    ///
+    /// Cheap: nothing is checked or sent until a permit is asked for. `permits` is
+    /// fixed per key at first use, in the backend, for as long as any permit or
+    /// waiter of the key lives: asking with another number gets
+    /// [`Error::PermitMismatch`]. A `permits` of 0 or above [`MAX_PERMITS`] gets
+    /// [`Error::InvalidConfig`] (naming the key) at the first acquire.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let pool = locker.semaphore("db-pool", 2);
+    /// let a = pool.acquire().await?;
+    /// let b = pool.acquire().await?;
+    /// assert!(pool.try_acquire().await?.is_none(), "both permits are held");
+    /// a.release().await?;
+    /// let c = pool.try_acquire().await?.expect("one came back");
+    /// # drop((b, c));
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<LockKey>, permits: u32) -> Semaphore {
+        Semaphore {
+            locker: self.clone(),
+            key: key.into(),
+            permits,
+        }
+    }
+
+    /// Number of semaphore keys with local waiters (and a request task). Zero when
+    /// nobody waits: the per-key state never outlives its use.
+    pub fn active_semaphores(&self) -> usize {
+        self.shared().semaphores.len()
+    }
+}
+
+/// A distributed semaphore: at most `N` [`Permit`]s of its key are held at a time,
+/// across every instance. Made by [`Locker::semaphore`]; cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use std::time::Duration;
+/// use lockflight::{Locker, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new()).build()?;
+/// let exports = locker.semaphore("exports", 3); // at most 3 exports at once
+/// let permit = exports.acquire_within(Duration::from_secs(1)).await?;
+/// let finished = tokio::select! {
+///     _ = permit.lost() => false, // stop: the permit no longer protects us
+///     _ = async { /* the export */ } => true,
+/// };
+/// assert!(finished);
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    locker: Locker,
+    key: LockKey,
+    permits: u32,
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("key", &self.key)
+            .field("permits", &self.permits)
+            .finish()
+    }
+}
+
+impl Semaphore {
+    /// The semaphore's key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The number of permits this handle asks with.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        self.locker.shared()
+    }
+
+    /// Checks the key, the number of permits and the backend.
+    fn check(&self) -> Result<&dyn SemaphoreBackend> {
+        self.key.validate()?;
+        if self.permits == 0 || self.permits > MAX_PERMITS {
+            return Err(Error::config(format!(
+                "semaphore {:?}: permits is {}, it must be between 1 and {MAX_PERMITS}",
+                self.key, self.permits
+            )));
+        }
+        self.shared()
+            .backend
+            .semaphore()
+            .ok_or_else(|| Error::Unsupported {
+                key: self.key.clone(),
+                what: "semaphores",
+            })
+    }
+
+    /// Waits for a permit, up to the locker's wait timeout.
+    ///
+    /// Within this process one task per key asks the backend, for every local waiter
+    /// at once (see the [module docs](self)); permits go to local waiters in FIFO
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for a bad key; [`Error::InvalidConfig`] for `permits`
+    /// of 0 or above [`MAX_PERMITS`]; [`Error::Unsupported`] for a backend without
+    /// semaphores; [`Error::PermitMismatch`] when the key has another number of
+    /// permits (here or in the backend); [`Error::Overloaded`] when `max_waiters`
+    /// tasks already wait for the key here; [`Error::Timeout`] when the wait
+    /// timeout passes; backend errors that are not transient (transient ones are
+    /// retried until the deadline).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. A dropped call leaves the local queue at once; a permit granted
+    /// for it while it was being dropped goes to the next local waiter or back to
+    /// the backend, so no permit leaks. When the last local waiter of a key is
+    /// gone, the request task leaves the backend's waiting set and ends.
+    pub async fn acquire(&self) -> Result<Permit> {
+        self.acquire_within(self.shared().config.wait_timeout).await
+    }
+
+    /// Like [`acquire`](Self::acquire), waiting at most `wait` (`Duration::MAX`: as
+    /// long as it takes).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_within(&self, wait: Duration) -> Result<Permit> {
+        self.check()?;
+        let start = Instant::now();
+        let deadline = start
+            .checked_add(wait)
+            .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30));
+        let shared = self.shared();
+        let (rx, _waiting) = shared.semaphores.enqueue(shared, &self.key, self.permits)?;
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Ok(permit))) => {
+                crate::stats::histograms::wait(start.elapsed());
+                Ok(permit)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(Error::backend(
+                &self.key,
+                Phase::Acquiring,
+                "the semaphore's request task ended (its runtime shut down)",
+            )),
+            Err(_) => {
+                shared.stats.timeout();
+                Err(Error::Timeout {
+                    key: self.key.clone(),
+                    phase: Phase::Acquiring,
+                    waited: start.elapsed(),
+                })
+            }
+        }
+    }
+
+    /// One attempt: a permit if one is free now, else `None`. One backend request,
+    /// not coalesced with the waiting tasks and without joining the waiting set.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), without the timeout and overload; transient
+    /// backend errors are returned, not retried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped while the request is in flight, the
+    /// token it asked with is released in the background.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        let backend = self.check()?;
+        let shared = self.shared();
+        shared.semaphores.check_permits(&self.key, self.permits)?;
+        let ttl = shared.config.lease_ttl;
+        let token = LeaseToken::random();
+        let mut pending = Pending::new(shared, &self.key, vec![token]);
+        let sent_at = Instant::now();
+        shared.stats.acquire_attempt();
+        let reply = backend
+            .acquire_permits(&self.key, self.permits, &[token], ttl, false)
+            .await;
+        match reply {
+            Ok(p) if p.granted >= 1 => {
+                pending.disarm();
+                Ok(Permit::granted(shared, &self.key, token, sent_at))
+            }
+            Ok(_) => {
+                pending.disarm();
+                Ok(None)
+            }
+            Err(e) => {
+                if !may_have_written(&e) {
+                    pending.disarm();
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Whether a failed request may have granted permits (it must be released).
+fn may_have_written(e: &Error) -> bool {
+    !matches!(
+        e,
+        Error::PermitMismatch { .. }
+            | Error::ForeignValue { .. }
+            | Error::Unsupported { .. }
+            | Error::InvalidKey { .. }
+            | Error::InvalidConfig { .. }
+    )
+}
+
+/// Tokens of a request in flight: released in the background unless disarmed.
+struct Pending {
+    shared: Arc<Shared>,
+    key: LockKey,
+    tokens: Vec<LeaseToken>,
+}
+
+impl Pending {
+    fn new(shared: &Arc<Shared>, key: &LockKey, tokens: Vec<LeaseToken>) -> Pending {
+        Pending {
+            shared: Arc::clone(shared),
+            key: key.clone(),
+            tokens,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.tokens.clear();
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        for token in self.tokens.drain(..) {
+            spawn_release(&self.shared, &self.key, token);
+        }
+    }
+}
+
+/// Releases `token` in the background (it may or may not be a permit). Without a
+/// runtime it expires at its TTL.
+fn spawn_release(shared: &Arc<Shared>, key: &LockKey, token: LeaseToken) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let shared = Arc::clone(shared);
+    let key = key.clone();
+    handle.spawn(async move {
+        if let Some(backend) = shared.backend.semaphore() {
+            shared.stats.release();
+            if let Err(e) = backend.release_permit(&key, token).await {
+                tracing::debug!(%key, error = %e, "background permit release failed");
+            }
+        }
+    });
+}
+
+/// A held permit of a [`Semaphore`].
+///
+/// Release it with [`release`](Permit::release) to learn whether it was still held;
+/// dropping it releases it in the background. While it is held the locker's
+/// watchdog renews it; [`lost`](Permit::lost) resolves if it is lost, no later
+/// than its validity ends.
+#[must_use = "the permit is released when it is dropped"]
+pub struct Permit {
+    shared: Arc<Shared>,
+    lease: Arc<Lease>,
+    done: bool,
+    granted_at: Instant,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("key", &self.lease.key)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl Permit {
+    /// A permit granted for a request sent at `sent_at`, watched by the watchdog;
+    /// `None` (and released in the background) if the reply came back after its
+    /// validity window.
+    fn granted(
+        shared: &Arc<Shared>,
+        key: &LockKey,
+        token: LeaseToken,
+        sent_at: Instant,
+    ) -> Option<Permit> {
+        let ttl = shared.config.lease_ttl;
+        let lease = Lease::new(
+            key.clone(),
+            token,
+            0,
+            ttl,
+            sent_at,
+            0,
+            Arc::clone(&shared.stats),
+        )
+        .with_kind(LeaseKind::Permit);
+        if Instant::now() >= lease.valid_until() {
+            tracing::debug!(%key, "permit reply arrived after the permit's validity");
+            spawn_release(shared, key, token);
+            return None;
+        }
+        let lease = Arc::new(lease);
+        shared.stats.acquired();
+        shared.renewals.watch(&lease, sent_at);
+        Some(Permit {
+            shared: Arc::clone(shared),
+            lease,
+            done: false,
+            granted_at: Instant::now(),
+        })
+    }
+
+    /// The semaphore's key.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// A cloneable loss signal that does not borrow the permit.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(&self.lease),
+        }
+    }
+
+    /// Whether the permit has been lost: the loss was signalled (the backend no
+    /// longer had it), or its validity window has ended on the monotonic clock.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the permit is known to stay valid without a further renewal.
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the permit is lost: the backend said it is no longer held, or
+    /// its validity ran out before a renewal succeeded (see
+    /// [`LockGuard::lost`](crate::LockGuard::lost)). The future does not borrow the
+    /// permit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Lost {
+        self.loss_signal().lost()
+    }
+
+    /// Returns the permit to the backend, which wakes a waiting instance.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the permit was lost (it expired, or the backend no
+    /// longer had it); backend errors after brief retries (the permit then expires
+    /// at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the backend answered, the release is re-run
+    /// to completion in a background task (it is idempotent); only its result is
+    /// lost.
+    pub async fn release(mut self) -> Result<()> {
+        self.done = true;
+        crate::stats::histograms::hold(self.granted_at.elapsed());
+        let mut rearm = Rearm(Some((Arc::clone(&self.shared), Arc::clone(&self.lease))));
+        let result = release(&self.shared, &self.lease).await;
+        rearm.0 = None;
+        result
+    }
+}
+
+/// Re-runs a permit release in the background if the future running it is dropped.
+struct Rearm(Option<(Arc<Shared>, Arc<Lease>)>);
+
+impl Drop for Rearm {
+    fn drop(&mut self) {
+        if let Some((shared, lease)) = self.0.take() {
+            spawn_release(&shared, &lease.key, lease.token);
+        }
+    }
+}
+
+/// Stops renewing `lease` and returns it to the backend.
+async fn release(shared: &Arc<Shared>, lease: &Arc<Lease>) -> Result<()> {
+    let lost_before = lease.is_lost();
+    shared.renewals.forget(lease);
+    crate::stats::histograms::renewals(lease.renewed.load(std::sync::atomic::Ordering::Relaxed));
+    let Some(backend) = shared.backend.semaphore() else {
+        return Ok(());
+    };
+    let mut attempt = 0u32;
+    let released = loop {
+        shared.stats.release();
+        match backend.release_permit(&lease.key, lease.token).await {
+            Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20) * attempt).await;
+            }
+            // After a failed attempt, "not held" may be that attempt's own doing.
+            Ok(false) if attempt > 0 && !lost_before => break true,
+            other => break other?,
+        }
+    };
+    if lost_before || !released {
+        let reason = if lease.is_lost() {
+            lease.lost_reason()
+        } else {
+            "the permit was no longer held (expired or removed); nothing was returned".into()
+        };
+        return Err(Error::LeaseLost {
+            key: lease.key.clone(),
+            phase: Phase::Releasing,
+            reason,
+        });
+    }
+    Ok(())
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        crate::stats::histograms::hold(self.granted_at.elapsed());
+        self.shared.renewals.forget(&self.lease);
+        crate::stats::histograms::renewals(
+            self.lease
+                .renewed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        spawn_release(&self.shared, &self.lease.key, self.lease.token);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Local state: per key, a FIFO of waiters and one request task.
+// ---------------------------------------------------------------------------
 
 /// The semaphores of one locker, per key.
 #[derive(Debug, Default)]
-pub(crate) struct Semaphores {}
+pub(crate) struct Semaphores {
+    keys: Mutex<HashMap<LockKey, Arc<KeyState>>>,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    key: LockKey,
+    permits: u32,
+    queue: Mutex<Queue>,
+    /// A waiter left: the request task checks whether anyone still waits.
+    left: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    next_id: u64,
+    /// Whether the request task runs.
+    driving: bool,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Result<Permit>>,
+}
+
+impl KeyState {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A waiter's place in its key's queue; dropping it leaves the queue.
+struct Waiting {
+    state: Arc<KeyState>,
+    id: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut q = self.state.queue();
+        if let Some(at) = q.waiters.iter().position(|w| w.id == self.id) {
+            q.waiters.remove(at);
+            if q.waiters.is_empty() {
+                drop(q);
+                self.state.left.notify_one();
+            }
+        }
+    }
+}
+
+impl Semaphores {
+    fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyState>>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// [`Error::PermitMismatch`] if local waiters of `key` use another number.
+    fn check_permits(&self, key: &LockKey, permits: u32) -> Result<()> {
+        match self.lock().get(key) {
+            Some(state) if state.permits != permits => Err(Error::PermitMismatch {
+                key: key.clone(),
+                permits: state.permits,
+                requested: permits,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues a waiter for a permit of `key`, starting the key's request task if
+    /// none runs.
+    fn enqueue(
+        &self,
+        shared: &Arc<Shared>,
+        key: &LockKey,
+        permits: u32,
+    ) -> Result<(oneshot::Receiver<Result<Permit>>, Waiting)> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::backend(key, Phase::Acquiring, "a semaphore needs a Tokio runtime")
+        })?;
+        let mut keys = self.lock();
+        let state = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
+            Arc::new(KeyState {
+                key: key.clone(),
+                permits,
+                queue: Mutex::default(),
+                left: Notify::new(),
+            })
+        }));
+        if state.permits != permits {
+            return Err(Error::PermitMismatch {
+                key: key.clone(),
+                permits: state.permits,
+                requested: permits,
+            });
+        }
+        let mut q = state.queue();
+        if q.waiters.len() >= shared.config.max_waiters {
+            return Err(Error::Overloaded {
+                key: key.clone(),
+                waiters: shared.config.max_waiters,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = q.next_id;
+        q.next_id += 1;
+        q.waiters.push_back(Waiter { id, tx });
+        if !q.driving {
+            q.driving = true;
+            let driver = Driver {
+                shared: Arc::clone(shared),
+                state: Arc::clone(&state),
+                finished: false,
+            };
+            runtime.spawn(driver.run());
+        } else {
+            shared.stats.local_wait();
+        }
+        drop(q);
+        drop(keys);
+        Ok((rx, Waiting { state, id }))
+    }
+}
+
+/// The request task of one key. If it is dropped unfinished (its runtime shut
+/// down), the key's state is dropped with it: its waiters get an error, and the
+/// next acquire starts afresh.
+struct Driver {
+    shared: Arc<Shared>,
+    state: Arc<KeyState>,
+    finished: bool,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut keys = self.shared.semaphores.lock();
+        if keys
+            .get(&self.state.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
+        {
+            keys.remove(&self.state.key);
+        }
+        let mut q = self.state.queue();
+        q.driving = false;
+        q.waiters.clear();
+    }
+}
+
+/// What the request task does next.
+enum Next {
+    /// Ask the backend for this many permits.
+    Ask(usize),
+    /// Nobody waits: leave the backend's waiting set (if in it) and end.
+    Done,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let span = tracing::debug_span!("lockflight.semaphore", key = %self.state.key);
+        tracing::Instrument::instrument(self.drive(), span).await;
+        self.finished = true;
+    }
+
+    /// The waiters still there: how many permits to ask for, or nobody.
+    fn next(&self) -> Next {
+        let mut q = self.state.queue();
+        q.waiters.retain(|w| !w.tx.is_closed());
+        if q.waiters.is_empty() {
+            return Next::Done;
+        }
+        Next::Ask(
+            q.waiters
+                .len()
+                .min(self.state.permits as usize)
+                .min(MAX_BATCH),
+        )
+    }
+
+    /// Ends the task if nobody waits (removing the key's state); `false` if
+    /// someone arrived meanwhile.
+    fn try_finish(&mut self) -> bool {
+        let mut keys = self.shared.semaphores.lock();
+        let mut q = self.state.queue();
+        if !q.waiters.is_empty() {
+            return false;
+        }
+        q.driving = false;
+        drop(q);
+        if keys
+            .get(&self.state.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
+        {
+            keys.remove(&self.state.key);
+        }
+        self.finished = true;
+        true
+    }
+
+    async fn drive(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let state = Arc::clone(&self.state);
+        let key = &state.key;
+        let Some(backend) = shared.backend.semaphore() else {
+            self.fail_all(&Error::Unsupported {
+                key: key.clone(),
+                what: "semaphores",
+            });
+            self.try_finish();
+            return;
+        };
+        let wakeups = shared.backend.wakeups();
+        let ttl = shared.config.lease_ttl;
+        let mut wakeup: Option<crate::backend::Wakeup> = None;
+        let mut queued = false;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let k = match self.next() {
+                Next::Ask(k) => k,
+                Next::Done => {
+                    if queued {
+                        queued = false;
+                        if let Err(e) = backend.leave_permits(key).await {
+                            tracing::debug!(%key, error = %e, "leaving the waiting set failed");
+                        }
+                        continue;
+                    }
+                    if self.try_finish() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
+            let mut pending = Pending::new(&shared, key, tokens.clone());
+            let generation = wakeups.generation(key.as_bytes());
+            let sent_at = Instant::now();
+            shared.stats.acquire_attempt();
+            queued = true;
+            let reply = backend
+                .acquire_permits(key, state.permits, &tokens, ttl, true)
+                .await;
+            let retry_in = match reply {
+                Ok(granted) => {
+                    pending.disarm();
+                    backoff = Duration::from_millis(10);
+                    for token in &tokens[..granted.granted.min(k)] {
+                        if let Some(permit) = Permit::granted(&shared, key, *token, sent_at) {
+                            self.hand_out(permit);
+                        }
+                    }
+                    if granted.granted >= k {
+                        // Given everything: out of the waiting set.
+                        queued = false;
+                        continue;
+                    }
+                    granted.retry_in
+                }
+                Err(
+                    e @ (Error::Backend { .. }
+                    | Error::Connect { .. }
+                    | Error::QuorumNotReached { .. }),
+                ) => {
+                    // Transient: the tokens are released in the background (they
+                    // may have been granted); the waiters' own deadlines bound this.
+                    drop(pending);
+                    tracing::debug!(%key, error = %e, "permit request failed; retrying");
+                    let delay = backoff;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    delay
+                }
+                Err(e) => {
+                    if !may_have_written(&e) {
+                        pending.disarm();
+                    }
+                    drop(pending);
+                    self.fail_all(&e);
+                    continue;
+                }
+            };
+            // Wait for a wake-up, the retry delay, or the last waiter leaving.
+            let wakeup = match &mut wakeup {
+                Some(w) => w,
+                None => {
+                    // Watch only now that we wait; a wake-up that came before this
+                    // registration shows in the generation.
+                    let w = wakeup.insert(wakeups.watch(key));
+                    if wakeups.generation(key.as_bytes()) != generation {
+                        continue;
+                    }
+                    w
+                }
+            };
+            let retry_at = Instant::now() + retry_in;
+            loop {
+                tokio::select! {
+                    _ = wakeup.woken() => break,
+                    _ = tokio::time::sleep_until(retry_at) => break,
+                    _ = state.left.notified() => {
+                        if state.queue().waiters.is_empty() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives `permit` to the first local waiter still there; with none, it is
+    /// released (dropped) in the background.
+    fn hand_out(&self, mut permit: Permit) {
+        loop {
+            let waiter = self.state.queue().waiters.pop_front();
+            let Some(waiter) = waiter else {
+                drop(permit);
+                return;
+            };
+            match waiter.tx.send(Ok(permit)) {
+                Ok(()) => return,
+                Err(Ok(back)) => permit = back,
+                Err(Err(_)) => return,
+            }
+        }
+    }
+
+    /// Answers every current waiter with `e`.
+    fn fail_all(&self, e: &Error) {
+        let waiters: Vec<Waiter> = self.state.queue().waiters.drain(..).collect();
+        for w in waiters {
+            let _ = w.tx.send(Err(e.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+
+    fn locker(max_waiters: usize) -> Locker {
+        Locker::builder(MemoryBackend::new())
+            .lease_ttl(Duration::from_secs(3))
+            .wait_timeout(Duration::from_secs(10))
+            .max_waiters(max_waiters)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_most_n_holders_fifo_and_nothing_left() {
+        let locker = locker(100);
+        let sem = locker.semaphore("k", 2);
+        let a = sem.acquire().await.unwrap();
+        let b = sem.acquire().await.unwrap();
+        assert!(sem.try_acquire().await.unwrap().is_none());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let (sem, order) = (sem.clone(), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                let p = sem.acquire().await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                p.release().await.unwrap();
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(locker.active_semaphores(), 1);
+        a.release().await.unwrap();
+        b.release().await.unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3], "FIFO");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(locker.active_semaphores(), 0);
+        // Every permit came back: N again.
+        let all: Vec<Permit> = futures::future::try_join_all((0..2).map(|_| sem.acquire()))
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_input_mismatch_timeout_overload_and_loss() {
+        let locker = locker(1);
+        for n in [0, MAX_PERMITS + 1] {
+            let e = locker.semaphore("k", n).acquire().await.unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+            assert!(e.to_string().contains("\"k\""), "names the key: {e}");
+        }
+        assert!(matches!(
+            locker.semaphore("", 1).acquire().await,
+            Err(Error::InvalidKey { .. })
+        ));
+        let held = locker.semaphore("k", 1).acquire().await.unwrap();
+        match locker.semaphore("k", 2).try_acquire().await {
+            Err(Error::PermitMismatch {
+                permits: 1,
+                requested: 2,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let sem = locker.semaphore("k", 1);
+        let waiting = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire_within(Duration::from_millis(500)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // The local queue holds one (max_waiters 1): the next is refused.
+        assert!(matches!(
+            sem.acquire().await,
+            Err(Error::Overloaded { waiters: 1, .. })
+        ));
+        // A local waiter with another N is refused at once.
+        assert!(matches!(
+            locker.semaphore("k", 3).acquire().await,
+            Err(Error::PermitMismatch { permits: 1, .. })
+        ));
+        assert!(matches!(waiting.await.unwrap(), Err(Error::Timeout { .. })));
+        // Lost: its entry is removed behind its back; the watchdog notices.
+        let backend = Arc::clone(&locker.shared().backend);
+        let lost = held.lost();
+        let token = held.lease.token;
+        let sem_backend = backend.semaphore().unwrap();
+        assert!(
+            sem_backend
+                .release_permit(&LockKey::from("k"), token)
+                .await
+                .unwrap()
+        );
+        lost.await;
+        assert!(held.is_lost());
+        assert!(matches!(
+            held.release().await,
+            Err(Error::LeaseLost {
+                phase: Phase::Releasing,
+                ..
+            })
+        ));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(locker.active_semaphores(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_waiters_leak_nothing() {
+        let locker = locker(1000);
+        let sem = locker.semaphore("k", 3);
+        let held: Vec<Permit> = futures::future::try_join_all((0..3).map(|_| sem.acquire()))
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let sem = sem.clone();
+            tasks.push(tokio::spawn(async move { sem.acquire().await }));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(held);
+        tokio::task::yield_now().await;
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(locker.active_semaphores(), 0);
+        let all: Vec<Permit> = futures::future::try_join_all((0..3).map(|_| sem.try_acquire()))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.expect("every permit is free again"))
+            .collect();
+        assert_eq!(all.len(), 3);
+    }
+
+    /// A runtime that shuts down with a request task and waiters leaves no local
+    /// state behind: the next runtime acquires afresh (the permit its holder kept
+    /// expires at its TTL).
+    #[test]
+    fn a_runtime_shutdown_leaves_no_stuck_state() {
+        let locker = Locker::builder(MemoryBackend::new())
+            .lease_ttl(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let sem = locker.semaphore("k", 1);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let held = sem.acquire().await.unwrap();
+            for _ in 0..3 {
+                let sem = sem.clone();
+                tokio::spawn(async move { sem.acquire().await });
+            }
+            tokio::spawn(async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(locker.active_semaphores(), 1);
+        });
+        drop(rt);
+        assert_eq!(
+            locker.active_semaphores(),
+            0,
+            "the request task's state went with it"
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let p = sem
+                .acquire_within(Duration::from_secs(5))
+                .await
+                .expect("the permit comes back");
+            p.release().await.unwrap();
+        });
+    }
+}
