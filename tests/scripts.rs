@@ -13,6 +13,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use lockflight::backend::rw::RwBackend;
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockBackend, LockKey, Locker, RedisBackend};
 use redis::aio::MultiplexedConnection;
@@ -665,6 +666,8 @@ const MINIMAL_RULES: &[&str] = &[
     "+zscore",
     "+zrange",
     "+zrangebyscore",
+    "+zremrangebyscore",
+    "+zcount",
     "+zadd",
     "+zrem",
 ];
@@ -704,6 +707,31 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     epoch_of(holder.acquire(&key, t1, TTL, true).await?);
     holder.leave(&key).await?;
     assert!(holder.release(&key, t1).await?.released);
+
+    // The read-write lock's scripts: a reader, a writer waiting and woken.
+    let (rw_holder, rw_waiter) = (holder.rw().expect("rw"), waiter.rw().expect("rw"));
+    let key = LockKey::from(LeaseToken::random().to_hex());
+    let Acquire::Acquired { .. } = rw_holder.acquire_read(&key, t1, TTL, true).await? else {
+        panic!("a free read lock was refused")
+    };
+    let Acquire::Busy { .. } = rw_waiter.acquire_write(&key, t2, TTL, true).await? else {
+        panic!("a writer got a read-locked key")
+    };
+    let mut woken = waiter.wakeups().watch(&key);
+    assert!(matches!(
+        rw_holder.extend_read(&key, t1, TTL).await?,
+        Extend::Extended { .. }
+    ));
+    assert!(rw_holder.release_read(&key, t1).await?.released);
+    tokio::time::timeout(Duration::from_secs(5), woken.woken())
+        .await
+        .expect("the writer is woken");
+    epoch_of(rw_waiter.acquire_write(&key, t2, TTL, true).await?);
+    assert!(matches!(
+        rw_waiter.extend_write(&key, t2, TTL).await?,
+        Extend::Extended { .. }
+    ));
+    assert!(rw_waiter.release_write(&key, t2).await?.released);
     Ok(())
 }
 

@@ -406,7 +406,7 @@ fn millis(d: Duration) -> u64 {
 /// 7.0; replace both patterns' `lockflight` with your prefix):
 ///
 /// ```text
-/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zadd +zrem
+/// ACL SETUSER app on >password ~lockflight:* &lockflight:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zremrangebyscore +zcount +zadd +zrem
 /// ```
 ///
 /// The commands after `+subscribe` are the ones the scripts run: Redis checks them
