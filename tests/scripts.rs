@@ -13,7 +13,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use lockflight::backend::rw::RwBackend;
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockBackend, LockKey, Locker, RedisBackend};
 use redis::aio::MultiplexedConnection;

@@ -34,13 +34,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey, PathParam, handle_error};
-use lockflight::{FencingToken, LockInfo, LockKey, Locker};
+use lockflight::{FencingToken, LockInfo, Locker};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
+
+// Relative to this file, wherever it is included from.
+#[path = "shapes.rs"]
+pub(crate) mod shapes;
+#[allow(unused_imports)] // used by the demo
+pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;
 
 /// The schema, created on start (`IF NOT EXISTS`, so several instances sharing one
 /// database file may all run it, concurrently too).
@@ -63,6 +69,13 @@ CREATE TABLE IF NOT EXISTS reservations (
     fence_seq   INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS reservations_by_sku ON reservations (sku);
+-- Restocks, each under the SKU's write lock (POST /items/{sku}/restock).
+CREATE TABLE IF NOT EXISTS restocks (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    sku         TEXT NOT NULL REFERENCES items (sku),
+    qty         INTEGER NOT NULL,
+    fence_epoch INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS reservations_by_token ON reservations (fence_epoch, fence_seq);
 -- Every accepted decrement is logged by the same statement that makes it.
 CREATE TRIGGER IF NOT EXISTS log_reservation
@@ -77,17 +90,8 @@ END;
 /// The fenced decrement: only a writer with a newer token than the last accepted
 /// one, and only while enough stock is left. Binds: qty, epoch, seq, sku, qty,
 /// epoch, seq.
-const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ? \
+pub(crate) const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ? \
      WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?) RETURNING stock";
-
-/// The optimistic decrement: only if nobody wrote the row since it was read.
-/// Binds: qty, sku, version read, qty.
-const VERSIONED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, version = version + 1 \
-     WHERE sku = ? AND version = ? AND stock >= ? RETURNING stock";
-
-/// How often an optimistic reservation re-reads and retries after another writer
-/// changed the row, before it answers 503 `write_conflict`.
-pub(crate) const OPTIMISTIC_ATTEMPTS: u32 = 50;
 
 /// Opens (creating if needed) the database and its schema.
 ///
@@ -362,7 +366,7 @@ pub(crate) async fn fenced_write(
     })
 }
 
-fn to_sql(v: u64) -> Result<i64, AppError> {
+pub(crate) fn to_sql(v: u64) -> Result<i64, AppError> {
     i64::try_from(v).map_err(|_| AppError::Internal(format!("fencing value {v} exceeds i64")))
 }
 
@@ -432,25 +436,6 @@ pub(crate) struct ReserveRequest {
     pub(crate) qty: i64,
 }
 
-/// One line of a `POST /checkout` cart.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct CartLine {
-    /// The SKU.
-    pub(crate) sku: String,
-    /// Units (at least 1).
-    pub(crate) qty: i64,
-}
-
-/// `POST /checkout` body.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Checkout {
-    /// The cart: each SKU at most once.
-    pub(crate) items: Vec<CartLine>,
-}
-
-/// Most lines a cart may have.
-pub(crate) const MAX_CART_LINES: usize = 32;
-
 /// A handler error.
 #[derive(Debug)]
 pub(crate) enum AppError {
@@ -484,7 +469,7 @@ impl IntoResponse for AppError {
     }
 }
 
-fn error_response(status: StatusCode, body: serde_json::Value) -> Response {
+pub(crate) fn error_response(status: StatusCode, body: serde_json::Value) -> Response {
     (status, Json(body)).into_response()
 }
 
@@ -499,9 +484,10 @@ pub(crate) fn valid_sku(sku: &str) -> bool {
 
 /// The service: `POST /items`, `GET /items`, `GET /items/{sku}` (coalesced),
 /// `POST /items/{sku}/reserve` (locked by SKU, fenced at the database),
-/// `POST /items/{sku}/reserve-optimistic` (no lock: a version column),
-/// `POST /checkout` (several SKUs, all or nothing, under one multi-key lock),
-/// `GET /stats`.
+/// `GET /stats`, and the other lock shapes of [`shapes`]: `POST /checkout`
+/// (several SKUs under one multi-key lock, a per-tenant semaphore cap),
+/// `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (read-write lock),
+/// `POST /items/{sku}/reserve-optimistic` (no lock: a version column).
 pub(crate) fn app(state: AppState) -> Router {
     let locker = state.locker.clone();
     // Locked per SKU. `route_layer`: only matched routes lock, and `PathParam` sees
@@ -531,10 +517,9 @@ pub(crate) fn app(state: AppState) -> Router {
     Router::new()
         .route("/items", get(list_items).post(create_item))
         .route("/stats", get(stats))
-        .route("/items/{sku}/reserve-optimistic", post(reserve_optimistic))
-        .route("/checkout", post(checkout))
         .merge(reserve)
         .merge(read_one)
+        .merge(shapes::routes(&state))
         .with_state(state)
 }
 
@@ -686,192 +671,7 @@ async fn reserve(
     }
 }
 
-/// Optimistic locking, for comparison: no distributed lock at all. Read the row
-/// with its version, check the stock, write only if the version is unchanged;
-/// when zero rows change another writer got there first: read again and retry (up
-/// to [`OPTIMISTIC_ATTEMPTS`] times, then 503 `write_conflict`). Cheap when
-/// writers rarely meet; under contention most attempts are wasted reads and
-/// writes.
-async fn reserve_optimistic(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if !valid_sku(&sku) || req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        );
-    }
-    for _ in 0..OPTIMISTIC_ATTEMPTS {
-        let row: Option<(i64, i64)> =
-            match sqlx::query_as("SELECT stock, version FROM items WHERE sku = ?")
-                .bind(&sku)
-                .fetch_optional(&st.db)
-                .await
-            {
-                Ok(row) => row,
-                Err(e) => return AppError::from(e).into_response(),
-            };
-        let Some((stock, version)) = row else {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                json!({ "error": "not_found", "sku": sku }),
-            );
-        };
-        if stock < req.qty {
-            Counters::bump(&st.counters.out_of_stock);
-            return out_of_stock(&sku, req.qty, stock);
-        }
-        if !st.hooks.before_write.is_zero() {
-            tokio::time::sleep(st.hooks.before_write).await;
-        }
-        let written: Option<i64> = match sqlx::query_scalar(VERSIONED_DECREMENT)
-            .bind(req.qty)
-            .bind(&sku)
-            .bind(version)
-            .bind(req.qty)
-            .fetch_optional(&st.db)
-            .await
-        {
-            Ok(written) => written,
-            Err(e) => return AppError::from(e).into_response(),
-        };
-        match written {
-            Some(remaining) => {
-                Counters::bump(&st.counters.reservations);
-                return Json(json!({
-                    "sku": sku,
-                    "reserved": req.qty,
-                    "remaining": remaining,
-                    "version": version + 1,
-                    "instance": &*st.instance,
-                }))
-                .into_response();
-            }
-            None => Counters::bump(&st.counters.version_conflicts),
-        }
-    }
-    let mut res = error_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        json!({
-            "error": "write_conflict",
-            "message": "other writers kept changing the row; nothing was written; retry",
-            "sku": sku,
-            "attempts": OPTIMISTIC_ATTEMPTS,
-        }),
-    );
-    res.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    res
-}
-
-/// A cart checkout: every SKU of the cart or none. The SKUs' locks are taken
-/// together with [`Locker::lock_many`] (one canonical order, so two carts that
-/// share SKUs never deadlock, and a checkout excludes the single-SKU reservations
-/// of the same SKUs, which lock the same keys), then every line is checked and
-/// written in ONE database transaction, each write fenced by its SKU's token.
-async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Response {
-    let mut skus: Vec<&str> = cart.items.iter().map(|l| l.sku.as_str()).collect();
-    skus.sort_unstable();
-    skus.dedup();
-    if cart.items.is_empty()
-        || cart.items.len() > MAX_CART_LINES
-        || skus.len() != cart.items.len()
-        || cart.items.iter().any(|l| !valid_sku(&l.sku) || l.qty < 1)
-    {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({
-                "error": "invalid_cart",
-                "message": format!("1-{MAX_CART_LINES} lines, each a valid SKU once, qty >= 1"),
-            }),
-        );
-    }
-    let held = match st.locker.lock_many(skus.iter().copied()).await {
-        Ok(held) => held,
-        // 503 + Retry-After for a timeout, 400 for a bad key, … (lockflight's
-        // own mapping, as the lock layer uses it).
-        Err(e) => return e.into_response(),
-    };
-    let mut tx = match st.db.begin().await {
-        Ok(tx) => tx,
-        Err(e) => return AppError::from(e).into_response(),
-    };
-    let mut lines = Vec::new();
-    for line in &cart.items {
-        let Some(token) = held.fencing_token(&LockKey::from(line.sku.as_str())) else {
-            return AppError::Internal(format!("{} is not in the held set", line.sku))
-                .into_response();
-        };
-        let (epoch, seq) = match (to_sql(token.epoch), to_sql(token.seq)) {
-            (Ok(e), Ok(s)) => (e, s),
-            (Err(e), _) | (_, Err(e)) => return e.into_response(),
-        };
-        let remaining: Result<Option<i64>, _> = sqlx::query_scalar(FENCED_DECREMENT)
-            .bind(line.qty)
-            .bind(epoch)
-            .bind(seq)
-            .bind(&line.sku)
-            .bind(line.qty)
-            .bind(epoch)
-            .bind(seq)
-            .fetch_optional(&mut *tx)
-            .await;
-        match remaining {
-            Ok(Some(remaining)) => lines.push(json!({
-                "sku": line.sku,
-                "reserved": line.qty,
-                "remaining": remaining,
-                "fencing_token": { "epoch": token.epoch, "seq": token.seq },
-            })),
-            // Not written: out of stock, unknown, or a stale token. Nothing of the
-            // cart is written (the transaction rolls back when dropped).
-            Ok(None) => {
-                let available: Option<i64> =
-                    sqlx::query_scalar("SELECT stock FROM items WHERE sku = ?")
-                        .bind(&line.sku)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .unwrap_or(None);
-                return match available {
-                    None => error_response(
-                        StatusCode::NOT_FOUND,
-                        json!({ "error": "not_found", "sku": line.sku }),
-                    ),
-                    Some(a) if a < line.qty => {
-                        Counters::bump(&st.counters.out_of_stock);
-                        out_of_stock(&line.sku, line.qty, a)
-                    }
-                    Some(_) => {
-                        Counters::bump(&st.counters.stale_rejected);
-                        error_response(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            json!({ "error": "stale_fencing_token", "sku": line.sku }),
-                        )
-                    }
-                };
-            }
-            Err(e) => return AppError::from(e).into_response(),
-        }
-    }
-    if held.is_lost() {
-        // Every write was fenced, but say so rather than commit a cart whose lock
-        // is known to be gone.
-        return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": "lease_lost", "message": "a cart lock was lost; nothing was written" }),
-        );
-    }
-    if let Err(e) = tx.commit().await {
-        return AppError::from(e).into_response();
-    }
-    Counters::bump(&st.counters.checkouts);
-    drop(held);
-    Json(json!({ "checkout": lines, "instance": &*st.instance })).into_response()
-}
-
-fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {
+pub(crate) fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {
     error_response(
         StatusCode::CONFLICT,
         json!({

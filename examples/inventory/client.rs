@@ -75,7 +75,21 @@ impl Http {
         url: &str,
         json: Option<&serde_json::Value>,
     ) -> Result<Reply, BoxError> {
+        self.send_with(method, url, json, &[]).await
+    }
+
+    /// Like [`send`](Self::send), with extra request headers.
+    pub(crate) async fn send_with(
+        &self,
+        method: Method,
+        url: &str,
+        json: Option<&serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply, BoxError> {
         let mut req = Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         let body = match json {
             Some(value) => {
                 req = req.header(http::header::CONTENT_TYPE, "application/json");

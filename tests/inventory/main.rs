@@ -16,8 +16,8 @@ mod client;
 #[path = "../../examples/inventory/gateway.rs"]
 mod gateway;
 
-mod checkout;
 mod reserve;
+mod shapes;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -1,5 +1,7 @@
-//! The cart checkout (several SKUs under one multi-key lock, one transaction) and
-//! the optimistic reservation (a version column, no lock).
+//! The other lock shapes of the example: the cart checkout (several SKUs under
+//! one multi-key lock, one transaction, a per-tenant semaphore cap), stock reads
+//! under the read lock against restocks under the write lock, and the optimistic
+//! reservation (a version column, no lock).
 
 use super::*;
 
@@ -11,14 +13,29 @@ async fn stock(http: &Http, base: &str, sku: &str) -> i64 {
     res.json()["stock"].as_i64().expect("a stock count")
 }
 
-async fn checkout(http: &Http, base: &str, lines: &[(&str, i64)]) -> client::Reply {
+/// `POST /checkout` of `lines` for `tenant`.
+async fn checkout_as(
+    http: &Http,
+    base: &str,
+    tenant: &str,
+    lines: &[(&str, i64)],
+) -> client::Reply {
     let items: Vec<_> = lines
         .iter()
         .map(|(sku, qty)| json!({ "sku": sku, "qty": qty }))
         .collect();
-    http.post(&format!("{base}/checkout"), &json!({ "items": items }))
-        .await
-        .expect("POST /checkout")
+    http.send_with(
+        http::Method::POST,
+        &format!("{base}/checkout"),
+        Some(&json!({ "items": items })),
+        &[("x-tenant", tenant)],
+    )
+    .await
+    .expect("POST /checkout")
+}
+
+async fn checkout(http: &Http, base: &str, lines: &[(&str, i64)]) -> client::Reply {
+    checkout_as(http, base, "public", lines).await
 }
 
 /// A cart with one line out of stock writes nothing; a cart that fits writes
@@ -113,8 +130,10 @@ async fn overlapping_carts_never_deadlock_or_oversell() {
                 .await
                 .expect("reserve")
             } else {
+                // Each request its own tenant: the per-tenant cap is not what
+                // this test is about.
                 let lines: Vec<(&str, i64)> = cart.iter().map(|s| (*s, 1)).collect();
-                checkout(&http, &base, &lines).await
+                checkout_as(&http, &base, &format!("t{i}"), &lines).await
             };
             (cart, res.status)
         });
@@ -180,4 +199,105 @@ async fn optimistic_reservations_retry_on_a_changed_version() {
     let res = http.post(&url, &json!({ "qty": 2 })).await.expect("third");
     assert_eq!(res.status, StatusCode::CONFLICT, "{}", res.text());
     assert_eq!(stock(&http, &base, "cup").await, 1);
+}
+
+/// A restock writes the stock and its log in two statements under the write
+/// lock (the hook pauses between them); stock reads under the read lock, from
+/// another instance, never see half a restock, and see the restock's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stock_reads_never_see_half_a_restock() {
+    let prefix = support::unique_prefix("inventory-restock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let writer = instance("w", &prefix, file_db(dir.path()).await, |b| b)
+        .await
+        .with_hooks(Hooks {
+            before_write: Duration::from_millis(40),
+            ..Hooks::default()
+        });
+    let reader = instance("r", &prefix, file_db(dir.path()).await, |b| b).await;
+    let (w, r) = (serve(app::app(writer)).await, serve(app::app(reader)).await);
+    let http = Http::new();
+    create_item(&http, &w, "bolt", 10).await;
+    let restocks = {
+        let (http, w) = (http.clone(), w.clone());
+        tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..5 {
+                let res = http
+                    .post(&format!("{w}/items/bolt/restock"), &json!({ "qty": 3 }))
+                    .await
+                    .expect("restock");
+                assert_eq!(res.status, StatusCode::OK, "{}", res.text());
+                tokens.push(res.json()["fencing_token"]["epoch"].as_u64().unwrap());
+            }
+            tokens
+        })
+    };
+    let mut reads = 0;
+    while !restocks.is_finished() && reads < 2_000 {
+        let body = http
+            .get(&format!("{r}/items/bolt/stock"))
+            .await
+            .expect("stock")
+            .json();
+        let (stock, restocked) = (
+            body["stock"].as_i64().unwrap(),
+            body["restocked"].as_i64().unwrap(),
+        );
+        assert_eq!(stock, 10 + restocked, "half a restock seen: {body}");
+        reads += 1;
+    }
+    let tokens = restocks.await.expect("restocks");
+    assert!(reads > 0);
+    assert!(tokens.windows(2).all(|t| t[0] < t[1]), "{tokens:?}");
+    let body = http
+        .get(&format!("{r}/items/bolt/stock"))
+        .await
+        .expect("stock")
+        .json();
+    assert_eq!(body["stock"], 25);
+    assert_eq!(
+        body["last_restock"]["epoch"].as_u64(),
+        tokens.last().copied()
+    );
+}
+
+/// A tenant over its checkout cap (held by another instance) is answered 429 at
+/// once; other tenants are not affected; a freed permit lets it in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkouts_are_capped_per_tenant_across_instances() {
+    let prefix = support::unique_prefix("inventory-tenant");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = instance("a", &prefix, file_db(dir.path()).await, |b| b).await;
+    let base = serve(app::app(state)).await;
+    let other = Locker::builder(redis_backend(&prefix).await)
+        .build()
+        .expect("locker");
+    let http = Http::new();
+    create_item(&http, &base, "nut", 100).await;
+    // Another instance holds every permit of tenant "acme".
+    let cap = other.semaphore("tenant:acme", app::shapes::TENANT_CHECKOUTS);
+    let mut held = Vec::new();
+    for _ in 0..app::shapes::TENANT_CHECKOUTS {
+        held.push(cap.acquire().await.expect("a permit"));
+    }
+    let send = |tenant: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { checkout_as(&http, &base, tenant, &[("nut", 1)]).await }
+    };
+    let res = send("acme").await;
+    assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS, "{}", res.text());
+    assert_eq!(res.error_code().as_deref(), Some("tenant_busy"));
+    let res = send("globex").await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.text());
+    held.pop()
+        .unwrap()
+        .release()
+        .await
+        .expect("release a permit");
+    let res = send("acme").await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.text());
+    for p in held {
+        p.release().await.expect("release");
+    }
 }
