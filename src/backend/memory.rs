@@ -281,6 +281,30 @@ impl LockBackend for MemoryBackend {
         true
     }
 
+    /// Queues this instance at its next waiter's arrival, then releases: the
+    /// waiters woken by the release then find it in its place.
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> Result<Released> {
+        let now = Instant::now();
+        let mine = Waiting {
+            id: self.id,
+            arrived: now.checked_sub(next_waiter_age).unwrap_or(now),
+            expires: now + FAIR_ENTRY_TTL,
+        };
+        {
+            let mut q = self.inner.queues.entry(key.clone()).or_default();
+            match q.iter_mut().find(|w| w.id == self.id) {
+                Some(w) => *w = mine,
+                None => q.push(mine),
+            }
+        }
+        self.release(key, token).await
+    }
+
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let now = Instant::now();
         let mut released = false;
