@@ -16,6 +16,10 @@ use support::{CountingProxy, shared, unique_prefix, wait_until};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+/// The time between two arrivals: well above the jitter of placing an arrival on
+/// the server's clock (a one-way trip to a local server, on a loaded test machine).
+const GAP: Duration = Duration::from_millis(25);
+
 /// A backend (one instance) on `url` under `prefix`, subscribed.
 async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
     let backend = RedisBackend::builder(url)
@@ -77,6 +81,7 @@ async fn queue_len(backend: &RedisBackend, key: &LockKey) -> i64 {
 /// previous one has called `lock`), then releases; every task holds for a few ms.
 /// Returns the order in which the tasks were granted the lock.
 async fn grant_order(
+    names: &RedisBackend,
     holder: &Locker,
     lockers: &[Locker],
     key: &LockKey,
@@ -99,7 +104,18 @@ async fn grant_order(
         arrived.await.unwrap();
         tokio::time::sleep(gap).await;
     }
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Every instance's request has landed (queued) before the holder lets go.
+    let instances = waiters
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            queue_len(names, key).await == instances as i64
+        })
+        .await,
+        "the waiting instances never all queued"
+    );
     guard.release().await.unwrap();
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
@@ -117,7 +133,8 @@ async fn grants_follow_arrival_order_across_four_instances() {
     let url = server.url();
     let prefix = unique_prefix("fair-order");
     let key = LockKey::from("k");
-    let holder = locker(backend_at(&url, &prefix).await, true);
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(names.clone(), true);
     let fair = instances(&url, &prefix, 4, true).await;
     let patterns: [&[usize]; 4] = [
         &[0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3],
@@ -127,7 +144,7 @@ async fn grants_follow_arrival_order_across_four_instances() {
     ];
     for round in 0..3 {
         for (p, pattern) in patterns.iter().enumerate() {
-            let order = grant_order(&holder, &fair, &key, pattern, Duration::from_millis(8)).await;
+            let order = grant_order(&names, &holder, &fair, &key, pattern, GAP).await;
             let arrival: Vec<usize> = (0..pattern.len()).collect();
             assert_eq!(
                 order, arrival,
@@ -139,16 +156,10 @@ async fn grants_follow_arrival_order_across_four_instances() {
     // The default mode, same scenario: instance 0's first task hands the lease to
     // its later tasks (4 and 8) ahead of the other instances' earlier ones.
     let prefix = unique_prefix("default-order");
-    let holder = locker(backend_at(&url, &prefix).await, false);
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(names.clone(), false);
     let default = instances(&url, &prefix, 4, false).await;
-    let order = grant_order(
-        &holder,
-        &default,
-        &key,
-        patterns[0],
-        Duration::from_millis(8),
-    )
-    .await;
+    let order = grant_order(&names, &holder, &default, &key, patterns[0], GAP).await;
     println!("default mode grant order: {order:?}");
     assert_ne!(
         order,
@@ -313,6 +324,7 @@ async fn handoff_respects_arrival_order() {
     for (fair_mode, local_first) in [(true, false), (true, true), (false, false)] {
         let prefix = unique_prefix("fair-handoff");
         let key = LockKey::from("k");
+        let names = backend_at(&url, &prefix).await;
         let lockers = instances(&url, &prefix, 2, fair_mode).await;
         let (home, remote) = (&lockers[0], &lockers[1]);
         let guard = home.lock(&key).await.unwrap();
@@ -325,15 +337,25 @@ async fn handoff_respects_arrival_order() {
         };
         for (name, locker) in starts {
             let (started, arrived) = oneshot::channel();
-            let (locker, key, order) = (locker.clone(), key.clone(), Arc::clone(&order));
+            let (locker, k, order) = (locker.clone(), key.clone(), Arc::clone(&order));
             tasks.spawn(async move {
                 let _ = started.send(());
-                let guard = locker.lock(&key).await.unwrap();
+                let guard = locker.lock(&k).await.unwrap();
                 order.lock().unwrap().push(name);
                 guard.release().await.unwrap();
             });
             arrived.await.unwrap();
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(GAP).await;
+            if name == "remote" {
+                // Its request has landed: the arrival order is unambiguous.
+                assert!(
+                    wait_until(Duration::from_secs(10), || async {
+                        queue_len(&names, &key).await == 1
+                    })
+                    .await,
+                    "the remote instance never queued"
+                );
+            }
         }
         guard.release().await.unwrap();
         while let Some(done) = tasks.join_next().await {
