@@ -26,7 +26,12 @@ mod semaphore;
 ///
 /// How it differs from [`RedisBackend`](crate::RedisBackend):
 ///
-/// * **No queue.** Waiters are not ordered and hold no claim; `leave` does nothing.
+/// * **No queue** by default: waiters are not ordered and hold no claim. In fair mode
+///   ([`LockerBuilder::fair`](crate::LockerBuilder::fair)) waiting instances (each
+///   clone of the backend is one instance) are ordered by arrival, in memory, as
+///   Redis orders them: a free lock goes only to the earliest live entry; entries
+///   are refreshed by each ask, expire after 3 s without one, and `leave` removes
+///   them.
 /// * **Every watcher is woken** on a release (Redis wakes one waiting instance); the
 ///   others find the lock taken and wait again.
 /// * **Epochs are floored by this process's wall clock**, not a server's: one
@@ -51,14 +56,55 @@ mod semaphore;
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Default)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
+    /// This clone's identity in the fair-mode queues.
+    id: u64,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend {
+            inner: Arc::default(),
+            id: next_id(),
+        }
+    }
+}
+
+impl Clone for MemoryBackend {
+    /// Shares the locks; the clone is another instance (its own place in the
+    /// fair-mode queues).
+    fn clone(&self) -> Self {
+        MemoryBackend {
+            inner: Arc::clone(&self.inner),
+            id: next_id(),
+        }
+    }
+}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// How long a fair-mode queue entry lives without being refreshed.
+const FAIR_ENTRY_TTL: Duration = Duration::from_secs(3);
+/// The longest a fair-mode waiter waits before asking again (a third of the above).
+const FAIR_RETRY: Duration = Duration::from_secs(1);
+
+/// A waiting instance in fair mode.
+#[derive(Clone, Copy)]
+struct Waiting {
+    id: u64,
+    arrived: Instant,
+    expires: Instant,
 }
 
 #[derive(Default)]
 struct Inner {
     locks: DashMap<LockKey, Held>,
+    /// Fair mode's queues of waiting instances (lock order: a queue, then a lock).
+    queues: DashMap<LockKey, Vec<Waiting>>,
     last_epoch: AtomicU64,
     wakeups: WakeRegistry,
     rw: rw::State,
@@ -157,6 +203,108 @@ impl LockBackend for MemoryBackend {
         })
     }
 
+    async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        age: Duration,
+    ) -> Result<Acquire> {
+        let now = Instant::now();
+        let arrived = now.checked_sub(age).unwrap_or(now);
+        let me = self.id;
+        let mut waiters = self.inner.queues.entry(key.clone()).or_default();
+        let q = waiters.value_mut();
+        q.retain(|w| w.expires > now);
+        let ahead = q.iter().any(|w| w.id != me && w.arrived < arrived);
+        let others = q.iter().filter(|w| w.id != me).count();
+        let mut entry = self.inner.locks.entry(key.clone()).or_insert(Held {
+            token,
+            epoch: 0,
+            expires: now,
+        });
+        let held = entry.value_mut();
+        let free = held.epoch == 0 || held.expires <= now;
+        let ours = held.token == token && !free;
+        let reply = if ours || (free && !ahead) {
+            let epoch = self.mint();
+            *held = Held {
+                token,
+                epoch,
+                expires: now + ttl,
+            };
+            drop(entry);
+            q.retain(|w| w.id != me);
+            Acquire::Acquired {
+                epoch,
+                waiting: u32::try_from(others).unwrap_or(u32::MAX),
+            }
+        } else {
+            let retry_in = if free {
+                FAIR_RETRY
+            } else {
+                (held.expires - now).min(FAIR_RETRY)
+            };
+            let expired = free && held.epoch != 0;
+            drop(entry);
+            if free {
+                // A placeholder, or a lease that ran out: the earliest waiter takes
+                // it; an expiry wakes the waiters once.
+                self.inner.locks.remove_if(key, |_, h| h.expires <= now);
+                if expired {
+                    self.inner.wakeups.wake(key.as_bytes());
+                }
+            }
+            if queue {
+                let mine = Waiting {
+                    id: me,
+                    arrived,
+                    expires: now + FAIR_ENTRY_TTL,
+                };
+                match q.iter_mut().find(|w| w.id == me) {
+                    Some(w) => *w = mine,
+                    None => q.push(mine),
+                }
+            }
+            Acquire::Busy { retry_in }
+        };
+        let empty = q.is_empty();
+        drop(waiters);
+        if empty {
+            self.inner.queues.remove_if(key, |_, q| q.is_empty());
+        }
+        Ok(reply)
+    }
+
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    /// Queues this instance at its next waiter's arrival, then releases: the
+    /// waiters woken by the release then find it in its place.
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> Result<Released> {
+        let now = Instant::now();
+        let mine = Waiting {
+            id: self.id,
+            arrived: now.checked_sub(next_waiter_age).unwrap_or(now),
+            expires: now + FAIR_ENTRY_TTL,
+        };
+        {
+            let mut q = self.inner.queues.entry(key.clone()).or_default();
+            match q.iter_mut().find(|w| w.id == self.id) {
+                Some(w) => *w = mine,
+                None => q.push(mine),
+            }
+        }
+        self.release(key, token).await
+    }
+
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let now = Instant::now();
         let mut released = false;
@@ -187,7 +335,15 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn leave(&self, _key: &LockKey) -> Result<()> {
+    async fn leave(&self, key: &LockKey) -> Result<()> {
+        if let Some(mut q) = self.inner.queues.get_mut(key) {
+            q.retain(|w| w.id != self.id);
+            let empty = q.is_empty();
+            drop(q);
+            if empty {
+                self.inner.queues.remove_if(key, |_, q| q.is_empty());
+            }
+        }
         Ok(())
     }
 
@@ -247,5 +403,73 @@ mod tests {
         assert!(!b.release(&k, t1).await.unwrap().released);
         assert!(b.release(&k, t2).await.unwrap().released);
         assert!(b.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fair_mode_orders_instances_by_arrival_and_forbids_barging() {
+        let a = MemoryBackend::new();
+        let (b, c, d) = (a.clone(), a.clone(), a.clone());
+        let k = LockKey::from("k");
+        let ms = Duration::from_millis;
+        async fn fair(m: &MemoryBackend, t: LeaseToken, queue: bool, age: Duration) -> Acquire {
+            let (k, ttl) = (LockKey::from("k"), Duration::from_secs(1));
+            m.acquire_fair(&k, t, ttl, queue, age).await.unwrap()
+        }
+        let (ta, tb, tc, td) = (
+            LeaseToken::random(),
+            LeaseToken::random(),
+            LeaseToken::random(),
+            LeaseToken::random(),
+        );
+        assert!(matches!(
+            fair(&a, ta, true, ms(0)).await,
+            Acquire::Acquired { .. }
+        ));
+        // c's waiter arrived before b's (older age), although c asks later.
+        assert!(matches!(
+            fair(&b, tb, true, ms(5)).await,
+            Acquire::Busy { .. }
+        ));
+        assert!(matches!(
+            fair(&c, tc, true, ms(50)).await,
+            Acquire::Busy { .. }
+        ));
+        // a's lease expires without a release: d, a newcomer, may not take it.
+        tokio::time::advance(ms(1001)).await;
+        assert!(matches!(
+            fair(&d, td, false, ms(0)).await,
+            Acquire::Busy { .. }
+        ));
+        assert!(matches!(
+            fair(&b, tb, true, ms(5)).await,
+            Acquire::Busy { .. }
+        ));
+        let Acquire::Acquired { waiting, .. } = fair(&c, tc, true, ms(60)).await else {
+            panic!("the earliest arrival did not get the free lock")
+        };
+        assert_eq!(waiting, 1, "b still waits");
+        assert!(c.release(&k, tc).await.unwrap().released);
+        assert!(matches!(
+            fair(&d, td, false, ms(0)).await,
+            Acquire::Busy { .. }
+        ));
+        assert!(matches!(
+            fair(&b, tb, true, ms(10)).await,
+            Acquire::Acquired { .. }
+        ));
+        assert!(b.release(&k, tb).await.unwrap().released);
+        // Nobody waits: anyone takes it; a leaver's entry is gone.
+        assert!(matches!(
+            fair(&c, tc, true, ms(0)).await,
+            Acquire::Acquired { .. }
+        ));
+        assert!(matches!(
+            fair(&d, td, true, ms(0)).await,
+            Acquire::Busy { .. }
+        ));
+        d.leave(&k).await.unwrap();
+        assert!(c.release(&k, tc).await.unwrap().released);
+        assert!(a.is_empty());
+        assert!(a.inner.queues.is_empty());
     }
 }

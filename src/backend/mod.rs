@@ -145,8 +145,62 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         queue: bool,
     ) -> Result<Acquire>;
 
+    /// Fair-mode acquire-or-enqueue (see [`LockerBuilder::fair`](crate::LockerBuilder::fair)):
+    /// like [`acquire`](LockBackend::acquire), but the caller speaks for a local
+    /// waiter that arrived `age` ago (the oldest one of this instance), and the lock
+    /// goes in order of arrival:
+    ///
+    /// * this instance's queue entry is (re)placed at the arrival time, *now − age*,
+    ///   in the backend's clock, each time it asks (so a new leader of the instance
+    ///   takes its own place, not its predecessor's);
+    /// * a free lock (no holder, no claim given to another instance) is taken only
+    ///   if no other live queue entry arrived earlier; otherwise the answer is
+    ///   `Busy` (and, with `queue`, the instance is queued), even after a TTL
+    ///   expiry: no barging;
+    /// * the token that owns the key re-arms it, as with `acquire`.
+    ///
+    /// Backends that cannot order waiters keep the default, which refuses with
+    /// [`Error::Unsupported`](crate::Error::Unsupported), and report `false` from
+    /// [`supports_fair`](LockBackend::supports_fair); the locker then refuses
+    /// to build in fair mode.
+    async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        age: Duration,
+    ) -> Result<Acquire> {
+        let _ = (token, ttl, queue, age);
+        Err(crate::Error::Unsupported {
+            key: key.clone(),
+            what: "fair mode",
+        })
+    }
+
+    /// Whether [`acquire_fair`](LockBackend::acquire_fair) is implemented.
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
     /// Release `key` if `token` owns it, then wake the next waiting instance.
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released>;
+
+    /// Fair-mode release, when this instance has another local waiter that arrived
+    /// `next_waiter_age` ago: like [`release`](LockBackend::release), but first
+    /// (re)queues this instance at that waiter's arrival time, so the instance to
+    /// wake is chosen in order of arrival with it included (it may be this one).
+    /// The default is a plain release (enough for a backend whose waiters all
+    /// compete again after a release, as the memory backend's do).
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> Result<Released> {
+        let _ = next_waiter_age;
+        self.release(key, token).await
+    }
 
     /// Re-arm the TTL of `key` to `ttl` if `token` owns it.
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend>;
@@ -187,8 +241,29 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     ) -> Result<Acquire> {
         (**self).acquire(key, token, ttl, queue).await
     }
+    async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        age: Duration,
+    ) -> Result<Acquire> {
+        (**self).acquire_fair(key, token, ttl, queue, age).await
+    }
+    fn supports_fair(&self) -> bool {
+        (**self).supports_fair()
+    }
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         (**self).release(key, token).await
+    }
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> Result<Released> {
+        (**self).release_fair(key, token, next_waiter_age).await
     }
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
         (**self).extend(key, token, ttl).await

@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
 use crate::key::LockKey;
@@ -88,7 +89,8 @@ struct State {
     mode: Mode,
     removed: bool,
     next_id: u64,
-    waiters: VecDeque<(u64, oneshot::Sender<Grant>)>,
+    /// Waiters in FIFO order: id, arrival, grant channel.
+    waiters: VecDeque<(u64, Instant, oneshot::Sender<Grant>)>,
 }
 
 /// One key's state.
@@ -217,7 +219,7 @@ impl Slot {
         let id = st.next_id;
         st.next_id += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.push_back((id, tx));
+        st.waiters.push_back((id, Instant::now(), tx));
         drop(st);
         Some(Join::Wait(Ticket {
             slot: self,
@@ -261,15 +263,44 @@ impl Slot {
     }
 
     /// The holder is done with the lease. With `handoff` the lease (as `seq`) goes to
-    /// the next live waiter, if any; otherwise the caller releases it at the backend.
-    pub(crate) fn release(&self, lease: &Arc<Lease>, seq: u64, handoff: bool) -> Release {
+    /// the next live waiter, if any — with `arrived_by`, only if that waiter arrived
+    /// no later than it (fair mode); otherwise the caller releases it at the backend.
+    pub(crate) fn release(
+        &self,
+        lease: &Arc<Lease>,
+        seq: u64,
+        handoff: bool,
+        arrived_by: Option<Instant>,
+    ) -> Release {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Held);
-        if handoff && Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
-            return Release::HandedOff;
+        if handoff {
+            if let Some(by) = arrived_by {
+                // Waiters that left are skipped (they are gone anyway); the first live
+                // one decides.
+                while st.waiters.front().is_some_and(|(_, _, tx)| tx.is_closed()) {
+                    st.waiters.pop_front();
+                }
+                if st.waiters.front().is_some_and(|(_, at, _)| *at > by) {
+                    st.mode = Mode::Releasing;
+                    return Release::Backend;
+                }
+            }
+            if Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
+                return Release::HandedOff;
+            }
         }
         st.mode = Mode::Releasing;
         Release::Backend
+    }
+
+    /// When the oldest live local waiter arrived, if there is one (fair mode).
+    pub(crate) fn oldest_waiter(&self) -> Option<Instant> {
+        let st = self.lock();
+        st.waiters
+            .iter()
+            .find(|(_, _, tx)| !tx.is_closed())
+            .map(|(_, at, _)| *at)
     }
 
     /// The backend release finished (or was given up): the next waiter leads,
@@ -289,7 +320,7 @@ impl Slot {
 
     /// Offers `grant` to waiters in FIFO order; returns it if nobody took it.
     fn grant_next(st: &mut State, mut grant: Grant) -> Option<Grant> {
-        while let Some((_, tx)) = st.waiters.pop_front() {
+        while let Some((_, _, tx)) = st.waiters.pop_front() {
             match tx.send(grant) {
                 Ok(()) => return None,
                 Err(back) => grant = back,
@@ -346,7 +377,7 @@ impl Ticket {
             Ok(grant) => Some(grant),
             Err(_) => {
                 let mut st = self.slot.lock();
-                st.waiters.retain(|(id, _)| *id != self.id);
+                st.waiters.retain(|(id, _, _)| *id != self.id);
                 None
             }
         }

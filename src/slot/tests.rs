@@ -71,7 +71,7 @@ impl Forward for ModelForward {
                 let _ = slot.abandon(&self.map, lead);
             }
             Grant::Lease(lease, seq) => {
-                if slot.release(&lease, seq, self.handoff) == Release::Backend {
+                if slot.release(&lease, seq, self.handoff, None) == Release::Backend {
                     self.pending.lock().unwrap().push(Arc::clone(slot));
                 }
             }
@@ -193,7 +193,7 @@ impl World {
             }
             (Task::Holding(slot, lease, seq), Action::Release) => {
                 self.holders -= 1;
-                match slot.release(&lease, seq + 1, handoff) {
+                match slot.release(&lease, seq + 1, handoff, None) {
                     Release::HandedOff => Task::Done { held: true },
                     Release::Backend => Task::Releasing(slot),
                 }

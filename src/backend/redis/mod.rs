@@ -639,6 +639,123 @@ impl RedisBackend {
 }
 
 impl Inner {
+    /// Runs `lua/release.lua`; `requeue` is the age of this instance's next local
+    /// waiter in fair mode.
+    async fn release(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        requeue: Option<Duration>,
+    ) -> Result<Released> {
+        let n = Names::new(&self.prefix, key);
+        let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry];
+        let (token, claim_ttl_ms, tombstone_ttl_ms) = (
+            token.to_hex(),
+            self.claim_ttl_ms.to_string(),
+            self.tombstone_ttl_ms.to_string(),
+        );
+        let args: [&[u8]; 6] = [
+            token.as_bytes(),
+            self.instance_id.as_bytes(),
+            claim_ttl_ms.as_bytes(),
+            self.channel_prefix.as_bytes(),
+            key.as_bytes(),
+            tombstone_ttl_ms.as_bytes(),
+        ];
+        let reply = match requeue {
+            None => self.invoke(&RELEASE, &keys, &args).await,
+            Some(age) => {
+                let age_us = u64::try_from(age.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .to_string();
+                let entry_ttl_ms = self.entry_ttl_ms.to_string();
+                let [a1, a2, a3, a4, a5, a6] = args;
+                let args: [&[u8]; 8] = [
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    age_us.as_bytes(),
+                    entry_ttl_ms.as_bytes(),
+                ];
+                self.invoke(&RELEASE, &keys, &args).await
+            }
+        }
+        .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        let (released, refused) = decode_release(key, &reply)?;
+        if let Some(error) = refused {
+            warn_refused_publish(key, "release", &error);
+        }
+        Ok(released)
+    }
+
+    /// Runs `lua/acquire.lua`; `fair` is the caller's age in fair mode.
+    async fn acquire(
+        self: &Arc<Self>,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        fair: Option<Duration>,
+    ) -> Result<Acquire> {
+        if queue {
+            // A caller about to wait needs the wake-ups.
+            self.ensure_notifier();
+        }
+        let n = Names::new(&self.prefix, key);
+        let ttl_ms = millis(ttl);
+        let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
+        let keys: [&[u8]; 6] = [
+            &n.lock,
+            &n.fence,
+            &n.queue,
+            &n.claim,
+            &n.tombstone,
+            &n.queue_expiry,
+        ];
+        let (token, ttl_ms, entry_ttl_ms, fence_ttl_ms) = (
+            token.to_hex(),
+            ttl_ms.to_string(),
+            self.entry_ttl_ms.to_string(),
+            fence_ttl_ms.to_string(),
+        );
+        let args: [&[u8]; 6] = [
+            token.as_bytes(),
+            ttl_ms.as_bytes(),
+            self.instance_id.as_bytes(),
+            entry_ttl_ms.as_bytes(),
+            fence_ttl_ms.as_bytes(),
+            if queue { b"1" } else { b"0" },
+        ];
+        let reply = match fair {
+            None => self.invoke(&ACQUIRE, &keys, &args).await,
+            Some(age) => {
+                let age_us = u64::try_from(age.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .to_string();
+                let claim_ttl_ms = self.claim_ttl_ms.to_string();
+                let [a1, a2, a3, a4, a5, a6] = args;
+                let args: [&[u8]; 10] = [
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    age_us.as_bytes(),
+                    claim_ttl_ms.as_bytes(),
+                    self.channel_prefix.as_bytes(),
+                    key.as_bytes(),
+                ];
+                self.invoke(&ACQUIRE, &keys, &args).await
+            }
+        }
+        .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        decode_acquire(key, &reply, self.entry_refresh)
+    }
+
     async fn invoke(
         &self,
         script: &Script,
@@ -1064,62 +1181,40 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let inner = &self.inner;
-        if queue {
-            // A caller about to wait needs the wake-ups.
-            inner.ensure_notifier();
-        }
-        let n = Names::new(&inner.prefix, key);
-        let ttl_ms = millis(ttl);
-        let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
-        let reply = inner
-            .invoke(
-                &ACQUIRE,
-                &[
-                    &n.lock,
-                    &n.fence,
-                    &n.queue,
-                    &n.claim,
-                    &n.tombstone,
-                    &n.queue_expiry,
-                ],
-                &[
-                    token.to_hex().as_bytes(),
-                    ttl_ms.to_string().as_bytes(),
-                    inner.instance_id.as_bytes(),
-                    inner.entry_ttl_ms.to_string().as_bytes(),
-                    fence_ttl_ms.to_string().as_bytes(),
-                    if queue { b"1" } else { b"0" },
-                ],
-            )
-            .await
-            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
-        decode_acquire(key, &reply, inner.entry_refresh)
+        self.inner.acquire(key, token, ttl, queue, None).await
+    }
+
+    /// The same script as [`acquire`](Self::acquire) with four more arguments: the
+    /// age (µs), and the claim TTL, channel prefix and raw key with which it wakes
+    /// the earliest waiter of a free lock that nobody was told to take.
+    async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        age: Duration,
+    ) -> Result<Acquire> {
+        self.inner.acquire(key, token, ttl, queue, Some(age)).await
+    }
+
+    fn supports_fair(&self) -> bool {
+        true
     }
 
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        let inner = &*self.inner;
-        let n = Names::new(&inner.prefix, key);
-        let reply = inner
-            .invoke(
-                &RELEASE,
-                &[&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry],
-                &[
-                    token.to_hex().as_bytes(),
-                    inner.instance_id.as_bytes(),
-                    inner.claim_ttl_ms.to_string().as_bytes(),
-                    inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
-                    inner.tombstone_ttl_ms.to_string().as_bytes(),
-                ],
-            )
-            .await
-            .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        let (released, refused) = decode_release(key, &reply)?;
-        if let Some(error) = refused {
-            warn_refused_publish(key, "release", &error);
-        }
-        Ok(released)
+        self.inner.release(key, token, None).await
+    }
+
+    /// The release script with two more arguments: the waiter's age (µs) and the
+    /// queue entry TTL; it requeues this instance before choosing whom to wake.
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> Result<Released> {
+        self.inner.release(key, token, Some(next_waiter_age)).await
     }
 
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {

@@ -4,6 +4,15 @@
 -- KEYS[6] queue expiry index
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] queue entry ttl ms
 -- ARGV[5] fence ttl ms  ARGV[6] "1" to join the queue when busy, "0" not to (try_lock)
+-- Fair mode only (absent otherwise): ARGV[7] the caller's age in µs (how long ago its
+-- instance's oldest local waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel
+-- prefix  ARGV[10] raw key (the wake-up message)
+--
+-- Fair mode: the queue entry is scored TIME µs − age (the arrival time), rewritten on
+-- every busy ask; a free lock (no holder, no claim for another instance) goes only to
+-- a caller that arrived no later than every other live entry, else the caller is busy
+-- (queued with ARGV[6]) and, if nobody holds a claim (a TTL expiry), the earliest
+-- entry is given a claim window and one message, so it takes the lock at once.
 --
 -- Returns:
 --   { 1, epoch, others }   acquired, or already ours (TTL re-armed); either way with a
@@ -15,10 +24,12 @@
 --   { -2 }                 the lock key holds a string without a TTL (not ours)
 --
 -- Fast path (the lock free, no claim, nobody queued): GET lock, GET claim, GET fence,
--- GET tombstone, ZCARD queue, SET lock, TIME, SET fence.
+-- GET tombstone, ZCARD queue, SET lock, TIME, SET fence (fair mode: the same).
 local lock, fence, queue, claim, tombstone, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local fair = ARGV[7] ~= nil
+local join = ARGV[6] == '1'
 
 -- Reads.
 local current = redis.pcall('GET', lock)
@@ -33,10 +44,26 @@ if current == false then
   claimant = read('claim', 'GET', claim)
 end
 
-if current == token or (current == false and (claimant == false or claimant == me)) then
+local free = current == token or (current == false and (claimant == false or claimant == me))
+local q
+local behind = false
+if fair and free and current ~= token and claimant ~= me then
+  -- Fair: a free lock, nobody told to take it; it is ours only if nobody else
+  -- arrived earlier.
+  q = read_queue(queue, expiry, me, true, true, join)
+  if q.head ~= nil then
+    local head_at = tonumber(redis.call('ZSCORE', queue, q.head))
+    behind = now().us - tonumber(ARGV[7]) > head_at
+    free = not behind
+  end
+end
+
+if free then
   local last = read('fence', 'GET', fence)
   local released = read('tombstone', 'GET', tombstone)
-  local q = read_queue(queue, expiry, me, false, false, false)
+  if q == nil then
+    q = read_queue(queue, expiry, me, false, false, false)
+  end
 
   -- Writes.
   if current == token then
@@ -72,15 +99,19 @@ end
 if wait_ms < 0 then
   wait_ms = 0
 end
-local join = ARGV[6] == '1'
-local q = read_queue(queue, expiry, me, false, false, join)
+if q == nil then
+  q = read_queue(queue, expiry, me, false, false, join)
+end
 
 -- Writes.
 purge(queue, expiry, q)
 if join then
-  -- Queue (or refresh) this instance, keeping its place.
+  -- Queue (or refresh) this instance, keeping its place; in fair mode its place is
+  -- the arrival time of the waiter it speaks for now.
   local t = now()
-  if not q.mine then
+  if fair then
+    redis.call('ZADD', queue, string.format('%.0f', t.us - tonumber(ARGV[7])), me)
+  elseif not q.mine then
     redis.call('ZADD', queue, string.format('%.0f', t.us), me)
   end
   redis.call('ZADD', expiry, string.format('%.0f', t.ms + entry_ttl), me)
@@ -88,5 +119,12 @@ if join then
     redis.call('PEXPIRE', queue, entry_ttl)
     redis.call('PEXPIRE', expiry, entry_ttl)
   end
+end
+if behind then
+  -- Fair, the lock free and nobody told to take it (it expired, or its holder's
+  -- release found nobody queued yet): wake the earliest waiter, and ask again after
+  -- its claim window at the latest.
+  wait_ms = tonumber(ARGV[8])
+  wake(q.head, claim, wait_ms, ARGV[9] .. q.head, ARGV[10])
 end
 return { 0, wait_ms, q.others }

@@ -4,6 +4,10 @@
 -- KEYS[5] queue expiry index
 -- ARGV[1] token  ARGV[2] instance id  ARGV[3] claim ttl ms  ARGV[4] channel prefix
 -- ARGV[5] raw key (the wake-up message)  ARGV[6] tombstone ttl ms
+-- Fair mode only, when this instance has another local waiter: ARGV[7] that waiter's
+-- age in µs, ARGV[8] queue entry ttl ms. The instance is (re)queued at the waiter's
+-- arrival time (TIME µs − age) before the head is chosen, so the claim goes to it if
+-- it arrived before every other waiting instance.
 --
 -- Returns { released, others [, publish error] }. released = 1 if the lock was ours and
 -- is deleted now, or if the tombstone shows that an earlier release with this token
@@ -16,12 +20,20 @@
 -- DEL lock, SET tombstone.
 local lock, queue, claim, tombstone, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, me = ARGV[1], ARGV[2]
+local requeue = ARGV[7] ~= nil
 
 -- Reads.
 local current = read('lock', 'GET', lock)
 local previous = read('tombstone', 'GET', tombstone)
 local claimant = read('claim', 'GET', claim)
-local q = read_queue(queue, expiry, me, true, false, false)
+local q = read_queue(queue, expiry, me, true, requeue, requeue)
+local mine_at
+if requeue then
+  mine_at = now().us - tonumber(ARGV[7])
+  if q.head == nil or mine_at <= tonumber(redis.call('ZSCORE', queue, q.head)) then
+    q.head = me
+  end
+end
 
 -- Writes.
 local released = 0
@@ -33,6 +45,15 @@ elseif previous == token then
   released = 1
 end
 purge(queue, expiry, q)
+if requeue then
+  local entry_ttl = tonumber(ARGV[8])
+  redis.call('ZADD', queue, string.format('%.0f', mine_at), me)
+  redis.call('ZADD', expiry, string.format('%.0f', now().ms + entry_ttl), me)
+  if redis.call('PTTL', queue) < entry_ttl then
+    redis.call('PEXPIRE', queue, entry_ttl)
+    redis.call('PEXPIRE', expiry, entry_ttl)
+  end
+end
 local refused
 if current == false and claimant == false and q.head ~= nil then
   refused = wake(q.head, claim, tonumber(ARGV[3]), ARGV[4] .. q.head, ARGV[5])

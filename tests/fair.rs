@@ -1,0 +1,474 @@
+//! Fair mode ([`LockerBuilder::fair`]) against a real Redis: grants in order of
+//! arrival across instances (several tasks per instance, interleaved), no barging
+//! after a TTL expiry, local handoff only in order, `try_lock` busy while an earlier
+//! instance waits, and what fair mode costs in server commands.
+//!
+//! Every `RedisBackend` is one service instance (its own instance id and channel).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockflight::backend::{Acquire, LeaseToken};
+use lockflight::{Error, LockBackend, LockKey, LockOptions, Locker, RedisBackend, RedlockBackend};
+use support::{CountingProxy, RedisServer, shared, unique_prefix, wait_until};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+/// The time between two arrivals: well above the jitter of placing an arrival on
+/// the server's clock (a one-way trip to a local server, on a loaded test machine).
+const GAP: Duration = Duration::from_millis(25);
+
+/// A backend (one instance) on `url` under `prefix`, subscribed.
+async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+    let backend = RedisBackend::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect the backend");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let up = backend.is_subscribed();
+            async move { up }
+        })
+        .await,
+        "the notification subscription never came up"
+    );
+    backend
+}
+
+fn locker(backend: RedisBackend, fair: bool) -> Locker {
+    Locker::builder(backend)
+        .fair(fair)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .expect("valid settings")
+}
+
+/// `n` instances under `prefix` (on `url`), each with its locker.
+async fn instances(url: &str, prefix: &str, n: usize, fair: bool) -> Vec<Locker> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(locker(backend_at(url, prefix).await, fair));
+    }
+    out
+}
+
+async fn redis_exists(name: &[u8]) -> bool {
+    let mut con = shared().connection().await;
+    redis::cmd("EXISTS")
+        .arg(name)
+        .query_async::<i64>(&mut con)
+        .await
+        .unwrap()
+        == 1
+}
+
+async fn queue_len(backend: &RedisBackend, key: &LockKey) -> i64 {
+    let mut name = backend.lock_name(key);
+    name.extend_from_slice(b":wq");
+    let mut con = shared().connection().await;
+    redis::cmd("ZCARD")
+        .arg(name)
+        .query_async::<i64>(&mut con)
+        .await
+        .unwrap()
+}
+
+/// While a holder (on its own instance) holds `key`, starts `waiters.len()` tasks,
+/// task `i` on instance `waiters[i]`, one by one `gap` apart (each after the
+/// previous one has called `lock`), then releases; every task holds for a few ms.
+/// Returns the order in which the tasks were granted the lock.
+async fn grant_order(
+    names: &RedisBackend,
+    holder: &Locker,
+    lockers: &[Locker],
+    key: &LockKey,
+    waiters: &[usize],
+    gap: Duration,
+) -> Vec<usize> {
+    let guard = holder.lock(key).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = JoinSet::new();
+    for (i, &inst) in waiters.iter().enumerate() {
+        let (started, arrived) = oneshot::channel();
+        let (locker, key, order) = (lockers[inst].clone(), key.clone(), Arc::clone(&order));
+        tasks.spawn(async move {
+            let _ = started.send(());
+            let guard = locker.lock(&key).await.expect("granted in time");
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            guard.release().await.unwrap();
+        });
+        arrived.await.unwrap();
+        tokio::time::sleep(gap).await;
+    }
+    // Every instance's request has landed (queued) before the holder lets go.
+    let instances = waiters
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            queue_len(names, key).await == instances as i64
+        })
+        .await,
+        "the waiting instances never all queued"
+    );
+    guard.release().await.unwrap();
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    Arc::try_unwrap(order).unwrap().into_inner().unwrap()
+}
+
+/// 4 instances, 3 tasks each, interleaved in several patterns: in fair mode the
+/// grant order is the arrival order, round after round. In the default mode the
+/// first instance hands the lease to its own later tasks ahead of the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_follow_arrival_order_across_four_instances() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    let prefix = unique_prefix("fair-order");
+    let key = LockKey::from("k");
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(names.clone(), true);
+    let fair = instances(&url, &prefix, 4, true).await;
+    let patterns: [&[usize]; 4] = [
+        &[0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3],
+        &[3, 2, 1, 0, 0, 1, 2, 3, 3, 2, 1, 0],
+        &[0, 0, 1, 1, 2, 2, 3, 3, 0, 1, 2, 3],
+        &[1, 3, 0, 2, 1, 0, 3, 2, 2, 3, 1, 0],
+    ];
+    for round in 0..3 {
+        for (p, pattern) in patterns.iter().enumerate() {
+            let order = grant_order(&names, &holder, &fair, &key, pattern, GAP).await;
+            let arrival: Vec<usize> = (0..pattern.len()).collect();
+            assert_eq!(
+                order, arrival,
+                "fair mode, round {round}, pattern {p} ({pattern:?}): grants out of arrival order"
+            );
+        }
+    }
+
+    // The default mode, same scenario: instance 0's first task hands the lease to
+    // its later tasks (4 and 8) ahead of the other instances' earlier ones.
+    let prefix = unique_prefix("default-order");
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(names.clone(), false);
+    let default = instances(&url, &prefix, 4, false).await;
+    let order = grant_order(&names, &holder, &default, &key, patterns[0], GAP).await;
+    println!("default mode grant order: {order:?}");
+    assert_ne!(
+        order,
+        (0..12).collect::<Vec<_>>(),
+        "the default mode is expected to hand off locally out of arrival order"
+    );
+}
+
+/// A holder whose lease expires without a release (its renewals stopped: a raw
+/// lease nobody renews, as left by a frozen process) while an instance waits: the
+/// waiting instance gets the lock, not a newcomer that arrives after the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_barging_after_a_ttl_expiry() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    let prefix = unique_prefix("fair-expiry");
+    let key = LockKey::from("k");
+    let frozen = backend_at(&url, &prefix).await;
+    let waiting = backend_at(&url, &prefix).await;
+    let probe = frozen.lock_name(&key);
+    let ttl = Duration::from_millis(400);
+    let Acquire::Acquired { .. } = frozen
+        .acquire(&key, LeaseToken::random(), ttl, false)
+        .await
+        .unwrap()
+    else {
+        panic!("free lock not acquired")
+    };
+
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let queued = {
+        let (locker, key, order) = (
+            locker(waiting.clone(), true),
+            key.clone(),
+            Arc::clone(&order),
+        );
+        tokio::spawn(async move {
+            let guard = locker.lock(&key).await.expect("the queued instance");
+            order.lock().unwrap().push("queued");
+            guard.release().await.unwrap();
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            queue_len(&waiting, &key).await == 1
+        })
+        .await,
+        "the waiting instance never queued"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            !redis_exists(&probe).await
+        })
+        .await,
+        "the frozen holder's lease never expired"
+    );
+    let newcomer = locker(backend_at(&url, &prefix).await, true);
+    let late = {
+        let (key, order) = (key.clone(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let guard = newcomer.lock(&key).await.expect("the newcomer, second");
+            order.lock().unwrap().push("newcomer");
+            guard.release().await.unwrap();
+        })
+    };
+    queued.await.unwrap();
+    late.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["queued", "newcomer"]);
+}
+
+/// With the lock free but an instance queued (its holder's lease expired, nobody
+/// told the queue), a fair `try_lock` is busy — and wakes the queued instance,
+/// which then takes the lock — while a default `try_lock` barges in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_is_busy_while_an_earlier_instance_waits() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    let prefix = unique_prefix("fair-try");
+    let ttl = Duration::from_millis(200);
+    let long = Duration::from_secs(10);
+    let frozen = backend_at(&url, &prefix).await;
+    let queued = backend_at(&url, &prefix).await;
+    let fair = locker(backend_at(&url, &prefix).await, true);
+    let default = locker(backend_at(&url, &prefix).await, false);
+
+    for (name, fair_mode) in [("default", false), ("fair", true)] {
+        let key = LockKey::from(name);
+        let probe = frozen.lock_name(&key);
+        assert!(matches!(
+            frozen
+                .acquire(&key, LeaseToken::random(), ttl, false)
+                .await
+                .unwrap(),
+            Acquire::Acquired { .. }
+        ));
+        let token = LeaseToken::random();
+        assert!(matches!(
+            queued
+                .acquire_fair(&key, token, long, true, Duration::ZERO)
+                .await
+                .unwrap(),
+            Acquire::Busy { .. }
+        ));
+        assert!(
+            wait_until(Duration::from_secs(5), || async {
+                !redis_exists(&probe).await
+            })
+            .await,
+            "the lease never expired"
+        );
+        if !fair_mode {
+            let barged = default.try_lock(&key).await.unwrap();
+            assert!(barged.is_some(), "the default mode takes a free lock");
+            barged.unwrap().release().await.unwrap();
+            queued.leave(&key).await.unwrap();
+            continue;
+        }
+        let before = queued.wakeups().generation(key.as_bytes());
+        assert!(
+            fair.try_lock(&key).await.unwrap().is_none(),
+            "fair try_lock barged"
+        );
+        assert!(matches!(
+            fair.lock_with(&key, LockOptions::new().try_only()).await,
+            Err(Error::Busy { .. })
+        ));
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                let woken = queued.wakeups().generation(key.as_bytes()) != before;
+                async move { woken }
+            })
+            .await,
+            "the queued instance was not woken"
+        );
+        let Acquire::Acquired { .. } = queued
+            .acquire_fair(&key, token, long, true, Duration::ZERO)
+            .await
+            .unwrap()
+        else {
+            panic!("the queued instance did not get the lock")
+        };
+        assert!(queued.release(&key, token).await.unwrap().released);
+        let guard = fair.try_lock(&key).await.unwrap();
+        assert!(
+            guard.is_some(),
+            "free, nobody waiting: fair try_lock takes it"
+        );
+        guard.unwrap().release().await.unwrap();
+    }
+}
+
+/// A local waiter does not get a handed-off lease ahead of an earlier remote
+/// waiter; an earlier local waiter does go before a later remote one (its instance
+/// keeps its place through the release). The default mode hands off regardless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_respects_arrival_order() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    for (fair_mode, local_first) in [(true, false), (true, true), (false, false)] {
+        let prefix = unique_prefix("fair-handoff");
+        let key = LockKey::from("k");
+        let names = backend_at(&url, &prefix).await;
+        let lockers = instances(&url, &prefix, 2, fair_mode).await;
+        let (home, remote) = (&lockers[0], &lockers[1]);
+        let guard = home.lock(&key).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = JoinSet::new();
+        let starts: [(&str, &Locker); 2] = if local_first {
+            [("local", home), ("remote", remote)]
+        } else {
+            [("remote", remote), ("local", home)]
+        };
+        for (name, locker) in starts {
+            let (started, arrived) = oneshot::channel();
+            let (locker, k, order) = (locker.clone(), key.clone(), Arc::clone(&order));
+            tasks.spawn(async move {
+                let _ = started.send(());
+                let guard = locker.lock(&k).await.unwrap();
+                order.lock().unwrap().push(name);
+                guard.release().await.unwrap();
+            });
+            arrived.await.unwrap();
+            tokio::time::sleep(GAP).await;
+            if name == "remote" {
+                // Its request has landed: the arrival order is unambiguous.
+                assert!(
+                    wait_until(Duration::from_secs(10), || async {
+                        queue_len(&names, &key).await == 1
+                    })
+                    .await,
+                    "the remote instance never queued"
+                );
+            }
+        }
+        guard.release().await.unwrap();
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        let expected = match (fair_mode, local_first) {
+            (true, false) => ["remote", "local"],
+            (true, true) => ["local", "remote"],
+            (false, _) => ["local", "remote"], // handed off ahead of the remote
+        };
+        assert_eq!(
+            order, expected,
+            "fair {fair_mode}, local first {local_first}"
+        );
+    }
+}
+
+/// Redlock has no common queue: a fair locker over it does not build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_fair_mode() {
+    let url = shared().url();
+    let redlock = RedlockBackend::builder(vec![url; 3])
+        .prefix(unique_prefix("fair-redlock"))
+        .connect()
+        .await
+        .unwrap();
+    let e = Locker::builder(redlock).fair(true).build().unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    assert!(e.to_string().contains("fair mode"), "{e}");
+}
+
+/// What fair mode costs: server commands per critical section with 4 instances
+/// of `tasks` tasks each looping on one key, fair vs default (printed for the
+/// benchmark notes; asserted only to be mutually exclusive and complete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_per_critical_section_fair_vs_default() {
+    // Its own server: the command statistics count only this test's work.
+    let server = RedisServer::start();
+    let _log = server.log_on_panic();
+    let proxy = CountingProxy::start(&server).await;
+    let mut admin = server.connection().await;
+    for tasks in [1usize, 4, 16] {
+        for fair_mode in [false, true] {
+            let prefix = unique_prefix("fair-cost");
+            let key = LockKey::from("hot");
+            let lockers = instances(&proxy.url(), &prefix, 4, fair_mode).await;
+            // Load the scripts first.
+            lockers[0]
+                .lock(&key)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            const ROUNDS: usize = 15;
+            let inside = Arc::new(Mutex::new(false));
+            let before = proxy.commands();
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let mut set = JoinSet::new();
+            for l in &lockers {
+                for _ in 0..tasks {
+                    let (l, key, inside) = (l.clone(), key.clone(), Arc::clone(&inside));
+                    set.spawn(async move {
+                        for _ in 0..ROUNDS {
+                            let g = l.lock(&key).await.unwrap();
+                            assert!(!std::mem::replace(&mut *inside.lock().unwrap(), true));
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            *inside.lock().unwrap() = false;
+                            g.release().await.unwrap();
+                        }
+                    });
+                }
+            }
+            while let Some(done) = set.join_next().await {
+                done.unwrap();
+            }
+            let sections = 4 * tasks * ROUNDS;
+            let commands = proxy.commands() - before;
+            // Every command the server ran, those run by the scripts included.
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let executed: u64 = stats
+                .lines()
+                .filter(|l| {
+                    l.starts_with("cmdstat_")
+                        && !l.starts_with("cmdstat_config")
+                        && !l.starts_with("cmdstat_info")
+                })
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum();
+            let handoffs: u64 = lockers.iter().map(|l| l.stats().handoffs).sum();
+            println!(
+                "4 instances x {tasks} tasks, fair {fair_mode}: {commands} commands for \
+                 {sections} critical sections = {:.2} per section, {:.1} executed by the \
+                 server (scripts' commands included) ({handoffs} handoffs)",
+                commands as f64 / sections as f64,
+                executed as f64 / sections as f64
+            );
+        }
+    }
+}
