@@ -78,7 +78,7 @@ use async_trait::async_trait;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
-use lockflight::{Handoff, LockBackend, LockKey, Locker, RedisBackend};
+use lockflight::{Handoff, LockKey, Locker, RedisBackend, backend::LockBackend};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;

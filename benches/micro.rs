@@ -32,7 +32,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use dashmap::DashMap;
 use lockflight::backend::LeaseToken;
 use lockflight::routing::key_hash;
-use lockflight::{FencingToken, Handoff, LockBackend, LockKey, Locker, MemoryBackend};
+use lockflight::{FencingToken, Handoff, LockKey, Locker, MemoryBackend, backend::LockBackend};
 use tokio::runtime::Runtime;
 
 fn runtime() -> Runtime {
@@ -141,7 +141,7 @@ fn coalesce(c: &mut Criterion) {
     g.bench_function("coalesce uncontended", |b| {
         b.iter_custom(|iters| {
             timed!(rt, iters, {
-                let v = l.coalesce(&key, || async { 7u64 }).await.unwrap();
+                let v = l.singleflight(&key, || async { 7u64 }).await.unwrap();
                 black_box(v);
             })
         })

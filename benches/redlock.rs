@@ -26,7 +26,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockflight::{FencingToken, Handoff, LockBackend, Locker, RedisBackend, RedlockBackend};
+use lockflight::{
+    FencingToken, Handoff, Locker, RedisBackend, backend::LockBackend, backend::RedlockBackend,
+};
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockflight::{Handoff, LockBackend, Locker, MemoryBackend, RedisBackend};
+use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend, backend::LockBackend};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

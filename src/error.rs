@@ -31,13 +31,13 @@ impl fmt::Display for Phase {
     }
 }
 
-/// A boxed, cloneable error source (errors are shared between coalesced callers).
+/// A boxed, cloneable error source (errors are shared by the callers of one flight).
 pub(crate) type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong in lockflight.
 ///
 /// Every variant that concerns a lock names its key and, where it matters, the
-/// [`Phase`]. The enum is `Clone` because coalesced callers share one outcome.
+/// [`Phase`]. The enum is `Clone` because the callers of one singleflight share one outcome.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -159,14 +159,14 @@ pub enum Error {
         /// The server's error.
         source: Source,
     },
-    /// The shared computation of [`Locker::coalesce`](crate::Locker::coalesce) (or the
+    /// The shared computation of [`Locker::singleflight`](crate::Locker::singleflight) (or the
     /// guarded work of another caller) panicked.
-    #[error("lock {key:?}: the coalesced computation panicked")]
+    #[error("lock {key:?}: the shared singleflight computation panicked")]
     Panicked {
         /// The lock key.
         key: LockKey,
     },
-    /// A quorum backend ([`RedlockBackend`](crate::RedlockBackend)) could not get a
+    /// A quorum backend ([`RedlockBackend`](crate::backend::RedlockBackend)) could not get a
     /// majority of its nodes to agree: too few nodes answered (down, unreachable,
     /// refusing) for a majority to be possible. Whatever the minority granted was
     /// released before this error was returned. Transient: a retry may succeed once

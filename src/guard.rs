@@ -1,4 +1,6 @@
-//! What a task holds: [`LockGuard`], and the [`FencingToken`] it carries.
+//! What a task holds: [`LockGuard`] (or a [`MultiGuard`] over several keys), the
+//! [`FencingToken`] it carries, and how it learns of a loss: [`LossSignal`] and
+//! the [`Loss`] future. [`LockInfo`] is what guarded work receives.
 
 use std::fmt;
 use std::future::Future;
@@ -6,6 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+pub use crate::multi::MultiGuard;
 
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -128,8 +132,8 @@ impl LossSignal {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Lost {
-        Lost::new(&self.lease)
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
     }
 
     /// Why the lease was lost, once it is.
@@ -230,8 +234,8 @@ impl LockGuard {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Lost {
-        Lost::new(&self.lease)
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
     }
 
     pub(crate) fn lost_error(&self) -> Error {
@@ -283,28 +287,28 @@ impl Drop for LockGuard {
     }
 }
 
-/// Resolves when a lease is lost; see [`LockGuard::lost`]. Owns what it needs, so it
+/// The loss of a lease, as a future: resolves when the lease is lost; see [`LockGuard::lost`]. Owns what it needs, so it
 /// can outlive the guard.
 #[must_use = "futures do nothing unless polled"]
-pub struct Lost {
+pub struct Loss {
     inner: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
-impl Lost {
-    pub(crate) fn new(lease: &Arc<Lease>) -> Lost {
-        Lost {
+impl Loss {
+    pub(crate) fn new(lease: &Arc<Lease>) -> Loss {
+        Loss {
             inner: Box::pin(Arc::clone(lease).lost()),
         }
     }
 }
 
-impl fmt::Debug for Lost {
+impl fmt::Debug for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lost").finish_non_exhaustive()
+        f.debug_struct("Loss").finish_non_exhaustive()
     }
 }
 
-impl Future for Lost {
+impl Future for Loss {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.inner.as_mut().poll(cx)

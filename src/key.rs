@@ -1,6 +1,6 @@
 //! Lock keys and the extractors that find a key in a request.
 //!
-//! A [`LockKey`] is an arbitrary, non-empty byte string of at most [`MAX_KEY_LEN`]
+//! A [`LockKey`] is an arbitrary, non-empty byte string of at most [`LockKey::MAX_LEN`]
 //! bytes. Conversions from `&str`, `String`, `&[u8]` and `Vec<u8>` are infallible;
 //! the key is validated when it is used, so a bad key becomes a clear
 //! [`Error::InvalidKey`](crate::Error::InvalidKey) at the call site instead of a panic.
@@ -15,14 +15,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 
-/// The longest key accepted, in bytes.
-///
-/// Longer keys are rejected with [`Error::InvalidKey`](crate::Error::InvalidKey):
-/// every key is copied into several Redis names and into every wake-up message, so
-/// an unbounded key would be an unbounded cost per lock.
-pub const MAX_KEY_LEN: usize = 1024;
-
-/// The name of a lock: a non-empty byte string of at most [`MAX_KEY_LEN`] bytes.
+/// The name of a lock: a non-empty byte string of at most [`LockKey::MAX_LEN`] bytes.
 ///
 /// Cheap to clone (reference counted). Ordering, equality and hashing are those of
 /// the bytes.
@@ -40,6 +33,13 @@ pub const MAX_KEY_LEN: usize = 1024;
 pub struct LockKey(Arc<[u8]>);
 
 impl LockKey {
+    /// The longest key accepted, in bytes (1 KiB).
+    ///
+    /// Longer keys are rejected with [`Error::InvalidKey`](crate::Error::InvalidKey):
+    /// every key is copied into several Redis names and into every wake-up message,
+    /// so an unbounded key would be an unbounded cost per lock.
+    pub const MAX_LEN: usize = 1024;
+
     /// The key's bytes, exactly as given.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -64,7 +64,7 @@ impl LockKey {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when the key is empty or longer than [`MAX_KEY_LEN`].
+    /// [`Error::InvalidKey`] when the key is empty or longer than [`LockKey::MAX_LEN`].
     pub fn validate(&self) -> Result<(), Error> {
         if self.0.is_empty() {
             return Err(Error::InvalidKey {
@@ -72,12 +72,13 @@ impl LockKey {
                 reason: "the key is empty".into(),
             });
         }
-        if self.0.len() > MAX_KEY_LEN {
+        if self.0.len() > LockKey::MAX_LEN {
             return Err(Error::InvalidKey {
                 key: self.clone(),
                 reason: format!(
-                    "the key is {} bytes long, the limit is {MAX_KEY_LEN}",
-                    self.0.len()
+                    "the key is {} bytes long, the limit is {}",
+                    self.0.len(),
+                    LockKey::MAX_LEN
                 ),
             });
         }
@@ -181,7 +182,7 @@ impl fmt::Debug for LockKey {
 /// rejects it).
 ///
 /// ```
-/// use lockflight::{KeyExtractor, LockKey};
+/// use lockflight::{LockKey, layer::KeyExtractor};
 ///
 /// let by_query = |req: &String| req.strip_prefix("sku=").map(LockKey::from);
 /// assert_eq!(by_query.extract(&"sku=7".to_string()), Some(LockKey::from("7")));
@@ -204,7 +205,7 @@ where
 /// Takes the key from an HTTP header's raw bytes.
 ///
 /// ```
-/// use lockflight::{HeaderKey, KeyExtractor, LockKey};
+/// use lockflight::{LockKey, layer::HeaderKey, layer::KeyExtractor};
 ///
 /// let extract = HeaderKey::new(http::header::HeaderName::from_static("x-sku"));
 /// let req = http::Request::builder().header("x-sku", "555").body(()).unwrap();
@@ -234,7 +235,7 @@ impl<B> KeyExtractor<http::Request<B>> for HeaderKey {
 /// as it appears in the URI (percent-encoded).
 ///
 /// ```
-/// use lockflight::{KeyExtractor, LockKey, PathSegment};
+/// use lockflight::{LockKey, layer::KeyExtractor, layer::PathSegment};
 ///
 /// let req = http::Request::builder().uri("/items/555/reserve").body(()).unwrap();
 /// assert_eq!(PathSegment::new(1).extract(&req), Some(LockKey::from("555")));
@@ -281,10 +282,12 @@ mod tests {
     fn validation_names_the_problem() {
         let empty = LockKey::from("").validate().unwrap_err();
         assert!(empty.to_string().contains("empty"), "{empty}");
-        let long = LockKey::from(vec![b'a'; MAX_KEY_LEN + 1])
+        let long = LockKey::from(vec![b'a'; LockKey::MAX_LEN + 1])
             .validate()
             .unwrap_err();
         assert!(long.to_string().contains("1025 bytes"), "{long}");
-        LockKey::from(vec![b'a'; MAX_KEY_LEN]).validate().unwrap();
+        LockKey::from(vec![b'a'; LockKey::MAX_LEN])
+            .validate()
+            .unwrap();
     }
 }

@@ -37,7 +37,7 @@
 //! ## Guarantees
 //!
 //! 1. No two holders of one key whose validity windows overlap, across processes,
-//!    while the backend keeps its semantics (see [`LockBackend`]) and keeps its
+//!    while the backend keeps its semantics (see [`LockBackend`](backend::LockBackend)) and keeps its
 //!    data: a Redis restart without persistence ends every lease early, and only
 //!    fencing (2) protects the resource then.
 //! 2. [`FencingToken`]s of a key strictly increase in acquisition order, handoffs
@@ -49,7 +49,7 @@
 //!    [`LockGuard::lost`] resolves no later than the end of the validity window,
 //!    measured on the monotonic clock from when the acquire was sent, whatever the
 //!    renewal task has done; [`Locker::with_lock`] drops the guarded work (or, with
-//!    [`LossPolicy::Signal`], lets it watch a [`LossSignal`]).
+//!    [`LossPolicy::Signal`], lets it watch a [`LossSignal`](guard::LossSignal)).
 //! 4. Nothing leaks: when all tasks are done, no per-key state remains in the
 //!    process and no lock remains in Redis (a killed holder's lock expires at its
 //!    TTL; so does a lock whose release could not reach Redis).
@@ -67,19 +67,22 @@
 //! ## Where to start
 //!
 //! * [`Locker`]: `lock`, `lock_with` (per-call [`LockOptions`]), `try_lock`,
-//!   `with_lock`, `lock_many` (a [`MultiGuard`] over several keys), `coalesce`,
-//!   `stats`.
+//!   `with_lock`, `lock_many` (a [`MultiGuard`](guard::MultiGuard) over several
+//!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock
+//!   family: [`read`/`write`](rwlock) and [`semaphore`]; fair mode
+//!   ([`LockerBuilder::fair`]).
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
-//!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`] for a quorum
+//!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum
 //!   of independent primaries; [`MemoryBackend`] for a single process.
 //! * [`layer`] for tower and axum; [`backend`] for the protocol and the
-//!   [`LockBackend`] trait.
+//!   [`LockBackend`](backend::LockBackend) trait; [`guard`] for what a holder
+//!   sees ([`LossSignal`](guard::LossSignal), the [`Loss`](guard::Loss) future,
+//!   [`LockInfo`](guard::LockInfo)); [`error`] for [`Phase`](error::Phase).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
-mod coalesce;
-mod error;
-mod guard;
+pub mod error;
+pub mod guard;
 mod key;
 pub mod layer;
 mod lease;
@@ -89,19 +92,18 @@ mod reentry;
 pub mod routing;
 pub mod rwlock;
 pub mod semaphore;
+mod singleflight;
 mod slot;
-mod stats;
+pub mod stats;
 
-pub use backend::LockBackend;
-pub use backend::memory::MemoryBackend;
-pub use backend::redis::{RedisBackend, RedisBackendBuilder};
-pub use backend::redlock::{RedlockBackend, RedlockBackendBuilder};
-pub use error::{Error, Phase, Result};
-pub use guard::{FencingToken, LockGuard, LockInfo, LossSignal, Lost};
-pub use key::{HeaderKey, KeyExtractor, LockKey, MAX_KEY_LEN, PathSegment};
+// The root names: what almost every user needs. Everything else lives in the
+// module named for its concept: `backend`, `guard`, `error`, `layer`, `rwlock`,
+// `semaphore`, `routing`, `stats`.
+pub use backend::{MemoryBackend, RedisBackend};
+pub use error::{Error, Result};
+pub use guard::{FencingToken, LockGuard};
+pub use key::LockKey;
 pub use locker::{Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
-pub use multi::MultiGuard;
-pub use stats::Stats;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

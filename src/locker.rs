@@ -10,12 +10,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend, Released};
-use crate::coalesce::Flights;
 use crate::error::{Error, Phase, Result};
 use crate::guard::{LockGuard, LockInfo};
 use crate::key::LockKey;
 use crate::lease::renewal::Renewals;
 use crate::lease::{self, Lease};
+use crate::singleflight::Flights;
 use crate::slot::{Abandon, Forward, Grant, Join, Lead, Release, Slot, SlotMap};
 use crate::stats::{Stats, StatsInner};
 
@@ -791,7 +791,7 @@ impl Locker {
     /// Runs `work` while holding the lock of `key`, then releases it.
     ///
     /// `work` receives the [`LockInfo`]: key, fencing token and a
-    /// [`LossSignal`](crate::LossSignal). With the default [`LossPolicy::Abort`], if
+    /// [`LossSignal`](crate::guard::LossSignal). With the default [`LossPolicy::Abort`], if
     /// the lease is lost while `work` runs, its future is dropped at its next
     /// `.await` and the call returns [`Error::LeaseLost`]. With
     /// [`LossPolicy::Signal`] the work runs on and watches `info.loss` itself.

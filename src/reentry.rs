@@ -10,7 +10,7 @@
 //! who holds a lock. What does: the future that runs *under* it. The closure of
 //! [`Locker::with_lock`](crate::Locker::with_lock) and the inner service behind
 //! [`LockLayer`](crate::layer::LockLayer) are polled inside a task-local scope
-//! that names the held keys; a `lock`, `try_lock`, `with_lock` or `coalesce` of
+//! that names the held keys; a `lock`, `try_lock`, `with_lock` or `singleflight` of
 //! one of those keys (on the same [`Locker`](crate::Locker)) from inside that
 //! future is answered with the typed error, while a sibling future of the same
 //! task, outside the scope, waits for the lock as usual.

@@ -11,7 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::{
-    Error, FencingToken, Handoff, LockBackend, LockKey, Locker, MemoryBackend, RedisBackend,
+    Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
+    backend::LockBackend,
 };
 use support::{RedisServer, wait_until};
 
@@ -346,7 +347,7 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
         let (locker, runs, gate) = (locker.clone(), runs.clone(), gate.clone());
         callers.push(tokio::spawn(async move {
             locker
-                .coalesce("user:7", || async move {
+                .singleflight("user:7", || async move {
                     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     gate.notified().await;
                     format!("generation {n}")
@@ -369,7 +370,7 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // A later call is a new generation.
     let later = locker
-        .coalesce("user:7", || async { "generation 2".to_string() })
+        .singleflight("user:7", || async { "generation 2".to_string() })
         .await
         .unwrap();
     assert_eq!(later, "generation 2");
@@ -391,7 +392,7 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
         let (locker, started) = (locker.clone(), started.clone());
         tokio::spawn(async move {
             locker
-                .coalesce("k", || async move {
+                .singleflight("k", || async move {
                     started.notify_one();
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     panic!("leader fails");
@@ -404,7 +405,7 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
     started.notified().await;
     let follower = {
         let locker = locker.clone();
-        tokio::spawn(async move { locker.coalesce("k", || async { 2u32 }).await })
+        tokio::spawn(async move { locker.singleflight("k", || async { 2u32 }).await })
     };
     let panicked = leader.await.unwrap_err();
     assert!(panicked.is_panic());
@@ -436,7 +437,7 @@ async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
         let (locker, started) = (locker.clone(), started.clone());
         tokio::spawn(async move {
             locker
-                .coalesce("k", || async move {
+                .singleflight("k", || async move {
                     started.notify_one();
                     std::future::pending::<&'static str>().await
                 })
@@ -447,7 +448,7 @@ async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
     let followers: Vec<_> = (0..10)
         .map(|_| {
             let locker = locker.clone();
-            tokio::spawn(async move { locker.coalesce("k", || async { "follower ran" }).await })
+            tokio::spawn(async move { locker.singleflight("k", || async { "follower ran" }).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -16,7 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 use lockflight::{
-    Error, Handoff, LockBackend, LockKey, Locker, LossPolicy, MemoryBackend, Phase, Result,
+    Error, Handoff, LockKey, Locker, LossPolicy, MemoryBackend, Result, backend::LockBackend,
+    error::Phase,
 };
 use tokio::time::Instant;
 

@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockflight::backend::{Acquire, LeaseToken};
-use lockflight::{Error, LockBackend, LockKey, LockOptions, Locker, RedisBackend, RedlockBackend};
+use lockflight::{
+    Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
+    backend::RedlockBackend,
+};
 use support::{CountingProxy, RedisServer, shared, unique_prefix, wait_until};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;

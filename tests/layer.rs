@@ -14,9 +14,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey};
+use lockflight::layer::{LockLayer, MissingKey, SharedResponseLayer};
 use lockflight::{
-    Error, HeaderKey, LockInfo, LockKey, Locker, MemoryBackend, PathSegment, RedisBackend,
+    Error, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo, layer::HeaderKey,
+    layer::PathSegment,
 };
 use support::{is_free, wait_until};
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -639,7 +640,7 @@ async fn coalesce_layer_gives_identical_gets_one_execution() {
             }
         })
     };
-    let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+    let svc = SharedResponseLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
     let mut calls: Vec<_> = (0..100)
         .map(|_| Box::pin(svc.clone().oneshot(get("555"))))
         .collect();
@@ -675,7 +676,7 @@ async fn coalesce_layer_does_not_share_bodies_over_the_limit() {
             }
         })
     };
-    let svc = CoalesceLayer::new(locker, PathSegment::new(1))
+    let svc = SharedResponseLayer::new(locker, PathSegment::new(1))
         .max_body(1024)
         .layer(inner);
     let mut calls = Vec::new();
@@ -713,7 +714,7 @@ async fn a_coalesced_read_waiting_for_its_lock_holds_no_inner_readiness() {
             req.uri().path().to_owned(),
         ))))
     }));
-    let svc = CoalesceLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+    let svc = SharedResponseLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
 
     let held = locker.lock("a").await.unwrap();
     let waits = locker.stats().local_waits;

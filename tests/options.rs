@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
-use lockflight::{Error, HeaderKey, LockKey, LockOptions, Locker, RedisBackend};
+use lockflight::{Error, LockKey, LockOptions, Locker, RedisBackend, layer::HeaderKey};
 use support::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 

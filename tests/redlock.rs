@@ -13,7 +13,9 @@ mod support;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, Phase, RedlockBackend};
+use lockflight::{
+    Error, FencingToken, Handoff, LockKey, Locker, backend::RedlockBackend, error::Phase,
+};
 use redis::aio::MultiplexedConnection;
 use support::fault_proxy::{CommandMatcher, FaultProxy};
 use support::{RedisServer, assert_strictly_increasing, unique_prefix, wait_until, within};

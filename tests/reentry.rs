@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
-use lockflight::{Error, HeaderKey, LockKey, Locker, RedisBackend};
+use lockflight::{Error, LockKey, Locker, RedisBackend, layer::HeaderKey};
 use support::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -84,7 +84,7 @@ async fn every_entry_point_answers_at_once_inside_with_lock() {
             assert_reentrant(inner.lock_within("k", WAIT).await, "k");
             assert_reentrant(inner.try_lock("k").await, "k");
             assert_reentrant(inner.with_lock("k", |_| async {}).await, "k");
-            assert_reentrant(inner.coalesce("k", || async { 1u8 }).await, "k");
+            assert_reentrant(inner.singleflight("k", || async { 1u8 }).await, "k");
             // Nested scopes accumulate: inside a second key's lock, both count.
             let nested = inner.clone();
             inner

@@ -541,7 +541,7 @@ async fn memory_backend_read_write_semantics() {
 /// writer's entry at the queue entry TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
-    use lockflight::LockBackend;
+    use lockflight::backend::LockBackend;
     use lockflight::backend::{Acquire, LeaseToken};
 
     let server = shared();
@@ -645,7 +645,7 @@ async fn held_read_and_write_leases_are_renewed_past_their_ttl() {
 #[tokio::test]
 async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     use async_trait::async_trait;
-    use lockflight::LockBackend;
+    use lockflight::backend::LockBackend;
     use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
 
     #[derive(Debug, Default)]

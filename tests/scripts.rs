@@ -14,7 +14,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
-use lockflight::{Error, LockBackend, LockKey, Locker, RedisBackend};
+use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use support::{RedisServer, exists, pttl, query, shared, unique_prefix, wait_until};
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::semaphore::Permit;
-use lockflight::{Error, LockKey, Locker, Phase, RedisBackend};
+use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
 use redis::aio::MultiplexedConnection;
 use support::{CountingProxy, key_count, shared, unique_prefix, wait_until};
 use tokio::task::JoinSet;

@@ -4,8 +4,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 
-use lockflight::layer::{CoalesceLayer, LockLayer};
-use lockflight::{HeaderKey, LockGuard, Locker, MemoryBackend, PathSegment, RedisBackend, Stats};
+use lockflight::layer::{LockLayer, SharedResponseLayer};
+use lockflight::{
+    LockGuard, Locker, MemoryBackend, RedisBackend, layer::HeaderKey, layer::PathSegment,
+    stats::Stats,
+};
 use tower::{Layer, Service, service_fn};
 
 fn send<T: Send>(_: &T) {}
@@ -30,7 +33,7 @@ async fn every_public_future_is_send() {
     send_future(locker.lock_within("k", std::time::Duration::from_secs(1)));
     send_future(locker.try_lock("k"));
     send_future(locker.with_lock("k", |_info| async { 1 }));
-    send_future(locker.coalesce("k", || async { 1 }));
+    send_future(locker.singleflight("k", || async { 1 }));
     let guard = locker.lock("k").await.unwrap();
     send(&guard.lost());
     send_future(guard.release());
@@ -46,6 +49,6 @@ async fn every_public_future_is_send() {
     )
     .layer(inner);
     send_future(lock_svc.call(http::Request::new(())));
-    let mut coalesce_svc = CoalesceLayer::new(locker, PathSegment::new(0)).layer(inner);
+    let mut coalesce_svc = SharedResponseLayer::new(locker, PathSegment::new(0)).layer(inner);
     send_future(coalesce_svc.call(http::Request::new(())));
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
-use lockflight::{LockBackend, LockKey, Locker};
+use lockflight::{LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
 /// key as a release by another instance would at that very moment; grants the next.

@@ -33,8 +33,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockflight::layer::{CoalesceLayer, LockLayer, MissingKey, PathParam, handle_error};
-use lockflight::{FencingToken, LockInfo, Locker};
+use lockflight::layer::{LockLayer, MissingKey, PathParam, SharedResponseLayer, handle_error};
+use lockflight::{FencingToken, Locker, guard::LockInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
@@ -512,7 +512,7 @@ pub(crate) fn app(state: AppState) -> Router {
         .route_layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(handle_error))
-                .layer(CoalesceLayer::new(locker, PathParam::new("sku"))),
+                .layer(SharedResponseLayer::new(locker, PathParam::new("sku"))),
         );
     Router::new()
         .route("/items", get(list_items).post(create_item))

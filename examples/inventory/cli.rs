@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockflight::{Handoff, LockBackend, Locker, MemoryBackend, RedisBackend};
+use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend, backend::LockBackend};
 
 use crate::app::{self, AppState};
 use crate::{demo, gateway};

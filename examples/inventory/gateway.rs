@@ -25,7 +25,7 @@ use axum::response::IntoResponse;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use lockflight::PathSegment;
+use lockflight::layer::PathSegment;
 use lockflight::routing::{KeyRouter, RouterHandle};
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;

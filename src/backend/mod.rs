@@ -41,6 +41,9 @@ pub mod redlock;
 pub mod rw;
 pub mod semaphore;
 
+pub use memory::MemoryBackend;
+pub use redis::{RedisBackend, RedisBackendBuilder};
+pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 use rw::RwBackend;
 use semaphore::SemaphoreBackend;
 

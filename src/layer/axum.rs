@@ -110,7 +110,7 @@ pub async fn handle_error(err: BoxError) -> Response {
 ///
 /// ```
 /// use lockflight::layer::PathParam;
-/// use lockflight::{KeyExtractor, LockKey};
+/// use lockflight::{LockKey, layer::KeyExtractor};
 ///
 /// let sku = PathParam::new("sku");
 /// // Outside a router there is no matched path, hence no key.
@@ -151,7 +151,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::Phase;
+    use crate::error::Phase;
 
     const KEY: &str = "sku:secret-555";
     const REDIS_TEXT: &str = "OOM command not allowed when used memory > 'maxmemory'";

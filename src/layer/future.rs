@@ -13,7 +13,7 @@ use tower_service::Service;
 use super::BoxError;
 use super::service::WithLockInfo;
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Lost};
+use crate::guard::{LockGuard, Loss};
 use crate::key::LockKey;
 use crate::locker::{LockOptions, Locker, LossPolicy};
 use crate::reentry::{self, Held};
@@ -53,7 +53,7 @@ where
         #[pin]
         fut: TaskLocalFuture<Held, Oneshot<S, Req>>,
         #[pin]
-        lost: Option<Lost>,
+        lost: Option<Loss>,
         guard: Option<LockGuard>,
     },
     /// No key, and the policy lets the request through without a lock.

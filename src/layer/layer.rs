@@ -19,7 +19,7 @@ pub enum MissingKey {
 ///
 /// ```
 /// use lockflight::layer::{LockLayer, MissingKey};
-/// use lockflight::{HeaderKey, Locker, MemoryBackend};
+/// use lockflight::{Locker, MemoryBackend, layer::HeaderKey};
 ///
 /// # fn main() -> lockflight::Result<()> {
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
@@ -56,7 +56,7 @@ impl<E> LockLayer<E> {
     ///
     /// ```
     /// use lockflight::layer::LockLayer;
-    /// use lockflight::{HeaderKey, LockOptions, Locker, MemoryBackend};
+    /// use lockflight::{LockOptions, Locker, MemoryBackend, layer::HeaderKey};
     ///
     /// # fn main() -> lockflight::Result<()> {
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;

@@ -1,13 +1,13 @@
 //! Tower middleware: lock per request key, and share responses of identical reads.
 //!
 //! * [`LockLayer`] wraps a service so that each request runs while holding the lock
-//!   of its key (found by a [`KeyExtractor`](crate::KeyExtractor)). The handler
-//!   finds a [`LockInfo`](crate::LockInfo) (key, fencing token and loss signal) in
+//!   of its key (found by a [`KeyExtractor`]). The handler
+//!   finds a [`LockInfo`](crate::guard::LockInfo) (key, fencing token and loss signal) in
 //!   the request extensions. What happens when the lease is lost while the handler
 //!   runs depends on the locker's [`LossPolicy`](crate::LossPolicy), see
 //!   [Lease loss](#lease-loss); a wait timeout fails with
 //!   [`Error::Timeout`](crate::Error::Timeout).
-//! * [`CoalesceLayer`] makes concurrent identical reads (same key) share one
+//! * [`SharedResponseLayer`] makes concurrent identical reads (same key) share one
 //!   execution and one buffered response.
 //!
 //! # With axum
@@ -44,7 +44,7 @@
 //! [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost` through
 //! `handle_error`). With [`LossPolicy::Signal`](crate::LossPolicy::Signal) the
 //! handler runs to its end and decides for itself: the `loss` field of its
-//! [`LockInfo`](crate::LockInfo) is a [`LossSignal`](crate::LossSignal). Check it
+//! [`LockInfo`](crate::guard::LockInfo) is a [`LossSignal`](crate::guard::LossSignal). Check it
 //! before each write the lock protects, and pass the fencing token along, so that
 //! the resource rejects a write that comes too late anyway:
 //!
@@ -53,7 +53,7 @@
 //! # fn app() -> lockflight::Result<axum::Router> {
 //! use axum::{error_handling::HandleErrorLayer, http::StatusCode, routing::post, Extension, Router};
 //! use lockflight::layer::{handle_error, LockLayer, PathParam};
-//! use lockflight::{FencingToken, LockInfo, Locker, LossPolicy, MemoryBackend};
+//! use lockflight::{FencingToken, Locker, LossPolicy, MemoryBackend, guard::LockInfo};
 //! use tower::ServiceBuilder;
 //!
 //! async fn reserve(Extension(info): Extension<LockInfo>) -> (StatusCode, &'static str) {
@@ -83,17 +83,18 @@
 
 #[cfg(feature = "axum")]
 mod axum;
-mod coalesce;
 pub mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod service;
+mod shared_response;
 
 #[cfg(feature = "axum")]
 pub use self::axum::{PathParam, handle_error};
-pub use coalesce::{CoalesceLayer, CoalesceService, CoalescedBody};
+pub use crate::key::{HeaderKey, KeyExtractor, PathSegment};
 pub use layer::{LockLayer, MissingKey};
 pub use service::{LockService, WithLockInfo};
+pub use shared_response::{SharedBody, SharedResponseLayer, SharedResponseService};
 
 /// The error type of lockflight's services: inner errors and [`crate::Error`]s,
 /// boxed (downcast to [`crate::Error`] to tell them apart).

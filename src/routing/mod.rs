@@ -32,7 +32,7 @@
 //! * a client retries against another instance after a timeout;
 //! * a client bypasses the gateway, or two gateways hold different membership views
 //!   for a while (membership is never updated atomically everywhere);
-//! * keyless requests or a [`KeyExtractor`](crate::KeyExtractor) that disagrees with
+//! * keyless requests or a [`KeyExtractor`](crate::layer::KeyExtractor) that disagrees with
 //!   the lock's own key extraction.
 //!
 //! So keep the Redis lock on every path. Routing only decides where the contention

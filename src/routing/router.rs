@@ -20,8 +20,8 @@ use crate::key::{KeyExtractor, LockKey};
 /// [`LockKey`], so that all requests for one key meet on one instance.
 ///
 /// The key comes from a [`KeyExtractor`] — the same extractors as the lock layer: a
-/// closure `Fn(&Req) -> Option<LockKey>`, [`HeaderKey`](crate::HeaderKey) or
-/// [`PathSegment`](crate::PathSegment). Members are chosen by weighted
+/// closure `Fn(&Req) -> Option<LockKey>`, [`HeaderKey`](crate::layer::HeaderKey) or
+/// [`PathSegment`](crate::layer::PathSegment). Members are chosen by weighted
 /// [`Rendezvous`] hashing over their names, so every router holding the same members
 /// sends every key to the same member, and a membership change moves only the keys
 /// it must: the keys of a member that is removed or marked down spread over the

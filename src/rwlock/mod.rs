@@ -83,7 +83,7 @@ use tracing::Instrument;
 use crate::backend::rw::RwBackend;
 use crate::backend::{Acquire, LeaseToken, Released};
 use crate::error::{Error, Phase, Result};
-use crate::guard::{FencingToken, LossSignal, Lost};
+use crate::guard::{FencingToken, Loss, LossSignal};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseKind};
 use crate::locker::{Locker, Shared};
@@ -449,8 +449,8 @@ impl ReadGuard {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Lost {
-        Lost::new(&self.lease)
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
     }
 
     /// Leaves the shared read lease; the last local reader releases it at the
@@ -567,8 +567,8 @@ impl WriteGuard {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Lost {
-        Lost::new(&self.lease)
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
     }
 
     /// Releases the write lock at the backend, which wakes the instances waiting

@@ -55,7 +55,7 @@ use tokio::time::Instant;
 use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
 use crate::error::{Error, Phase, Result};
-use crate::guard::{LossSignal, Lost};
+use crate::guard::{Loss, LossSignal};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseKind};
 use crate::locker::{Locker, Shared};
@@ -433,7 +433,7 @@ impl Permit {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Lost {
+    pub fn lost(&self) -> Loss {
         self.loss_signal().lost()
     }
 

@@ -35,7 +35,7 @@ use client::Http;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use lockflight::layer::{LockLayer, MissingKey, PathParam, handle_error};
-use lockflight::{FencingToken, LockInfo, LockKey, Locker, MemoryBackend, RedisBackend};
+use lockflight::{FencingToken, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo};
 use serde_json::json;
 use tower::{ServiceBuilder, ServiceExt};
 

@@ -369,7 +369,7 @@ async fn missing_key_follows_the_policy() {
 }
 
 /// 100 concurrent identical `GET /items/{sku}` share one execution of the handler
-/// (`CoalesceLayer`), and all get the same answer.
+/// (`SharedResponseLayer`), and all get the same answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_identical_reads_run_once() {
     let _log = support::shared().log_on_panic();

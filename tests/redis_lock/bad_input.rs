@@ -30,10 +30,10 @@ async fn invalid_keys_are_rejected() {
     );
     check(
         "coalesce(\"\")",
-        locker.coalesce("", || async { 1u8 }).await.map(drop),
+        locker.singleflight("", || async { 1u8 }).await.map(drop),
         "empty",
     );
-    let long = vec![b'x'; MAX_KEY_LEN + 1];
+    let long = vec![b'x'; LockKey::MAX_LEN + 1];
     check(
         "lock(oversized)",
         locker.lock(long.clone()).await.map(drop),
@@ -46,7 +46,7 @@ async fn invalid_keys_are_rejected() {
     );
     // The longest allowed key, and a binary one, work.
     locker
-        .lock(vec![b'x'; MAX_KEY_LEN])
+        .lock(vec![b'x'; LockKey::MAX_LEN])
         .await
         .unwrap()
         .release()

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use lockflight::backend::{Acquire, Extend, LeaseToken};
 use lockflight::{
-    Error, FencingToken, Handoff, LockBackend, LockGuard, LockKey, Locker, LockerBuilder,
-    MAX_KEY_LEN, MemoryBackend, Phase, RedisBackend,
+    Error, FencingToken, Handoff, LockGuard, LockKey, Locker, LockerBuilder, MemoryBackend,
+    RedisBackend, backend::LockBackend, error::Phase,
 };
 use redis::aio::MultiplexedConnection;
 use support::{

@@ -283,7 +283,7 @@ impl RedlockBackendBuilder {
 ///
 /// ```no_run
 /// # async fn demo() -> lockflight::Result<()> {
-/// use lockflight::{Locker, RedlockBackend};
+/// use lockflight::{Locker, backend::RedlockBackend};
 ///
 /// let backend = RedlockBackend::connect([
 ///     "redis://10.0.0.1:6379",

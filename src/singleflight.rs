@@ -1,4 +1,4 @@
-//! [`Locker::coalesce`]: singleflight under the distributed lock.
+//! [`Locker::singleflight`]: singleflight under the distributed lock.
 //!
 //! Concurrent local callers for one key share one execution: the first becomes the
 //! leader, takes the distributed lock and runs its closure; the others wait for that
@@ -170,11 +170,11 @@ impl Locker {
     ///
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
     /// let (a, b) = tokio::join!(
-    ///     locker.coalesce("user:7", || async {
+    ///     locker.singleflight("user:7", || async {
     ///         tokio::task::yield_now().await; // a real load awaits I/O here
     ///         "loaded once".to_string()
     ///     }),
-    ///     locker.coalesce("user:7", || async { String::from("not run: shares the first") }),
+    ///     locker.singleflight("user:7", || async { String::from("not run: shares the first") }),
     /// );
     /// assert_eq!(a?, "loaded once");
     /// assert_eq!(b?, "loaded once");
@@ -196,7 +196,7 @@ impl Locker {
     /// # Panics
     ///
     /// Resumes the panic of `f` in the caller whose `f` panicked.
-    pub async fn coalesce<T, F, Fut>(&self, key: impl Into<LockKey>, f: F) -> Result<T>
+    pub async fn singleflight<T, F, Fut>(&self, key: impl Into<LockKey>, f: F) -> Result<T>
     where
         T: Clone + Send + Sync + 'static,
         F: FnOnce() -> Fut,
@@ -335,10 +335,10 @@ mod tests {
         let locker = locker();
         for i in 0..100_000u32 {
             let key = format!("k{i}");
-            let mut leader = Box::pin(locker.coalesce(key.as_str(), pending::<u32>));
+            let mut leader = Box::pin(locker.singleflight(key.as_str(), pending::<u32>));
             assert!(poll!(leader.as_mut()).is_pending());
-            let mut a = Box::pin(locker.coalesce(key.as_str(), || async { 1u32 }));
-            let mut b = Box::pin(locker.coalesce(key.as_str(), || async { 2u32 }));
+            let mut a = Box::pin(locker.singleflight(key.as_str(), || async { 1u32 }));
+            let mut b = Box::pin(locker.singleflight(key.as_str(), || async { 2u32 }));
             assert!(poll!(a.as_mut()).is_pending());
             assert!(poll!(b.as_mut()).is_pending());
             drop(leader);
@@ -352,10 +352,10 @@ mod tests {
     #[tokio::test]
     async fn a_follower_leaving_after_the_leader_vacated_removes_the_flight() {
         let locker = locker();
-        let mut leader = Box::pin(locker.coalesce("k", pending::<u32>));
+        let mut leader = Box::pin(locker.singleflight("k", pending::<u32>));
         assert!(poll!(leader.as_mut()).is_pending());
-        let mut a = Box::pin(locker.coalesce("k", pending::<u32>));
-        let mut b = Box::pin(locker.coalesce("k", pending::<u32>));
+        let mut a = Box::pin(locker.singleflight("k", pending::<u32>));
+        let mut b = Box::pin(locker.singleflight("k", pending::<u32>));
         assert!(poll!(a.as_mut()).is_pending());
         assert!(poll!(b.as_mut()).is_pending());
         drop(leader);
@@ -373,12 +373,12 @@ mod tests {
     async fn a_follower_takes_over_from_a_cancelled_leader_and_shares_its_value() {
         let locker = locker();
         let runs = Arc::new(AtomicUsize::new(0));
-        let mut leader = Box::pin(locker.coalesce("k", pending::<usize>));
+        let mut leader = Box::pin(locker.singleflight("k", pending::<usize>));
         assert!(poll!(leader.as_mut()).is_pending());
         let mut followers: Vec<_> = (0..5)
             .map(|_| {
                 let runs = Arc::clone(&runs);
-                Box::pin(locker.coalesce("k", move || async move {
+                Box::pin(locker.singleflight("k", move || async move {
                     tokio::task::yield_now().await;
                     runs.fetch_add(1, Ordering::SeqCst) + 100
                 }))
@@ -409,7 +409,7 @@ mod tests {
             let (locker, gate) = (locker.clone(), Arc::clone(&gate));
             tokio::spawn(async move {
                 locker
-                    .coalesce::<(), _, _>("k", || async move {
+                    .singleflight::<(), _, _>("k", || async move {
                         gate.notified().await;
                         panic!("leader panics");
                     })
@@ -424,7 +424,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(flights(&locker), 1);
-        let mut follower = Box::pin(locker.coalesce("k", || async {}));
+        let mut follower = Box::pin(locker.singleflight("k", || async {}));
         assert!(poll!(follower.as_mut()).is_pending());
         gate.notify_one();
         assert!(leader.await.unwrap_err().is_panic());
@@ -444,7 +444,7 @@ mod tests {
             let key = format!("k{}", i % 64);
             tasks.push(tokio::spawn(async move {
                 locker
-                    .coalesce(key, move || async move {
+                    .singleflight(key, move || async move {
                         tokio::time::sleep(Duration::from_millis(1 + i % 5)).await;
                         i
                     })

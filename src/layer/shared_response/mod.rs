@@ -1,16 +1,16 @@
-//! [`CoalesceLayer`]: concurrent identical reads share one response.
+//! [`SharedResponseLayer`]: concurrent identical reads share one response.
 
 mod body;
 mod service;
 
-pub use body::CoalescedBody;
-pub use service::CoalesceService;
+pub use body::SharedBody;
+pub use service::SharedResponseService;
 
 use tower_layer::Layer;
 
 use crate::locker::Locker;
 
-/// Applies [`CoalesceService`]: concurrent requests with the same key share one
+/// Applies [`SharedResponseService`]: concurrent requests with the same key share one
 /// execution of the inner service and one buffered response.
 ///
 /// For idempotent reads (`GET /items/{sku}`): under a burst, one request per key
@@ -20,31 +20,31 @@ use crate::locker::Locker;
 /// callers then run their own requests.
 ///
 /// ```
-/// use lockflight::layer::CoalesceLayer;
-/// use lockflight::{Locker, MemoryBackend, PathSegment};
+/// use lockflight::layer::SharedResponseLayer;
+/// use lockflight::{Locker, MemoryBackend, layer::PathSegment};
 ///
 /// # fn main() -> lockflight::Result<()> {
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-/// let layer = CoalesceLayer::new(locker, PathSegment::new(1)).max_body(256 * 1024);
+/// let layer = SharedResponseLayer::new(locker, PathSegment::new(1)).max_body(256 * 1024);
 /// # let _ = layer;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
-pub struct CoalesceLayer<E> {
+pub struct SharedResponseLayer<E> {
     locker: Locker,
     extractor: E,
     max_body: usize,
 }
 
-impl<E> CoalesceLayer<E> {
+impl<E> SharedResponseLayer<E> {
     /// Default bound on a shared body, in bytes.
     pub const DEFAULT_MAX_BODY: usize = 64 * 1024;
 
-    /// Coalesces with `locker`, keyed by `extractor`. Requests without a key pass
+    /// Shares responses through `locker`, keyed by `extractor`. Requests without a key pass
     /// through.
     pub fn new(locker: Locker, extractor: E) -> Self {
-        CoalesceLayer {
+        SharedResponseLayer {
             locker,
             extractor,
             max_body: Self::DEFAULT_MAX_BODY,
@@ -58,11 +58,11 @@ impl<E> CoalesceLayer<E> {
     }
 }
 
-impl<S, E: Clone> Layer<S> for CoalesceLayer<E> {
-    type Service = CoalesceService<S, E>;
+impl<S, E: Clone> Layer<S> for SharedResponseLayer<E> {
+    type Service = SharedResponseService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CoalesceService::new(
+        SharedResponseService::new(
             inner,
             self.locker.clone(),
             self.extractor.clone(),

@@ -9,13 +9,13 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::body::CoalescedBody;
+use super::body::SharedBody;
 use crate::key::KeyExtractor;
 use crate::layer::BoxError;
 use crate::locker::Locker;
 
 /// Shares one response among concurrent identical requests; see
-/// [`CoalesceLayer`](super::CoalesceLayer).
+/// [`SharedResponseLayer`](super::SharedResponseLayer).
 ///
 /// # Readiness
 ///
@@ -28,17 +28,17 @@ use crate::locker::Locker;
 /// permit, no `Buffer` slot), and a follower never touches the inner service. The
 /// response future is boxed.
 #[derive(Clone, Debug)]
-pub struct CoalesceService<S, E> {
+pub struct SharedResponseService<S, E> {
     inner: S,
     locker: Locker,
     extractor: E,
     max_body: usize,
 }
 
-impl<S, E> CoalesceService<S, E> {
+impl<S, E> SharedResponseService<S, E> {
     /// Wraps `inner`.
     pub fn new(inner: S, locker: Locker, extractor: E, max_body: usize) -> Self {
-        CoalesceService {
+        SharedResponseService {
             inner,
             locker,
             extractor,
@@ -84,7 +84,7 @@ impl std::error::Error for SharedError {
     }
 }
 
-impl<S, E, ReqB, ResB> Service<http::Request<ReqB>> for CoalesceService<S, E>
+impl<S, E, ReqB, ResB> Service<http::Request<ReqB>> for SharedResponseService<S, E>
 where
     S: Service<http::Request<ReqB>, Response = http::Response<ResB>> + Clone + Send + 'static,
     S::Future: Send,
@@ -94,12 +94,12 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    type Response = http::Response<CoalescedBody<ResB>>;
+    type Response = http::Response<SharedBody<ResB>>;
     type Error = BoxError;
     type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
 
     /// Always ready: the inner service is polled ready in the response future,
-    /// right before it is called (see [Readiness](CoalesceService#readiness)).
+    /// right before it is called (see [Readiness](SharedResponseService#readiness)).
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
@@ -109,7 +109,7 @@ where
         let Some(key) = self.extractor.extract(&req) else {
             return Box::pin(async move {
                 let res = service.oneshot(req).await.map_err(Into::into)?;
-                Ok(res.map(CoalescedBody::Original))
+                Ok(res.map(SharedBody::Original))
             });
         };
         let locker = self.locker.clone();
@@ -118,7 +118,7 @@ where
             let mut req = Some(req);
             let mut own: Option<http::Response<ResB>> = None;
             let shared = locker
-                .coalesce(key.clone(), || {
+                .singleflight(key.clone(), || {
                     let (req, own, service) = (req.take(), &mut own, &mut service);
                     async move {
                         let Some(req) = req else {
@@ -161,7 +161,7 @@ where
                     headers,
                     body,
                 } => {
-                    let mut res = http::Response::new(CoalescedBody::Shared(Full::new(body)));
+                    let mut res = http::Response::new(SharedBody::Shared(Full::new(body)));
                     *res.status_mut() = status;
                     *res.version_mut() = version;
                     *res.headers_mut() = headers;
@@ -170,17 +170,19 @@ where
                 Shared::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
                 Shared::Bypass => {
                     if let Some(res) = own {
-                        return Ok(res.map(CoalescedBody::Original));
+                        return Ok(res.map(SharedBody::Original));
                     }
                     // Our closure never ran: run our own request, under the lock
                     // like every read of this layer.
-                    let req = req.take().ok_or("lockflight: coalesced request lost")?;
+                    let req = req
+                        .take()
+                        .ok_or("lockflight: shared-response request lost")?;
                     let res = locker
                         .with_lock(key, |_| async move {
                             service.oneshot(req).await.map_err(Into::into)
                         })
                         .await??;
-                    Ok(res.map(CoalescedBody::Original))
+                    Ok(res.map(SharedBody::Original))
                 }
             }
         })

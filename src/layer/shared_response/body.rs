@@ -8,18 +8,18 @@ use pin_project::pin_project;
 
 use crate::layer::BoxError;
 
-/// The body of a [`CoalesceService`](super::CoalesceService) response: a shared,
+/// The body of a [`SharedResponseService`](super::SharedResponseService) response: a shared,
 /// buffered copy, or the inner service's own body.
-#[pin_project(project = CoalescedBodyProj)]
+#[pin_project(project = SharedBodyProj)]
 #[derive(Debug)]
-pub enum CoalescedBody<B> {
+pub enum SharedBody<B> {
     /// A copy of the shared response's body.
     Shared(#[pin] Full<Bytes>),
     /// The inner service's body, untouched.
     Original(#[pin] B),
 }
 
-impl<B> Body for CoalescedBody<B>
+impl<B> Body for SharedBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -32,22 +32,22 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            CoalescedBodyProj::Shared(b) => b.poll_frame(cx).map_err(|never| match never {}),
-            CoalescedBodyProj::Original(b) => b.poll_frame(cx).map_err(Into::into),
+            SharedBodyProj::Shared(b) => b.poll_frame(cx).map_err(|never| match never {}),
+            SharedBodyProj::Original(b) => b.poll_frame(cx).map_err(Into::into),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            CoalescedBody::Shared(b) => b.is_end_stream(),
-            CoalescedBody::Original(b) => b.is_end_stream(),
+            SharedBody::Shared(b) => b.is_end_stream(),
+            SharedBody::Original(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            CoalescedBody::Shared(b) => b.size_hint(),
-            CoalescedBody::Original(b) => b.size_hint(),
+            SharedBody::Shared(b) => b.size_hint(),
+            SharedBody::Original(b) => b.size_hint(),
         }
     }
 }
