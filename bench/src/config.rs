@@ -223,7 +223,10 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         // The workspace's target directory (this package is bench/).
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .unwrap_or_else(|| {
+            let bench = Path::new(env!("CARGO_MANIFEST_DIR"));
+            bench.parent().unwrap_or(bench).join("target")
+        })
 }
 
 fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
