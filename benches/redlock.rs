@@ -8,7 +8,7 @@
 //!
 //! P instances (each its own backend: its own connections, instance ids and
 //! pub/sub channels) × T tasks contend for one key **in one process** on a 2-worker
-//! Tokio runtime (the multi-process harness is `benches/contention.rs`; this one
+//! Tokio runtime (the multi-process harness is `bench/benches/contention.rs`; this one
 //! compares topologies, not processes). Each critical section GETs a counter on a
 //! separate Redis server and SETs it + 1; the counter must equal the number of
 //! critical sections at the end, and fencing tokens must strictly increase.

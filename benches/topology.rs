@@ -10,7 +10,7 @@
 //!
 //! For each topology: P = 4 instances (each its own `RedisBackend`: its own
 //! connections, instance id and notification channel — but all in this one process,
-//! unlike `benches/contention.rs`, which runs real worker processes) × T = 64 tasks on
+//! unlike `bench/benches/contention.rs`, which runs real worker processes) × T = 64 tasks on
 //! one hot key, in three modes — `naive` (no coalescing), `default`, `handoff` — for
 //! `LOCKFLIGHT_BENCH_SECS` (default 2) each. It reports critical sections per second
 //! and Redis requests per critical section: the client-side count (acquire attempts +

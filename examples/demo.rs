@@ -5,7 +5,7 @@
 //! gateway — and print what each mode cost.
 //!
 //! ```text
-//! cargo run --example demo --features axum,metrics
+//! cargo run -p examples --example demo
 //! ```
 //!
 //! Without `REDIS_URL` it starts a private `redis-server` (temporary directory, no

@@ -4,8 +4,8 @@
 //! in-process backend and says so.
 //!
 //! ```text
-//! cargo run --example quickstart
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart
+//! cargo run -p examples --example quickstart
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p examples --example quickstart
 //! ```
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The inventory service: state, schema, handlers and the axum router.
 //!
-//! Shared by the `inventory` and `demo` examples and by `tests/inventory.rs`
+//! Shared by the `inventory` and `demo` examples and by `examples/tests/inventory/`
 //! (which includes this file with `#[path]`), so it only uses `crate::`-free paths.
 //!
 //! # The reservation critical section
@@ -223,7 +223,7 @@ impl AppState {
     }
 
     /// Sets the test hooks.
-    #[allow(dead_code)] // used by tests/inventory.rs
+    #[allow(dead_code)] // used by examples/tests/inventory/
     pub(crate) fn with_hooks(mut self, hooks: Hooks) -> Self {
         self.hooks = Arc::new(hooks);
         self
@@ -375,7 +375,7 @@ fn from_sql(v: i64) -> u64 {
 }
 
 /// The last accepted fencing token of `sku`, if the item exists.
-#[allow(dead_code)] // used by tests/inventory.rs
+#[allow(dead_code)] // used by examples/tests/inventory/
 pub(crate) async fn item_fence(
     db: &SqlitePool,
     sku: &str,
@@ -392,7 +392,7 @@ pub(crate) async fn item_fence(
 }
 
 /// Reservations logged with exactly this fencing token.
-#[allow(dead_code)] // used by tests/inventory.rs
+#[allow(dead_code)] // used by examples/tests/inventory/
 pub(crate) async fn reservations_with_token(
     db: &SqlitePool,
     token: FencingToken,

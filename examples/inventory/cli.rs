@@ -349,7 +349,7 @@ async fn cluster_backend(name: &str, nodes: &[String]) -> Result<Arc<dyn LockBac
 async fn cluster_backend(_name: &str, _nodes: &[String]) -> Result<Arc<dyn LockBackend>, BoxError> {
     Err(
         "REDIS_CLUSTER_URLS is set, but this build has no Redis Cluster support: \
-         build with --features axum,cluster"
+         build with --features cluster"
             .into(),
     )
 }

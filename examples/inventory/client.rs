@@ -25,7 +25,7 @@ pub(crate) struct Reply {
     /// Status.
     pub(crate) status: StatusCode,
     /// Headers.
-    #[allow(dead_code)] // used by tests/inventory.rs
+    #[allow(dead_code)] // used by examples/tests/inventory/
     pub(crate) headers: HeaderMap,
     /// Body.
     pub(crate) body: Bytes,

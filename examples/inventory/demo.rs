@@ -189,7 +189,7 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
     let target = if cluster {
         if !cfg!(feature = "cluster") {
             return Err("--cluster needs the cluster feature: \
-                        cargo run --example demo --features axum,cluster -- --cluster"
+                        cargo run -p examples --example demo --features cluster -- --cluster"
                 .into());
         }
         let bin =

@@ -2,10 +2,10 @@
 //! per SKU, fencing tokens checked by the database.
 //!
 //! ```text
-//! cargo run --example inventory --features axum                  # one instance, in-process locks
-//! REDIS_URL=redis://127.0.0.1:6379 PORT=3001 cargo run --example inventory --features axum
-//! cargo run --example inventory --features axum -- gateway a=http://127.0.0.1:3001 b=...
-//! cargo run --example demo --features axum                       # the multi-process demo
+//! cargo run -p examples --example inventory                      # one instance, in-process locks
+//! REDIS_URL=redis://127.0.0.1:6379 PORT=3001 cargo run -p examples --example inventory
+//! cargo run -p examples --example inventory -- gateway a=http://127.0.0.1:3001 b=...
+//! cargo run -p examples --example demo                           # the multi-process demo
 //! ```
 //!
 //! Endpoints: `POST /items {sku, name, stock}`, `GET /items`, `GET /items/{sku}`

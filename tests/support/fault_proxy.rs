@@ -26,11 +26,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use futures::future::BoxFuture;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use super::RedisServer;
-use super::relay::{Pumps, Relay};
+use super::relay::{BoxFuture, Pumps, Relay};
 use super::resp::{CommandParser, ReplyParser};
 
 /// Decides whether a command (its arguments, the command name first) is one whose

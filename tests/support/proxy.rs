@@ -8,10 +8,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use futures::future::BoxFuture;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
-use super::relay::{Pumps, Relay};
+use super::relay::{BoxFuture, Pumps, Relay};
 use super::*;
 
 // ---------------------------------------------------------------------------

@@ -4,16 +4,20 @@
 //! A proxy supplies only its [`Pumps`] (how bytes move in each direction); the
 //! [`Relay`] accepts, connects, counts and resets.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+
+/// A boxed future (the support module uses std only, beside tokio and redis).
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How one proxy moves bytes between a client and the server.
 pub(crate) trait Pumps: Send + Sync + 'static {

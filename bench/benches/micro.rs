@@ -1,7 +1,7 @@
 //! In-process micro benchmarks (criterion): the cost of lockflight's own machinery,
 //! without Redis.
 //!
-//! `cargo bench --bench micro` (add `-- --quick` for a faster, rougher run, or a
+//! `cargo bench -p bench --bench micro` (add `-- --quick` for a faster, rougher run, or a
 //! filter such as `-- uncontended`).
 //!
 //! * `uncontended/*`: one lock + release per iteration on a current-thread runtime.

@@ -4,16 +4,15 @@
 //! and the tower layers map timeouts, missing keys and concurrent reads as
 //! documented.
 
-#![cfg(feature = "axum")]
-
-#[path = "../support/mod.rs"]
+// The root package's test support (a real redis-server per test binary).
+#[path = "../../../tests/support/mod.rs"]
 mod support;
 
-#[path = "../../examples/inventory/app.rs"]
+#[path = "../../inventory/app.rs"]
 mod app;
-#[path = "../../examples/inventory/client.rs"]
+#[path = "../../inventory/client.rs"]
 mod client;
-#[path = "../../examples/inventory/gateway.rs"]
+#[path = "../../inventory/gateway.rs"]
 mod gateway;
 
 mod reserve;

@@ -1,6 +1,6 @@
 //! Lookup cost per routing method.
 //!
-//! `cargo bench --bench routing` (add `-- --quick` for a fast, rougher run).
+//! `cargo bench -p bench --bench routing` (add `-- --quick` for a fast, rougher run).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -1,6 +1,7 @@
-//! CI smoke run of the contention benchmark (`benches/contention.rs`).
+//! CI smoke run of the contention benchmark (`benches/contention.rs`, harness in
+//! the `bench` library).
 //!
-//! The bench's runner is compiled into this test binary as a module. Its worker
+//! This test binary links the bench's harness. Its worker
 //! processes re-execute *this* binary: the coordinator starts it with
 //! `--exact contention_worker --include-ignored --nocapture` and the worker
 //! environment variable, so only the ignored [`contention_worker`] runs there, reads
@@ -13,8 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-#[path = "../benches/contention.rs"]
-mod contention;
+use bench::{Config, WORKER_ENV, run, worker_main};
 
 fn worker_command() -> std::process::Command {
     let mut cmd =
@@ -34,19 +34,19 @@ fn worker_command() -> std::process::Command {
 #[test]
 #[ignore = "worker process of contention_smoke"]
 fn contention_worker() {
-    if std::env::var_os(contention::WORKER_ENV).is_none() {
+    if std::env::var_os(WORKER_ENV).is_none() {
         return;
     }
-    contention::worker_main();
+    worker_main();
 }
 
 #[test]
 fn contention_smoke() {
     let started = Instant::now();
-    let mut cfg = contention::Config::smoke(worker_command);
+    let mut cfg = Config::smoke(worker_command);
     // Always a private server and the smoke shape, whatever the environment says.
     cfg.redis_url = None;
-    let report = contention::run(&cfg).unwrap_or_else(|e| panic!("contention smoke run: {e}"));
+    let report = run(&cfg).unwrap_or_else(|e| panic!("contention smoke run: {e}"));
 
     let expected = cfg.workloads.len() * cfg.modes.len() * cfg.tasks.len();
     assert_eq!(report.points.len(), expected, "every point ran");
