@@ -1,0 +1,256 @@
+//! The leader's acquire loop: the one task per key and process that talks to the
+//! backend until it holds the lease or gives up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Acquire, LeaseToken, LockBackend};
+use crate::error::{Error, Phase, Result};
+use crate::guard::LockGuard;
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::slot::{Abandon, Lead, Slot};
+
+use super::*;
+/// What one call asks of the leader loop.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Call {
+    pub(super) start: Instant,
+    pub(super) deadline: Instant,
+    /// Join the backend's queue when busy (`false` for a single attempt).
+    pub(super) queue: bool,
+    /// The TTL of a lease acquired by this call.
+    pub(super) ttl: Duration,
+}
+
+/// The one task that talks to the backend for a key, until it holds the lease or
+/// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
+pub(super) struct Leading {
+    shared: Arc<Shared>,
+    key: LockKey,
+    slot: Option<Arc<Slot>>,
+    lead: Lead,
+    finished: bool,
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let cleanup = match &self.slot {
+            Some(slot) => match slot.abandon(&self.shared.slots, self.lead) {
+                Abandon::Succeeded => return,
+                Abandon::Cleanup(lead) => lead,
+            },
+            None => self.lead,
+        };
+        self.shared.cleanup(&self.key, cleanup);
+    }
+}
+
+impl Shared {
+    pub(super) fn arc(&self) -> Arc<Shared> {
+        self.me
+            .upgrade()
+            .expect("a Locker's shared state is alive while it is used")
+    }
+
+    /// Releases a token whose acquire may have landed and leaves the backend queue,
+    /// in the background.
+    pub(super) fn cleanup(&self, key: &LockKey, lead: Lead) {
+        if lead.token.is_none() && !lead.queued {
+            return;
+        }
+        let key = key.clone();
+        let backend = Arc::clone(&self.backend);
+        let stats = Arc::clone(&self.stats);
+        spawn_detached(async move {
+            if let Some(token) = lead.token
+                && let Err(e) = {
+                    stats.release();
+                    backend.release(&key, token).await
+                }
+            {
+                tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
+            }
+            if lead.queued
+                && let Err(e) = {
+                    stats.left();
+                    backend.leave(&key).await
+                }
+            {
+                tracing::debug!(%key, error = %e, "leaving the queue failed");
+            }
+        });
+    }
+
+    /// Acquires from the backend as the key's leader. `Ok(None)` only when `queue` is
+    /// false and the lock is busy.
+    pub(super) async fn lead(
+        &self,
+        key: &LockKey,
+        slot: Option<Arc<Slot>>,
+        inherited: Lead,
+        call: Call,
+    ) -> Result<Option<LockGuard>> {
+        let Call {
+            start,
+            deadline,
+            queue,
+            ttl,
+        } = call;
+        let token = inherited.token.unwrap_or_else(LeaseToken::random);
+        let mut leading = Leading {
+            shared: self.arc(),
+            key: key.clone(),
+            slot,
+            lead: Lead {
+                token: Some(token),
+                queued: inherited.queued,
+            },
+            finished: false,
+        };
+        let wakeups = self.backend.wakeups();
+        let mut wakeup: Option<crate::backend::Wakeup> = None;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let generation = wakeups.generation(key.as_bytes());
+            let sent_at = Instant::now();
+            // From here until a definite answer, the acquire may have landed, and may
+            // have queued this instance.
+            leading.lead.token = Some(token);
+            leading.lead.queued |= queue;
+            self.stats.acquire_attempt();
+            let reply = if self.config.fair {
+                // This leader is the instance's oldest waiting task (local FIFO): its
+                // age places the instance in the queue.
+                let age = sent_at.saturating_duration_since(start);
+                tokio::time::timeout_at(
+                    deadline,
+                    self.backend.acquire_fair(key, token, ttl, queue, age),
+                )
+                .await
+            } else {
+                tokio::time::timeout_at(deadline, self.backend.acquire(key, token, ttl, queue))
+                    .await
+            };
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(_) => return Err(self.timed_out(key, start)),
+            };
+            match reply {
+                Ok(Acquire::Acquired { epoch, waiting }) => {
+                    if epoch == 0 && self.backend.fencing() {
+                        leading.lead.token = Some(token);
+                        return Err(Error::backend(
+                            key,
+                            Phase::Acquiring,
+                            "the backend granted the lock without a fencing epoch",
+                        ));
+                    }
+                    let lease = Arc::new(Lease::new(
+                        key.clone(),
+                        token,
+                        epoch,
+                        ttl,
+                        sent_at,
+                        waiting,
+                        Arc::clone(&self.stats),
+                    ));
+                    if Instant::now() >= lease.valid_until() {
+                        // The reply came back after the lease's validity ended (a slow
+                        // network, a stalled runtime): it is not held. Ask again with
+                        // the same token, which re-arms it if it still exists.
+                        tracing::debug!(%key, "acquire reply arrived after the lease's validity");
+                        if Instant::now() >= deadline {
+                            return Err(self.timed_out(key, start));
+                        }
+                        continue;
+                    }
+                    self.stats.acquired();
+                    leading.finished = true;
+                    if let Some(slot) = &leading.slot {
+                        slot.acquired();
+                    }
+                    self.renewals.watch(&lease, sent_at);
+                    return Ok(Some(LockGuard::new(
+                        self.arc(),
+                        leading.slot.take(),
+                        lease,
+                        0,
+                    )));
+                }
+                Ok(Acquire::Busy { retry_in }) => {
+                    leading.lead.token = None;
+                    if !queue {
+                        return Ok(None);
+                    }
+                    backoff = Duration::from_millis(10);
+                    let wakeup = match &mut wakeup {
+                        Some(w) => w,
+                        None => {
+                            // Watch only now that we wait; a wake-up that arrived
+                            // before this registration shows in the generation.
+                            let w = wakeup.insert(wakeups.watch(key));
+                            if wakeups.generation(key.as_bytes()) != generation {
+                                continue;
+                            }
+                            w
+                        }
+                    };
+                    tokio::select! {
+                        _ = wakeup.woken() => {}
+                        _ = tokio::time::sleep(retry_in) => {}
+                        _ = tokio::time::sleep_until(deadline) => {
+                            return Err(self.timed_out(key, start));
+                        }
+                    }
+                }
+                Err(
+                    e @ (Error::Backend { .. }
+                    | Error::Connect { .. }
+                    | Error::QuorumNotReached { .. }),
+                ) => {
+                    // Transient: the request may or may not have landed; the token
+                    // stays armed so a retry (or the cleanup) reconciles it. A
+                    // single attempt (`try_lock`) reports a missing quorum at once:
+                    // the nodes answered, and a majority of them is out of reach.
+                    if !queue && matches!(e, Error::QuorumNotReached { .. }) {
+                        return Err(e);
+                    }
+                    tracing::debug!(%key, error = %e, "acquire failed; retrying");
+                    if Instant::now() + backoff >= deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e @ (Error::Refused { .. } | Error::NoPermission { .. })) => {
+                    // Refused by the server (out of memory, a read-only replica, a
+                    // command the ACL user lacks): answered at once. Keep the token
+                    // armed for the cleanup, which releases whatever a partly run
+                    // script might have written.
+                    return Err(e);
+                }
+                Err(e) => {
+                    // A definite refusal (foreign value, bad input): the scripts read
+                    // everything that can fail before they write.
+                    leading.lead.token = None;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    pub(super) fn timed_out(&self, key: &LockKey, start: Instant) -> Error {
+        self.stats.timeout();
+        Error::Timeout {
+            key: key.clone(),
+            phase: Phase::Acquiring,
+            waited: start.elapsed(),
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! The settings of a [`Locker`](super::Locker): [`LockerBuilder`], [`Handoff`],
+//! [`LossPolicy`], per-call [`LockOptions`], and their validation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::LockBackend;
+use crate::error::{Error, Result};
+use crate::lease;
+use crate::lease::renewal::Renewals;
+use crate::singleflight::Flights;
+use crate::slot::SlotMap;
+use crate::stats::StatsInner;
+
+use super::*;
+/// Local lease handoff settings; see [`LockerBuilder::handoff`]. **On by default**
+/// ([`Handoff::enabled`] with the default budget).
+///
+/// With handoff on, a holder that releases while another local task waits for the
+/// same key passes the still-valid lease to that task in memory: no backend request
+/// at all. The budget bounds how long one process keeps a lease this way, so other
+/// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
+/// total hold time per lease, both **halved** while the backend reports other
+/// instances waiting for the key. A lease with less than `min_validity` left, or
+/// whose loss is being signalled, is never handed on.
+///
+/// # Why it is on by default
+///
+/// * **Safety does not change.** A handoff passes a lease that this process holds
+///   and that is still valid for at least `min_validity` (default a third of the
+///   TTL); the holder's critical section has ended before the next one starts (one
+///   holder per slot), the watchdog keeps renewing the same lease, and the fencing
+///   token's handoff sequence grows, so tokens still strictly increase per key.
+/// * **Fairness is bounded.** While another instance waits (the backend's queue is not
+///   empty, which every acquire, extend and release reports) a lease serves at most
+///   `max_consecutive / 2` handoffs (32) and `max_hold / 2` (125 ms) before it goes
+///   back to Redis, whose release wakes the head of the key's FIFO queue of
+///   instances and gives it the claim window: the instances take turns. So a
+///   remote instance waits at most about one budget per instance ahead of it in the
+///   queue; with nobody waiting elsewhere, the full budget only delays this
+///   process's own tasks, which get the lease in local FIFO order. Measured on the
+///   contention benchmark (BENCHMARKS.md): 4 processes × 8 or 64 tasks on one hot
+///   key each get 15–35 % of the critical sections.
+/// * **Cost.** One backend round trip pair per lease instead of per critical
+///   section: on a hot key the default runs a few times faster than a plain Redis
+///   lock with a fraction of the server commands.
+///
+/// Turn it off ([`Handoff::disabled`]) when strict cross-instance FIFO order per
+/// critical section matters more than throughput; lower the budget
+/// ([`max_consecutive`](Self::max_consecutive), [`max_hold`](Self::max_hold)) to
+/// shorten the turns.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockflight::Handoff;
+///
+/// let h = Handoff::enabled().max_consecutive(32).max_hold(Duration::from_millis(100));
+/// assert!(h.is_enabled());
+/// assert!(!Handoff::disabled().is_enabled());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Handoff {
+    pub(super) enabled: bool,
+    pub(super) max_consecutive: u32,
+    pub(super) max_hold: Duration,
+    pub(super) min_validity: Option<Duration>,
+}
+
+impl Handoff {
+    /// Default bound on consecutive handoffs per lease.
+    pub const DEFAULT_MAX_CONSECUTIVE: u32 = 64;
+    /// Default bound on the total hold time of one lease across handoffs.
+    pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
+
+    /// No handoff: every critical section acquires from the backend.
+    pub fn disabled() -> Self {
+        Handoff {
+            enabled: false,
+            ..Self::enabled()
+        }
+    }
+
+    /// Handoff with the default budget (the default).
+    pub fn enabled() -> Self {
+        Handoff {
+            enabled: true,
+            max_consecutive: Self::DEFAULT_MAX_CONSECUTIVE,
+            max_hold: Self::DEFAULT_MAX_HOLD,
+            min_validity: None,
+        }
+    }
+
+    /// At most `n` handoffs per lease (at least 1).
+    pub fn max_consecutive(mut self, n: u32) -> Self {
+        self.max_consecutive = n;
+        self
+    }
+
+    /// At most `d` of total hold time per lease.
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = d;
+        self
+    }
+
+    /// Never hand on a lease with less than `d` of validity left (default: a third
+    /// of the lease TTL).
+    pub fn min_validity(mut self, d: Duration) -> Self {
+        self.min_validity = Some(d);
+        self
+    }
+
+    /// Whether handoff is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+}
+
+impl Default for Handoff {
+    /// [`Handoff::enabled`] with the default budget.
+    fn default() -> Self {
+        Self::enabled()
+    }
+}
+
+/// What [`Locker::with_lock`] (and the tower layer) do when a lease is lost while the
+/// guarded work runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossPolicy {
+    /// Drop the guarded future and return [`Error::LeaseLost`] (the default).
+    #[default]
+    Abort,
+    /// Only signal: the work runs on; it can watch [`LockGuard::lost`].
+    Signal,
+}
+
+/// Per-call settings of [`Locker::lock_with`] (and per route, of
+/// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field
+/// takes the locker's setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockflight::LockOptions;
+///
+/// // Wait at most 200 ms, hold for at most 10 s without renewal.
+/// let quick = LockOptions::new()
+///     .wait_timeout(Duration::from_millis(200))
+///     .lease_ttl(Duration::from_secs(10));
+/// // Fail fast: Error::Busy at once when the key is held.
+/// let fail_fast = LockOptions::new().try_only();
+/// # let _ = (quick, fail_fast);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct LockOptions {
+    pub(super) wait_timeout: Option<Duration>,
+    pub(super) lease_ttl: Option<Duration>,
+    pub(super) try_only: bool,
+}
+
+impl LockOptions {
+    /// The locker's settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long this call waits for the lock (`Duration::MAX`: as long as it
+    /// takes).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The TTL of a lease this call acquires from the backend. It must fit the
+    /// locker's renewal interval (the rule of
+    /// [`LockerBuilder::build`](crate::LockerBuilder::build)). A lease handed to
+    /// this call by another local task (handoff) keeps its own TTL.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Do not wait: [`Error::Busy`] at once when another task of this process or
+    /// another instance holds the lock (one backend request at most).
+    pub fn try_only(mut self) -> Self {
+        self.try_only = true;
+        self
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) lease_ttl: Duration,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) renew_every: Duration,
+    pub(crate) handoff: Handoff,
+    pub(crate) min_validity: Duration,
+    pub(crate) max_waiters: usize,
+    pub(crate) coalescing: bool,
+    pub(crate) on_loss: LossPolicy,
+    pub(crate) fair: bool,
+}
+
+/// Settings of a [`Locker`]; see [`Locker::builder`].
+#[must_use]
+pub struct LockerBuilder {
+    pub(super) backend: Arc<dyn LockBackend>,
+    pub(super) lease_ttl: Duration,
+    pub(super) wait_timeout: Duration,
+    pub(super) renew_every: Option<Duration>,
+    pub(super) handoff: Handoff,
+    pub(super) max_waiters: usize,
+    pub(super) coalescing: bool,
+    pub(super) on_loss: LossPolicy,
+    pub(super) fair: bool,
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("backend", &self.backend)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("renew_every", &self.renew_every)
+            .field("handoff", &self.handoff)
+            .field("max_waiters", &self.max_waiters)
+            .field("coalescing", &self.coalescing)
+            .field("on_loss", &self.on_loss)
+            .field("fair", &self.fair)
+            .finish()
+    }
+}
+
+impl LockerBuilder {
+    /// Default lease TTL.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// Default bound on [`Locker::lock`].
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default bound on local waiters per key.
+    pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+    /// The shortest lease TTL accepted.
+    pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+    /// The longest lease TTL accepted (30 days): longer ones overflow clocks and
+    /// Redis expiry arithmetic, and a lock nobody can take for a month is a bug.
+    pub const MAX_LEASE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+    /// How long a lease lives without renewal (default 30 s, at least 100 ms). The
+    /// watchdog renews it every third of that while it is held.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long [`Locker::lock`] waits before [`Error::Timeout`] (default 5 s).
+    /// `Duration::MAX` waits as long as it takes.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// How often the watchdog renews a held lease (default: a third of the TTL).
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// Local lease handoff (default [`Handoff::enabled`] with the default budget:
+    /// 64 handoffs or 250 ms per lease, halved while other instances wait; see
+    /// [`Handoff`] for why this is safe and fair).
+    pub fn handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = handoff;
+        self
+    }
+
+    /// Bound on tasks waiting locally per key (default 10,000); the excess gets
+    /// [`Error::Overloaded`] at once.
+    pub fn max_waiters(mut self, n: usize) -> Self {
+        self.max_waiters = n;
+        self
+    }
+
+    /// Per-process coalescing (default on). Off, every task competes with the
+    /// backend on its own and handoff is impossible: a wake-up for the instance
+    /// wakes every local task waiting for the key (a herd). Not part of the
+    /// supported API: kept, hidden, only as the naive baseline of the benchmarks
+    /// and tests.
+    #[doc(hidden)]
+    pub fn coalescing(mut self, on: bool) -> Self {
+        self.coalescing = on;
+        self
+    }
+
+    /// Fair mode (default off): the lock is granted in order of arrival across
+    /// instances, not only within one.
+    ///
+    /// By default a free lock goes to whoever asks first: after a TTL expiry (or
+    /// while the head of the queue has not yet been told) a newcomer can take it
+    /// ahead of instances that have been waiting, and a holder hands the lease to
+    /// its own local waiters (within the [`Handoff`] budget) while other instances
+    /// wait. That is the cheap, high-throughput behaviour. In fair mode:
+    ///
+    /// * **Queue position = arrival.** An instance's place in the key's queue is the
+    ///   arrival time of its oldest waiting task (the acquire carries that task's
+    ///   age; the backend scores the entry *its clock − age*). When that task is
+    ///   granted, the next local waiter asks with its own age, so it takes its own
+    ///   place: behind remote tasks that arrived before it, ahead of those after.
+    /// * **No barging.** A free lock goes only to the earliest live entry of the
+    ///   queue (or to anyone when nobody else waits), also after a TTL expiry
+    ///   without release: a later caller is queued and the earliest one is woken.
+    ///   [`try_lock`](Locker::try_lock) and [`LockOptions::try_only`] answer busy
+    ///   when an earlier task of another instance waits.
+    /// * **Handoff only in order.** A lease is handed to a local waiter only if the
+    ///   backend reported no other instance waiting (as last reported: by the
+    ///   acquire or the latest renewal) and that waiter arrived before the lease was
+    ///   acquired (remote tasks that arrived later were not counted, and come after
+    ///   it); otherwise it is released through the backend, which wakes the
+    ///   earliest instance (maybe this one again). Within an instance tasks are
+    ///   served FIFO.
+    ///
+    /// **The guarantee.** Among the fair lockers of a key, tasks get the lock in
+    /// the order in which they started waiting (called `lock`), across instances,
+    /// and FIFO within an instance, up to the resolution of the measurement: a
+    /// task's arrival is taken on its own machine and placed on the server's clock
+    /// (*TIME − age*) when its instance asks, so two tasks of different instances
+    /// that arrive within about one network round trip (plus scheduling jitter) of
+    /// each other may be served in either order. A release through the backend
+    /// requeues the releasing instance at its next local task's arrival before it
+    /// picks whom to wake, so that task keeps its true place too. Limits: an
+    /// instance that stops asking (crashed, frozen) keeps its place until its queue
+    /// entry expires (the backend's queue entry TTL, 3 s by default; meanwhile
+    /// later tasks wait, none barges); a task that gives up leaves the order;
+    /// non-fair lockers of the same key ignore it.
+    ///
+    /// **Cost.** Under contention nearly every critical section goes through the
+    /// backend (an acquire and a release, plus the re-asks of waiting instances)
+    /// instead of being handed off in memory: with 4 instances on one hot key,
+    /// about 2.2–2.7 backend round trips per critical section, against 0.1 in the
+    /// default mode with several tasks per instance (about 3 in both modes with one
+    /// task per instance). Inside the scripts fair mode adds a few O(log n) sorted
+    /// set commands when the queue is not empty; an uncontended lock costs exactly
+    /// what it costs in the default mode.
+    ///
+    /// The backend must support it ([`LockBackend::supports_fair`]): Redis and
+    /// memory do; [`Locker::builder`] over Redlock (whose independent nodes have no
+    /// common queue to order by) fails to build with [`Error::InvalidConfig`].
+    ///
+    /// ```
+    /// # fn main() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).fair(true).build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
+        self
+    }
+
+    /// What [`Locker::with_lock`] does on lease loss (default [`LossPolicy::Abort`]).
+    pub fn on_loss(mut self, policy: LossPolicy) -> Self {
+        self.on_loss = policy;
+        self
+    }
+
+    /// Validates the settings and builds the locker.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting: a TTL under 100 ms or over
+    /// [`MAX_LEASE_TTL`](Self::MAX_LEASE_TTL), a zero wait timeout, a renewal
+    /// interval that is zero or too slow to renew in time (the interval plus the
+    /// watchdog's scan delay must leave at least half of the lease's validity for
+    /// the renewal itself), zero `max_waiters`, a handoff budget of zero, or a
+    /// handoff `min_validity` not shorter than the lease's validity, or fair mode
+    /// over a backend without it (Redlock) or without coalescing.
+    pub fn build(self) -> Result<Locker> {
+        let ttl = self.lease_ttl;
+        if ttl < Self::MIN_LEASE_TTL || ttl > Self::MAX_LEASE_TTL {
+            return Err(Error::config(format!(
+                "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+                Self::MIN_LEASE_TTL,
+                Self::MAX_LEASE_TTL
+            )));
+        }
+        if self.wait_timeout.is_zero() {
+            return Err(Error::config(
+                "wait_timeout is zero; use try_lock for a single attempt",
+            ));
+        }
+        let renew_every = self.renew_every.unwrap_or(ttl / 3);
+        let usable = ttl.saturating_sub(lease::drift(ttl));
+        validate_ttl(ttl, renew_every).map_err(Error::config)?;
+        if self.max_waiters == 0 {
+            return Err(Error::config("max_waiters is zero"));
+        }
+        let min_validity = self.handoff.min_validity.unwrap_or(ttl / 3);
+        if self.handoff.enabled {
+            if self.handoff.max_consecutive == 0 || self.handoff.max_hold.is_zero() {
+                return Err(Error::config(
+                    "handoff budget is zero (max_consecutive and max_hold must be above zero)",
+                ));
+            }
+            if min_validity >= usable {
+                return Err(Error::config(format!(
+                    "handoff min_validity is {min_validity:?}, it must be below the lease \
+                     validity of {usable:?}"
+                )));
+            }
+        }
+        if self.fair && !self.backend.supports_fair() {
+            return Err(Error::config(format!(
+                "fair mode is not supported by the backend {:?}: it cannot order waiting \
+                 instances (Redlock's independent nodes share no queue); use a Redis or \
+                 memory backend, or fair(false)",
+                self.backend
+            )));
+        }
+        if self.fair && !self.coalescing {
+            return Err(Error::config(
+                "fair mode needs coalescing: an instance queues once per key, for its oldest task",
+            ));
+        }
+        let config = Config {
+            fair: self.fair,
+            lease_ttl: ttl,
+            wait_timeout: self.wait_timeout,
+            renew_every,
+            handoff: self.handoff,
+            min_validity,
+            max_waiters: self.max_waiters,
+            coalescing: self.coalescing,
+            on_loss: self.on_loss,
+        };
+        let backend = self.backend;
+        let stats = Arc::<StatsInner>::default();
+        let renewals = Arc::new(Renewals::new(
+            Arc::clone(&backend),
+            config.renew_every,
+            Arc::clone(&stats),
+        ));
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
+            backend,
+            config,
+            stats,
+            renewals,
+            slots: SlotMap::default(),
+            flights: Flights::default(),
+            rw: Default::default(),
+            semaphores: Default::default(),
+        });
+        Ok(Locker { shared })
+    }
+}
+
+/// Checks that leases of `ttl` can be renewed in time every `renew_every`: the
+/// interval plus the watchdog's scan delay must leave at least half of the
+/// lease's validity for the renewal itself.
+pub(super) fn validate_ttl(
+    ttl: Duration,
+    renew_every: Duration,
+) -> std::result::Result<(), String> {
+    if !(LockerBuilder::MIN_LEASE_TTL..=LockerBuilder::MAX_LEASE_TTL).contains(&ttl) {
+        return Err(format!(
+            "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+            LockerBuilder::MIN_LEASE_TTL,
+            LockerBuilder::MAX_LEASE_TTL
+        ));
+    }
+    let usable = ttl.saturating_sub(lease::drift(ttl));
+    let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
+    if renew_every.is_zero() || latest_start > usable / 2 {
+        return Err(format!(
+            "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
+             after the acquire, which leaves less than half of the lease validity of \
+             {usable:?} (lease_ttl {ttl:?} minus the drift margin) to renew in time; use a \
+             renew_every of at most {:?} or a longer lease_ttl",
+            usable * 2 / 5
+        ));
+    }
+    Ok(())
+}

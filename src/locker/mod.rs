@@ -1,0 +1,467 @@
+//! [`Locker`]: the user's handle, and its validated settings.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::LockBackend;
+use crate::error::{Error, Phase, Result};
+use crate::guard::{LockGuard, LockInfo};
+use crate::key::LockKey;
+use crate::lease::renewal::Renewals;
+use crate::singleflight::Flights;
+use crate::slot::{Forward, Grant, Join, Lead, Slot, SlotMap};
+use crate::stats::{Stats, StatsInner};
+
+mod acquire;
+mod config;
+mod release;
+
+use acquire::Call;
+pub(crate) use config::Config;
+use config::validate_ttl;
+pub use config::{Handoff, LockOptions, LockerBuilder, LossPolicy};
+
+/// The handle a service uses to take distributed locks.
+///
+/// Cheap to clone; clones share everything. Build **one per process** per backend:
+/// coalescing works among the tasks that share a `Locker`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use std::time::Duration;
+/// use lockflight::{Handoff, Locker, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new())
+///     .lease_ttl(Duration::from_secs(30))
+///     .wait_timeout(Duration::from_secs(5))
+///     .handoff(Handoff::enabled().max_consecutive(64))
+///     .build()?;
+///
+/// let guard = locker.lock("sku:555").await?;
+/// let token = guard.fencing_token(); // hand it to the resource with every write
+/// guard.release().await?;
+///
+/// let stock = locker
+///     .with_lock("sku:555", |info| async move { info.fencing_token > token })
+///     .await?;
+/// assert!(stock);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.shared.backend)
+            .field("config", &self.shared.config)
+            .field("active_keys", &self.shared.slots.len())
+            .finish()
+    }
+}
+
+pub(crate) struct Shared {
+    me: Weak<Shared>,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) config: Config,
+    pub(crate) stats: Arc<StatsInner>,
+    pub(crate) slots: SlotMap,
+    pub(crate) flights: Flights,
+    pub(crate) renewals: Arc<Renewals>,
+    /// The read-write locks' local state.
+    pub(crate) rw: crate::rwlock::RwLocks,
+    /// The semaphores' local state.
+    pub(crate) semaphores: crate::semaphore::Semaphores,
+}
+
+impl Locker {
+    /// Starts configuring a locker over `backend`.
+    pub fn builder(backend: impl LockBackend) -> LockerBuilder {
+        LockerBuilder {
+            backend: Arc::new(backend),
+            lease_ttl: LockerBuilder::DEFAULT_LEASE_TTL,
+            wait_timeout: LockerBuilder::DEFAULT_WAIT_TIMEOUT,
+            renew_every: None,
+            handoff: Handoff::enabled(),
+            max_waiters: LockerBuilder::DEFAULT_MAX_WAITERS,
+            coalescing: true,
+            on_loss: LossPolicy::Abort,
+            fair: false,
+        }
+    }
+
+    /// Takes the lock of `key`, waiting up to the configured wait timeout.
+    ///
+    /// Within this process at most one task per key talks to the backend; the others
+    /// wait in a local FIFO and are granted either leadership or (with handoff) the
+    /// lease itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Reentrant`] at
+    /// once when the running future already holds `key` (it runs inside
+    /// [`with_lock`](Self::with_lock) or behind the lock layer for it, see
+    /// "Reentrancy" below); [`Error::Timeout`] when the wait timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already
+    /// wait for the key; [`Error::ForeignValue`], [`Error::NoPermission`] and
+    /// [`Error::Backend`] from the backend (transient backend errors are retried
+    /// until the deadline).
+    ///
+    /// # Reentrancy
+    ///
+    /// Locks are not reentrant: a second `lock` of a held key would wait behind
+    /// itself. Inside [`with_lock`](Self::with_lock)'s closure and behind the lock
+    /// layer, the held keys are known (a task-local scope around the guarded
+    /// future), so asking again fails at once with [`Error::Reentrant`]. Holding is
+    /// scoped to the guarded future, not to a thread or a task: tasks move between
+    /// threads, and one task may run independent futures (`join!`) that each wait
+    /// for the lock in turn, correctly.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. A dropped waiter leaves the local queue without disturbing it; a
+    /// dropped leader passes leadership (and its token, so an acquire that may have
+    /// landed is reconciled) to the next waiter, or releases that token and leaves the
+    /// backend queue in the background when nobody waits.
+    pub async fn lock(&self, key: impl Into<LockKey>) -> Result<LockGuard> {
+        self.lock_within(key, self.shared.config.wait_timeout).await
+    }
+
+    /// Like [`lock`](Self::lock) with an explicit wait timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<LockGuard> {
+        let key = key.into();
+        key.validate()?;
+        self.check_reentry(&key)?;
+        let span = tracing::debug_span!("lockflight.lock", key = %key);
+        let ttl = self.shared.config.lease_ttl;
+        self.lock_inner(key, wait, ttl).instrument(span).await
+    }
+
+    /// Records the wait of a granted call.
+    fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
+        if result.is_ok() {
+            crate::stats::histograms::wait(start.elapsed());
+        }
+        result
+    }
+
+    /// Like [`lock`](Self::lock) with per-call settings: a wait timeout, a lease
+    /// TTL, or no waiting at all.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockflight::Result<()> {
+    /// use std::time::Duration;
+    /// use lockflight::{Error, LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let held = locker.lock("sku:555").await?;
+    /// let busy = locker.lock_with("sku:555", LockOptions::new().try_only()).await;
+    /// assert!(matches!(busy, Err(Error::Busy { .. })));
+    /// drop(held);
+    /// let guard = locker
+    ///     .lock_with("sku:555", LockOptions::new().wait_timeout(Duration::from_secs(1)))
+    ///     .await?;
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock); [`Error::Busy`] for a busy key with
+    /// [`LockOptions::try_only`]; [`Error::InvalidConfig`] for a lease TTL that the
+    /// locker cannot renew in time.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(
+        &self,
+        key: impl Into<LockKey>,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
+        let key = key.into();
+        key.validate()?;
+        self.check_reentry(&key)?;
+        let config = &self.shared.config;
+        let ttl = match options.lease_ttl {
+            Some(ttl) => {
+                validate_ttl(ttl, config.renew_every)
+                    .map_err(|reason| Error::config(format!("lock_with({key}): {reason}")))?;
+                ttl
+            }
+            None => config.lease_ttl,
+        };
+        let span = tracing::debug_span!("lockflight.lock", key = %key);
+        if options.try_only {
+            return match self.try_lock_inner(&key, ttl).instrument(span).await? {
+                Some(guard) => Ok(guard),
+                None => Err(Error::Busy { key }),
+            };
+        }
+        let wait = options.wait_timeout.unwrap_or(config.wait_timeout);
+        self.lock_inner(key, wait, ttl).instrument(span).await
+    }
+
+    async fn lock_inner(&self, key: LockKey, wait: Duration, ttl: Duration) -> Result<LockGuard> {
+        let start = Instant::now();
+        Self::granted(start, self.lock_inner_at(key, start, wait, ttl).await)
+    }
+
+    async fn lock_inner_at(
+        &self,
+        key: LockKey,
+        start: Instant,
+        wait: Duration,
+        ttl: Duration,
+    ) -> Result<LockGuard> {
+        let deadline = deadline_after(start, wait);
+        let shared = &self.shared;
+        loop {
+            let (slot, lead) = if !shared.config.coalescing {
+                (None, Lead::default())
+            } else {
+                let fwd: Arc<dyn Forward> = shared.arc();
+                match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
+                    Join::Lead(slot) => (Some(slot), Lead::default()),
+                    Join::Overloaded => {
+                        return Err(Error::Overloaded {
+                            key,
+                            waiters: shared.config.max_waiters,
+                        });
+                    }
+                    Join::Wait(mut ticket) => {
+                        shared.stats.local_wait();
+                        match tokio::time::timeout_at(deadline, ticket.granted()).await {
+                            Err(_) => {
+                                shared.stats.timeout();
+                                return Err(Error::Timeout {
+                                    key,
+                                    phase: Phase::WaitingLocally,
+                                    waited: start.elapsed(),
+                                });
+                            }
+                            Ok(Grant::Lease(lease, seq)) => {
+                                let slot = Arc::clone(ticket.slot());
+                                let guard = LockGuard::new(shared.arc(), Some(slot), lease, seq);
+                                if !guard.is_lost() {
+                                    return Ok(guard);
+                                }
+                                // The handed-on lease ran out while this task woke up:
+                                // it is not held. Let it go and compete again.
+                                tracing::debug!(%key, "a handed-off lease expired before its grant");
+                                drop(guard);
+                                continue;
+                            }
+                            Ok(Grant::Lead(lead)) => (Some(Arc::clone(ticket.slot())), lead),
+                        }
+                    }
+                }
+            };
+            return shared
+                .lead(
+                    &key,
+                    slot,
+                    lead,
+                    Call {
+                        start,
+                        deadline,
+                        queue: true,
+                        ttl,
+                    },
+                )
+                .await?
+                .ok_or_else(|| {
+                    Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
+                });
+        }
+    }
+
+    /// Takes the lock of `key` if it is free right now: one backend request, no
+    /// waiting. Returns `None` when another task of this process or another instance
+    /// holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), except that a busy lock is `Ok(None)`, not a timeout
+    /// (a backend that does not answer within the wait timeout is a timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a request that may have landed is released in the background.
+    pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
+        let key = key.into();
+        key.validate()?;
+        self.check_reentry(&key)?;
+        self.try_lock_inner(&key, self.shared.config.lease_ttl)
+            .await
+    }
+
+    async fn try_lock_inner(&self, key: &LockKey, ttl: Duration) -> Result<Option<LockGuard>> {
+        let start = Instant::now();
+        match self.try_lock_at(key, start, ttl).await {
+            Ok(Some(guard)) => Self::granted(start, Ok(Some(guard))),
+            other => other,
+        }
+    }
+
+    async fn try_lock_at(
+        &self,
+        key: &LockKey,
+        start: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        let key = key.clone();
+        let deadline = deadline_after(start, self.shared.config.wait_timeout);
+        let shared = &self.shared;
+        let slot = if shared.config.coalescing {
+            let fwd: Arc<dyn Forward> = shared.arc();
+            match Slot::try_join(&shared.slots, &key, &fwd) {
+                Some(slot) => Some(slot),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        shared
+            .lead(
+                &key,
+                slot,
+                Lead::default(),
+                Call {
+                    start,
+                    deadline,
+                    queue: false,
+                    ttl,
+                },
+            )
+            .await
+    }
+
+    /// Runs `work` while holding the lock of `key`, then releases it.
+    ///
+    /// `work` receives the [`LockInfo`]: key, fencing token and a
+    /// [`LossSignal`](crate::guard::LossSignal). With the default [`LossPolicy::Abort`], if
+    /// the lease is lost while `work` runs, its future is dropped at its next
+    /// `.await` and the call returns [`Error::LeaseLost`]. With
+    /// [`LossPolicy::Signal`] the work runs on and watches `info.loss` itself.
+    ///
+    /// If the lease was lost by the time `work` finished (possible under
+    /// [`LossPolicy::Signal`]), or the release after `work` finds that the lock
+    /// was no longer this lease's (it expired or was taken over while `work` ran),
+    /// the call returns [`Error::LeaseLost`] and `work`'s output is dropped: the
+    /// work ran past its lease. Other release problems
+    /// (the backend unreachable) are logged, not returned: the work completed within
+    /// its validity, and the lock expires at its TTL.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), plus [`Error::LeaseLost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` and releases (or hands off) the lock in the
+    /// background.
+    pub async fn with_lock<F, Fut, T>(&self, key: impl Into<LockKey>, work: F) -> Result<T>
+    where
+        F: FnOnce(LockInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock(key).await?;
+        let work = crate::reentry::scope(self.id(), guard.key().clone(), work(guard.info()));
+        let out = match self.shared.config.on_loss {
+            LossPolicy::Signal => work.await,
+            LossPolicy::Abort => {
+                let lost = guard.lost();
+                tokio::select! {
+                    biased;
+                    _ = lost => return Err(guard.lost_error()),
+                    out = work => out,
+                }
+            }
+        };
+        if guard.is_lost() {
+            // Only reachable under `LossPolicy::Signal`: the work ran on after the
+            // loss, so its outcome was not protected by the lock.
+            return Err(guard.lost_error());
+        }
+        match guard.release().await {
+            Ok(()) => Ok(out),
+            Err(e @ Error::LeaseLost { .. }) => Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "release after with_lock failed");
+                Ok(out)
+            }
+        }
+    }
+
+    /// Counters since the locker was built.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats.snapshot()
+    }
+
+    /// Number of keys with local activity (a holder, a leader or waiters). Zero when
+    /// every task is done: slots never outlive their use.
+    pub fn active_keys(&self) -> usize {
+        self.shared.slots.len()
+    }
+
+    /// The configured wait timeout.
+    pub(crate) fn wait_timeout(&self) -> Duration {
+        self.shared.config.wait_timeout
+    }
+
+    /// This locker's identity (shared by its clones), for the reentry check.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// [`Error::Reentrant`] if the running future already holds `key` here.
+    pub(crate) fn check_reentry(&self, key: &LockKey) -> Result<()> {
+        if crate::reentry::holds(self.id(), key) {
+            return Err(Error::Reentrant { key: key.clone() });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn loss_policy(&self) -> LossPolicy {
+        self.shared.config.on_loss
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+/// `start + wait`, or a far future when that overflows (a wait of `Duration::MAX`
+/// waits as long as it takes, like [`tokio::time::sleep`]).
+pub(super) fn deadline_after(start: Instant, wait: Duration) -> Instant {
+    start
+        .checked_add(wait)
+        .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
+}
+
+/// Spawns `fut` on the current runtime, if there is one.
+pub(super) fn spawn_detached<F>(fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
+    }
+}

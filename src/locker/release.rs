@@ -1,0 +1,237 @@
+//! The end of a hold: local handoff within the budget, or the backend release
+//! (in the background when the guard is dropped).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{LockBackend, Released};
+use crate::error::{Error, Phase, Result};
+use crate::lease::Lease;
+use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
+
+use super::*;
+impl Shared {
+    /// Whether `lease` may go to a local waiter instead of back to the backend.
+    pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
+        let h = &self.config.handoff;
+        if !h.enabled || lease.is_lost() || lease.remaining() < self.config.min_validity {
+            return false;
+        }
+        let waiting = lease.waiting.load(Ordering::Relaxed);
+        if self.config.fair && waiting > 0 {
+            return false;
+        }
+        let (max_n, max_hold) = if waiting > 0 {
+            (h.max_consecutive.div_ceil(2), h.max_hold / 2)
+        } else {
+            (h.max_consecutive, h.max_hold)
+        };
+        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+    }
+
+    /// Ends a holder's use of `lease` (as handoff number `seq`): hands it to the next
+    /// local waiter when allowed, or returns the backend release to run.
+    pub(crate) fn finish(
+        &self,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> Option<ReleaseJob> {
+        if let Some(slot) = &slot {
+            let handoff = self.may_hand_off(&lease);
+            // Fair: only to a waiter that arrived before the acquire that found no
+            // other instance waiting (any later remote waiter arrived after it).
+            let arrived_by = self.config.fair.then_some(lease.acquired_at);
+            if slot.release(&lease, seq + 1, handoff, arrived_by) == Release::HandedOff {
+                lease.handoffs.fetch_add(1, Ordering::Relaxed);
+                self.stats.handoff();
+                return None;
+            }
+        }
+        Some(ReleaseJob {
+            shared: self.arc(),
+            slot,
+            lease,
+        })
+    }
+}
+
+impl Forward for Shared {
+    fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
+        match grant {
+            Grant::Lead(lead) => {
+                if let Abandon::Cleanup(lead) = slot.abandon(&self.slots, lead) {
+                    self.cleanup(slot.key(), lead);
+                }
+            }
+            Grant::Lease(lease, seq) => {
+                // The waiter never used it: pass it on as if it had just finished,
+                // without claiming a sequence number it did not use.
+                if let Some(job) = self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1))
+                {
+                    job.spawn();
+                }
+            }
+        }
+    }
+}
+
+/// A backend release still to be done; it completes even if its caller goes away.
+pub(crate) struct ReleaseJob {
+    shared: Arc<Shared>,
+    slot: Option<Arc<Slot>>,
+    lease: Arc<Lease>,
+}
+
+/// Re-runs a release from scratch in the background if the future running it is
+/// dropped half-way (release is idempotent per token).
+pub(super) struct Rearm(Option<ReleaseJob>);
+
+impl Drop for Rearm {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            job.spawn();
+        }
+    }
+}
+
+/// A release handed to a background task. If the task is dropped before it runs
+/// (its runtime is shutting down), the local state is settled anyway: the lease
+/// stops being renewed and expires at its TTL, and the slot lets its next waiter
+/// lead (or goes idle) instead of staying in `Releasing` forever.
+pub(super) struct Background(Option<ReleaseJob>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            job.settle_locally();
+        }
+    }
+}
+
+impl ReleaseJob {
+    /// Releases at the backend (retrying transient errors briefly), then lets the
+    /// next local waiter lead. If this future is dropped before it finishes, the
+    /// release is re-run in the background.
+    pub(crate) async fn run(self) -> Result<()> {
+        let span = tracing::debug_span!("lockflight.release", key = %self.lease.key);
+        self.run_inner().instrument(span).await
+    }
+
+    pub(super) async fn run_inner(self) -> Result<()> {
+        let mut rearm = Rearm(Some(self));
+        let job = rearm.0.as_ref().expect("armed");
+        let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
+        shared.renewals.forget(&lease);
+        crate::stats::histograms::renewals(lease.renewed.load(Ordering::Relaxed));
+        let mut attempt = 0u32;
+        // Fair: a local waiter keeps this instance's place in the backend's queue
+        // (its arrival time), so the release wakes whoever arrived first.
+        let requeue = match &job.slot {
+            Some(slot) if shared.config.fair => slot.oldest_waiter(),
+            _ => None,
+        };
+        let result = loop {
+            shared.stats.release();
+            let reply = match requeue {
+                None => shared.backend.release(&lease.key, lease.token).await,
+                Some(at) => {
+                    let age = Instant::now().saturating_duration_since(at);
+                    shared
+                        .backend
+                        .release_fair(&lease.key, lease.token, age)
+                        .await
+                }
+            };
+            match reply {
+                Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20) * attempt).await;
+                }
+                other => break other,
+            }
+        };
+        let job = rearm.0.take().expect("armed");
+        // A release that failed may still hold the lock at the backend: the next
+        // local leader inherits the token and reconciles it (its acquire finds the
+        // lock already ours) instead of everyone waiting out the TTL.
+        // A requeued instance is (maybe) in the backend's queue: whoever inherits the
+        // lead leaves it if nobody wants the lock any more.
+        let queued = requeue.is_some();
+        let unsettled = match &result {
+            Err(Error::Backend { .. } | Error::Connect { .. } | Error::Refused { .. }) => Lead {
+                token: Some(lease.token),
+                queued,
+            },
+            _ => Lead {
+                token: None,
+                queued,
+            },
+        };
+        job.settle(unsettled);
+        match result? {
+            Released { released: true, .. } => Ok(()),
+            Released {
+                released: false, ..
+            } => {
+                let reason = if lease.is_lost() {
+                    lease.lost_reason()
+                } else {
+                    "the lock was no longer held by this lease (expired or taken over); \
+                     nothing was deleted"
+                        .into()
+                };
+                Err(Error::LeaseLost {
+                    key: lease.key.clone(),
+                    phase: Phase::Releasing,
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// Lets the next local waiter lead, inheriting `lead`; with nobody waiting, the
+    /// slot goes idle and `lead`'s token (if any) is released in the background.
+    pub(super) fn settle(self, lead: Lead) {
+        let Some(slot) = &self.slot else {
+            self.shared.cleanup(&self.lease.key, lead);
+            return;
+        };
+        if let Some(lead) = slot.released(&self.shared.slots, lead) {
+            self.shared.cleanup(&self.lease.key, lead);
+        }
+    }
+
+    /// Settles the local state without a backend release: the lease expires at its
+    /// TTL.
+    pub(super) fn settle_locally(self) {
+        self.shared.renewals.forget(&self.lease);
+        crate::stats::histograms::renewals(self.lease.renewed.load(Ordering::Relaxed));
+        if let Some(slot) = &self.slot {
+            let _ = slot.released(&self.shared.slots, Lead::default());
+        }
+    }
+
+    /// Runs in the background. Without a Tokio runtime (a guard dropped outside
+    /// one), or if the runtime shuts down before the task runs, the backend release
+    /// is skipped — the lease expires at its TTL — and the next local waiter is
+    /// promoted at once.
+    pub(crate) fn spawn(self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let mut pending = Background(Some(self));
+                handle.spawn(async move {
+                    let job = pending.0.take().expect("set above");
+                    if let Err(e) = job.run().await {
+                        tracing::debug!(error = %e, "background release failed");
+                    }
+                });
+            }
+            Err(_) => self.settle_locally(),
+        }
+    }
+}
