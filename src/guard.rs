@@ -261,7 +261,7 @@ impl LockGuard {
     /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
         let job = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
@@ -277,7 +277,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
         if let Some(job) = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)

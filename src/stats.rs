@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// With the `metrics` feature every counter is also exported through the
 /// `metrics` facade as `lockflight_<field>_total` (e.g.
 /// `lockflight_acquire_attempts_total`), and three histograms help size
-/// `lease_ttl` and `wait_timeout` from the tail of real hold and wait times (no
-/// labels: a key would make the cardinality unbounded):
+/// `lease_ttl` and `wait_timeout` from the tail of real hold and wait times, for
+/// every member of the lock family. Their one label, `kind`, says what was held:
+/// `lock` (the exclusive lock), `read` or `write` (a read-write lock), `permit`
+/// (a semaphore); no key label, which would make the cardinality unbounded:
 ///
 /// | name | unit | recorded |
 /// |---|---|---|
@@ -81,28 +83,45 @@ impl std::ops::Sub for Stats {
 pub(crate) mod histograms {
     use std::time::Duration;
 
-    /// A call was granted the lock after waiting `d`.
-    pub(crate) fn wait(d: Duration) {
-        #[cfg(feature = "metrics")]
-        metrics::histogram!("lockflight_wait_seconds").record(d.as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = d;
+    use crate::lease::LeaseKind;
+
+    /// The `kind` label: what was held (four values, so the cardinality stays
+    /// bounded).
+    #[cfg(feature = "metrics")]
+    fn label(kind: LeaseKind) -> &'static str {
+        match kind {
+            LeaseKind::Lock => "lock",
+            LeaseKind::Read => "read",
+            LeaseKind::Write => "write",
+            LeaseKind::Permit => "permit",
+        }
     }
 
-    /// A holder held the lock for `d`.
-    pub(crate) fn hold(d: Duration) {
+    /// A call was granted a lease of `kind` after waiting `d`.
+    pub(crate) fn wait(kind: LeaseKind, d: Duration) {
         #[cfg(feature = "metrics")]
-        metrics::histogram!("lockflight_hold_seconds").record(d.as_secs_f64());
+        metrics::histogram!("lockflight_wait_seconds", "kind" => label(kind))
+            .record(d.as_secs_f64());
         #[cfg(not(feature = "metrics"))]
-        let _ = d;
+        let _ = (kind, d);
     }
 
-    /// A lease was renewed `n` times before its final release.
-    pub(crate) fn renewals(n: u32) {
+    /// A holder held a lease of `kind` for `d`.
+    pub(crate) fn hold(kind: LeaseKind, d: Duration) {
         #[cfg(feature = "metrics")]
-        metrics::histogram!("lockflight_lease_renewals").record(f64::from(n));
+        metrics::histogram!("lockflight_hold_seconds", "kind" => label(kind))
+            .record(d.as_secs_f64());
         #[cfg(not(feature = "metrics"))]
-        let _ = n;
+        let _ = (kind, d);
+    }
+
+    /// A lease of `kind` was renewed `n` times before its final release.
+    pub(crate) fn renewals(kind: LeaseKind, n: u32) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("lockflight_lease_renewals", "kind" => label(kind))
+            .record(f64::from(n));
+        #[cfg(not(feature = "metrics"))]
+        let _ = (kind, n);
     }
 }
 

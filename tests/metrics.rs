@@ -1,5 +1,6 @@
 //! The `metrics` feature: counters mirror `Stats`, and wait time, hold time and
-//! renewals per lease are recorded as histograms under their documented names.
+//! renewals per lease are recorded as histograms under their documented names,
+//! labelled with the `kind` of lease (lock, read, write, permit).
 #![cfg(feature = "metrics")]
 
 use std::collections::HashMap;
@@ -16,10 +17,18 @@ fn read(snapshotter: &Snapshotter) -> (HashMap<String, Vec<f64>>, HashMap<String
         let name = key.key().name().to_owned();
         match value {
             DebugValue::Histogram(samples) => {
+                let samples: Vec<f64> = samples.into_iter().map(|s| s.into_inner()).collect();
+                // By name, and by name and `kind` label ("name{kind}").
+                for label in key.key().labels() {
+                    histograms
+                        .entry(format!("{name}{{{}}}", label.value()))
+                        .or_insert_with(Vec::new)
+                        .extend(samples.iter().copied());
+                }
                 histograms
                     .entry(name)
                     .or_insert_with(Vec::new)
-                    .extend(samples.into_iter().map(|s| s.into_inner()));
+                    .extend(samples);
             }
             DebugValue::Counter(n) => {
                 counters.insert(name, n);
@@ -74,7 +83,35 @@ async fn wait_hold_and_renewals_are_recorded() {
         renewals.iter().any(|n| *n >= 1.0),
         "the long holder's lease was renewed: {renewals:?}"
     );
+    assert_eq!(histograms["lockflight_wait_seconds{lock}"].len(), 2);
     let stats = locker.stats();
     assert_eq!(counters["lockflight_acquired_total"], stats.acquired);
     assert_eq!(counters["lockflight_releases_total"], stats.releases);
+
+    // Every member of the family records under its own `kind`.
+    locker.read("rw").await.unwrap().release().await.unwrap();
+    locker.write("rw").await.unwrap().release().await.unwrap();
+    locker
+        .semaphore("sem", 2)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let (histograms, _) = read(&snapshotter);
+    for kind in ["read", "write", "permit"] {
+        for name in [
+            "lockflight_wait_seconds",
+            "lockflight_hold_seconds",
+            "lockflight_lease_renewals",
+        ] {
+            let samples = histograms.get(&format!("{name}{{{kind}}}"));
+            assert_eq!(
+                samples.map(Vec::len),
+                Some(1),
+                "{name} with kind={kind}: {samples:?}"
+            );
+        }
+    }
 }

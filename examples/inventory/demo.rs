@@ -591,9 +591,12 @@ async fn lock_totals(http: &Http, procs: &[Proc]) -> Result<LockTotals, BoxError
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        t.wait_p99 = worst(t.wait_p99, &h["lockflight_wait_seconds"]["p99"]);
-        t.hold_p99 = worst(t.hold_p99, &h["lockflight_hold_seconds"]["p99"]);
-        t.renewals_max = worst(t.renewals_max, &h["lockflight_lease_renewals"]["max"]);
+        t.wait_p99 = worst(t.wait_p99, &h["lockflight_wait_seconds{kind=lock}"]["p99"]);
+        t.hold_p99 = worst(t.hold_p99, &h["lockflight_hold_seconds{kind=lock}"]["p99"]);
+        t.renewals_max = worst(
+            t.renewals_max,
+            &h["lockflight_lease_renewals{kind=lock}"]["max"],
+        );
     }
     Ok(t)
 }

@@ -155,7 +155,7 @@ impl Locker {
     /// Records the wait of a granted call.
     fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
         if result.is_ok() {
-            crate::stats::histograms::wait(start.elapsed());
+            crate::stats::histograms::wait(crate::lease::LeaseKind::Lock, start.elapsed());
         }
         result
     }

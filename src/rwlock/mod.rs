@@ -330,7 +330,7 @@ impl ReleaseJob {
         let shared = &self.entry.shared;
         let lease = &self.lease;
         shared.renewals.forget(lease);
-        crate::stats::histograms::renewals(lease.renewed.load(Ordering::Relaxed));
+        crate::stats::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
         let rw = shared.backend.rw().ok_or_else(|| unsupported(&lease.key))?;
         let mut attempt = 0u32;
         let released = loop {
@@ -482,7 +482,7 @@ impl ReadGuard {
     fn leave(&mut self) -> Option<ReleaseJob> {
         let entry = self.entry.take()?;
         let gate = self.gate.take()?;
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
         let last = entry.rw.share().leave(&self.lease);
         if !last {
             return None;
@@ -598,7 +598,7 @@ impl WriteGuard {
 
     fn leave(&mut self) -> Option<ReleaseJob> {
         let (entry, gate) = self.job.take()?;
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
         Some(ReleaseJob {
             kind: Kind::Write,
             lease: Arc::clone(&self.lease),
@@ -844,7 +844,10 @@ impl Locker {
             waited_for_acquire = matches!(arrive, Arrive::WaitAcquire);
             match arrive {
                 Arrive::Join(lease) => {
-                    crate::stats::histograms::wait(call.start.elapsed());
+                    crate::stats::histograms::wait(
+                        crate::lease::LeaseKind::Read,
+                        call.start.elapsed(),
+                    );
                     return Ok(Some(ReadGuard {
                         lease,
                         entry: Some(entry),
@@ -982,7 +985,7 @@ impl Locker {
                     }
                     shared.stats.acquired();
                     shared.renewals.watch(&lease, sent_at);
-                    crate::stats::histograms::wait(call.start.elapsed());
+                    crate::stats::histograms::wait(lease.kind, call.start.elapsed());
                     leading.armed = false;
                     return Ok(Some((leading, lease)));
                 }

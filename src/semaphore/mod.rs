@@ -220,7 +220,7 @@ impl Semaphore {
         let (rx, _waiting) = shared.semaphores.enqueue(shared, &self.key, self.permits)?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(permit))) => {
-                crate::stats::histograms::wait(start.elapsed());
+                crate::stats::histograms::wait(crate::lease::LeaseKind::Permit, start.elapsed());
                 Ok(permit)
             }
             Ok(Ok(Err(e))) => Err(e),
@@ -452,7 +452,7 @@ impl Permit {
     /// lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
         let mut rearm = Rearm(Some((Arc::clone(&self.shared), Arc::clone(&self.lease))));
         let result = release(&self.shared, &self.lease).await;
         rearm.0 = None;
@@ -475,7 +475,10 @@ impl Drop for Rearm {
 async fn release(shared: &Arc<Shared>, lease: &Arc<Lease>) -> Result<()> {
     let lost_before = lease.is_lost();
     shared.renewals.forget(lease);
-    crate::stats::histograms::renewals(lease.renewed.load(std::sync::atomic::Ordering::Relaxed));
+    crate::stats::histograms::renewals(
+        lease.kind,
+        lease.renewed.load(std::sync::atomic::Ordering::Relaxed),
+    );
     let Some(backend) = shared.backend.semaphore() else {
         return Ok(());
     };
@@ -512,9 +515,10 @@ impl Drop for Permit {
         if self.done {
             return;
         }
-        crate::stats::histograms::hold(self.granted_at.elapsed());
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
         self.shared.renewals.forget(&self.lease);
         crate::stats::histograms::renewals(
+            self.lease.kind,
             self.lease
                 .renewed
                 .load(std::sync::atomic::Ordering::Relaxed),
