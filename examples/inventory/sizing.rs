@@ -98,9 +98,12 @@ impl Recorder for Shared {
         let s = series.entry(id).or_insert_with(|| {
             Arc::new(Series {
                 scale: scale(name),
-                // 3 significant digits, auto-resizing: bounded memory whatever
-                // the run's length.
-                hdr: Mutex::new(Hdr::new(3).expect("3 significant digits is a valid precision")),
+                // 1 µs (or 1 renewal) to an hour (or 3.6e9 renewals), 3
+                // significant digits: fixed memory whatever the run's length;
+                // larger values saturate.
+                hdr: Mutex::new(
+                    Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("valid HDR bounds"),
+                ),
             })
         });
         Histogram::from_arc(Arc::clone(s))
