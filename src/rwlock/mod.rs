@@ -2,7 +2,10 @@
 //! [`Locker::write`](crate::Locker::write), with [`ReadGuard`] and [`WriteGuard`].
 //!
 //! Many readers or one writer per key, across every instance that shares the
-//! backend. Each instance stays cheap under contention:
+//! backend. The read-write lock of a key is its own lock: it neither excludes nor
+//! waits for the exclusive lock ([`Locker::lock`](crate::Locker::lock)) or a
+//! semaphore of the same key string (their backend names differ). Each instance
+//! stays cheap under contention:
 //!
 //! * **Readers of one process share one read lease.** The first local reader of a
 //!   key acquires a read lease at the backend, readers that arrive within the

@@ -5,7 +5,8 @@
 //! backend, expiring at the locker's lease TTL unless renewed), renewed by the
 //! locker's watchdog while held, with the same loss signal as a
 //! [`LockGuard`](crate::LockGuard): if its holder dies, the permit comes back by
-//! itself within its TTL.
+//! itself within its TTL. A semaphore is its own lock: it is independent of the
+//! exclusive lock and of the read-write lock of the same key string.
 //!
 //! # Coalescing
 //!
