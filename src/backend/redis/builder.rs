@@ -1,0 +1,327 @@
+//! [`RedisBackendBuilder`]: the settings of a Redis backend, and `connect`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::backend::WakeRegistry;
+use crate::error::{Error, Result};
+
+/// The key `connect` runs the extend script on (with a random token: it writes
+/// nothing) to check the key permissions: `<prefix>:{lockflight-probe}`.
+pub(super) const PROBE_KEY: &str = "lockflight-probe";
+
+/// Settings of a [`RedisBackend`]; see [`RedisBackend::builder`].
+#[derive(Clone)]
+#[must_use]
+pub struct RedisBackendBuilder {
+    topology: Topology,
+    replica_ack: Option<(u32, Duration)>,
+    prefix: String,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+    claim_ttl: Duration,
+    queue_entry_ttl: Duration,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field(
+                "urls",
+                &self
+                    .topology
+                    .urls()
+                    .into_iter()
+                    .map(redact)
+                    .collect::<Vec<_>>(),
+            )
+            .field("prefix", &self.prefix)
+            .field("replica_ack", &self.replica_ack)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("claim_ttl", &self.claim_ttl)
+            .field("queue_entry_ttl", &self.queue_entry_ttl)
+            .finish()
+    }
+}
+
+/// Hides the password of a `redis://user:password@host` URL.
+pub(super) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl RedisBackendBuilder {
+    /// Default key prefix.
+    pub const DEFAULT_PREFIX: &'static str = "lockflight";
+    /// Default bound on one reply (queueing included).
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Default bound on establishing a connection.
+    pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Default claim window given to the woken instance.
+    pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_millis(500);
+    /// Default lifetime of a queue entry; waiting instances refresh it at a third of it.
+    pub const DEFAULT_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(3);
+
+    /// Prefix of every Redis name (default `lockflight`). It must not be empty nor
+    /// contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on one reply, time spent queued on the connection included (default
+    /// 2 s). A lock operation whose reply is late is reconciled by repeating it; so
+    /// that a repeated release is recognised, a release leaves a tombstone for
+    /// `max(2 × response_timeout, 1 s)`.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Bound on establishing a connection (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long the instance woken by a release has the lock reserved for it
+    /// (default 500 ms). If that instance died, others wait at most this long.
+    pub fn claim_ttl(mut self, ttl: Duration) -> Self {
+        self.claim_ttl = ttl;
+        self
+    }
+
+    /// How long a waiting instance's queue entry lives without a refresh (default
+    /// 3 s); waiters refresh it every third of that, and a crashed instance drops
+    /// out of the queue after it.
+    pub fn queue_entry_ttl(mut self, ttl: Duration) -> Self {
+        self.queue_entry_ttl = ttl;
+        self
+    }
+
+    /// Replica acknowledgement: after an acquire or a renewal writes the lock, wait
+    /// (`WAIT replicas timeout`, on the same connection, in the same pipeline) until
+    /// at least `replicas` replicas have the write. An acquire that fewer replicas
+    /// acknowledged is not granted: it fails with [`Error::Refused`] with code
+    /// `NOREPLICAS`, and the locker releases the lock it wrote. A renewal that fewer
+    /// replicas acknowledged counts as failed: it is retried until the lease's
+    /// validity ends, then the lease is lost.
+    ///
+    /// What it guarantees: a granted lease (and each renewal that counted) was on
+    /// at least `replicas` replicas when it was granted. What it does not: Redis
+    /// replication stays asynchronous, and a failover may still promote a replica
+    /// that missed the write (Sentinel does not promote the most up-to-date replica
+    /// by the writes *you* care about, and the replica may lose the write on restart
+    /// without persistence); it narrows the failover window, it does not close it.
+    /// It costs one more reply per acquire and renewal, as long as the slowest of
+    /// the `replicas` fastest replicas takes.
+    ///
+    /// For one server and for sentinel mode; a cluster backend refuses it (its
+    /// `WAIT` would not follow the key's slot).
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        if let Some((replicas, timeout)) = self.replica_ack {
+            if replicas == 0 || timeout < Duration::from_millis(1) {
+                return Err(Error::config(format!(
+                    "redis replica_ack({replicas}, {timeout:?}): needs at least 1 replica and 1 ms"
+                )));
+            }
+            #[cfg(feature = "cluster")]
+            if matches!(self.topology, Topology::Cluster(_)) {
+                return Err(Error::config(
+                    "redis replica_ack is not supported on a cluster backend",
+                ));
+            }
+        }
+        if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
+            return Err(Error::config(format!(
+                "redis prefix {:?} must be non-empty and contain no '{{' or '}}'",
+                self.prefix
+            )));
+        }
+        for (name, d, min) in [
+            (
+                "response_timeout",
+                self.response_timeout,
+                Duration::from_millis(1),
+            ),
+            (
+                "connection_timeout",
+                self.connection_timeout,
+                Duration::from_millis(1),
+            ),
+            ("claim_ttl", self.claim_ttl, Duration::from_millis(1)),
+            (
+                "queue_entry_ttl",
+                self.queue_entry_ttl,
+                Duration::from_millis(30),
+            ),
+        ] {
+            if d < min {
+                return Err(Error::config(format!(
+                    "redis {name} is {d:?}, it must be at least {min:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Connects, then checks that the server lets this backend do its work: loads
+    /// the scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
+    /// `<prefix>:{lockflight-probe}` (with a random token, so it writes nothing),
+    /// waits for the notification subscription (`SUBSCRIBE`) and publishes one empty
+    /// message on this instance's channel (`PUBLISH`). A backend that connects is
+    /// one whose password and ACL rules work; see [`RedisBackend`] for the minimal
+    /// ACL rules.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidConfig`] for a malformed URL or setting;
+    /// * [`Error::Connect`] if the server cannot be reached or the subscription is
+    ///   not up within the connection timeout, or if authentication failed (a wrong
+    ///   or missing password: the message says so, without the password);
+    /// * [`Error::NoPermission`] if the ACL refuses a command, the key pattern or the
+    ///   channel pattern; the message names the check and quotes the server;
+    /// * [`Error::Refused`] or [`Error::Backend`] if the server refuses the checks
+    ///   for another reason.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; nothing is left behind.
+    pub async fn connect(self) -> Result<RedisBackend> {
+        self.validate()?;
+        #[cfg(feature = "tls-rustls")]
+        {
+            // `rediss://` needs a process-wide crypto provider; keep one installed by
+            // the application, else install ring's.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let timeouts = Timeouts {
+            response: self.response_timeout,
+            connection: self.connection_timeout,
+        };
+        let (conn, target) = open(&self.topology, timeouts).await?;
+        let instance_id = format!("{:016x}", rand::random::<u64>());
+        let channel_prefix = format!("{}:inst:", self.prefix);
+        let stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            conn,
+            target,
+            channel: format!("{channel_prefix}{instance_id}"),
+            prefix: self.prefix,
+            instance_id,
+            channel_prefix,
+            wakeups: WakeRegistry::new(),
+            claim_ttl_ms: millis(self.claim_ttl),
+            entry_ttl_ms: millis(self.queue_entry_ttl),
+            entry_refresh: self.queue_entry_ttl / 3,
+            replica_ack: self.replica_ack,
+            tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
+            connection_timeout: self.connection_timeout,
+            subscriber: notify::Status::default(),
+            notifier: Mutex::new(None),
+            stop: stop.clone(),
+            _stop: stop.drop_guard(),
+        });
+        inner.ensure_notifier();
+        inner.verify().await?;
+        Ok(RedisBackend { inner })
+    }
+}
+
+/// Opens the command connection of `topology`; returns it with a description of
+/// the target for error messages.
+pub(super) async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)> {
+    match topology {
+        Topology::Single(url) => {
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?;
+            let target = client.get_connection_info().addr().to_string();
+            let conn =
+                ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))
+                    .await
+                    .map_err(|e| connect_error(&target, "connecting", e))?;
+            Ok((
+                Conn::Single(Box::new(conn::Single { conn, client })),
+                target,
+            ))
+        }
+        #[cfg(feature = "cluster")]
+        Topology::Cluster(nodes) => {
+            let target = format!(
+                "cluster [{}]",
+                nodes
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if nodes.is_empty() {
+                return Err(Error::config("a redis cluster needs at least one node url"));
+            }
+            for n in nodes {
+                redis::Client::open(n.as_str())
+                    .map_err(|e| Error::config(format!("redis url {}: {e}", redact(n))))?;
+            }
+            let conn = cluster::ClusterConn::connect(nodes, timeouts)
+                .await
+                .map_err(|e| connect_error(&target, "connecting to the cluster", e))?;
+            Ok((Conn::Cluster(conn), target))
+        }
+        #[cfg(feature = "sentinel")]
+        Topology::Sentinel(settings) => {
+            let target = format!(
+                "sentinel master {:?} via [{}]",
+                settings.master,
+                settings
+                    .sentinels
+                    .iter()
+                    .map(|n| redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let conn = sentinel::SentinelConn::connect(settings.clone(), timeouts)
+                .await
+                .map_err(|e| match e {
+                    sentinel::ConnectError::Config(m) => Error::config(m),
+                    sentinel::ConnectError::Redis(e) => {
+                        connect_error(&target, "resolving the primary", e)
+                    }
+                })?;
+            Ok((Conn::Sentinel(conn), target))
+        }
+    }
+}
+
+/// Whole milliseconds, at least 1.
+pub(super) fn millis(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+impl RedisBackendBuilder {
+    pub(super) fn new(topology: Topology) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            topology,
+            replica_ack: None,
+            prefix: RedisBackendBuilder::DEFAULT_PREFIX.to_owned(),
+            response_timeout: RedisBackendBuilder::DEFAULT_RESPONSE_TIMEOUT,
+            connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
+            claim_ttl: RedisBackendBuilder::DEFAULT_CLAIM_TTL,
+            queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
+        }
+    }
+}

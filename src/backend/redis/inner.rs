@@ -1,0 +1,315 @@
+//! The shared state's operations: running the scripts, the notifier, and the
+//! checks `connect` makes.
+
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use redis::{RedisError, Script, Value};
+
+use super::*;
+use crate::backend::{Acquire, LeaseToken, Released};
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
+
+impl Inner {
+    /// Runs `lua/release.lua`; `requeue` is the age of this instance's next local
+    /// waiter in fair mode.
+    pub(super) async fn release(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        requeue: Option<Duration>,
+    ) -> Result<Released> {
+        let n = Names::new(&self.prefix, key);
+        let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry];
+        let (token, claim_ttl_ms, tombstone_ttl_ms) = (
+            token.to_hex(),
+            self.claim_ttl_ms.to_string(),
+            self.tombstone_ttl_ms.to_string(),
+        );
+        let args: [&[u8]; 6] = [
+            token.as_bytes(),
+            self.instance_id.as_bytes(),
+            claim_ttl_ms.as_bytes(),
+            self.channel_prefix.as_bytes(),
+            key.as_bytes(),
+            tombstone_ttl_ms.as_bytes(),
+        ];
+        let reply = match requeue {
+            None => self.invoke(&RELEASE, &keys, &args).await,
+            Some(age) => {
+                let age_us = u64::try_from(age.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .to_string();
+                let entry_ttl_ms = self.entry_ttl_ms.to_string();
+                let [a1, a2, a3, a4, a5, a6] = args;
+                let args: [&[u8]; 8] = [
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    age_us.as_bytes(),
+                    entry_ttl_ms.as_bytes(),
+                ];
+                self.invoke(&RELEASE, &keys, &args).await
+            }
+        }
+        .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        let (released, refused) = decode_release(key, &reply)?;
+        if let Some(error) = refused {
+            warn_refused_publish(key, "release", &error);
+        }
+        Ok(released)
+    }
+
+    /// Runs `lua/acquire.lua`; `fair` is the caller's age in fair mode.
+    pub(super) async fn acquire(
+        self: &Arc<Self>,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+        fair: Option<Duration>,
+    ) -> Result<Acquire> {
+        if queue {
+            // A caller about to wait needs the wake-ups.
+            self.ensure_notifier();
+        }
+        let n = Names::new(&self.prefix, key);
+        let ttl_ms = millis(ttl);
+        let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
+        let keys: [&[u8]; 6] = [
+            &n.lock,
+            &n.fence,
+            &n.queue,
+            &n.claim,
+            &n.tombstone,
+            &n.queue_expiry,
+        ];
+        let (token, ttl_ms, entry_ttl_ms, fence_ttl_ms) = (
+            token.to_hex(),
+            ttl_ms.to_string(),
+            self.entry_ttl_ms.to_string(),
+            fence_ttl_ms.to_string(),
+        );
+        let args: [&[u8]; 6] = [
+            token.as_bytes(),
+            ttl_ms.as_bytes(),
+            self.instance_id.as_bytes(),
+            entry_ttl_ms.as_bytes(),
+            fence_ttl_ms.as_bytes(),
+            if queue { b"1" } else { b"0" },
+        ];
+        let reply = match fair {
+            None => self.invoke(&ACQUIRE, &keys, &args).await,
+            Some(age) => {
+                let age_us = u64::try_from(age.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .to_string();
+                let claim_ttl_ms = self.claim_ttl_ms.to_string();
+                let [a1, a2, a3, a4, a5, a6] = args;
+                let args: [&[u8]; 10] = [
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    age_us.as_bytes(),
+                    claim_ttl_ms.as_bytes(),
+                    self.channel_prefix.as_bytes(),
+                    key.as_bytes(),
+                ];
+                self.invoke(&ACQUIRE, &keys, &args).await
+            }
+        }
+        .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        decode_acquire(key, &reply, self.entry_refresh)
+    }
+
+    pub(super) async fn invoke(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let Some((replicas, timeout)) = self.replica_ack else {
+            return self.conn.invoke(script, keys, args).await;
+        };
+        if !std::ptr::eq(script, &*ACQUIRE) && !std::ptr::eq(script, &*EXTEND) {
+            return self.conn.invoke(script, keys, args).await;
+        }
+        let (reply, acks) = self
+            .conn
+            .invoke_acked(script, keys, args, replicas, timeout)
+            .await?;
+        // `{ 1, … }`: the acquire or the renewal wrote the lock.
+        let wrote =
+            matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(1))));
+        if wrote && acks < i64::from(replicas) {
+            return Err(redis::make_extension_error(
+                "NOREPLICAS".to_owned(),
+                Some(format!(
+                    "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
+                )),
+            ));
+        }
+        Ok(reply)
+    }
+
+    /// Starts the notification task on the current runtime unless it is running:
+    /// at connect, and again when the runtime that ran it has shut down (its tasks
+    /// are gone, and with them the wake-ups). Meanwhile waiters rely on their timers.
+    pub(super) fn ensure_notifier(self: &Arc<Self>) {
+        let mut task = self.notifier.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if task.is_some() {
+            tracing::debug!(channel = %self.channel, "the notification task ended with its runtime; restarting it");
+        }
+        self.subscriber.restarting();
+        *task = Some(runtime.spawn(notify::run(
+            self.conn.clone(),
+            self.channel.clone(),
+            self.connection_timeout,
+            Arc::downgrade(self),
+            self.stop.clone(),
+        )));
+    }
+
+    /// The checks of `connect`: the scripts load, the extend script runs on the
+    /// probe key, the subscription comes up, and this instance may publish on its
+    /// channel.
+    pub(super) async fn verify(&self) -> Result<()> {
+        for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
+            self.conn
+                .load(script)
+                .await
+                .map_err(|e| self.check_error("SCRIPT LOAD", e))?;
+        }
+        let probe = LockKey::from(PROBE_KEY);
+        let n = Names::new(&self.prefix, &probe);
+        let reply = self
+            .invoke(
+                &EXTEND,
+                &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
+                &[
+                    LeaseToken::random().to_hex().as_bytes(),
+                    b"1",
+                    b"1",
+                    self.instance_id.as_bytes(),
+                ],
+            )
+            .await
+            .map_err(|e| {
+                let name = String::from_utf8_lossy(&n.lock);
+                self.check_error(&format!("running the extend script (EVALSHA) on {name}"), e)
+            })?;
+        decode_extend(&probe, &reply)?;
+        self.first_subscription().await?;
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&self.channel).arg("");
+        self.conn
+            .query(&publish)
+            .await
+            .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
+        Ok(())
+    }
+
+    /// Waits, at most the connection timeout, until the notification task has
+    /// subscribed once. An ACL or authentication refusal ends the wait at once.
+    pub(super) async fn first_subscription(&self) -> Result<()> {
+        let mut attempts = self.subscriber.attempts();
+        let deadline = tokio::time::Instant::now() + self.connection_timeout;
+        let mut last = None;
+        loop {
+            match &*attempts.borrow_and_update() {
+                notify::Attempt::Subscribed => return Ok(()),
+                notify::Attempt::Failed(e) => {
+                    if is_auth_failure(e) || classify(e) == Class::NoPermission {
+                        return Err(
+                            self.check_error(&format!("SUBSCRIBE to {}", self.channel), e.clone())
+                        );
+                    }
+                    last = Some(e.clone());
+                }
+                notify::Attempt::Pending => {}
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, attempts.changed()).await,
+                Ok(Ok(()))
+            ) {
+                let check = format!(
+                    "SUBSCRIBE to {} did not succeed within {:?}",
+                    self.channel, self.connection_timeout
+                );
+                return Err(Error::Connect {
+                    target: self.target.clone(),
+                    source: match last {
+                        Some(e) => Arc::new(CheckFailed { check, source: e }),
+                        None => Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(check)),
+                    },
+                });
+            }
+        }
+    }
+
+    /// The error of a failed `connect` check.
+    pub(super) fn check_error(&self, check: &str, e: RedisError) -> Error {
+        if is_auth_failure(&e) {
+            return connect_error(&self.target, check, e);
+        }
+        let failed = Arc::new(CheckFailed {
+            check: format!("connect check: {check}"),
+            source: e,
+        });
+        match classify(&failed.source) {
+            Class::NoPermission => Error::NoPermission {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                source: failed,
+            },
+            Class::Refused(code) => Error::Refused {
+                key: LockKey::from(PROBE_KEY),
+                phase: Phase::Acquiring,
+                code,
+                source: failed,
+            },
+            Class::Foreign | Class::Transient => Error::Connect {
+                target: self.target.clone(),
+                source: failed,
+            },
+        }
+    }
+
+    /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
+    /// holds the key's claim (see `lua/leave.lua`). Returns whether it left.
+    pub(super) async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<bool> {
+        let n = Names::new(&self.prefix, key);
+        let reply = self
+            .invoke(
+                &LEAVE,
+                &[&n.lock, &n.queue, &n.claim, &n.queue_expiry],
+                &[
+                    self.instance_id.as_bytes(),
+                    self.claim_ttl_ms.to_string().as_bytes(),
+                    self.channel_prefix.as_bytes(),
+                    key.as_bytes(),
+                    if only_if_claimed { b"1" } else { b"0" },
+                ],
+            )
+            .await
+            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        let (left, refused) = decode_leave(key, &reply)?;
+        if let Some(error) = refused {
+            warn_refused_publish(key, "leave", &error);
+        }
+        Ok(left)
+    }
+}
