@@ -30,7 +30,7 @@
 //! [`connect`](RedisBackendBuilder::connect) and again on `NOSCRIPT`: one round trip
 //! each. Each script does all its reads that can fail (a value of another type at
 //! one of the key's names) before its first write, because Redis does not roll a
-//! script back: a foreign value is reported as [`Error::ForeignValue`] with nothing
+//! script back: a foreign value is reported as [`Error::ForeignValue`](crate::Error::ForeignValue) with nothing
 //! changed.
 //!
 //! A successful release leaves a short-lived tombstone holding its token, so that a
@@ -39,12 +39,12 @@
 //! # Errors
 //!
 //! Server refusals that retrying at once will not change (`OOM`, `READONLY`, a script
-//! error, `MISCONF`, `NOAUTH`, …) are [`Error::Refused`], ACL refusals
-//! [`Error::NoPermission`], `WRONGTYPE` [`Error::ForeignValue`]; I/O errors, timeouts,
+//! error, `MISCONF`, `NOAUTH`, …) are [`Error::Refused`](crate::Error::Refused), ACL refusals
+//! [`Error::NoPermission`](crate::Error::NoPermission), `WRONGTYPE` [`Error::ForeignValue`](crate::Error::ForeignValue); I/O errors, timeouts,
 //! dropped connections and a server that is loading, busy or failing over
 //! (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, and a `MOVED` or
 //! `ASK` redirect the cluster client could not resolve within its retries) are
-//! transient [`Error::Backend`].
+//! transient [`Error::Backend`](crate::Error::Backend).
 
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -122,7 +122,7 @@ use replies::*;
 /// The commands after `+subscribe` are the ones the scripts run: Redis checks them
 /// inside scripts too. [`connect`](RedisBackendBuilder::connect) checks `EVALSHA`,
 /// `SCRIPT LOAD`, `PUBLISH`, `SUBSCRIBE` and both patterns; a user that lacks one of
-/// the scripts' commands fails with [`Error::NoPermission`] at its first lock
+/// the scripts' commands fails with [`Error::NoPermission`](crate::Error::NoPermission) at its first lock
 /// operation instead. (The `CLIENT SETINFO` that the `redis` crate sends on each new
 /// connection may be refused: its result is ignored.)
 #[derive(Clone)]
@@ -205,9 +205,9 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// As [`RedisBackendBuilder::connect`]: [`Error::InvalidConfig`] for a malformed
-    /// URL, [`Error::Connect`] when the server cannot be reached or authentication
-    /// fails, [`Error::NoPermission`] when the ACL lacks a right.
+    /// As [`RedisBackendBuilder::connect`]: [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed
+    /// URL, [`Error::Connect`](crate::Error::Connect) when the server cannot be reached or authentication
+    /// fails, [`Error::NoPermission`](crate::Error::NoPermission) when the ACL lacks a right.
     ///
     /// # Cancel safety
     ///
