@@ -1,0 +1,258 @@
+//! The guards a holder gets, and what they say about their lease.
+
+use crate::error::{Error, Phase, Result};
+use crate::guard::{FencingToken, Loss, LossSignal};
+use crate::key::LockKey;
+use crate::lease::Lease;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
+use tokio::time::Instant;
+
+use super::*;
+
+pub(super) fn lost_error(lease: &Lease, phase: Phase) -> Error {
+    Error::LeaseLost {
+        key: lease.key.clone(),
+        phase,
+        reason: lease.lost_reason(),
+    }
+}
+
+/// A shared read lock of a key: other readers (of this and other instances) may
+/// hold it too, no writer does.
+///
+/// Release it with [`release`](ReadGuard::release) to learn whether the lease was
+/// still held; dropping it releases in the background. The read lease is shared by
+/// the overlapping readers of this process and released by the last of them; the
+/// watchdog renews it while any of them holds it, and its loss is signalled to each.
+#[must_use = "the read lock is released when the guard is dropped"]
+pub struct ReadGuard {
+    pub(super) lease: Arc<Lease>,
+    pub(super) entry: Option<Entry>,
+    pub(super) gate: Option<OwnedRwLockReadGuard<()>>,
+    pub(super) granted_at: Instant,
+}
+
+impl fmt::Debug for ReadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadGuard")
+            .field("key", &self.lease.key)
+            .field("last_write", &self.last_write())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl ReadGuard {
+    /// The lock key.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// The fencing token of the last write lease of the key when the read lease was
+    /// acquired (`FencingToken::default()`, epoch 0, if the backend recorded none):
+    /// what this reader sees is what that write left. No write happens while the
+    /// read lease is held.
+    ///
+    /// With Redis the record is kept for at least a minute (ten lease TTLs if
+    /// longer) after the last use of the lock.
+    pub fn last_write(&self) -> FencingToken {
+        FencingToken {
+            epoch: self.lease.epoch,
+            seq: 0,
+        }
+    }
+
+    /// A cloneable loss signal of the shared read lease.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(&self.lease),
+        }
+    }
+
+    /// Whether the read lease has been lost: the loss was signalled, or its validity
+    /// window has ended on the monotonic clock.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the read lease is known to stay valid without a further renewal.
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the read lease is lost (see
+    /// [`LockGuard::lost`](crate::LockGuard::lost)); every local reader sharing the
+    /// lease sees it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
+    }
+
+    /// Leaves the shared read lease; the last local reader releases it at the
+    /// backend, which wakes the instances waiting for the key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the lease was lost (it expired, or the backend no
+    /// longer held it): the read may have overlapped a write. Backend errors of the
+    /// last reader's release after brief retries (the lease then expires at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the backend answered, the release is re-run
+    /// to completion in a background task; only its result is lost.
+    pub async fn release(mut self) -> Result<()> {
+        let lost = self.lease.is_lost();
+        let result = match self.leave() {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        };
+        match result {
+            Ok(()) if lost => Err(lost_error(&self.lease, Phase::Releasing)),
+            other => other,
+        }
+    }
+
+    /// Leaves the share; the backend release to run when this was the last holder.
+    pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
+        let entry = self.entry.take()?;
+        let gate = self.gate.take()?;
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
+        let last = entry.rw.share().leave(&self.lease);
+        if !last {
+            return None;
+        }
+        entry.rw.changed.notify_waiters();
+        Some(ReleaseJob {
+            kind: Kind::Read,
+            lease: Arc::clone(&self.lease),
+            _gate: Gate::Read(gate),
+            entry,
+        })
+    }
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        if let Some(job) = self.leave() {
+            job.spawn();
+        }
+    }
+}
+
+/// The exclusive write lock of a key: no other writer and no reader, in any
+/// instance, holds it.
+///
+/// Release it with [`release`](WriteGuard::release) to learn whether the lease was
+/// still held; dropping it releases in the background. The watchdog renews the
+/// lease while it is held.
+#[must_use = "the write lock is released when the guard is dropped"]
+pub struct WriteGuard {
+    pub(super) lease: Arc<Lease>,
+    pub(super) job: Option<(Entry, OwnedRwLockWriteGuard<()>)>,
+    pub(super) granted_at: Instant,
+}
+
+impl fmt::Debug for WriteGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteGuard")
+            .field("key", &self.lease.key)
+            .field("fencing_token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl WriteGuard {
+    /// The lock key.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// This write's fencing token: strictly greater than the token of every
+    /// earlier write lease of the key (`seq` is always 0).
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken {
+            epoch: self.lease.epoch,
+            seq: 0,
+        }
+    }
+
+    /// A cloneable loss signal of the write lease.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(&self.lease),
+        }
+    }
+
+    /// Whether the write lease has been lost: the loss was signalled, or its
+    /// validity window has ended on the monotonic clock.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the write lease is known to stay valid without a further renewal.
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the write lease is lost (see
+    /// [`LockGuard::lost`](crate::LockGuard::lost)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
+    }
+
+    /// Releases the write lock at the backend, which wakes the instances waiting
+    /// for the key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the lease was lost (it expired, or the backend no
+    /// longer held it; nothing was deleted). Backend errors after brief retries
+    /// (the lease then expires at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the backend answered, the release is re-run
+    /// to completion in a background task; only its result is lost.
+    pub async fn release(mut self) -> Result<()> {
+        let lost = self.lease.is_lost();
+        let result = match self.leave() {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        };
+        match result {
+            Ok(()) if lost => Err(lost_error(&self.lease, Phase::Releasing)),
+            other => other,
+        }
+    }
+
+    pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
+        let (entry, gate) = self.job.take()?;
+        crate::stats::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
+        Some(ReleaseJob {
+            kind: Kind::Write,
+            lease: Arc::clone(&self.lease),
+            _gate: Gate::Write(gate),
+            entry,
+        })
+    }
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        if let Some(job) = self.leave() {
+            job.spawn();
+        }
+    }
+}
