@@ -1,0 +1,356 @@
+//! The per-key request task: one backend request for the permits of every local
+//! waiter, and the FIFO hand-out of what it grants.
+
+use crate::backend::LeaseToken;
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
+use crate::locker::Shared;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::*;
+
+/// The semaphores of one locker, per key.
+#[derive(Debug, Default)]
+pub(crate) struct Semaphores {
+    pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyState>>>,
+}
+
+#[derive(Debug)]
+pub(super) struct KeyState {
+    pub(super) key: LockKey,
+    pub(super) permits: u32,
+    pub(super) queue: Mutex<Queue>,
+    /// A waiter left: the request task checks whether anyone still waits.
+    pub(super) left: Notify,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Queue {
+    pub(super) waiters: VecDeque<Waiter>,
+    pub(super) next_id: u64,
+    /// Whether the request task runs.
+    pub(super) driving: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub(super) id: u64,
+    pub(super) tx: oneshot::Sender<Result<Permit>>,
+}
+
+impl KeyState {
+    pub(super) fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A waiter's place in its key's queue; dropping it leaves the queue.
+pub(super) struct Waiting {
+    pub(super) state: Arc<KeyState>,
+    pub(super) id: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut q = self.state.queue();
+        if let Some(at) = q.waiters.iter().position(|w| w.id == self.id) {
+            q.waiters.remove(at);
+            if q.waiters.is_empty() {
+                drop(q);
+                self.state.left.notify_one();
+            }
+        }
+    }
+}
+
+impl Semaphores {
+    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyState>>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// [`Error::PermitMismatch`] if local waiters of `key` use another number.
+    pub(super) fn check_permits(&self, key: &LockKey, permits: u32) -> Result<()> {
+        match self.lock().get(key) {
+            Some(state) if state.permits != permits => Err(Error::PermitMismatch {
+                key: key.clone(),
+                permits: state.permits,
+                requested: permits,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues a waiter for a permit of `key`, starting the key's request task if
+    /// none runs.
+    pub(super) fn enqueue(
+        &self,
+        shared: &Arc<Shared>,
+        key: &LockKey,
+        permits: u32,
+    ) -> Result<(oneshot::Receiver<Result<Permit>>, Waiting)> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::backend(key, Phase::Acquiring, "a semaphore needs a Tokio runtime")
+        })?;
+        let mut keys = self.lock();
+        let state = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
+            Arc::new(KeyState {
+                key: key.clone(),
+                permits,
+                queue: Mutex::default(),
+                left: Notify::new(),
+            })
+        }));
+        if state.permits != permits {
+            return Err(Error::PermitMismatch {
+                key: key.clone(),
+                permits: state.permits,
+                requested: permits,
+            });
+        }
+        let mut q = state.queue();
+        if q.waiters.len() >= shared.config.max_waiters {
+            return Err(Error::Overloaded {
+                key: key.clone(),
+                waiters: shared.config.max_waiters,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = q.next_id;
+        q.next_id += 1;
+        q.waiters.push_back(Waiter { id, tx });
+        if !q.driving {
+            q.driving = true;
+            let driver = Driver {
+                shared: Arc::clone(shared),
+                state: Arc::clone(&state),
+                finished: false,
+            };
+            runtime.spawn(driver.run());
+        } else {
+            shared.stats.local_wait();
+        }
+        drop(q);
+        drop(keys);
+        Ok((rx, Waiting { state, id }))
+    }
+}
+
+/// The request task of one key. If it is dropped unfinished (its runtime shut
+/// down), the key's state is dropped with it: its waiters get an error, and the
+/// next acquire starts afresh.
+pub(super) struct Driver {
+    pub(super) shared: Arc<Shared>,
+    pub(super) state: Arc<KeyState>,
+    pub(super) finished: bool,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut keys = self.shared.semaphores.lock();
+        if keys
+            .get(&self.state.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
+        {
+            keys.remove(&self.state.key);
+        }
+        let mut q = self.state.queue();
+        q.driving = false;
+        q.waiters.clear();
+    }
+}
+
+/// What the request task does next.
+pub(super) enum Next {
+    /// Ask the backend for this many permits.
+    Ask(usize),
+    /// Nobody waits: leave the backend's waiting set (if in it) and end.
+    Done,
+}
+
+impl Driver {
+    pub(super) async fn run(mut self) {
+        let span = tracing::debug_span!("lockflight.semaphore", key = %self.state.key);
+        tracing::Instrument::instrument(self.drive(), span).await;
+        self.finished = true;
+    }
+
+    /// The waiters still there: how many permits to ask for, or nobody.
+    pub(super) fn next(&self) -> Next {
+        let mut q = self.state.queue();
+        q.waiters.retain(|w| !w.tx.is_closed());
+        if q.waiters.is_empty() {
+            return Next::Done;
+        }
+        Next::Ask(
+            q.waiters
+                .len()
+                .min(self.state.permits as usize)
+                .min(MAX_BATCH),
+        )
+    }
+
+    /// Ends the task if nobody waits (removing the key's state); `false` if
+    /// someone arrived meanwhile.
+    pub(super) fn try_finish(&mut self) -> bool {
+        let mut keys = self.shared.semaphores.lock();
+        let mut q = self.state.queue();
+        if !q.waiters.is_empty() {
+            return false;
+        }
+        q.driving = false;
+        drop(q);
+        if keys
+            .get(&self.state.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.state))
+        {
+            keys.remove(&self.state.key);
+        }
+        self.finished = true;
+        true
+    }
+
+    pub(super) async fn drive(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let state = Arc::clone(&self.state);
+        let key = &state.key;
+        let Some(backend) = shared.backend.semaphore() else {
+            self.fail_all(&Error::Unsupported {
+                key: key.clone(),
+                what: "semaphores",
+            });
+            self.try_finish();
+            return;
+        };
+        let wakeups = shared.backend.wakeups();
+        let ttl = shared.config.lease_ttl;
+        let mut wakeup: Option<crate::backend::Wakeup> = None;
+        let mut queued = false;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let k = match self.next() {
+                Next::Ask(k) => k,
+                Next::Done => {
+                    if queued {
+                        queued = false;
+                        if let Err(e) = backend.leave_permits(key).await {
+                            tracing::debug!(%key, error = %e, "leaving the waiting set failed");
+                        }
+                        continue;
+                    }
+                    if self.try_finish() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
+            let mut pending = Pending::new(&shared, key, tokens.clone());
+            let generation = wakeups.generation(key.as_bytes());
+            let sent_at = Instant::now();
+            shared.stats.acquire_attempt();
+            queued = true;
+            let reply = backend
+                .acquire_permits(key, state.permits, &tokens, ttl, true)
+                .await;
+            let retry_in = match reply {
+                Ok(granted) => {
+                    pending.disarm();
+                    backoff = Duration::from_millis(10);
+                    for token in &tokens[..granted.granted.min(k)] {
+                        if let Some(permit) = Permit::granted(&shared, key, *token, sent_at) {
+                            self.hand_out(permit);
+                        }
+                    }
+                    if granted.granted >= k {
+                        // Given everything: out of the waiting set.
+                        queued = false;
+                        continue;
+                    }
+                    granted.retry_in
+                }
+                Err(
+                    e @ (Error::Backend { .. }
+                    | Error::Connect { .. }
+                    | Error::QuorumNotReached { .. }),
+                ) => {
+                    // Transient: the tokens are released in the background (they
+                    // may have been granted); the waiters' own deadlines bound this.
+                    drop(pending);
+                    tracing::debug!(%key, error = %e, "permit request failed; retrying");
+                    let delay = backoff;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    delay
+                }
+                Err(e) => {
+                    if !may_have_written(&e) {
+                        pending.disarm();
+                    }
+                    drop(pending);
+                    self.fail_all(&e);
+                    continue;
+                }
+            };
+            // Wait for a wake-up, the retry delay, or the last waiter leaving.
+            let wakeup = match &mut wakeup {
+                Some(w) => w,
+                None => {
+                    // Watch only now that we wait; a wake-up that came before this
+                    // registration shows in the generation.
+                    let w = wakeup.insert(wakeups.watch(key));
+                    if wakeups.generation(key.as_bytes()) != generation {
+                        continue;
+                    }
+                    w
+                }
+            };
+            let retry_at = Instant::now() + retry_in;
+            loop {
+                tokio::select! {
+                    _ = wakeup.woken() => break,
+                    _ = tokio::time::sleep_until(retry_at) => break,
+                    _ = state.left.notified() => {
+                        if state.queue().waiters.is_empty() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives `permit` to the first local waiter still there; with none, it is
+    /// released (dropped) in the background.
+    pub(super) fn hand_out(&self, mut permit: Permit) {
+        loop {
+            let waiter = self.state.queue().waiters.pop_front();
+            let Some(waiter) = waiter else {
+                drop(permit);
+                return;
+            };
+            match waiter.tx.send(Ok(permit)) {
+                Ok(()) => return,
+                Err(Ok(back)) => permit = back,
+                Err(Err(_)) => return,
+            }
+        }
+    }
+
+    /// Answers every current waiter with `e`.
+    pub(super) fn fail_all(&self, e: &Error) {
+        let waiters: Vec<Waiter> = self.state.queue().waiters.drain(..).collect();
+        for w in waiters {
+            let _ = w.tx.send(Err(e.clone()));
+        }
+    }
+}
