@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use lockflight::semaphore::Permit;
 use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
 use redis::aio::MultiplexedConnection;
-use support::{CountingProxy, key_count, shared, unique_prefix, wait_until};
+use support::{
+    CountingProxy, child_line, key_count, shared, spawn_test_child, unique_prefix, wait_until,
+};
 use tokio::task::JoinSet;
 
 /// A backend on `url` under `prefix` whose notification subscription is up.
@@ -213,40 +215,20 @@ async fn child_permit_holder() {
 /// comes back when its TTL runs out, not before, and not much later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_permit_returns_within_its_ttl() {
-    use tokio::io::{AsyncBufReadExt, BufReader};
-
     let server = shared();
     let _log = server.log_on_panic();
     let prefix = unique_prefix("sem-killed");
     let key = "k";
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "--exact",
-            "child_permit_holder",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env(CHILD_ENV, "1")
-        .env("LOCKFLIGHT_CHILD_URL", server.url())
-        .env("LOCKFLIGHT_CHILD_PREFIX", &prefix)
-        .env("LOCKFLIGHT_CHILD_KEY", key)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the child holder");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    within(Duration::from_secs(30), "the child's HELD line", async {
-        while let Some(line) = lines.next_line().await.expect("read the child's stdout") {
-            if line.contains("HELD ") {
-                return;
-            }
-        }
-        panic!("the child exited without holding the permit");
-    })
-    .await;
+    let (mut child, mut lines) = spawn_test_child(
+        "child_permit_holder",
+        &[
+            (CHILD_ENV, "1".to_owned()),
+            ("LOCKFLIGHT_CHILD_URL", server.url()),
+            ("LOCKFLIGHT_CHILD_PREFIX", prefix.clone()),
+            ("LOCKFLIGHT_CHILD_KEY", key.to_owned()),
+        ],
+    );
+    child_line(&mut lines, "HELD ").await;
 
     let backend = backend_at(&server.url(), &prefix).await;
     let permits = backend.permits_name(&LockKey::from(key));

@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 
 use lockflight::{FencingToken, Locker, RedisBackend};
 use rand::RngExt as _;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use crate::oracle::RedisFence;
 use crate::support::nemesis::{continue_process, stop_process};
-use crate::support::{RedisServer, shared, unique_prefix};
+use crate::support::{RedisServer, shared, spawn_test_child, unique_prefix};
 use crate::{TTL, backend_at, join_all, serial, within};
 
 const CHILD_ENV: &str = "LOCKFLIGHT_FAULTS_CHILD";
@@ -131,33 +130,21 @@ async fn next_line(lines: &mut mpsc::UnboundedReceiver<String>, what: &str) -> S
 async fn run_child(ctx: Arc<Ctx>, i: usize, at: PauseAt) -> Outcome {
     let key = format!("k{i}");
     let resource = format!("{}:resource:{i}", ctx.prefix);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "--exact",
-            "holder_pause::paused_holder_child",
-            "--nocapture",
-            "--include-ignored",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_ENV, "1")
-        .env("LF_URL", ctx.lock_server.url())
-        .env("LF_PREFIX", &ctx.prefix)
-        .env("LF_KEY", &key)
-        .env("LF_TTL_MS", TTL.as_millis().to_string())
-        .env("LF_FENCE_URL", &ctx.fence_url)
-        .env("LF_RESOURCE", &resource)
-        .env("LF_WRITER", format!("child{i}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the child holder");
+    let (mut child, mut reader) = spawn_test_child(
+        "holder_pause::paused_holder_child",
+        &[
+            (CHILD_ENV, "1".to_owned()),
+            ("LF_URL", ctx.lock_server.url()),
+            ("LF_PREFIX", ctx.prefix.clone()),
+            ("LF_KEY", key.clone()),
+            ("LF_TTL_MS", TTL.as_millis().to_string()),
+            ("LF_FENCE_URL", ctx.fence_url.clone()),
+            ("LF_RESOURCE", resource.clone()),
+            ("LF_WRITER", format!("child{i}")),
+        ],
+    );
     let pid = child.id().expect("the child's pid");
     let (tx, mut lines) = mpsc::unbounded_channel();
-    let mut reader = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
     tokio::spawn(async move {
         while let Ok(Some(line)) = reader.next_line().await {
             if let Some(at) = line.find("LFCHILD ") {

@@ -38,40 +38,23 @@ async fn child_holder_process() {
 /// others for no longer than its lease TTL, and not shorter than the lock's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_blocks_at_most_lease_ttl() {
-    use tokio::io::{AsyncBufReadExt, BufReader};
-
     let server = shared();
     let _log = server.log_on_panic();
     let prefix = unique_prefix("killed-holder");
     let key = "k";
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "--exact",
-            "crash::child_holder_process",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env(CHILD_ENV, "1")
-        .env("LOCKFLIGHT_CHILD_URL", server.url())
-        .env("LOCKFLIGHT_CHILD_PREFIX", &prefix)
-        .env("LOCKFLIGHT_CHILD_KEY", key)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the child holder");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let child_epoch: u64 = within(Duration::from_secs(30), "the child's HELD line", async {
-        while let Some(line) = lines.next_line().await.expect("read the child's stdout") {
-            if let Some(at) = line.find("HELD ") {
-                return line[at + 5..].trim().parse().expect("HELD <epoch>");
-            }
-        }
-        panic!("the child exited without holding the lock");
-    })
-    .await;
+    let (mut child, mut lines) = spawn_test_child(
+        "crash::child_holder_process",
+        &[
+            (CHILD_ENV, "1".to_owned()),
+            ("LOCKFLIGHT_CHILD_URL", server.url()),
+            ("LOCKFLIGHT_CHILD_PREFIX", prefix.clone()),
+            ("LOCKFLIGHT_CHILD_KEY", key.to_owned()),
+        ],
+    );
+    let child_epoch: u64 = child_line(&mut lines, "HELD ")
+        .await
+        .parse()
+        .expect("HELD <epoch>");
 
     let backend = backend_at(&server.url(), &prefix).await;
     let lock_name = backend.lock_name(&LockKey::from(key));

@@ -24,8 +24,9 @@ use lockflight::{
 };
 use redis::aio::MultiplexedConnection;
 use support::{
-    CountingProxy, RedisServer, assert_strictly_increasing, exists, join_all, pttl, queue_name,
-    shared, subscribed, unique_prefix, wait_idle, wait_until, within, zcard,
+    CountingProxy, RedisServer, assert_strictly_increasing, child_line, exists, join_all, pttl,
+    queue_name, shared, spawn_test_child, subscribed, unique_prefix, wait_idle, wait_until, within,
+    zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;

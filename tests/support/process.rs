@@ -264,3 +264,60 @@ pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// A child process running one test of this test binary (an `#[ignore]`d test
+/// that acts as the child when `envs` names its environment variable): stdout
+/// piped, stderr inherited, killed when dropped.
+pub(crate) fn spawn_test_child(
+    test: &str,
+    envs: &[(&str, String)],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args([
+            "--exact",
+            test,
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn the child {test}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    (child, tokio::io::BufReader::new(stdout).lines())
+}
+
+/// The rest of the child's first line that contains `marker` (what follows it,
+/// trimmed), waiting up to 30 s; panics if the child ends first.
+pub(crate) async fn child_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    marker: &str,
+) -> String {
+    let wait = async {
+        while let Some(line) = lines.next_line().await.expect("read the child's stdout") {
+            if let Some(at) = line.find(marker) {
+                return line[at + marker.len()..].trim().to_owned();
+            }
+        }
+        panic!("the child exited before printing {marker:?}");
+    };
+    match tokio::time::timeout(Duration::from_secs(30), wait).await {
+        Ok(rest) => rest,
+        Err(_) => panic!("the child did not print {marker:?} within 30 s"),
+    }
+}
