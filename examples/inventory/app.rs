@@ -145,7 +145,7 @@ pub(crate) struct Counters {
     pub(crate) out_of_stock: AtomicU64,
     /// Writes the database refused because their fencing token was stale.
     pub(crate) stale_rejected: AtomicU64,
-    /// Executions of the `GET /items/{sku}` handler (coalesced requests share one).
+    /// Executions of the `GET /items/{sku}` handler (requests that share a response run it once).
     pub(crate) item_reads: AtomicU64,
     /// Optimistic writes that found the row changed since they read it (each one
     /// is retried).
@@ -482,7 +482,7 @@ pub(crate) fn valid_sku(sku: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
-/// The service: `POST /items`, `GET /items`, `GET /items/{sku}` (coalesced),
+/// The service: `POST /items`, `GET /items`, `GET /items/{sku}` (a shared response),
 /// `POST /items/{sku}/reserve` (locked by SKU, fenced at the database),
 /// `GET /stats`, and the other lock shapes of [`shapes`]: `POST /checkout`
 /// (several SKUs under one multi-key lock, a per-tenant semaphore cap),

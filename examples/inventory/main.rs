@@ -9,10 +9,14 @@
 //! ```
 //!
 //! Endpoints: `POST /items {sku, name, stock}`, `GET /items`, `GET /items/{sku}`
-//! (concurrent identical reads coalesced), `POST /items/{sku}/reserve {qty}` (under
-//! the SKU's lock, fenced at the database), `GET /stats`. See `cli.rs` for the
-//! environment variables, `app.rs` for the service, `gateway.rs` for the SKU-routing
-//! gateway and `demo.rs` for the demo.
+//! (concurrent identical reads share one response), `POST /items/{sku}/reserve {qty}`
+//! (under the SKU's lock, fenced at the database), `GET /stats`, and the other lock
+//! shapes of `shapes.rs`: `POST /checkout` (a multi-key lock, a per-tenant
+//! semaphore cap), `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (a
+//! read-write lock), `POST /items/{sku}/reserve-optimistic` (no lock). See `cli.rs`
+//! for the environment variables, `app.rs` for the service, `gateway.rs` for the
+//! SKU-routing gateway, `sizing.rs` for the histograms in `/stats` and `demo.rs` for
+//! the demo.
 
 mod app;
 mod cli;
