@@ -16,16 +16,22 @@
 -- a claim window and one message on its channel; a refused PUBLISH takes the claim
 -- back and is reported as the third element.
 --
--- Fast path (ours, nobody queued): GET lock, GET tombstone, GET claim, ZCARD queue,
--- DEL lock, SET tombstone.
+-- Fast path (ours, nobody queued): GET lock, ZCARD queue, SET tombstone … GET (type-checks
+-- the tombstone key as it writes it), DEL lock: 4 commands. While the lock is held there
+-- is no claim (a claim is only ever set on a free lock, and taking the lock deletes it),
+-- so the claim key is read only when the script may write it: when the lock is not
+-- ours, or when someone is queued.
 local lock, queue, claim, tombstone, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, me = ARGV[1], ARGV[2]
 local requeue = ARGV[7] ~= nil
 
 -- Reads.
 local current = read('lock', 'GET', lock)
-local previous = read('tombstone', 'GET', tombstone)
-local claimant = read('claim', 'GET', claim)
+local ours = current == token
+local previous = false
+if not ours then
+  previous = read('tombstone', 'GET', tombstone)
+end
 local q = read_queue(queue, expiry, me, true, requeue, requeue)
 local mine_at
 if requeue then
@@ -34,12 +40,17 @@ if requeue then
     q.head = me
   end
 end
+local claimant = false
+if not ours or q.head ~= nil then
+  claimant = read('claim', 'GET', claim)
+end
 
--- Writes.
+-- Writes (the first, SET … GET of the tombstone, fails on a value of another type
+-- before anything is written).
 local released = 0
-if current == token then
+if ours then
+  read('tombstone', 'SET', tombstone, token, 'PX', tonumber(ARGV[6]), 'GET')
   redis.call('DEL', lock)
-  redis.call('SET', tombstone, token, 'PX', tonumber(ARGV[6]))
   released, current = 1, false
 elseif previous == token then
   released = 1
