@@ -206,3 +206,71 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
         "a stale unwanted-claim check deleted a live queue entry"
     );
 }
+
+/// Without coalescing every task of an instance competes at Redis on its own; a
+/// release still wakes one of them, not all (a task that stops waiting lets the next
+/// one ask), so 16 local waiters pass the lock on at about two acquire requests per
+/// critical section — where waking all of them at every release costs about
+/// 16 + 15 + … + 1 = 136 — and none is left waiting for the lock's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_a_release_wakes_one_local_task() {
+    const TASKS: u64 = 16;
+    let server = support::shared();
+    let _log = server.log_on_panic();
+    let prefix = support::unique_prefix("wake-one");
+    let a = backend(&server.url(), &prefix).await;
+    let naive = Locker::builder(a.clone())
+        .coalescing(false)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let holder = Locker::builder(backend(&server.url(), &prefix).await)
+        .build()
+        .unwrap();
+    let key = LockKey::from("herd");
+    let held = holder.lock(&key).await.unwrap();
+    let inside = Arc::new(AtomicU32::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let (naive, key, inside) = (naive.clone(), key.clone(), Arc::clone(&inside));
+        tasks.spawn(async move {
+            let guard = naive.lock(&key).await.expect("lock");
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+            tokio::task::yield_now().await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.expect("release");
+        });
+    }
+    // Every task asked once, was told to wait, and waits.
+    assert!(
+        support::wait_until(Duration::from_secs(10), || async {
+            naive.stats().acquire_attempts == TASKS
+                && a.wakeups().watchers(key.as_bytes()) == TASKS as usize
+        })
+        .await,
+        "{:?}",
+        naive.stats()
+    );
+    let before = naive.stats().acquire_attempts;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let attempts = naive.stats().acquire_attempts - before;
+    println!("{attempts} acquire requests for {TASKS} critical sections");
+    // Woken by messages and passed turns, not by the 30 s TTL timer.
+    assert!(
+        released.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(
+        attempts <= 3 * TASKS,
+        "{attempts} acquire requests for {TASKS} critical sections"
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(5), || async { a.wakeups().is_empty() }).await,
+        "a wake-up registration leaked"
+    );
+}

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::error::Result;
 use crate::key::LockKey;
@@ -290,6 +290,10 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
 
 type Watchers = DashMap<LockKey, watch::Sender<u64>>;
 
+/// The one-at-a-time watchers of a key: the `Notify` they wait on and how many
+/// handles exist.
+type OneWatchers = DashMap<LockKey, (Arc<Notify>, usize)>;
+
 /// Number of wake-up generation counters; keys share them by hash.
 const STRIPES: usize = 64;
 
@@ -297,13 +301,17 @@ const STRIPES: usize = 64;
 ///
 /// A backend calls [`wake`](WakeRegistry::wake) when it learns that a key may be
 /// free (a pub/sub message, an in-process release); callers wait on a [`Wakeup`].
-/// Entries exist only while someone watches, so the registry stays as small as the
-/// set of keys being waited for. Every wake-up also bumps a generation counter
-/// shared by the keys of one stripe, so a caller that starts watching late can tell
-/// whether it may have missed one.
+/// A handle from [`watch`](WakeRegistry::watch) sees every wake-up of its key; of
+/// the handles from [`watch_one`](WakeRegistry::watch_one), one wake-up reaches one
+/// (the longest waiting), so that tasks which each compete at the backend on their
+/// own do not all ask again at every release. Entries exist only while someone
+/// watches, so the registry stays as small as the set of keys being waited for.
+/// Every wake-up also bumps a generation counter shared by the keys of one stripe,
+/// so a caller that starts watching late can tell whether it may have missed one.
 #[derive(Clone)]
 pub struct WakeRegistry {
     watchers: Arc<Watchers>,
+    ones: Arc<OneWatchers>,
     generations: Arc<[AtomicU64; STRIPES]>,
 }
 
@@ -311,6 +319,7 @@ impl Default for WakeRegistry {
     fn default() -> Self {
         WakeRegistry {
             watchers: Arc::default(),
+            ones: Arc::default(),
             generations: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
@@ -319,7 +328,7 @@ impl Default for WakeRegistry {
 impl fmt::Debug for WakeRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WakeRegistry")
-            .field("watched_keys", &self.watchers.len())
+            .field("watched_keys", &self.len())
             .finish()
     }
 }
@@ -341,7 +350,8 @@ impl WakeRegistry {
         self.stripe(key).load(Ordering::Acquire)
     }
 
-    /// Starts watching `key`; wake-ups from now on are seen by the returned handle.
+    /// Starts watching `key`; every wake-up from now on is seen by the returned
+    /// handle.
     pub fn watch(&self, key: &LockKey) -> Wakeup {
         let rx = self
             .watchers
@@ -349,26 +359,53 @@ impl WakeRegistry {
             .or_insert_with(|| watch::channel(0).0)
             .subscribe();
         Wakeup {
-            rx: Some(rx),
+            rx: Some(Rx::All(rx)),
             key: key.clone(),
             watchers: Arc::clone(&self.watchers),
+            ones: Arc::clone(&self.ones),
         }
     }
 
-    /// Wakes every watcher of `key`. Returns `false` if nobody watches it.
+    /// Starts watching `key` one at a time: a wake-up reaches one of the handles
+    /// from `watch_one` (the one waiting longest; kept for the next `woken` call if
+    /// none is waiting). A handle that is dropped passes one wake-up on to the
+    /// others, so whoever leaves the wait (it got the lock, gave up or was
+    /// cancelled) lets the next one ask.
+    pub fn watch_one(&self, key: &LockKey) -> Wakeup {
+        let notify = {
+            let mut entry = self
+                .ones
+                .entry(key.clone())
+                .or_insert_with(|| (Arc::new(Notify::new()), 0));
+            entry.1 += 1;
+            Arc::clone(&entry.0)
+        };
+        Wakeup {
+            rx: Some(Rx::One(notify)),
+            key: key.clone(),
+            watchers: Arc::clone(&self.watchers),
+            ones: Arc::clone(&self.ones),
+        }
+    }
+
+    /// Wakes every [`watch`](Self::watch) handle of `key` and one
+    /// [`watch_one`](Self::watch_one) handle. Returns `false` if nobody watches it.
     pub fn wake(&self, key: &[u8]) -> bool {
         self.stripe(key).fetch_add(1, Ordering::AcqRel);
-        match self.watchers.get(key) {
-            Some(tx) => {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
-                true
-            }
-            None => false,
+        let mut watched = false;
+        if let Some(tx) = self.watchers.get(key) {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+            watched = true;
         }
+        if let Some(one) = self.ones.get(key) {
+            one.0.notify_one();
+            watched = true;
+        }
+        watched
     }
 
-    /// Wakes every watcher of every key (after a lost notification connection, when
-    /// messages may have been missed).
+    /// Wakes every watcher of every key, one-at-a-time handles included (after a
+    /// lost notification connection, when messages may have been missed).
     pub fn wake_all(&self) {
         for g in self.generations.iter() {
             g.fetch_add(1, Ordering::AcqRel);
@@ -376,63 +413,105 @@ impl WakeRegistry {
         for tx in self.watchers.iter() {
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
+        for one in self.ones.iter() {
+            one.0.notify_waiters();
+            // And one kept for a handle that is not waiting right now.
+            one.0.notify_one();
+        }
     }
 
     /// Number of handles currently watching `key`.
     pub fn watchers(&self, key: &[u8]) -> usize {
         self.watchers.get(key).map_or(0, |tx| tx.receiver_count())
+            + self.ones.get(key).map_or(0, |one| one.1)
     }
 
     /// Whether anyone watches `key`.
     pub fn is_watched(&self, key: &[u8]) -> bool {
-        self.watchers.contains_key(key)
+        self.watchers.contains_key(key) || self.ones.contains_key(key)
     }
 
     /// Number of keys currently watched.
     pub fn len(&self) -> usize {
         self.watchers.len()
+            + self
+                .ones
+                .iter()
+                .filter(|one| !self.watchers.contains_key(one.key()))
+                .count()
     }
 
     /// Whether no key is watched.
     pub fn is_empty(&self) -> bool {
-        self.watchers.is_empty()
+        self.watchers.is_empty() && self.ones.is_empty()
     }
+}
+
+#[derive(Debug)]
+enum Rx {
+    All(watch::Receiver<u64>),
+    One(Arc<Notify>),
 }
 
 /// Interest in the wake-ups of one key; dropping it ends the interest.
 #[derive(Debug)]
 pub struct Wakeup {
-    rx: Option<watch::Receiver<u64>>,
+    rx: Option<Rx>,
     key: LockKey,
     watchers: Arc<Watchers>,
+    ones: Arc<OneWatchers>,
 }
 
 impl Wakeup {
     /// Resolves at the first wake-up since this handle was created or since the
-    /// previous `woken` returned.
+    /// previous `woken` returned (for a one-at-a-time handle: at the first wake-up
+    /// given to it).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a wake-up that arrives while no call is pending is kept for the
-    /// next call.
+    /// next call (for a one-at-a-time handle, for the next call of any handle of the
+    /// key), and one given to a call that is dropped before it returns passes to
+    /// the next waiting handle.
     pub async fn woken(&mut self) {
-        if let Some(rx) = self.rx.as_mut() {
-            // The sender lives in the registry until every receiver is gone, so
-            // `changed` can only fail if the registry itself was dropped.
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
+        match self.rx.as_mut() {
+            Some(Rx::All(rx)) => {
+                // The sender lives in the registry until every receiver is gone, so
+                // `changed` can only fail if the registry itself was dropped.
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
             }
+            Some(Rx::One(notify)) => notify.notified().await,
+            None => {}
         }
     }
 }
 
 impl Drop for Wakeup {
     fn drop(&mut self) {
-        drop(self.rx.take());
-        // Under the shard lock, so a concurrent `watch` either sees the entry and
-        // subscribes before this check, or inserts a fresh one after the removal.
-        self.watchers
-            .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+        match self.rx.take() {
+            Some(Rx::All(rx)) => {
+                drop(rx);
+                // Under the shard lock, so a concurrent `watch` either sees the entry
+                // and subscribes before this check, or inserts a fresh one after the
+                // removal.
+                self.watchers
+                    .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+            }
+            Some(Rx::One(_)) => {
+                if let dashmap::Entry::Occupied(mut entry) = self.ones.entry(self.key.clone()) {
+                    entry.get_mut().1 -= 1;
+                    if entry.get().1 == 0 {
+                        entry.remove();
+                    } else {
+                        // The next one asks now: this one no longer will.
+                        entry.get().0.notify_one();
+                    }
+                }
+            }
+            None => {}
+        }
     }
 }
 
@@ -460,6 +539,45 @@ mod tests {
         drop(a);
         assert_eq!(reg.len(), 1);
         drop(b);
+        assert!(reg.is_empty());
+        assert!(!reg.wake(b"k"));
+    }
+
+    #[tokio::test]
+    async fn one_wake_up_reaches_one_handle_and_a_dropped_handle_passes_it_on() {
+        use std::time::Duration;
+        use tokio::time::timeout;
+
+        let reg = WakeRegistry::new();
+        let key = LockKey::from("k");
+        let mut a = reg.watch_one(&key);
+        let mut b = reg.watch_one(&key);
+        let mut all = reg.watch(&key);
+        assert_eq!(reg.watchers(b"k"), 3);
+        assert_eq!(reg.len(), 1);
+        assert!(reg.wake(b"k"));
+        // The broadcast handle sees it, and exactly one of the two others.
+        all.woken().await;
+        a.woken().await;
+        let short = Duration::from_millis(20);
+        assert!(timeout(short, b.woken()).await.is_err(), "b was woken too");
+        // `a` stops waiting: its leaving passes one wake-up on to `b`.
+        drop(a);
+        timeout(Duration::from_secs(5), b.woken())
+            .await
+            .expect("the dropped handle passed its turn on");
+        // A reconnect wakes every waiting handle.
+        let mut c = reg.watch_one(&key);
+        {
+            let mut wait_b = std::pin::pin!(b.woken());
+            let mut wait_c = std::pin::pin!(c.woken());
+            assert!(futures::poll!(&mut wait_b).is_pending());
+            assert!(futures::poll!(&mut wait_c).is_pending());
+            reg.wake_all();
+            timeout(Duration::from_secs(5), wait_b).await.unwrap();
+            timeout(Duration::from_secs(5), wait_c).await.unwrap();
+        }
+        drop((b, c, all));
         assert!(reg.is_empty());
         assert!(!reg.wake(b"k"));
     }

@@ -194,7 +194,14 @@ impl Shared {
                         None => {
                             // Watch only now that we wait; a wake-up that arrived
                             // before this registration shows in the generation.
-                            let w = wakeup.insert(wakeups.watch(key));
+                            // Without coalescing every task of this process waits
+                            // here on its own: one wake-up wakes one of them (and
+                            // a task that stops waiting passes one on), not all.
+                            let w = wakeup.insert(if self.config.coalescing {
+                                wakeups.watch(key)
+                            } else {
+                                wakeups.watch_one(key)
+                            });
                             if wakeups.generation(key.as_bytes()) != generation {
                                 continue;
                             }

@@ -283,9 +283,10 @@ impl LockerBuilder {
 
     /// Per-process coalescing (default on). Off, every task competes with the
     /// backend on its own and handoff is impossible: a wake-up for the instance
-    /// wakes every local task waiting for the key (a herd). Not part of the
-    /// supported API: kept, hidden, only as the naive baseline of the benchmarks
-    /// and tests.
+    /// wakes one local task waiting for the key, and a task that stops waiting
+    /// lets the next one ask (about two acquire requests per critical section
+    /// when local tasks take turns). Not part of the supported API: kept, hidden,
+    /// only as the naive baseline of the benchmarks and tests.
     #[doc(hidden)]
     pub fn coalescing(mut self, on: bool) -> Self {
         self.coalescing = on;
