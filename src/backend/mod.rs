@@ -474,16 +474,18 @@ impl Wakeup {
     /// key), and one given to a call that is dropped before it returns passes to
     /// the next waiting handle.
     pub async fn woken(&mut self) {
-        match self.rx.as_mut() {
-            Some(Rx::All(rx)) => {
-                // The sender lives in the registry until every receiver is gone, so
-                // `changed` can only fail if the registry itself was dropped.
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
+        let closed = match self.rx.as_mut() {
+            // The sender lives in the registry until every receiver is gone, so
+            // `changed` can only fail if the registry itself was dropped.
+            Some(Rx::All(rx)) => rx.changed().await.is_err(),
+            Some(Rx::One(notify)) => {
+                notify.notified().await;
+                false
             }
-            Some(Rx::One(notify)) => notify.notified().await,
-            None => {}
+            None => false,
+        };
+        if closed {
+            std::future::pending::<()>().await;
         }
     }
 }
