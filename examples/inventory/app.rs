@@ -35,6 +35,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use lockflight::layer::{LockLayer, MissingKey, PathParam, SharedResponseLayer, handle_error};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
+use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
@@ -43,6 +44,8 @@ use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 
 // Relative to this file, wherever it is included from.
+#[path = "plain_lock.rs"]
+pub(crate) mod plain_lock;
 #[path = "shapes.rs"]
 pub(crate) mod shapes;
 #[allow(unused_imports)] // used by the demo
@@ -174,6 +177,37 @@ pub(crate) struct Hooks {
     pub(crate) item_read_delay: Duration,
     /// Receives the [`LockInfo`] of every reservation critical section as it starts.
     pub(crate) entered: Option<mpsc::UnboundedSender<LockInfo>>,
+    /// Counts the reservation critical sections running at once (share one
+    /// between instances to see whether their lock excludes them).
+    pub(crate) occupancy: Option<Arc<Occupancy>>,
+}
+
+/// Reservation critical sections running at once, and the most there ever were.
+#[derive(Debug, Default)]
+pub(crate) struct Occupancy {
+    now: AtomicU64,
+    most: AtomicU64,
+}
+
+impl Occupancy {
+    /// The most critical sections that ever ran at once.
+    #[allow(dead_code)] // used by examples/tests/inventory/
+    pub(crate) fn most(&self) -> u64 {
+        self.most.load(Ordering::SeqCst)
+    }
+
+    /// Counts one section in until the returned value is dropped.
+    fn enter(self: &Arc<Self>) -> impl Drop + use<> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        struct Leave(Arc<Occupancy>);
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                self.0.now.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        Leave(Arc::clone(self))
+    }
 }
 
 /// Everything a handler needs; cheap to clone.
@@ -195,6 +229,9 @@ pub(crate) struct AppState {
     pub(crate) locking: Arc<str>,
     /// More of `/stats` (the lock histograms where a recorder is installed).
     pub(crate) more_stats: Option<MoreStats>,
+    /// The `plain` locking mode: `POST /items/{sku}/reserve` takes this plain
+    /// Redis lock instead of lockflight's (and its write is not fenced).
+    pub(crate) plain: Option<PlainLock>,
 }
 
 /// A source of extra `/stats` fields, under `"histograms"`.
@@ -219,7 +256,15 @@ impl AppState {
             backend: Arc::from("unknown"),
             locking: Arc::from("unknown"),
             more_stats: None,
+            plain: None,
         }
+    }
+
+    /// Reservations take `plain` (a plain Redis lock, no fencing token) instead
+    /// of lockflight's lock: the `plain` locking mode.
+    pub(crate) fn with_plain_lock(mut self, plain: PlainLock) -> Self {
+        self.plain = Some(plain);
+        self
     }
 
     /// Sets the test hooks.
@@ -236,15 +281,19 @@ impl AppState {
         self
     }
 
-    /// Writes a reservation fenced by `token` and counts the outcome; see
-    /// [`fenced_write`].
+    /// Writes a reservation fenced by `token` ([`fenced_write`]), or without a
+    /// fence for `None` (the plain lock has no token: [`unfenced_write`]), and
+    /// counts the outcome.
     pub(crate) async fn write_reservation(
         &self,
         sku: &str,
         qty: i64,
-        token: FencingToken,
+        token: impl Into<Option<FencingToken>>,
     ) -> Result<WriteOutcome, AppError> {
-        let outcome = fenced_write(&self.db, sku, qty, token).await?;
+        let outcome = match token.into() {
+            Some(token) => fenced_write(&self.db, sku, qty, token).await?,
+            None => unfenced_write(&self.db, sku, qty).await?,
+        };
         match outcome {
             WriteOutcome::Reserved { .. } => Counters::bump(&self.counters.reservations),
             WriteOutcome::OutOfStock { .. } => Counters::bump(&self.counters.out_of_stock),
@@ -258,6 +307,8 @@ impl AppState {
     pub(crate) fn stats_json(&self) -> serde_json::Value {
         let s = self.locker.stats();
         let c = &self.counters;
+        // The plain lock's requests: `SET NX` attempts and compare-and-deletes.
+        let (plain_set, plain_release) = self.plain.as_ref().map_or((0, 0), PlainLock::requests);
         json!({
             "instance": &*self.instance,
             "backend": &*self.backend,
@@ -272,15 +323,19 @@ impl AppState {
                 "leases_lost": s.leases_lost,
                 "timeouts": s.timeouts,
             },
-            // Requests sent to the lock backend; with Redis each is one EVALSHA
-            // round trip (acquire-or-enqueue, release-and-wake-next, extend, leave).
+            // Requests sent to the lock backend; with Redis each is one round
+            // trip: lockflight's EVALSHAs (acquire-or-enqueue, release-and-wake-next,
+            // extend, leave) plus, in the plain mode, the plain lock's `SET NX`
+            // attempts (acquire) and compare-and-deletes (release).
             "lock_requests": {
-                "acquire": s.acquire_attempts,
-                "release": s.releases,
+                "acquire": s.acquire_attempts + plain_set,
+                "release": s.releases + plain_release,
                 "extend": s.renew_attempts,
                 "leave": s.leaves,
-                "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves,
+                "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves
+                    + plain_set + plain_release,
             },
+            "plain_lock": self.plain.as_ref().map(PlainLock::stats_json),
             "app": {
                 "reservations": Counters::get(&c.reservations),
                 "out_of_stock": Counters::get(&c.out_of_stock),
@@ -346,6 +401,41 @@ pub(crate) async fn fenced_write(
         .bind(seq)
         .fetch_optional(db)
         .await?;
+    explain(db, sku, remaining, Some((epoch, seq))).await
+}
+
+/// The decrement of the plain mode: no fence (a plain lock has no token, so the
+/// database cannot tell a stale holder; only the lock protects the stock), and
+/// only while enough stock is left. Binds: qty, sku, qty.
+const UNFENCED_DECREMENT: &str =
+    "UPDATE items SET stock = stock - ? WHERE sku = ? AND stock >= ? RETURNING stock";
+
+/// Decrements `sku`'s stock by `qty` if enough is left, without a fencing check:
+/// the write of the plain mode. Logged like [`fenced_write`]'s (with the item's
+/// unchanged fence columns).
+pub(crate) async fn unfenced_write(
+    db: &SqlitePool,
+    sku: &str,
+    qty: i64,
+) -> Result<WriteOutcome, AppError> {
+    let remaining: Option<i64> = sqlx::query_scalar(UNFENCED_DECREMENT)
+        .bind(qty)
+        .bind(sku)
+        .bind(qty)
+        .fetch_optional(db)
+        .await?;
+    explain(db, sku, remaining, None).await
+}
+
+/// The outcome of a decrement that returned `remaining`: written, or a refusal
+/// explained from the row as read right after it (stale only where the write
+/// carried the token `fence`).
+async fn explain(
+    db: &SqlitePool,
+    sku: &str,
+    remaining: Option<i64>,
+    fence: Option<(i64, i64)>,
+) -> Result<WriteOutcome, AppError> {
     if let Some(remaining) = remaining {
         return Ok(WriteOutcome::Reserved { remaining });
     }
@@ -354,15 +444,15 @@ pub(crate) async fn fenced_write(
             .bind(sku)
             .fetch_optional(db)
             .await?;
-    Ok(match row {
-        None => WriteOutcome::NotFound,
-        Some((_, fe, fs)) if (fe, fs) >= (epoch, seq) => WriteOutcome::Stale {
+    Ok(match (row, fence) {
+        (None, _) => WriteOutcome::NotFound,
+        (Some((_, fe, fs)), Some(token)) if (fe, fs) >= token => WriteOutcome::Stale {
             current: FencingToken {
                 epoch: from_sql(fe),
                 seq: from_sql(fs),
             },
         },
-        Some((stock, ..)) => WriteOutcome::OutOfStock { available: stock },
+        (Some((stock, ..)), _) => WriteOutcome::OutOfStock { available: stock },
     })
 }
 
@@ -493,18 +583,22 @@ pub(crate) fn app(state: AppState) -> Router {
     // Locked per SKU. `route_layer`: only matched routes lock, and `PathParam` sees
     // the matched route. `handle_error` maps lockflight's errors to responses
     // (timeout → 503 + Retry-After, lease lost → 503, invalid key → 400).
-    let reserve = Router::new()
-        .route("/items/{sku}/reserve", post(reserve))
-        .route_layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(handle_error))
-                .layer(
-                    // The route always has a SKU; reject rather than run unlocked
-                    // should that ever change.
-                    LockLayer::new(locker.clone(), PathParam::new("sku"))
-                        .missing_key(MissingKey::Reject),
-                ),
-        );
+    // In the plain mode the handler takes the plain Redis lock itself instead.
+    let reserve = match state.plain {
+        Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve_plain)),
+        None => Router::new()
+            .route("/items/{sku}/reserve", post(reserve))
+            .route_layer(
+                ServiceBuilder::new()
+                    .layer(HandleErrorLayer::new(handle_error))
+                    .layer(
+                        // The route always has a SKU; reject rather than run unlocked
+                        // should that ever change.
+                        LockLayer::new(locker.clone(), PathParam::new("sku"))
+                            .missing_key(MissingKey::Reject),
+                    ),
+            ),
+    };
     // Concurrent identical reads share one execution (under the SKU's lock, so a
     // read never overlaps a reservation of the same SKU).
     let read_one = Router::new()
@@ -577,10 +671,7 @@ async fn get_item(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> 
             .await;
     match item {
         Ok(Some(item)) => Json(item).into_response(),
-        Ok(None) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
+        Ok(None) => not_found(&sku),
         Err(e) => AppError::from(e).into_response(),
     }
 }
@@ -589,64 +680,112 @@ async fn stats(State(st): State<AppState>) -> Json<serde_json::Value> {
     Json(st.stats_json())
 }
 
-/// The critical section. Runs while this instance holds the SKU's lock; if the
-/// lease is lost, the lock layer drops this future at its next `.await` and
-/// answers 503.
+/// `POST /items/{sku}/reserve` under lockflight's lock. Runs while this instance
+/// holds the SKU's lock; if the lease is lost, the lock layer drops this future
+/// at its next `.await` and answers 503. The write is fenced by the lock's token.
 async fn reserve(
     State(st): State<AppState>,
     Extension(info): Extension<LockInfo>,
     UrlPath(sku): UrlPath<String>,
     Json(req): Json<ReserveRequest>,
 ) -> Response {
-    let token = info.fencing_token;
-    if info.key.as_str() != Some(sku.as_str()) || !valid_sku(&sku) {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_sku", "sku": sku }),
-        );
+    if info.key.as_str() != Some(sku.as_str()) {
+        return invalid_sku(&sku);
     }
-    if req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_qty", "message": "qty must be at least 1" }),
-        );
+    if let Some(res) = invalid_reserve(&sku, req) {
+        return res;
     }
     if let Some(entered) = &st.hooks.entered {
         let _ = entered.send(info.clone());
     }
-    // Read and check under the lock ...
-    let stock: Option<i64> = match sqlx::query_scalar("SELECT stock FROM items WHERE sku = ?")
-        .bind(&sku)
-        .fetch_optional(&st.db)
-        .await
-    {
-        Ok(stock) => stock,
-        Err(e) => return AppError::from(e).into_response(),
+    critical_section(&st, &sku, req, Some(info.fencing_token)).await
+}
+
+/// `POST /items/{sku}/reserve` in the plain mode: the same critical section under
+/// a plain Redis lock ([`PlainLock`]). A plain lock has no fencing token, so the
+/// write is not fenced and a holder that outlived the lock's TTL cannot be
+/// refused; nothing drops the handler when the lock expires either.
+async fn reserve_plain(
+    State(st): State<AppState>,
+    UrlPath(sku): UrlPath<String>,
+    Json(req): Json<ReserveRequest>,
+) -> Response {
+    let Some(plain) = &st.plain else {
+        return AppError::Internal("the plain route without a plain lock".into()).into_response();
     };
-    let Some(stock) = stock else {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        );
+    if let Some(res) = invalid_reserve(&sku, req) {
+        return res;
+    }
+    let guard = match plain.lock(&sku).await {
+        Ok(guard) => guard,
+        Err(e) => return e.into_response(),
+    };
+    let res = critical_section(&st, &sku, req, None).await;
+    // Written or not, the section is over: release (a lock that expired meanwhile
+    // is counted in `/stats`, `plain_lock.expired_before_release`).
+    if let Err(e) = guard.release().await {
+        return plain_lock::PlainLockError::Redis(e).into_response();
+    }
+    res
+}
+
+/// The 400 to answer for an invalid SKU (the lock key) or quantity, if any.
+fn invalid_reserve(sku: &str, req: ReserveRequest) -> Option<Response> {
+    if !valid_sku(sku) {
+        return Some(invalid_sku(sku));
+    }
+    (req.qty < 1).then(|| {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "invalid_qty", "message": "qty must be at least 1" }),
+        )
+    })
+}
+
+fn invalid_sku(sku: &str) -> Response {
+    error_response(
+        StatusCode::BAD_REQUEST,
+        json!({ "error": "invalid_sku", "sku": sku }),
+    )
+}
+
+/// The reservation's critical section, run while the SKU's lock is held: read
+/// the stock, check it, write the decrement — fenced by `token` under lockflight,
+/// unfenced (`None`) under the plain lock.
+async fn critical_section(
+    st: &AppState,
+    sku: &str,
+    req: ReserveRequest,
+    token: Option<FencingToken>,
+) -> Response {
+    let _inside = st.hooks.occupancy.as_ref().map(Occupancy::enter);
+    // Read and check under the lock ...
+    let stock = match read_row::<(i64,)>(&st.db, "SELECT stock FROM items WHERE sku = ?", sku).await
+    {
+        Ok((stock,)) => stock,
+        Err(res) => return res,
     };
     if stock < req.qty {
         Counters::bump(&st.counters.out_of_stock);
-        return out_of_stock(&sku, req.qty, stock);
+        return out_of_stock(sku, req.qty, stock);
     }
     if !st.hooks.before_write.is_zero() {
         tokio::time::sleep(st.hooks.before_write).await;
     }
-    // ... and write, with the fencing token as the database's safety net.
-    match st.write_reservation(&sku, req.qty, token).await {
+    // ... and write, with the fencing token (where there is one) as the
+    // database's safety net.
+    let token_json = |t: FencingToken| json!({ "epoch": t.epoch, "seq": t.seq });
+    match st.write_reservation(sku, req.qty, token).await {
         Ok(WriteOutcome::Reserved { remaining }) => Json(json!({
             "sku": sku,
             "reserved": req.qty,
             "remaining": remaining,
-            "fencing_token": { "epoch": token.epoch, "seq": token.seq },
+            // null in the plain mode: a plain lock has no fencing token.
+            "fencing_token": token.map(token_json),
             "instance": &*st.instance,
         }))
         .into_response(),
-        Ok(WriteOutcome::OutOfStock { available }) => out_of_stock(&sku, req.qty, available),
+        Ok(WriteOutcome::OutOfStock { available }) => out_of_stock(sku, req.qty, available),
         Ok(WriteOutcome::Stale { current }) => {
             let mut res = error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -655,20 +794,46 @@ async fn reserve(
                     "message": "the database accepted a newer lock holder's write; \
                                 this lock was lost, nothing was written; retry",
                     "sku": sku,
-                    "fencing_token": { "epoch": token.epoch, "seq": token.seq },
-                    "current": { "epoch": current.epoch, "seq": current.seq },
+                    "fencing_token": token.map(token_json),
+                    "current": token_json(current),
                 }),
             );
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             res
         }
-        Ok(WriteOutcome::NotFound) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
+        Ok(WriteOutcome::NotFound) => not_found(sku),
         Err(e) => e.into_response(),
     }
+}
+
+/// The row `query` (one `?`, bound to `sku`) returns, or the response to answer:
+/// 404 `not_found` without a row, 500 on a database error.
+pub(crate) async fn read_row<T>(
+    db: &SqlitePool,
+    query: &'static str,
+    sku: &str,
+) -> Result<T, Response>
+where
+    T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+{
+    match sqlx::query_as::<_, T>(query)
+        .bind(sku)
+        .fetch_optional(db)
+        .await
+    {
+        Ok(Some(row)) => Ok(row),
+        Ok(None) => Err(not_found(sku)),
+        Err(e) => Err(AppError::from(e).into_response()),
+    }
+}
+
+/// 404 `not_found` for `sku`.
+pub(crate) fn not_found(sku: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        json!({ "error": "not_found", "sku": sku }),
+    )
 }
 
 pub(crate) fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {

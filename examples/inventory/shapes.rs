@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{
-    AppError, AppState, Counters, FENCED_DECREMENT, ReserveRequest, error_response, out_of_stock,
-    to_sql, valid_sku,
+    AppError, AppState, Counters, FENCED_DECREMENT, ReserveRequest, error_response, not_found,
+    out_of_stock, read_row, to_sql, valid_sku,
 };
 
 /// Checkouts one tenant may run at once, across every instance.
@@ -109,6 +109,17 @@ async fn tenant_cap(State(st): State<AppState>, req: Request, next: Next) -> Res
     res
 }
 
+/// The 400 `invalid_request` to answer unless the SKU is valid and the quantity
+/// at least 1.
+fn invalid_request(sku: &str, req: ReserveRequest) -> Option<Response> {
+    (!valid_sku(sku) || req.qty < 1).then(|| {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "invalid_request", "sku": sku }),
+        )
+    })
+}
+
 /// The stock of `sku` and the restocks that made it, under the SKU's read lock:
 /// no restock is half-seen. Concurrent reads of one instance share one read lease.
 async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Response {
@@ -136,10 +147,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
             "last_restock": { "epoch": last.epoch, "seq": last.seq },
         }))
         .into_response(),
-        Ok(None) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
+        Ok(None) => not_found(&sku),
         Err(e) => AppError::from(e).into_response(),
     }
 }
@@ -152,11 +160,8 @@ async fn restock(
     UrlPath(sku): UrlPath<String>,
     Json(req): Json<ReserveRequest>,
 ) -> Response {
-    if !valid_sku(&sku) || req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        );
+    if let Some(res) = invalid_request(&sku, req) {
+        return res;
     }
     let write = match st.locker.write(sku.as_str()).await {
         Ok(write) => write,
@@ -175,10 +180,7 @@ async fn restock(
     match updated {
         Ok(done) if done.rows_affected() == 1 => {}
         Ok(_) => {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                json!({ "error": "not_found", "sku": sku }),
-            );
+            return not_found(&sku);
         }
         Err(e) => return AppError::from(e).into_response(),
     }
@@ -212,27 +214,19 @@ async fn reserve_optimistic(
     UrlPath(sku): UrlPath<String>,
     Json(req): Json<ReserveRequest>,
 ) -> Response {
-    if !valid_sku(&sku) || req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        );
+    if let Some(res) = invalid_request(&sku, req) {
+        return res;
     }
     for _ in 0..OPTIMISTIC_ATTEMPTS {
-        let row: Option<(i64, i64)> =
-            match sqlx::query_as("SELECT stock, version FROM items WHERE sku = ?")
-                .bind(&sku)
-                .fetch_optional(&st.db)
-                .await
-            {
-                Ok(row) => row,
-                Err(e) => return AppError::from(e).into_response(),
-            };
-        let Some((stock, version)) = row else {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                json!({ "error": "not_found", "sku": sku }),
-            );
+        let (stock, version) = match read_row::<(i64, i64)>(
+            &st.db,
+            "SELECT stock, version FROM items WHERE sku = ?",
+            &sku,
+        )
+        .await
+        {
+            Ok(row) => row,
+            Err(res) => return res,
         };
         if stock < req.qty {
             Counters::bump(&st.counters.out_of_stock);
@@ -350,10 +344,7 @@ async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Res
                         .await
                         .unwrap_or(None);
                 return match available {
-                    None => error_response(
-                        StatusCode::NOT_FOUND,
-                        json!({ "error": "not_found", "sku": line.sku }),
-                    ),
+                    None => not_found(&line.sku),
                     Some(a) if a < line.qty => {
                         Counters::bump(&st.counters.out_of_stock);
                         out_of_stock(&line.sku, line.qty, a)

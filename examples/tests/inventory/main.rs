@@ -1,6 +1,7 @@
 //! The inventory example (`examples/inventory/`) against real Redis: instances that
 //! share one Redis and one SQLite file never oversell, a handler whose lease is lost
 //! is dropped before it writes, the database's fencing guard rejects stale writers,
+//! the plain mode's plain Redis lock keeps the stock correct without lockflight,
 //! and the tower layers map timeouts, missing keys and concurrent reads as
 //! documented.
 
@@ -15,6 +16,7 @@ mod client;
 #[path = "../../inventory/gateway.rs"]
 mod gateway;
 
+mod plain;
 mod reserve;
 mod shapes;
 
