@@ -1,35 +1,20 @@
-//! The inventory service: state, schema, handlers and the axum router.
+//! The inventory service: its state, the item handlers and the axum router.
 //!
 //! Shared by the `inventory` and `demo` examples and by `examples/tests/inventory/`
 //! (which includes this file with `#[path]`), so it only uses `crate::`-free paths.
 //!
-//! # The reservation critical section
-//!
-//! `POST /items/{sku}/reserve` runs behind [`LockLayer`], keyed by the SKU: the
-//! handler reads the stock, checks it and writes the decrement while holding the
-//! SKU's lock, and it receives the lock's [`FencingToken`] in a [`LockInfo`]
-//! request extension. The write is **fenced** at the database:
-//!
-//! ```sql
-//! UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ?
-//!  WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?)
-//! ```
-//!
-//! so a writer whose lease was lost (paused process, network partition) and whose
-//! token is no longer the newest is rejected by the database even if it reaches it
-//! after another holder wrote (counted, 503 `stale_fencing_token`). If the lease is
-//! lost while the handler is still running, the lock layer drops the handler future
-//! before it can write (503). A trigger logs every accepted decrement, with its
-//! token, in `reservations`, within the same statement.
+//! Its parts: `db.rs` (the schema and the reservation's fenced or unfenced
+//! write), `reserve.rs` (`POST /items/{sku}/reserve`, the critical section under
+//! lockflight's lock or, in the `plain` mode, under `plain_lock.rs`'s plain Redis
+//! lock) and `shapes.rs` (the other lock shapes).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::{Extension, Path as UrlPath, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -39,101 +24,25 @@ use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 
 // Relative to this file, wherever it is included from.
+#[path = "db.rs"]
+pub(crate) mod db;
 #[path = "plain_lock.rs"]
 pub(crate) mod plain_lock;
+#[path = "reserve.rs"]
+mod reserve;
 #[path = "shapes.rs"]
 pub(crate) mod shapes;
+#[allow(unused_imports)] // the tests use some, the examples others
+pub(crate) use db::{
+    FENCED_DECREMENT, WriteOutcome, item_fence, open_db, reservation_log, reservations_with_token,
+    to_sql,
+};
 #[allow(unused_imports)] // used by the demo
 pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;
-
-/// The schema, created on start (`IF NOT EXISTS`, so several instances sharing one
-/// database file may all run it, concurrently too).
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS items (
-    sku         TEXT PRIMARY KEY NOT NULL,
-    name        TEXT NOT NULL,
-    stock       INTEGER NOT NULL CHECK (stock >= 0),
-    fence_epoch INTEGER NOT NULL DEFAULT 0,
-    fence_seq   INTEGER NOT NULL DEFAULT 0,
-    -- Bumped by every optimistic write (POST /items/{sku}/reserve-optimistic).
-    version     INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    sku         TEXT NOT NULL REFERENCES items (sku),
-    qty         INTEGER NOT NULL,
-    remaining   INTEGER NOT NULL,
-    fence_epoch INTEGER NOT NULL,
-    fence_seq   INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_by_sku ON reservations (sku);
--- Restocks, each under the SKU's write lock (POST /items/{sku}/restock).
-CREATE TABLE IF NOT EXISTS restocks (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    sku         TEXT NOT NULL REFERENCES items (sku),
-    qty         INTEGER NOT NULL,
-    fence_epoch INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_by_token ON reservations (fence_epoch, fence_seq);
--- Every accepted decrement is logged by the same statement that makes it.
-CREATE TRIGGER IF NOT EXISTS log_reservation
-AFTER UPDATE OF stock ON items
-WHEN NEW.stock < OLD.stock
-BEGIN
-    INSERT INTO reservations (sku, qty, remaining, fence_epoch, fence_seq)
-    VALUES (NEW.sku, OLD.stock - NEW.stock, NEW.stock, NEW.fence_epoch, NEW.fence_seq);
-END;
-";
-
-/// The fenced decrement: only a writer with a newer token than the last accepted
-/// one, and only while enough stock is left. Binds: qty, epoch, seq, sku, qty,
-/// epoch, seq.
-pub(crate) const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ? \
-     WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?) RETURNING stock";
-
-/// Opens (creating if needed) the database and its schema.
-///
-/// `Some(path)`: a file database in WAL mode, shareable by several instances
-/// (processes or pools); `None`: a private in-memory database.
-///
-/// Either way the pool has **one** connection. For `sqlite::memory:` that is a
-/// must (each connection would be its own database). For a file it keeps this
-/// process's writers in the pool's fair, asynchronous queue: SQLite's own lock
-/// between connections is taken by polling with sleeps of up to 100 ms, which
-/// would stall whichever SKU's critical section loses the race.
-pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Error> {
-    let pool = match path {
-        Some(path) => {
-            let options = SqliteConnectOptions::new()
-                .filename(path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
-                .busy_timeout(Duration::from_secs(10))
-                .foreign_keys(true);
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await?
-        }
-        None => {
-            let options = SqliteConnectOptions::new()
-                .in_memory(true)
-                .foreign_keys(true);
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await?
-        }
-    };
-    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
-    Ok(pool)
-}
 
 // ---------------------------------------------------------------------------
 // State
@@ -281,8 +190,8 @@ impl AppState {
         self
     }
 
-    /// Writes a reservation fenced by `token` ([`fenced_write`]), or without a
-    /// fence for `None` (the plain lock has no token: [`unfenced_write`]), and
+    /// Writes a reservation fenced by `token` ([`db::fenced_write`]), or without a
+    /// fence for `None` (the plain lock has no token: [`db::unfenced_write`]), and
     /// counts the outcome.
     pub(crate) async fn write_reservation(
         &self,
@@ -291,8 +200,8 @@ impl AppState {
         token: impl Into<Option<FencingToken>>,
     ) -> Result<WriteOutcome, AppError> {
         let outcome = match token.into() {
-            Some(token) => fenced_write(&self.db, sku, qty, token).await?,
-            None => unfenced_write(&self.db, sku, qty).await?,
+            Some(token) => db::fenced_write(&self.db, sku, qty, token).await?,
+            None => db::unfenced_write(&self.db, sku, qty).await?,
         };
         match outcome {
             WriteOutcome::Reserved { .. } => Counters::bump(&self.counters.reservations),
@@ -349,159 +258,6 @@ impl AppState {
             "histograms": self.more_stats.as_ref().map(|more| (more.0)()),
         })
     }
-}
-
-// ---------------------------------------------------------------------------
-// The fenced write
-// ---------------------------------------------------------------------------
-
-/// What the database made of a fenced reservation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WriteOutcome {
-    /// Written; `remaining` units are left.
-    Reserved {
-        /// Stock after the reservation.
-        remaining: i64,
-    },
-    /// Not enough stock.
-    OutOfStock {
-        /// Stock at the time of the attempt.
-        available: i64,
-    },
-    /// The token was not newer than the last accepted one: a stale writer.
-    Stale {
-        /// The token of the last accepted write.
-        current: FencingToken,
-    },
-    /// No such SKU.
-    NotFound,
-}
-
-/// Decrements `sku`'s stock by `qty`, only if `token` is newer than the item's last
-/// accepted token and enough stock is left: one statement, which also logs the
-/// reservation (trigger `log_reservation`), so SQLite's write lock is held for one
-/// statement only.
-///
-/// A refusal is explained from the row as read right after it.
-pub(crate) async fn fenced_write(
-    db: &SqlitePool,
-    sku: &str,
-    qty: i64,
-    token: FencingToken,
-) -> Result<WriteOutcome, AppError> {
-    let epoch = to_sql(token.epoch)?;
-    let seq = to_sql(token.seq)?;
-    let remaining: Option<i64> = sqlx::query_scalar(FENCED_DECREMENT)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .bind(sku)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .fetch_optional(db)
-        .await?;
-    explain(db, sku, remaining, Some((epoch, seq))).await
-}
-
-/// The decrement of the plain mode: no fence (a plain lock has no token, so the
-/// database cannot tell a stale holder; only the lock protects the stock), and
-/// only while enough stock is left. Binds: qty, sku, qty.
-const UNFENCED_DECREMENT: &str =
-    "UPDATE items SET stock = stock - ? WHERE sku = ? AND stock >= ? RETURNING stock";
-
-/// Decrements `sku`'s stock by `qty` if enough is left, without a fencing check:
-/// the write of the plain mode. Logged like [`fenced_write`]'s (with the item's
-/// unchanged fence columns).
-pub(crate) async fn unfenced_write(
-    db: &SqlitePool,
-    sku: &str,
-    qty: i64,
-) -> Result<WriteOutcome, AppError> {
-    let remaining: Option<i64> = sqlx::query_scalar(UNFENCED_DECREMENT)
-        .bind(qty)
-        .bind(sku)
-        .bind(qty)
-        .fetch_optional(db)
-        .await?;
-    explain(db, sku, remaining, None).await
-}
-
-/// The outcome of a decrement that returned `remaining`: written, or a refusal
-/// explained from the row as read right after it (stale only where the write
-/// carried the token `fence`).
-async fn explain(
-    db: &SqlitePool,
-    sku: &str,
-    remaining: Option<i64>,
-    fence: Option<(i64, i64)>,
-) -> Result<WriteOutcome, AppError> {
-    if let Some(remaining) = remaining {
-        return Ok(WriteOutcome::Reserved { remaining });
-    }
-    let row: Option<(i64, i64, i64)> =
-        sqlx::query_as("SELECT stock, fence_epoch, fence_seq FROM items WHERE sku = ?")
-            .bind(sku)
-            .fetch_optional(db)
-            .await?;
-    Ok(match (row, fence) {
-        (None, _) => WriteOutcome::NotFound,
-        (Some((_, fe, fs)), Some(token)) if (fe, fs) >= token => WriteOutcome::Stale {
-            current: FencingToken {
-                epoch: from_sql(fe),
-                seq: from_sql(fs),
-            },
-        },
-        (Some((stock, ..)), _) => WriteOutcome::OutOfStock { available: stock },
-    })
-}
-
-pub(crate) fn to_sql(v: u64) -> Result<i64, AppError> {
-    i64::try_from(v).map_err(|_| AppError::Internal(format!("fencing value {v} exceeds i64")))
-}
-
-fn from_sql(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-/// The last accepted fencing token of `sku`, if the item exists.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn item_fence(
-    db: &SqlitePool,
-    sku: &str,
-) -> Result<Option<FencingToken>, sqlx::Error> {
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT fence_epoch, fence_seq FROM items WHERE sku = ?")
-            .bind(sku)
-            .fetch_optional(db)
-            .await?;
-    Ok(row.map(|(e, s)| FencingToken {
-        epoch: from_sql(e),
-        seq: from_sql(s),
-    }))
-}
-
-/// Reservations logged with exactly this fencing token.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn reservations_with_token(
-    db: &SqlitePool,
-    token: FencingToken,
-) -> Result<i64, AppError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM reservations WHERE fence_epoch = ? AND fence_seq = ?",
-    )
-    .bind(to_sql(token.epoch)?)
-    .bind(to_sql(token.seq)?)
-    .fetch_one(db)
-    .await?)
-}
-
-/// `(rows, units)` of the reservation log for `sku`.
-pub(crate) async fn reservation_log(db: &SqlitePool, sku: &str) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as("SELECT count(*), coalesce(sum(qty), 0) FROM reservations WHERE sku = ?")
-        .bind(sku)
-        .fetch_one(db)
-        .await
 }
 
 // ---------------------------------------------------------------------------
@@ -585,9 +341,9 @@ pub(crate) fn app(state: AppState) -> Router {
     // (timeout → 503 + Retry-After, lease lost → 503, invalid key → 400).
     // In the plain mode the handler takes the plain Redis lock itself instead.
     let reserve = match state.plain {
-        Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve_plain)),
+        Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve::reserve_plain)),
         None => Router::new()
-            .route("/items/{sku}/reserve", post(reserve))
+            .route("/items/{sku}/reserve", post(reserve::reserve))
             .route_layer(
                 ServiceBuilder::new()
                     .layer(HandleErrorLayer::new(handle_error))
@@ -678,133 +434,6 @@ async fn get_item(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> 
 
 async fn stats(State(st): State<AppState>) -> Json<serde_json::Value> {
     Json(st.stats_json())
-}
-
-/// `POST /items/{sku}/reserve` under lockflight's lock. Runs while this instance
-/// holds the SKU's lock; if the lease is lost, the lock layer drops this future
-/// at its next `.await` and answers 503. The write is fenced by the lock's token.
-async fn reserve(
-    State(st): State<AppState>,
-    Extension(info): Extension<LockInfo>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if info.key.as_str() != Some(sku.as_str()) {
-        return invalid_sku(&sku);
-    }
-    if let Some(res) = invalid_reserve(&sku, req) {
-        return res;
-    }
-    if let Some(entered) = &st.hooks.entered {
-        let _ = entered.send(info.clone());
-    }
-    critical_section(&st, &sku, req, Some(info.fencing_token)).await
-}
-
-/// `POST /items/{sku}/reserve` in the plain mode: the same critical section under
-/// a plain Redis lock ([`PlainLock`]). A plain lock has no fencing token, so the
-/// write is not fenced and a holder that outlived the lock's TTL cannot be
-/// refused; nothing drops the handler when the lock expires either.
-async fn reserve_plain(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    let Some(plain) = &st.plain else {
-        return AppError::Internal("the plain route without a plain lock".into()).into_response();
-    };
-    if let Some(res) = invalid_reserve(&sku, req) {
-        return res;
-    }
-    let guard = match plain.lock(&sku).await {
-        Ok(guard) => guard,
-        Err(e) => return e.into_response(),
-    };
-    let res = critical_section(&st, &sku, req, None).await;
-    // Written or not, the section is over: release (a lock that expired meanwhile
-    // is counted in `/stats`, `plain_lock.expired_before_release`).
-    if let Err(e) = guard.release().await {
-        return plain_lock::PlainLockError::Redis(e).into_response();
-    }
-    res
-}
-
-/// The 400 to answer for an invalid SKU (the lock key) or quantity, if any.
-fn invalid_reserve(sku: &str, req: ReserveRequest) -> Option<Response> {
-    if !valid_sku(sku) {
-        return Some(invalid_sku(sku));
-    }
-    (req.qty < 1).then(|| {
-        error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_qty", "message": "qty must be at least 1" }),
-        )
-    })
-}
-
-fn invalid_sku(sku: &str) -> Response {
-    error_response(
-        StatusCode::BAD_REQUEST,
-        json!({ "error": "invalid_sku", "sku": sku }),
-    )
-}
-
-/// The reservation's critical section, run while the SKU's lock is held: read
-/// the stock, check it, write the decrement — fenced by `token` under lockflight,
-/// unfenced (`None`) under the plain lock.
-async fn critical_section(
-    st: &AppState,
-    sku: &str,
-    req: ReserveRequest,
-    token: Option<FencingToken>,
-) -> Response {
-    let _inside = st.hooks.occupancy.as_ref().map(Occupancy::enter);
-    // Read and check under the lock ...
-    let stock = match read_row::<(i64,)>(&st.db, "SELECT stock FROM items WHERE sku = ?", sku).await
-    {
-        Ok((stock,)) => stock,
-        Err(res) => return res,
-    };
-    if stock < req.qty {
-        Counters::bump(&st.counters.out_of_stock);
-        return out_of_stock(sku, req.qty, stock);
-    }
-    if !st.hooks.before_write.is_zero() {
-        tokio::time::sleep(st.hooks.before_write).await;
-    }
-    // ... and write, with the fencing token (where there is one) as the
-    // database's safety net.
-    let token_json = |t: FencingToken| json!({ "epoch": t.epoch, "seq": t.seq });
-    match st.write_reservation(sku, req.qty, token).await {
-        Ok(WriteOutcome::Reserved { remaining }) => Json(json!({
-            "sku": sku,
-            "reserved": req.qty,
-            "remaining": remaining,
-            // null in the plain mode: a plain lock has no fencing token.
-            "fencing_token": token.map(token_json),
-            "instance": &*st.instance,
-        }))
-        .into_response(),
-        Ok(WriteOutcome::OutOfStock { available }) => out_of_stock(sku, req.qty, available),
-        Ok(WriteOutcome::Stale { current }) => {
-            let mut res = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({
-                    "error": "stale_fencing_token",
-                    "message": "the database accepted a newer lock holder's write; \
-                                this lock was lost, nothing was written; retry",
-                    "sku": sku,
-                    "fencing_token": token.map(token_json),
-                    "current": token_json(current),
-                }),
-            );
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            res
-        }
-        Ok(WriteOutcome::NotFound) => not_found(sku),
-        Err(e) => e.into_response(),
-    }
 }
 
 /// The row `query` (one `?`, bound to `sku`) returns, or the response to answer:
