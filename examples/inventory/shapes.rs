@@ -13,7 +13,7 @@
 //! * `POST /items/{sku}/reserve-optimistic`: optimistic locking for comparison,
 //!   a version column and bounded retries, no lock at all.
 
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path as UrlPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -109,15 +109,30 @@ async fn tenant_cap(State(st): State<AppState>, req: Request, next: Next) -> Res
     res
 }
 
-/// The 400 `invalid_request` to answer unless the SKU is valid and the quantity
-/// at least 1.
-fn invalid_request(sku: &str, req: ReserveRequest) -> Option<Response> {
-    (!valid_sku(sku) || req.qty < 1).then(|| {
-        error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        )
-    })
+/// The SKU of the path and the quantity of the JSON body, both valid: 400
+/// `invalid_request` unless the SKU is valid and the quantity at least 1.
+struct SkuQty(String, ReserveRequest);
+
+impl<S: Send + Sync> FromRequest<S> for SkuQty {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let UrlPath(sku) = UrlPath::<String>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Json(qty) =
+            Json::<ReserveRequest>::from_request(Request::from_parts(parts, body), state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        if !valid_sku(&sku) || qty.qty < 1 {
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "invalid_request", "sku": sku }),
+            ));
+        }
+        Ok(SkuQty(sku, qty))
+    }
 }
 
 /// The stock of `sku` and the restocks that made it, under the SKU's read lock:
@@ -155,14 +170,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
 /// Adds `qty` units under the SKU's write lock, in two statements (the stock,
 /// then the restock log with the write's fencing token); the hook's pause sits
 /// between them, where a reader without the read lock would see half a restock.
-async fn restock(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if let Some(res) = invalid_request(&sku, req) {
-        return res;
-    }
+async fn restock(State(st): State<AppState>, SkuQty(sku, req): SkuQty) -> Response {
     let write = match st.locker.write(sku.as_str()).await {
         Ok(write) => write,
         Err(e) => return e.into_response(),
@@ -209,14 +217,7 @@ async fn restock(
 /// to [`OPTIMISTIC_ATTEMPTS`] times, then 503 `write_conflict`). Cheap when
 /// writers rarely meet; under contention most attempts are wasted reads and
 /// writes.
-async fn reserve_optimistic(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if let Some(res) = invalid_request(&sku, req) {
-        return res;
-    }
+async fn reserve_optimistic(State(st): State<AppState>, SkuQty(sku, req): SkuQty) -> Response {
     for _ in 0..OPTIMISTIC_ATTEMPTS {
         let (stock, version) = match read_row::<(i64, i64)>(
             &st.db,

@@ -45,32 +45,17 @@ async fn plain_lock_instances_never_oversell() {
     let http = Http::new();
     create_item(&http, &urls[0], "bolt", 150).await;
 
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..240 {
-        let url = format!("{}/items/bolt/reserve", urls[i % urls.len()]);
-        let http = http.clone();
-        tasks.spawn(async move { http.post(&url, &json!({ "qty": 1 })).await });
-    }
-    let mut remaining = Vec::new();
-    let mut out_of_stock = 0;
-    while let Some(res) = tasks.join_next().await {
-        let res = res.expect("task").expect("request");
-        match res.status {
-            StatusCode::OK => {
-                let body = res.json();
-                assert!(
-                    body["fencing_token"].is_null(),
-                    "a plain lock has no fencing token: {body}"
-                );
-                remaining.push(body["remaining"].as_i64().expect("remaining"));
-            }
-            StatusCode::CONFLICT => {
-                assert_eq!(res.error_code().as_deref(), Some("out_of_stock"));
-                out_of_stock += 1;
-            }
-            other => panic!("unexpected reply {other}: {}", res.text()),
-        }
-    }
+    let (bodies, out_of_stock) = reserve_concurrently(&http, &urls, "bolt", 240).await;
+    let mut remaining: Vec<i64> = bodies
+        .iter()
+        .map(|body| {
+            assert!(
+                body["fencing_token"].is_null(),
+                "a plain lock has no fencing token: {body}"
+            );
+            body["remaining"].as_i64().expect("remaining")
+        })
+        .collect();
     assert_eq!(remaining.len(), 150, "reservations");
     assert_eq!(out_of_stock, 90, "refused as out of stock");
     remaining.sort_unstable_by_key(|r| std::cmp::Reverse(*r));
@@ -135,21 +120,9 @@ async fn plain_lock_times_out_and_releases_only_its_own() {
     let other = plain_lock(&prefix, Duration::from_millis(300)).await;
     let held = other.lock("busy").await.expect("lock");
     let started = Instant::now();
-    let res = http
-        .post(&format!("{url}/items/busy/reserve"), &json!({ "qty": 1 }))
-        .await
-        .expect("request");
-    assert_eq!(
-        res.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        res.text()
-    );
+    let res = reserve_one(&http, &url, "busy").await;
+    assert_busy(&res);
     assert_eq!(res.error_code().as_deref(), Some("lock_timeout"));
-    assert_eq!(
-        res.headers.get(header::RETRY_AFTER).map(|v| v.as_bytes()),
-        Some(&b"1"[..])
-    );
     assert!(started.elapsed() >= Duration::from_millis(300));
     let stats = state.stats_json();
     assert_eq!(stats["plain_lock"]["timeouts"], 1);
@@ -184,10 +157,7 @@ async fn plain_lock_times_out_and_releases_only_its_own() {
         .await
         .expect("DEL");
 
-    let res = http
-        .post(&format!("{url}/items/busy/reserve"), &json!({ "qty": 1 }))
-        .await
-        .expect("request");
+    let res = reserve_one(&http, &url, "busy").await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.text());
     assert_eq!(res.json()["remaining"], 4);
 }
