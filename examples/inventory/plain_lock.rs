@@ -21,6 +21,11 @@
 //!   holder blocks its key until the TTL expires;
 //! * **no loss signal**: a lock that expired under its holder is only noticed at
 //!   release (counted as `expired_before_release` in `/stats`).
+//!
+//! Only the reservation route takes it: in the plain mode the app's other routes
+//! (shared reads, checkout, the read-write lock) keep lockflight's locks, which
+//! live under other Redis keys, so a checkout does not exclude a plain-locked
+//! reservation of the same SKU (both decrements still refuse to go below zero).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
