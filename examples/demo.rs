@@ -1,8 +1,9 @@
 //! The lockflight demo: several inventory instances (separate processes) sharing
 //! one Redis and one SQLite database take a burst of concurrent reservations on a
-//! few hot SKUs, once per locking mode — a plain Redis lock per request, lockflight
-//! (coalesced), lockflight with lease handoff, and each behind a SKU-routing
-//! gateway — and print what each mode cost.
+//! few hot SKUs, once per locking mode — a plain Redis lock without lockflight
+//! (`SET NX PX`, 1 ms retries, compare-and-delete release), lockflight
+//! (coalesced), lockflight with lease handoff, each of those two behind a
+//! SKU-routing gateway, and optimistic locking — and print what each mode cost.
 //!
 //! ```text
 //! cargo run -p examples --example demo

@@ -1,136 +1,48 @@
-//! The inventory service: state, schema, handlers and the axum router.
+//! The inventory service: its state, the item handlers and the axum router.
 //!
 //! Shared by the `inventory` and `demo` examples and by `examples/tests/inventory/`
 //! (which includes this file with `#[path]`), so it only uses `crate::`-free paths.
 //!
-//! # The reservation critical section
-//!
-//! `POST /items/{sku}/reserve` runs behind [`LockLayer`], keyed by the SKU: the
-//! handler reads the stock, checks it and writes the decrement while holding the
-//! SKU's lock, and it receives the lock's [`FencingToken`] in a [`LockInfo`]
-//! request extension. The write is **fenced** at the database:
-//!
-//! ```sql
-//! UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ?
-//!  WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?)
-//! ```
-//!
-//! so a writer whose lease was lost (paused process, network partition) and whose
-//! token is no longer the newest is rejected by the database even if it reaches it
-//! after another holder wrote (counted, 503 `stale_fencing_token`). If the lease is
-//! lost while the handler is still running, the lock layer drops the handler future
-//! before it can write (503). A trigger logs every accepted decrement, with its
-//! token, in `reservations`, within the same statement.
+//! Its parts: `db.rs` (the schema and the reservation's fenced or unfenced
+//! write), `reserve.rs` (`POST /items/{sku}/reserve`, the critical section under
+//! lockflight's lock or, in the `plain` mode, under `plain_lock.rs`'s plain Redis
+//! lock) and `shapes.rs` (the other lock shapes).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::{Extension, Path as UrlPath, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lockflight::layer::{LockLayer, MissingKey, PathParam, SharedResponseLayer, handle_error};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
+use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 
 // Relative to this file, wherever it is included from.
+#[path = "db.rs"]
+pub(crate) mod db;
+#[path = "plain_lock.rs"]
+pub(crate) mod plain_lock;
+#[path = "reserve.rs"]
+mod reserve;
 #[path = "shapes.rs"]
 pub(crate) mod shapes;
+#[allow(unused_imports)] // the tests use some, the examples others
+pub(crate) use db::{
+    FENCED_DECREMENT, WriteOutcome, item_fence, open_db, reservation_log, reservations_with_token,
+    to_sql,
+};
 #[allow(unused_imports)] // used by the demo
 pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;
-
-/// The schema, created on start (`IF NOT EXISTS`, so several instances sharing one
-/// database file may all run it, concurrently too).
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS items (
-    sku         TEXT PRIMARY KEY NOT NULL,
-    name        TEXT NOT NULL,
-    stock       INTEGER NOT NULL CHECK (stock >= 0),
-    fence_epoch INTEGER NOT NULL DEFAULT 0,
-    fence_seq   INTEGER NOT NULL DEFAULT 0,
-    -- Bumped by every optimistic write (POST /items/{sku}/reserve-optimistic).
-    version     INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    sku         TEXT NOT NULL REFERENCES items (sku),
-    qty         INTEGER NOT NULL,
-    remaining   INTEGER NOT NULL,
-    fence_epoch INTEGER NOT NULL,
-    fence_seq   INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_by_sku ON reservations (sku);
--- Restocks, each under the SKU's write lock (POST /items/{sku}/restock).
-CREATE TABLE IF NOT EXISTS restocks (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    sku         TEXT NOT NULL REFERENCES items (sku),
-    qty         INTEGER NOT NULL,
-    fence_epoch INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_by_token ON reservations (fence_epoch, fence_seq);
--- Every accepted decrement is logged by the same statement that makes it.
-CREATE TRIGGER IF NOT EXISTS log_reservation
-AFTER UPDATE OF stock ON items
-WHEN NEW.stock < OLD.stock
-BEGIN
-    INSERT INTO reservations (sku, qty, remaining, fence_epoch, fence_seq)
-    VALUES (NEW.sku, OLD.stock - NEW.stock, NEW.stock, NEW.fence_epoch, NEW.fence_seq);
-END;
-";
-
-/// The fenced decrement: only a writer with a newer token than the last accepted
-/// one, and only while enough stock is left. Binds: qty, epoch, seq, sku, qty,
-/// epoch, seq.
-pub(crate) const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ? \
-     WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?) RETURNING stock";
-
-/// Opens (creating if needed) the database and its schema.
-///
-/// `Some(path)`: a file database in WAL mode, shareable by several instances
-/// (processes or pools); `None`: a private in-memory database.
-///
-/// Either way the pool has **one** connection. For `sqlite::memory:` that is a
-/// must (each connection would be its own database). For a file it keeps this
-/// process's writers in the pool's fair, asynchronous queue: SQLite's own lock
-/// between connections is taken by polling with sleeps of up to 100 ms, which
-/// would stall whichever SKU's critical section loses the race.
-pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Error> {
-    let pool = match path {
-        Some(path) => {
-            let options = SqliteConnectOptions::new()
-                .filename(path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
-                .busy_timeout(Duration::from_secs(10))
-                .foreign_keys(true);
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await?
-        }
-        None => {
-            let options = SqliteConnectOptions::new()
-                .in_memory(true)
-                .foreign_keys(true);
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await?
-        }
-    };
-    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
-    Ok(pool)
-}
 
 // ---------------------------------------------------------------------------
 // State
@@ -174,6 +86,37 @@ pub(crate) struct Hooks {
     pub(crate) item_read_delay: Duration,
     /// Receives the [`LockInfo`] of every reservation critical section as it starts.
     pub(crate) entered: Option<mpsc::UnboundedSender<LockInfo>>,
+    /// Counts the reservation critical sections running at once (share one
+    /// between instances to see whether their lock excludes them).
+    pub(crate) occupancy: Option<Arc<Occupancy>>,
+}
+
+/// Reservation critical sections running at once, and the most there ever were.
+#[derive(Debug, Default)]
+pub(crate) struct Occupancy {
+    now: AtomicU64,
+    most: AtomicU64,
+}
+
+impl Occupancy {
+    /// The most critical sections that ever ran at once.
+    #[allow(dead_code)] // used by examples/tests/inventory/
+    pub(crate) fn most(&self) -> u64 {
+        self.most.load(Ordering::SeqCst)
+    }
+
+    /// Counts one section in until the returned value is dropped.
+    fn enter(self: &Arc<Self>) -> impl Drop + use<> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        struct Leave(Arc<Occupancy>);
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                self.0.now.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        Leave(Arc::clone(self))
+    }
 }
 
 /// Everything a handler needs; cheap to clone.
@@ -195,6 +138,9 @@ pub(crate) struct AppState {
     pub(crate) locking: Arc<str>,
     /// More of `/stats` (the lock histograms where a recorder is installed).
     pub(crate) more_stats: Option<MoreStats>,
+    /// The `plain` locking mode: `POST /items/{sku}/reserve` takes this plain
+    /// Redis lock instead of lockflight's (and its write is not fenced).
+    pub(crate) plain: Option<PlainLock>,
 }
 
 /// A source of extra `/stats` fields, under `"histograms"`.
@@ -219,7 +165,15 @@ impl AppState {
             backend: Arc::from("unknown"),
             locking: Arc::from("unknown"),
             more_stats: None,
+            plain: None,
         }
+    }
+
+    /// Reservations take `plain` (a plain Redis lock, no fencing token) instead
+    /// of lockflight's lock: the `plain` locking mode.
+    pub(crate) fn with_plain_lock(mut self, plain: PlainLock) -> Self {
+        self.plain = Some(plain);
+        self
     }
 
     /// Sets the test hooks.
@@ -236,15 +190,19 @@ impl AppState {
         self
     }
 
-    /// Writes a reservation fenced by `token` and counts the outcome; see
-    /// [`fenced_write`].
+    /// Writes a reservation fenced by `token` ([`db::fenced_write`]), or without a
+    /// fence for `None` (the plain lock has no token: [`db::unfenced_write`]), and
+    /// counts the outcome.
     pub(crate) async fn write_reservation(
         &self,
         sku: &str,
         qty: i64,
-        token: FencingToken,
+        token: impl Into<Option<FencingToken>>,
     ) -> Result<WriteOutcome, AppError> {
-        let outcome = fenced_write(&self.db, sku, qty, token).await?;
+        let outcome = match token.into() {
+            Some(token) => db::fenced_write(&self.db, sku, qty, token).await?,
+            None => db::unfenced_write(&self.db, sku, qty).await?,
+        };
         match outcome {
             WriteOutcome::Reserved { .. } => Counters::bump(&self.counters.reservations),
             WriteOutcome::OutOfStock { .. } => Counters::bump(&self.counters.out_of_stock),
@@ -258,6 +216,8 @@ impl AppState {
     pub(crate) fn stats_json(&self) -> serde_json::Value {
         let s = self.locker.stats();
         let c = &self.counters;
+        // The plain lock's requests: `SET NX` attempts and compare-and-deletes.
+        let (plain_set, plain_release) = self.plain.as_ref().map_or((0, 0), PlainLock::requests);
         json!({
             "instance": &*self.instance,
             "backend": &*self.backend,
@@ -272,15 +232,19 @@ impl AppState {
                 "leases_lost": s.leases_lost,
                 "timeouts": s.timeouts,
             },
-            // Requests sent to the lock backend; with Redis each is one EVALSHA
-            // round trip (acquire-or-enqueue, release-and-wake-next, extend, leave).
+            // Requests sent to the lock backend; with Redis each is one round
+            // trip: lockflight's EVALSHAs (acquire-or-enqueue, release-and-wake-next,
+            // extend, leave) plus, in the plain mode, the plain lock's `SET NX`
+            // attempts (acquire) and compare-and-deletes (release).
             "lock_requests": {
-                "acquire": s.acquire_attempts,
-                "release": s.releases,
+                "acquire": s.acquire_attempts + plain_set,
+                "release": s.releases + plain_release,
                 "extend": s.renew_attempts,
                 "leave": s.leaves,
-                "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves,
+                "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves
+                    + plain_set + plain_release,
             },
+            "plain_lock": self.plain.as_ref().map(PlainLock::stats_json),
             "app": {
                 "reservations": Counters::get(&c.reservations),
                 "out_of_stock": Counters::get(&c.out_of_stock),
@@ -294,124 +258,6 @@ impl AppState {
             "histograms": self.more_stats.as_ref().map(|more| (more.0)()),
         })
     }
-}
-
-// ---------------------------------------------------------------------------
-// The fenced write
-// ---------------------------------------------------------------------------
-
-/// What the database made of a fenced reservation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WriteOutcome {
-    /// Written; `remaining` units are left.
-    Reserved {
-        /// Stock after the reservation.
-        remaining: i64,
-    },
-    /// Not enough stock.
-    OutOfStock {
-        /// Stock at the time of the attempt.
-        available: i64,
-    },
-    /// The token was not newer than the last accepted one: a stale writer.
-    Stale {
-        /// The token of the last accepted write.
-        current: FencingToken,
-    },
-    /// No such SKU.
-    NotFound,
-}
-
-/// Decrements `sku`'s stock by `qty`, only if `token` is newer than the item's last
-/// accepted token and enough stock is left: one statement, which also logs the
-/// reservation (trigger `log_reservation`), so SQLite's write lock is held for one
-/// statement only.
-///
-/// A refusal is explained from the row as read right after it.
-pub(crate) async fn fenced_write(
-    db: &SqlitePool,
-    sku: &str,
-    qty: i64,
-    token: FencingToken,
-) -> Result<WriteOutcome, AppError> {
-    let epoch = to_sql(token.epoch)?;
-    let seq = to_sql(token.seq)?;
-    let remaining: Option<i64> = sqlx::query_scalar(FENCED_DECREMENT)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .bind(sku)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .fetch_optional(db)
-        .await?;
-    if let Some(remaining) = remaining {
-        return Ok(WriteOutcome::Reserved { remaining });
-    }
-    let row: Option<(i64, i64, i64)> =
-        sqlx::query_as("SELECT stock, fence_epoch, fence_seq FROM items WHERE sku = ?")
-            .bind(sku)
-            .fetch_optional(db)
-            .await?;
-    Ok(match row {
-        None => WriteOutcome::NotFound,
-        Some((_, fe, fs)) if (fe, fs) >= (epoch, seq) => WriteOutcome::Stale {
-            current: FencingToken {
-                epoch: from_sql(fe),
-                seq: from_sql(fs),
-            },
-        },
-        Some((stock, ..)) => WriteOutcome::OutOfStock { available: stock },
-    })
-}
-
-pub(crate) fn to_sql(v: u64) -> Result<i64, AppError> {
-    i64::try_from(v).map_err(|_| AppError::Internal(format!("fencing value {v} exceeds i64")))
-}
-
-fn from_sql(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-/// The last accepted fencing token of `sku`, if the item exists.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn item_fence(
-    db: &SqlitePool,
-    sku: &str,
-) -> Result<Option<FencingToken>, sqlx::Error> {
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT fence_epoch, fence_seq FROM items WHERE sku = ?")
-            .bind(sku)
-            .fetch_optional(db)
-            .await?;
-    Ok(row.map(|(e, s)| FencingToken {
-        epoch: from_sql(e),
-        seq: from_sql(s),
-    }))
-}
-
-/// Reservations logged with exactly this fencing token.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn reservations_with_token(
-    db: &SqlitePool,
-    token: FencingToken,
-) -> Result<i64, AppError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM reservations WHERE fence_epoch = ? AND fence_seq = ?",
-    )
-    .bind(to_sql(token.epoch)?)
-    .bind(to_sql(token.seq)?)
-    .fetch_one(db)
-    .await?)
-}
-
-/// `(rows, units)` of the reservation log for `sku`.
-pub(crate) async fn reservation_log(db: &SqlitePool, sku: &str) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as("SELECT count(*), coalesce(sum(qty), 0) FROM reservations WHERE sku = ?")
-        .bind(sku)
-        .fetch_one(db)
-        .await
 }
 
 // ---------------------------------------------------------------------------
@@ -493,18 +339,22 @@ pub(crate) fn app(state: AppState) -> Router {
     // Locked per SKU. `route_layer`: only matched routes lock, and `PathParam` sees
     // the matched route. `handle_error` maps lockflight's errors to responses
     // (timeout → 503 + Retry-After, lease lost → 503, invalid key → 400).
-    let reserve = Router::new()
-        .route("/items/{sku}/reserve", post(reserve))
-        .route_layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(handle_error))
-                .layer(
-                    // The route always has a SKU; reject rather than run unlocked
-                    // should that ever change.
-                    LockLayer::new(locker.clone(), PathParam::new("sku"))
-                        .missing_key(MissingKey::Reject),
-                ),
-        );
+    // In the plain mode the handler takes the plain Redis lock itself instead.
+    let reserve = match state.plain {
+        Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve::reserve_plain)),
+        None => Router::new()
+            .route("/items/{sku}/reserve", post(reserve::reserve))
+            .route_layer(
+                ServiceBuilder::new()
+                    .layer(HandleErrorLayer::new(handle_error))
+                    .layer(
+                        // The route always has a SKU; reject rather than run unlocked
+                        // should that ever change.
+                        LockLayer::new(locker.clone(), PathParam::new("sku"))
+                            .missing_key(MissingKey::Reject),
+                    ),
+            ),
+    };
     // Concurrent identical reads share one execution (under the SKU's lock, so a
     // read never overlaps a reservation of the same SKU).
     let read_one = Router::new()
@@ -577,10 +427,7 @@ async fn get_item(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> 
             .await;
     match item {
         Ok(Some(item)) => Json(item).into_response(),
-        Ok(None) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
+        Ok(None) => not_found(&sku),
         Err(e) => AppError::from(e).into_response(),
     }
 }
@@ -589,86 +436,33 @@ async fn stats(State(st): State<AppState>) -> Json<serde_json::Value> {
     Json(st.stats_json())
 }
 
-/// The critical section. Runs while this instance holds the SKU's lock; if the
-/// lease is lost, the lock layer drops this future at its next `.await` and
-/// answers 503.
-async fn reserve(
-    State(st): State<AppState>,
-    Extension(info): Extension<LockInfo>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    let token = info.fencing_token;
-    if info.key.as_str() != Some(sku.as_str()) || !valid_sku(&sku) {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_sku", "sku": sku }),
-        );
-    }
-    if req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_qty", "message": "qty must be at least 1" }),
-        );
-    }
-    if let Some(entered) = &st.hooks.entered {
-        let _ = entered.send(info.clone());
-    }
-    // Read and check under the lock ...
-    let stock: Option<i64> = match sqlx::query_scalar("SELECT stock FROM items WHERE sku = ?")
-        .bind(&sku)
-        .fetch_optional(&st.db)
+/// The row `query` (one `?`, bound to `sku`) returns, or the response to answer:
+/// 404 `not_found` without a row, 500 on a database error.
+pub(crate) async fn read_row<T>(
+    db: &SqlitePool,
+    query: &'static str,
+    sku: &str,
+) -> Result<T, Response>
+where
+    T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+{
+    match sqlx::query_as::<_, T>(query)
+        .bind(sku)
+        .fetch_optional(db)
         .await
     {
-        Ok(stock) => stock,
-        Err(e) => return AppError::from(e).into_response(),
-    };
-    let Some(stock) = stock else {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        );
-    };
-    if stock < req.qty {
-        Counters::bump(&st.counters.out_of_stock);
-        return out_of_stock(&sku, req.qty, stock);
+        Ok(Some(row)) => Ok(row),
+        Ok(None) => Err(not_found(sku)),
+        Err(e) => Err(AppError::from(e).into_response()),
     }
-    if !st.hooks.before_write.is_zero() {
-        tokio::time::sleep(st.hooks.before_write).await;
-    }
-    // ... and write, with the fencing token as the database's safety net.
-    match st.write_reservation(&sku, req.qty, token).await {
-        Ok(WriteOutcome::Reserved { remaining }) => Json(json!({
-            "sku": sku,
-            "reserved": req.qty,
-            "remaining": remaining,
-            "fencing_token": { "epoch": token.epoch, "seq": token.seq },
-            "instance": &*st.instance,
-        }))
-        .into_response(),
-        Ok(WriteOutcome::OutOfStock { available }) => out_of_stock(&sku, req.qty, available),
-        Ok(WriteOutcome::Stale { current }) => {
-            let mut res = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({
-                    "error": "stale_fencing_token",
-                    "message": "the database accepted a newer lock holder's write; \
-                                this lock was lost, nothing was written; retry",
-                    "sku": sku,
-                    "fencing_token": { "epoch": token.epoch, "seq": token.seq },
-                    "current": { "epoch": current.epoch, "seq": current.seq },
-                }),
-            );
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            res
-        }
-        Ok(WriteOutcome::NotFound) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
-        Err(e) => e.into_response(),
-    }
+}
+
+/// 404 `not_found` for `sku`.
+pub(crate) fn not_found(sku: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        json!({ "error": "not_found", "sku": sku }),
+    )
 }
 
 pub(crate) fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {

@@ -24,6 +24,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend, backend::LockBackend};
 
+use crate::app::plain_lock::{self, PlainLock};
 use crate::app::{self, AppState};
 use crate::{demo, gateway};
 
@@ -69,7 +70,7 @@ struct ServeArgs {
     /// SQLite file, shareable by instances (default: a file in a temporary directory).
     #[arg(long, env = "DATABASE_PATH")]
     database_path: Option<PathBuf>,
-    /// How requests lock their SKU.
+    /// How reservations lock their SKU.
     #[arg(long, env = "INVENTORY_LOCKING", value_enum, default_value_t = Locking::Coalesced)]
     locking: Locking,
     /// Name in responses and logs.
@@ -162,10 +163,13 @@ async fn demo_until_interrupted(cluster: bool) -> Result<(), BoxError> {
     }
 }
 
-/// Locking modes of an instance.
+/// Locking modes of an instance (of `POST /items/{sku}/reserve`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Locking {
-    /// `coalescing(false)`: every request competes at Redis on its own.
+    /// No lockflight: a plain Redis lock (SET <key> <random token> NX PX 30000,
+    /// retried every 1 ms until the wait timeout, released by a compare-and-delete
+    /// script) per request; no fencing token, so the write is not fenced. Needs
+    /// Redis. The other routes keep lockflight's locks.
     Plain,
     /// lockflight's default: one competitor per SKU per process.
     Coalesced,
@@ -218,6 +222,10 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         .filter(|u| !u.is_empty())
         .collect();
 
+    let plain = match locking {
+        Locking::Plain => Some(plain_lock(&cluster_urls, redis_url.as_deref(), wait_ms).await?),
+        _ => None,
+    };
     let (backend, kind): (Arc<dyn LockBackend>, &str) = match (!cluster_urls.is_empty(), redis_url)
     {
         (true, _) => (
@@ -237,9 +245,10 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
             (Arc::new(MemoryBackend::new()), "memory")
         }
     };
+    // In the plain mode this locker serves only the other routes (the shared
+    // reads, the checkout, the read-write lock), with lockflight's defaults.
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_millis(wait_ms))
-        .coalescing(locking != Locking::Plain)
         .handoff(if locking == Locking::Handoff {
             Handoff::enabled()
         } else {
@@ -261,6 +270,9 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     println!("[{name}] database {}", db_path.display());
 
     let mut state = AppState::new(db, locker, &name).describe(kind, locking.name());
+    if let Some(plain) = plain {
+        state = state.with_plain_lock(plain);
+    }
     if let Some(sizing) = crate::sizing::Sizing::install() {
         state.more_stats = Some(app::MoreStats(Arc::new(move || sizing.snapshot())));
     }
@@ -276,6 +288,29 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         .await?;
     println!("[{name}] stopped");
     Ok(())
+}
+
+/// The plain mode's lock, on the same Redis (or Redis Cluster) as the locker.
+async fn plain_lock(
+    cluster_urls: &[String],
+    redis_url: Option<&str>,
+    wait_ms: u64,
+) -> Result<PlainLock, BoxError> {
+    let con = match (cluster_urls, redis_url) {
+        #[cfg(feature = "cluster")]
+        ([_, ..], _) => plain_lock::Connection::cluster(cluster_urls).await?,
+        (_, Some(url)) => plain_lock::Connection::single(url).await?,
+        _ => {
+            return Err("--locking plain is a plain Redis lock: it needs REDIS_URL \
+                        (or REDIS_CLUSTER_URLS)"
+                .into());
+        }
+    };
+    Ok(PlainLock::new(
+        con,
+        "inventory:plain:",
+        Duration::from_millis(wait_ms),
+    ))
 }
 
 /// `gateway NAME=URL ...`: the SKU-routing gateway.

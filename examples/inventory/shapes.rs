@@ -13,7 +13,7 @@
 //! * `POST /items/{sku}/reserve-optimistic`: optimistic locking for comparison,
 //!   a version column and bounded retries, no lock at all.
 
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path as UrlPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{
-    AppError, AppState, Counters, FENCED_DECREMENT, ReserveRequest, error_response, out_of_stock,
-    to_sql, valid_sku,
+    AppError, AppState, Counters, FENCED_DECREMENT, ReserveRequest, error_response, not_found,
+    out_of_stock, read_row, to_sql, valid_sku,
 };
 
 /// Checkouts one tenant may run at once, across every instance.
@@ -109,6 +109,32 @@ async fn tenant_cap(State(st): State<AppState>, req: Request, next: Next) -> Res
     res
 }
 
+/// The SKU of the path and the quantity of the JSON body, both valid: 400
+/// `invalid_request` unless the SKU is valid and the quantity at least 1.
+struct SkuQty(String, ReserveRequest);
+
+impl<S: Send + Sync> FromRequest<S> for SkuQty {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let UrlPath(sku) = UrlPath::<String>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Json(qty) =
+            Json::<ReserveRequest>::from_request(Request::from_parts(parts, body), state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        if !valid_sku(&sku) || qty.qty < 1 {
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "invalid_request", "sku": sku }),
+            ));
+        }
+        Ok(SkuQty(sku, qty))
+    }
+}
+
 /// The stock of `sku` and the restocks that made it, under the SKU's read lock:
 /// no restock is half-seen. Concurrent reads of one instance share one read lease.
 async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Response {
@@ -136,10 +162,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
             "last_restock": { "epoch": last.epoch, "seq": last.seq },
         }))
         .into_response(),
-        Ok(None) => error_response(
-            StatusCode::NOT_FOUND,
-            json!({ "error": "not_found", "sku": sku }),
-        ),
+        Ok(None) => not_found(&sku),
         Err(e) => AppError::from(e).into_response(),
     }
 }
@@ -147,17 +170,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
 /// Adds `qty` units under the SKU's write lock, in two statements (the stock,
 /// then the restock log with the write's fencing token); the hook's pause sits
 /// between them, where a reader without the read lock would see half a restock.
-async fn restock(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if !valid_sku(&sku) || req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        );
-    }
+async fn restock(State(st): State<AppState>, SkuQty(sku, req): SkuQty) -> Response {
     let write = match st.locker.write(sku.as_str()).await {
         Ok(write) => write,
         Err(e) => return e.into_response(),
@@ -175,10 +188,7 @@ async fn restock(
     match updated {
         Ok(done) if done.rows_affected() == 1 => {}
         Ok(_) => {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                json!({ "error": "not_found", "sku": sku }),
-            );
+            return not_found(&sku);
         }
         Err(e) => return AppError::from(e).into_response(),
     }
@@ -207,32 +217,17 @@ async fn restock(
 /// to [`OPTIMISTIC_ATTEMPTS`] times, then 503 `write_conflict`). Cheap when
 /// writers rarely meet; under contention most attempts are wasted reads and
 /// writes.
-async fn reserve_optimistic(
-    State(st): State<AppState>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
-) -> Response {
-    if !valid_sku(&sku) || req.qty < 1 {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "invalid_request", "sku": sku }),
-        );
-    }
+async fn reserve_optimistic(State(st): State<AppState>, SkuQty(sku, req): SkuQty) -> Response {
     for _ in 0..OPTIMISTIC_ATTEMPTS {
-        let row: Option<(i64, i64)> =
-            match sqlx::query_as("SELECT stock, version FROM items WHERE sku = ?")
-                .bind(&sku)
-                .fetch_optional(&st.db)
-                .await
-            {
-                Ok(row) => row,
-                Err(e) => return AppError::from(e).into_response(),
-            };
-        let Some((stock, version)) = row else {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                json!({ "error": "not_found", "sku": sku }),
-            );
+        let (stock, version) = match read_row::<(i64, i64)>(
+            &st.db,
+            "SELECT stock, version FROM items WHERE sku = ?",
+            &sku,
+        )
+        .await
+        {
+            Ok(row) => row,
+            Err(res) => return res,
         };
         if stock < req.qty {
             Counters::bump(&st.counters.out_of_stock);
@@ -350,10 +345,7 @@ async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Res
                         .await
                         .unwrap_or(None);
                 return match available {
-                    None => error_response(
-                        StatusCode::NOT_FOUND,
-                        json!({ "error": "not_found", "sku": line.sku }),
-                    ),
+                    None => not_found(&line.sku),
                     Some(a) if a < line.qty => {
                         Counters::bump(&st.counters.out_of_stock);
                         out_of_stock(&line.sku, line.qty, a)

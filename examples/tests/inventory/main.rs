@@ -1,6 +1,7 @@
 //! The inventory example (`examples/inventory/`) against real Redis: instances that
 //! share one Redis and one SQLite file never oversell, a handler whose lease is lost
 //! is dropped before it writes, the database's fencing guard rejects stale writers,
+//! the plain mode's plain Redis lock keeps the stock correct without lockflight,
 //! and the tower layers map timeouts, missing keys and concurrent reads as
 //! documented.
 
@@ -15,6 +16,7 @@ mod client;
 #[path = "../../inventory/gateway.rs"]
 mod gateway;
 
+mod plain;
 mod reserve;
 mod shapes;
 
@@ -87,4 +89,56 @@ pub(crate) async fn file_db(dir: &Path) -> sqlx::SqlitePool {
     app::open_db(Some(&dir.join("inventory.db")))
         .await
         .expect("open the database")
+}
+
+/// `POST {base}/items/{sku}/reserve` of one unit.
+pub(crate) async fn reserve_one(http: &Http, base: &str, sku: &str) -> client::Reply {
+    http.post(&format!("{base}/items/{sku}/reserve"), &json!({ "qty": 1 }))
+        .await
+        .expect("request")
+}
+
+/// Asserts `res` is a 503 with `Retry-After: 1`: a lock wait that timed out.
+pub(crate) fn assert_busy(res: &client::Reply) {
+    assert_eq!(
+        res.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        res.text()
+    );
+    assert_eq!(
+        res.headers.get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+}
+
+/// `n` concurrent reservations of one unit of `sku`, request `i` sent to
+/// `urls[i % len]`: the bodies of the accepted ones and how many were refused
+/// as out of stock. Any other reply fails the test.
+pub(crate) async fn reserve_concurrently(
+    http: &Http,
+    urls: &[String],
+    sku: &str,
+    n: usize,
+) -> (Vec<serde_json::Value>, usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let url = format!("{}/items/{sku}/reserve", urls[i % urls.len()]);
+        let http = http.clone();
+        tasks.spawn(async move { http.post(&url, &json!({ "qty": 1 })).await });
+    }
+    let mut reserved = Vec::new();
+    let mut out_of_stock = 0;
+    while let Some(res) = tasks.join_next().await {
+        let res = res.expect("task").expect("request");
+        match res.status {
+            StatusCode::OK => reserved.push(res.json()),
+            StatusCode::CONFLICT => {
+                assert_eq!(res.error_code().as_deref(), Some("out_of_stock"));
+                out_of_stock += 1;
+            }
+            other => panic!("unexpected reply {other}: {}", res.text()),
+        }
+    }
+    (reserved, out_of_stock)
 }

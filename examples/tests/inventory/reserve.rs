@@ -27,35 +27,20 @@ async fn two_instances_sell_exactly_the_stock() {
     create_item(&http, &urls[0], "widget", 300).await;
 
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..500 {
-        let url = format!("{}/items/widget/reserve", urls[i % 2]);
-        let http = http.clone();
-        tasks.spawn(async move { http.post(&url, &json!({ "qty": 1 })).await });
-    }
-    let mut reserved = Vec::new();
-    let mut out_of_stock = 0;
-    while let Some(res) = tasks.join_next().await {
-        let res = res.expect("task").expect("request");
-        match res.status {
-            StatusCode::OK => {
-                let body = res.json();
-                let token = &body["fencing_token"];
-                reserved.push((
-                    body["remaining"].as_i64().expect("remaining"),
-                    (
-                        token["epoch"].as_u64().expect("epoch"),
-                        token["seq"].as_u64().expect("seq"),
-                    ),
-                ));
-            }
-            StatusCode::CONFLICT => {
-                assert_eq!(res.error_code().as_deref(), Some("out_of_stock"));
-                out_of_stock += 1;
-            }
-            other => panic!("unexpected reply {other}: {}", res.text()),
-        }
-    }
+    let (bodies, out_of_stock) = reserve_concurrently(&http, &urls, "widget", 500).await;
+    let mut reserved: Vec<_> = bodies
+        .iter()
+        .map(|body| {
+            let token = &body["fencing_token"];
+            (
+                body["remaining"].as_i64().expect("remaining"),
+                (
+                    token["epoch"].as_u64().expect("epoch"),
+                    token["seq"].as_u64().expect("seq"),
+                ),
+            )
+        })
+        .collect();
     let elapsed = started.elapsed();
     assert_eq!(reserved.len(), 300, "reservations");
     assert_eq!(out_of_stock, 200, "refused as out of stock");
@@ -287,28 +272,13 @@ async fn lock_timeout_is_503_with_retry_after() {
     let guard = other.lock("busy").await.expect("lock");
 
     let started = Instant::now();
-    let res = http
-        .post(&format!("{url}/items/busy/reserve"), &json!({ "qty": 1 }))
-        .await
-        .expect("request");
-    assert_eq!(
-        res.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        res.text()
-    );
-    assert_eq!(
-        res.headers.get(header::RETRY_AFTER).map(|v| v.as_bytes()),
-        Some(&b"1"[..])
-    );
+    let res = reserve_one(&http, &url, "busy").await;
+    assert_busy(&res);
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(state.locker.stats().timeouts, 1);
 
     guard.release().await.expect("release");
-    let res = http
-        .post(&format!("{url}/items/busy/reserve"), &json!({ "qty": 1 }))
-        .await
-        .expect("request");
+    let res = reserve_one(&http, &url, "busy").await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.text());
     assert_eq!(res.json()["remaining"], 4);
 }
