@@ -34,9 +34,9 @@ mod soak;
 
 use std::time::Duration;
 
-use lockflight::{Error, RedisBackend};
-use support::{RedisServer, subscribed, wait_until};
-pub(crate) use support::{join_all, wait_idle, within};
+use lockflight::Error;
+use support::{RedisServer, wait_until};
+pub(crate) use support::{backend_at, join_all, wait_idle, within};
 
 /// How long a test waits for its lockers' local activity to end.
 pub(crate) const IDLE: Duration = Duration::from_secs(15);
@@ -48,18 +48,6 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await
-}
-
-/// A backend on `url` under `prefix` whose notification subscription is up.
-pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
 }
 
 /// The lock keys (not fences, queues or claims) under `prefix` on `server`.

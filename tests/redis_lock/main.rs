@@ -12,7 +12,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,9 +23,9 @@ use lockflight::{
 };
 use redis::aio::MultiplexedConnection;
 use support::{
-    CountingProxy, RedisServer, assert_strictly_increasing, child_line, exists, join_all, pttl,
-    queue_name, shared, spawn_test_child, subscribed, unique_prefix, wait_idle, wait_until, within,
-    zcard,
+    CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, exists,
+    holder_child_target, join_all, pttl, queue_name, shared, spawn_holder_child, subscribed,
+    tell_parent, unique_prefix, wait_idle, wait_until, within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;
@@ -46,20 +45,6 @@ mod wakeups;
 
 /// How long a test waits for its lockers' local activity to end.
 const IDLE: Duration = Duration::from_secs(10);
-
-/// A backend on `url` under `prefix`, whose notification subscription is up (so
-/// that no wake-up published by a test is lost to a subscription still starting,
-/// and no `wake_all` of a late subscription causes an extra acquire attempt).
-async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
-}
 
 /// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {

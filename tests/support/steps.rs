@@ -56,15 +56,45 @@ pub(crate) async fn is_free(locker: &Locker, key: &str) -> bool {
     }
 }
 
+/// A backend on `url` under `prefix` whose notification subscription is up (so
+/// that no wake-up published by a test is lost to a subscription still starting).
+pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+    subscribed(
+        RedisBackend::builder(url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect the backend"),
+    )
+    .await
+}
+
 /// Waits (up to `limit`) until none of `lockers` has local activity left.
 pub(crate) async fn wait_idle(lockers: &[Locker], limit: Duration) {
+    wait_zero(
+        lockers,
+        limit,
+        Locker::active_keys,
+        "slots left behind: active_keys per locker",
+    )
+    .await;
+}
+
+/// Waits (up to `limit`) until `count` is 0 for every one of `lockers` (e.g.
+/// [`Locker::active_rw_keys`]); panics with `what` and the counts otherwise.
+pub(crate) async fn wait_zero(
+    lockers: &[Locker],
+    limit: Duration,
+    count: fn(&Locker) -> usize,
+    what: &str,
+) {
     let idle = wait_until(limit, || {
-        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
+        let busy: usize = lockers.iter().map(count).sum();
         async move { busy == 0 }
     })
     .await;
-    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
-    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+    let left: Vec<usize> = lockers.iter().map(count).collect();
+    assert!(idle, "{what} = {left:?}");
 }
 
 /// Panics (naming `what`) unless `tokens` strictly increase.
@@ -82,7 +112,12 @@ pub(crate) fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
 
 /// The Redis name of `key`'s queue of waiting instances (a sorted set).
 pub(crate) fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [backend.lock_name(key), b":wq".to_vec()].concat()
+    suffixed(&backend.lock_name(key), ":wq")
+}
+
+/// The Redis name `name` + `suffix` (one of a key's companion names: `:rd`, `n`, …).
+pub(crate) fn suffixed(name: &[u8], suffix: &str) -> Vec<u8> {
+    [name, suffix.as_bytes()].concat()
 }
 
 /// Runs `cmd`, panicking with the command's name on an error.
