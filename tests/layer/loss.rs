@@ -1,0 +1,177 @@
+//! Lease loss while a handler runs: dropped and failed, or signalled to it.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
+    let server = support::shared();
+    let prefix = support::unique_prefix("layer-loss");
+    let backend = RedisBackend::builder(server.url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let lock_name = backend.lock_name(&LockKey::from("k"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let inner = {
+        let (dropped, finished, started) = (dropped.clone(), finished.clone(), started.clone());
+        service_fn(move |_req: Request<()>| {
+            let flag = DropFlag(dropped.clone());
+            let (finished, started) = (finished.clone(), started.clone());
+            async move {
+                let _flag = flag;
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+                Ok::<_, Infallible>(())
+            }
+        })
+    };
+    let svc = LockLayer::new(locker, sku_header()).layer(inner);
+    let call = tokio::spawn(svc.oneshot(request(Some("k"))));
+    started.notified().await;
+    let mut con = server.connection().await;
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let err = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the loss was not noticed")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::LeaseLost { .. })),
+        "{err}"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler future was not dropped"
+    );
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+/// An axum app on real Redis whose `POST /items/{sku}` handler holds the lock of
+/// `sku` and watches `Extension<LockInfo>`: it waits (up to 5 s) for the loss, then
+/// answers 409 if the lease is lost, 200 otherwise. Returns the app, the lock's Redis
+/// name for "k", a notification when the handler has started, and flags set when
+/// the handler's future is dropped and when it finished.
+#[cfg(feature = "axum")]
+async fn loss_app(
+    policy: lockflight::LossPolicy,
+) -> (
+    axum::Router,
+    Vec<u8>,
+    Arc<tokio::sync::Notify>,
+    Arc<AtomicBool>,
+    Arc<AtomicBool>,
+) {
+    use axum::Extension;
+    use axum::error_handling::HandleErrorLayer;
+    use lockflight::layer::{PathParam, handle_error};
+
+    let server = support::shared();
+    let backend = RedisBackend::builder(server.url())
+        .prefix(support::unique_prefix("layer-signal"))
+        .connect()
+        .await
+        .unwrap();
+    let lock_name = backend.lock_name(&LockKey::from("k"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .on_loss(policy)
+        .build()
+        .unwrap();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (started, dropped, finished) = (started.clone(), dropped.clone(), finished.clone());
+        move |Extension(info): Extension<LockInfo>| async move {
+            let _flag = DropFlag(dropped);
+            started.notify_one();
+            let _ = tokio::time::timeout(Duration::from_secs(5), info.loss.lost()).await;
+            finished.store(true, Ordering::SeqCst);
+            if info.loss.is_lost() {
+                assert!(info.loss.reason().is_some());
+                (StatusCode::CONFLICT, "not written: lease lost")
+            } else {
+                (StatusCode::OK, "written")
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/items/{sku}", axum::routing::post(handler))
+        .route_layer(
+            tower::ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(handle_error))
+                .layer(LockLayer::new(locker, PathParam::new("sku"))),
+        );
+    (app, lock_name, started, dropped, finished)
+}
+
+/// Deletes the lock behind its holder's back once the handler runs, and returns the
+/// response with its body.
+#[cfg(feature = "axum")]
+async fn steal_while_handling(
+    app: axum::Router,
+    lock_name: &[u8],
+    started: &tokio::sync::Notify,
+) -> (StatusCode, Bytes) {
+    let req = Request::post("/items/k")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let call = tokio::spawn(app.oneshot(req));
+    started.notified().await;
+    let mut con = support::shared().connection().await;
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(lock_name)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock was not held while the handler ran");
+    let res = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("no response")
+        .unwrap()
+        .unwrap();
+    let status = res.status();
+    (status, res.into_body().collect().await.unwrap().to_bytes())
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
+    let (app, lock_name, started, _dropped, finished) =
+        loss_app(lockflight::LossPolicy::Signal).await;
+    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    assert!(finished.load(Ordering::SeqCst), "the handler was aborted");
+    assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
+    assert_eq!(body, "not written: lease lost");
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_abort_the_handler_is_dropped_and_the_client_gets_lease_lost() {
+    let (app, lock_name, started, dropped, finished) =
+        loss_app(lockflight::LossPolicy::Abort).await;
+    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body, "lease_lost");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler future was not dropped"
+    );
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the handler ran to its end"
+    );
+}
