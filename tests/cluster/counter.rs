@@ -36,28 +36,23 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
         vec![LockKey::from("hot")]
     };
     let data = data_conn().await;
-    let inside: Vec<Arc<AtomicUsize>> = keys.iter().map(|_| Arc::default()).collect();
-    let tokens: Vec<Arc<Mutex<Vec<FencingToken>>>> = keys.iter().map(|_| Arc::default()).collect();
+    let sections: Vec<CounterSection> = keys
+        .iter()
+        .map(|key| CounterSection::new(counter_name(&backends[0], key), data.clone()))
+        .collect();
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for locker in &lockers {
         for t in 0..TASKS {
             let i = t % keys.len();
             let (locker, key) = (locker.clone(), keys[i].clone());
-            let (inside, tokens, mut data) = (inside[i].clone(), tokens[i].clone(), data.clone());
-            let counter = counter_name(&backends[0], &key);
+            let mut section = sections[i].clone();
             tasks.spawn(async move {
                 for _ in 0..ITERATIONS {
                     let guard = locker.lock(&key).await.expect("lock within 60 s");
-                    increment(
-                        &inside,
-                        &tokens,
-                        guard.fencing_token(),
-                        &mut data,
-                        &counter,
-                        tokio::task::yield_now(),
-                    )
-                    .await;
+                    section
+                        .increment(guard.fencing_token(), tokio::task::yield_now())
+                        .await;
                     guard.release().await.expect("release");
                 }
             });
@@ -90,7 +85,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
         keys.len(),
         INSTANCES * TASKS * ITERATIONS
     );
-    let out: Vec<Vec<FencingToken>> = tokens.iter().map(|t| t.lock().unwrap().clone()).collect();
+    let out: Vec<Vec<FencingToken>> = sections.iter().map(CounterSection::tokens).collect();
     for (t, key) in out.iter().zip(&keys) {
         assert_strictly_increasing(t, &key.to_string());
     }

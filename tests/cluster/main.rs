@@ -121,32 +121,51 @@ impl Drop for Exclusive {
     }
 }
 
-/// A critical section of the counter workloads, under the lock whose fencing token
-/// is `token`: enters `inside` (panics on an overlap), records `token`, and
-/// increments the counter `name` by a read-modify-write with `pause` between the
-/// GET and the SET.
-async fn increment(
-    inside: &Arc<AtomicUsize>,
-    tokens: &Mutex<Vec<FencingToken>>,
-    token: FencingToken,
-    data: &mut ClusterConnection,
-    name: &[u8],
-    pause: impl Future<Output = ()>,
-) {
-    let _in = Exclusive::enter(inside);
-    tokens.lock().unwrap().push(token);
-    let v: Option<u64> = redis::cmd("GET")
-        .arg(name)
-        .query_async(data)
-        .await
-        .expect("GET");
-    pause.await;
-    redis::cmd("SET")
-        .arg(name)
-        .arg(v.unwrap_or(0) + 1)
-        .query_async::<()>(data)
-        .await
-        .expect("SET");
+/// The critical sections of a counter workload on one key, cloned into each task:
+/// the counter's name, a data connection, who is inside, and the fencing tokens in
+/// the order the sections entered.
+#[derive(Clone)]
+struct CounterSection {
+    name: Vec<u8>,
+    data: ClusterConnection,
+    inside: Arc<AtomicUsize>,
+    tokens: Arc<Mutex<Vec<FencingToken>>>,
+}
+
+impl CounterSection {
+    fn new(name: Vec<u8>, data: ClusterConnection) -> CounterSection {
+        CounterSection {
+            name,
+            data,
+            inside: Arc::default(),
+            tokens: Arc::default(),
+        }
+    }
+
+    /// One critical section under the lock whose fencing token is `token`: enters
+    /// (panics on an overlap), records `token`, and increments the counter by a
+    /// read-modify-write with `pause` between the GET and the SET.
+    async fn increment(&mut self, token: FencingToken, pause: impl Future<Output = ()>) {
+        let _in = Exclusive::enter(&self.inside);
+        self.tokens.lock().unwrap().push(token);
+        let v: Option<u64> = redis::cmd("GET")
+            .arg(&self.name)
+            .query_async(&mut self.data)
+            .await
+            .expect("GET");
+        pause.await;
+        redis::cmd("SET")
+            .arg(&self.name)
+            .arg(v.unwrap_or(0) + 1)
+            .query_async::<()>(&mut self.data)
+            .await
+            .expect("SET");
+    }
+
+    /// The fencing tokens so far, in the order the sections entered.
+    fn tokens(&self) -> Vec<FencingToken> {
+        self.tokens.lock().unwrap().clone()
+    }
 }
 
 /// The value of the counter `name`.

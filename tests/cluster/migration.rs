@@ -1,5 +1,7 @@
 //! A hot key's slot migrates while the lock is held and waited on.
 
+use tokio::time::sleep;
+
 use super::*;
 
 /// A hot key's slot moves to another shard (`MIGRATING`/`IMPORTING`, `MIGRATE` of
@@ -35,35 +37,21 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
         .collect();
     let counter = counter_name(&a, &key);
     let data = data_conn().await;
-    let inside = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let release_errors = Arc::new(AtomicU64::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let section = CounterSection::new(counter.clone(), data.clone());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = JoinSet::new();
     for l in &lockers {
         for _ in 0..8 {
-            let (l, key, counter, mut data) =
-                (l.clone(), key.clone(), counter.clone(), data.clone());
-            let (inside, done, tokens, stop, rel) = (
-                inside.clone(),
-                done.clone(),
-                tokens.clone(),
-                stop.clone(),
-                release_errors.clone(),
-            );
+            let (l, key, mut section) = (l.clone(), key.clone(), section.clone());
+            let (done, stop, rel) = (done.clone(), stop.clone(), release_errors.clone());
             tasks.spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
                     let guard = l.lock(&key).await.expect("lock during the migration");
-                    increment(
-                        &inside,
-                        &tokens,
-                        guard.fencing_token(),
-                        &mut data,
-                        &counter,
-                        tokio::time::sleep(Duration::from_millis(1)),
-                    )
-                    .await;
+                    section
+                        .increment(guard.fencing_token(), sleep(Duration::from_millis(1)))
+                        .await;
                     done.fetch_add(1, Ordering::SeqCst);
                     if guard.release().await.is_err() {
                         // TRYAGAIN outlasting the retries mid-migration: the lease
@@ -108,7 +96,7 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
     let v = count(&mut data, &counter).await;
     assert_eq!(v, total, "lost updates across the migration");
     assert_eq!(c.primary_of_slot(slot).await.id, to.id, "the slot moved");
-    assert_strictly_increasing(&tokens.lock().unwrap(), "migration");
+    assert_strictly_increasing(&section.tokens(), "migration");
     wait_idle(&lockers, IDLE).await;
     println!(
         "migration: {moved_at} sections before, {} during, {total} in all; {} release errors",

@@ -34,7 +34,7 @@ mod soak;
 
 use std::time::Duration;
 
-use lockflight::Error;
+use lockflight::{Error, Handoff, LockGuard, Locker};
 use support::{RedisServer, wait_until};
 pub(crate) use support::{backend_at, join_all, wait_idle, within};
 
@@ -73,6 +73,51 @@ pub(crate) async fn assert_no_lock_left(server: &RedisServer, prefix: &str, limi
         gone,
         "lock keys still in Redis {limit:?} after all tasks stopped: {left:?}"
     );
+}
+
+/// The guard `lock()` returned, or `None` once its error is counted in `errors`:
+/// under faults `lock()` may fail with `Timeout` or `Backend` only.
+pub(crate) fn lock_granted(
+    result: lockflight::Result<LockGuard>,
+    errors: &Tally,
+) -> Option<LockGuard> {
+    match result {
+        Ok(g) => Some(g),
+        Err(e) => {
+            errors.add(format!("lock: {}", kind(&e)));
+            assert!(
+                matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
+                "lock() failed with {e:?}"
+            );
+            None
+        }
+    }
+}
+
+/// `n` lockers on `url` under `prefix` with the fault tests' [`TTL`] and `wait`:
+/// the first hands leases off locally, the others do not.
+pub(crate) async fn mixed_lockers(
+    url: &str,
+    prefix: &str,
+    n: usize,
+    wait: Duration,
+) -> Vec<Locker> {
+    let mut lockers = Vec::new();
+    for i in 0..n {
+        lockers.push(
+            Locker::builder(backend_at(url, prefix).await)
+                .lease_ttl(TTL)
+                .wait_timeout(wait)
+                .handoff(if i == 0 {
+                    Handoff::enabled()
+                } else {
+                    Handoff::disabled()
+                })
+                .build()
+                .unwrap(),
+        );
+    }
+    lockers
 }
 
 /// The kind of a lockflight error, for counting: its stable code.

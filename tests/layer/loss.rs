@@ -1,21 +1,33 @@
 //! Lease loss while a handler runs: dropped and failed, or signalled to it.
 
+use lockflight::LockerBuilder;
+
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("layer-loss");
-    let backend = RedisBackend::builder(server.url())
-        .prefix(&prefix)
+/// A locker builder on the shared Redis under a new prefix (from `name`) with a
+/// 300 ms lease, and the Redis name of its lock `k`.
+async fn short_lease(name: &str) -> (LockerBuilder, Vec<u8>) {
+    let backend = RedisBackend::builder(support::shared().url())
+        .prefix(support::unique_prefix(name))
         .connect()
         .await
         .unwrap();
     let lock_name = backend.lock_name(&LockKey::from("k"));
-    let locker = Locker::builder(backend)
-        .lease_ttl(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let builder = Locker::builder(backend).lease_ttl(Duration::from_millis(300));
+    (builder, lock_name)
+}
+
+/// Deletes the lock `lock_name` behind its holder's back; it must be held.
+async fn delete_lock(lock_name: &[u8]) {
+    let mut con = support::shared().connection().await;
+    let deleted: u64 = support::query(&mut con, redis::cmd("DEL").arg(lock_name)).await;
+    assert_eq!(deleted, 1, "the lock was not held while the handler ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
+    let (locker, lock_name) = short_lease("layer-loss").await;
+    let locker = locker.build().unwrap();
     let dropped = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
@@ -36,13 +48,7 @@ async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
     let svc = LockLayer::new(locker, sku_header()).layer(inner);
     let call = tokio::spawn(svc.oneshot(request(Some("k"))));
     started.notified().await;
-    let mut con = server.connection().await;
-    let deleted: u64 = redis::cmd("DEL")
-        .arg(&lock_name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1);
+    delete_lock(&lock_name).await;
     let err = tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .expect("the loss was not noticed")
@@ -78,18 +84,8 @@ async fn loss_app(
     use axum::error_handling::HandleErrorLayer;
     use lockflight::layer::{PathParam, handle_error};
 
-    let server = support::shared();
-    let backend = RedisBackend::builder(server.url())
-        .prefix(support::unique_prefix("layer-signal"))
-        .connect()
-        .await
-        .unwrap();
-    let lock_name = backend.lock_name(&LockKey::from("k"));
-    let locker = Locker::builder(backend)
-        .lease_ttl(Duration::from_millis(300))
-        .on_loss(policy)
-        .build()
-        .unwrap();
+    let (locker, lock_name) = short_lease("layer-signal").await;
+    let locker = locker.on_loss(policy).build().unwrap();
     let started = Arc::new(tokio::sync::Notify::new());
     let dropped = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicBool::new(false));
@@ -131,13 +127,7 @@ async fn steal_while_handling(
         .unwrap();
     let call = tokio::spawn(app.oneshot(req));
     started.notified().await;
-    let mut con = support::shared().connection().await;
-    let deleted: u64 = redis::cmd("DEL")
-        .arg(lock_name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1, "the lock was not held while the handler ran");
+    delete_lock(lock_name).await;
     let res = tokio::time::timeout(Duration::from_secs(10), call)
         .await
         .expect("no response")

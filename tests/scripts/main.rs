@@ -79,6 +79,15 @@ async fn enqueue(
     query::<()>(con, redis::cmd("ZADD").arg(expiry).arg(expires_ms).arg(id)).await;
 }
 
+/// Sets the string `name` to `value`, expiring in 30 s.
+async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
+    query::<()>(
+        con,
+        redis::cmd("SET").arg(name).arg(value).arg("PX").arg(30_000),
+    )
+    .await
+}
+
 async fn hset(con: &mut MultiplexedConnection, name: &[u8], field: &str, value: &str) {
     query::<()>(con, redis::cmd("HSET").arg(name).arg(field).arg(value)).await
 }

@@ -52,15 +52,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
 
     // Leave, holding the claim: it would pass to "waiter", who cannot be told.
     enqueue(&mut admin, &queue, u.instance_id(), 0, LIVE_ENTRY).await;
-    query::<()>(
-        &mut admin,
-        redis::cmd("SET")
-            .arg(&claim)
-            .arg(u.instance_id())
-            .arg("PX")
-            .arg(30_000),
-    )
-    .await;
+    set_for_30s(&mut admin, &claim, u.instance_id()).await;
     u.leave(&key).await.expect("leave");
     assert!(!queued(&mut admin, &queue, u.instance_id()).await);
     assert!(!exists(&mut admin, &claim).await);

@@ -118,15 +118,7 @@ async fn release_replies_and_tombstone() {
     // lease lost afterwards is not reported as released.
     epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
     assert!(!exists(&mut con, &tombstone).await);
-    query::<()>(
-        &mut con,
-        redis::cmd("SET")
-            .arg(&lock)
-            .arg(t2.to_hex())
-            .arg("PX")
-            .arg(30_000),
-    )
-    .await;
+    set_for_30s(&mut con, &lock, &t2.to_hex()).await;
     assert!(!a.release(&key, t1).await.unwrap().released);
     assert_eq!(get(&mut con, &lock).await, Some(t2.to_hex()));
 }
@@ -178,15 +170,7 @@ async fn leave_replies() {
     // Normal: a queued instance holding the claim leaves; the claim passes on.
     enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
     enqueue(&mut con, &queue, "next", 1, LIVE_ENTRY).await;
-    query::<()>(
-        &mut con,
-        redis::cmd("SET")
-            .arg(&claim)
-            .arg(a.instance_id())
-            .arg("PX")
-            .arg(30_000),
-    )
-    .await;
+    set_for_30s(&mut con, &claim, a.instance_id()).await;
     a.leave(&key).await.expect("leave");
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
@@ -198,15 +182,7 @@ async fn leave_replies() {
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
 
     // Only if claimed, and the claim is ours: left.
-    query::<()>(
-        &mut con,
-        redis::cmd("SET")
-            .arg(&claim)
-            .arg(a.instance_id())
-            .arg("PX")
-            .arg(30_000),
-    )
-    .await;
+    set_for_30s(&mut con, &claim, a.instance_id()).await;
     assert!(a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
