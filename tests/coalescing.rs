@@ -14,7 +14,7 @@ use lockflight::{
     Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
     backend::LockBackend,
 };
-use support::{RedisServer, wait_until};
+use support::{RedisServer, counter_value, increment, wait_until};
 
 /// A backend wrapper that counts the requests it forwards (each is one round trip
 /// of the inner backend) and the acquires in flight at once.
@@ -205,17 +205,7 @@ async fn hot_key(
             tasks.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let guard = locker.lock("hot").await.expect("lock");
-                    let n: Option<u64> = redis::cmd("GET")
-                        .arg(&counter)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap();
-                    let () = redis::cmd("SET")
-                        .arg(&counter)
-                        .arg(n.unwrap_or(0) + 1)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap();
+                    increment(&mut con, counter.as_bytes(), std::future::ready(())).await;
                     fences.lock().unwrap().push(guard.fencing_token());
                     mine.fetch_add(1, Ordering::Relaxed);
                     guard.release().await.expect("release");
@@ -229,11 +219,7 @@ async fn hot_key(
         task.await.unwrap();
     }
     let after = commandstats(&mut admin).await;
-    let counted: u64 = redis::cmd("GET")
-        .arg(&counter)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let counted = counter_value(&mut admin, counter.as_bytes()).await;
     let per_locker: Vec<u64> = per_locker
         .iter()
         .map(|c| c.load(Ordering::Relaxed))

@@ -18,7 +18,10 @@ use lockflight::{
 };
 use redis::aio::MultiplexedConnection;
 use support::fault_proxy::{CommandMatcher, FaultProxy};
-use support::{RedisServer, assert_strictly_increasing, unique_prefix, wait_until, within};
+use support::{
+    RedisServer, assert_strictly_increasing, counter_value, increment, unique_prefix, wait_until,
+    within,
+};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -102,18 +105,7 @@ async fn hammer(
                 for _ in 0..iterations {
                     let guard = locker.lock(key.as_str()).await.expect("lock");
                     tokens.lock().unwrap().push(guard.fencing_token());
-                    let v: Option<u64> = redis::cmd("GET")
-                        .arg(&counter)
-                        .query_async(&mut con)
-                        .await
-                        .expect("GET");
-                    tokio::task::yield_now().await;
-                    let _: () = redis::cmd("SET")
-                        .arg(&counter)
-                        .arg(v.unwrap_or(0) + 1)
-                        .query_async(&mut con)
-                        .await
-                        .expect("SET");
+                    increment(&mut con, counter.as_bytes(), tokio::task::yield_now()).await;
                     guard.release().await.expect("release");
                 }
             });
@@ -123,15 +115,6 @@ async fn hammer(
         r.expect("task");
     }
     std::mem::take(&mut *tokens.lock().unwrap())
-}
-
-async fn counter_value(con: &mut MultiplexedConnection, counter: &str) -> u64 {
-    redis::cmd("GET")
-        .arg(counter)
-        .query_async::<Option<u64>>(con)
-        .await
-        .expect("GET")
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------
@@ -163,7 +146,10 @@ async fn counter_is_exact_over_five_nodes() {
         hammer(&lockers, "hot", &counter, &con, 40, 25),
     )
     .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 3 * 40 * 25);
+    assert_eq!(
+        counter_value(&mut con, counter.as_bytes()).await,
+        3 * 40 * 25
+    );
     assert_eq!(tokens.len(), 3000);
     assert_strictly_increasing(&tokens, "tokens");
     for l in &lockers {
@@ -196,7 +182,7 @@ async fn counter_is_exact_over_five_nodes_with_handoff() {
         hammer(&lockers, "hot", &counter, &con, 40, 25),
     )
     .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 3000);
+    assert_eq!(counter_value(&mut con, counter.as_bytes()).await, 3000);
     assert_strictly_increasing(&tokens, "tokens");
     let handoffs: u64 = lockers.iter().map(|l| l.stats().handoffs).sum();
     assert!(handoffs > 0, "handoff never happened");
@@ -496,7 +482,7 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
         hammer(&lockers, "k", &counter, &con, 4, 10),
     )
     .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 80);
+    assert_eq!(counter_value(&mut con, counter.as_bytes()).await, 80);
     assert_strictly_increasing(&tokens, "tokens");
     assert!(p0.dropped() + p1.dropped() > 0, "no reply was lost");
     let done = Instant::now();

@@ -64,7 +64,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     for (i, key) in keys.iter().enumerate() {
         let per_key =
             (INSTANCES * (0..TASKS).filter(|t| t % keys.len() == i).count() * ITERATIONS) as u64;
-        let v = count(&mut data, &counter_name(&backends[0], key)).await;
+        let v = counter_value(&mut data, &counter_name(&backends[0], key)).await;
         assert_eq!(v, per_key, "lost updates on {key}");
         let left: bool = redis::cmd("EXISTS")
             .arg(backends[0].lock_name(key))

@@ -33,8 +33,8 @@ use lockflight::{FencingToken, Handoff, LockKey, Locker, RedisBackend};
 use redis::cluster_async::ClusterConnection;
 use support::cluster::{Cluster, NodeInfo};
 use support::{
-    RedisServer, assert_strictly_increasing, backend_at, join_all, subscribed, unique_prefix,
-    wait_idle, wait_until,
+    RedisServer, assert_strictly_increasing, backend_at, counter_value, increment, join_all,
+    subscribed, unique_prefix, wait_idle, wait_until,
 };
 
 use tokio::task::JoinSet;
@@ -148,27 +148,11 @@ impl CounterSection {
     async fn increment(&mut self, token: FencingToken, pause: impl Future<Output = ()>) {
         let _in = Exclusive::enter(&self.inside);
         self.tokens.lock().unwrap().push(token);
-        let v: Option<u64> = redis::cmd("GET")
-            .arg(&self.name)
-            .query_async(&mut self.data)
-            .await
-            .expect("GET");
-        pause.await;
-        redis::cmd("SET")
-            .arg(&self.name)
-            .arg(v.unwrap_or(0) + 1)
-            .query_async::<()>(&mut self.data)
-            .await
-            .expect("SET");
+        increment(&mut self.data, &self.name, pause).await;
     }
 
     /// The fencing tokens so far, in the order the sections entered.
     fn tokens(&self) -> Vec<FencingToken> {
         self.tokens.lock().unwrap().clone()
     }
-}
-
-/// The value of the counter `name`.
-async fn count(data: &mut ClusterConnection, name: &[u8]) -> u64 {
-    redis::cmd("GET").arg(name).query_async(data).await.unwrap()
 }

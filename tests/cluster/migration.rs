@@ -93,7 +93,7 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
     join_all(tasks).await;
     let total = done.load(Ordering::SeqCst);
     let mut data = data.clone();
-    let v = count(&mut data, &counter).await;
+    let v = counter_value(&mut data, &counter).await;
     assert_eq!(v, total, "lost updates across the migration");
     assert_eq!(c.primary_of_slot(slot).await.id, to.id, "the slot moved");
     assert_strictly_increasing(&section.tokens(), "migration");

@@ -23,9 +23,9 @@ use lockflight::{
 };
 use redis::aio::MultiplexedConnection;
 use support::{
-    CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, exists,
-    holder_child_target, join_all, pttl, queue_name, shared, spawn_holder_child, subscribed,
-    tell_parent, unique_prefix, wait_idle, wait_until, within, zcard,
+    CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
+    exists, holder_child_target, increment, join_all, pttl, queue_name, shared, spawn_holder_child,
+    subscribed, tell_parent, unique_prefix, wait_idle, wait_until, within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;

@@ -144,3 +144,46 @@ pub(crate) async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
 pub(crate) async fn zcard(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
     query(con, redis::cmd("ZCARD").arg(name)).await
 }
+
+/// The critical section of the counter workloads: a read-modify-write increment of
+/// the counter `name` on `con` (GET, then `pause`, then SET to one more), which
+/// loses updates unless its runs exclude each other.
+pub(crate) async fn increment<C: redis::aio::ConnectionLike>(
+    con: &mut C,
+    name: &[u8],
+    pause: impl Future<Output = ()>,
+) {
+    let v: u64 = counter_value(con, name).await;
+    pause.await;
+    redis::cmd("SET")
+        .arg(name)
+        .arg(v + 1)
+        .query_async::<()>(con)
+        .await
+        .expect("SET the counter");
+}
+
+/// The value of the counter `name` (0 while it does not exist).
+pub(crate) async fn counter_value<C: redis::aio::ConnectionLike>(con: &mut C, name: &[u8]) -> u64 {
+    redis::cmd("GET")
+        .arg(name)
+        .query_async::<Option<u64>>(con)
+        .await
+        .expect("GET the counter")
+        .unwrap_or(0)
+}
+
+/// How many `EVALSHA` calls the server behind `con` has served (`INFO
+/// commandstats`; 0 before the first).
+pub(crate) async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
