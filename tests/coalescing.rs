@@ -4,95 +4,12 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
-use lockflight::{
-    Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
-    backend::LockBackend,
-};
-use support::{RedisServer, counter_value, increment, wait_until};
-
-/// A backend wrapper that counts the requests it forwards (each is one round trip
-/// of the inner backend) and the acquires in flight at once.
-#[derive(Debug, Default)]
-struct Counts {
-    acquire: AtomicU64,
-    release: AtomicU64,
-    extend: AtomicU64,
-    leave: AtomicU64,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-}
-
-impl Counts {
-    fn requests(&self) -> u64 {
-        self.acquire.load(Ordering::Relaxed)
-            + self.release.load(Ordering::Relaxed)
-            + self.extend.load(Ordering::Relaxed)
-            + self.leave.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Debug)]
-struct Counting<B> {
-    inner: B,
-    counts: Arc<Counts>,
-}
-
-impl<B> Counting<B> {
-    fn new(inner: B) -> (Self, Arc<Counts>) {
-        let counts = Arc::new(Counts::default());
-        (
-            Counting {
-                inner,
-                counts: Arc::clone(&counts),
-            },
-            counts,
-        )
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend> LockBackend for Counting<B> {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-        queue: bool,
-    ) -> lockflight::Result<Acquire> {
-        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
-        let now = self.counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.counts.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let out = self.inner.acquire(key, token, ttl, queue).await;
-        self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
-        out
-    }
-    async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
-        self.counts.release.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(key, token).await
-    }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        self.counts.extend.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, token, ttl).await
-    }
-    async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
-        self.counts.leave.fetch_add(1, Ordering::Relaxed);
-        self.inner.leave(key).await
-    }
-    fn wakeups(&self) -> &WakeRegistry {
-        self.inner.wakeups()
-    }
-}
+use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend};
+use support::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
 
 async fn redis_locker(
     url: &str,
@@ -244,7 +161,7 @@ async fn hot_key(
     HotKey {
         sections,
         per_locker,
-        requests: lockers.iter().map(|(_, c)| c.requests()).sum(),
+        requests: lockers.iter().map(|(_, c)| c.total()).sum(),
         server_commands,
     }
 }

@@ -126,6 +126,15 @@ fn transient(key: &str, phase: Phase) -> Error {
     Error::backend(&LockKey::from(key), phase, "injected I/O error")
 }
 
+/// Runs `test` on a single-threaded runtime of its own, which the test may stall.
+fn on_one_thread<F: std::future::Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test)
+}
+
 fn locker(backend: &Faulty, ttl: Duration) -> Locker {
     Locker::builder(backend.clone())
         .lease_ttl(ttl)
@@ -182,11 +191,7 @@ async fn a_reply_after_the_validity_window_is_not_a_grant() {
 /// wakes after the lease's validity ended competes again instead of holding it.
 #[test]
 fn a_handed_off_lease_that_ran_out_is_not_granted() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_one_thread(async {
         let backend = Faulty::default();
         let ttl = Duration::from_millis(300);
         let locker = Locker::builder(backend.clone())
@@ -217,11 +222,7 @@ fn a_handed_off_lease_that_ran_out_is_not_granted() {
 /// while the validity was already over.
 #[test]
 fn is_lost_follows_the_monotonic_clock_after_a_stall() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_one_thread(async {
         let backend = Faulty::default();
         let locker = locker(&backend, Duration::from_millis(200));
         let guard = locker.lock("k").await.unwrap();

@@ -46,6 +46,7 @@
 //! per-connection relay both proxies share), `proxy` ([`CountingProxy`]),
 //! `fault_proxy`, `resp` (the RESP command counter and the request/reply
 //! parsers, tested at every chunk boundary), `acl` (users for permission tests),
+//! `counting` (a backend wrapper that counts lockflight's requests),
 //! `cluster`, `sentinel`, `nemesis`.
 //! Everything a test needs is re-exported here.
 //!
@@ -74,6 +75,7 @@ pub(crate) mod nemesis;
 pub(crate) mod sentinel;
 
 mod acl;
+mod counting;
 mod ports;
 mod process;
 mod proxy;
@@ -85,5 +87,5 @@ mod steps;
 // Each test binary uses only part of the harness.
 #[allow(unused_imports)]
 pub(crate) use {
-    acl::*, ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*,
+    acl::*, counting::*, ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*,
 };
