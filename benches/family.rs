@@ -274,11 +274,7 @@ async fn run_row(server: &RedisServer, row: Row, p: usize, t: usize, secs: f64) 
 }
 
 fn main() {
-    let common::Scale {
-        secs,
-        instances: p,
-        tasks: t,
-    } = common::Scale::from_args();
+    let (secs, p, t) = common::scale();
     common::runtime().block_on(async move {
         let server = RedisServer::start();
         let mut rows = Vec::new();

@@ -163,11 +163,7 @@ async fn run_point(
 }
 
 fn main() {
-    let common::Scale {
-        secs,
-        instances: p,
-        tasks: t,
-    } = common::Scale::from_args();
+    let (secs, p, t) = common::scale();
     common::runtime().block_on(async move {
         let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
         let counter_server = RedisServer::start();

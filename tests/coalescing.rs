@@ -4,6 +4,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -285,11 +286,22 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("coalesce-panic");
-    let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
+/// A coalescing locker without handoff on the shared Redis, under a new prefix
+/// (from `name`).
+async fn coalescing_locker(name: &str) -> Locker {
+    let url = support::shared().url();
+    let prefix = support::unique_prefix(name);
+    redis_locker(&url, &prefix, Handoff::disabled(), true)
+        .await
+        .0
+}
+
+/// Spawns the leader of a `singleflight` on `k` whose work is `work`, and waits
+/// until the work has started.
+async fn started_leader<T: Clone + Send + Sync + 'static>(
+    locker: &Locker,
+    work: impl Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<lockflight::Result<T>> {
     let started = Arc::new(tokio::sync::Notify::new());
     let leader = {
         let (locker, started) = (locker.clone(), started.clone());
@@ -297,15 +309,25 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
             locker
                 .singleflight("k", || async move {
                     started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    panic!("leader fails");
-                    #[allow(unreachable_code)]
-                    1u32
+                    work.await
                 })
                 .await
         })
     };
     started.notified().await;
+    leader
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
+    let locker = coalescing_locker("coalesce-panic").await;
+    let leader = started_leader(&locker, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        panic!("leader fails");
+        #[allow(unreachable_code)]
+        1u32
+    })
+    .await;
     let follower = {
         let locker = locker.clone();
         tokio::spawn(async move { locker.singleflight("k", || async { 2u32 }).await })
@@ -332,22 +354,8 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("coalesce-cancel");
-    let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
-    let started = Arc::new(tokio::sync::Notify::new());
-    let leader = {
-        let (locker, started) = (locker.clone(), started.clone());
-        tokio::spawn(async move {
-            locker
-                .singleflight("k", || async move {
-                    started.notify_one();
-                    std::future::pending::<&'static str>().await
-                })
-                .await
-        })
-    };
-    started.notified().await;
+    let locker = coalescing_locker("coalesce-cancel").await;
+    let leader = started_leader(&locker, std::future::pending::<&'static str>()).await;
     let followers: Vec<_> = (0..10)
         .map(|_| {
             let locker = locker.clone();

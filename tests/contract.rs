@@ -443,17 +443,23 @@ async fn with_lock_reports_a_release_that_found_the_lock_gone() {
     }
 }
 
+/// A locker (3 s leases, `LossPolicy::Signal`) whose every renewal finds the lease
+/// taken (`NotOwner`).
+fn signal_locker_losing_its_lease() -> Locker {
+    let backend = Faulty::default();
+    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(3))
+        .on_loss(LossPolicy::Signal)
+        .build()
+        .unwrap()
+}
+
 /// Defect: under `LossPolicy::Signal` the work had no way to observe loss. Now
 /// `LockInfo::loss` resolves and reads as lost, and the work runs to its end.
 #[tokio::test(start_paused = true)]
 async fn signal_policy_work_observes_loss_through_its_info() {
-    let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
-    let locker = Locker::builder(backend.clone())
-        .lease_ttl(Duration::from_secs(3))
-        .on_loss(LossPolicy::Signal)
-        .build()
-        .unwrap();
+    let locker = signal_locker_losing_its_lease();
     let seen = locker
         .with_lock("k", |info| async move {
             assert!(!info.loss.is_lost());
@@ -475,13 +481,7 @@ async fn signal_policy_work_observes_loss_through_its_info() {
 /// The work's view under `Signal`: what it observed, for a lease lost mid-way.
 #[tokio::test(start_paused = true)]
 async fn signal_policy_loss_view() {
-    let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
-    let locker = Locker::builder(backend.clone())
-        .lease_ttl(Duration::from_secs(3))
-        .on_loss(LossPolicy::Signal)
-        .build()
-        .unwrap();
+    let locker = signal_locker_losing_its_lease();
     let guard = locker.lock("k").await.unwrap();
     let info = guard.info();
     info.loss.lost().await;

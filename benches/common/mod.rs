@@ -1,24 +1,14 @@
 //! What lockflight's own benches share (included with `#[path]`): how long and how
 //! large a run is, and the runtime they run on.
 
-/// How long and how large a run is: `LOCKFLIGHT_BENCH_SECS` per measurement
-/// (default 3 s) with P = 4 instances × T = 64 tasks under `cargo bench`; a short
-/// smoke run (0.3 s, 2 × 4) when `cargo test --benches` runs the bench.
-pub(crate) struct Scale {
-    pub(crate) secs: f64,
-    pub(crate) instances: usize,
-    pub(crate) tasks: usize,
-}
-
-impl Scale {
-    pub(crate) fn from_args() -> Scale {
-        let bench = std::env::args().any(|a| a == "--bench");
-        let (instances, tasks) = if bench { (4, 64) } else { (2, 4) };
-        Scale {
-            secs: bench_secs(if bench { 3.0 } else { 0.3 }),
-            instances,
-            tasks,
-        }
+/// How long and how large a run is, as `(secs, p, t)`: `LOCKFLIGHT_BENCH_SECS` per
+/// measurement (default 3 s) with P = 4 instances × T = 64 tasks under `cargo
+/// bench`; a short smoke run (0.3 s, 2 × 4) when `cargo test --benches` runs it.
+pub(crate) fn scale() -> (f64, usize, usize) {
+    if std::env::args().any(|a| a == "--bench") {
+        (bench_secs(3.0), 4, 64)
+    } else {
+        (bench_secs(0.3), 2, 4)
     }
 }
 
@@ -30,8 +20,7 @@ pub(crate) fn bench_secs(default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-/// The benches' runtime: 2 Tokio worker threads, as on the machines the numbers
-/// in the docs come from.
+/// The benches' runtime: 2 Tokio worker threads.
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

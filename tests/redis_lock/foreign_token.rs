@@ -41,14 +41,7 @@ async fn release_with_foreign_token_deletes_nothing() {
 
     // Through a guard whose lock was overwritten behind its back.
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("SET")
-        .arg(&name)
-        .arg("foreign")
-        .arg("PX")
-        .arg(30_000)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    set_for_30s(&mut con, &name, "foreign").await;
     match guard.release().await {
         Err(Error::LeaseLost { key: k, phase, .. }) => {
             assert_eq!(k, key);
@@ -56,11 +49,7 @@ async fn release_with_foreign_token_deletes_nothing() {
         }
         other => panic!("release of an overwritten lock: {other:?}"),
     }
-    let value: Option<String> = redis::cmd("GET")
-        .arg(&name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let value = get_string(&mut con, &name).await;
     assert_eq!(value.as_deref(), Some("foreign"));
     redis::cmd("DEL")
         .arg(&name)

@@ -24,8 +24,9 @@ use lockflight::{
 use redis::aio::MultiplexedConnection;
 use support::{
     CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
-    exists, holder_child_target, increment, join_all, pttl, queue_name, shared, spawn_holder_child,
-    subscribed, tell_parent, unique_prefix, wait_idle, wait_until, within, zcard,
+    exists, get_string, holder_child_target, increment, join_all, pttl, queue_name, set_for_30s,
+    shared, spawn_holder_child, subscribed, tell_parent, unique_prefix, wait_idle, wait_until,
+    within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;
@@ -45,6 +46,13 @@ mod wakeups;
 
 /// How long a test waits for its lockers' local activity to end.
 const IDLE: Duration = Duration::from_secs(10);
+
+/// A locker with default settings on a subscribed backend on `url` under `prefix`.
+async fn plain_locker(url: &str, prefix: &str) -> Locker {
+    Locker::builder(backend_at(url, prefix).await)
+        .build()
+        .unwrap()
+}
 
 /// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {

@@ -20,9 +20,7 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
     let _log = server.log_on_panic();
     let prefix = unique_prefix("cancel-first-acquire");
     let key = LockKey::from("k");
-    let holder = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let holder = plain_locker(&server.url(), &prefix).await;
     let held = holder.lock(&key).await.unwrap();
 
     // The waiter talks to Redis through a slow proxy, so its acquire is still on

@@ -14,9 +14,7 @@ async fn renewal_keeps_a_long_critical_section_exclusive() {
         .lease_ttl(ttl)
         .build()
         .unwrap();
-    let other = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let other = plain_locker(&server.url(), &prefix).await;
 
     let guard = holder.lock(&key).await.unwrap();
     let started = Instant::now();
@@ -51,12 +49,8 @@ async fn try_lock_is_none_while_held() {
     let _log = server.log_on_panic();
     let prefix = unique_prefix("try-lock");
     let key = LockKey::from("k");
-    let a = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
-    let b = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let a = plain_locker(&server.url(), &prefix).await;
+    let b = plain_locker(&server.url(), &prefix).await;
 
     let guard = a.try_lock(&key).await.unwrap().expect("a free lock");
     assert!(b.try_lock(&key).await.unwrap().is_none());
@@ -100,21 +94,10 @@ async fn deleted_or_overwritten_lock_is_lost() {
     let key = LockKey::from("overwritten");
     let name = backend.lock_name(&key);
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("SET")
-        .arg(&name)
-        .arg("someone-else")
-        .arg("PX")
-        .arg(30_000)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    set_for_30s(&mut con, &name, "someone-else").await;
     let noticed = expect_loss(guard, bound, "SET").await;
     println!("loss after SET noticed after {noticed:?}");
-    let value: Option<String> = redis::cmd("GET")
-        .arg(&name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let value = get_string(&mut con, &name).await;
     assert_eq!(
         value.as_deref(),
         Some("someone-else"),

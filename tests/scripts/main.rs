@@ -24,8 +24,8 @@ use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use support::{
-    MINIMAL_ACL_RULES, RedisServer, exists, pttl, query, set_acl_user, shared, suffixed,
-    unique_prefix, wait_until,
+    MINIMAL_ACL_RULES, RedisServer, exists, get_string, pttl, query, set_acl_user, set_for_30s,
+    shared, suffixed, unique_prefix, wait_until,
 };
 
 // ---------------------------------------------------------------------------
@@ -48,10 +48,6 @@ async fn connect(url: &str, prefix: &str) -> RedisBackend {
 /// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:wq`, `:wqx`, `:claim`, `:rel`).
 fn name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
     suffixed(&backend.lock_name(key), suffix)
-}
-
-async fn get(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
-    query(con, redis::cmd("GET").arg(name)).await
 }
 
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {
@@ -77,15 +73,6 @@ async fn enqueue(
     let expiry = [queue, b"x"].concat();
     query::<()>(con, redis::cmd("ZADD").arg(queue).arg(enqueued_us).arg(id)).await;
     query::<()>(con, redis::cmd("ZADD").arg(expiry).arg(expires_ms).arg(id)).await;
-}
-
-/// Sets the string `name` to `value`, expiring in 30 s.
-async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
-    query::<()>(
-        con,
-        redis::cmd("SET").arg(name).arg(value).arg("PX").arg(30_000),
-    )
-    .await
 }
 
 async fn hset(con: &mut MultiplexedConnection, name: &[u8], field: &str, value: &str) {

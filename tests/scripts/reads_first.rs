@@ -71,7 +71,7 @@ async fn foreign_values_stop_release_before_any_write() {
             a.release(&key, token).await,
         );
         assert_eq!(
-            get(&mut con, &a.lock_name(&key)).await,
+            get_string(&mut con, &a.lock_name(&key)).await,
             Some(token.to_hex()),
             "release with a foreign value at {suffix} deleted the lock"
         );

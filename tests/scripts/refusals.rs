@@ -62,7 +62,10 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     let token = LeaseToken::random();
     epoch_of(d.acquire(&key, token, TTL, true).await.unwrap());
     assert!(d.release(&key, token).await.unwrap().released);
-    assert_eq!(get(&mut admin, &claim).await.as_deref(), Some("waiter"));
+    assert_eq!(
+        get_string(&mut admin, &claim).await.as_deref(),
+        Some("waiter")
+    );
 }
 
 /// Out of memory under `noeviction`: acquire answers `Refused { code: "OOM" }` at

@@ -20,7 +20,7 @@ async fn acquire_replies() {
     // Acquired.
     let e1 = epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
     assert!(e1 > 0);
-    assert_eq!(get(&mut con, &lock).await, Some(t1.to_hex()));
+    assert_eq!(get_string(&mut con, &lock).await, Some(t1.to_hex()));
     assert!((1..=30_000).contains(&pttl(&mut con, &lock).await));
 
     // Already ours: the TTL is re-armed and a fresh, greater epoch is minted.
@@ -69,7 +69,7 @@ async fn acquire_replies() {
         "acquire on a string without TTL",
         a.acquire(&key, t1, TTL, true).await,
     );
-    assert_eq!(get(&mut con, &lock).await.as_deref(), Some("x"));
+    assert_eq!(get_string(&mut con, &lock).await.as_deref(), Some("x"));
     assert_eq!(pttl(&mut con, &lock).await, -1);
 }
 
@@ -106,7 +106,7 @@ async fn release_replies_and_tombstone() {
     assert!(a.release(&key, t1).await.unwrap().released);
     assert!(!exists(&mut con, &lock).await);
     // The tombstone: max(2 × response timeout, 1 s) = 3 s.
-    assert_eq!(get(&mut con, &tombstone).await, Some(t1.to_hex()));
+    assert_eq!(get_string(&mut con, &tombstone).await, Some(t1.to_hex()));
     let ttl = pttl(&mut con, &tombstone).await;
     assert!((1..=3_000).contains(&ttl), "tombstone PTTL {ttl}");
     // A retry of the same release (its reply was lost): released.
@@ -120,7 +120,7 @@ async fn release_replies_and_tombstone() {
     assert!(!exists(&mut con, &tombstone).await);
     set_for_30s(&mut con, &lock, &t2.to_hex()).await;
     assert!(!a.release(&key, t1).await.unwrap().released);
-    assert_eq!(get(&mut con, &lock).await, Some(t2.to_hex()));
+    assert_eq!(get_string(&mut con, &lock).await, Some(t2.to_hex()));
 }
 
 /// extend: extended (TTL re-armed, waiting count) / not the owner (nothing changed).
@@ -173,17 +173,17 @@ async fn leave_replies() {
     set_for_30s(&mut con, &claim, a.instance_id()).await;
     a.leave(&key).await.expect("leave");
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
-    assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
+    assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 
     // Only if claimed, and the claim is someone else's: nothing changes.
     enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
     assert!(!a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
     assert!(queued(&mut con, &queue, a.instance_id()).await);
-    assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
+    assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 
     // Only if claimed, and the claim is ours: left.
     set_for_30s(&mut con, &claim, a.instance_id()).await;
     assert!(a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
-    assert_eq!(get(&mut con, &claim).await.as_deref(), Some("next"));
+    assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 }

@@ -130,6 +130,20 @@ pub(crate) async fn query<T: redis::FromRedisValue>(
         .unwrap_or_else(|e| panic!("{:?}: {e}", cmd.args_iter().next()))
 }
 
+/// The string value at `name` (`None` if there is none).
+pub(crate) async fn get_string(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
+    query(con, redis::cmd("GET").arg(name)).await
+}
+
+/// Sets the string `name` to `value`, expiring in 30 s (as another holder would).
+pub(crate) async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
+    query::<()>(
+        con,
+        redis::cmd("SET").arg(name).arg(value).arg("PX").arg(30_000),
+    )
+    .await
+}
+
 /// Whether the Redis key `name` exists.
 pub(crate) async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
     query::<i64>(con, redis::cmd("EXISTS").arg(name)).await == 1
