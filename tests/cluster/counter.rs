@@ -94,15 +94,13 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_exact_on_keys_of_all_three_shards() {
-    let _serial = SERIAL.lock().await;
-    cluster().wait_ok(Duration::from_secs(30)).await;
+    let _serial = cluster_for_this_test().await;
     counter("spread", true, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_exact_on_a_hot_key() {
-    let _serial = SERIAL.lock().await;
-    cluster().wait_ok(Duration::from_secs(30)).await;
+    let _serial = cluster_for_this_test().await;
     counter("hot", false, false).await;
     counter("hot-handoff", false, true).await;
 }

@@ -8,9 +8,7 @@ use super::*;
 /// never go back. The killed node comes back as a replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primary_while_held() {
-    let _serial = SERIAL.lock().await;
-    let c = cluster();
-    c.wait_ok(Duration::from_secs(30)).await;
+    let (_serial, c) = cluster_for_this_test().await;
     let prefix = unique_prefix("failover");
     let a = backend(&prefix).await;
     let b = backend(&prefix).await;

@@ -60,8 +60,7 @@ async fn ping_rtt(mut con: impl redis::aio::ConnectionLike) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wakeup_latency_cluster_vs_single() {
-    let _serial = SERIAL.lock().await;
-    cluster().wait_ok(Duration::from_secs(30)).await;
+    let _serial = cluster_for_this_test().await;
     let single = RedisServer::start();
     let p = unique_prefix("wake-single");
     let s1 = backend_at(&single.url(), &p).await;
@@ -87,9 +86,7 @@ async fn wakeup_latency_cluster_vs_single() {
 /// publish-to-receive latency and the publish throughput of each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubsub_classic_vs_sharded() {
-    let _serial = SERIAL.lock().await;
-    let c = cluster();
-    c.wait_ok(Duration::from_secs(30)).await;
+    let (_serial, c) = cluster_for_this_test().await;
     let primaries = c.primaries().await;
     let tag = format!("{{{}}}", unique_prefix("ps"));
     let slot = Cluster::slot(tag.as_bytes());

@@ -49,6 +49,14 @@ fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(Cluster::start)
 }
 
+/// The cluster, for this test alone (hold the guard), once it is healthy.
+async fn cluster_for_this_test() -> (tokio::sync::MutexGuard<'static, ()>, &'static Cluster) {
+    let serial = SERIAL.lock().await;
+    let c = cluster();
+    c.wait_ok(Duration::from_secs(30)).await;
+    (serial, c)
+}
+
 async fn backend(prefix: &str) -> RedisBackend {
     subscribed(
         RedisBackend::cluster(cluster().urls())

@@ -10,9 +10,7 @@ use super::*;
 /// goes on after the move (waiters woken by releases on the new shard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_slot_migrates_while_held_and_waited_on() {
-    let _serial = SERIAL.lock().await;
-    let c = cluster();
-    c.wait_ok(Duration::from_secs(30)).await;
+    let (_serial, c) = cluster_for_this_test().await;
     let prefix = unique_prefix("migrate");
     let a = backend(&prefix).await;
     let b = backend(&prefix).await;

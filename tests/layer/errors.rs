@@ -7,12 +7,7 @@ use super::*;
 #[tokio::test]
 async fn a_failed_lock_never_touches_the_inner_service() {
     let locker = memory_locker();
-    let polls = Arc::new(AtomicUsize::new(0));
-    let inner = Picky {
-        pending: 0,
-        ready: false,
-        polls: polls.clone(),
-    };
+    let (inner, polls) = Picky::new(0);
     let held = locker.lock("busy").await.unwrap();
     let err = LockLayer::new(locker.clone(), sku_header())
         .layer(inner)

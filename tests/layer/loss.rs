@@ -114,35 +114,35 @@ async fn loss_app(
     (app, lock_name, started, dropped, finished)
 }
 
-/// Deletes the lock behind its holder's back once the handler runs, and returns the
-/// response with its body.
+/// Calls the [`loss_app`] of `policy`, deletes the lock behind its holder's back once
+/// the handler runs, and returns the response's status and body, and the flags set
+/// when the handler's future was dropped and when it finished.
 #[cfg(feature = "axum")]
 async fn steal_while_handling(
-    app: axum::Router,
-    lock_name: &[u8],
-    started: &tokio::sync::Notify,
-) -> (StatusCode, Bytes) {
+    policy: lockflight::LossPolicy,
+) -> (StatusCode, Bytes, Arc<AtomicBool>, Arc<AtomicBool>) {
+    let (app, lock_name, started, dropped, finished) = loss_app(policy).await;
     let req = Request::post("/items/k")
         .body(axum::body::Body::empty())
         .unwrap();
     let call = tokio::spawn(app.oneshot(req));
     started.notified().await;
-    delete_lock(lock_name).await;
+    delete_lock(&lock_name).await;
     let res = tokio::time::timeout(Duration::from_secs(10), call)
         .await
         .expect("no response")
         .unwrap()
         .unwrap();
     let status = res.status();
-    (status, res.into_body().collect().await.unwrap().to_bytes())
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, body, dropped, finished)
 }
 
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
-    let (app, lock_name, started, _dropped, finished) =
-        loss_app(lockflight::LossPolicy::Signal).await;
-    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    let (status, body, _dropped, finished) =
+        steal_while_handling(lockflight::LossPolicy::Signal).await;
     assert!(finished.load(Ordering::SeqCst), "the handler was aborted");
     assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
     assert_eq!(body, "not written: lease lost");
@@ -151,9 +151,8 @@ async fn with_signal_the_handler_sees_the_loss_and_its_response_completes() {
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_abort_the_handler_is_dropped_and_the_client_gets_lease_lost() {
-    let (app, lock_name, started, dropped, finished) =
-        loss_app(lockflight::LossPolicy::Abort).await;
-    let (status, body) = steal_while_handling(app, &lock_name, &started).await;
+    let (status, body, dropped, finished) =
+        steal_while_handling(lockflight::LossPolicy::Abort).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body, "lease_lost");
     assert!(

@@ -6,9 +6,22 @@ use super::*;
 /// calls on an instance that was not polled ready.
 #[derive(Clone)]
 pub(crate) struct Picky {
-    pub(crate) pending: usize,
-    pub(crate) ready: bool,
-    pub(crate) polls: Arc<AtomicUsize>,
+    pending: usize,
+    ready: bool,
+    polls: Arc<AtomicUsize>,
+}
+
+impl Picky {
+    /// A service ready after `pending` polls, and the count of its polls.
+    pub(crate) fn new(pending: usize) -> (Picky, Arc<AtomicUsize>) {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let picky = Picky {
+            pending,
+            ready: false,
+            polls: Arc::clone(&polls),
+        };
+        (picky, polls)
+    }
 }
 
 impl Service<Request<()>> for Picky {

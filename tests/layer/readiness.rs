@@ -6,12 +6,7 @@ use super::*;
 #[tokio::test]
 async fn readiness_is_immediate_and_the_inner_clone_is_driven_ready_under_the_lock() {
     let locker = memory_locker();
-    let polls = Arc::new(AtomicUsize::new(0));
-    let inner = Picky {
-        pending: 2,
-        ready: false,
-        polls: polls.clone(),
-    };
+    let (inner, polls) = Picky::new(2);
     let mut svc = LockLayer::new(locker.clone(), sku_header()).layer(inner);
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);

@@ -11,9 +11,7 @@ const COUNTER_TOTAL: u64 = (COUNTER_LOCKERS * COUNTER_TASKS * COUNTER_ITERATIONS
 /// critical sections that GET a counter, yield, and SET it + 1 on another
 /// connection. Any lost update is a mutual-exclusion failure.
 async fn redis_counter(mode: Mode) {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix(&format!("counter-{mode:?}"));
+    let (server, _log, prefix) = shared_scene(&format!("counter-{mode:?}"));
     let key = LockKey::from("hot");
     let counter = format!("{prefix}:counter");
 

@@ -26,9 +26,7 @@ async fn child_holder_process() {
 /// others for no longer than its lease TTL, and not shorter than the lock's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_blocks_at_most_lease_ttl() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("killed-holder");
+    let (server, _log, prefix) = shared_scene("killed-holder");
     let key = "k";
     let (mut child, mut lines) = spawn_holder_child(
         "crash::child_holder_process",

@@ -6,9 +6,7 @@ use super::*;
 /// `LockBackend` trait and through a guard whose key was taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_with_foreign_token_deletes_nothing() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("foreign-token");
+    let (server, _log, prefix) = shared_scene("foreign-token");
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
     let locker = Locker::builder(backend.clone()).build().unwrap();

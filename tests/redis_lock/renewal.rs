@@ -5,9 +5,7 @@ use super::*;
 /// The watchdog keeps a critical section of 4 × the TTL alive and exclusive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_a_long_critical_section_exclusive() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("renewal");
+    let (server, _log, prefix) = shared_scene("renewal");
     let key = LockKey::from("k");
     let ttl = Duration::from_millis(300);
     let holder = Locker::builder(backend_at(&server.url(), &prefix).await)
@@ -45,9 +43,7 @@ async fn renewal_keeps_a_long_critical_section_exclusive() {
 /// the lock, and `Some` once it is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_lock_is_none_while_held() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("try-lock");
+    let (server, _log, prefix) = shared_scene("try-lock");
     let key = LockKey::from("k");
     let a = plain_locker(&server.url(), &prefix).await;
     let b = plain_locker(&server.url(), &prefix).await;
@@ -67,9 +63,7 @@ async fn try_lock_is_none_while_held() {
 /// without deleting the foreign value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_or_overwritten_lock_is_lost() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("loss");
+    let (server, _log, prefix) = shared_scene("loss");
     let ttl = Duration::from_millis(1500);
     let bound = ttl / 3 + Duration::from_millis(200);
     let backend = backend_at(&server.url(), &prefix).await;
@@ -116,9 +110,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
 /// `Error::LeaseLost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_aborts_work_on_loss() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("with-lock-loss");
+    let (server, _log, prefix) = shared_scene("with-lock-loss");
     let ttl = Duration::from_millis(1500);
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;

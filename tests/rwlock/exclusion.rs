@@ -19,9 +19,7 @@ struct Detector {
 /// the epoch of the last write as its `last_write`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_exclude_readers_and_writers_across_instances() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-exclusion");
+    let (server, _log, prefix) = shared_scene("rw-exclusion");
     let lockers = instances(&server.url(), &prefix, 3).await;
     let d = Arc::new(Detector::default());
     const READS: usize = 12;
@@ -83,9 +81,7 @@ async fn writers_exclude_readers_and_writers_across_instances() {
 /// the module docs state: admission window + longest read hold + wake-up latency.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_readers_cannot_starve_a_waiting_writer() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-starve");
+    let (server, _log, prefix) = shared_scene("rw-starve");
     let lockers = instances(&server.url(), &prefix, 3).await;
     const HOLD: Duration = Duration::from_millis(50);
     let stop = Arc::new(AtomicBool::new(false));
@@ -142,9 +138,7 @@ async fn a_stream_of_readers_cannot_starve_a_waiting_writer() {
 /// instance sees the last write's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_tokens_increase_and_readers_see_the_last_write() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-fencing");
+    let (server, _log, prefix) = shared_scene("rw-fencing");
     let lockers = instances(&server.url(), &prefix, 2).await;
     let first = lockers[0].read("k").await.unwrap();
     assert_eq!(first.last_write(), FencingToken::default(), "no write yet");

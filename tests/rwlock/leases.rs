@@ -8,9 +8,7 @@ use super::*;
 /// in afterwards, and no local state is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-cancel");
+    let (server, _log, prefix) = shared_scene("rw-cancel");
     let lockers = instances(&server.url(), &prefix, 3).await;
     let backend = backend_at(&server.url(), &prefix).await;
     let key = LockKey::from("k");
@@ -91,9 +89,7 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
 /// and each release reports the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_read_lease_signals_every_local_reader() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-lost");
+    let (server, _log, prefix) = shared_scene("rw-lost");
     let backend = backend_at(&server.url(), &prefix).await;
     let key = LockKey::from("k");
     let readers_key = rw_name(&backend, &key, ":rd");
@@ -146,9 +142,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     use lockflight::backend::LockBackend;
     use lockflight::backend::{Acquire, LeaseToken};
 
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-crash");
+    let (server, _log, prefix) = shared_scene("rw-crash");
     let entry_ttl = Duration::from_millis(600);
     let connect = || async {
         let b = RedisBackend::builder(server.url())
@@ -220,9 +214,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
 /// The watchdog renews held read and write leases past their TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_read_and_write_leases_are_renewed_past_their_ttl() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-renew");
+    let (server, _log, prefix) = shared_scene("rw-renew");
     let ttl = Duration::from_millis(400);
     let locker = Locker::builder(backend_at(&server.url(), &prefix).await)
         .lease_ttl(ttl)

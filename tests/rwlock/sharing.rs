@@ -5,9 +5,7 @@ use super::*;
 /// Readers of three instances hold the lock at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_of_three_instances_overlap() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("rw-overlap");
+    let (server, _log, prefix) = shared_scene("rw-overlap");
     let lockers = instances(&server.url(), &prefix, 3).await;
     let inside: Arc<[AtomicUsize; 3]> = Arc::new(Default::default());
     let max_instances = Arc::new(AtomicUsize::new(0));

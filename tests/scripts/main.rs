@@ -24,8 +24,8 @@ use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use support::{
-    MINIMAL_ACL_RULES, RedisServer, exists, get_string, pttl, query, set_acl_user, set_for_30s,
-    shared, suffixed, unique_prefix, wait_until,
+    LogOnPanic, MINIMAL_ACL_RULES, RedisServer, exists, get_string, pttl, query, set_acl_user,
+    set_for_30s, shared_scene, suffixed, wait_until,
 };
 
 // ---------------------------------------------------------------------------
@@ -43,6 +43,14 @@ async fn connect(url: &str, prefix: &str) -> RedisBackend {
         .connect()
         .await
         .expect("connect the backend")
+}
+
+/// One instance on the shared server under a new prefix (from `name`), a connection
+/// to the server, and a guard that prints the server's log if the test panics.
+async fn one_instance(name: &str) -> (LogOnPanic<'static>, RedisBackend, MultiplexedConnection) {
+    let (server, log, prefix) = shared_scene(name);
+    let backend = connect(&server.url(), &prefix).await;
+    (log, backend, server.connection().await)
 }
 
 /// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:wq`, `:wqx`, `:claim`, `:rel`).

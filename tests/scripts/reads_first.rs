@@ -3,15 +3,6 @@
 
 use super::*;
 
-async fn reads_first_setup(name: &str) -> (RedisBackend, MultiplexedConnection) {
-    let server = shared();
-    let prefix = unique_prefix(name);
-    (
-        connect(&server.url(), &prefix).await,
-        server.connection().await,
-    )
-}
-
 /// The expiry index `:wqx` is read only when the queue is not empty: for a foreign
 /// value there, put another instance into the queue itself.
 async fn queue_beside_foreign_index(
@@ -29,8 +20,7 @@ async fn queue_beside_foreign_index(
 /// acquire leaves no lock behind.
 #[tokio::test]
 async fn foreign_values_stop_acquire_before_any_write() {
-    let _log = shared().log_on_panic();
-    let (a, mut con) = reads_first_setup("reads-first-acquire").await;
+    let (_log, a, mut con) = one_instance("reads-first-acquire").await;
     for suffix in [":fence", ":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("acquire{suffix}"));
         queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
@@ -58,8 +48,7 @@ async fn foreign_values_stop_acquire_before_any_write() {
 /// release deletes nothing.
 #[tokio::test]
 async fn foreign_values_stop_release_before_any_write() {
-    let _log = shared().log_on_panic();
-    let (a, mut con) = reads_first_setup("reads-first-release").await;
+    let (_log, a, mut con) = one_instance("reads-first-release").await;
     for suffix in [":wq", ":wqx", ":claim", ":rel"] {
         let key = LockKey::from(format!("release{suffix}"));
         let token = LeaseToken::random();
@@ -81,8 +70,7 @@ async fn foreign_values_stop_release_before_any_write() {
 /// extend re-arms nothing.
 #[tokio::test]
 async fn foreign_values_stop_extend_before_any_write() {
-    let _log = shared().log_on_panic();
-    let (a, mut con) = reads_first_setup("reads-first-extend").await;
+    let (_log, a, mut con) = one_instance("reads-first-extend").await;
     let key = LockKey::from("extend");
     let token = LeaseToken::random();
     epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
@@ -100,8 +88,7 @@ async fn foreign_values_stop_extend_before_any_write() {
 /// leave removes nothing.
 #[tokio::test]
 async fn foreign_values_stop_leave_before_any_write() {
-    let _log = shared().log_on_panic();
-    let (a, mut con) = reads_first_setup("reads-first-leave").await;
+    let (_log, a, mut con) = one_instance("reads-first-leave").await;
     let key = LockKey::from("leave");
     let queue = name(&a, &key, ":wq");
     enqueue(&mut con, &queue, a.instance_id(), 1, LIVE_ENTRY).await;

@@ -7,9 +7,7 @@ use super::*;
 /// string without a TTL (-2).
 #[tokio::test]
 async fn acquire_replies() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("acquire-replies");
+    let (server, _log, prefix) = shared_scene("acquire-replies");
     let a = connect(&server.url(), &prefix).await;
     let b = connect(&server.url(), &prefix).await;
     let mut con = server.connection().await;
@@ -77,9 +75,7 @@ async fn acquire_replies() {
 /// same token (the tombstone, which carries a TTL).
 #[tokio::test]
 async fn release_replies_and_tombstone() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("release-replies");
+    let (server, _log, prefix) = shared_scene("release-replies");
     let a = RedisBackend::builder(server.url())
         .prefix(&prefix)
         .response_timeout(Duration::from_millis(1_500))
@@ -126,11 +122,7 @@ async fn release_replies_and_tombstone() {
 /// extend: extended (TTL re-armed, waiting count) / not the owner (nothing changed).
 #[tokio::test]
 async fn extend_replies() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("extend-replies");
-    let a = connect(&server.url(), &prefix).await;
-    let mut con = server.connection().await;
+    let (_log, a, mut con) = one_instance("extend-replies").await;
     let key = LockKey::from("k");
     let lock = a.lock_name(&key);
     let t1 = LeaseToken::random();
@@ -159,11 +151,7 @@ async fn extend_replies() {
 /// only-if-claimed path changes nothing when the claim is not this instance's.
 #[tokio::test]
 async fn leave_replies() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("leave-replies");
-    let a = connect(&server.url(), &prefix).await;
-    let mut con = server.connection().await;
+    let (_log, a, mut con) = one_instance("leave-replies").await;
     let key = LockKey::from("k");
     let (queue, claim) = (name(&a, &key, ":wq"), name(&a, &key, ":claim"));
 

@@ -7,9 +7,7 @@ use super::*;
 /// well before its fallback timer (10 s here).
 #[test]
 fn the_notifier_restarts_on_a_new_runtime() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("respawn");
+    let (server, _log, prefix) = shared_scene("respawn");
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

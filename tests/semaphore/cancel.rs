@@ -8,16 +8,8 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancellation_storm_leaks_no_permit() {
     const N: u32 = 4;
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-storm");
-    let mut lockers = Vec::new();
-    for _ in 0..2 {
-        lockers.push(locker(
-            backend_at(&server.url(), &prefix).await,
-            Duration::from_secs(30),
-        ));
-    }
+    let (server, _log, prefix) = shared_scene("sem-storm");
+    let lockers = instances(&server.url(), &prefix, 2).await;
     let permits = RedisBackend::builder(server.url())
         .prefix(&prefix)
         .connect()

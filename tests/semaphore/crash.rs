@@ -27,9 +27,7 @@ async fn child_permit_holder() {
 /// comes back when its TTL runs out, not before, and not much later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_permit_returns_within_its_ttl() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-killed");
+    let (server, _log, prefix) = shared_scene("sem-killed");
     let key = "k";
     let (mut child, mut lines) = spawn_holder_child(
         "crash::child_permit_holder",

@@ -10,16 +10,8 @@ async fn never_more_than_n_holders_across_instances() {
     const N: u32 = 3;
     const TASKS: usize = 50;
     const ROUNDS: usize = 4;
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-exclusion");
-    let mut lockers = Vec::new();
-    for _ in 0..3 {
-        lockers.push(locker(
-            backend_at(&server.url(), &prefix).await,
-            Duration::from_secs(30),
-        ));
-    }
+    let (server, _log, prefix) = shared_scene("sem-exclusion");
+    let lockers = instances(&server.url(), &prefix, 3).await;
     let max = exclusion_workload(&lockers, N, TASKS, ROUNDS, "all critical sections").await;
     let sections = 3 * TASKS * ROUNDS;
     let requests: u64 = lockers.iter().map(|l| l.stats().acquire_attempts).sum();

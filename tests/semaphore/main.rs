@@ -20,8 +20,8 @@ use lockflight::semaphore::Permit;
 use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
 use support::{
     CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, holder_child_target, join_all,
-    key_count, set_acl_user, shared, spawn_holder_child, subscribed, suffixed, tell_parent,
-    unique_prefix, wait_until, wait_zero, within, zcard,
+    key_count, set_acl_user, shared, shared_scene, spawn_holder_child, subscribed, suffixed,
+    tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,
 };
 use tokio::task::JoinSet;
 
@@ -31,6 +31,18 @@ fn locker(backend: RedisBackend, ttl: Duration) -> Locker {
         .wait_timeout(Duration::from_secs(60))
         .build()
         .expect("build the locker")
+}
+
+/// `n` lockers (30 s leases) on subscribed backends on `url` under `prefix`.
+async fn instances(url: &str, prefix: &str, n: usize) -> Vec<Locker> {
+    let mut lockers = Vec::new();
+    for _ in 0..n {
+        lockers.push(locker(
+            backend_at(url, prefix).await,
+            Duration::from_secs(30),
+        ));
+    }
+    lockers
 }
 
 /// Waits until none of `lockers` has semaphore state left.

@@ -9,9 +9,7 @@ use super::*;
 /// PermitMismatch at once; once every permit is gone, the key may be used anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_permit_count_is_a_mismatch() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-mismatch");
+    let (server, _log, prefix) = shared_scene("sem-mismatch");
     let ab = backend_at(&server.url(), &prefix).await;
     let count = suffixed(&ab.permits_name(&LockKey::from("k")), "n");
     let a = locker(ab, Duration::from_secs(30));
@@ -116,9 +114,7 @@ async fn local_waiters_share_one_request() {
 /// instance (the oldest), not every one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wakes_one_waiting_instance() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-wake");
+    let (server, _log, prefix) = shared_scene("sem-wake");
     let slow_timer = |url: String| {
         let prefix = prefix.clone();
         async move {
@@ -141,30 +137,21 @@ async fn release_wakes_one_waiting_instance() {
     let held = holder.semaphore("k", 1).acquire().await.unwrap();
     let mut con = server.connection().await;
 
-    let b_wait = tokio::spawn({
-        let sem = b.semaphore("k", 1);
-        async move { sem.acquire().await }
-    });
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            let mut con = con.clone();
-            let q = waiting_set.clone();
-            async move { zcard(&mut con, &q).await == 1 }
-        })
-        .await
-    );
-    let c_wait = tokio::spawn({
-        let sem = c.semaphore("k", 1);
-        async move { sem.acquire().await }
-    });
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            let mut con = con.clone();
-            let q = waiting_set.clone();
-            async move { zcard(&mut con, &q).await == 2 }
-        })
-        .await
-    );
+    // b waits first, then c.
+    let mut waiting = Vec::new();
+    for (l, n) in [(&b, 1), (&c, 2)] {
+        let sem = l.semaphore("k", 1);
+        waiting.push(tokio::spawn(async move { sem.acquire().await }));
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                let mut con = con.clone();
+                let q = waiting_set.clone();
+                async move { zcard(&mut con, &q).await == n }
+            })
+            .await
+        );
+    }
+    let [b_wait, c_wait]: [_; 2] = waiting.try_into().unwrap();
     let (b0, c0) = (b.stats().acquire_attempts, c.stats().acquire_attempts);
     assert_eq!((b0, c0), (1, 1), "each waiting instance asked once");
 

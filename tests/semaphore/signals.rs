@@ -7,9 +7,7 @@ use super::*;
 /// interval or so, and its release reports the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_permit_is_signalled() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("sem-loss");
+    let (server, _log, prefix) = shared_scene("sem-loss");
     let backend = backend_at(&server.url(), &prefix).await;
     let permits = backend.permits_name(&LockKey::from("k"));
     let l = locker(backend, Duration::from_millis(900));
