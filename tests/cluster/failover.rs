@@ -9,9 +9,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primary_while_held() {
     let (_serial, c) = cluster_for_this_test().await;
-    let prefix = unique_prefix("failover");
-    let a = backend(&prefix).await;
-    let b = backend(&prefix).await;
+    let (a, b) = two_instances("failover").await;
     let shards = key_per_shard(&a, "f").await;
     let (key, victim) = shards[0].clone();
     let others: Vec<LockKey> = shards[1..].iter().map(|(k, _)| k.clone()).collect();

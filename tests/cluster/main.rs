@@ -68,6 +68,12 @@ async fn backend(prefix: &str) -> RedisBackend {
     .await
 }
 
+/// Two instances on the cluster under a new prefix (from `name`).
+async fn two_instances(name: &str) -> (RedisBackend, RedisBackend) {
+    let prefix = unique_prefix(name);
+    (backend(&prefix).await, backend(&prefix).await)
+}
+
 async fn data_conn() -> ClusterConnection {
     redis::cluster::ClusterClientBuilder::new(cluster().urls())
         .response_timeout(Duration::from_secs(5))

@@ -11,9 +11,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_slot_migrates_while_held_and_waited_on() {
     let (_serial, c) = cluster_for_this_test().await;
-    let prefix = unique_prefix("migrate");
-    let a = backend(&prefix).await;
-    let b = backend(&prefix).await;
+    let (a, b) = two_instances("migrate").await;
     let key = LockKey::from("hot");
     let slot = Cluster::slot(&a.lock_name(&key));
     let from = c.primary_of_slot(slot).await;

@@ -14,10 +14,7 @@ async fn a_failed_lock_never_touches_the_inner_service() {
         .oneshot(request(Some("busy")))
         .await
         .unwrap_err();
-    assert!(
-        matches!(err.downcast_ref::<Error>(), Some(Error::Timeout { .. })),
-        "{err}"
-    );
+    assert_lockflight_error(&err, |e| matches!(e, Error::Timeout { .. }));
     assert_eq!(
         polls.load(Ordering::SeqCst),
         0,
@@ -63,10 +60,7 @@ async fn requests_without_a_key_follow_the_policy() {
         .missing_key(MissingKey::Reject)
         .layer(inner);
     let err = reject.oneshot(request(None)).await.unwrap_err();
-    assert!(
-        matches!(err.downcast_ref::<Error>(), Some(Error::InvalidKey { .. })),
-        "{err}"
-    );
+    assert_lockflight_error(&err, |e| matches!(e, Error::InvalidKey { .. }));
     assert_eq!(
         ran.load(Ordering::SeqCst),
         1,

@@ -54,10 +54,7 @@ async fn lease_loss_drops_the_handler_and_fails_with_lease_lost() {
         .expect("the loss was not noticed")
         .unwrap()
         .unwrap_err();
-    assert!(
-        matches!(err.downcast_ref::<Error>(), Some(Error::LeaseLost { .. })),
-        "{err}"
-    );
+    assert_lockflight_error(&err, |e| matches!(e, Error::LeaseLost { .. }));
     assert!(
         dropped.load(Ordering::SeqCst),
         "the handler future was not dropped"

@@ -32,6 +32,11 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 
 use mocks::{Broken, DropFlag, OnePermit, Picky};
 
+/// Panics (showing `err`) unless `err` is a lockflight [`Error`] that `is` accepts.
+fn assert_lockflight_error(err: &tower::BoxError, is: fn(&Error) -> bool) {
+    assert!(err.downcast_ref::<Error>().is_some_and(is), "{err}");
+}
+
 fn memory_locker() -> Locker {
     Locker::builder(MemoryBackend::new())
         .wait_timeout(Duration::from_millis(300))

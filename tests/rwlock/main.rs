@@ -23,6 +23,9 @@ use support::{
 };
 use tokio::task::JoinSet;
 
+/// How long a test waits for its lockers' local activity to end.
+const IDLE: Duration = Duration::from_secs(10);
+
 /// `n` lockers, each on its own backend (its own instance id and channel).
 async fn instances(url: &str, prefix: &str, n: usize) -> Vec<Locker> {
     let mut out = Vec::new();
@@ -45,11 +48,6 @@ fn rw_name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
 
 /// Waits until none of `lockers` has read-write activity left.
 async fn wait_idle(lockers: &[Locker]) {
-    wait_zero(
-        lockers,
-        Duration::from_secs(10),
-        Locker::active_rw_keys,
-        "local read-write state left behind",
-    )
-    .await;
+    let what = "read-write state left behind";
+    wait_zero(lockers, IDLE, Locker::active_rw_keys, what).await;
 }

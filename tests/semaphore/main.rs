@@ -25,6 +25,9 @@ use support::{
 };
 use tokio::task::JoinSet;
 
+/// How long a test waits for its lockers' local activity to end.
+const IDLE: Duration = Duration::from_secs(10);
+
 fn locker(backend: RedisBackend, ttl: Duration) -> Locker {
     Locker::builder(backend)
         .lease_ttl(ttl)
@@ -47,13 +50,8 @@ async fn instances(url: &str, prefix: &str, n: usize) -> Vec<Locker> {
 
 /// Waits until none of `lockers` has semaphore state left.
 async fn wait_idle(lockers: &[Locker]) {
-    wait_zero(
-        lockers,
-        Duration::from_secs(10),
-        Locker::active_semaphores,
-        "semaphore state left behind in a locker",
-    )
-    .await;
+    let what = "semaphore state left behind";
+    wait_zero(lockers, IDLE, Locker::active_semaphores, what).await;
 }
 
 /// Counts holders inside a critical section and records the maximum.
