@@ -135,6 +135,15 @@ fn on_one_thread<F: std::future::Future>(test: F) -> F::Output {
         .block_on(test)
 }
 
+/// A task that locks `key` with `locker` (and returns the guard).
+fn spawn_lock(
+    locker: &Locker,
+    key: &'static str,
+) -> tokio::task::JoinHandle<lockflight::Result<lockflight::LockGuard>> {
+    let locker = locker.clone();
+    tokio::spawn(async move { locker.lock(key).await })
+}
+
 fn locker(backend: &Faulty, ttl: Duration) -> Locker {
     Locker::builder(backend.clone())
         .lease_ttl(ttl)
@@ -201,10 +210,7 @@ fn a_handed_off_lease_that_ran_out_is_not_granted() {
             .unwrap();
         let guard = locker.lock("k").await.unwrap();
         let first = guard.fencing_token();
-        let waiter = tokio::spawn({
-            let locker = locker.clone();
-            async move { locker.lock("k").await }
-        });
+        let waiter = spawn_lock(&locker, "k");
         tokio::task::yield_now().await;
         // Hand off, then stall this single-threaded runtime past the validity
         // window before the waiter can run.
@@ -356,10 +362,7 @@ async fn a_failed_release_is_reconciled_by_the_next_leader() {
         .unwrap();
     let guard = locker.lock("k").await.unwrap();
     let first = guard.fencing_token();
-    let waiter = tokio::spawn({
-        let locker = locker.clone();
-        async move { locker.lock("k").await }
-    });
+    let waiter = spawn_lock(&locker, "k");
     while locker.stats().local_waits == 0 {
         tokio::task::yield_now().await;
     }

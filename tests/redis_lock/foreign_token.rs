@@ -49,10 +49,6 @@ async fn release_with_foreign_token_deletes_nothing() {
     }
     let value = get_string(&mut con, &name).await;
     assert_eq!(value.as_deref(), Some("foreign"));
-    redis::cmd("DEL")
-        .arg(&name)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &name).await;
     wait_idle(&[locker], IDLE).await;
 }

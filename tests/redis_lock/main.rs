@@ -24,9 +24,9 @@ use lockflight::{
 use redis::aio::MultiplexedConnection;
 use support::{
     CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
-    exists, get_string, holder_child_target, increment, join_all, pttl, queue_name, set_for_30s,
-    shared, shared_scene, spawn_holder_child, subscribed, tell_parent, unique_prefix, wait_idle,
-    wait_until, within, zcard,
+    del, exists, get_string, holder_child_target, increment, join_all, pttl, queue_name,
+    set_for_30s, shared, shared_scene, spawn_holder_child, subscribed, tell_parent, unique_prefix,
+    wait_idle, wait_until, within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;

@@ -87,11 +87,7 @@ async fn lost_guard_has_no_validity_left() {
         .unwrap();
     let guard = locker.lock(&key).await.unwrap();
     let mut con = server.connection().await;
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     within(Duration::from_secs(3), "lost() after DEL", guard.lost()).await;
     assert!(guard.is_lost());
     let left = guard.valid_for();

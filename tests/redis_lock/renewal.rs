@@ -76,11 +76,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
     // Deleted.
     let key = LockKey::from("deleted");
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     let noticed = expect_loss(guard, bound, "DEL").await;
     println!("loss after DEL noticed after {noticed:?}");
 
@@ -98,11 +94,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
         "the foreign value was deleted"
     );
     assert_eq!(locker.stats().leases_lost, 2);
-    redis::cmd("DEL")
-        .arg(&name)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &name).await;
     wait_idle(&[locker], IDLE).await;
 }
 
@@ -141,11 +133,7 @@ async fn with_lock_aborts_work_on_loss() {
         .unwrap();
     assert_eq!(info.key, key);
     let mut con = server.connection().await;
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     let deleted = Instant::now();
     let result = within(Duration::from_secs(5), "with_lock", work)
         .await

@@ -144,6 +144,11 @@ pub(crate) async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], va
     .await
 }
 
+/// Deletes the Redis key `name` (behind its holder's back, in the loss tests).
+pub(crate) async fn del(con: &mut MultiplexedConnection, name: &[u8]) {
+    query::<()>(con, redis::cmd("DEL").arg(name)).await
+}
+
 /// Whether the Redis key `name` exists.
 pub(crate) async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
     query::<i64>(con, redis::cmd("EXISTS").arg(name)).await == 1
