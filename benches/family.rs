@@ -20,9 +20,12 @@
 //! tokens strictly increase, at most N holders at once. Without `--bench` (as
 //! `cargo test --benches` runs it) a tiny smoke configuration runs.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::future::ready;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +33,7 @@ use std::time::{Duration, Instant};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use rand::{RngExt as _, SeedableRng as _};
 use redis::aio::MultiplexedConnection;
-use support::RedisServer;
+use support::{RedisServer, counter_value, evalsha_count, increment};
 
 /// What one row measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,34 +80,7 @@ struct Measured {
 }
 
 async fn evalsha_calls(server: &RedisServer) -> u64 {
-    let mut con = server.connection().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut con)
-        .await
-        .expect("INFO");
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-async fn get(con: &mut MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("GET")
-        .arg(key)
-        .query_async::<Option<u64>>(con)
-        .await
-        .expect("GET")
-        .unwrap_or(0)
-}
-
-async fn set(con: &mut MultiplexedConnection, key: &str, v: u64) {
-    redis::cmd("SET")
-        .arg(key)
-        .arg(v)
-        .query_async::<()>(con)
-        .await
-        .expect("SET");
+    evalsha_count(&mut server.connection().await).await
 }
 
 /// What every task of a row shares.
@@ -144,23 +120,27 @@ async fn operation(
             if row == Row::ReadsRw && !write {
                 let g = locker.read("hot").await.expect("read");
                 shared.waits.lock().unwrap().push(start.elapsed());
-                let _ = get(con, &shared.counter).await;
+                let _ = counter_value(con, shared.counter.as_bytes()).await;
                 g.release().await.expect("release read");
             } else if row == Row::ReadsRw {
                 let g = locker.write("hot").await.expect("write");
                 shared.waits.lock().unwrap().push(start.elapsed());
                 shared.tokens.lock().unwrap().push(g.fencing_token());
-                let v = get(con, &shared.counter).await;
-                set(con, &shared.counter, v + 1).await;
+                increment(con, shared.counter.as_bytes(), ready(())).await;
                 shared.writes.fetch_add(1, Ordering::Relaxed);
                 g.release().await.expect("release write");
             } else {
                 let g = locker.lock("hot").await.expect("lock");
                 shared.waits.lock().unwrap().push(start.elapsed());
-                let v = get(con, &shared.counter).await;
+                let v = counter_value(con, shared.counter.as_bytes()).await;
                 if write {
                     shared.tokens.lock().unwrap().push(g.fencing_token());
-                    set(con, &shared.counter, v + 1).await;
+                    redis::cmd("SET")
+                        .arg(&shared.counter)
+                        .arg(v + 1)
+                        .query_async::<()>(con)
+                        .await
+                        .expect("SET");
                     shared.writes.fetch_add(1, Ordering::Relaxed);
                 }
                 g.release().await.expect("release");
@@ -180,7 +160,7 @@ async fn operation(
             };
             shared.waits.lock().unwrap().push(start.elapsed());
             shared.enter();
-            let _ = get(con, &shared.counter).await;
+            let _ = counter_value(con, shared.counter.as_bytes()).await;
             tokio::time::sleep(Duration::from_millis(1)).await;
             shared.leave();
             drop(guard); // released in the background, like a dropped guard
@@ -189,8 +169,7 @@ async fn operation(
             let g = locker.lock("hot").await.expect("lock");
             shared.waits.lock().unwrap().push(start.elapsed());
             shared.tokens.lock().unwrap().push(g.fencing_token());
-            let v = get(con, &shared.counter).await;
-            set(con, &shared.counter, v + 1).await;
+            increment(con, shared.counter.as_bytes(), ready(())).await;
             shared.writes.fetch_add(1, Ordering::Relaxed);
             g.release().await.expect("release");
         }
@@ -258,7 +237,7 @@ async fn run_row(server: &RedisServer, row: Row, p: usize, t: usize, secs: f64) 
     let mut con = con.clone();
     let writes = shared.writes.load(Ordering::Relaxed);
     assert_eq!(
-        get(&mut con, &shared.counter).await,
+        counter_value(&mut con, shared.counter.as_bytes()).await,
         writes,
         "{}: lost update",
         row.label()
@@ -295,18 +274,8 @@ async fn run_row(server: &RedisServer, row: Row, p: usize, t: usize, secs: f64) 
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let secs: f64 = std::env::var("LOCKFLIGHT_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(if bench { 3.0 } else { 0.3 });
-    let (p, t) = if bench { (4, 64) } else { (2, 4) };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
+    let (secs, p, t) = common::scale();
+    common::runtime().block_on(async move {
         let server = RedisServer::start();
         let mut rows = Vec::new();
         for row in [

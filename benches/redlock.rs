@@ -20,6 +20,8 @@
 //! Without `--bench` (as `cargo test --benches` runs it) a tiny smoke configuration
 //! runs.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -30,7 +32,7 @@ use lockflight::{
     FencingToken, Handoff, Locker, RedisBackend, backend::LockBackend, backend::RedlockBackend,
 };
 use redis::aio::MultiplexedConnection;
-use support::RedisServer;
+use support::{RedisServer, counter_value, evalsha_count, increment};
 
 struct Point {
     topology: String,
@@ -45,21 +47,7 @@ struct Point {
 async fn evalsha_calls(servers: &[&RedisServer]) -> u64 {
     let mut total = 0;
     for s in servers {
-        let mut con = s.connection().await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut con)
-            .await
-            .expect("INFO");
-        for line in info.lines() {
-            if let Some(rest) = line.strip_prefix("cmdstat_evalsha:calls=") {
-                total += rest
-                    .split(',')
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
+        total += evalsha_count(&mut s.connection().await).await;
     }
     total
 }
@@ -137,17 +125,7 @@ async fn run_point(
                 while Instant::now() < end {
                     let g = l.lock("hot").await.expect("lock");
                     tokens.lock().unwrap().push(g.fencing_token());
-                    let v: Option<u64> = redis::cmd("GET")
-                        .arg(&counter)
-                        .query_async(&mut con)
-                        .await
-                        .expect("GET");
-                    let _: () = redis::cmd("SET")
-                        .arg(&counter)
-                        .arg(v.unwrap_or(0) + 1)
-                        .query_async(&mut con)
-                        .await
-                        .expect("SET");
+                    increment(&mut con, counter.as_bytes(), std::future::ready(())).await;
                     g.release().await.expect("release");
                     n += 1;
                 }
@@ -162,12 +140,7 @@ async fn run_point(
     let elapsed = start.elapsed().as_secs_f64();
     let requests = evalsha_calls(nodes).await - before;
     let mut con = counter_con.clone();
-    let value: u64 = redis::cmd("GET")
-        .arg(&counter)
-        .query_async::<Option<u64>>(&mut con)
-        .await
-        .expect("GET")
-        .unwrap_or(0);
+    let value = counter_value(&mut con, counter.as_bytes()).await;
     assert_eq!(value, cs, "lost update: mutual exclusion broken");
     let tokens = tokens.lock().unwrap();
     assert!(
@@ -190,18 +163,8 @@ async fn run_point(
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let secs: f64 = std::env::var("LOCKFLIGHT_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(if bench { 3.0 } else { 0.3 });
-    let (p, t) = if bench { (4, 64) } else { (2, 4) };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
+    let (secs, p, t) = common::scale();
+    common::runtime().block_on(async move {
         let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
         let counter_server = RedisServer::start();
         let counter_con = counter_server.connection().await;

@@ -25,6 +25,8 @@
 //! Results are printed as a Markdown table.
 #![allow(dead_code)]
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -32,6 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use lockflight::backend::RedisBackendBuilder;
 use lockflight::{Handoff, LockKey, Locker, RedisBackend};
 use support::RedisServer;
 use support::cluster::Cluster;
@@ -66,10 +69,50 @@ impl Data {
 
 struct Topo {
     name: &'static str,
-    connect: Box<dyn Fn(String) -> futures::future::BoxFuture<'static, RedisBackend>>,
+    /// A builder of a backend on this topology.
+    builder: Box<dyn Fn() -> RedisBackendBuilder>,
     data: Data,
     /// Clients of the primaries (for `INFO commandstats`).
     primaries: Vec<redis::Client>,
+}
+
+impl Topo {
+    /// A new backend (instance) on this topology under `prefix`, subscribed.
+    async fn connect(&self, prefix: &str) -> RedisBackend {
+        support::subscribed(
+            (self.builder)()
+                .prefix(prefix)
+                .connect()
+                .await
+                .expect("connect"),
+        )
+        .await
+    }
+
+    /// The cluster as a topology: its primaries and a cluster data connection.
+    async fn cluster(cluster: &Cluster) -> Topo {
+        let urls = cluster.urls();
+        let primaries = cluster
+            .primaries()
+            .await
+            .iter()
+            .map(|p| redis::Client::open(format!("redis://{}/", p.addr)).unwrap())
+            .collect();
+        let data = redis::cluster::ClusterClientBuilder::new(urls.clone())
+            .response_timeout(Duration::from_secs(10))
+            .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        Topo {
+            name: "cluster",
+            builder: Box::new(move || RedisBackend::cluster(urls.clone())),
+            data: Data::Cluster(data),
+            primaries,
+        }
+    }
 }
 
 async fn evalsha_calls(primaries: &[redis::Client]) -> u64 {
@@ -79,17 +122,7 @@ async fn evalsha_calls(primaries: &[redis::Client]) -> u64 {
             .get_multiplexed_async_connection()
             .await
             .expect("info conn");
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut con)
-            .await
-            .expect("INFO");
-        total += info
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|r| r.split(',').next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0);
+        total += support::evalsha_count(&mut con).await;
     }
     total
 }
@@ -106,7 +139,7 @@ async fn run(topo: &Topo, mode: Mode, keys: &[LockKey], prefix: &str, secs: f64)
     let mut lockers = Vec::new();
     let mut backends = Vec::new();
     for _ in 0..P {
-        let b = (topo.connect)(prefix.to_owned()).await;
+        let b = topo.connect(prefix).await;
         let builder = Locker::builder(b.clone()).wait_timeout(Duration::from_secs(120));
         let builder = match mode {
             Mode::Naive => builder.coalescing(false),
@@ -235,16 +268,8 @@ fn main() {
     if !args.iter().any(|a| a == "--bench") && only.is_none() {
         return;
     }
-    let secs: f64 = std::env::var("LOCKFLIGHT_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
+    let secs = common::bench_secs(2.0);
+    common::runtime().block_on(async move {
         header();
         let want = |t: &str| only.as_deref().is_none_or(|o| o == t);
         if want("single") {
@@ -252,19 +277,7 @@ fn main() {
             let url = server.url();
             let topo = Topo {
                 name: "single",
-                connect: Box::new(move |prefix| {
-                    let url = url.clone();
-                    Box::pin(async move {
-                        subscribed(
-                            RedisBackend::builder(url)
-                                .prefix(prefix)
-                                .connect()
-                                .await
-                                .expect("connect"),
-                        )
-                        .await
-                    })
-                }),
+                builder: Box::new(move || RedisBackend::builder(url.clone())),
                 data: Data::Single(server.connection().await),
                 primaries: vec![server.client()],
             };
@@ -272,40 +285,7 @@ fn main() {
         }
         if want("cluster") {
             let cluster = Cluster::start();
-            let urls = cluster.urls();
-            let primaries = cluster
-                .primaries()
-                .await
-                .iter()
-                .map(|p| redis::Client::open(format!("redis://{}/", p.addr)).unwrap())
-                .collect();
-            let data = redis::cluster::ClusterClientBuilder::new(urls.clone())
-                .response_timeout(Duration::from_secs(10))
-                .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
-                .build()
-                .unwrap()
-                .get_async_connection()
-                .await
-                .unwrap();
-            let topo = Topo {
-                name: "cluster",
-                connect: Box::new(move |prefix| {
-                    let urls = urls.clone();
-                    Box::pin(async move {
-                        subscribed(
-                            RedisBackend::cluster(urls)
-                                .prefix(prefix)
-                                .connect()
-                                .await
-                                .expect("connect"),
-                        )
-                        .await
-                    })
-                }),
-                data: Data::Cluster(data),
-                primaries,
-            };
-            bench_topology(Topo { ..topo }, secs).await;
+            bench_topology(Topo::cluster(&cluster).await, secs).await;
         }
         if want("sentinel") {
             let s = Sentinels::start().await;
@@ -313,19 +293,7 @@ fn main() {
             let primary = s.primary().await;
             let topo = Topo {
                 name: "sentinel",
-                connect: Box::new(move |prefix| {
-                    let urls = urls.clone();
-                    Box::pin(async move {
-                        subscribed(
-                            RedisBackend::sentinel(urls, MASTER)
-                                .prefix(prefix)
-                                .connect()
-                                .await
-                                .expect("connect"),
-                        )
-                        .await
-                    })
-                }),
+                builder: Box::new(move || RedisBackend::sentinel(urls.clone(), MASTER)),
                 data: Data::Single(primary.connection().await),
                 primaries: vec![primary.client()],
             };
@@ -334,45 +302,12 @@ fn main() {
         if want("cluster") {
             // 64 hot keys over 1, 2, 3 shards (default mode).
             let cluster = Cluster::start();
-            let urls = cluster.urls();
-            let primaries: Vec<redis::Client> = cluster
-                .primaries()
-                .await
-                .iter()
-                .map(|p| redis::Client::open(format!("redis://{}/", p.addr)).unwrap())
-                .collect();
-            let data = redis::cluster::ClusterClientBuilder::new(urls.clone())
-                .response_timeout(Duration::from_secs(10))
-                .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
-                .build()
-                .unwrap()
-                .get_async_connection()
-                .await
-                .unwrap();
-            let u2 = urls.clone();
-            let topo = Topo {
-                name: "cluster",
-                connect: Box::new(move |prefix| {
-                    let urls = u2.clone();
-                    Box::pin(async move {
-                        subscribed(
-                            RedisBackend::cluster(urls)
-                                .prefix(prefix)
-                                .connect()
-                                .await
-                                .expect("connect"),
-                        )
-                        .await
-                    })
-                }),
-                data: Data::Cluster(data),
-                primaries,
-            };
-            let probe = (topo.connect)("bench-probe".into()).await;
+            let topo = Topo::cluster(&cluster).await;
+            let probe = topo.connect("bench-probe").await;
             for shards in 1..=3 {
                 let prefix = support::unique_prefix(&format!("bench-64-{shards}"));
                 // Names depend on the prefix: place keys with a backend of that prefix.
-                let b = (topo.connect)(prefix.clone()).await;
+                let b = topo.connect(&prefix).await;
                 let keys = keys_on_shards(&cluster, &b, shards).await;
                 let o = run(&topo, Mode::Default, &keys, &prefix, secs).await;
                 row(
@@ -384,13 +319,4 @@ fn main() {
             drop(probe);
         }
     });
-}
-
-async fn subscribed(b: RedisBackend) -> RedisBackend {
-    support::wait_until(Duration::from_secs(10), || {
-        let up = b.is_subscribed();
-        async move { up }
-    })
-    .await;
-    b
 }

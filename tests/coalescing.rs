@@ -4,95 +4,13 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
-use lockflight::{
-    Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
-    backend::LockBackend,
-};
-use support::{RedisServer, wait_until};
-
-/// A backend wrapper that counts the requests it forwards (each is one round trip
-/// of the inner backend) and the acquires in flight at once.
-#[derive(Debug, Default)]
-struct Counts {
-    acquire: AtomicU64,
-    release: AtomicU64,
-    extend: AtomicU64,
-    leave: AtomicU64,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-}
-
-impl Counts {
-    fn requests(&self) -> u64 {
-        self.acquire.load(Ordering::Relaxed)
-            + self.release.load(Ordering::Relaxed)
-            + self.extend.load(Ordering::Relaxed)
-            + self.leave.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Debug)]
-struct Counting<B> {
-    inner: B,
-    counts: Arc<Counts>,
-}
-
-impl<B> Counting<B> {
-    fn new(inner: B) -> (Self, Arc<Counts>) {
-        let counts = Arc::new(Counts::default());
-        (
-            Counting {
-                inner,
-                counts: Arc::clone(&counts),
-            },
-            counts,
-        )
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend> LockBackend for Counting<B> {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-        queue: bool,
-    ) -> lockflight::Result<Acquire> {
-        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
-        let now = self.counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.counts.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let out = self.inner.acquire(key, token, ttl, queue).await;
-        self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
-        out
-    }
-    async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
-        self.counts.release.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(key, token).await
-    }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-        ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        self.counts.extend.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, token, ttl).await
-    }
-    async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
-        self.counts.leave.fetch_add(1, Ordering::Relaxed);
-        self.inner.leave(key).await
-    }
-    fn wakeups(&self) -> &WakeRegistry {
-        self.inner.wakeups()
-    }
-}
+use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend};
+use support::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
 
 async fn redis_locker(
     url: &str,
@@ -205,17 +123,7 @@ async fn hot_key(
             tasks.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let guard = locker.lock("hot").await.expect("lock");
-                    let n: Option<u64> = redis::cmd("GET")
-                        .arg(&counter)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap();
-                    let () = redis::cmd("SET")
-                        .arg(&counter)
-                        .arg(n.unwrap_or(0) + 1)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap();
+                    increment(&mut con, counter.as_bytes(), std::future::ready(())).await;
                     fences.lock().unwrap().push(guard.fencing_token());
                     mine.fetch_add(1, Ordering::Relaxed);
                     guard.release().await.expect("release");
@@ -229,11 +137,7 @@ async fn hot_key(
         task.await.unwrap();
     }
     let after = commandstats(&mut admin).await;
-    let counted: u64 = redis::cmd("GET")
-        .arg(&counter)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let counted = counter_value(&mut admin, counter.as_bytes()).await;
     let per_locker: Vec<u64> = per_locker
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -258,7 +162,7 @@ async fn hot_key(
     HotKey {
         sections,
         per_locker,
-        requests: lockers.iter().map(|(_, c)| c.requests()).sum(),
+        requests: lockers.iter().map(|(_, c)| c.total()).sum(),
         server_commands,
     }
 }
@@ -382,11 +286,22 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("coalesce-panic");
-    let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
+/// A coalescing locker without handoff on the shared Redis, under a new prefix
+/// (from `name`).
+async fn coalescing_locker(name: &str) -> Locker {
+    let url = support::shared().url();
+    let prefix = support::unique_prefix(name);
+    redis_locker(&url, &prefix, Handoff::disabled(), true)
+        .await
+        .0
+}
+
+/// Spawns the leader of a `singleflight` on `k` whose work is `work`, and waits
+/// until the work has started.
+async fn started_leader<T: Clone + Send + Sync + 'static>(
+    locker: &Locker,
+    work: impl Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<lockflight::Result<T>> {
     let started = Arc::new(tokio::sync::Notify::new());
     let leader = {
         let (locker, started) = (locker.clone(), started.clone());
@@ -394,15 +309,25 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
             locker
                 .singleflight("k", || async move {
                     started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    panic!("leader fails");
-                    #[allow(unreachable_code)]
-                    1u32
+                    work.await
                 })
                 .await
         })
     };
     started.notified().await;
+    leader
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
+    let locker = coalescing_locker("coalesce-panic").await;
+    let leader = started_leader(&locker, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        panic!("leader fails");
+        #[allow(unreachable_code)]
+        1u32
+    })
+    .await;
     let follower = {
         let locker = locker.clone();
         tokio::spawn(async move { locker.singleflight("k", || async { 2u32 }).await })
@@ -429,22 +354,8 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("coalesce-cancel");
-    let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
-    let started = Arc::new(tokio::sync::Notify::new());
-    let leader = {
-        let (locker, started) = (locker.clone(), started.clone());
-        tokio::spawn(async move {
-            locker
-                .singleflight("k", || async move {
-                    started.notify_one();
-                    std::future::pending::<&'static str>().await
-                })
-                .await
-        })
-    };
-    started.notified().await;
+    let locker = coalescing_locker("coalesce-cancel").await;
+    let leader = started_leader(&locker, std::future::pending::<&'static str>()).await;
     let followers: Vec<_> = (0..10)
         .map(|_| {
             let locker = locker.clone();

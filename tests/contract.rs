@@ -126,6 +126,24 @@ fn transient(key: &str, phase: Phase) -> Error {
     Error::backend(&LockKey::from(key), phase, "injected I/O error")
 }
 
+/// Runs `test` on a single-threaded runtime of its own, which the test may stall.
+fn on_one_thread<F: std::future::Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test)
+}
+
+/// A task that locks `key` with `locker` (and returns the guard).
+fn spawn_lock(
+    locker: &Locker,
+    key: &'static str,
+) -> tokio::task::JoinHandle<lockflight::Result<lockflight::LockGuard>> {
+    let locker = locker.clone();
+    tokio::spawn(async move { locker.lock(key).await })
+}
+
 fn locker(backend: &Faulty, ttl: Duration) -> Locker {
     Locker::builder(backend.clone())
         .lease_ttl(ttl)
@@ -182,11 +200,7 @@ async fn a_reply_after_the_validity_window_is_not_a_grant() {
 /// wakes after the lease's validity ended competes again instead of holding it.
 #[test]
 fn a_handed_off_lease_that_ran_out_is_not_granted() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_one_thread(async {
         let backend = Faulty::default();
         let ttl = Duration::from_millis(300);
         let locker = Locker::builder(backend.clone())
@@ -196,10 +210,7 @@ fn a_handed_off_lease_that_ran_out_is_not_granted() {
             .unwrap();
         let guard = locker.lock("k").await.unwrap();
         let first = guard.fencing_token();
-        let waiter = tokio::spawn({
-            let locker = locker.clone();
-            async move { locker.lock("k").await }
-        });
+        let waiter = spawn_lock(&locker, "k");
         tokio::task::yield_now().await;
         // Hand off, then stall this single-threaded runtime past the validity
         // window before the waiter can run.
@@ -217,11 +228,7 @@ fn a_handed_off_lease_that_ran_out_is_not_granted() {
 /// while the validity was already over.
 #[test]
 fn is_lost_follows_the_monotonic_clock_after_a_stall() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_one_thread(async {
         let backend = Faulty::default();
         let locker = locker(&backend, Duration::from_millis(200));
         let guard = locker.lock("k").await.unwrap();
@@ -355,10 +362,7 @@ async fn a_failed_release_is_reconciled_by_the_next_leader() {
         .unwrap();
     let guard = locker.lock("k").await.unwrap();
     let first = guard.fencing_token();
-    let waiter = tokio::spawn({
-        let locker = locker.clone();
-        async move { locker.lock("k").await }
-    });
+    let waiter = spawn_lock(&locker, "k");
     while locker.stats().local_waits == 0 {
         tokio::task::yield_now().await;
     }
@@ -442,17 +446,23 @@ async fn with_lock_reports_a_release_that_found_the_lock_gone() {
     }
 }
 
+/// A locker (3 s leases, `LossPolicy::Signal`) whose every renewal finds the lease
+/// taken (`NotOwner`).
+fn signal_locker_losing_its_lease() -> Locker {
+    let backend = Faulty::default();
+    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(3))
+        .on_loss(LossPolicy::Signal)
+        .build()
+        .unwrap()
+}
+
 /// Defect: under `LossPolicy::Signal` the work had no way to observe loss. Now
 /// `LockInfo::loss` resolves and reads as lost, and the work runs to its end.
 #[tokio::test(start_paused = true)]
 async fn signal_policy_work_observes_loss_through_its_info() {
-    let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
-    let locker = Locker::builder(backend.clone())
-        .lease_ttl(Duration::from_secs(3))
-        .on_loss(LossPolicy::Signal)
-        .build()
-        .unwrap();
+    let locker = signal_locker_losing_its_lease();
     let seen = locker
         .with_lock("k", |info| async move {
             assert!(!info.loss.is_lost());
@@ -474,13 +484,7 @@ async fn signal_policy_work_observes_loss_through_its_info() {
 /// The work's view under `Signal`: what it observed, for a lease lost mid-way.
 #[tokio::test(start_paused = true)]
 async fn signal_policy_loss_view() {
-    let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
-    let locker = Locker::builder(backend.clone())
-        .lease_ttl(Duration::from_secs(3))
-        .on_loss(LossPolicy::Signal)
-        .build()
-        .unwrap();
+    let locker = signal_locker_losing_its_lease();
     let guard = locker.lock("k").await.unwrap();
     let info = guard.info();
     info.loss.lost().await;

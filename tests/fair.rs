@@ -15,31 +15,13 @@ use lockflight::{
     Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
 };
-use support::{CountingProxy, RedisServer, shared, unique_prefix, wait_until};
+use support::{CountingProxy, RedisServer, backend_at, shared, unique_prefix, wait_until};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 /// The time between two arrivals: well above the jitter of placing an arrival on
 /// the server's clock (a one-way trip to a local server, on a loaded test machine).
 const GAP: Duration = Duration::from_millis(25);
-
-/// A backend (one instance) on `url` under `prefix`, subscribed.
-async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    let backend = RedisBackend::builder(url)
-        .prefix(prefix)
-        .connect()
-        .await
-        .expect("connect the backend");
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = backend.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription never came up"
-    );
-    backend
-}
 
 fn locker(backend: RedisBackend, fair: bool) -> Locker {
     Locker::builder(backend)

@@ -14,11 +14,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lockflight::{
-    Error, FencingToken, Handoff, LockKey, Locker, backend::RedlockBackend, error::Phase,
+    Error, FencingToken, Handoff, LockKey, Locker, LockerBuilder, backend::RedlockBackend,
+    error::Phase,
 };
 use redis::aio::MultiplexedConnection;
 use support::fault_proxy::{CommandMatcher, FaultProxy};
-use support::{RedisServer, assert_strictly_increasing, unique_prefix, wait_until, within};
+use support::{
+    RedisServer, assert_strictly_increasing, counter_value, increment, unique_prefix, wait_until,
+    within,
+};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -69,6 +73,49 @@ async fn backend(urls: &[String], prefix: &str, node_timeout: Duration) -> Redlo
         .expect("connect to the 5 nodes")
 }
 
+/// A new prefix (from `name`) and `n` instances under it on the calm servers (1 s
+/// node timeout).
+async fn calm_instances(name: &str, n: usize) -> (String, Vec<RedlockBackend>) {
+    let (urls, prefix) = (urls(calm()), unique_prefix(name));
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(backend(&urls, &prefix, Duration::from_secs(1)).await);
+    }
+    (prefix, out)
+}
+
+/// 3 instances on the calm servers (built by `configure`) × 40 tasks × 25 critical
+/// sections on one hot key, within 50 s (`what` names the step); checks the counter
+/// on node 0, and returns the lockers and the tokens in critical-section order.
+async fn counter_over_five_nodes(
+    name: &str,
+    configure: fn(LockerBuilder) -> LockerBuilder,
+    what: &str,
+) -> (Vec<Locker>, Vec<FencingToken>) {
+    let (prefix, backends) = calm_instances(name, 3).await;
+    let counter = format!("{prefix}:counter");
+    let lockers: Vec<Locker> = backends
+        .into_iter()
+        .map(|b| {
+            configure(Locker::builder(b).wait_timeout(Duration::from_secs(60)))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut con = calm()[0].connection().await;
+    let tokens = within(
+        Duration::from_secs(50),
+        what,
+        hammer(&lockers, "hot", &counter, &con, 40, 25),
+    )
+    .await;
+    assert_eq!(
+        counter_value(&mut con, counter.as_bytes()).await,
+        3 * 40 * 25
+    );
+    (lockers, tokens)
+}
+
 /// Whether the lock of `key` exists on node `i`.
 async fn locked_on(servers: &[RedisServer], b: &RedlockBackend, i: usize, key: &LockKey) -> bool {
     let name = b.node_backends().nth(i).expect("node").lock_name(key);
@@ -102,18 +149,7 @@ async fn hammer(
                 for _ in 0..iterations {
                     let guard = locker.lock(key.as_str()).await.expect("lock");
                     tokens.lock().unwrap().push(guard.fencing_token());
-                    let v: Option<u64> = redis::cmd("GET")
-                        .arg(&counter)
-                        .query_async(&mut con)
-                        .await
-                        .expect("GET");
-                    tokio::task::yield_now().await;
-                    let _: () = redis::cmd("SET")
-                        .arg(&counter)
-                        .arg(v.unwrap_or(0) + 1)
-                        .query_async(&mut con)
-                        .await
-                        .expect("SET");
+                    increment(&mut con, counter.as_bytes(), tokio::task::yield_now()).await;
                     guard.release().await.expect("release");
                 }
             });
@@ -125,15 +161,6 @@ async fn hammer(
     std::mem::take(&mut *tokens.lock().unwrap())
 }
 
-async fn counter_value(con: &mut MultiplexedConnection, counter: &str) -> u64 {
-    redis::cmd("GET")
-        .arg(counter)
-        .query_async::<Option<u64>>(con)
-        .await
-        .expect("GET")
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------
 // Mutual exclusion
 // ---------------------------------------------------------------------------
@@ -142,28 +169,8 @@ async fn counter_value(con: &mut MultiplexedConnection, counter: &str) -> u64 {
 /// (every critical section is a Redlock acquisition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_is_exact_over_five_nodes() {
-    let servers = calm();
-    let urls = urls(servers);
-    let prefix = unique_prefix("counter");
-    let mut lockers = Vec::new();
-    for _ in 0..3 {
-        let b = backend(&urls, &prefix, Duration::from_secs(1)).await;
-        lockers.push(
-            Locker::builder(b)
-                .wait_timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
-        );
-    }
-    let counter = format!("{prefix}:counter");
-    let mut con = servers[0].connection().await;
-    let tokens = within(
-        Duration::from_secs(50),
-        "3 x 40 x 25 critical sections",
-        hammer(&lockers, "hot", &counter, &con, 40, 25),
-    )
-    .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 3 * 40 * 25);
+    let (lockers, tokens) =
+        counter_over_five_nodes("counter", |b| b, "3 x 40 x 25 critical sections").await;
     assert_eq!(tokens.len(), 3000);
     assert_strictly_increasing(&tokens, "tokens");
     for l in &lockers {
@@ -174,29 +181,12 @@ async fn counter_is_exact_over_five_nodes() {
 /// The same with handoff: few acquisitions, still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_is_exact_over_five_nodes_with_handoff() {
-    let servers = calm();
-    let urls = urls(servers);
-    let prefix = unique_prefix("counter-handoff");
-    let mut lockers = Vec::new();
-    for _ in 0..3 {
-        let b = backend(&urls, &prefix, Duration::from_secs(1)).await;
-        lockers.push(
-            Locker::builder(b)
-                .wait_timeout(Duration::from_secs(60))
-                .handoff(Handoff::enabled())
-                .build()
-                .unwrap(),
-        );
-    }
-    let counter = format!("{prefix}:counter");
-    let mut con = servers[0].connection().await;
-    let tokens = within(
-        Duration::from_secs(50),
+    let (lockers, tokens) = counter_over_five_nodes(
+        "counter-handoff",
+        |b| b.handoff(Handoff::enabled()),
         "handoff critical sections",
-        hammer(&lockers, "hot", &counter, &con, 40, 25),
     )
     .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 3000);
     assert_strictly_increasing(&tokens, "tokens");
     let handoffs: u64 = lockers.iter().map(|l| l.stats().handoffs).sum();
     assert!(handoffs > 0, "handoff never happened");
@@ -312,11 +302,8 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_lost_on_one_node_keeps_the_quorum() {
     let servers = calm();
-    let urls = urls(servers);
-    let prefix = unique_prefix("clock-jump");
+    let [a, b]: [RedlockBackend; 2] = calm_instances("clock-jump", 2).await.1.try_into().unwrap();
     let ttl = Duration::from_millis(600);
-    let a = backend(&urls, &prefix, Duration::from_secs(1)).await;
-    let b = backend(&urls, &prefix, Duration::from_secs(1)).await;
     let la = Locker::builder(a.clone()).lease_ttl(ttl).build().unwrap();
     let lb = Locker::builder(b).lease_ttl(ttl).build().unwrap();
     let key = LockKey::from("k");
@@ -496,7 +483,7 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
         hammer(&lockers, "k", &counter, &con, 4, 10),
     )
     .await;
-    assert_eq!(counter_value(&mut con, &counter).await, 80);
+    assert_eq!(counter_value(&mut con, counter.as_bytes()).await, 80);
     assert_strictly_increasing(&tokens, "tokens");
     assert!(p0.dropped() + p1.dropped() > 0, "no reply was lost");
     let done = Instant::now();
@@ -573,10 +560,7 @@ async fn fencing_tokens_increase_across_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiting_instance_at_once() {
     let servers = calm();
-    let urls = urls(servers);
-    let prefix = unique_prefix("wake");
-    let a = backend(&urls, &prefix, Duration::from_secs(1)).await;
-    let b = backend(&urls, &prefix, Duration::from_secs(1)).await;
+    let [a, b]: [RedlockBackend; 2] = calm_instances("wake", 2).await.1.try_into().unwrap();
     let la = Locker::builder(a.clone()).build().unwrap();
     let lb = Locker::builder(b.clone()).build().unwrap();
     let key = LockKey::from("k");

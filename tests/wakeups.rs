@@ -102,8 +102,28 @@ async fn backend(url: &str, prefix: &str) -> RedisBackend {
     b
 }
 
-fn queue_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [b.lock_name(key), b":wq".to_vec()].concat()
+/// The key of the claim tests and the TTL of their leases.
+const CLAIMED: &str = "k";
+const CLAIM_TEST_TTL: Duration = Duration::from_secs(30);
+
+/// A holds [`CLAIMED`], B queues for it through the trait (without watching), then
+/// A releases, which gives B a claim. Returns B's lease token.
+async fn claim_for_b(a: &RedisBackend, b: &RedisBackend) -> LeaseToken {
+    let key = LockKey::from(CLAIMED);
+    let held = LeaseToken::random();
+    assert!(matches!(
+        a.acquire(&key, held, CLAIM_TEST_TTL, true).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    let b_token = LeaseToken::random();
+    assert!(matches!(
+        b.acquire(&key, b_token, CLAIM_TEST_TTL, true)
+            .await
+            .unwrap(),
+        Acquire::Busy { .. }
+    ));
+    assert!(a.release(&key, held).await.unwrap().released);
+    b_token
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,20 +135,9 @@ async fn an_unwanted_claim_is_passed_on() {
         backend(&server.url(), &prefix).await,
         backend(&server.url(), &prefix).await,
     );
-    let key = LockKey::from("k");
-    let ttl = Duration::from_secs(30);
-    let held = LeaseToken::random();
-    assert!(matches!(
-        a.acquire(&key, held, ttl, true).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
+    let (key, ttl) = (LockKey::from(CLAIMED), CLAIM_TEST_TTL);
     // B queues through the trait but never watches: it will not use a claim.
-    let b_token = LeaseToken::random();
-    assert!(matches!(
-        b.acquire(&key, b_token, ttl, true).await.unwrap(),
-        Acquire::Busy { .. }
-    ));
-    assert!(a.release(&key, held).await.unwrap().released);
+    claim_for_b(&a, &b).await;
     // The release gave B a 30 s claim; B's notifier gives it up after its grace
     // period, so C gets the lock long before the claim would expire.
     let started = Instant::now();
@@ -156,19 +165,8 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
         backend(&server.url(), &prefix).await,
         backend(&server.url(), &prefix).await,
     );
-    let key = LockKey::from("k");
-    let ttl = Duration::from_secs(30);
-    let held = LeaseToken::random();
-    assert!(matches!(
-        a.acquire(&key, held, ttl, true).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
-    let b_token = LeaseToken::random();
-    assert!(matches!(
-        b.acquire(&key, b_token, ttl, true).await.unwrap(),
-        Acquire::Busy { .. }
-    ));
-    assert!(a.release(&key, held).await.unwrap().released);
+    let (key, ttl) = (LockKey::from(CLAIMED), CLAIM_TEST_TTL);
+    let b_token = claim_for_b(&a, &b).await;
     // Within B's grace period, B uses its claim (nobody watches at B, as for a
     // leader whose reply is in flight, so its notifier schedules an unwanted-claim
     // check) and A, which waits properly, queues for the key again.
@@ -196,7 +194,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // queue entry.
     let mut con = server.connection().await;
     let entry: Option<String> = redis::cmd("ZSCORE")
-        .arg(queue_name(&b, &key))
+        .arg(support::queue_name(&b, &key))
         .arg(b.instance_id())
         .query_async(&mut con)
         .await

@@ -19,7 +19,8 @@ use tokio::task::JoinSet;
 use crate::oracle::{Fence, History};
 use crate::support::{CountingProxy, RedisServer, unique_prefix};
 use crate::{
-    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, lock_granted, serial,
+    wait_idle, within,
 };
 
 const WAIT: Duration = Duration::from_secs(3);
@@ -56,16 +57,8 @@ async fn worker(
             break;
         }
         let call = Instant::now();
-        let guard = match locker.lock(key).await {
-            Ok(g) => g,
-            Err(e) => {
-                errors.add(format!("lock: {}", kind(&e)));
-                assert!(
-                    matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
-                    "lock() failed with {e:?}"
-                );
-                continue;
-            }
+        let Some(guard) = lock_granted(locker.lock(key).await, &errors) else {
+            continue;
         };
         let mut held = history.granted(key, name.clone(), call, &guard);
         let signal = guard.loss_signal();

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockflight::{Error, Handoff, Locker};
+use lockflight::Error;
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
 use crate::support::nemesis::client_kill;
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, join_all, kind, lock_granted, mixed_lockers, serial,
+    wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -46,21 +47,7 @@ async fn killed_connections_keep_the_counter_exact() {
     let errors = Arc::new(Tally::default());
     let increments = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut lockers = Vec::new();
-    for i in 0..LOCKERS {
-        lockers.push(
-            Locker::builder(backend_at(&server.url(), &prefix).await)
-                .lease_ttl(TTL)
-                .wait_timeout(WAIT)
-                .handoff(if i == 0 {
-                    Handoff::enabled()
-                } else {
-                    Handoff::disabled()
-                })
-                .build()
-                .unwrap(),
-        );
-    }
+    let lockers = mixed_lockers(&server.url(), &prefix, LOCKERS, WAIT).await;
 
     let mut tasks = JoinSet::new();
     for (li, locker) in lockers.iter().enumerate() {
@@ -84,16 +71,8 @@ async fn killed_connections_keep_the_counter_exact() {
                     let call = Instant::now();
                     let result = locker.lock(key).await;
                     longest_lock = longest_lock.max(call.elapsed());
-                    let guard = match result {
-                        Ok(g) => g,
-                        Err(e) => {
-                            errors.add(format!("lock: {}", kind(&e)));
-                            assert!(
-                                matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
-                                "lock() failed with {e:?}"
-                            );
-                            continue;
-                        }
+                    let Some(guard) = lock_granted(result, &errors) else {
+                        continue;
                     };
                     let mut held = history.granted(key, format!("{li}/{t}"), call, &guard);
                     let mut con = admin.clone();

@@ -26,11 +26,16 @@ struct Scripts {
     release: Vec<u8>,
 }
 
+/// The key every test locks.
+const KEY: &str = "k";
+
 struct Setup {
     server: RedisServer,
     proxy: FaultProxy,
     prefix: String,
     scripts: Scripts,
+    /// The Redis name of [`KEY`]'s lock.
+    name: Vec<u8>,
 }
 
 impl Setup {
@@ -39,11 +44,15 @@ impl Setup {
         let proxy = FaultProxy::start(&server).await;
         let prefix = unique_prefix(name);
         let scripts = learn_scripts(&proxy, &prefix).await;
+        let name = backend_at(&server.url(), &prefix)
+            .await
+            .lock_name(&LockKey::from(KEY));
         Setup {
             server,
             proxy,
             prefix,
             scripts,
+            name,
         }
     }
 
@@ -67,20 +76,31 @@ impl Setup {
             .unwrap()
     }
 
-    async fn lock_name(&self, key: &str) -> Vec<u8> {
-        backend_at(&self.server.url(), &self.prefix)
-            .await
-            .lock_name(&LockKey::from(key))
+    /// The proxy loses the next `n` replies of `script` run on [`KEY`].
+    fn lose_replies(&self, script: &[u8], n: u64) {
+        self.proxy.drop_replies(evalsha_on(script, &self.name), n);
     }
 
-    async fn pttl(&self, name: &[u8]) -> i64 {
+    /// The PTTL of [`KEY`]'s lock.
+    async fn pttl(&self) -> i64 {
         let mut con = self.server.connection().await;
         redis::cmd("PTTL")
-            .arg(name)
+            .arg(&self.name)
             .query_async(&mut con)
             .await
             .unwrap()
     }
+}
+
+/// B takes [`KEY`] (waiting up to 15 s; `what` names the step) and releases it;
+/// returns how long after `since` B held it.
+async fn b_lock_after(b: &Locker, since: Instant, what: &str) -> Duration {
+    let g = within(Duration::from_secs(15), what, b.lock(KEY))
+        .await
+        .unwrap();
+    let blocked = since.elapsed();
+    g.release().await.unwrap();
+    blocked
 }
 
 /// Watches one acquire, renewal and release through the proxy: the first script
@@ -132,15 +152,12 @@ async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
 async fn lost_acquire_reply_is_reconciled_by_the_same_token() {
     let _serial = serial().await;
     let s = Setup::new("lost-acquire").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
     let b = s.b(LONG_TTL).await;
 
-    s.proxy
-        .drop_replies(evalsha_on(&s.scripts.acquire, &name), 1);
+    s.lose_replies(&s.scripts.acquire, 1);
     let started = Instant::now();
-    let guard = within(Duration::from_secs(10), "A's lock", a.lock(key))
+    let guard = within(Duration::from_secs(10), "A's lock", a.lock(KEY))
         .await
         .expect("a lost acquire reply is reconciled");
     let took = started.elapsed();
@@ -150,20 +167,16 @@ async fn lost_acquire_reply_is_reconciled_by_the_same_token() {
     assert!(!guard.is_lost());
     assert!(guard.valid_for() > LONG_TTL / 2);
     assert!(
-        b.try_lock(key).await.unwrap().is_none(),
+        b.try_lock(KEY).await.unwrap().is_none(),
         "the lock must be held (by A)"
     );
-    assert!(s.pttl(&name).await > 0);
+    assert!(s.pttl().await > 0);
     guard
         .release()
         .await
         .expect("A's release finds its own token at the key");
-    let taken = Instant::now();
-    let g = within(QUICKLY, "B's lock after A's release", b.lock(key))
-        .await
-        .unwrap();
-    assert!(taken.elapsed() <= QUICKLY);
-    g.release().await.unwrap();
+    let taken = b_lock_after(&b, Instant::now(), "B's lock after A's release").await;
+    assert!(taken <= QUICKLY);
     assert_eq!(a.stats().leases_lost, 0);
     assert!(a.stats().acquire_attempts >= 2);
 }
@@ -175,14 +188,11 @@ async fn lost_acquire_reply_is_reconciled_by_the_same_token() {
 async fn lost_acquire_replies_until_the_caller_gives_up_leave_no_lock() {
     let _serial = serial().await;
     let s = Setup::new("lost-acquire-give-up").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(LONG_TTL, Duration::from_secs(1)).await;
     let b = s.b(LONG_TTL).await;
 
-    s.proxy
-        .drop_replies(evalsha_on(&s.scripts.acquire, &name), 1_000);
-    let result = within(Duration::from_secs(10), "A's lock", a.lock(key)).await;
+    s.lose_replies(&s.scripts.acquire, 1_000);
+    let result = within(Duration::from_secs(10), "A's lock", a.lock(KEY)).await;
     s.proxy.clear_rules();
     let gave_up = Instant::now();
     let dropped = s.proxy.dropped();
@@ -195,20 +205,12 @@ async fn lost_acquire_replies_until_the_caller_gives_up_leave_no_lock() {
         other => panic!("A's lock with every reply lost: {other:?}"),
     }
     assert!(dropped >= 1);
-    let g = within(
-        Duration::from_secs(15),
-        "B's lock after A gave up",
-        b.lock(key),
-    )
-    .await
-    .unwrap();
-    let blocked = gave_up.elapsed();
+    let blocked = b_lock_after(&b, gave_up, "B's lock after A gave up").await;
     println!("lost acquire replies: B held the lock {blocked:?} after A gave up");
     assert!(
         blocked <= QUICKLY,
         "the lock A's landed acquire set was held by nobody for {blocked:?}"
     );
-    g.release().await.unwrap();
 }
 
 /// Two renewal replies are lost (the renewals did happen): the watchdog retries,
@@ -217,14 +219,11 @@ async fn lost_acquire_replies_until_the_caller_gives_up_leave_no_lock() {
 async fn lost_extend_replies_are_retried_without_a_false_loss() {
     let _serial = serial().await;
     let s = Setup::new("lost-extend").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(TTL, Duration::from_secs(5)).await;
     let b = s.b(TTL).await;
 
-    let guard = a.lock(key).await.unwrap();
-    s.proxy
-        .drop_replies(evalsha_on(&s.scripts.extend, &name), 2);
+    let guard = a.lock(KEY).await.unwrap();
+    s.lose_replies(&s.scripts.extend, 2);
     let dropped = wait_until(Duration::from_secs(5), || {
         let n = s.proxy.dropped();
         async move { n >= 2 }
@@ -240,7 +239,7 @@ async fn lost_extend_replies_are_retried_without_a_false_loss() {
             "a lost renewal reply ended in a loss: {:?}",
             guard.loss_signal().reason()
         );
-        assert!(b.try_lock(key).await.unwrap().is_none(), "B took A's lock");
+        assert!(b.try_lock(KEY).await.unwrap().is_none(), "B took A's lock");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
@@ -249,7 +248,7 @@ async fn lost_extend_replies_are_retried_without_a_false_loss() {
     );
     assert_eq!(a.stats().leases_lost, 0);
     guard.release().await.expect("A still owns its lock");
-    let g = within(QUICKLY, "B's lock", b.lock(key)).await.unwrap();
+    let g = within(QUICKLY, "B's lock", b.lock(KEY)).await.unwrap();
     g.release().await.unwrap();
 }
 
@@ -259,15 +258,12 @@ async fn lost_extend_replies_are_retried_without_a_false_loss() {
 async fn lost_release_replies_leave_the_lock_free() {
     let _serial = serial().await;
     let s = Setup::new("lost-release-free").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
     let b = s.b(LONG_TTL).await;
 
     // Every reply of the first release and its two retries is lost.
-    let guard = a.lock(key).await.unwrap();
-    s.proxy
-        .drop_replies(evalsha_on(&s.scripts.release, &name), 3);
+    let guard = a.lock(KEY).await.unwrap();
+    s.lose_replies(&s.scripts.release, 3);
     let result = within(Duration::from_secs(15), "A's release", guard.release()).await;
     s.proxy.clear_rules();
     let released = Instant::now();
@@ -276,16 +272,12 @@ async fn lost_release_replies_leave_the_lock_free() {
         result.as_ref().map_err(crate::kind),
         s.proxy.dropped()
     );
-    let g = within(Duration::from_secs(15), "B's lock", b.lock(key))
-        .await
-        .unwrap();
-    let blocked = released.elapsed();
+    let blocked = b_lock_after(&b, released, "B's lock").await;
     println!("lost release replies: B held the lock {blocked:?} after A's release");
     assert!(
         blocked <= QUICKLY,
         "a released lock was held by nobody for {blocked:?}"
     );
-    g.release().await.unwrap();
     assert!(
         !matches!(result, Err(Error::LeaseLost { .. })),
         "a release whose replies were lost reported a lost lease: {result:?}"
@@ -300,22 +292,15 @@ async fn lost_release_replies_leave_the_lock_free() {
 async fn lost_release_reply_is_not_reported_as_lost() {
     let _serial = serial().await;
     let s = Setup::new("lost-release").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(LONG_TTL, Duration::from_secs(5)).await;
     let b = s.b(LONG_TTL).await;
 
-    let guard = a.lock(key).await.unwrap();
-    s.proxy
-        .drop_replies(evalsha_on(&s.scripts.release, &name), 1);
+    let guard = a.lock(KEY).await.unwrap();
+    s.lose_replies(&s.scripts.release, 1);
     let result = within(Duration::from_secs(15), "A's release", guard.release()).await;
     assert_eq!(s.proxy.dropped(), 1);
-    let released = Instant::now();
-    let g = within(Duration::from_secs(15), "B's lock", b.lock(key))
-        .await
-        .unwrap();
-    assert!(released.elapsed() <= QUICKLY);
-    g.release().await.unwrap();
+    let blocked = b_lock_after(&b, Instant::now(), "B's lock").await;
+    assert!(blocked <= QUICKLY);
     assert_eq!(a.stats().leases_lost, 0);
     assert!(
         result.is_ok(),
@@ -334,17 +319,15 @@ async fn lost_release_reply_is_not_reported_as_lost() {
 async fn lost_release_requests_do_not_reuse_a_fencing_token() {
     let _serial = serial().await;
     let s = Setup::new("lost-release-request").await;
-    let key = "k";
-    let name = s.lock_name(key).await;
     let a = s.a(LONG_TTL, Duration::from_secs(10)).await;
     let fence = crate::oracle::Fence::default();
 
-    let first = a.lock(key).await.unwrap();
+    let first = a.lock(KEY).await.unwrap();
     let t1 = first.fencing_token();
-    assert!(fence.write(key, t1, "first"));
+    assert!(fence.write(KEY, t1, "first"));
     let waiter = {
         let a = a.clone();
-        tokio::spawn(async move { a.lock(key).await })
+        tokio::spawn(async move { a.lock(KEY).await })
     };
     assert!(
         wait_until(Duration::from_secs(5), || {
@@ -355,7 +338,7 @@ async fn lost_release_requests_do_not_reuse_a_fencing_token() {
         "the second task never waited"
     );
     s.proxy
-        .drop_requests(evalsha_on(&s.scripts.release, &name), 3);
+        .drop_requests(evalsha_on(&s.scripts.release, &s.name), 3);
     let result = within(
         Duration::from_secs(15),
         "the first release",
@@ -368,7 +351,7 @@ async fn lost_release_requests_do_not_reuse_a_fencing_token() {
          PTTL is {} ms",
         result.as_ref().map_err(crate::kind),
         s.proxy.dropped_requests(),
-        s.pttl(&name).await
+        s.pttl().await
     );
     assert!(
         matches!(result, Err(Error::Backend { .. })),
@@ -379,7 +362,7 @@ async fn lost_release_requests_do_not_reuse_a_fencing_token() {
         .unwrap()
         .expect("the waiter gets the lock");
     let t2 = second.fencing_token();
-    let accepted = fence.write(key, t2, "second");
+    let accepted = fence.write(KEY, t2, "second");
     println!("lost release requests: first holder {t1}, next holder {t2}");
     second.release().await.unwrap();
     assert!(

@@ -34,9 +34,9 @@ mod soak;
 
 use std::time::Duration;
 
-use lockflight::{Error, RedisBackend};
-use support::{RedisServer, subscribed, wait_until};
-pub(crate) use support::{join_all, wait_idle, within};
+use lockflight::{Error, Handoff, LockGuard, Locker};
+use support::{RedisServer, wait_until};
+pub(crate) use support::{backend_at, join_all, wait_idle, within};
 
 /// How long a test waits for its lockers' local activity to end.
 pub(crate) const IDLE: Duration = Duration::from_secs(15);
@@ -48,18 +48,6 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await
-}
-
-/// A backend on `url` under `prefix` whose notification subscription is up.
-pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
 }
 
 /// The lock keys (not fences, queues or claims) under `prefix` on `server`.
@@ -85,6 +73,51 @@ pub(crate) async fn assert_no_lock_left(server: &RedisServer, prefix: &str, limi
         gone,
         "lock keys still in Redis {limit:?} after all tasks stopped: {left:?}"
     );
+}
+
+/// The guard `lock()` returned, or `None` once its error is counted in `errors`:
+/// under faults `lock()` may fail with `Timeout` or `Backend` only.
+pub(crate) fn lock_granted(
+    result: lockflight::Result<LockGuard>,
+    errors: &Tally,
+) -> Option<LockGuard> {
+    match result {
+        Ok(g) => Some(g),
+        Err(e) => {
+            errors.add(format!("lock: {}", kind(&e)));
+            assert!(
+                matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
+                "lock() failed with {e:?}"
+            );
+            None
+        }
+    }
+}
+
+/// `n` lockers on `url` under `prefix` with the fault tests' [`TTL`] and `wait`:
+/// the first hands leases off locally, the others do not.
+pub(crate) async fn mixed_lockers(
+    url: &str,
+    prefix: &str,
+    n: usize,
+    wait: Duration,
+) -> Vec<Locker> {
+    let mut lockers = Vec::new();
+    for i in 0..n {
+        lockers.push(
+            Locker::builder(backend_at(url, prefix).await)
+                .lease_ttl(TTL)
+                .wait_timeout(wait)
+                .handoff(if i == 0 {
+                    Handoff::enabled()
+                } else {
+                    Handoff::disabled()
+                })
+                .build()
+                .unwrap(),
+        );
+    }
+    lockers
 }
 
 /// The kind of a lockflight error, for counting: its stable code.

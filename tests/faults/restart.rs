@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use lockflight::{Error, Handoff, Locker};
+use lockflight::Error;
 use rand::RngExt as _;
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, join_all, kind, lock_granted, mixed_lockers, serial,
+    wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -37,21 +38,7 @@ async fn tokens_increase_and_progress_resumes_across_empty_restarts() {
     let fence = Arc::new(Fence::default());
     let errors = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let mut lockers = Vec::new();
-    for i in 0..LOCKERS {
-        lockers.push(
-            Locker::builder(backend_at(&server.url(), &prefix).await)
-                .lease_ttl(TTL)
-                .wait_timeout(WAIT)
-                .handoff(if i == 0 {
-                    Handoff::enabled()
-                } else {
-                    Handoff::disabled()
-                })
-                .build()
-                .unwrap(),
-        );
-    }
+    let lockers = mixed_lockers(&server.url(), &prefix, LOCKERS, WAIT).await;
 
     let mut tasks = JoinSet::new();
     for (li, locker) in lockers.iter().enumerate() {
@@ -72,16 +59,8 @@ async fn tokens_increase_and_progress_resumes_across_empty_restarts() {
                     let call = Instant::now();
                     let result = locker.lock(key).await;
                     longest = longest.max(call.elapsed());
-                    let guard = match result {
-                        Ok(g) => g,
-                        Err(e) => {
-                            errors.add(format!("lock: {}", kind(&e)));
-                            assert!(
-                                matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
-                                "lock() failed with {e:?}"
-                            );
-                            continue;
-                        }
+                    let Some(guard) = lock_granted(result, &errors) else {
+                        continue;
                     };
                     let mut held = history.granted(key, format!("{li}/{t}"), call, &guard);
                     let hold = rand::rng().random_range(0..4);

@@ -27,7 +27,8 @@ use crate::oracle::{Fence, History};
 use crate::support::nemesis::{Zipf, client_kill};
 use crate::support::{RedisServer, unique_prefix};
 use crate::{
-    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
+    IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, lock_granted, serial,
+    wait_idle, within,
 };
 
 const LOCKERS: usize = 3;
@@ -64,16 +65,8 @@ async fn worker(locker: Locker, name: String, seed: u64, shared: Arc<Shared>) {
             format!("z{}", shared.zipf.rank(rng.random::<f64>()))
         };
         let call = Instant::now();
-        let guard = match locker.lock(key.as_str()).await {
-            Ok(g) => g,
-            Err(e) => {
-                shared.errors.add(format!("lock: {}", kind(&e)));
-                assert!(
-                    matches!(e, Error::Timeout { .. } | Error::Backend { .. }),
-                    "lock() failed with {e:?}"
-                );
-                continue;
-            }
+        let Some(guard) = lock_granted(locker.lock(key.as_str()).await, &shared.errors) else {
+            continue;
         };
         let mut held = shared.history.granted(&key, name.clone(), call, &guard);
         let stall = rng.random_ratio(1, 200)

@@ -4,12 +4,8 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_keys_are_rejected() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("bad-key");
-    let locker = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let (server, _log, prefix) = shared_scene("bad-key");
+    let locker = plain_locker(&server.url(), &prefix).await;
 
     let check = |what: &str, result: Result<(), Error>, needle: &str| match result {
         Err(e @ Error::InvalidKey { .. }) => {
@@ -174,9 +170,7 @@ async fn bad_urls_prefixes_and_unreachable_servers_fail_cleanly() {
 /// `ForeignValue` at once (not a timeout), and never overwritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_values_at_the_lock_key_are_reported() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("foreign-value");
+    let (server, _log, prefix) = shared_scene("foreign-value");
     let backend = backend_at(&server.url(), &prefix).await;
     let locker = Locker::builder(backend.clone())
         .wait_timeout(Duration::from_secs(10))
@@ -235,11 +229,7 @@ async fn foreign_values_at_the_lock_key_are_reported() {
         locker.lock(&key).await.map(drop),
         started,
     );
-    let value: Option<String> = redis::cmd("GET")
-        .arg(&name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let value = get_string(&mut con, &name).await;
     assert_eq!(value.as_deref(), Some("mine"));
     assert_eq!(pttl(&mut con, &name).await, -1, "a TTL was added");
 

@@ -13,9 +13,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_lock_calls_leave_nothing_behind() {
     const TASKS: u64 = 200;
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("cancel");
+    let (server, _log, prefix) = shared_scene("cancel");
     let key = LockKey::from("k");
     let mut backends = Vec::new();
     let mut lockers = Vec::new();

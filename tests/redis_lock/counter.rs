@@ -11,9 +11,7 @@ const COUNTER_TOTAL: u64 = (COUNTER_LOCKERS * COUNTER_TASKS * COUNTER_ITERATIONS
 /// critical sections that GET a counter, yield, and SET it + 1 on another
 /// connection. Any lost update is a mutual-exclusion failure.
 async fn redis_counter(mode: Mode) {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix(&format!("counter-{mode:?}"));
+    let (server, _log, prefix) = shared_scene(&format!("counter-{mode:?}"));
     let key = LockKey::from("hot");
     let counter = format!("{prefix}:counter");
 
@@ -44,18 +42,7 @@ async fn redis_counter(mode: Mode) {
                     {
                         let _inside = Exclusive::enter(&inside);
                         tokens.lock().unwrap().push(guard.fencing_token());
-                        let value: Option<u64> = redis::cmd("GET")
-                            .arg(&counter)
-                            .query_async(&mut data)
-                            .await
-                            .expect("GET counter");
-                        tokio::task::yield_now().await;
-                        redis::cmd("SET")
-                            .arg(&counter)
-                            .arg(value.unwrap_or(0) + 1)
-                            .query_async::<()>(&mut data)
-                            .await
-                            .expect("SET counter");
+                        increment(&mut data, counter.as_bytes(), tokio::task::yield_now()).await;
                     }
                     guard.release().await.expect("release a held lock");
                 }
@@ -66,11 +53,7 @@ async fn redis_counter(mode: Mode) {
     let elapsed = started.elapsed();
 
     let mut con = server.connection().await;
-    let value: u64 = redis::cmd("GET")
-        .arg(&counter)
-        .query_async(&mut con)
-        .await
-        .expect("GET counter");
+    let value = counter_value(&mut con, counter.as_bytes()).await;
     assert_eq!(
         value, COUNTER_TOTAL,
         "lost updates: mutual exclusion failed"

@@ -10,27 +10,15 @@ const CHILD_LEASE_TTL: Duration = Duration::from_secs(2);
 #[tokio::test]
 #[ignore = "child process of killed_holder_blocks_at_most_lease_ttl"]
 async fn child_holder_process() {
-    if std::env::var_os(CHILD_ENV).is_none() {
+    let Some((backend, key)) = holder_child_target(CHILD_ENV).await else {
         return;
-    }
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
-    let backend = RedisBackend::builder(var("LOCKFLIGHT_CHILD_URL"))
-        .prefix(var("LOCKFLIGHT_CHILD_PREFIX"))
-        .connect()
-        .await
-        .expect("child: connect");
+    };
     let locker = Locker::builder(backend)
         .lease_ttl(CHILD_LEASE_TTL)
         .build()
         .expect("child: build");
-    let guard = locker
-        .lock(var("LOCKFLIGHT_CHILD_KEY"))
-        .await
-        .expect("child: lock");
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "\nHELD {}", guard.fencing_token().epoch).unwrap();
-    out.flush().unwrap();
-    drop(out);
+    let guard = locker.lock(key).await.expect("child: lock");
+    tell_parent(&format!("HELD {}", guard.fencing_token().epoch));
     std::future::pending::<()>().await;
 }
 
@@ -38,18 +26,14 @@ async fn child_holder_process() {
 /// others for no longer than its lease TTL, and not shorter than the lock's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_blocks_at_most_lease_ttl() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("killed-holder");
+    let (server, _log, prefix) = shared_scene("killed-holder");
     let key = "k";
-    let (mut child, mut lines) = spawn_test_child(
+    let (mut child, mut lines) = spawn_holder_child(
         "crash::child_holder_process",
-        &[
-            (CHILD_ENV, "1".to_owned()),
-            ("LOCKFLIGHT_CHILD_URL", server.url()),
-            ("LOCKFLIGHT_CHILD_PREFIX", prefix.clone()),
-            ("LOCKFLIGHT_CHILD_KEY", key.to_owned()),
-        ],
+        CHILD_ENV,
+        server.url(),
+        &prefix,
+        key,
     );
     let child_epoch: u64 = child_line(&mut lines, "HELD ")
         .await

@@ -6,9 +6,7 @@ use super::*;
 /// `LockBackend` trait and through a guard whose key was taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_with_foreign_token_deletes_nothing() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("foreign-token");
+    let (server, _log, prefix) = shared_scene("foreign-token");
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
     let locker = Locker::builder(backend.clone()).build().unwrap();
@@ -41,14 +39,7 @@ async fn release_with_foreign_token_deletes_nothing() {
 
     // Through a guard whose lock was overwritten behind its back.
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("SET")
-        .arg(&name)
-        .arg("foreign")
-        .arg("PX")
-        .arg(30_000)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    set_for_30s(&mut con, &name, "foreign").await;
     match guard.release().await {
         Err(Error::LeaseLost { key: k, phase, .. }) => {
             assert_eq!(k, key);
@@ -56,16 +47,8 @@ async fn release_with_foreign_token_deletes_nothing() {
         }
         other => panic!("release of an overwritten lock: {other:?}"),
     }
-    let value: Option<String> = redis::cmd("GET")
-        .arg(&name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let value = get_string(&mut con, &name).await;
     assert_eq!(value.as_deref(), Some("foreign"));
-    redis::cmd("DEL")
-        .arg(&name)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &name).await;
     wait_idle(&[locker], IDLE).await;
 }

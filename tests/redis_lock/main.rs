@@ -12,7 +12,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,9 +23,10 @@ use lockflight::{
 };
 use redis::aio::MultiplexedConnection;
 use support::{
-    CountingProxy, RedisServer, assert_strictly_increasing, child_line, exists, join_all, pttl,
-    queue_name, shared, spawn_test_child, subscribed, unique_prefix, wait_idle, wait_until, within,
-    zcard,
+    CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
+    del, exists, get_string, holder_child_target, increment, join_all, pttl, queue_name,
+    set_for_30s, shared, shared_scene, spawn_holder_child, subscribed, tell_parent, unique_prefix,
+    wait_idle, wait_until, within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;
@@ -47,18 +47,11 @@ mod wakeups;
 /// How long a test waits for its lockers' local activity to end.
 const IDLE: Duration = Duration::from_secs(10);
 
-/// A backend on `url` under `prefix`, whose notification subscription is up (so
-/// that no wake-up published by a test is lost to a subscription still starting,
-/// and no `wake_all` of a late subscription causes an extra acquire attempt).
-async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
+/// A locker with default settings on a subscribed backend on `url` under `prefix`.
+async fn plain_locker(url: &str, prefix: &str) -> Locker {
+    Locker::builder(backend_at(url, prefix).await)
+        .build()
+        .unwrap()
 }
 
 /// Whether `field` (an instance id) has an entry in a waiter queue (a sorted set).

@@ -16,13 +16,9 @@ use super::*;
 /// "leaves the backend queue in the background when nobody waits".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("cancel-first-acquire");
+    let (server, _log, prefix) = shared_scene("cancel-first-acquire");
     let key = LockKey::from("k");
-    let holder = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let holder = plain_locker(&server.url(), &prefix).await;
     let held = holder.lock(&key).await.unwrap();
 
     // The waiter talks to Redis through a slow proxy, so its acquire is still on
@@ -82,9 +78,7 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
 /// invalid: `valid_for()` should be zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_guard_has_no_validity_left() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("lost-validity");
+    let (server, _log, prefix) = shared_scene("lost-validity");
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
     let locker = Locker::builder(backend.clone())
@@ -93,11 +87,7 @@ async fn lost_guard_has_no_validity_left() {
         .unwrap();
     let guard = locker.lock(&key).await.unwrap();
     let mut con = server.connection().await;
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     within(Duration::from_secs(3), "lost() after DEL", guard.lost()).await;
     assert!(guard.is_lost());
     let left = guard.valid_for();

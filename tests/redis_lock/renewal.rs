@@ -5,18 +5,14 @@ use super::*;
 /// The watchdog keeps a critical section of 4 × the TTL alive and exclusive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_a_long_critical_section_exclusive() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("renewal");
+    let (server, _log, prefix) = shared_scene("renewal");
     let key = LockKey::from("k");
     let ttl = Duration::from_millis(300);
     let holder = Locker::builder(backend_at(&server.url(), &prefix).await)
         .lease_ttl(ttl)
         .build()
         .unwrap();
-    let other = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let other = plain_locker(&server.url(), &prefix).await;
 
     let guard = holder.lock(&key).await.unwrap();
     let started = Instant::now();
@@ -47,16 +43,10 @@ async fn renewal_keeps_a_long_critical_section_exclusive() {
 /// the lock, and `Some` once it is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_lock_is_none_while_held() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("try-lock");
+    let (server, _log, prefix) = shared_scene("try-lock");
     let key = LockKey::from("k");
-    let a = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
-    let b = Locker::builder(backend_at(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
+    let a = plain_locker(&server.url(), &prefix).await;
+    let b = plain_locker(&server.url(), &prefix).await;
 
     let guard = a.try_lock(&key).await.unwrap().expect("a free lock");
     assert!(b.try_lock(&key).await.unwrap().is_none());
@@ -73,9 +63,7 @@ async fn try_lock_is_none_while_held() {
 /// without deleting the foreign value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_or_overwritten_lock_is_lost() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("loss");
+    let (server, _log, prefix) = shared_scene("loss");
     let ttl = Duration::from_millis(1500);
     let bound = ttl / 3 + Duration::from_millis(200);
     let backend = backend_at(&server.url(), &prefix).await;
@@ -88,11 +76,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
     // Deleted.
     let key = LockKey::from("deleted");
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     let noticed = expect_loss(guard, bound, "DEL").await;
     println!("loss after DEL noticed after {noticed:?}");
 
@@ -100,32 +84,17 @@ async fn deleted_or_overwritten_lock_is_lost() {
     let key = LockKey::from("overwritten");
     let name = backend.lock_name(&key);
     let guard = locker.lock(&key).await.unwrap();
-    redis::cmd("SET")
-        .arg(&name)
-        .arg("someone-else")
-        .arg("PX")
-        .arg(30_000)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    set_for_30s(&mut con, &name, "someone-else").await;
     let noticed = expect_loss(guard, bound, "SET").await;
     println!("loss after SET noticed after {noticed:?}");
-    let value: Option<String> = redis::cmd("GET")
-        .arg(&name)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let value = get_string(&mut con, &name).await;
     assert_eq!(
         value.as_deref(),
         Some("someone-else"),
         "the foreign value was deleted"
     );
     assert_eq!(locker.stats().leases_lost, 2);
-    redis::cmd("DEL")
-        .arg(&name)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &name).await;
     wait_idle(&[locker], IDLE).await;
 }
 
@@ -133,9 +102,7 @@ async fn deleted_or_overwritten_lock_is_lost() {
 /// `Error::LeaseLost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_aborts_work_on_loss() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("with-lock-loss");
+    let (server, _log, prefix) = shared_scene("with-lock-loss");
     let ttl = Duration::from_millis(1500);
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
@@ -166,11 +133,7 @@ async fn with_lock_aborts_work_on_loss() {
         .unwrap();
     assert_eq!(info.key, key);
     let mut con = server.connection().await;
-    redis::cmd("DEL")
-        .arg(backend.lock_name(&key))
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &backend.lock_name(&key)).await;
     let deleted = Instant::now();
     let result = within(Duration::from_secs(5), "with_lock", work)
         .await

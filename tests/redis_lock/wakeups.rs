@@ -6,9 +6,7 @@ use super::*;
 /// 30 s lease and a 1 s fallback timer, it holds the lock within a few ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_is_woken_by_release() {
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("wakeup");
+    let (server, _log, prefix) = shared_scene("wakeup");
     let key = LockKey::from("k");
     let holder_backend = backend_at(&server.url(), &prefix).await;
     let waiter_backend = backend_at(&server.url(), &prefix).await;
@@ -75,9 +73,7 @@ async fn waiter_is_woken_by_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wakes_one_waiting_instance_not_all() {
     const WAITERS: usize = 8;
-    let server = shared();
-    let _log = server.log_on_panic();
-    let prefix = unique_prefix("one-of-eight");
+    let (server, _log, prefix) = shared_scene("one-of-eight");
     let key = LockKey::from("k");
     // Long queue entries and leases make every fallback timer 20 s: within this
     // test, an acquire attempt can only come from a wake-up.

@@ -202,30 +202,48 @@ impl Pumps for Inner {
     }
 }
 
-/// Client → server: parses the commands, marks those whose replies are to be
-/// lost (before forwarding them, so the reply side always knows), forwards; at
-/// a command whose request is to be lost, forwards what came before it and ends
-/// the connection.
-async fn requests<R, W>(
+/// Forwards `from` to `to` chunk by chunk until end of file, an error, or a cut:
+/// `cut_at` sees each chunk and may name the offset at which the connection ends
+/// (what comes before it is forwarded). Returns `to` if it was cut.
+async fn forward_until_cut<R, W>(
     mut from: R,
     mut to: W,
-    inner: &Inner,
-    marked: &Marked,
-) -> std::io::Result<()>
+    mut cut_at: impl FnMut(&[u8]) -> Option<usize>,
+) -> std::io::Result<Option<W>>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut parser = CommandParser::default();
-    let mut index = 0u64;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = from.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let mut cut = None;
-        for (start, command) in parser.feed(&buf[..n]) {
+        match cut_at(&buf[..n]) {
+            None => to.write_all(&buf[..n]).await?,
+            Some(offset) => {
+                to.write_all(&buf[..offset]).await?;
+                return Ok(Some(to));
+            }
+        }
+    }
+}
+
+/// Client → server: parses the commands, marks those whose replies are to be
+/// lost (before forwarding them, so the reply side always knows), forwards; at
+/// a command whose request is to be lost, forwards what came before it and ends
+/// the connection.
+async fn requests(
+    from: ReadHalf<'_>,
+    to: WriteHalf<'_>,
+    inner: &Inner,
+    marked: &Marked,
+) -> std::io::Result<()> {
+    let mut parser = CommandParser::default();
+    let mut index = 0u64;
+    let cut = forward_until_cut(from, to, |chunk| {
+        for (start, command) in parser.feed(chunk) {
             if let Some(recorded) = lock(&inner.recording).as_mut() {
                 recorded.push(command.clone());
             }
@@ -240,45 +258,32 @@ where
                     // Started in an earlier chunk: its head went out already;
                     // the server drops a partial command when the connection
                     // closes.
-                    cut = Some(start.unwrap_or(0));
-                    break;
+                    return Some(start.unwrap_or(0));
                 }
                 lock(marked).insert(index, id);
             }
             index += 1;
         }
-        match cut {
-            None => to.write_all(&buf[..n]).await?,
-            Some(offset) => {
-                to.write_all(&buf[..offset]).await?;
-                inner.dropped_requests.fetch_add(1, Ordering::SeqCst);
-                return Ok(());
-            }
-        }
+        None
+    })
+    .await?;
+    if cut.is_some() {
+        inner.dropped_requests.fetch_add(1, Ordering::SeqCst);
     }
+    Ok(())
 }
 
 /// Server → client: counts the replies; at the first byte of a marked command's
 /// (non-error) reply, forwards what came before it and ends the connection.
-async fn replies<R, W>(
-    mut from: R,
-    mut to: W,
+async fn replies(
+    from: ReadHalf<'_>,
+    to: WriteHalf<'_>,
     inner: &Inner,
     marked: &Marked,
-) -> std::io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+) -> std::io::Result<()> {
     let mut parser = ReplyParser::default();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        let mut cut = None;
-        for start in parser.feed(&buf[..n]) {
+    let cut = forward_until_cut(from, to, |chunk| {
+        for start in parser.feed(chunk) {
             let Some(rule) = lock(marked).remove(&start.index) else {
                 continue;
             };
@@ -291,17 +296,14 @@ where
                 }
                 continue;
             }
-            cut = Some(start.offset);
-            break;
+            return Some(start.offset);
         }
-        match cut {
-            None => to.write_all(&buf[..n]).await?,
-            Some(offset) => {
-                to.write_all(&buf[..offset]).await?;
-                let _ = to.shutdown().await;
-                inner.dropped.fetch_add(1, Ordering::SeqCst);
-                return Ok(());
-            }
-        }
+        None
+    })
+    .await?;
+    if let Some(mut to) = cut {
+        let _ = to.shutdown().await;
+        inner.dropped.fetch_add(1, Ordering::SeqCst);
     }
+    Ok(())
 }

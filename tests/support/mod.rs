@@ -45,7 +45,9 @@
 //! signals, `/proc`), `ports` (free loopback ports), `relay` (the listener and
 //! per-connection relay both proxies share), `proxy` ([`CountingProxy`]),
 //! `fault_proxy`, `resp` (the RESP command counter and the request/reply
-//! parsers, tested at every chunk boundary), `cluster`, `sentinel`, `nemesis`.
+//! parsers, tested at every chunk boundary), `acl` (users for permission tests),
+//! `counting` (a backend wrapper that counts lockflight's requests),
+//! `cluster`, `sentinel`, `nemesis`.
 //! Everything a test needs is re-exported here.
 //!
 //! # Things to know about redis-rs 1.8
@@ -72,6 +74,8 @@ pub(crate) mod fault_proxy;
 pub(crate) mod nemesis;
 pub(crate) mod sentinel;
 
+mod acl;
+mod counting;
 mod ports;
 mod process;
 mod proxy;
@@ -82,4 +86,6 @@ mod steps;
 
 // Each test binary uses only part of the harness.
 #[allow(unused_imports)]
-pub(crate) use {ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};
+pub(crate) use {
+    acl::*, counting::*, ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*,
+};

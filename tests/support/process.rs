@@ -321,3 +321,51 @@ pub(crate) async fn child_line(
         Err(_) => panic!("the child did not print {marker:?} within 30 s"),
     }
 }
+
+/// In a child holder test (spawned by [`spawn_holder_child`]): `None` in an
+/// ordinary test run (`child_env` is not set; the test then does nothing), else a
+/// backend on the parent's server under its prefix, and the key to hold.
+pub(crate) async fn holder_child_target(
+    child_env: &str,
+) -> Option<(lockflight::RedisBackend, String)> {
+    std::env::var_os(child_env)?;
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let backend = lockflight::RedisBackend::builder(var("LOCKFLIGHT_CHILD_URL"))
+        .prefix(var("LOCKFLIGHT_CHILD_PREFIX"))
+        .connect()
+        .await
+        .expect("child: connect");
+    Some((backend, var("LOCKFLIGHT_CHILD_KEY")))
+}
+
+/// Spawns the child holder test `test` (the full test path; it calls
+/// [`holder_child_target`] with `child_env`) on the server at `url`, under
+/// `prefix`, holding `key`.
+pub(crate) fn spawn_holder_child(
+    test: &str,
+    child_env: &str,
+    url: String,
+    prefix: &str,
+    key: &str,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    spawn_test_child(
+        test,
+        &[
+            (child_env, "1".to_owned()),
+            ("LOCKFLIGHT_CHILD_URL", url),
+            ("LOCKFLIGHT_CHILD_PREFIX", prefix.to_owned()),
+            ("LOCKFLIGHT_CHILD_KEY", key.to_owned()),
+        ],
+    )
+}
+
+/// In a child process: prints `line` on a line of its own, flushed at once, for
+/// the parent's [`child_line`].
+pub(crate) fn tell_parent(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n{line}").unwrap();
+    out.flush().unwrap();
+}

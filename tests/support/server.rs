@@ -312,6 +312,13 @@ pub(crate) fn shared() -> &'static RedisServer {
 
 pub(crate) static SHARED: OnceLock<RedisServer> = OnceLock::new();
 
+/// How most tests start: the [`shared`] server, a guard that prints its log if the
+/// test panics, and a new [`unique_prefix`] (from `name`) for the test's keys.
+pub(crate) fn shared_scene(name: &str) -> (&'static RedisServer, LogOnPanic<'static>, String) {
+    let server = shared();
+    (server, server.log_on_panic(), unique_prefix(name))
+}
+
 /// A key prefix unique to this call: `lftest:<name>:<pid>:<counter>`.
 ///
 /// `name` is sanitized (anything but ASCII alphanumerics, `_` and `-` becomes

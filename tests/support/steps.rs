@@ -56,15 +56,45 @@ pub(crate) async fn is_free(locker: &Locker, key: &str) -> bool {
     }
 }
 
+/// A backend on `url` under `prefix` whose notification subscription is up (so
+/// that no wake-up published by a test is lost to a subscription still starting).
+pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+    subscribed(
+        RedisBackend::builder(url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect the backend"),
+    )
+    .await
+}
+
 /// Waits (up to `limit`) until none of `lockers` has local activity left.
 pub(crate) async fn wait_idle(lockers: &[Locker], limit: Duration) {
+    wait_zero(
+        lockers,
+        limit,
+        Locker::active_keys,
+        "slots left behind: active_keys per locker",
+    )
+    .await;
+}
+
+/// Waits (up to `limit`) until `count` is 0 for every one of `lockers` (e.g.
+/// [`Locker::active_rw_keys`]); panics with `what` and the counts otherwise.
+pub(crate) async fn wait_zero(
+    lockers: &[Locker],
+    limit: Duration,
+    count: fn(&Locker) -> usize,
+    what: &str,
+) {
     let idle = wait_until(limit, || {
-        let busy: usize = lockers.iter().map(Locker::active_keys).sum();
+        let busy: usize = lockers.iter().map(count).sum();
         async move { busy == 0 }
     })
     .await;
-    let left: Vec<usize> = lockers.iter().map(Locker::active_keys).collect();
-    assert!(idle, "slots left behind: active_keys per locker = {left:?}");
+    let left: Vec<usize> = lockers.iter().map(count).collect();
+    assert!(idle, "{what} = {left:?}");
 }
 
 /// Panics (naming `what`) unless `tokens` strictly increase.
@@ -82,7 +112,12 @@ pub(crate) fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
 
 /// The Redis name of `key`'s queue of waiting instances (a sorted set).
 pub(crate) fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [backend.lock_name(key), b":wq".to_vec()].concat()
+    suffixed(&backend.lock_name(key), ":wq")
+}
+
+/// The Redis name `name` + `suffix` (one of a key's companion names: `:rd`, `n`, …).
+pub(crate) fn suffixed(name: &[u8], suffix: &str) -> Vec<u8> {
+    [name, suffix.as_bytes()].concat()
 }
 
 /// Runs `cmd`, panicking with the command's name on an error.
@@ -93,6 +128,25 @@ pub(crate) async fn query<T: redis::FromRedisValue>(
     cmd.query_async(con)
         .await
         .unwrap_or_else(|e| panic!("{:?}: {e}", cmd.args_iter().next()))
+}
+
+/// The string value at `name` (`None` if there is none).
+pub(crate) async fn get_string(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
+    query(con, redis::cmd("GET").arg(name)).await
+}
+
+/// Sets the string `name` to `value`, expiring in 30 s (as another holder would).
+pub(crate) async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
+    query::<()>(
+        con,
+        redis::cmd("SET").arg(name).arg(value).arg("PX").arg(30_000),
+    )
+    .await
+}
+
+/// Deletes the Redis key `name` (behind its holder's back, in the loss tests).
+pub(crate) async fn del(con: &mut MultiplexedConnection, name: &[u8]) {
+    query::<()>(con, redis::cmd("DEL").arg(name)).await
 }
 
 /// Whether the Redis key `name` exists.
@@ -108,4 +162,47 @@ pub(crate) async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
 /// The number of entries of a sorted set (a waiter queue).
 pub(crate) async fn zcard(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
     query(con, redis::cmd("ZCARD").arg(name)).await
+}
+
+/// The critical section of the counter workloads: a read-modify-write increment of
+/// the counter `name` on `con` (GET, then `pause`, then SET to one more), which
+/// loses updates unless its runs exclude each other.
+pub(crate) async fn increment<C: redis::aio::ConnectionLike>(
+    con: &mut C,
+    name: &[u8],
+    pause: impl Future<Output = ()>,
+) {
+    let v: u64 = counter_value(con, name).await;
+    pause.await;
+    redis::cmd("SET")
+        .arg(name)
+        .arg(v + 1)
+        .query_async::<()>(con)
+        .await
+        .expect("SET the counter");
+}
+
+/// The value of the counter `name` (0 while it does not exist).
+pub(crate) async fn counter_value<C: redis::aio::ConnectionLike>(con: &mut C, name: &[u8]) -> u64 {
+    redis::cmd("GET")
+        .arg(name)
+        .query_async::<Option<u64>>(con)
+        .await
+        .expect("GET the counter")
+        .unwrap_or(0)
+}
+
+/// How many `EVALSHA` calls the server behind `con` has served (`INFO
+/// commandstats`; 0 before the first).
+pub(crate) async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }

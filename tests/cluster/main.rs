@@ -1,0 +1,172 @@
+//! lockflight on a real Redis Cluster: 3 primaries with one replica each, started
+//! once for this test binary ([`support::cluster::Cluster`]).
+//!
+//! The tests share the cluster and some of them change it (a slot migrates, a
+//! primary is killed and comes back as a replica), so they run one at a time (the
+//! `SERIAL` lock) and each looks the topology up when it starts.
+//!
+//! * `counter_exact_on_keys_of_all_three_shards`, `counter_exact_on_a_hot_key`:
+//!   3 instances × 40 tasks × 25 critical sections, read-modify-write, exact.
+//! * `hot_slot_migrates_while_held_and_waited_on`: `SETSLOT MIGRATING/IMPORTING` +
+//!   `MIGRATE` under a workload: no overlap, the workload continues, waiters woken.
+//! * `killed_primary_while_held`: the holder is lost or keeps a lease the promoted
+//!   replica has; other shards unaffected; the key's fencing tokens never go back.
+//! * `wakeup_latency_cluster_vs_single`: p50 within one RTT + 1 ms of one server.
+//! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
+//!   pub/sub for wake-ups (printed; both must deliver).
+#![cfg(feature = "cluster")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod counter;
+mod failover;
+mod latency;
+mod migration;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use lockflight::{FencingToken, Handoff, LockKey, Locker, RedisBackend};
+use redis::cluster_async::ClusterConnection;
+use support::cluster::{Cluster, NodeInfo};
+use support::{
+    RedisServer, assert_strictly_increasing, backend_at, counter_value, increment, join_all,
+    subscribed, unique_prefix, wait_idle, wait_until,
+};
+
+use tokio::task::JoinSet;
+
+/// How long a test waits for its lockers' local activity to end.
+const IDLE: Duration = Duration::from_secs(10);
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(Cluster::start)
+}
+
+/// The cluster, for this test alone (hold the guard), once it is healthy.
+async fn cluster_for_this_test() -> (tokio::sync::MutexGuard<'static, ()>, &'static Cluster) {
+    let serial = SERIAL.lock().await;
+    let c = cluster();
+    c.wait_ok(Duration::from_secs(30)).await;
+    (serial, c)
+}
+
+async fn backend(prefix: &str) -> RedisBackend {
+    subscribed(
+        RedisBackend::cluster(cluster().urls())
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("connect to the cluster"),
+    )
+    .await
+}
+
+/// Two instances on the cluster under a new prefix (from `name`).
+async fn two_instances(name: &str) -> (RedisBackend, RedisBackend) {
+    let prefix = unique_prefix(name);
+    (backend(&prefix).await, backend(&prefix).await)
+}
+
+async fn data_conn() -> ClusterConnection {
+    redis::cluster::ClusterClientBuilder::new(cluster().urls())
+        .response_timeout(Duration::from_secs(5))
+        .connection_timeout(Duration::from_secs(5))
+        .min_retry_wait(5)
+        .max_retry_wait(200)
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+        .build()
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster data connection")
+}
+
+/// Keys whose lock names land on each current primary (one per primary, in the
+/// primaries' slot order), found by trying `<stem>0`, `<stem>1`, …
+async fn key_per_shard(b: &RedisBackend, stem: &str) -> Vec<(LockKey, NodeInfo)> {
+    let primaries = cluster().primaries().await;
+    let mut out: Vec<Option<LockKey>> = vec![None; primaries.len()];
+    for i in 0.. {
+        let key = LockKey::from(format!("{stem}{i}"));
+        let slot = Cluster::slot(&b.lock_name(&key));
+        let owner = primaries
+            .iter()
+            .position(|p| p.slots.iter().any(|&(a, z)| a <= slot && slot <= z))
+            .expect("a primary serves every slot");
+        if out[owner].is_none() {
+            out[owner] = Some(key);
+        }
+        if out.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    out.into_iter()
+        .zip(primaries)
+        .map(|(k, p)| (k.unwrap(), p))
+        .collect()
+}
+
+/// The counter's name, in the key's hash tag (so on the key's shard).
+fn counter_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
+    [&b.lock_name(key)[..], b":counter"].concat()
+}
+
+struct Exclusive(Arc<AtomicUsize>);
+impl Exclusive {
+    fn enter(inside: &Arc<AtomicUsize>) -> Exclusive {
+        assert_eq!(
+            inside.fetch_add(1, Ordering::SeqCst),
+            0,
+            "two holders at once"
+        );
+        Exclusive(inside.clone())
+    }
+}
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The critical sections of a counter workload on one key, cloned into each task:
+/// the counter's name, a data connection, who is inside, and the fencing tokens in
+/// the order the sections entered.
+#[derive(Clone)]
+struct CounterSection {
+    name: Vec<u8>,
+    data: ClusterConnection,
+    inside: Arc<AtomicUsize>,
+    tokens: Arc<Mutex<Vec<FencingToken>>>,
+}
+
+impl CounterSection {
+    fn new(name: Vec<u8>, data: ClusterConnection) -> CounterSection {
+        CounterSection {
+            name,
+            data,
+            inside: Arc::default(),
+            tokens: Arc::default(),
+        }
+    }
+
+    /// One critical section under the lock whose fencing token is `token`: enters
+    /// (panics on an overlap), records `token`, and increments the counter by a
+    /// read-modify-write with `pause` between the GET and the SET.
+    async fn increment(&mut self, token: FencingToken, pause: impl Future<Output = ()>) {
+        let _in = Exclusive::enter(&self.inside);
+        self.tokens.lock().unwrap().push(token);
+        increment(&mut self.data, &self.name, pause).await;
+    }
+
+    /// The fencing tokens so far, in the order the sections entered.
+    fn tokens(&self) -> Vec<FencingToken> {
+        self.tokens.lock().unwrap().clone()
+    }
+}

@@ -1,0 +1,158 @@
+//! The in-memory backend, unsupported backends and bad keys, guards that outlive
+//! their runtime.
+
+use super::*;
+
+/// The in-memory backend: readers share, a writer excludes them and other
+/// writers, a waiting writer is not starved, tokens increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_backend_read_write_semantics() {
+    let backend = MemoryBackend::new();
+    let a = Locker::builder(backend.clone()).build().unwrap();
+    let b = Locker::builder(backend.clone()).build().unwrap();
+    let c = Locker::builder(backend).build().unwrap();
+    let r1 = a.read("k").await.unwrap();
+    let r2 = b.read("k").await.unwrap();
+    assert!(a.try_write("k").await.unwrap().is_none());
+    assert!(b.try_write("k").await.unwrap().is_none());
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move { c.write("k").await }
+    });
+    // The waiting writer (registered at the backend) refuses new read leases of
+    // the other locker.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(a.try_read("other-key").await.unwrap().is_some());
+    let late = Arc::new(Mutex::new(None));
+    r1.release().await.unwrap();
+    let (a2, late2) = (a.clone(), Arc::clone(&late));
+    let late_reader = tokio::spawn(async move {
+        let g = a2.read("k").await.unwrap();
+        *late2.lock().unwrap() = Some(Instant::now());
+        g
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        late.lock().unwrap().is_none(),
+        "a new reader passed a waiting writer"
+    );
+    drop(r2);
+    let w = waiting.await.unwrap().unwrap();
+    let t1 = w.fencing_token();
+    drop(w);
+    let g = late_reader.await.unwrap();
+    assert_eq!(g.last_write(), t1);
+    g.release().await.unwrap();
+    let t2 = a.write("k").await.unwrap().fencing_token();
+    assert!(t2 > t1);
+    wait_idle(&[a, b, c]).await;
+}
+
+/// A backend without read-write locks answers at once with `Unsupported`; a bad
+/// key is an `InvalidKey`, not a panic.
+#[tokio::test]
+async fn unsupported_backends_and_bad_keys_are_clear_errors() {
+    use async_trait::async_trait;
+    use lockflight::backend::LockBackend;
+    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+
+    #[derive(Debug, Default)]
+    struct MutexOnly(WakeRegistry);
+
+    #[async_trait]
+    impl LockBackend for MutexOnly {
+        async fn acquire(
+            &self,
+            _: &LockKey,
+            _: LeaseToken,
+            _: Duration,
+            _: bool,
+        ) -> lockflight::Result<Acquire> {
+            Ok(Acquire::Acquired {
+                epoch: 1,
+                waiting: 0,
+            })
+        }
+        async fn release(&self, _: &LockKey, _: LeaseToken) -> lockflight::Result<Released> {
+            Ok(Released {
+                released: true,
+                waiting: 0,
+            })
+        }
+        async fn extend(
+            &self,
+            _: &LockKey,
+            _: LeaseToken,
+            _: Duration,
+        ) -> lockflight::Result<Extend> {
+            Ok(Extend::Extended { waiting: 0 })
+        }
+        async fn leave(&self, _: &LockKey) -> lockflight::Result<()> {
+            Ok(())
+        }
+        fn wakeups(&self) -> &WakeRegistry {
+            &self.0
+        }
+    }
+
+    let locker = Locker::builder(MutexOnly::default()).build().unwrap();
+    let unsupported = [
+        ("read", locker.read("k").await.map(drop)),
+        ("write", locker.write("k").await.map(drop)),
+        ("try_read", locker.try_read("k").await.map(drop)),
+        ("try_write", locker.try_write("k").await.map(drop)),
+    ];
+    for (call, result) in unsupported {
+        assert!(
+            matches!(result, Err(Error::Unsupported { .. })),
+            "{call}: {result:?}"
+        );
+    }
+    let memory = Locker::builder(MemoryBackend::new()).build().unwrap();
+    for (call, result) in [
+        ("read", memory.read("").await.map(drop)),
+        ("write", memory.write("").await.map(drop)),
+    ] {
+        assert!(
+            matches!(result, Err(Error::InvalidKey { .. })),
+            "{call}: {result:?}"
+        );
+    }
+    assert_eq!(locker.active_rw_keys() + memory.active_rw_keys(), 0);
+}
+
+/// Guards that outlive their runtime are dropped without a panic and leave no
+/// local state; their leases expire at their TTL and the next runtime gets in.
+#[test]
+fn guards_dropped_after_their_runtime_leave_nothing_behind() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    let read = rt.block_on(locker.read("r")).unwrap();
+    let write = rt.block_on(locker.write("w")).unwrap();
+    drop(rt);
+    drop((read, write));
+    assert_eq!(locker.active_rw_keys(), 0);
+    let rt = runtime();
+    rt.block_on(async {
+        let w = locker
+            .write_within("r", Duration::from_secs(5))
+            .await
+            .unwrap();
+        w.release().await.unwrap();
+        let r = locker
+            .read_within("w", Duration::from_secs(5))
+            .await
+            .unwrap();
+        r.release().await.unwrap();
+    });
+    assert_eq!(locker.active_rw_keys(), 0);
+}

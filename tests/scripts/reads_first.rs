@@ -1,0 +1,102 @@
+//! Reads before writes: a value of another type at any of a key's names is
+//! refused with `ForeignValue` before anything is written.
+
+use super::*;
+
+/// The expiry index `:wqx` is read only when the queue is not empty, and a release
+/// reads the claim `:claim` only when someone waits (only then may it write one): for
+/// a foreign value there, put another instance into the queue itself.
+async fn queue_beside_foreign_index(
+    con: &mut MultiplexedConnection,
+    backend: &RedisBackend,
+    key: &LockKey,
+    suffix: &str,
+) {
+    if suffix == ":wqx" || suffix == ":claim" {
+        let queue = name(backend, key, ":wq");
+        query::<()>(con, redis::cmd("ZADD").arg(queue).arg(1).arg("other")).await;
+    }
+}
+
+/// acquire leaves no lock behind.
+#[tokio::test]
+async fn foreign_values_stop_acquire_before_any_write() {
+    let (_log, a, mut con) = one_instance("reads-first-acquire").await;
+    for suffix in [":fence", ":wq", ":wqx", ":claim", ":rel"] {
+        let key = LockKey::from(format!("acquire{suffix}"));
+        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
+        put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
+        assert_foreign(
+            &format!("acquire with a foreign value at {suffix}"),
+            a.acquire(&key, LeaseToken::random(), TTL, true).await,
+        );
+        assert!(
+            !exists(&mut con, &a.lock_name(&key)).await,
+            "acquire with a foreign value at {suffix} left the lock behind"
+        );
+        let kind = type_of(&mut con, &name(&a, &key, suffix)).await;
+        assert_eq!(
+            kind,
+            if suffix.starts_with(":wq") {
+                "list"
+            } else {
+                "hash"
+            }
+        );
+    }
+}
+
+/// release deletes nothing.
+#[tokio::test]
+async fn foreign_values_stop_release_before_any_write() {
+    let (_log, a, mut con) = one_instance("reads-first-release").await;
+    for suffix in [":wq", ":wqx", ":claim", ":rel"] {
+        let key = LockKey::from(format!("release{suffix}"));
+        let token = LeaseToken::random();
+        epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
+        put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
+        assert_foreign(
+            &format!("release with a foreign value at {suffix}"),
+            a.release(&key, token).await,
+        );
+        assert_eq!(
+            get_string(&mut con, &a.lock_name(&key)).await,
+            Some(token.to_hex()),
+            "release with a foreign value at {suffix} deleted the lock"
+        );
+    }
+}
+
+/// extend re-arms nothing.
+#[tokio::test]
+async fn foreign_values_stop_extend_before_any_write() {
+    let (_log, a, mut con) = one_instance("reads-first-extend").await;
+    let key = LockKey::from("extend");
+    let token = LeaseToken::random();
+    epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+    put_foreign(&mut con, &name(&a, &key, ":wq"), ":wq").await;
+    assert_foreign(
+        "extend with a list at :wq",
+        a.extend(&key, token, Duration::from_secs(300)).await,
+    );
+    assert!(
+        pttl(&mut con, &a.lock_name(&key)).await <= 30_000,
+        "extend re-armed the lock although it failed"
+    );
+}
+
+/// leave removes nothing.
+#[tokio::test]
+async fn foreign_values_stop_leave_before_any_write() {
+    let (_log, a, mut con) = one_instance("reads-first-leave").await;
+    let key = LockKey::from("leave");
+    let queue = name(&a, &key, ":wq");
+    enqueue(&mut con, &queue, a.instance_id(), 1, LIVE_ENTRY).await;
+    put_foreign(&mut con, &name(&a, &key, ":claim"), ":claim").await;
+    assert_foreign("leave with a hash at :claim", a.leave(&key).await);
+    assert!(
+        queued(&mut con, &queue, a.instance_id()).await,
+        "leave removed the queue entry although it failed"
+    );
+}

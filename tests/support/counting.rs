@@ -1,0 +1,96 @@
+//! A backend wrapper that counts the requests lockflight sends (one trait call =
+//! one round trip of the inner backend) and the acquires in flight at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+use lockflight::{LockKey, backend::LockBackend};
+
+/// Requests sent through a [`Counting`] backend.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) acquire: AtomicU64,
+    pub(crate) release: AtomicU64,
+    pub(crate) extend: AtomicU64,
+    pub(crate) leave: AtomicU64,
+    /// Acquires sent and not answered yet.
+    pub(crate) in_flight: AtomicUsize,
+    /// The most acquires in flight at once.
+    pub(crate) max_in_flight: AtomicUsize,
+}
+
+impl Counts {
+    /// `[acquire, release, extend, leave]`.
+    pub(crate) fn snapshot(&self) -> [u64; 4] {
+        [
+            self.acquire.load(Ordering::Relaxed),
+            self.release.load(Ordering::Relaxed),
+            self.extend.load(Ordering::Relaxed),
+            self.leave.load(Ordering::Relaxed),
+        ]
+    }
+
+    /// All requests sent.
+    pub(crate) fn total(&self) -> u64 {
+        self.snapshot().iter().sum()
+    }
+}
+
+/// Counts every backend request lockflight sends (a script call is one).
+#[derive(Debug)]
+pub(crate) struct Counting<B> {
+    inner: B,
+    counts: Arc<Counts>,
+}
+
+impl<B> Counting<B> {
+    pub(crate) fn new(inner: B) -> (Self, Arc<Counts>) {
+        let counts = Arc::new(Counts::default());
+        let c = Arc::clone(&counts);
+        (Counting { inner, counts }, c)
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend> LockBackend for Counting<B> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> lockflight::Result<Acquire> {
+        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
+        let now = self.counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.counts.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let out = self.inner.acquire(key, token, ttl, queue).await;
+        self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+    async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
+        self.counts.release.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(key, token).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+    ) -> lockflight::Result<Extend> {
+        self.counts.extend.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend(key, token, ttl).await
+    }
+    async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
+        self.counts.leave.fetch_add(1, Ordering::Relaxed);
+        self.inner.leave(key).await
+    }
+    fn wakeups(&self) -> &WakeRegistry {
+        self.inner.wakeups()
+    }
+    fn fencing(&self) -> bool {
+        self.inner.fencing()
+    }
+}
