@@ -71,18 +71,17 @@
 //!
 //! `config` (workloads, modes, the matrix, the environment knobs), `protocol` (the
 //! coordinator ↔ worker messages), `worker` (a worker process: the lock modes, the
-//! plain-lock baseline, the critical section), `counting` (the round-trip counting
-//! backend), `coordinator` (points, rounds, the start barrier; `verify`: the
+//! plain-lock baseline, the critical section), `coordinator` (points, rounds, the start barrier; `verify`: the
 //! correctness oracles; `scenarios`: the uncontended and wake-up measurements),
 //! `report` (the results files, the Markdown tables, the targets, the chart).
 
-// The root package's test support: a private `redis-server` on a free port.
+// The root package's test support: a private `redis-server` on a free port, and the
+// backend wrapper that counts lockflight's requests (`Counting`).
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
 mod config;
 mod coordinator;
-mod counting;
 mod protocol;
 mod report;
 mod worker;

@@ -9,7 +9,7 @@ use lockflight::{LockKey, Locker, RedisBackend};
 use super::Run;
 use super::verify::commandstats;
 use crate::config::Mode;
-use crate::counting::{Counting, Counts};
+use crate::support::{Counting, Counts};
 use crate::report::{Uncontended, Wake};
 
 /// A locker of `mode` on its own `RedisBackend` (subscribed), counting its requests.

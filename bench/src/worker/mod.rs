@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use crate::config::{
     HOLD, Mode, WAIT_TIMEOUT, Workload, ZIPF_KEYS, ZIPF_S, counter_name, lock_key,
 };
-use crate::counting::Counting;
+use crate::support::Counting;
 use crate::protocol::{LockStats, WorkerResult, WorkerSpec, emit, parse_go};
 use crate::{data_connection, micros, new_histogram};
 use plain::PlainLock;
