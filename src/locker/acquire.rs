@@ -8,7 +8,6 @@ use tokio::time::Instant;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend};
 use crate::error::{Error, Phase, Result};
-use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::slot::{Abandon, Lead, Slot};

@@ -127,7 +127,7 @@ impl ReleaseJob {
         let job = rearm.0.as_ref().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
         shared.renewals.forget(&lease);
-        crate::stats::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
+        crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
         let mut attempt = 0u32;
         // Fair: a local waiter keeps this instance's place in the backend's queue
         // (its arrival time), so the release wakes whoever arrived first.
@@ -210,7 +210,7 @@ impl ReleaseJob {
     /// TTL.
     pub(super) fn settle_locally(self) {
         self.shared.renewals.forget(&self.lease);
-        crate::stats::histograms::renewals(
+        crate::lease::histograms::renewals(
             self.lease.kind,
             self.lease.renewed.load(Ordering::Relaxed),
         );

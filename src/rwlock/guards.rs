@@ -1,9 +1,9 @@
 //! The guards a holder gets, and what they say about their lease.
 
 use crate::error::{Error, Phase, Result};
-use crate::guard::{FencingToken, Loss, LossSignal};
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::lease::{FencingToken, Loss, LossSignal};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,7 +123,7 @@ impl ReadGuard {
     pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
         let entry = self.entry.take()?;
         let gate = self.gate.take()?;
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
         let last = entry.rw.share().leave(&self.lease);
         if !last {
             return None;
@@ -239,7 +239,7 @@ impl WriteGuard {
 
     pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
         let (entry, gate) = self.job.take()?;
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
         Some(ReleaseJob {
             kind: Kind::Write,
             lease: Arc::clone(&self.lease),

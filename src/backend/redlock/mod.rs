@@ -702,7 +702,7 @@ fn fence_ttl_ms(ttl: Duration) -> u64 {
 
 /// The drift margin of a validity window (as the locker's leases).
 fn drift(ttl: Duration) -> Duration {
-    crate::lease::drift(ttl)
+    super::drift(ttl)
 }
 
 /// Whether `e` is a definite refusal that retrying at once will not change.
