@@ -22,7 +22,8 @@ use tokio::sync::Notify;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
-type Shared = Arc<dyn Any + Send + Sync>;
+/// A flight's value with its type erased (flights are keyed by its `TypeId`).
+type ErasedValue = Arc<dyn Any + Send + Sync>;
 type FlightKey = (LockKey, TypeId);
 
 /// The in-flight shared computations of one locker.
@@ -69,7 +70,7 @@ struct Flight {
 #[derive(Debug, Default)]
 struct FlightState {
     /// `None` while running (or vacant); the shared outcome once done.
-    outcome: Option<Result<Shared>>,
+    outcome: Option<Result<ErasedValue>>,
     /// A leader is running the computation.
     leading: bool,
     /// Callers waiting for the outcome.
@@ -95,7 +96,7 @@ struct Leader<'a> {
     flights: &'a Flights,
     key: FlightKey,
     flight: Arc<Flight>,
-    outcome: Option<Result<Shared>>,
+    outcome: Option<Result<ErasedValue>>,
 }
 
 impl Drop for Leader<'_> {
@@ -235,7 +236,7 @@ impl Flights {
                 leader.outcome = Some(
                     result
                         .as_ref()
-                        .map(|v| Arc::new(v.clone()) as Shared)
+                        .map(|v| Arc::new(v.clone()) as ErasedValue)
                         .map_err(Clone::clone),
                 );
                 result

@@ -27,7 +27,7 @@ pub(super) struct Call {
 /// The one task that talks to the backend for a key, until it holds the lease or
 /// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
 pub(super) struct Leading {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
     key: LockKey,
     slot: Option<Arc<Slot>>,
     lead: Lead,
@@ -50,8 +50,8 @@ impl Drop for Leading {
     }
 }
 
-impl Shared {
-    pub(super) fn arc(&self) -> Arc<Shared> {
+impl LockerState {
+    pub(super) fn arc(&self) -> Arc<LockerState> {
         self.me
             .upgrade()
             .expect("a Locker's shared state is alive while it is used")

@@ -297,7 +297,7 @@ impl LockerBuilder {
             coalescing: self.coalescing,
             on_loss: self.on_loss,
         };
-        let shared = Shared::new(Engine::new(self.backend, config));
+        let shared = LockerState::new(Engine::new(self.backend, config));
         Ok(Locker { shared })
     }
 }

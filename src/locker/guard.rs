@@ -10,7 +10,7 @@ use crate::lease::Lease;
 use crate::lease::{FencingToken, LockInfo, Loss, LossSignal};
 use crate::slot::Slot;
 
-use super::Shared;
+use super::LockerState;
 
 /// A held lock.
 ///
@@ -20,7 +20,7 @@ use super::Shared;
 /// is lost, no later than its validity ends.
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct LockGuard {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
     slot: Option<Arc<Slot>>,
     lease: Arc<Lease>,
     seq: u64,
@@ -40,7 +40,7 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<LockerState>,
         slot: Option<Arc<Slot>>,
         lease: Arc<Lease>,
         seq: u64,

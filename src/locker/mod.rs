@@ -61,7 +61,7 @@ pub use guard::LockGuard;
 /// ```
 #[derive(Clone)]
 pub struct Locker {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
 }
 
 impl fmt::Debug for Locker {
@@ -77,8 +77,8 @@ impl fmt::Debug for Locker {
 /// A locker's state: the [`Engine`] every lock kind runs on, and each kind's
 /// local per-key state. It derefs to the engine (`shared.backend`,
 /// `shared.config`, ...).
-pub(crate) struct Shared {
-    me: Weak<Shared>,
+pub(crate) struct LockerState {
+    me: Weak<LockerState>,
     engine: Arc<Engine>,
     /// The exclusive locks' slots.
     pub(crate) slots: SlotMap,
@@ -90,10 +90,10 @@ pub(crate) struct Shared {
     pub(crate) semaphores: Arc<Semaphores>,
 }
 
-impl Shared {
-    fn new(engine: Engine) -> Arc<Shared> {
+impl LockerState {
+    fn new(engine: Engine) -> Arc<LockerState> {
         let engine = Arc::new(engine);
-        Arc::new_cyclic(|me| Shared {
+        Arc::new_cyclic(|me| LockerState {
             me: me.clone(),
             slots: SlotMap::default(),
             flights: Flights::default(),
@@ -104,7 +104,7 @@ impl Shared {
     }
 }
 
-impl Deref for Shared {
+impl Deref for LockerState {
     type Target = Engine;
 
     fn deref(&self) -> &Engine {
@@ -474,7 +474,7 @@ impl Locker {
     }
 
     #[cfg(test)]
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<LockerState> {
         &self.shared
     }
 }

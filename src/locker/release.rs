@@ -14,7 +14,7 @@ use crate::lease::Lease;
 use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
 
 use super::*;
-impl Shared {
+impl LockerState {
     /// Whether `lease` may go to a local waiter instead of back to the backend.
     pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
         let h = &self.config.handoff;
@@ -60,7 +60,7 @@ impl Shared {
     }
 }
 
-impl Forward for Shared {
+impl Forward for LockerState {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
             Grant::Lead(lead) => {
@@ -82,7 +82,7 @@ impl Forward for Shared {
 
 /// A backend release still to be done; it completes even if its caller goes away.
 pub(crate) struct ReleaseJob {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
     slot: Option<Arc<Slot>>,
     lease: Arc<Lease>,
 }
