@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::LockBackend;
+use crate::backend::{LockBackend, WakeRegistry, Wakeup};
+use crate::key::LockKey;
 use crate::lease::renewal::Renewals;
 use crate::settings::Config;
 use crate::stats::StatsInner;
@@ -69,5 +70,24 @@ where
 {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(fut);
+    }
+}
+
+/// The wake-up watch of a waiting acquire loop, registered only once it has to
+/// wait (an acquire that succeeds at once costs no registration). `None` when a
+/// wake-up for `key` arrived since `generation` was read before the request, so
+/// the caller asks again at once instead of missing it.
+pub(crate) fn watch_once<'a>(
+    wakeup: &'a mut Option<Wakeup>,
+    wakeups: &WakeRegistry,
+    key: &LockKey,
+    generation: u64,
+) -> Option<&'a mut Wakeup> {
+    match wakeup {
+        Some(w) => Some(w),
+        None => {
+            let w = wakeup.insert(wakeups.watch(key));
+            (wakeups.generation(key.as_bytes()) == generation).then_some(w)
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::error::{Error, Phase};
 use crate::key::LockKey;
 use crate::lease::Lease;
 
@@ -111,6 +112,12 @@ impl fmt::Debug for LossSignal {
 }
 
 impl LossSignal {
+    pub(crate) fn new(lease: &Arc<Lease>) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(lease),
+        }
+    }
+
     /// Whether the lease is lost: the loss was signalled, or its validity window
     /// has ended on the monotonic clock (whatever the renewal task has done).
     pub fn is_lost(&self) -> bool {
@@ -163,5 +170,27 @@ impl Future for Loss {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.inner.as_mut().poll(cx)
+    }
+}
+
+/// What every guard (lock, read, write, permit) shows of its lease: their public
+/// `fencing_token`, `loss_signal`, `lost` and loss errors are one-line calls to
+/// these, to [`LossSignal::new`] and to [`Loss::new`].
+impl Lease {
+    /// The token of the critical section that holds this lease as handoff `seq`.
+    pub(crate) fn fencing_token(&self, seq: u64) -> FencingToken {
+        FencingToken {
+            epoch: self.epoch,
+            seq,
+        }
+    }
+
+    /// [`Error::LeaseLost`] for this lease, found lost in `phase`.
+    pub(crate) fn lost_error(&self, phase: Phase) -> Error {
+        Error::LeaseLost {
+            key: self.key.clone(),
+            phase,
+            reason: self.lost_reason(),
+        }
     }
 }

@@ -62,10 +62,7 @@ impl LockGuard {
 
     /// This critical section's fencing token.
     pub fn fencing_token(&self) -> FencingToken {
-        FencingToken {
-            epoch: self.lease.epoch,
-            seq: self.seq,
-        }
+        self.lease.fencing_token(self.seq)
     }
 
     /// Key, fencing token and loss signal, as a cloneable value.
@@ -79,9 +76,7 @@ impl LockGuard {
 
     /// A cloneable loss signal that does not borrow the guard.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            lease: Arc::clone(&self.lease),
-        }
+        LossSignal::new(&self.lease)
     }
 
     /// Whether the lease has been lost: the loss was signalled, or its validity
@@ -109,11 +104,7 @@ impl LockGuard {
     }
 
     pub(crate) fn lost_error(&self) -> Error {
-        Error::LeaseLost {
-            key: self.lease.key.clone(),
-            phase: Phase::Renewing,
-            reason: self.lease.lost_reason(),
-        }
+        self.lease.lost_error(Phase::Renewing)
     }
 
     /// Releases the lock: hands it to a local waiter (with handoff on and within its

@@ -1,6 +1,7 @@
 //! The calls behind `Locker::read` and `Locker::write`, and the acquire loop.
 
 use crate::backend::{Acquire, LeaseToken};
+use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -244,15 +245,8 @@ impl RwLocks {
                         leading.armed = false;
                     }
                     backoff = Duration::from_millis(10);
-                    let wakeup = match &mut wakeup {
-                        Some(w) => w,
-                        None => {
-                            let w = wakeup.insert(wakeups.watch(&key));
-                            if wakeups.generation(key.as_bytes()) != generation {
-                                continue;
-                            }
-                            w
-                        }
+                    let Some(wakeup) = watch_once(&mut wakeup, wakeups, &key, generation) else {
+                        continue;
                     };
                     tokio::select! {
                         _ = wakeup.woken() => {}

@@ -79,9 +79,7 @@ impl Permit {
 
     /// A cloneable loss signal that does not borrow the permit.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            lease: Arc::clone(&self.lease),
-        }
+        LossSignal::new(&self.lease)
     }
 
     /// Whether the permit has been lost: the loss was signalled (the backend no
@@ -104,7 +102,7 @@ impl Permit {
     ///
     /// Cancel safe; it only observes.
     pub fn lost(&self) -> Loss {
-        self.loss_signal().lost()
+        Loss::new(&self.lease)
     }
 
     /// Returns the permit to the backend, which wakes a waiting instance.

@@ -2,7 +2,7 @@
 //! waiter, and the FIFO hand-out of what it grants.
 
 use crate::backend::LeaseToken;
-use crate::engine::Engine;
+use crate::engine::{Engine, watch_once};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use std::collections::{HashMap, VecDeque};
@@ -319,17 +319,8 @@ impl Driver {
                 }
             };
             // Wait for a wake-up, the retry delay, or the last waiter leaving.
-            let wakeup = match &mut wakeup {
-                Some(w) => w,
-                None => {
-                    // Watch only now that we wait; a wake-up that came before this
-                    // registration shows in the generation.
-                    let w = wakeup.insert(wakeups.watch(key));
-                    if wakeups.generation(key.as_bytes()) != generation {
-                        continue;
-                    }
-                    w
-                }
+            let Some(wakeup) = watch_once(&mut wakeup, wakeups, key, generation) else {
+                continue;
             };
             let retry_at = Instant::now() + retry_in;
             loop {
