@@ -78,9 +78,21 @@
 //!   [`LockBackend`](backend::LockBackend) trait; [`guard`] for what a holder
 //!   sees ([`LossSignal`](guard::LossSignal), the [`Loss`](guard::Loss) future,
 //!   [`LockInfo`](guard::LockInfo)); [`error`] for [`Phase`](error::Phase).
+//!
+//! ## Layers
+//!
+//! Modules depend on each other top-down only, along the data path: [`layer`]
+//! (tower, axum) → `locker` (the [`Locker`] handle and its calls, [`LockGuard`],
+//! `lock_many`) → the lock family's per-key state ([`rwlock`], [`semaphore`],
+//! singleflight) → `engine` (the backend, settings, counters and renewal watchdog
+//! every kind shares) and `slot` (the exclusive lock's per-key state machine) →
+//! `lease` (a held lease, its renewal, its loss signal and fencing token) →
+//! [`backend`]. [`guard`] only re-exports what holders get; [`error`], [`stats`] and
+//! [`LockKey`] are the vocabulary of every layer.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod engine;
 pub mod error;
 pub mod guard;
 mod key;
@@ -92,6 +104,7 @@ mod reentry;
 pub mod routing;
 pub mod rwlock;
 pub mod semaphore;
+mod settings;
 mod singleflight;
 mod slot;
 pub mod stats;

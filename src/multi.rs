@@ -14,9 +14,9 @@ use futures::future::{BoxFuture, FutureExt, select_all};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::guard::{FencingToken, LockGuard};
 use crate::key::LockKey;
-use crate::locker::Locker;
+use crate::lease::FencingToken;
+use crate::locker::{LockGuard, Locker};
 
 /// Several held locks, taken together by [`Locker::lock_many`].
 ///

@@ -1,4 +1,4 @@
-//! [`Locker::singleflight`]: singleflight under the distributed lock.
+//! [`Locker::singleflight`](crate::Locker::singleflight): singleflight under the distributed lock.
 //!
 //! Concurrent local callers for one key share one execution: the first becomes the
 //! leader, takes the distributed lock and runs its closure; the others wait for that
@@ -21,9 +21,9 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::locker::Locker;
 
-type Shared = Arc<dyn Any + Send + Sync>;
+/// A flight's value with its type erased (flights are keyed by its `TypeId`).
+type ErasedValue = Arc<dyn Any + Send + Sync>;
 type FlightKey = (LockKey, TypeId);
 
 /// The in-flight shared computations of one locker.
@@ -70,7 +70,7 @@ struct Flight {
 #[derive(Debug, Default)]
 struct FlightState {
     /// `None` while running (or vacant); the shared outcome once done.
-    outcome: Option<Result<Shared>>,
+    outcome: Option<Result<ErasedValue>>,
     /// A leader is running the computation.
     leading: bool,
     /// Callers waiting for the outcome.
@@ -96,7 +96,7 @@ struct Leader<'a> {
     flights: &'a Flights,
     key: FlightKey,
     flight: Arc<Flight>,
-    outcome: Option<Result<Shared>>,
+    outcome: Option<Result<ErasedValue>>,
 }
 
 impl Drop for Leader<'_> {
@@ -146,73 +146,24 @@ impl Drop for Follower<'_> {
     }
 }
 
-impl Locker {
-    /// Runs `f` under the lock of `key`, sharing its result with every concurrent
-    /// local caller for the same key (and the same `T`).
-    ///
-    /// Use it for idempotent work whose result everyone may share: filling a cache
-    /// entry, loading a hot row. Callers that arrive after a flight completed start a
-    /// new one (one run per lock generation).
-    ///
-    /// # Concurrent calls on the same key
-    ///
-    /// One caller leads: it takes the distributed lock (as [`with_lock`](Self::with_lock))
-    /// and runs its `f`; the others wait, without a deadline of their own, and receive
-    /// a clone of the leader's value or error. If the leader is cancelled, one of the
-    /// waiting callers becomes the leader and runs *its* `f`. If the leader panics,
-    /// the waiting callers get [`Error::Panicked`], the lock is released, and the
-    /// panic resumes in the leader's task.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lockflight::Result<()> {
-    /// use lockflight::{Locker, MemoryBackend};
-    ///
-    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let (a, b) = tokio::join!(
-    ///     locker.singleflight("user:7", || async {
-    ///         tokio::task::yield_now().await; // a real load awaits I/O here
-    ///         "loaded once".to_string()
-    ///     }),
-    ///     locker.singleflight("user:7", || async { String::from("not run: shares the first") }),
-    /// );
-    /// assert_eq!(a?, "loaded once");
-    /// assert_eq!(b?, "loaded once");
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock), shared by all callers of the flight, plus
-    /// [`Error::Panicked`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe. A cancelled follower simply stops waiting; a cancelled leader
-    /// drops `f` (releasing the lock in the background) and passes the flight on.
-    /// Whoever leaves last removes the flight: once no caller is left, the locker
-    /// keeps nothing for the key.
-    ///
-    /// # Panics
-    ///
-    /// Resumes the panic of `f` in the caller whose `f` panicked.
-    pub async fn singleflight<T, F, Fut>(&self, key: impl Into<LockKey>, f: F) -> Result<T>
+impl Flights {
+    /// [`Locker::singleflight`](crate::Locker::singleflight) for a checked `key`:
+    /// joins the key's flight for a `T`, or leads one, running `lead(key, f)` (the
+    /// caller's `f` under the lock).
+    pub(crate) async fn run<T, F, L, LFut>(&self, key: LockKey, f: F, lead: L) -> Result<T>
     where
         T: Clone + Send + Sync + 'static,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
+        L: FnOnce(LockKey, F) -> LFut,
+        LFut: Future<Output = Result<T>>,
     {
-        let key: LockKey = key.into();
-        key.validate()?;
-        self.check_reentry(&key)?;
-        let flights = &self.shared().flights;
+        let flights = self;
         let fkey = (key.clone(), TypeId::of::<T>());
         let flight = match flights.map.entry(fkey.clone()) {
             Entry::Vacant(v) => {
                 let flight = Arc::new(Flight::default());
                 flight.lock().leading = true;
                 v.insert(Arc::clone(&flight));
-                return self.lead_flight(flights, fkey, flight, f).await;
+                return self.lead_flight(fkey, flight, f, lead).await;
             }
             Entry::Occupied(o) => {
                 // Joined under the entry: the flight cannot be removed meanwhile.
@@ -252,33 +203,32 @@ impl Locker {
                 // Already counted out under the state lock, together with
                 // `leading = true`: no moment without a caller attached.
                 std::mem::forget(follower);
-                return self
-                    .lead_flight(flights, fkey, Arc::clone(&flight), f)
-                    .await;
+                return self.lead_flight(fkey, Arc::clone(&flight), f, lead).await;
             }
             notified.await;
         }
     }
 
-    async fn lead_flight<T, F, Fut>(
+    async fn lead_flight<T, F, L, LFut>(
         &self,
-        flights: &Flights,
         key: FlightKey,
         flight: Arc<Flight>,
         f: F,
+        lead: L,
     ) -> Result<T>
     where
         T: Clone + Send + Sync + 'static,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
+        L: FnOnce(LockKey, F) -> LFut,
+        LFut: Future<Output = Result<T>>,
     {
+        let flights = self;
         let mut leader = Leader {
             flights,
             key: key.clone(),
             flight,
             outcome: None,
         };
-        let run = AssertUnwindSafe(self.with_lock(key.0.clone(), |_| f()))
+        let run = AssertUnwindSafe(lead(key.0.clone(), f))
             .catch_unwind()
             .await;
         match run {
@@ -286,7 +236,7 @@ impl Locker {
                 leader.outcome = Some(
                     result
                         .as_ref()
-                        .map(|v| Arc::new(v.clone()) as Shared)
+                        .map(|v| Arc::new(v.clone()) as ErasedValue)
                         .map_err(Clone::clone),
                 );
                 result
@@ -309,7 +259,7 @@ mod tests {
     use futures::poll;
 
     use super::*;
-    use crate::MemoryBackend;
+    use crate::{Locker, MemoryBackend};
 
     fn locker() -> Locker {
         Locker::builder(MemoryBackend::new()).build().unwrap()

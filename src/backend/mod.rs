@@ -70,6 +70,13 @@ impl fmt::Debug for LeaseToken {
     }
 }
 
+/// The safety margin subtracted from every validity window: 1 % of the TTL + 2 ms,
+/// for clock drift between this process and the backend. Leases and the quorum
+/// backend count validity the same way.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
 /// The answer to [`LockBackend::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquire {

@@ -40,13 +40,12 @@ use crate::backend::LeaseToken;
 use crate::key::LockKey;
 use crate::stats::StatsInner;
 
+pub(crate) mod histograms;
 pub(crate) mod renewal;
+mod view;
 
-/// The safety margin subtracted from every validity window: 1 % of the TTL + 2 ms,
-/// for clock drift between this process and the backend.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
+pub(crate) use crate::backend::drift;
+pub use view::{FencingToken, LockInfo, Loss, LossSignal};
 
 /// The loss reason when the validity window ended without a successful renewal.
 pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal succeeded";

@@ -8,7 +8,6 @@ use tokio::time::Instant;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend};
 use crate::error::{Error, Phase, Result};
-use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::slot::{Abandon, Lead, Slot};
@@ -28,7 +27,7 @@ pub(super) struct Call {
 /// The one task that talks to the backend for a key, until it holds the lease or
 /// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
 pub(super) struct Leading {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
     key: LockKey,
     slot: Option<Arc<Slot>>,
     lead: Lead,
@@ -51,8 +50,8 @@ impl Drop for Leading {
     }
 }
 
-impl Shared {
-    pub(super) fn arc(&self) -> Arc<Shared> {
+impl LockerState {
+    pub(super) fn arc(&self) -> Arc<LockerState> {
         self.me
             .upgrade()
             .expect("a Locker's shared state is alive while it is used")

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -9,22 +10,27 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::LockBackend;
+use crate::engine::{Engine, deadline_after, spawn_detached};
 use crate::error::{Error, Phase, Result};
-use crate::guard::{LockGuard, LockInfo};
 use crate::key::LockKey;
-use crate::lease::renewal::Renewals;
+use crate::lease::LockInfo;
+use crate::rwlock::RwLocks;
+use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;
 use crate::slot::{Forward, Grant, Join, Lead, Slot, SlotMap};
-use crate::stats::{Stats, StatsInner};
+use crate::stats::Stats;
 
 mod acquire;
 mod config;
+mod family;
+mod guard;
 mod release;
 
+pub use crate::settings::{Handoff, LossPolicy};
 use acquire::Call;
-pub(crate) use config::Config;
 use config::validate_ttl;
-pub use config::{Handoff, LockOptions, LockerBuilder, LossPolicy};
+pub use config::{LockOptions, LockerBuilder};
+pub use guard::LockGuard;
 
 /// The handle a service uses to take distributed locks.
 ///
@@ -55,7 +61,7 @@ pub use config::{Handoff, LockOptions, LockerBuilder, LossPolicy};
 /// ```
 #[derive(Clone)]
 pub struct Locker {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
 }
 
 impl fmt::Debug for Locker {
@@ -68,18 +74,42 @@ impl fmt::Debug for Locker {
     }
 }
 
-pub(crate) struct Shared {
-    me: Weak<Shared>,
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) config: Config,
-    pub(crate) stats: Arc<StatsInner>,
+/// A locker's state: the [`Engine`] every lock kind runs on, and each kind's
+/// local per-key state. It derefs to the engine (`shared.backend`,
+/// `shared.config`, ...).
+pub(crate) struct LockerState {
+    me: Weak<LockerState>,
+    engine: Arc<Engine>,
+    /// The exclusive locks' slots.
     pub(crate) slots: SlotMap,
+    /// The shared computations of [`Locker::singleflight`].
     pub(crate) flights: Flights,
-    pub(crate) renewals: Arc<Renewals>,
     /// The read-write locks' local state.
-    pub(crate) rw: crate::rwlock::RwLocks,
+    pub(crate) rw: Arc<RwLocks>,
     /// The semaphores' local state.
-    pub(crate) semaphores: crate::semaphore::Semaphores,
+    pub(crate) semaphores: Arc<Semaphores>,
+}
+
+impl LockerState {
+    fn new(engine: Engine) -> Arc<LockerState> {
+        let engine = Arc::new(engine);
+        Arc::new_cyclic(|me| LockerState {
+            me: me.clone(),
+            slots: SlotMap::default(),
+            flights: Flights::default(),
+            rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
+            semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
+            engine,
+        })
+    }
+}
+
+impl Deref for LockerState {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 impl Locker {
@@ -155,7 +185,7 @@ impl Locker {
     /// Records the wait of a granted call.
     fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
         if result.is_ok() {
-            crate::stats::histograms::wait(crate::lease::LeaseKind::Lock, start.elapsed());
+            crate::lease::histograms::wait(crate::lease::LeaseKind::Lock, start.elapsed());
         }
         result
     }
@@ -443,25 +473,8 @@ impl Locker {
         self.shared.config.on_loss
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<LockerState> {
         &self.shared
-    }
-}
-
-/// `start + wait`, or a far future when that overflows (a wait of `Duration::MAX`
-/// waits as long as it takes, like [`tokio::time::sleep`]).
-pub(super) fn deadline_after(start: Instant, wait: Duration) -> Instant {
-    start
-        .checked_add(wait)
-        .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
-}
-
-/// Spawns `fut` on the current runtime, if there is one.
-pub(super) fn spawn_detached<F>(fut: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(fut);
     }
 }

@@ -14,7 +14,7 @@ use crate::lease::Lease;
 use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
 
 use super::*;
-impl Shared {
+impl LockerState {
     /// Whether `lease` may go to a local waiter instead of back to the backend.
     pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
         let h = &self.config.handoff;
@@ -60,7 +60,7 @@ impl Shared {
     }
 }
 
-impl Forward for Shared {
+impl Forward for LockerState {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
             Grant::Lead(lead) => {
@@ -82,7 +82,7 @@ impl Forward for Shared {
 
 /// A backend release still to be done; it completes even if its caller goes away.
 pub(crate) struct ReleaseJob {
-    shared: Arc<Shared>,
+    shared: Arc<LockerState>,
     slot: Option<Arc<Slot>>,
     lease: Arc<Lease>,
 }
@@ -127,7 +127,7 @@ impl ReleaseJob {
         let job = rearm.0.as_ref().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
         shared.renewals.forget(&lease);
-        crate::stats::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
+        crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
         let mut attempt = 0u32;
         // Fair: a local waiter keeps this instance's place in the backend's queue
         // (its arrival time), so the release wakes whoever arrived first.
@@ -210,7 +210,7 @@ impl ReleaseJob {
     /// TTL.
     pub(super) fn settle_locally(self) {
         self.shared.renewals.forget(&self.lease);
-        crate::stats::histograms::renewals(
+        crate::lease::histograms::renewals(
             self.lease.kind,
             self.lease.renewed.load(Ordering::Relaxed),
         );

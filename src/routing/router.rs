@@ -236,10 +236,11 @@ impl<S: Service<Req>, Req> fmt::Debug for ResponseFuture<S, Req> {
 /// `.await`, never while user code runs), so it is fine to call from async code and
 /// concurrently with routing.
 pub struct RouterHandle<S> {
-    shared: Arc<Shared<S>>,
+    membership: Arc<Membership<S>>,
 }
 
-struct Shared<S> {
+/// The members behind a [`RouterHandle`], shared by its clones.
+struct Membership<S> {
     members: RwLock<Members<S>>,
     /// Round-robin position for keyless requests.
     next: AtomicUsize,
@@ -265,7 +266,7 @@ impl<S> AsRef<[u8]> for Slot<S> {
 impl<S> Clone for RouterHandle<S> {
     fn clone(&self) -> Self {
         RouterHandle {
-            shared: Arc::clone(&self.shared),
+            membership: Arc::clone(&self.membership),
         }
     }
 }
@@ -273,7 +274,7 @@ impl<S> Clone for RouterHandle<S> {
 impl<S> Default for RouterHandle<S> {
     fn default() -> Self {
         RouterHandle {
-            shared: Arc::new(Shared {
+            membership: Arc::new(Membership {
                 members: RwLock::new(Members {
                     up: Rendezvous::new(),
                     down: HashMap::new(),
@@ -411,14 +412,14 @@ impl<S> RouterHandle<S> {
     fn read(&self) -> RwLockReadGuard<'_, Members<S>> {
         // Membership is consistent after every statement that changes it, so a
         // panic elsewhere while a guard was held leaves nothing half done.
-        self.shared
+        self.membership
             .members
             .read()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Members<S>> {
-        self.shared
+        self.membership
             .members
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -440,7 +441,7 @@ impl<S: Clone> RouterHandle<S> {
         if len == 0 {
             return Err(RoutingError::NoMembers);
         }
-        let i = self.shared.next.fetch_add(1, Ordering::Relaxed) % len;
+        let i = self.membership.next.fetch_add(1, Ordering::Relaxed) % len;
         members
             .up
             .iter()

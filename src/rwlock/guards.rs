@@ -1,9 +1,9 @@
 //! The guards a holder gets, and what they say about their lease.
 
-use crate::error::{Error, Phase, Result};
-use crate::guard::{FencingToken, Loss, LossSignal};
+use crate::error::{Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::lease::{FencingToken, Loss, LossSignal};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +12,16 @@ use tokio::time::Instant;
 
 use super::*;
 
-pub(super) fn lost_error(lease: &Lease, phase: Phase) -> Error {
-    Error::LeaseLost {
-        key: lease.key.clone(),
-        phase,
-        reason: lease.lost_reason(),
+/// The end of both guards' `release`: runs the backend release when this holder
+/// was the last, and reports a loss seen before it (`lost`) as the outcome.
+async fn released(lease: &Lease, lost: bool, job: Option<ReleaseJob>) -> Result<()> {
+    let result = match job {
+        Some(job) => job.run().await,
+        None => Ok(()),
+    };
+    match result {
+        Ok(()) if lost => Err(lease.lost_error(Phase::Releasing)),
+        other => other,
     }
 }
 
@@ -59,17 +64,12 @@ impl ReadGuard {
     /// With Redis the record is kept for at least a minute (ten lease TTLs if
     /// longer) after the last use of the lock.
     pub fn last_write(&self) -> FencingToken {
-        FencingToken {
-            epoch: self.lease.epoch,
-            seq: 0,
-        }
+        self.lease.fencing_token(0)
     }
 
     /// A cloneable loss signal of the shared read lease.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            lease: Arc::clone(&self.lease),
-        }
+        LossSignal::new(&self.lease)
     }
 
     /// Whether the read lease has been lost: the loss was signalled, or its validity
@@ -109,21 +109,15 @@ impl ReadGuard {
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         let lost = self.lease.is_lost();
-        let result = match self.leave() {
-            Some(job) => job.run().await,
-            None => Ok(()),
-        };
-        match result {
-            Ok(()) if lost => Err(lost_error(&self.lease, Phase::Releasing)),
-            other => other,
-        }
+        let job = self.leave();
+        released(&self.lease, lost, job).await
     }
 
     /// Leaves the share; the backend release to run when this was the last holder.
     pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
         let entry = self.entry.take()?;
         let gate = self.gate.take()?;
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
         let last = entry.rw.share().leave(&self.lease);
         if !last {
             return None;
@@ -178,17 +172,12 @@ impl WriteGuard {
     /// This write's fencing token: strictly greater than the token of every
     /// earlier write lease of the key (`seq` is always 0).
     pub fn fencing_token(&self) -> FencingToken {
-        FencingToken {
-            epoch: self.lease.epoch,
-            seq: 0,
-        }
+        self.lease.fencing_token(0)
     }
 
     /// A cloneable loss signal of the write lease.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            lease: Arc::clone(&self.lease),
-        }
+        LossSignal::new(&self.lease)
     }
 
     /// Whether the write lease has been lost: the loss was signalled, or its
@@ -227,19 +216,13 @@ impl WriteGuard {
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         let lost = self.lease.is_lost();
-        let result = match self.leave() {
-            Some(job) => job.run().await,
-            None => Ok(()),
-        };
-        match result {
-            Ok(()) if lost => Err(lost_error(&self.lease, Phase::Releasing)),
-            other => other,
-        }
+        let job = self.leave();
+        released(&self.lease, lost, job).await
     }
 
     pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
         let (entry, gate) = self.job.take()?;
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
         Some(ReleaseJob {
             kind: Kind::Write,
             lease: Arc::clone(&self.lease),

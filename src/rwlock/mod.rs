@@ -74,6 +74,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -84,10 +85,10 @@ use tracing::Instrument;
 
 use crate::backend::rw::RwBackend;
 use crate::backend::{Acquire, LeaseToken, Released};
+use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseKind};
-use crate::locker::Shared;
 
 mod acquire;
 mod guards;
@@ -112,13 +113,35 @@ impl SameLease for Arc<Lease> {
     }
 }
 
-/// The read-write locks of one locker, per key.
-#[derive(Debug, Default)]
+/// The read-write locks of one locker, per key, over the locker's engine (which
+/// it derefs to).
+#[derive(Debug)]
 pub(crate) struct RwLocks {
+    engine: Arc<Engine>,
     keys: Mutex<HashMap<LockKey, (Arc<KeyRw>, usize)>>,
 }
 
+impl Deref for RwLocks {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
 impl RwLocks {
+    pub(crate) fn new(engine: Arc<Engine>) -> RwLocks {
+        RwLocks {
+            engine,
+            keys: Mutex::default(),
+        }
+    }
+
+    /// Number of keys with local read-write activity.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, (Arc<KeyRw>, usize)>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -141,18 +164,18 @@ impl KeyRw {
 /// A use of a key's local state (a call, a guard, a release in flight); the state
 /// is removed with its last use, so nothing outlives the work.
 struct Entry {
-    shared: Arc<Shared>,
+    locks: Arc<RwLocks>,
     key: LockKey,
     rw: Arc<KeyRw>,
 }
 
 impl Entry {
-    fn enter(shared: &Arc<Shared>, key: &LockKey) -> Entry {
-        let mut keys = shared.rw.lock();
+    fn enter(locks: &Arc<RwLocks>, key: &LockKey) -> Entry {
+        let mut keys = locks.lock();
         let (rw, users) = keys.entry(key.clone()).or_default();
         *users += 1;
         Entry {
-            shared: Arc::clone(shared),
+            locks: Arc::clone(locks),
             key: key.clone(),
             rw: Arc::clone(rw),
         }
@@ -161,7 +184,7 @@ impl Entry {
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        let mut keys = self.shared.rw.lock();
+        let mut keys = self.locks.lock();
         if let Some((_, users)) = keys.get_mut(&self.key) {
             *users -= 1;
             if *users == 0 {
@@ -182,13 +205,6 @@ fn unsupported(key: &LockKey) -> Error {
         key: key.clone(),
         what: "read-write locks",
     }
-}
-
-/// `start + wait`, or a far future when that overflows.
-fn deadline_after(start: Instant, wait: Duration) -> Instant {
-    start
-        .checked_add(wait)
-        .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -235,7 +251,7 @@ async fn release_call(
 /// Releases `token` (an acquire that may have landed, or a writer's registration) in
 /// the background, keeping `hold` (the key's local state and gate) until it is done.
 fn cleanup(
-    shared: &Arc<Shared>,
+    locks: &Arc<RwLocks>,
     kind: Kind,
     key: &LockKey,
     token: LeaseToken,
@@ -244,12 +260,12 @@ fn cleanup(
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let shared = Arc::clone(shared);
+    let locks = Arc::clone(locks);
     let key = key.clone();
     handle.spawn(async move {
         let _hold = hold;
-        if let Some(rw) = shared.backend.rw() {
-            shared.stats.release();
+        if let Some(rw) = locks.backend.rw() {
+            locks.stats.release();
             if let Err(e) = release_call(rw, kind, &key, token).await {
                 tracing::debug!(%key, error = %e, "releasing an abandoned read-write acquire failed");
             }
@@ -279,10 +295,10 @@ impl Drop for Leading {
             entry.rw.changed.notify_waiters();
         }
         if self.armed {
-            let shared = Arc::clone(&entry.shared);
+            let locks = Arc::clone(&entry.locks);
             let key = entry.key.clone();
             cleanup(
-                &shared,
+                &locks,
                 self.kind,
                 &key,
                 self.token,
@@ -306,7 +322,7 @@ struct ReleaseJob {
 
 impl Drop for ReleaseJob {
     fn drop(&mut self) {
-        self.entry.shared.renewals.forget(&self.lease);
+        self.entry.locks.renewals.forget(&self.lease);
     }
 }
 
@@ -332,14 +348,14 @@ impl ReleaseJob {
     }
 
     async fn release(&self) -> Result<()> {
-        let shared = &self.entry.shared;
+        let locks = &self.entry.locks;
         let lease = &self.lease;
-        shared.renewals.forget(lease);
-        crate::stats::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
-        let rw = shared.backend.rw().ok_or_else(|| unsupported(&lease.key))?;
+        locks.renewals.forget(lease);
+        crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
+        let rw = locks.backend.rw().ok_or_else(|| unsupported(&lease.key))?;
         let mut attempt = 0u32;
         let released = loop {
-            shared.stats.release();
+            locks.stats.release();
             match release_call(rw, self.kind, &lease.key, lease.token).await {
                 Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
                     attempt += 1;
@@ -410,8 +426,8 @@ impl Call {
         }
     }
 
-    fn timed_out(&self, shared: &Shared, key: &LockKey, phase: Phase) -> Error {
-        shared.stats.timeout();
+    fn timed_out(&self, engine: &Engine, key: &LockKey, phase: Phase) -> Error {
+        engine.stats.timeout();
         Error::Timeout {
             key: key.clone(),
             phase,

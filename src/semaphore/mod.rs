@@ -1,6 +1,6 @@
 //! Distributed semaphores: `N` permits per key across every instance.
 //!
-//! [`Locker::semaphore`] gives a [`Semaphore`] handle; [`Semaphore::acquire`] waits
+//! [`Locker::semaphore`](crate::Locker::semaphore) gives a [`Semaphore`] handle; [`Semaphore::acquire`] waits
 //! for a [`Permit`]. Each permit is a lease of its own (a random token in the
 //! backend, expiring at the locker's lease TTL unless renewed), renewed by the
 //! locker's watchdog while held, with the same loss signal as a
@@ -55,7 +55,6 @@ use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::locker::{Locker, Shared};
 mod permit;
 mod requests;
 
@@ -68,47 +67,8 @@ pub const MAX_PERMITS: u32 = 65_536;
 /// The most permits one request asks for (the tokens travel as script arguments).
 const MAX_BATCH: usize = 256;
 
-impl Locker {
-    /// A handle on the semaphore `key` with `permits` permits across every instance.
-    ///
-    /// Cheap: nothing is checked or sent until a permit is asked for. `permits` is
-    /// fixed per key at first use, in the backend, for as long as any permit or
-    /// waiter of the key lives: asking with another number gets
-    /// [`Error::PermitMismatch`]. A `permits` of 0 or above [`MAX_PERMITS`] gets
-    /// [`Error::InvalidConfig`] (naming the key) at the first acquire.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lockflight::Result<()> {
-    /// use lockflight::{Locker, MemoryBackend};
-    ///
-    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let pool = locker.semaphore("db-pool", 2);
-    /// let a = pool.acquire().await?;
-    /// let b = pool.acquire().await?;
-    /// assert!(pool.try_acquire().await?.is_none(), "both permits are held");
-    /// a.release().await?;
-    /// let c = pool.try_acquire().await?.expect("one came back");
-    /// # drop((b, c));
-    /// # Ok(()) }
-    /// ```
-    pub fn semaphore(&self, key: impl Into<LockKey>, permits: u32) -> Semaphore {
-        Semaphore {
-            locker: self.clone(),
-            key: key.into(),
-            permits,
-        }
-    }
-
-    /// Number of semaphore keys with local waiters (and a request task). Zero when
-    /// nobody waits: the per-key state never outlives its use.
-    pub fn active_semaphores(&self) -> usize {
-        self.shared().semaphores.len()
-    }
-}
-
 /// A distributed semaphore: at most `N` [`Permit`]s of its key are held at a time,
-/// across every instance. Made by [`Locker::semaphore`]; cheap to clone.
+/// across every instance. Made by [`Locker::semaphore`](crate::Locker::semaphore); cheap to clone.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -129,7 +89,7 @@ impl Locker {
 /// ```
 #[derive(Clone)]
 pub struct Semaphore {
-    locker: Locker,
+    semaphores: Arc<Semaphores>,
     key: LockKey,
     permits: u32,
 }
@@ -154,8 +114,13 @@ impl Semaphore {
         self.permits
     }
 
-    fn shared(&self) -> &Arc<Shared> {
-        self.locker.shared()
+    /// A handle on `key` with `permits` permits ([`Locker::semaphore`](crate::Locker::semaphore)).
+    pub(crate) fn new(semaphores: Arc<Semaphores>, key: LockKey, permits: u32) -> Semaphore {
+        Semaphore {
+            semaphores,
+            key,
+            permits,
+        }
     }
 
     /// Checks the key, the number of permits and the backend.
@@ -167,7 +132,7 @@ impl Semaphore {
                 self.key, self.permits
             )));
         }
-        self.shared()
+        self.semaphores
             .backend
             .semaphore()
             .ok_or_else(|| Error::Unsupported {
@@ -199,7 +164,8 @@ impl Semaphore {
     /// the backend, so no permit leaks. When the last local waiter of a key is
     /// gone, the request task leaves the backend's waiting set and ends.
     pub async fn acquire(&self) -> Result<Permit> {
-        self.acquire_within(self.shared().config.wait_timeout).await
+        self.acquire_within(self.semaphores.config.wait_timeout)
+            .await
     }
 
     /// Like [`acquire`](Self::acquire), waiting at most `wait` (`Duration::MAX`: as
@@ -218,11 +184,11 @@ impl Semaphore {
         let deadline = start
             .checked_add(wait)
             .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30));
-        let shared = self.shared();
-        let (rx, _waiting) = shared.semaphores.enqueue(shared, &self.key, self.permits)?;
+        let semaphores = &self.semaphores;
+        let (rx, _waiting) = semaphores.enqueue(&self.key, self.permits)?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(permit))) => {
-                crate::stats::histograms::wait(crate::lease::LeaseKind::Permit, start.elapsed());
+                crate::lease::histograms::wait(crate::lease::LeaseKind::Permit, start.elapsed());
                 Ok(permit)
             }
             Ok(Ok(Err(e))) => Err(e),
@@ -232,7 +198,7 @@ impl Semaphore {
                 "the semaphore's request task ended (its runtime shut down)",
             )),
             Err(_) => {
-                shared.stats.timeout();
+                semaphores.stats.timeout();
                 Err(Error::Timeout {
                     key: self.key.clone(),
                     phase: Phase::Acquiring,
@@ -256,20 +222,20 @@ impl Semaphore {
     /// token it asked with is released in the background.
     pub async fn try_acquire(&self) -> Result<Option<Permit>> {
         let backend = self.check()?;
-        let shared = self.shared();
-        shared.semaphores.check_permits(&self.key, self.permits)?;
-        let ttl = shared.config.lease_ttl;
+        let semaphores = &self.semaphores;
+        semaphores.check_permits(&self.key, self.permits)?;
+        let ttl = semaphores.config.lease_ttl;
         let token = LeaseToken::random();
-        let mut pending = Pending::new(shared, &self.key, vec![token]);
+        let mut pending = Pending::new(semaphores, &self.key, vec![token]);
         let sent_at = Instant::now();
-        shared.stats.acquire_attempt();
+        semaphores.stats.acquire_attempt();
         let reply = backend
             .acquire_permits(&self.key, self.permits, &[token], ttl, false)
             .await;
         match reply {
             Ok(p) if p.granted >= 1 => {
                 pending.disarm();
-                Ok(Permit::granted(shared, &self.key, token, sent_at))
+                Ok(Permit::granted(semaphores, &self.key, token, sent_at))
             }
             Ok(_) => {
                 pending.disarm();
@@ -299,15 +265,15 @@ fn may_have_written(e: &Error) -> bool {
 
 /// Tokens of a request in flight: released in the background unless disarmed.
 struct Pending {
-    shared: Arc<Shared>,
+    semaphores: Arc<Semaphores>,
     key: LockKey,
     tokens: Vec<LeaseToken>,
 }
 
 impl Pending {
-    fn new(shared: &Arc<Shared>, key: &LockKey, tokens: Vec<LeaseToken>) -> Pending {
+    fn new(semaphores: &Arc<Semaphores>, key: &LockKey, tokens: Vec<LeaseToken>) -> Pending {
         Pending {
-            shared: Arc::clone(shared),
+            semaphores: Arc::clone(semaphores),
             key: key.clone(),
             tokens,
         }
@@ -321,22 +287,22 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         for token in self.tokens.drain(..) {
-            spawn_release(&self.shared, &self.key, token);
+            spawn_release(&self.semaphores, &self.key, token);
         }
     }
 }
 
 /// Releases `token` in the background (it may or may not be a permit). Without a
 /// runtime it expires at its TTL.
-fn spawn_release(shared: &Arc<Shared>, key: &LockKey, token: LeaseToken) {
+fn spawn_release(semaphores: &Arc<Semaphores>, key: &LockKey, token: LeaseToken) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let shared = Arc::clone(shared);
+    let semaphores = Arc::clone(semaphores);
     let key = key.clone();
     handle.spawn(async move {
-        if let Some(backend) = shared.backend.semaphore() {
-            shared.stats.release();
+        if let Some(backend) = semaphores.backend.semaphore() {
+            semaphores.stats.release();
             if let Err(e) = backend.release_permit(&key, token).await {
                 tracing::debug!(%key, error = %e, "background permit release failed");
             }
@@ -349,6 +315,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::Locker;
     use crate::backend::memory::MemoryBackend;
 
     fn locker(max_waiters: usize) -> Locker {

@@ -2,10 +2,9 @@
 
 use crate::backend::LeaseToken;
 use crate::error::{Error, Phase, Result};
-use crate::guard::{Loss, LossSignal};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseKind};
-use crate::locker::Shared;
+use crate::lease::{Loss, LossSignal};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +20,7 @@ use super::*;
 /// than its validity ends.
 #[must_use = "the permit is released when it is dropped"]
 pub struct Permit {
-    pub(super) shared: Arc<Shared>,
+    pub(super) semaphores: Arc<Semaphores>,
     pub(super) lease: Arc<Lease>,
     pub(super) done: bool,
     pub(super) granted_at: Instant,
@@ -41,12 +40,12 @@ impl Permit {
     /// `None` (and released in the background) if the reply came back after its
     /// validity window.
     pub(super) fn granted(
-        shared: &Arc<Shared>,
+        semaphores: &Arc<Semaphores>,
         key: &LockKey,
         token: LeaseToken,
         sent_at: Instant,
     ) -> Option<Permit> {
-        let ttl = shared.config.lease_ttl;
+        let ttl = semaphores.config.lease_ttl;
         let lease = Lease::new(
             key.clone(),
             token,
@@ -54,19 +53,19 @@ impl Permit {
             ttl,
             sent_at,
             0,
-            Arc::clone(&shared.stats),
+            Arc::clone(&semaphores.stats),
         )
         .with_kind(LeaseKind::Permit);
         if Instant::now() >= lease.valid_until() {
             tracing::debug!(%key, "permit reply arrived after the permit's validity");
-            spawn_release(shared, key, token);
+            spawn_release(semaphores, key, token);
             return None;
         }
         let lease = Arc::new(lease);
-        shared.stats.acquired();
-        shared.renewals.watch(&lease, sent_at);
+        semaphores.stats.acquired();
+        semaphores.renewals.watch(&lease, sent_at);
         Some(Permit {
-            shared: Arc::clone(shared),
+            semaphores: Arc::clone(semaphores),
             lease,
             done: false,
             granted_at: Instant::now(),
@@ -80,9 +79,7 @@ impl Permit {
 
     /// A cloneable loss signal that does not borrow the permit.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            lease: Arc::clone(&self.lease),
-        }
+        LossSignal::new(&self.lease)
     }
 
     /// Whether the permit has been lost: the loss was signalled (the backend no
@@ -105,7 +102,7 @@ impl Permit {
     ///
     /// Cancel safe; it only observes.
     pub fn lost(&self) -> Loss {
-        self.loss_signal().lost()
+        Loss::new(&self.lease)
     }
 
     /// Returns the permit to the backend, which wakes a waiting instance.
@@ -123,39 +120,42 @@ impl Permit {
     /// lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
-        let mut rearm = Rearm(Some((Arc::clone(&self.shared), Arc::clone(&self.lease))));
-        let result = release(&self.shared, &self.lease).await;
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
+        let mut rearm = Rearm(Some((
+            Arc::clone(&self.semaphores),
+            Arc::clone(&self.lease),
+        )));
+        let result = release(&self.semaphores, &self.lease).await;
         rearm.0 = None;
         result
     }
 }
 
 /// Re-runs a permit release in the background if the future running it is dropped.
-pub(super) struct Rearm(Option<(Arc<Shared>, Arc<Lease>)>);
+pub(super) struct Rearm(Option<(Arc<Semaphores>, Arc<Lease>)>);
 
 impl Drop for Rearm {
     fn drop(&mut self) {
-        if let Some((shared, lease)) = self.0.take() {
-            spawn_release(&shared, &lease.key, lease.token);
+        if let Some((semaphores, lease)) = self.0.take() {
+            spawn_release(&semaphores, &lease.key, lease.token);
         }
     }
 }
 
 /// Stops renewing `lease` and returns it to the backend.
-pub(super) async fn release(shared: &Arc<Shared>, lease: &Arc<Lease>) -> Result<()> {
+pub(super) async fn release(semaphores: &Arc<Semaphores>, lease: &Arc<Lease>) -> Result<()> {
     let lost_before = lease.is_lost();
-    shared.renewals.forget(lease);
-    crate::stats::histograms::renewals(
+    semaphores.renewals.forget(lease);
+    crate::lease::histograms::renewals(
         lease.kind,
         lease.renewed.load(std::sync::atomic::Ordering::Relaxed),
     );
-    let Some(backend) = shared.backend.semaphore() else {
+    let Some(backend) = semaphores.backend.semaphore() else {
         return Ok(());
     };
     let mut attempt = 0u32;
     let released = loop {
-        shared.stats.release();
+        semaphores.stats.release();
         match backend.release_permit(&lease.key, lease.token).await {
             Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
                 attempt += 1;
@@ -186,15 +186,15 @@ impl Drop for Permit {
         if self.done {
             return;
         }
-        crate::stats::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
-        self.shared.renewals.forget(&self.lease);
-        crate::stats::histograms::renewals(
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
+        self.semaphores.renewals.forget(&self.lease);
+        crate::lease::histograms::renewals(
             self.lease.kind,
             self.lease
                 .renewed
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
-        spawn_release(&self.shared, &self.lease.key, self.lease.token);
+        spawn_release(&self.semaphores, &self.lease.key, self.lease.token);
     }
 }
 

@@ -2,10 +2,11 @@
 //! waiter, and the FIFO hand-out of what it grants.
 
 use crate::backend::LeaseToken;
+use crate::engine::{Engine, watch_once};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::locker::Shared;
 use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
@@ -13,10 +14,20 @@ use tokio::time::Instant;
 
 use super::*;
 
-/// The semaphores of one locker, per key.
-#[derive(Debug, Default)]
+/// The semaphores of one locker, per key, over the locker's engine (which it
+/// derefs to).
+#[derive(Debug)]
 pub(crate) struct Semaphores {
+    engine: Arc<Engine>,
     pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyState>>>,
+}
+
+impl Deref for Semaphores {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 #[derive(Debug)]
@@ -68,11 +79,18 @@ impl Drop for Waiting {
 }
 
 impl Semaphores {
+    pub(crate) fn new(engine: Arc<Engine>) -> Semaphores {
+        Semaphores {
+            engine,
+            keys: Mutex::default(),
+        }
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyState>>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
 
@@ -91,8 +109,7 @@ impl Semaphores {
     /// Queues a waiter for a permit of `key`, starting the key's request task if
     /// none runs.
     pub(super) fn enqueue(
-        &self,
-        shared: &Arc<Shared>,
+        self: &Arc<Self>,
         key: &LockKey,
         permits: u32,
     ) -> Result<(oneshot::Receiver<Result<Permit>>, Waiting)> {
@@ -116,10 +133,10 @@ impl Semaphores {
             });
         }
         let mut q = state.queue();
-        if q.waiters.len() >= shared.config.max_waiters {
+        if q.waiters.len() >= self.config.max_waiters {
             return Err(Error::Overloaded {
                 key: key.clone(),
-                waiters: shared.config.max_waiters,
+                waiters: self.config.max_waiters,
             });
         }
         let (tx, rx) = oneshot::channel();
@@ -129,13 +146,13 @@ impl Semaphores {
         if !q.driving {
             q.driving = true;
             let driver = Driver {
-                shared: Arc::clone(shared),
+                semaphores: Arc::clone(self),
                 state: Arc::clone(&state),
                 finished: false,
             };
             runtime.spawn(driver.run());
         } else {
-            shared.stats.local_wait();
+            self.stats.local_wait();
         }
         drop(q);
         drop(keys);
@@ -147,7 +164,7 @@ impl Semaphores {
 /// down), the key's state is dropped with it: its waiters get an error, and the
 /// next acquire starts afresh.
 pub(super) struct Driver {
-    pub(super) shared: Arc<Shared>,
+    pub(super) semaphores: Arc<Semaphores>,
     pub(super) state: Arc<KeyState>,
     pub(super) finished: bool,
 }
@@ -157,7 +174,7 @@ impl Drop for Driver {
         if self.finished {
             return;
         }
-        let mut keys = self.shared.semaphores.lock();
+        let mut keys = self.semaphores.lock();
         if keys
             .get(&self.state.key)
             .is_some_and(|s| Arc::ptr_eq(s, &self.state))
@@ -203,7 +220,7 @@ impl Driver {
     /// Ends the task if nobody waits (removing the key's state); `false` if
     /// someone arrived meanwhile.
     pub(super) fn try_finish(&mut self) -> bool {
-        let mut keys = self.shared.semaphores.lock();
+        let mut keys = self.semaphores.lock();
         let mut q = self.state.queue();
         if !q.waiters.is_empty() {
             return false;
@@ -221,10 +238,10 @@ impl Driver {
     }
 
     pub(super) async fn drive(&mut self) {
-        let shared = Arc::clone(&self.shared);
+        let semaphores = Arc::clone(&self.semaphores);
         let state = Arc::clone(&self.state);
         let key = &state.key;
-        let Some(backend) = shared.backend.semaphore() else {
+        let Some(backend) = semaphores.backend.semaphore() else {
             self.fail_all(&Error::Unsupported {
                 key: key.clone(),
                 what: "semaphores",
@@ -232,8 +249,8 @@ impl Driver {
             self.try_finish();
             return;
         };
-        let wakeups = shared.backend.wakeups();
-        let ttl = shared.config.lease_ttl;
+        let wakeups = semaphores.backend.wakeups();
+        let ttl = semaphores.config.lease_ttl;
         let mut wakeup: Option<crate::backend::Wakeup> = None;
         let mut queued = false;
         let mut backoff = Duration::from_millis(10);
@@ -255,10 +272,10 @@ impl Driver {
                 }
             };
             let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
-            let mut pending = Pending::new(&shared, key, tokens.clone());
+            let mut pending = Pending::new(&semaphores, key, tokens.clone());
             let generation = wakeups.generation(key.as_bytes());
             let sent_at = Instant::now();
-            shared.stats.acquire_attempt();
+            semaphores.stats.acquire_attempt();
             queued = true;
             let reply = backend
                 .acquire_permits(key, state.permits, &tokens, ttl, true)
@@ -268,7 +285,7 @@ impl Driver {
                     pending.disarm();
                     backoff = Duration::from_millis(10);
                     for token in &tokens[..granted.granted.min(k)] {
-                        if let Some(permit) = Permit::granted(&shared, key, *token, sent_at) {
+                        if let Some(permit) = Permit::granted(&semaphores, key, *token, sent_at) {
                             self.hand_out(permit);
                         }
                     }
@@ -302,17 +319,8 @@ impl Driver {
                 }
             };
             // Wait for a wake-up, the retry delay, or the last waiter leaving.
-            let wakeup = match &mut wakeup {
-                Some(w) => w,
-                None => {
-                    // Watch only now that we wait; a wake-up that came before this
-                    // registration shows in the generation.
-                    let w = wakeup.insert(wakeups.watch(key));
-                    if wakeups.generation(key.as_bytes()) != generation {
-                        continue;
-                    }
-                    w
-                }
+            let Some(wakeup) = watch_once(&mut wakeup, wakeups, key, generation) else {
+                continue;
             };
             let retry_at = Instant::now() + retry_in;
             loop {

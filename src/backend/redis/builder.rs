@@ -134,18 +134,18 @@ impl RedisBackendBuilder {
     }
 
     pub(super) fn validate(&self) -> Result<()> {
-        if let Some((replicas, timeout)) = self.replica_ack {
-            if replicas == 0 || timeout < Duration::from_millis(1) {
-                return Err(Error::config(format!(
-                    "redis replica_ack({replicas}, {timeout:?}): needs at least 1 replica and 1 ms"
-                )));
-            }
-            #[cfg(feature = "cluster")]
-            if matches!(self.topology, Topology::Cluster(_)) {
-                return Err(Error::config(
-                    "redis replica_ack is not supported on a cluster backend",
-                ));
-            }
+        if let Some((replicas, timeout)) = self.replica_ack
+            && (replicas == 0 || timeout < Duration::from_millis(1))
+        {
+            return Err(Error::config(format!(
+                "redis replica_ack({replicas}, {timeout:?}): needs at least 1 replica and 1 ms"
+            )));
+        }
+        #[cfg(feature = "cluster")]
+        if self.replica_ack.is_some() && matches!(self.topology, Topology::Cluster(_)) {
+            return Err(Error::config(
+                "redis replica_ack is not supported on a cluster backend",
+            ));
         }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
             return Err(Error::config(format!(

@@ -38,22 +38,9 @@ impl Inner {
         let reply = match requeue {
             None => self.invoke(&RELEASE, &keys, &args).await,
             Some(age) => {
-                let age_us = u64::try_from(age.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .to_string();
                 let entry_ttl_ms = self.entry_ttl_ms.to_string();
-                let [a1, a2, a3, a4, a5, a6] = args;
-                let args: [&[u8]; 8] = [
-                    a1,
-                    a2,
-                    a3,
-                    a4,
-                    a5,
-                    a6,
-                    age_us.as_bytes(),
-                    entry_ttl_ms.as_bytes(),
-                ];
-                self.invoke(&RELEASE, &keys, &args).await
+                self.invoke_fair(&RELEASE, &keys, &args, age, &[entry_ttl_ms.as_bytes()])
+                    .await
             }
         }
         .map_err(|e| map_err(key, Phase::Releasing, e))?;
@@ -105,28 +92,37 @@ impl Inner {
         let reply = match fair {
             None => self.invoke(&ACQUIRE, &keys, &args).await,
             Some(age) => {
-                let age_us = u64::try_from(age.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .to_string();
                 let claim_ttl_ms = self.claim_ttl_ms.to_string();
-                let [a1, a2, a3, a4, a5, a6] = args;
-                let args: [&[u8]; 10] = [
-                    a1,
-                    a2,
-                    a3,
-                    a4,
-                    a5,
-                    a6,
-                    age_us.as_bytes(),
+                let fair = [
                     claim_ttl_ms.as_bytes(),
                     self.channel_prefix.as_bytes(),
                     key.as_bytes(),
                 ];
-                self.invoke(&ACQUIRE, &keys, &args).await
+                self.invoke_fair(&ACQUIRE, &keys, &args, age, &fair).await
             }
         }
         .map_err(|e| map_err(key, Phase::Acquiring, e))?;
         decode_acquire(key, &reply, self.entry_refresh)
+    }
+
+    /// Runs `script` in fair mode: `args`, then this instance's `age` (its oldest
+    /// local waiter's, in µs), then the fair mode's own `fair_args`.
+    async fn invoke_fair(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        age: Duration,
+        fair_args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let age_us = u64::try_from(age.as_micros())
+            .unwrap_or(u64::MAX)
+            .to_string();
+        let mut all = Vec::with_capacity(args.len() + 1 + fair_args.len());
+        all.extend_from_slice(args);
+        all.push(age_us.as_bytes());
+        all.extend_from_slice(fair_args);
+        self.invoke(script, keys, &all).await
     }
 
     pub(super) async fn invoke(

@@ -49,7 +49,7 @@ impl<S, E> SharedResponseService<S, E> {
 
 /// What one flight's callers share.
 #[derive(Clone)]
-enum Shared {
+enum FlightOutcome {
     Response {
         status: http::StatusCode,
         version: http::Version,
@@ -122,15 +122,15 @@ where
                     let (req, own, service) = (req.take(), &mut own, &mut service);
                     async move {
                         let Some(req) = req else {
-                            return Shared::Bypass;
+                            return FlightOutcome::Bypass;
                         };
                         let call = match service.ready().await {
                             Ok(ready) => ready.call(req),
-                            Err(e) => return Shared::Failed(Arc::from(e.into())),
+                            Err(e) => return FlightOutcome::Failed(Arc::from(e.into())),
                         };
                         let res = match call.await {
                             Ok(res) => res,
-                            Err(e) => return Shared::Failed(Arc::from(e.into())),
+                            Err(e) => return FlightOutcome::Failed(Arc::from(e.into())),
                         };
                         let fits = res
                             .body()
@@ -139,23 +139,23 @@ where
                             .is_some_and(|n| n <= max_body as u64);
                         if !fits {
                             *own = Some(res);
-                            return Shared::Bypass;
+                            return FlightOutcome::Bypass;
                         }
                         let (parts, body) = res.into_parts();
                         match body.collect().await {
-                            Ok(collected) => Shared::Response {
+                            Ok(collected) => FlightOutcome::Response {
                                 status: parts.status,
                                 version: parts.version,
                                 headers: parts.headers,
                                 body: collected.to_bytes(),
                             },
-                            Err(e) => Shared::Failed(Arc::from(e.into())),
+                            Err(e) => FlightOutcome::Failed(Arc::from(e.into())),
                         }
                     }
                 })
                 .await?;
             match shared {
-                Shared::Response {
+                FlightOutcome::Response {
                     status,
                     version,
                     headers,
@@ -167,8 +167,8 @@ where
                     *res.headers_mut() = headers;
                     Ok(res)
                 }
-                Shared::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
-                Shared::Bypass => {
+                FlightOutcome::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
+                FlightOutcome::Bypass => {
                     if let Some(res) = own {
                         return Ok(res.map(SharedBody::Original));
                     }

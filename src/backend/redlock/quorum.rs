@@ -1,0 +1,197 @@
+//! The quorum rounds: one request per node in parallel, the acquire round with
+//! its fence write-back round, and the release of what a failed round left.
+
+use super::*;
+
+impl Inner {
+    /// Runs `op` on every node in parallel, each bounded by the node timeout.
+    pub(super) async fn round<'a, T, F, Fut>(
+        &'a self,
+        key: &LockKey,
+        phase: Phase,
+        op: F,
+    ) -> Vec<Outcome<T>>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let timeout = self.node_timeout;
+        join_all(self.nodes.iter().map(|node| {
+            let fut = op(node);
+            async move {
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(Ok(v)) => Outcome::Ok(v),
+                    Ok(Err(e)) => Outcome::Failed(e),
+                    Err(_) => {
+                        tracing::debug!(%key, %phase, node = ?node.backend, "redlock: no reply within {timeout:?}");
+                        Outcome::TimedOut
+                    }
+                }
+            }
+        }))
+        .await
+    }
+
+    /// The fence write-back on one node: `Ok(true)` if `token` owns the lock there
+    /// and its fence is now at least `epoch`.
+    pub(super) async fn write_back(
+        &self,
+        node: &Node,
+        key: &LockKey,
+        token: LeaseToken,
+        epoch: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<bool> {
+        let lock = node.backend.lock_name(key);
+        let fence = [&lock[..], b":fence"].concat();
+        let mut conn = node.conn.clone();
+        let reply: i64 = FENCE
+            .key(lock)
+            .key(fence)
+            .arg(token.to_hex())
+            .arg(epoch.to_string())
+            .arg(fence_ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| Error::Backend {
+                key: key.clone(),
+                phase: Phase::Acquiring,
+                source: Arc::new(e),
+            })?;
+        Ok(reply == 1)
+    }
+
+    /// Releases `token` on the nodes `which`, in parallel, ignoring the outcomes (a
+    /// failed release expires with the TTL).
+    pub(super) async fn release_on(&self, key: &LockKey, token: LeaseToken, which: &[usize]) {
+        let timeout = self.node_timeout;
+        join_all(which.iter().map(|&i| {
+            let node = &self.nodes[i];
+            async move {
+                match tokio::time::timeout(timeout, node.backend.release(key, token)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::debug!(%key, error = %e, "redlock: releasing a partial grant failed"),
+                    Err(_) => tracing::debug!(%key, "redlock: releasing a partial grant timed out"),
+                }
+            }
+        }))
+        .await;
+    }
+
+    /// A random delay around the retry delay (half to one and a half times it).
+    pub(super) fn jitter(&self) -> Duration {
+        let base = self.retry_delay.as_micros() as u64;
+        let r = rand::random::<u64>() % base.max(1);
+        Duration::from_micros(base / 2 + r)
+    }
+
+    /// One acquire round (and write-back round); also says whether a node failed
+    /// fast with a transient error.
+    pub(super) async fn acquire_once(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        queue: bool,
+    ) -> (Result<Acquire>, bool) {
+        let inner = self;
+        let before: Vec<u64> = inner
+            .nodes
+            .iter()
+            .map(|node| node.backend.wakeups().generation(key.as_bytes()))
+            .collect();
+        if let Some(f) = inner.forwarders.get(key) {
+            f.woken.store(0, Ordering::Release);
+        }
+        let sent_at = Instant::now();
+        let wake = &inner.nodes[inner.wake_node(key)];
+        let outcomes = inner
+            .round(key, Phase::Acquiring, |node| {
+                // Only the wake node queues this instance (and may give it a claim).
+                let queue = queue && std::ptr::eq(node, wake);
+                node.backend.acquire(key, token, ttl, queue)
+            })
+            .await;
+        let mut granted = Vec::new(); // (node, epoch, waiting)
+        let mut busy = Vec::new(); // retry_in
+        let mut unknown = Vec::new(); // node indices that may hold it
+        let mut definite = Vec::new();
+        let mut fast = false;
+        for (i, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Outcome::Ok(Acquire::Acquired { epoch, waiting }) => {
+                    granted.push((i, epoch, waiting))
+                }
+                Outcome::Ok(Acquire::Busy { retry_in }) => busy.push(retry_in),
+                Outcome::Failed(e) => {
+                    if is_definite(&e) {
+                        definite.push(e);
+                    } else {
+                        fast = true;
+                    }
+                    // A definite refusal wrote nothing; releasing it is harmless.
+                    unknown.push(i);
+                }
+                Outcome::TimedOut => unknown.push(i),
+            }
+        }
+        let validity = |now: Instant| ttl.saturating_sub(now - sent_at).saturating_sub(drift(ttl));
+        if granted.len() >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
+            let epoch = granted.iter().map(|g| g.1).max().unwrap_or(0);
+            let waiting = granted.iter().map(|g| g.2).max().unwrap_or(0);
+            let fence_ttl = fence_ttl_ms(ttl);
+            let written = join_all(granted.iter().map(|&(i, _, _)| {
+                let node = &inner.nodes[i];
+                async move {
+                    tokio::time::timeout(
+                        inner.node_timeout,
+                        inner.write_back(node, key, token, epoch, fence_ttl),
+                    )
+                    .await
+                }
+            }))
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(Ok(true))))
+            .count();
+            if written >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
+                inner.unwatch_nodes(key);
+                return (Ok(Acquire::Acquired { epoch, waiting }), fast);
+            }
+            tracing::debug!(%key, written, "redlock: the fence write-back reached no majority in time");
+        }
+        // Not granted: release wherever it may be held.
+        let mut holders: Vec<usize> = granted.iter().map(|g| g.0).collect();
+        holders.extend_from_slice(&unknown);
+        holders.sort_unstable();
+        inner.release_on(key, token, &holders).await;
+        if granted.len() + busy.len() >= inner.quorum {
+            let retry_in = if granted.is_empty() && busy.len() >= inner.quorum {
+                // Held elsewhere: a majority may be free when the quorum-th
+                // earliest node frees it.
+                busy.sort_unstable();
+                busy[inner.quorum - 1] + inner.jitter() / 4
+            } else {
+                inner.jitter()
+            };
+            if queue {
+                inner.watch_nodes(key, &before);
+            }
+            return (Ok(Acquire::Busy { retry_in }), fast);
+        }
+        if definite.len() >= inner.quorum
+            && let Some(e) = definite.into_iter().next()
+        {
+            return (Err(e), fast);
+        }
+        (
+            Err(Error::QuorumNotReached {
+                key: key.clone(),
+                phase: Phase::Acquiring,
+                granted: granted.len(),
+                needed: inner.quorum,
+            }),
+            fast,
+        )
+    }
+}

@@ -1,0 +1,196 @@
+//! What a holder sees of its lease, whatever the lock kind: the
+//! [`FencingToken`], the [`LossSignal`] and the [`Loss`] future, and the
+//! [`LockInfo`] that guarded work receives. Public as
+//! [`lockflight::guard`](crate::guard).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::error::{Error, Phase};
+use crate::key::LockKey;
+use crate::lease::Lease;
+
+/// A totally ordered token that strictly increases across every critical section
+/// of a key: `(epoch, seq)`, compared lexicographically.
+///
+/// `epoch` is minted by the backend for each acquisition (`max(last + 1, server time
+/// in µs)`), `seq` counts local handoffs within that lease. Hand both to the guarded
+/// resource and let it reject writers whose token is not newer than the last one it
+/// accepted:
+///
+/// ```sql
+/// UPDATE stock SET qty = qty - ?, fence_epoch = ?, fence_seq = ?
+///  WHERE sku = ? AND (fence_epoch, fence_seq) < (?, ?)
+/// ```
+///
+/// ```
+/// use lockflight::FencingToken;
+///
+/// let a = FencingToken { epoch: 7, seq: 3 };
+/// let b = FencingToken { epoch: 8, seq: 0 };
+/// assert!(a < b);
+/// assert!(FencingToken { epoch: 7, seq: 4 } > a);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken {
+    /// The lease's epoch from the backend.
+    pub epoch: u64,
+    /// The handoff sequence within the lease (0 for the task that acquired it).
+    pub seq: u64,
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.epoch, self.seq)
+    }
+}
+
+/// The key, fencing token and loss signal of a held lock, for code that does not
+/// hold the guard itself (the closure of [`Locker::with_lock`](crate::Locker::with_lock),
+/// handlers behind the tower layer, which find it in the request's extensions).
+///
+/// Two infos are equal when they name the same key and fencing token.
+#[derive(Clone, Debug)]
+pub struct LockInfo {
+    /// The lock key.
+    pub key: LockKey,
+    /// The fencing token of this critical section.
+    pub fencing_token: FencingToken,
+    /// Observes the loss of the lease: what work running under
+    /// [`LossPolicy::Signal`](crate::LossPolicy::Signal) watches.
+    pub loss: LossSignal,
+}
+
+impl PartialEq for LockInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.fencing_token == other.fencing_token
+    }
+}
+
+impl Eq for LockInfo {}
+
+/// A cloneable view of one lease's loss, detached from the guard.
+///
+/// Work that runs under [`LossPolicy::Signal`](crate::LossPolicy::Signal) (or that
+/// wants to stop early on its own terms) checks [`is_lost`](Self::is_lost) before
+/// each write, or races its work against [`lost`](Self::lost):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockflight::Result<()> {
+/// use lockflight::{Locker, LossPolicy, MemoryBackend};
+///
+/// let locker = Locker::builder(MemoryBackend::new())
+///     .on_loss(LossPolicy::Signal)
+///     .build()?;
+/// let wrote = locker
+///     .with_lock("sku:555", |info| async move {
+///         tokio::select! {
+///             _ = info.loss.lost() => false, // stop before writing unprotected
+///             _ = std::future::ready(()) => !info.loss.is_lost(),
+///         }
+///     })
+///     .await?;
+/// assert!(wrote);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LossSignal {
+    pub(crate) lease: Arc<Lease>,
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LossSignal {
+    pub(crate) fn new(lease: &Arc<Lease>) -> LossSignal {
+        LossSignal {
+            lease: Arc::clone(lease),
+        }
+    }
+
+    /// Whether the lease is lost: the loss was signalled, or its validity window
+    /// has ended on the monotonic clock (whatever the renewal task has done).
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the lease is known to stay valid without a further renewal (zero
+    /// once it is lost).
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the lease is lost; see [`LockGuard::lost`](crate::LockGuard::lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
+    }
+
+    /// Why the lease was lost, once it is.
+    pub fn reason(&self) -> Option<String> {
+        self.is_lost().then(|| self.lease.lost_reason())
+    }
+}
+
+/// The loss of a lease, as a future: resolves when the lease is lost; see [`LockGuard::lost`](crate::LockGuard::lost). Owns what it needs, so it
+/// can outlive the guard.
+#[must_use = "futures do nothing unless polled"]
+pub struct Loss {
+    inner: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Loss {
+    pub(crate) fn new(lease: &Arc<Lease>) -> Loss {
+        Loss {
+            inner: Box::pin(Arc::clone(lease).lost()),
+        }
+    }
+}
+
+impl fmt::Debug for Loss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Loss").finish_non_exhaustive()
+    }
+}
+
+impl Future for Loss {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// What every guard (lock, read, write, permit) shows of its lease: their public
+/// `fencing_token`, `loss_signal`, `lost` and loss errors are one-line calls to
+/// these, to [`LossSignal::new`] and to [`Loss::new`].
+impl Lease {
+    /// The token of the critical section that holds this lease as handoff `seq`.
+    pub(crate) fn fencing_token(&self, seq: u64) -> FencingToken {
+        FencingToken {
+            epoch: self.epoch,
+            seq,
+        }
+    }
+
+    /// [`Error::LeaseLost`] for this lease, found lost in `phase`.
+    pub(crate) fn lost_error(&self, phase: Phase) -> Error {
+        Error::LeaseLost {
+            key: self.key.clone(),
+            phase,
+            reason: self.lost_reason(),
+        }
+    }
+}

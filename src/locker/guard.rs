@@ -1,0 +1,149 @@
+//! [`LockGuard`]: what a task holds of the exclusive lock of a key.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::lease::{FencingToken, LockInfo, Loss, LossSignal};
+use crate::slot::Slot;
+
+use super::LockerState;
+
+/// A held lock.
+///
+/// Release it with [`release`](LockGuard::release) to learn whether the lease was
+/// still held; dropping it releases (or hands off) in the background. While it is
+/// held a watchdog renews the lease; [`lost`](LockGuard::lost) resolves if the lease
+/// is lost, no later than its validity ends.
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct LockGuard {
+    shared: Arc<LockerState>,
+    slot: Option<Arc<Slot>>,
+    lease: Arc<Lease>,
+    seq: u64,
+    done: bool,
+    granted_at: tokio::time::Instant,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.key)
+            .field("fencing_token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        shared: Arc<LockerState>,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> LockGuard {
+        LockGuard {
+            shared,
+            slot,
+            lease,
+            seq,
+            done: false,
+            granted_at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// This critical section's fencing token.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.lease.fencing_token(self.seq)
+    }
+
+    /// Key, fencing token and loss signal, as a cloneable value.
+    pub fn info(&self) -> LockInfo {
+        LockInfo {
+            key: self.lease.key.clone(),
+            fencing_token: self.fencing_token(),
+            loss: self.loss_signal(),
+        }
+    }
+
+    /// A cloneable loss signal that does not borrow the guard.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal::new(&self.lease)
+    }
+
+    /// Whether the lease has been lost: the loss was signalled, or its validity
+    /// window has ended on the monotonic clock.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How long the lease is known to stay valid without a further renewal.
+    pub fn valid_for(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Resolves when the lease is lost: the backend said it is no longer ours, or
+    /// its validity ran out before a renewal succeeded. It has its own timer at the
+    /// end of the validity window, so it resolves then even if the renewal task is
+    /// late or gone. It never resolves for a lease that stays held. The future does
+    /// not borrow the guard.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; it only observes.
+    pub fn lost(&self) -> Loss {
+        Loss::new(&self.lease)
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        self.lease.lost_error(Phase::Renewing)
+    }
+
+    /// Releases the lock: hands it to a local waiter (with handoff on and within its
+    /// budget) or deletes it at the backend and wakes the next waiting instance.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the backend no longer held this lease (it expired or
+    /// was taken over; nothing was deleted); backend errors after brief retries (the
+    /// lock then expires at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the backend answered, the release is re-run
+    /// to completion in a background task (it is idempotent); only its result is lost.
+    pub async fn release(mut self) -> Result<()> {
+        self.done = true;
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        let job = self
+            .shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
+        match job {
+            None => Ok(()),
+            Some(job) => job.run().await,
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        if let Some(job) = self
+            .shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
+        {
+            job.spawn();
+        }
+    }
+}
