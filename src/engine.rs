@@ -74,19 +74,26 @@ where
 }
 
 /// The wake-up watch of a waiting acquire loop, registered only once it has to
-/// wait (an acquire that succeeds at once costs no registration). `None` when a
-/// wake-up for `key` arrived since `generation` was read before the request, so
-/// the caller asks again at once instead of missing it.
+/// wait (an acquire that succeeds at once costs no registration); with
+/// `one_at_a_time`, one of the key's waiting loops is woken per wake-up
+/// ([`WakeRegistry::watch_one`]), else every one. `None` when a wake-up for `key`
+/// arrived since `generation` was read before the request, so the caller asks
+/// again at once instead of missing it.
 pub(crate) fn watch_once<'a>(
     wakeup: &'a mut Option<Wakeup>,
     wakeups: &WakeRegistry,
     key: &LockKey,
     generation: u64,
+    one_at_a_time: bool,
 ) -> Option<&'a mut Wakeup> {
     match wakeup {
         Some(w) => Some(w),
         None => {
-            let w = wakeup.insert(wakeups.watch(key));
+            let w = wakeup.insert(if one_at_a_time {
+                wakeups.watch_one(key)
+            } else {
+                wakeups.watch(key)
+            });
             (wakeups.generation(key.as_bytes()) == generation).then_some(w)
         }
     }

@@ -272,3 +272,76 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
         "a wake-up registration leaked"
     );
 }
+
+/// Without coalescing, waiters that give up (here: aborted) leave this instance's
+/// queue entry to the local tasks still waiting, and pass their turn on: the others
+/// are woken by the release's message, not by the lock's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_cancelled_waiters_strand_nobody() {
+    const TASKS: usize = 12;
+    let server = support::shared();
+    let _log = server.log_on_panic();
+    let prefix = support::unique_prefix("wake-one-cancel");
+    let a = backend(&server.url(), &prefix).await;
+    let naive = Locker::builder(a.clone())
+        .coalescing(false)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let holder = Locker::builder(backend(&server.url(), &prefix).await)
+        .build()
+        .unwrap();
+    let key = LockKey::from("herd");
+    let held = holder.lock(&key).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..TASKS {
+        let (naive, key) = (naive.clone(), key.clone());
+        waiters.push(tokio::spawn(async move {
+            naive
+                .lock(&key)
+                .await
+                .expect("lock")
+                .release()
+                .await
+                .expect("release");
+        }));
+    }
+    assert!(
+        support::wait_until(Duration::from_secs(10), || async {
+            a.wakeups().watchers(key.as_bytes()) == TASKS
+        })
+        .await
+    );
+    // Half of them give up; their cleanup runs in the background.
+    for waiter in waiters.drain(..TASKS / 2) {
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        naive.stats().leaves,
+        0,
+        "a waiter that gave up left the queue entry the others still use"
+    );
+    let mut con = server.connection().await;
+    let queued: Option<f64> = redis::cmd("ZSCORE")
+        .arg(support::queue_name(&a, &key))
+        .arg(a.instance_id())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        queued.is_some(),
+        "the waiters still waiting lost their queue entry"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(20),
+        "the remaining waiters waited {:?}",
+        released.elapsed()
+    );
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend};
+use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -58,8 +59,14 @@ impl LockerState {
     }
 
     /// Releases a token whose acquire may have landed and leaves the backend queue,
-    /// in the background.
+    /// in the background. The queue entry is this process's (the backend's), so it is
+    /// left only if no other task of the process still waits for the key (without
+    /// coalescing, or with several lockers on one backend, others may).
     pub(super) fn cleanup(&self, key: &LockKey, lead: Lead) {
+        let lead = Lead {
+            queued: lead.queued && !self.backend.wakeups().is_watched(key.as_bytes()),
+            ..lead
+        };
         if lead.token.is_none() && !lead.queued {
             return;
         }
@@ -188,24 +195,14 @@ impl LockerState {
                         return Ok(None);
                     }
                     backoff = Duration::from_millis(10);
-                    let wakeup = match &mut wakeup {
-                        Some(w) => w,
-                        None => {
-                            // Watch only now that we wait; a wake-up that arrived
-                            // before this registration shows in the generation.
-                            // Without coalescing every task of this process waits
-                            // here on its own: one wake-up wakes one of them (and
-                            // a task that stops waiting passes one on), not all.
-                            let w = wakeup.insert(if self.config.coalescing {
-                                wakeups.watch(key)
-                            } else {
-                                wakeups.watch_one(key)
-                            });
-                            if wakeups.generation(key.as_bytes()) != generation {
-                                continue;
-                            }
-                            w
-                        }
+                    // Without coalescing every task of this process waits here on
+                    // its own: one wake-up wakes one of them (and a task that stops
+                    // waiting passes one on), not all.
+                    let one_at_a_time = !self.config.coalescing;
+                    let Some(wakeup) =
+                        watch_once(&mut wakeup, wakeups, key, generation, one_at_a_time)
+                    else {
+                        continue;
                     };
                     tokio::select! {
                         _ = wakeup.woken() => {}

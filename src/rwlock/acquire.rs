@@ -245,7 +245,8 @@ impl RwLocks {
                         leading.armed = false;
                     }
                     backoff = Duration::from_millis(10);
-                    let Some(wakeup) = watch_once(&mut wakeup, wakeups, &key, generation) else {
+                    let Some(wakeup) = watch_once(&mut wakeup, wakeups, &key, generation, false)
+                    else {
                         continue;
                     };
                     tokio::select! {

@@ -319,7 +319,7 @@ impl Driver {
                 }
             };
             // Wait for a wake-up, the retry delay, or the last waiter leaving.
-            let Some(wakeup) = watch_once(&mut wakeup, wakeups, key, generation) else {
+            let Some(wakeup) = watch_once(&mut wakeup, wakeups, key, generation, false) else {
                 continue;
             };
             let retry_at = Instant::now() + retry_in;

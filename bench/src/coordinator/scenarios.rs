@@ -9,8 +9,8 @@ use lockflight::{LockKey, Locker, RedisBackend};
 use super::Run;
 use super::verify::commandstats;
 use crate::config::Mode;
-use crate::support::{Counting, Counts};
 use crate::report::{Uncontended, Wake};
+use crate::support::{Counting, Counts};
 
 /// A locker of `mode` on its own `RedisBackend` (subscribed), counting its requests.
 async fn counting_locker(

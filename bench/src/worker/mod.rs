@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use crate::config::{
     HOLD, Mode, WAIT_TIMEOUT, Workload, ZIPF_KEYS, ZIPF_S, counter_name, lock_key,
 };
-use crate::support::Counting;
 use crate::protocol::{LockStats, WorkerResult, WorkerSpec, emit, parse_go};
+use crate::support::Counting;
 use crate::{data_connection, micros, new_histogram};
 use plain::PlainLock;
 use zipf::Zipf;
