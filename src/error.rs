@@ -204,6 +204,23 @@ pub enum Error {
     },
 }
 
+impl LockKey {
+    /// Checks the key against the rules every backend relies on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] when the key is empty or longer than [`LockKey::MAX_LEN`].
+    pub fn validate(&self) -> Result<()> {
+        match self.problem() {
+            Some(reason) => Err(Error::InvalidKey {
+                key: self.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Error {
     /// The key this error is about, if any.
     pub fn key(&self) -> Option<&LockKey> {

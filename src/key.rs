@@ -13,7 +13,6 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::Error;
 
 /// The name of a lock: a non-empty byte string of at most [`LockKey::MAX_LEN`] bytes.
 ///
@@ -60,29 +59,21 @@ impl LockKey {
         self.0.is_empty()
     }
 
-    /// Checks the key against the rules every backend relies on.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`] when the key is empty or longer than [`LockKey::MAX_LEN`].
-    pub fn validate(&self) -> Result<(), Error> {
+    /// What is wrong with the key for locking, if anything: the reason of the
+    /// [`Error::InvalidKey`](crate::Error::InvalidKey) that
+    /// [`validate`](LockKey::validate) returns.
+    pub(crate) fn problem(&self) -> Option<String> {
         if self.0.is_empty() {
-            return Err(Error::InvalidKey {
-                key: self.clone(),
-                reason: "the key is empty".into(),
-            });
+            return Some("the key is empty".into());
         }
         if self.0.len() > LockKey::MAX_LEN {
-            return Err(Error::InvalidKey {
-                key: self.clone(),
-                reason: format!(
-                    "the key is {} bytes long, the limit is {}",
-                    self.0.len(),
-                    LockKey::MAX_LEN
-                ),
-            });
+            return Some(format!(
+                "the key is {} bytes long, the limit is {}",
+                self.0.len(),
+                LockKey::MAX_LEN
+            ));
         }
-        Ok(())
+        None
     }
 }
 
