@@ -13,7 +13,6 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
-
 /// The name of a lock: a non-empty byte string of at most [`LockKey::MAX_LEN`] bytes.
 ///
 /// Cheap to clone (reference counted). Ordering, equality and hashing are those of

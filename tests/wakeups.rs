@@ -205,17 +205,13 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     );
 }
 
-/// Without coalescing every task of an instance competes at Redis on its own; a
-/// release still wakes one of them, not all (a task that stops waiting lets the next
-/// one ask), so 16 local waiters pass the lock on at about two acquire requests per
-/// critical section — where waking all of them at every release costs about
-/// 16 + 15 + … + 1 = 136 — and none is left waiting for the lock's 30 s TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_coalescing_a_release_wakes_one_local_task() {
-    const TASKS: u64 = 16;
-    let server = support::shared();
-    let _log = server.log_on_panic();
-    let prefix = support::unique_prefix("wake-one");
+/// Instance A's locker without coalescing (its backend too), and the key "herd",
+/// held by another instance.
+async fn naive_waiting_for_a_holder(
+    server: &support::RedisServer,
+    name: &str,
+) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard) {
+    let prefix = support::unique_prefix(name);
     let a = backend(&server.url(), &prefix).await;
     let naive = Locker::builder(a.clone())
         .coalescing(false)
@@ -227,6 +223,20 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
         .unwrap();
     let key = LockKey::from("herd");
     let held = holder.lock(&key).await.unwrap();
+    (a, naive, key, held)
+}
+
+/// Without coalescing every task of an instance competes at Redis on its own; a
+/// release still wakes one of them, not all (a task that stops waiting lets the next
+/// one ask), so 16 local waiters pass the lock on at about two acquire requests per
+/// critical section — where waking all of them at every release costs about
+/// 16 + 15 + … + 1 = 136 — and none is left waiting for the lock's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_a_release_wakes_one_local_task() {
+    const TASKS: u64 = 16;
+    let server = support::shared();
+    let _log = server.log_on_panic();
+    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one").await;
     let inside = Arc::new(AtomicU32::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..TASKS {
@@ -281,18 +291,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     const TASKS: usize = 12;
     let server = support::shared();
     let _log = server.log_on_panic();
-    let prefix = support::unique_prefix("wake-one-cancel");
-    let a = backend(&server.url(), &prefix).await;
-    let naive = Locker::builder(a.clone())
-        .coalescing(false)
-        .wait_timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let holder = Locker::builder(backend(&server.url(), &prefix).await)
-        .build()
-        .unwrap();
-    let key = LockKey::from("herd");
-    let held = holder.lock(&key).await.unwrap();
+    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
     let mut waiters = Vec::new();
     for _ in 0..TASKS {
         let (naive, key) = (naive.clone(), key.clone());
