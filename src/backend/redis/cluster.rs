@@ -31,7 +31,7 @@
 //! per-key subscription the design rules out.
 //!
 //! Measured on the test cluster (3 primaries + 3 replicas on one 2-core machine,
-//! `tests/cluster.rs` `pubsub_classic_vs_sharded`, 5 runs; a script on the key's
+//! `tests/cluster/latency.rs` `pubsub_classic_vs_sharded`, 5 runs; a script on the key's
 //! primary publishes, one subscriber): classic `PUBLISH` received on another node
 //! p50 292–364 µs, p99 0.7–41 ms, 8–21k messages/s; sharded `SPUBLISH` received on
 //! the shard's primary p50 212–286 µs, p99 0.3–4.5 ms, 10–27k messages/s. Classic
