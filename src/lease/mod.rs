@@ -45,6 +45,7 @@ pub(crate) mod renewal;
 mod view;
 
 pub(crate) use crate::backend::drift;
+pub(crate) use view::observe_lease;
 pub use view::{FencingToken, LockInfo, Loss, LossSignal};
 
 /// The loss reason when the validity window ended without a successful renewal.

@@ -8,7 +8,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use crate::error::{Error, Phase};
 use crate::key::LockKey;
@@ -72,6 +71,48 @@ impl PartialEq for LockInfo {
 }
 
 impl Eq for LockInfo {}
+/// The methods every holder of a lease offers to observe its loss (the guards,
+/// the permit, [`LossSignal`]), written once; `$held` names what is held in their
+/// docs ("lease", "read lease", "permit", …). With `signal`, also `loss_signal`.
+/// The type needs a field `lease: Arc<Lease>`.
+macro_rules! observe_lease {
+    ($held:literal) => {
+        #[doc = concat!("Whether the ", $held, " has been lost: the loss was signalled (the")]
+        #[doc = "backend no longer held it), or its validity window has ended on the"]
+        #[doc = "monotonic clock (whatever the renewal task has done)."]
+        pub fn is_lost(&self) -> bool {
+            self.lease.is_lost()
+        }
+
+        #[doc = concat!("How long the ", $held, " is known to stay valid without a further")]
+        #[doc = "renewal (zero once it is lost)."]
+        pub fn valid_for(&self) -> std::time::Duration {
+            self.lease.remaining()
+        }
+
+        #[doc = concat!("Resolves when the ", $held, " is lost: the backend said it is no longer")]
+        #[doc = "held, or its validity ran out before a renewal succeeded. It has its own"]
+        #[doc = "timer at the end of the validity window, so it resolves then even if the"]
+        #[doc = concat!("renewal task is late or gone; it never resolves for a ", $held, " that")]
+        #[doc = "stays held. The future owns what it needs: it does not borrow `self`."]
+        #[doc = ""]
+        #[doc = "# Cancel safety"]
+        #[doc = ""]
+        #[doc = "Cancel safe; it only observes."]
+        pub fn lost(&self) -> $crate::lease::Loss {
+            $crate::lease::Loss::new(&self.lease)
+        }
+    };
+    ($held:literal, signal) => {
+        #[doc = concat!("A cloneable loss signal of the ", $held, " that does not borrow `self`.")]
+        pub fn loss_signal(&self) -> $crate::lease::LossSignal {
+            $crate::lease::LossSignal::new(&self.lease)
+        }
+
+        $crate::lease::observe_lease!($held);
+    };
+}
+pub(crate) use observe_lease;
 
 /// A cloneable view of one lease's loss, detached from the guard.
 ///
@@ -118,26 +159,7 @@ impl LossSignal {
         }
     }
 
-    /// Whether the lease is lost: the loss was signalled, or its validity window
-    /// has ended on the monotonic clock (whatever the renewal task has done).
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// How long the lease is known to stay valid without a further renewal (zero
-    /// once it is lost).
-    pub fn valid_for(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// Resolves when the lease is lost; see [`LockGuard::lost`](crate::LockGuard::lost).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Loss {
-        Loss::new(&self.lease)
-    }
+    observe_lease!("lease");
 
     /// Why the lease was lost, once it is.
     pub fn reason(&self) -> Option<String> {

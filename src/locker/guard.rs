@@ -2,12 +2,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease::{FencingToken, LockInfo, Loss, LossSignal};
+use crate::lease::{FencingToken, LockInfo};
 use crate::slot::Slot;
 
 use super::LockerState;
@@ -74,34 +73,7 @@ impl LockGuard {
         }
     }
 
-    /// A cloneable loss signal that does not borrow the guard.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(&self.lease)
-    }
-
-    /// Whether the lease has been lost: the loss was signalled, or its validity
-    /// window has ended on the monotonic clock.
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// How long the lease is known to stay valid without a further renewal.
-    pub fn valid_for(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// Resolves when the lease is lost: the backend said it is no longer ours, or
-    /// its validity ran out before a renewal succeeded. It has its own timer at the
-    /// end of the validity window, so it resolves then even if the renewal task is
-    /// late or gone. It never resolves for a lease that stays held. The future does
-    /// not borrow the guard.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Loss {
-        Loss::new(&self.lease)
-    }
+    crate::lease::observe_lease!("lease", signal);
 
     pub(crate) fn lost_error(&self) -> Error {
         self.lease.lost_error(Phase::Renewing)

@@ -2,11 +2,10 @@
 
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
+use crate::lease::FencingToken;
 use crate::lease::Lease;
-use crate::lease::{FencingToken, Loss, LossSignal};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
 use tokio::time::Instant;
 
@@ -67,32 +66,7 @@ impl ReadGuard {
         self.lease.fencing_token(0)
     }
 
-    /// A cloneable loss signal of the shared read lease.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(&self.lease)
-    }
-
-    /// Whether the read lease has been lost: the loss was signalled, or its validity
-    /// window has ended on the monotonic clock.
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// How long the read lease is known to stay valid without a further renewal.
-    pub fn valid_for(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// Resolves when the read lease is lost (see
-    /// [`LockGuard::lost`](crate::LockGuard::lost)); every local reader sharing the
-    /// lease sees it.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Loss {
-        Loss::new(&self.lease)
-    }
+    crate::lease::observe_lease!("read lease", signal);
 
     /// Leaves the shared read lease; the last local reader releases it at the
     /// backend, which wakes the instances waiting for the key.
@@ -175,31 +149,7 @@ impl WriteGuard {
         self.lease.fencing_token(0)
     }
 
-    /// A cloneable loss signal of the write lease.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(&self.lease)
-    }
-
-    /// Whether the write lease has been lost: the loss was signalled, or its
-    /// validity window has ended on the monotonic clock.
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// How long the write lease is known to stay valid without a further renewal.
-    pub fn valid_for(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// Resolves when the write lease is lost (see
-    /// [`LockGuard::lost`](crate::LockGuard::lost)).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Loss {
-        Loss::new(&self.lease)
-    }
+    crate::lease::observe_lease!("write lease", signal);
 
     /// Releases the write lock at the backend, which wakes the instances waiting
     /// for the key.

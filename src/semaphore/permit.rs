@@ -4,7 +4,6 @@ use crate::backend::LeaseToken;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseKind};
-use crate::lease::{Loss, LossSignal};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,33 +76,7 @@ impl Permit {
         &self.lease.key
     }
 
-    /// A cloneable loss signal that does not borrow the permit.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(&self.lease)
-    }
-
-    /// Whether the permit has been lost: the loss was signalled (the backend no
-    /// longer had it), or its validity window has ended on the monotonic clock.
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// How long the permit is known to stay valid without a further renewal.
-    pub fn valid_for(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// Resolves when the permit is lost: the backend said it is no longer held, or
-    /// its validity ran out before a renewal succeeded (see
-    /// [`LockGuard::lost`](crate::LockGuard::lost)). The future does not borrow the
-    /// permit.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; it only observes.
-    pub fn lost(&self) -> Loss {
-        Loss::new(&self.lease)
-    }
+    crate::lease::observe_lease!("permit", signal);
 
     /// Returns the permit to the backend, which wakes a waiting instance.
     ///
