@@ -116,17 +116,13 @@ purge(queue, expiry, q)
 if join then
   -- Queue (or refresh) this instance, keeping its place; in fair mode its place is
   -- the arrival time of the waiter it speaks for now.
-  local t = now()
+  local at
   if fair then
-    redis.call('ZADD', queue, string.format('%.0f', t.us - tonumber(ARGV[7])), me)
+    at = now().us - tonumber(ARGV[7])
   elseif not q.mine then
-    redis.call('ZADD', queue, string.format('%.0f', t.us), me)
+    at = now().us
   end
-  redis.call('ZADD', expiry, string.format('%.0f', t.ms + entry_ttl), me)
-  if redis.call('PTTL', queue) < entry_ttl then
-    redis.call('PEXPIRE', queue, entry_ttl)
-    redis.call('PEXPIRE', expiry, entry_ttl)
-  end
+  enqueue(queue, expiry, me, at, entry_ttl)
 end
 if behind then
   -- Fair, the lock free and nobody told to take it (it expired, or its holder's

@@ -87,6 +87,28 @@ local function purge(queue, expiry, q)
   end
 end
 
+-- (Re)queues `me`: at `at` µs in the queue (with `at` nil, an entry keeps its place),
+-- expiring `entry_ttl` ms from now; both sets then live at least `entry_ttl` ms.
+local function enqueue(queue, expiry, me, at, entry_ttl)
+  if at ~= nil then
+    redis.call('ZADD', queue, string.format('%.0f', at), me)
+  end
+  redis.call('ZADD', expiry, string.format('%.0f', now().ms + entry_ttl), me)
+  if redis.call('PTTL', queue) < entry_ttl then
+    redis.call('PEXPIRE', queue, entry_ttl)
+    redis.call('PEXPIRE', expiry, entry_ttl)
+  end
+end
+
+-- Adds `member` to the sorted set `set` at `score`; the set then lives at least
+-- `ttl` ms.
+local function add_living(set, score, member, ttl)
+  redis.call('ZADD', set, string.format('%.0f', score), member)
+  if redis.call('PTTL', set) < ttl then
+    redis.call('PEXPIRE', set, ttl)
+  end
+end
+
 -- Removes `me`'s entry.
 local function dequeue(queue, expiry, me)
   redis.call('ZREM', queue, me)

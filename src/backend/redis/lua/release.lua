@@ -57,13 +57,7 @@ elseif previous == token then
 end
 purge(queue, expiry, q)
 if requeue then
-  local entry_ttl = tonumber(ARGV[8])
-  redis.call('ZADD', queue, string.format('%.0f', mine_at), me)
-  redis.call('ZADD', expiry, string.format('%.0f', now().ms + entry_ttl), me)
-  if redis.call('PTTL', queue) < entry_ttl then
-    redis.call('PEXPIRE', queue, entry_ttl)
-    redis.call('PEXPIRE', expiry, entry_ttl)
-  end
+  enqueue(queue, expiry, me, mine_at, tonumber(ARGV[8]))
 end
 local refused
 if current == false and claimant == false and q.head ~= nil then

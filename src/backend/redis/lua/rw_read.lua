@@ -46,18 +46,12 @@ if wait_ms then
   end
   redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
   if ARGV[5] == '1' then
-    redis.call('ZADD', waiting, string.format('%.0f', t.ms + entry_ttl), me)
-    if redis.call('PTTL', waiting) < entry_ttl then
-      redis.call('PEXPIRE', waiting, entry_ttl)
-    end
+    add_living(waiting, t.ms + entry_ttl, me, entry_ttl)
   end
   return { 0, wait_ms, live_writers }
 end
 redis.call('ZREMRANGEBYSCORE', readers, '-inf', ms)
-redis.call('ZADD', readers, string.format('%.0f', t.ms + ttl), token)
-if redis.call('PTTL', readers) < ttl then
-  redis.call('PEXPIRE', readers, ttl)
-end
+add_living(readers, t.ms + ttl, token, ttl)
 if last then
   redis.call('PEXPIRE', fence, fence_ttl)
 end

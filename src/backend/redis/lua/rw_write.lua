@@ -67,13 +67,7 @@ end
 -- Writes.
 redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
 if ARGV[5] == '1' then
-  redis.call('ZADD', writers, string.format('%.0f', t.ms + entry_ttl), token)
-  if redis.call('PTTL', writers) < entry_ttl then
-    redis.call('PEXPIRE', writers, entry_ttl)
-  end
-  redis.call('ZADD', waiting, string.format('%.0f', t.ms + entry_ttl), me)
-  if redis.call('PTTL', waiting) < entry_ttl then
-    redis.call('PEXPIRE', waiting, entry_ttl)
-  end
+  add_living(writers, t.ms + entry_ttl, token, entry_ttl)
+  add_living(waiting, t.ms + entry_ttl, me, entry_ttl)
 end
 return { 0, wait_ms, others }
