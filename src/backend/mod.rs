@@ -575,8 +575,23 @@ mod tests {
         timeout(Duration::from_secs(5), b.woken())
             .await
             .expect("the dropped handle passed its turn on");
-        // A reconnect wakes every waiting handle.
+        // A wake-up given to a `woken` call that is dropped before it returns goes
+        // to the next waiting handle (the call is cancel safe).
         let mut c = reg.watch_one(&key);
+        {
+            let mut wait_b = Box::pin(b.woken());
+            let mut wait_c = Box::pin(c.woken());
+            assert!(futures::poll!(&mut wait_b).is_pending());
+            assert!(futures::poll!(&mut wait_c).is_pending());
+            assert!(reg.wake(b"k"));
+            // b has waited longest: the wake-up is b's, not c's.
+            assert!(futures::poll!(&mut wait_c).is_pending());
+            drop(wait_b);
+            timeout(Duration::from_secs(5), wait_c)
+                .await
+                .expect("a dropped call passed its wake-up on");
+        }
+        // A reconnect wakes every waiting handle.
         {
             let mut wait_b = std::pin::pin!(b.woken());
             let mut wait_c = std::pin::pin!(c.woken());
