@@ -12,9 +12,11 @@ use std::time::Duration;
 /// same key passes the still-valid lease to that task in memory: no backend request
 /// at all. The budget bounds how long one process keeps a lease this way, so other
 /// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
-/// total hold time per lease, both **halved** while the backend reports other
-/// instances waiting for the key. A lease with less than `min_validity` left, or
-/// whose loss is being signalled, is never handed on.
+/// total hold time per lease. While the backend reports other instances waiting for
+/// the key, both are **halved**, and a lease also serves at most **two handoffs per
+/// local task that was waiting when it was taken** (at least two). A lease with
+/// less than `min_validity` left, or whose loss is being signalled, is never handed
+/// on.
 ///
 /// # Why it is on by default
 ///
@@ -25,11 +27,13 @@ use std::time::Duration;
 ///   token's handoff sequence grows, so tokens still strictly increase per key.
 /// * **Fairness is bounded.** While another instance waits (the backend's queue is not
 ///   empty, which every acquire, extend and release reports) a lease serves at most
-///   `max_consecutive / 2` handoffs (32) and `max_hold / 2` (125 ms) before it goes
-///   back to Redis, whose release wakes the head of the key's FIFO queue of
-///   instances and gives it the claim window: the instances take turns. So a
-///   remote instance waits at most about one budget per instance ahead of it in the
-///   queue; with nobody waiting elsewhere, the full budget only delays this
+///   `max_consecutive / 2` handoffs (32), `max_hold / 2` (125 ms) and two handoffs
+///   per local task that was waiting when the lease was taken, before it goes back
+///   to Redis, whose release wakes the head of the key's FIFO queue of instances and
+///   gives it the claim window: the instances take turns. A turn is as long as the
+///   local queue it serves (each waiting task runs about twice), so a remote task
+///   waits about as long as a local one: roughly one turn per instance ahead of it
+///   in the queue. With nobody waiting elsewhere, the full budget only delays this
 ///   process's own tasks, which get the lease in local FIFO order. Measured on the
 ///   contention benchmark (BENCHMARKS.md): 4 processes × 8 or 64 tasks on one hot
 ///   key each get 15–35 % of the critical sections.

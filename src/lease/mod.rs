@@ -79,6 +79,9 @@ pub(crate) struct Lease {
     pub(crate) renewed: AtomicU32,
     /// Other instances waiting, as last reported by the backend.
     pub(crate) waiting: AtomicU32,
+    /// Local waiters when the lease was taken (`u32::MAX` until a leader records
+    /// them): the handoff budget while other instances wait follows it.
+    pub(crate) found_waiting: AtomicU32,
     valid_until: Mutex<Instant>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
@@ -109,6 +112,7 @@ impl Lease {
             handoffs: AtomicU32::new(0),
             renewed: AtomicU32::new(0),
             waiting: AtomicU32::new(waiting),
+            found_waiting: AtomicU32::new(u32::MAX),
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),

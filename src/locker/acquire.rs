@@ -2,6 +2,7 @@
 //! backend until it holds the lease or gives up.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -179,7 +180,8 @@ impl LockerState {
                     self.stats.acquired();
                     leading.finished = true;
                     if let Some(slot) = &leading.slot {
-                        slot.acquired();
+                        let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
+                        lease.found_waiting.store(found, Ordering::Relaxed);
                     }
                     self.renewals.watch(&lease, sent_at);
                     return Ok(Some(LockGuard::new(

@@ -14,6 +14,11 @@ use crate::lease::Lease;
 use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
 
 use super::*;
+
+/// While other instances wait for a key, a lease serves at most this many handoffs
+/// per local task that was waiting when it was taken.
+pub(crate) const TURNS_PER_LOCAL_WAITER: u32 = 2;
+
 impl LockerState {
     /// Whether `lease` may go to a local waiter instead of back to the backend.
     pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
@@ -26,7 +31,11 @@ impl LockerState {
             return false;
         }
         let (max_n, max_hold) = if waiting > 0 {
-            (h.max_consecutive.div_ceil(2), h.max_hold / 2)
+            // Other instances wait: two turns per local task that was waiting when
+            // the lease was taken (at least two), within half the budget.
+            let found = lease.found_waiting.load(Ordering::Relaxed);
+            let turns = found.max(1).saturating_mul(TURNS_PER_LOCAL_WAITER);
+            (h.max_consecutive.div_ceil(2).min(turns), h.max_hold / 2)
         } else {
             (h.max_consecutive, h.max_hold)
         };

@@ -242,11 +242,13 @@ impl Slot {
         }
     }
 
-    /// The leader obtained the lease.
-    pub(crate) fn acquired(&self) {
+    /// The leader obtained the lease; returns how many local waiters it found
+    /// (they set the lease's handoff budget while other instances wait).
+    pub(crate) fn acquired(&self) -> usize {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Acquiring);
         st.mode = Mode::Held;
+        st.waiters.len()
     }
 
     /// The leader failed or was cancelled. Leadership (and `token`) passes to the

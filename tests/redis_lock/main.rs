@@ -38,6 +38,7 @@ mod fencing;
 mod foreign_token;
 mod regressions;
 mod renewal;
+mod turns;
 mod wakeups;
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+//! The handoff budget while other instances wait: two turns per local task that
+//! was waiting when the lease was taken.
+
+use super::*;
+
+/// Waits until `backend`'s instance has an entry in the Redis queue of `key`.
+async fn queued(con: &MultiplexedConnection, backend: &RedisBackend, key: &LockKey) -> bool {
+    let queue = queue_name(backend, key);
+    let instance = backend.instance_id().to_owned();
+    wait_until(Duration::from_secs(5), || {
+        let (mut con, queue, instance) = (con.clone(), &queue, &instance);
+        async move { hexists(&mut con, queue, instance).await }
+    })
+    .await
+}
+
+/// Instance A takes a lease with two of its tasks waiting locally while instance C
+/// waits at Redis: the lease serves A's leader and four handoffs (two turns per
+/// local waiter), then goes back to Redis and C gets the lock although A's tasks
+/// still want it. With the earlier fixed budget (32 while others wait), C waited
+/// for all 30 of A's sections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
+    let (server, _log, prefix) = shared_scene("turns");
+    let key = LockKey::from("k");
+    let con = server.connection().await;
+    let a_backend = backend_at(&server.url(), &prefix).await;
+    let a = Locker::builder(a_backend.clone()).build().unwrap();
+    let b = plain_locker(&server.url(), &prefix).await;
+    let c_backend = backend_at(&server.url(), &prefix).await;
+    let c = Locker::builder(c_backend.clone()).build().unwrap();
+
+    let held = b.lock(&key).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::<char>::new()));
+    let mut tasks = JoinSet::new();
+    for _ in 0..3 {
+        let (a, key, log) = (a.clone(), key.clone(), Arc::clone(&log));
+        tasks.spawn(async move {
+            for _ in 0..10 {
+                let guard = a.lock(&key).await.unwrap();
+                log.lock().unwrap().push('A');
+                tokio::task::yield_now().await;
+                guard.release().await.unwrap();
+            }
+        });
+    }
+    // A's leader is queued at Redis and its two other tasks wait locally...
+    assert!(queued(&con, &a_backend, &key).await, "A never queued");
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.stats().local_waits == 2
+        })
+        .await,
+        "A's other two tasks never waited locally"
+    );
+    // ...then C queues behind A.
+    tasks.spawn({
+        let (c, key, log) = (c.clone(), key.clone(), Arc::clone(&log));
+        async move {
+            let guard = c.lock(&key).await.unwrap();
+            log.lock().unwrap().push('C');
+            guard.release().await.unwrap();
+        }
+    });
+    assert!(queued(&con, &c_backend, &key).await, "C never queued");
+    held.release().await.unwrap();
+    within(Duration::from_secs(20), "all sections", join_all(tasks)).await;
+
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 31, "{log:?}");
+    let first_c = log.iter().position(|&who| who == 'C').unwrap();
+    assert!(
+        first_c <= 1 + 2 * 2,
+        "C got the lock only after {first_c} of A's sections (budget: the leader's \
+         section and two turns for each of A's two waiting tasks): {log:?}"
+    );
+    wait_idle(&[a, b, c], IDLE).await;
+}
