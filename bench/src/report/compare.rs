@@ -125,11 +125,20 @@ pub(super) fn compare_markdown(s: &mut String, r: &Report) {
             let p99 = d.wait_p99_us as f64 / (pl.wait_p99_us.max(1) as f64);
             let shares = d.shares();
             let fair = p == 1 || shares.iter().all(|s| (0.15..=0.35).contains(s));
+            // What no lock can beat by much: the same sections behind an in-process
+            // mutex (one process, no Redis lock).
+            let floor = get(w, Mode::Floor, p, n).map_or(String::new(), |f| {
+                format!(
+                    "; floor {:.2}× plain, p99 {:.2}",
+                    f.throughput / pl.throughput.max(1e-9),
+                    f.wait_p99_us as f64 / (pl.wait_p99_us.max(1) as f64)
+                )
+            });
             t.push(Target {
                 name: format!("1. default vs plain lock, {} {p}×{n}", w.name()),
                 goal: format!("≥ {goal}× throughput, wait p99 ≤ 1/10, shares 15–35 %"),
                 measured: format!(
-                    "{x:.2}× ({} vs {}); p99 {} vs {} (= {:.2}); shares {}",
+                    "{x:.2}× ({} vs {}); p99 {} vs {} (= {:.2}); shares {}{floor}",
                     fmt_rate(d.throughput),
                     fmt_rate(pl.throughput),
                     fmt_us(d.wait_p99_us as i64),
@@ -193,16 +202,26 @@ pub(super) fn compare_markdown(s: &mut String, r: &Report) {
         }
     }
     if let (Some(n), Some(pl)) = (get(rmw, Mode::Naive, 4, 64), get(rmw, Mode::Plain, 4, 64)) {
+        // The mode is `#[doc(hidden)]` (a benchmark baseline, out of the supported
+        // API); what is checked is that it no longer herds: no more lock requests
+        // per section and no worse a wait p99 than the plain lock.
+        let (cmds, plain_cmds) = (server_per_cs(n), server_per_cs(pl));
+        let (reqs, plain_reqs) = (n.requests_per_cs(), pl.requests_per_cs());
         t.push(Target {
             name: "5. `coalescing(false)` vs plain lock, 4×64".into(),
-            goal: "no worse (or not public API)".into(),
+            goal: "no worse; or out of the public API (it is `#[doc(hidden)]`, a baseline) and no herd (lock requests/cs and wait p99 ≤ plain's)".into(),
             measured: format!(
-                "{:.2}× ({} vs {}); the mode is `#[doc(hidden)]`, a benchmark baseline",
+                "{:.2}× throughput ({} vs {}); lock requests/cs {reqs:.2} vs {plain_reqs:.2}; server cmds/cs {cmds:.1} vs {plain_cmds:.1}; wait p99 {} vs {}",
                 n.throughput / pl.throughput.max(1e-9),
                 fmt_rate(n.throughput),
-                fmt_rate(pl.throughput)
+                fmt_rate(pl.throughput),
+                fmt_us(n.wait_p99_us as i64),
+                fmt_us(pl.wait_p99_us as i64),
             ),
-            met: Some(n.throughput >= pl.throughput),
+            met: Some(
+                n.throughput >= pl.throughput
+                    || (reqs <= plain_reqs && n.wait_p99_us <= pl.wait_p99_us),
+            ),
         });
     }
     if let (Some(d), Some(pl)) = (get(rmw, Mode::Default, 1, 1), get(rmw, Mode::Plain, 1, 1)) {
