@@ -14,7 +14,7 @@ use std::time::Duration;
 /// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
 /// total hold time per lease. While the backend reports other instances waiting for
 /// the key, both are **halved**, and a lease also serves at most **two handoffs per
-/// local task that was waiting when it was taken** (at least two). A lease with
+/// local task that was waiting when it was taken** (at least eight). A lease with
 /// less than `min_validity` left, or whose loss is being signalled, is never handed
 /// on.
 ///
@@ -28,12 +28,13 @@ use std::time::Duration;
 /// * **Fairness is bounded.** While another instance waits (the backend's queue is not
 ///   empty, which every acquire, extend and release reports) a lease serves at most
 ///   `max_consecutive / 2` handoffs (32), `max_hold / 2` (125 ms) and two handoffs
-///   per local task that was waiting when the lease was taken, before it goes back
-///   to Redis, whose release wakes the head of the key's FIFO queue of instances and
-///   gives it the claim window: the instances take turns. A turn is as long as the
-///   local queue it serves (each waiting task runs about twice), so a remote task
-///   waits about as long as a local one: roughly one turn per instance ahead of it
-///   in the queue. With nobody waiting elsewhere, the full budget only delays this
+///   per local task that was waiting when the lease was taken (at least eight),
+///   before it goes back to Redis, whose release wakes the head of the key's FIFO
+///   queue of instances and gives it the claim window: the instances take turns. A
+///   turn is about as long as the local queue it serves (each waiting task runs
+///   about twice; eight sections at least, so a process with one or two busy tasks
+///   still pays a backend round trip pair per eight sections, not per two), and a
+///   remote task waits roughly one turn per instance ahead of it in the queue. With nobody waiting elsewhere, the full budget only delays this
 ///   process's own tasks, which get the lease in local FIFO order. Measured on the
 ///   contention benchmark (BENCHMARKS.md): 4 processes × 8 or 64 tasks on one hot
 ///   key each get 15–35 % of the critical sections.

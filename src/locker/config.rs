@@ -132,7 +132,7 @@ impl LockerBuilder {
     /// Local lease handoff (default [`Handoff::enabled`] with the default budget:
     /// 64 handoffs or 250 ms per lease; while other instances wait, half of that
     /// and at most two handoffs per local task that was waiting when the lease was
-    /// taken; see [`Handoff`] for why this is safe and fair).
+    /// taken (at least eight); see [`Handoff`] for why this is safe and fair).
     pub fn handoff(mut self, handoff: Handoff) -> Self {
         self.handoff = handoff;
         self

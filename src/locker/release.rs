@@ -16,8 +16,11 @@ use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
 use super::*;
 
 /// While other instances wait for a key, a lease serves at most this many handoffs
-/// per local task that was waiting when it was taken.
+/// per local task that was waiting when it was taken...
 pub(crate) const TURNS_PER_LOCAL_WAITER: u32 = 2;
+/// ...but at least this many (within the halved budget), so a process with one or
+/// two busy tasks still pays about one backend round trip pair per eight sections.
+pub(crate) const MIN_TURNS_WHILE_OTHERS_WAIT: u32 = 8;
 
 impl LockerState {
     /// Whether `lease` may go to a local waiter instead of back to the backend.
@@ -32,9 +35,11 @@ impl LockerState {
         }
         let (max_n, max_hold) = if waiting > 0 {
             // Other instances wait: two turns per local task that was waiting when
-            // the lease was taken (at least two), within half the budget.
+            // the lease was taken (at least eight), within half the budget.
             let found = lease.found_waiting.load(Ordering::Relaxed);
-            let turns = found.max(1).saturating_mul(TURNS_PER_LOCAL_WAITER);
+            let turns = found
+                .saturating_mul(TURNS_PER_LOCAL_WAITER)
+                .max(MIN_TURNS_WHILE_OTHERS_WAIT);
             (h.max_consecutive.div_ceil(2).min(turns), h.max_hold / 2)
         } else {
             (h.max_consecutive, h.max_hold)

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A's tasks: one leads, the others wait locally when A's lease is taken.
+const A_TASKS: u64 = 6;
+
 /// Waits until `backend`'s instance has an entry in the Redis queue of `key`.
 async fn queued(con: &MultiplexedConnection, backend: &RedisBackend, key: &LockKey) -> bool {
     let queue = queue_name(backend, key);
@@ -14,11 +17,11 @@ async fn queued(con: &MultiplexedConnection, backend: &RedisBackend, key: &LockK
     .await
 }
 
-/// Instance A takes a lease with two of its tasks waiting locally while instance C
-/// waits at Redis: the lease serves A's leader and four handoffs (two turns per
+/// Instance A takes a lease with five of its tasks waiting locally while instance C
+/// waits at Redis: the lease serves A's leader and ten handoffs (two turns per
 /// local waiter), then goes back to Redis and C gets the lock although A's tasks
 /// still want it. With the earlier fixed budget (32 while others wait), C waited
-/// for all 30 of A's sections.
+/// for 33 of A's sections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
     let (server, _log, prefix) = shared_scene("turns");
@@ -33,7 +36,7 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
     let held = b.lock(&key).await.unwrap();
     let log = Arc::new(Mutex::new(Vec::<char>::new()));
     let mut tasks = JoinSet::new();
-    for _ in 0..3 {
+    for _ in 0..A_TASKS {
         let (a, key, log) = (a.clone(), key.clone(), Arc::clone(&log));
         tasks.spawn(async move {
             for _ in 0..10 {
@@ -44,14 +47,14 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
             }
         });
     }
-    // A's leader is queued at Redis and its two other tasks wait locally...
+    // A's leader is queued at Redis and its other tasks wait locally...
     assert!(queued(&con, &a_backend, &key).await, "A never queued");
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            a.stats().local_waits == 2
+            a.stats().local_waits == A_TASKS - 1
         })
         .await,
-        "A's other two tasks never waited locally"
+        "A's other tasks never waited locally"
     );
     // ...then C queues behind A.
     tasks.spawn({
@@ -67,12 +70,12 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
     within(Duration::from_secs(20), "all sections", join_all(tasks)).await;
 
     let log = log.lock().unwrap().clone();
-    assert_eq!(log.len(), 31, "{log:?}");
+    assert_eq!(log.len() as u64, A_TASKS * 10 + 1, "{log:?}");
     let first_c = log.iter().position(|&who| who == 'C').unwrap();
     assert!(
-        first_c <= 1 + 2 * 2,
+        first_c as u64 <= 1 + 2 * (A_TASKS - 1),
         "C got the lock only after {first_c} of A's sections (budget: the leader's \
-         section and two turns for each of A's two waiting tasks): {log:?}"
+         section and two turns for each of A's other waiting tasks): {log:?}"
     );
     wait_idle(&[a, b, c], IDLE).await;
 }
