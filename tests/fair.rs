@@ -1,7 +1,8 @@
 //! Fair mode ([`LockerBuilder::fair`]) against a real Redis: grants in order of
 //! arrival across instances (several tasks per instance, interleaved), no barging
 //! after a TTL expiry, local handoff only in order, `try_lock` busy while an earlier
-//! instance waits, and what fair mode costs in server commands.
+//! instance waits, a cancelled waiter leaving the queue, and what fair mode costs in
+//! server commands.
 //!
 //! Every `RedisBackend` is one service instance (its own instance id and channel).
 
@@ -357,6 +358,79 @@ async fn handoff_respects_arrival_order() {
             "fair {fair_mode}, local first {local_first}"
         );
     }
+}
+
+/// Cancel safety in fair mode: a waiting `lock()` that is dropped takes its
+/// instance out of the queue, so a later instance is not held behind the dead
+/// entry. The cancelled instance's entries would live 30 s (its queue entry TTL),
+/// and fair mode gives a free lock only to the earliest live entry, so a stale
+/// entry would keep the later instance waiting for about that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_fair_queue() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    let prefix = unique_prefix("fair-cancel");
+    let key = LockKey::from("k");
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(backend_at(&url, &prefix).await, true);
+    let guard = holder.lock(&key).await.unwrap();
+
+    let early = support::subscribed(
+        RedisBackend::builder(url.as_str())
+            .prefix(prefix.as_str())
+            .queue_entry_ttl(Duration::from_secs(30))
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let early = locker(early, true);
+    let cancelled = tokio::spawn({
+        let (early, key) = (early.clone(), key.clone());
+        async move { early.lock(&key).await.map(drop) }
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            queue_len(&names, &key).await == 1
+        })
+        .await,
+        "the early instance never queued"
+    );
+    tokio::time::sleep(GAP).await;
+    let later = locker(backend_at(&url, &prefix).await, true);
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = later.lock(&key).await?;
+            guard.release().await
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            queue_len(&names, &key).await == 2
+        })
+        .await,
+        "the later instance never queued"
+    );
+
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            queue_len(&names, &key).await == 1
+        })
+        .await,
+        "the cancelled waiter's instance is still queued"
+    );
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the later instance waited behind the cancelled one")
+        .unwrap()
+        .unwrap();
+    assert_eq!(early.active_keys(), 0);
+    assert_eq!(holder.active_keys(), 0);
 }
 
 /// Redlock has no common queue: a fair locker over it does not build.
