@@ -17,10 +17,10 @@ use super::*;
 
 /// While other instances wait for a key, a lease serves at most this many handoffs
 /// per local task that was waiting when it was taken...
-pub(crate) const TURNS_PER_LOCAL_WAITER: u32 = 2;
+const TURNS_PER_LOCAL_WAITER: u32 = 2;
 /// ...but at least this many (within the halved budget), so a process with one or
 /// two busy tasks still pays about one backend round trip pair per eight sections.
-pub(crate) const MIN_TURNS_WHILE_OTHERS_WAIT: u32 = 8;
+const MIN_TURNS_WHILE_OTHERS_WAIT: u32 = 8;
 
 impl LockerState {
     /// Whether `lease` may go to a local waiter instead of back to the backend.

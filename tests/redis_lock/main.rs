@@ -66,6 +66,24 @@ async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> b
         .is_some()
 }
 
+/// Waits up to `limit` until `backend`'s instance has an entry in the Redis queue
+/// of `key` (`queued`), or has none (`!queued`); returns whether it came to that.
+async fn wait_queued(
+    con: &MultiplexedConnection,
+    backend: &RedisBackend,
+    key: &LockKey,
+    queued: bool,
+    limit: Duration,
+) -> bool {
+    let queue = queue_name(backend, key);
+    let instance = backend.instance_id().to_owned();
+    wait_until(limit, || {
+        let (mut con, queue, instance) = (con.clone(), &queue, &instance);
+        async move { hexists(&mut con, queue, instance).await == queued }
+    })
+    .await
+}
+
 /// Sum of `acquire_attempts` over `lockers`.
 fn total_attempts(lockers: &[Locker]) -> u64 {
     lockers.iter().map(|l| l.stats().acquire_attempts).sum()

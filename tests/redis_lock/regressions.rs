@@ -44,22 +44,13 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
 
     let mut con = server.connection().await;
     let queue = queue_name(&backend, &key);
-    let instance = backend.instance_id().to_owned();
     // The acquire landed after the cancellation and queued this instance...
     assert!(
-        wait_until(Duration::from_secs(5), || {
-            let (mut con, queue, instance) = (con.clone(), &queue, &instance);
-            async move { hexists(&mut con, queue, instance).await }
-        })
-        .await,
+        wait_queued(&con, &backend, &key, true, Duration::from_secs(5)).await,
         "the in-flight acquire never reached Redis"
     );
     // ...and nobody of this instance waits any more, so it must leave the queue.
-    let left = wait_until(Duration::from_secs(3), || {
-        let (mut con, queue, instance) = (con.clone(), &queue, &instance);
-        async move { !hexists(&mut con, queue, instance).await }
-    })
-    .await;
+    let left = wait_queued(&con, &backend, &key, false, Duration::from_secs(3)).await;
     assert_eq!(waiter.active_keys(), 0);
     held.release().await.unwrap();
     assert!(

@@ -6,17 +6,6 @@ use super::*;
 /// A's tasks: one leads, the others wait locally when A's lease is taken.
 const A_TASKS: u64 = 6;
 
-/// Waits until `backend`'s instance has an entry in the Redis queue of `key`.
-async fn queued(con: &MultiplexedConnection, backend: &RedisBackend, key: &LockKey) -> bool {
-    let queue = queue_name(backend, key);
-    let instance = backend.instance_id().to_owned();
-    wait_until(Duration::from_secs(5), || {
-        let (mut con, queue, instance) = (con.clone(), &queue, &instance);
-        async move { hexists(&mut con, queue, instance).await }
-    })
-    .await
-}
-
 /// Instance A takes a lease with five of its tasks waiting locally while instance C
 /// waits at Redis: the lease serves A's leader and ten handoffs (two turns per
 /// local waiter), then goes back to Redis and C gets the lock although A's tasks
@@ -48,7 +37,10 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
         });
     }
     // A's leader is queued at Redis and its other tasks wait locally...
-    assert!(queued(&con, &a_backend, &key).await, "A never queued");
+    assert!(
+        wait_queued(&con, &a_backend, &key, true, Duration::from_secs(5)).await,
+        "A never queued"
+    );
     assert!(
         wait_until(Duration::from_secs(5), || async {
             a.stats().local_waits == A_TASKS - 1
@@ -65,7 +57,10 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
             guard.release().await.unwrap();
         }
     });
-    assert!(queued(&con, &c_backend, &key).await, "C never queued");
+    assert!(
+        wait_queued(&con, &c_backend, &key, true, Duration::from_secs(5)).await,
+        "C never queued"
+    );
     held.release().await.unwrap();
     within(Duration::from_secs(20), "all sections", join_all(tasks)).await;
 

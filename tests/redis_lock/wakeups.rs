@@ -19,7 +19,6 @@ async fn waiter_is_woken_by_release() {
         .wait_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let queue = queue_name(&waiter_backend, &key);
     let con = server.connection().await;
 
     let mut latencies = Vec::new();
@@ -34,13 +33,8 @@ async fn waiter_is_woken_by_release() {
         };
         // The waiter has been told "busy" and is queued in Redis: it now sleeps on
         // its wake-up (or, failing that, its 1 s fallback timer).
-        let instance = waiter_backend.instance_id().to_owned();
         assert!(
-            wait_until(Duration::from_secs(10), || {
-                let (mut con, queue, instance) = (con.clone(), &queue, &instance);
-                async move { hexists(&mut con, queue, instance).await }
-            })
-            .await,
+            wait_queued(&con, &waiter_backend, &key, true, Duration::from_secs(10)).await,
             "the waiter never queued"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -268,14 +262,7 @@ async fn waiters_survive_killed_pubsub_connection() {
             (guard, Instant::now())
         })
     };
-    let instance = backends[0].instance_id().to_owned();
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let (mut con, queue, instance) = (con.clone(), &queue, &instance);
-            async move { hexists(&mut con, queue, instance).await }
-        })
-        .await
-    );
+    assert!(wait_queued(&con, &backends[0], &key, true, Duration::from_secs(10)).await);
     held.release().await.unwrap();
     let released = Instant::now();
     let (guard, acquired) = within(Duration::from_secs(10), "waiter", task)
