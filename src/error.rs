@@ -247,16 +247,25 @@ impl Error {
     /// backend I/O, a lost lease); `false` for bad input, foreign values,
     /// permissions and refusals.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Error::Timeout { .. }
-                | Error::Busy { .. }
-                | Error::Overloaded { .. }
-                | Error::Backend { .. }
-                | Error::Connect { .. }
-                | Error::LeaseLost { .. }
-                | Error::QuorumNotReached { .. }
-        )
+        self.is_indeterminate()
+            || matches!(
+                self,
+                Error::Timeout { .. }
+                    | Error::Busy { .. }
+                    | Error::Overloaded { .. }
+                    | Error::LeaseLost { .. }
+                    | Error::QuorumNotReached { .. }
+            )
+    }
+
+    /// Whether the request may or may not have reached the backend: an I/O error,
+    /// a timeout waiting for the reply, a dropped connection, a server failing over.
+    /// Every lock operation is idempotent per token, so the lease protocol repeats
+    /// such a request to learn what happened (a release; an acquire, whose retry
+    /// finds the lock already its own) instead of guessing. Every other error is a
+    /// definite answer: repeating the request at once would get the same one.
+    pub(crate) fn is_indeterminate(&self) -> bool {
+        matches!(self, Error::Backend { .. } | Error::Connect { .. })
     }
 
     /// A short, stable code for this error (`lock_timeout`, `lease_lost`, …): what

@@ -39,6 +39,7 @@ pub mod memory;
 pub mod redis;
 pub mod redlock;
 pub mod rw;
+pub(crate) mod schedule;
 pub mod semaphore;
 
 pub use memory::MemoryBackend;

@@ -41,6 +41,7 @@ use crate::key::LockKey;
 use crate::stats::StatsInner;
 
 pub(crate) mod histograms;
+pub(crate) mod release;
 pub(crate) mod renewal;
 mod view;
 

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{LockBackend, Released};
-use crate::error::{Error, Phase, Result};
+use crate::backend::LockBackend;
+use crate::error::{Error, Result};
 use crate::lease::Lease;
+use crate::lease::release::{self, Attempts};
 use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
 
 use super::*;
@@ -70,6 +70,7 @@ impl LockerState {
             shared: self.arc(),
             slot,
             lease,
+            attempts: Attempts::default(),
         })
     }
 }
@@ -99,6 +100,7 @@ pub(crate) struct ReleaseJob {
     shared: Arc<LockerState>,
     slot: Option<Arc<Slot>>,
     lease: Arc<Lease>,
+    attempts: Attempts,
 }
 
 /// Re-runs a release from scratch in the background if the future running it is
@@ -128,9 +130,9 @@ impl Drop for Background {
 }
 
 impl ReleaseJob {
-    /// Releases at the backend (retrying transient errors briefly), then lets the
+    /// Releases at the backend (on the shared schedule, [`Attempts`]), then lets the
     /// next local waiter lead. If this future is dropped before it finishes, the
-    /// release is re-run in the background.
+    /// release is re-run in the background, continuing the same schedule.
     pub(crate) async fn run(self) -> Result<()> {
         let span = tracing::debug_span!("lockflight.release", key = %self.lease.key);
         self.run_inner().instrument(span).await
@@ -138,37 +140,30 @@ impl ReleaseJob {
 
     pub(super) async fn run_inner(self) -> Result<()> {
         let mut rearm = Rearm(Some(self));
-        let job = rearm.0.as_ref().expect("armed");
+        let job = rearm.0.as_mut().expect("armed");
         let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
         shared.renewals.forget(&lease);
         crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
-        let mut attempt = 0u32;
         // Fair: a local waiter keeps this instance's place in the backend's queue
         // (its arrival time), so the release wakes whoever arrived first.
         let requeue = match &job.slot {
             Some(slot) if shared.config.fair => slot.oldest_waiter(),
             _ => None,
         };
-        let result = loop {
-            shared.stats.release();
-            let reply = match requeue {
-                None => shared.backend.release(&lease.key, lease.token).await,
-                Some(at) => {
-                    let age = Instant::now().saturating_duration_since(at);
-                    shared
-                        .backend
-                        .release_fair(&lease.key, lease.token, age)
-                        .await
-                }
-            };
-            match reply {
-                Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20) * attempt).await;
-                }
-                other => break other,
-            }
-        };
+        let backend = &shared.backend;
+        let result = job
+            .attempts
+            .send(&shared.stats, || async {
+                let reply = match requeue {
+                    None => backend.release(&lease.key, lease.token).await,
+                    Some(at) => {
+                        let age = Instant::now().saturating_duration_since(at);
+                        backend.release_fair(&lease.key, lease.token, age).await
+                    }
+                };
+                reply.map(|r| r.released)
+            })
+            .await;
         let job = rearm.0.take().expect("armed");
         // A release that failed may still hold the lock at the backend: the next
         // local leader inherits the token and reconciles it (its acquire finds the
@@ -177,7 +172,7 @@ impl ReleaseJob {
         // lead leaves it if nobody wants the lock any more.
         let queued = requeue.is_some();
         let unsettled = match &result {
-            Err(Error::Backend { .. } | Error::Connect { .. } | Error::Refused { .. }) => Lead {
+            Err(e) if e.is_indeterminate() || matches!(e, Error::Refused { .. }) => Lead {
                 token: Some(lease.token),
                 queued,
             },
@@ -187,25 +182,7 @@ impl ReleaseJob {
             },
         };
         job.settle(unsettled);
-        match result? {
-            Released { released: true, .. } => Ok(()),
-            Released {
-                released: false, ..
-            } => {
-                let reason = if lease.is_lost() {
-                    lease.lost_reason()
-                } else {
-                    "the lock was no longer held by this lease (expired or taken over); \
-                     nothing was deleted"
-                        .into()
-                };
-                Err(Error::LeaseLost {
-                    key: lease.key.clone(),
-                    phase: Phase::Releasing,
-                    reason,
-                })
-            }
-        }
+        release::outcome(&lease, result?)
     }
 
     /// Lets the next local waiter lead, inheriting `lead`; with nobody waiting, the

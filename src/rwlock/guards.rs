@@ -13,14 +13,13 @@ use super::*;
 
 /// The end of both guards' `release`: runs the backend release when this holder
 /// was the last, and reports a loss seen before it (`lost`) as the outcome.
-async fn released(lease: &Lease, lost: bool, job: Option<ReleaseJob>) -> Result<()> {
-    let result = match job {
+async fn released(lease: &Lease, job: Option<ReleaseJob>) -> Result<()> {
+    match job {
         Some(job) => job.run().await,
+        // Another local reader still shares the lease: what this reader can say is
+        // whether it was lost while this reader held it.
+        None if lease.is_lost() => Err(lease.lost_error(Phase::Releasing)),
         None => Ok(()),
-    };
-    match result {
-        Ok(()) if lost => Err(lease.lost_error(Phase::Releasing)),
-        other => other,
     }
 }
 
@@ -82,9 +81,8 @@ impl ReadGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        let lost = self.lease.is_lost();
         let job = self.leave();
-        released(&self.lease, lost, job).await
+        released(&self.lease, job).await
     }
 
     /// Leaves the share; the backend release to run when this was the last holder.
@@ -102,6 +100,7 @@ impl ReadGuard {
             lease: Arc::clone(&self.lease),
             _gate: Gate::Read(gate),
             entry,
+            attempts: Attempts::default(),
         })
     }
 }
@@ -165,9 +164,8 @@ impl WriteGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        let lost = self.lease.is_lost();
         let job = self.leave();
-        released(&self.lease, lost, job).await
+        released(&self.lease, job).await
     }
 
     pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
@@ -178,6 +176,7 @@ impl WriteGuard {
             lease: Arc::clone(&self.lease),
             _gate: Gate::Write(gate),
             entry,
+            attempts: Attempts::default(),
         })
     }
 }

@@ -88,6 +88,7 @@ use crate::backend::{Acquire, LeaseToken, Released};
 use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::release::{self, Attempts};
 use crate::lease::{Lease, LeaseKind};
 
 mod acquire;
@@ -265,8 +266,12 @@ fn cleanup(
     handle.spawn(async move {
         let _hold = hold;
         if let Some(rw) = locks.backend.rw() {
-            locks.stats.release();
-            if let Err(e) = release_call(rw, kind, &key, token).await {
+            let sent = Attempts::default()
+                .send(&locks.stats, || async {
+                    release_call(rw, kind, &key, token).await.map(|r| r.released)
+                })
+                .await;
+            if let Err(e) = sent {
                 tracing::debug!(%key, error = %e, "releasing an abandoned read-write acquire failed");
             }
         }
@@ -318,6 +323,7 @@ struct ReleaseJob {
     // this lease at the backend.
     _gate: Gate,
     entry: Entry,
+    attempts: Attempts,
 }
 
 impl Drop for ReleaseJob {
@@ -341,43 +347,29 @@ impl ReleaseJob {
     async fn run(self) -> Result<()> {
         let span = tracing::debug_span!("lockflight.rw_release", key = %self.lease.key);
         let mut rearm = Rearm(Some(self));
-        let job = rearm.0.as_ref().expect("armed");
+        let job = rearm.0.as_mut().expect("armed");
         let result = job.release().instrument(span).await;
         drop(rearm.0.take());
         result
     }
 
-    async fn release(&self) -> Result<()> {
-        let locks = &self.entry.locks;
-        let lease = &self.lease;
-        locks.renewals.forget(lease);
+    /// Releases on the shared schedule ([`Attempts`]); the backend's release record
+    /// makes a repeated attempt report what the first one did.
+    async fn release(&mut self) -> Result<()> {
+        let locks = Arc::clone(&self.entry.locks);
+        let lease = Arc::clone(&self.lease);
+        locks.renewals.forget(&lease);
         crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
         let rw = locks.backend.rw().ok_or_else(|| unsupported(&lease.key))?;
-        let mut attempt = 0u32;
-        let released = loop {
-            locks.stats.release();
-            match release_call(rw, self.kind, &lease.key, lease.token).await {
-                Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20) * attempt).await;
-                }
-                other => break other?,
-            }
-        };
-        // A retry after an attempt whose reply was lost finds the lease gone; that
-        // is the first attempt's release unless the lease was known lost.
-        if released.released || (attempt > 0 && !lease.is_lost()) {
-            return Ok(());
-        }
-        Err(Error::LeaseLost {
-            key: lease.key.clone(),
-            phase: Phase::Releasing,
-            reason: if lease.is_lost() {
-                lease.lost_reason()
-            } else {
-                "the lease was no longer held (expired or deleted); nothing was released".into()
-            },
-        })
+        let kind = self.kind;
+        let released = self
+            .attempts
+            .send(&locks.stats, || async {
+                let reply = release_call(rw, kind, &lease.key, lease.token).await;
+                reply.map(|r| r.released)
+            })
+            .await?;
+        release::outcome(&lease, released)
     }
 
     fn spawn(self) {

@@ -55,6 +55,7 @@ use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::release::Attempts;
 mod permit;
 mod requests;
 
@@ -287,14 +288,20 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         for token in self.tokens.drain(..) {
-            spawn_release(&self.semaphores, &self.key, token);
+            spawn_release(&self.semaphores, &self.key, token, Attempts::default());
         }
     }
 }
 
-/// Releases `token` in the background (it may or may not be a permit). Without a
-/// runtime it expires at its TTL.
-fn spawn_release(semaphores: &Arc<Semaphores>, key: &LockKey, token: LeaseToken) {
+/// Releases `token` in the background (it may or may not be a permit), on the
+/// shared release schedule from where `attempts` stands. Without a runtime it
+/// expires at its TTL.
+fn spawn_release(
+    semaphores: &Arc<Semaphores>,
+    key: &LockKey,
+    token: LeaseToken,
+    mut attempts: Attempts,
+) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -302,8 +309,10 @@ fn spawn_release(semaphores: &Arc<Semaphores>, key: &LockKey, token: LeaseToken)
     let key = key.clone();
     handle.spawn(async move {
         if let Some(backend) = semaphores.backend.semaphore() {
-            semaphores.stats.release();
-            if let Err(e) = backend.release_permit(&key, token).await {
+            let sent = attempts
+                .send(&semaphores.stats, || backend.release_permit(&key, token))
+                .await;
+            if let Err(e) = sent {
                 tracing::debug!(%key, error = %e, "background permit release failed");
             }
         }

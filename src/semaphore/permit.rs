@@ -1,12 +1,12 @@
 //! [`Permit`]: one held permit, its loss signal and its release.
 
 use crate::backend::LeaseToken;
-use crate::error::{Error, Phase, Result};
+use crate::error::{Error, Result};
 use crate::key::LockKey;
+use crate::lease::release::Attempts;
 use crate::lease::{Lease, LeaseKind};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
@@ -57,7 +57,7 @@ impl Permit {
         .with_kind(LeaseKind::Permit);
         if Instant::now() >= lease.valid_until() {
             tracing::debug!(%key, "permit reply arrived after the permit's validity");
-            spawn_release(semaphores, key, token);
+            spawn_release(semaphores, key, token, Attempts::default());
             return None;
         }
         let lease = Arc::new(lease);
@@ -97,61 +97,52 @@ impl Permit {
         let mut rearm = Rearm(Some((
             Arc::clone(&self.semaphores),
             Arc::clone(&self.lease),
+            Attempts::default(),
         )));
-        let result = release(&self.semaphores, &self.lease).await;
+        let (semaphores, lease, attempts) = rearm.0.as_mut().expect("armed");
+        let result = release(semaphores, lease, attempts).await;
         rearm.0 = None;
         result
     }
 }
 
-/// Re-runs a permit release in the background if the future running it is dropped.
-pub(super) struct Rearm(Option<(Arc<Semaphores>, Arc<Lease>)>);
+/// Re-runs a permit release in the background, continuing its schedule, if the
+/// future running it is dropped.
+pub(super) struct Rearm(Option<(Arc<Semaphores>, Arc<Lease>, Attempts)>);
 
 impl Drop for Rearm {
     fn drop(&mut self) {
-        if let Some((semaphores, lease)) = self.0.take() {
-            spawn_release(&semaphores, &lease.key, lease.token);
+        if let Some((semaphores, lease, attempts)) = self.0.take() {
+            spawn_release(&semaphores, &lease.key, lease.token, attempts);
         }
     }
 }
 
-/// Stops renewing `lease` and returns it to the backend.
-pub(super) async fn release(semaphores: &Arc<Semaphores>, lease: &Arc<Lease>) -> Result<()> {
-    let lost_before = lease.is_lost();
+/// Stops renewing `lease` and returns it to the backend, on the shared release
+/// schedule ([`Attempts`]; `attempts` continues where an earlier run of the same
+/// release stopped).
+pub(super) async fn release(
+    semaphores: &Arc<Semaphores>,
+    lease: &Arc<Lease>,
+    attempts: &mut Attempts,
+) -> Result<()> {
     semaphores.renewals.forget(lease);
     crate::lease::histograms::renewals(
         lease.kind,
         lease.renewed.load(std::sync::atomic::Ordering::Relaxed),
     );
     let Some(backend) = semaphores.backend.semaphore() else {
-        return Ok(());
-    };
-    let mut attempt = 0u32;
-    let released = loop {
-        semaphores.stats.release();
-        match backend.release_permit(&lease.key, lease.token).await {
-            Err(Error::Backend { .. } | Error::Connect { .. }) if attempt < 2 => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(20) * attempt).await;
-            }
-            // After a failed attempt, "not held" may be that attempt's own doing.
-            Ok(false) if attempt > 0 && !lost_before => break true,
-            other => break other?,
-        }
-    };
-    if lost_before || !released {
-        let reason = if lease.is_lost() {
-            lease.lost_reason()
-        } else {
-            "the permit was no longer held (expired or removed); nothing was returned".into()
-        };
-        return Err(Error::LeaseLost {
+        return Err(Error::Unsupported {
             key: lease.key.clone(),
-            phase: Phase::Releasing,
-            reason,
+            what: "semaphores",
         });
-    }
-    Ok(())
+    };
+    let released = attempts
+        .send(&semaphores.stats, || {
+            backend.release_permit(&lease.key, lease.token)
+        })
+        .await?;
+    crate::lease::release::outcome(lease, released)
 }
 
 impl Drop for Permit {
@@ -167,7 +158,12 @@ impl Drop for Permit {
                 .renewed
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
-        spawn_release(&self.semaphores, &self.lease.key, self.lease.token);
+        spawn_release(
+            &self.semaphores,
+            &self.lease.key,
+            self.lease.token,
+            Attempts::default(),
+        );
     }
 }
 

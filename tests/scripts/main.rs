@@ -25,7 +25,7 @@ use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use support::{
-    LogOnPanic, MINIMAL_ACL_RULES, RedisServer, exists, get_string, pttl, query, set_acl_user,
+    LogOnPanic, MINIMAL_ACL_RULES, RedisServer, del, exists, get_string, pttl, query, set_acl_user,
     set_for_30s, shared_scene, suffixed, wait_until,
 };
 

@@ -72,9 +72,11 @@ async fn acquire_replies() {
 }
 
 /// release: released / not ours / already released by an earlier attempt with the
-/// same token (the tombstone, which carries a TTL).
+/// same token (the lease's release record, which carries a TTL), even after another
+/// instance took and released the key meanwhile (the record is per lease, not per
+/// key).
 #[tokio::test]
-async fn release_replies_and_tombstone() {
+async fn release_replies_and_records() {
     let (server, _log, prefix) = shared_scene("release-replies");
     let a = RedisBackend::builder(server.url())
         .prefix(&prefix)
@@ -85,8 +87,12 @@ async fn release_replies_and_tombstone() {
     let mut con = server.connection().await;
     let key = LockKey::from("k");
     let lock = a.lock_name(&key);
-    let tombstone = name(&a, &key, ":rel");
-    let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
+    let (t1, t2, t3) = (
+        LeaseToken::random(),
+        LeaseToken::random(),
+        LeaseToken::random(),
+    );
+    let record = name(&a, &key, &format!(":rel:{}", t1.to_hex()));
 
     epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
     // Not ours: nothing deleted.
@@ -101,19 +107,37 @@ async fn release_replies_and_tombstone() {
     // Released.
     assert!(a.release(&key, t1).await.unwrap().released);
     assert!(!exists(&mut con, &lock).await);
-    // The tombstone: max(2 × response timeout, 1 s) = 3 s.
-    assert_eq!(get_string(&mut con, &tombstone).await, Some(t1.to_hex()));
-    let ttl = pttl(&mut con, &tombstone).await;
-    assert!((1..=3_000).contains(&ttl), "tombstone PTTL {ttl}");
+    // The record: the 5 s release window + the longest request (2 × 1.5 s response
+    // timeout + 2 s connection timeout) + a 1 s margin = 11 s.
+    assert_eq!(get_string(&mut con, &record).await, Some(t1.to_hex()));
+    let ttl = pttl(&mut con, &record).await;
+    assert!((10_000..=11_000).contains(&ttl), "record PTTL {ttl}");
     // A retry of the same release (its reply was lost): released.
     assert!(a.release(&key, t1).await.unwrap().released);
     // Another token: not released.
     assert!(!a.release(&key, t2).await.unwrap().released);
+    // Another lease takes and releases the key; t1's retry still finds its own record.
+    epoch_of(a.acquire(&key, t3, TTL, true).await.unwrap());
+    assert!(a.release(&key, t3).await.unwrap().released);
+    assert!(a.release(&key, t1).await.unwrap().released);
 
-    // The token reused by a new leader: acquiring with it clears its tombstone, so a
+    // A foreign value at the record of a lease that is not held: refused, nothing
+    // deleted.
+    let t4 = LeaseToken::random();
+    let foreign = name(&a, &key, &format!(":rel:{}", t4.to_hex()));
+    hset(&mut con, &foreign, "f", "v").await;
+    set_for_30s(&mut con, &lock, &t2.to_hex()).await;
+    assert_foreign(
+        "release reading a foreign record",
+        a.release(&key, t4).await,
+    );
+    assert_eq!(get_string(&mut con, &lock).await, Some(t2.to_hex()));
+    del(&mut con, &lock).await;
+
+    // The token reused by a new leader: acquiring with it clears its record, so a
     // lease lost afterwards is not reported as released.
     epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
-    assert!(!exists(&mut con, &tombstone).await);
+    assert!(!exists(&mut con, &record).await);
     set_for_30s(&mut con, &lock, &t2.to_hex()).await;
     assert!(!a.release(&key, t1).await.unwrap().released);
     assert_eq!(get_string(&mut con, &lock).await, Some(t2.to_hex()));

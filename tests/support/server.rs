@@ -340,7 +340,10 @@ pub(crate) fn unique_prefix(name: &str) -> String {
     format!("lftest:{name}:{}:{n:08}", std::process::id())
 }
 
-/// The number of keys matching the glob `pattern` (via `KEYS`).
+/// The number of keys matching the glob `pattern` (via `KEYS`), release records
+/// (`…}:rel:<token>`) left out: each released lease leaves one, which expires by
+/// itself after the release schedule's window (see `RedisBackendBuilder::
+/// response_timeout`); what must not be left behind is lock state.
 pub(crate) async fn key_count(server: &RedisServer, pattern: &str) -> usize {
     let mut con = server.connection().await;
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
@@ -348,7 +351,12 @@ pub(crate) async fn key_count(server: &RedisServer, pattern: &str) -> usize {
         .query_async(&mut con)
         .await
         .expect("KEYS on the test server");
-    keys.len()
+    keys.iter().filter(|k| !is_release_record(k)).count()
+}
+
+/// Whether `name` is a lease's release record, `<prefix>:{<key>}:rel:<token>`.
+pub(crate) fn is_release_record(name: &[u8]) -> bool {
+    name.windows(6).any(|w| w == b"}:rel:")
 }
 
 /// Polls `f` every 5 ms until it returns `true` (then returns `true`) or

@@ -81,8 +81,12 @@ impl RedisBackendBuilder {
 
     /// Bound on one reply, time spent queued on the connection included (default
     /// 2 s). A lock operation whose reply is late is reconciled by repeating it; so
-    /// that a repeated release is recognised, a release leaves a tombstone for
-    /// `max(2 × response_timeout, 1 s)`.
+    /// that a repeated release is recognised, each release leaves a record of the
+    /// lease it deleted for 6 s + 2 × `response_timeout` + `connection_timeout`
+    /// (the release schedule's 5 s window, the longest request — a sentinel-mode
+    /// request may be sent twice, to the old and the new primary — and a 1 s
+    /// margin): 12 s with the defaults. Each record is a small string key; a server
+    /// doing `r` releases a second keeps about `12 × r` of them.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -230,7 +234,9 @@ impl RedisBackendBuilder {
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
             replica_ack: self.replica_ack,
-            tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
+            release_record_ttl_ms: millis(crate::backend::schedule::release_record_ttl(
+                self.response_timeout * 2 + self.connection_timeout,
+            )),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
             notifier: Mutex::new(None),

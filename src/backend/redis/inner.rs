@@ -21,11 +21,12 @@ impl Inner {
         requeue: Option<Duration>,
     ) -> Result<Released> {
         let n = Names::new(&self.prefix, key);
-        let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &n.tombstone, &n.queue_expiry];
-        let (token, claim_ttl_ms, tombstone_ttl_ms) = (
-            token.to_hex(),
+        let token = token.to_hex();
+        let record = n.release_record(&token);
+        let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &record, &n.queue_expiry];
+        let (claim_ttl_ms, record_ttl_ms) = (
             self.claim_ttl_ms.to_string(),
-            self.tombstone_ttl_ms.to_string(),
+            self.release_record_ttl_ms.to_string(),
         );
         let args: [&[u8]; 6] = [
             token.as_bytes(),
@@ -33,7 +34,7 @@ impl Inner {
             claim_ttl_ms.as_bytes(),
             self.channel_prefix.as_bytes(),
             key.as_bytes(),
-            tombstone_ttl_ms.as_bytes(),
+            record_ttl_ms.as_bytes(),
         ];
         let reply = match requeue {
             None => self.invoke(&RELEASE, &keys, &args).await,
@@ -67,16 +68,17 @@ impl Inner {
         let n = Names::new(&self.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
+        let token = token.to_hex();
+        let record = n.release_record(&token);
         let keys: [&[u8]; 6] = [
             &n.lock,
             &n.fence,
             &n.queue,
             &n.claim,
-            &n.tombstone,
+            &record,
             &n.queue_expiry,
         ];
-        let (token, ttl_ms, entry_ttl_ms, fence_ttl_ms) = (
-            token.to_hex(),
+        let (ttl_ms, entry_ttl_ms, fence_ttl_ms) = (
             ttl_ms.to_string(),
             self.entry_ttl_ms.to_string(),
             fence_ttl_ms.to_string(),

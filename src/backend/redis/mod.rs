@@ -5,8 +5,8 @@
 //! Every name of a key shares one hash tag: the lock `<prefix>:{<key>}`, its fence
 //! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:wq` (a sorted set by
 //! enqueue time) with its expiry index `<prefix>:{<key>}:wqx` (the same members by
-//! expiry time), its claim `<prefix>:{<key>}:claim` and its release tombstone
-//! `<prefix>:{<key>}:rel`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
+//! expiry time), its claim `<prefix>:{<key>}:claim`, and one release record per
+//! released lease, `<prefix>:{<key>}:rel:<token>`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
 //! so binary keys cannot break the hash tag or collide with each other. The scripts
 //! are single-slot by design, so the same scripts run on one server, on a Redis
 //! Cluster (feature `cluster`, see `RedisBackend::cluster`) and on a primary found
@@ -15,7 +15,7 @@
 //! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
 //! new names so that instances of both versions never meet a value of the wrong
 //! type during a rolling upgrade: they still exclude each other through the same
-//! lock, fence, claim and tombstone, but do not see each other's queue entries
+//! lock, fence and claim, but do not see each other's queue entries
 //! (waiters of the other version fall back to their retry timers).
 //!
 //! Each backend has a random instance id and **one** notification channel
@@ -33,8 +33,14 @@
 //! script back: a foreign value is reported as [`Error::ForeignValue`](crate::Error::ForeignValue) with nothing
 //! changed.
 //!
-//! A successful release leaves a short-lived tombstone holding its token, so that a
-//! release repeated because its reply was lost is reported as done, not as a loss.
+//! A successful release of any kind deletes the lease, then writes a short-lived
+//! record of it under the lease's own token, so that a release repeated because its
+//! reply was lost is reported as done, not as a loss, even if other instances took
+//! and released the key meanwhile. The delete comes first: under `maxmemory` with
+//! `noeviction` Redis refuses a script whose first write may grow memory, but not a
+//! later write, so a release frees the lock even on a full server. The record lives
+//! as long as the release schedule can repeat the release (see
+//! [`RedisBackendBuilder::response_timeout`]).
 //!
 //! # Errors
 //!
@@ -142,7 +148,8 @@ struct Inner {
     entry_ttl_ms: u64,
     entry_refresh: Duration,
     replica_ack: Option<(u32, Duration)>,
-    tombstone_ttl_ms: u64,
+    /// How long a release record lives: see `lease::release::record_ttl`.
+    release_record_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
     /// The notification task, restarted by `ensure_notifier` when it has ended.
@@ -167,7 +174,6 @@ struct Names {
     fence: Vec<u8>,
     queue: Vec<u8>,
     claim: Vec<u8>,
-    tombstone: Vec<u8>,
     queue_expiry: Vec<u8>,
 }
 
@@ -190,10 +196,18 @@ impl Names {
             fence: with(b":fence"),
             queue: with(b":wq"),
             claim: with(b":claim"),
-            tombstone: with(b":rel"),
             queue_expiry: with(b":wqx"),
             lock,
         }
+    }
+
+    /// The release record of the lease `token` of this key, whatever its kind
+    /// (`<lock name>:rel:<token hex>`): written by the release scripts after they
+    /// delete the lease, read by a retried release (see `lua/release.lua`). Tokens
+    /// are random per lease, so the leases of the mutex, the read-write lock and the
+    /// semaphore of one key never share a record.
+    fn release_record(&self, token: &str) -> Vec<u8> {
+        [&self.lock[..], b":rel:", token.as_bytes()].concat()
     }
 }
 

@@ -126,16 +126,19 @@ impl RedisBackend {
     async fn rw_release(&self, kind: Kind, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let inner = &self.inner;
         let n = RwNames::new(&inner.prefix, key);
+        let token = token.to_hex();
+        let record = Names::new(&inner.prefix, key).release_record(&token);
         let reply = inner
             .conn
             .invoke(
                 &RELEASE,
-                &[&n.readers, &n.writer, &n.writers, &n.waiting],
+                &[&n.readers, &n.writer, &n.writers, &n.waiting, &record],
                 &[
                     kind.arg(),
-                    token.to_hex().as_bytes(),
+                    token.as_bytes(),
                     inner.channel_prefix.as_bytes(),
                     key.as_bytes(),
+                    inner.release_record_ttl_ms.to_string().as_bytes(),
                 ],
             )
             .await

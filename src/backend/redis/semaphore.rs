@@ -182,18 +182,23 @@ impl SemaphoreBackend for RedisBackend {
 
     async fn release_permit(&self, key: &LockKey, token: LeaseToken) -> Result<bool> {
         let inner = &self.inner;
+        let n = SemNames::new(&inner.prefix, key);
+        let token = token.to_hex();
+        let record = Names::new(&inner.prefix, key).release_record(&token);
+        let [permits, count, queue, expiry] = n.keys();
         let reply = inner
-            .sem_invoke(
+            .invoke(
                 &SEM_RELEASE,
-                key,
-                Phase::Releasing,
+                &[permits, count, queue, expiry, &record],
                 &[
-                    token.to_hex().as_bytes(),
+                    token.as_bytes(),
                     inner.channel_prefix.as_bytes(),
                     key.as_bytes(),
+                    inner.release_record_ttl_ms.to_string().as_bytes(),
                 ],
             )
-            .await?;
+            .await
+            .map_err(|e| map_err(key, Phase::Releasing, e))?;
         if let Value::Array(items) = &reply
             && let [Value::Int(released @ (0 | 1)), Value::Int(_), rest @ ..] = items.as_slice()
         {

@@ -13,7 +13,7 @@ fn names_share_one_hash_tag_and_escape_braces() {
     assert_eq!(n.fence, b"lf:{a%7Bb%7D%25}:fence");
     assert_eq!(n.queue, b"lf:{a%7Bb%7D%25}:wq");
     assert_eq!(n.claim, b"lf:{a%7Bb%7D%25}:claim");
-    assert_eq!(n.tombstone, b"lf:{a%7Bb%7D%25}:rel");
+    assert_eq!(n.release_record("00ff"), b"lf:{a%7Bb%7D%25}:rel:00ff");
     assert_eq!(n.queue_expiry, b"lf:{a%7Bb%7D%25}:wqx");
     // Distinct keys never share a name, even when one looks escaped.
     assert_ne!(

@@ -1,6 +1,7 @@
 -- acquire-or-enqueue
 --
--- KEYS[1] lock   KEYS[2] fence   KEYS[3] queue   KEYS[4] claim   KEYS[5] release tombstone
+-- KEYS[1] lock   KEYS[2] fence   KEYS[3] queue   KEYS[4] claim
+-- KEYS[5] the release record of this token (see release.lua)
 -- KEYS[6] queue expiry index
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] queue entry ttl ms
 -- ARGV[5] fence ttl ms  ARGV[6] "1" to join the queue when busy, "0" not to (try_lock)
@@ -23,10 +24,10 @@
 --   { -1 }                 the lock key holds a value of another type
 --   { -2 }                 the lock key holds a string without a TTL (not ours)
 --
--- Fast path (the lock free, no claim, nobody queued): GET lock, GET claim, GET tombstone,
--- ZCARD queue, TIME, SET fence … GET (reads the last epoch and writes the new one in one
--- call), SET lock: 7 commands (fair mode: the same).
-local lock, fence, queue, claim, tombstone, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- Fast path (the lock free, no claim, nobody queued): GET lock, GET claim, ZCARD queue,
+-- TIME, SET fence … GET (reads the last epoch and writes the new one in one call), SET
+-- lock, DEL record: 7 commands (fair mode: the same).
+local lock, fence, queue, claim, record, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair = ARGV[7] ~= nil
@@ -60,7 +61,6 @@ if fair and free and current ~= token and claimant ~= me then
 end
 
 if free then
-  local released = read('tombstone', 'GET', tombstone)
   if q == nil then
     q = read_queue(queue, expiry, me, false, false, false)
   end
@@ -84,10 +84,10 @@ if free then
   if claimant == me then
     redis.call('DEL', claim)
   end
-  if released == token then
-    -- The token is reused: its earlier release no longer speaks for it.
-    redis.call('DEL', tombstone)
-  end
+  -- A token is reused when a new local leader inherits it from a release that
+  -- failed (which may have landed): that release's record no longer speaks for it.
+  -- (DEL of a missing key changes nothing and replicates nothing.)
+  redis.call('DEL', record)
   if q.mine then
     dequeue(queue, expiry, me)
   end

@@ -128,3 +128,16 @@ local function wake(head, claim, claim_ttl, channel, raw_key)
   end
   return nil
 end
+
+-- Records that this lease's release deleted it, for `ttl_ms` ms (see release.lua): a
+-- retried release whose first attempt's reply was lost finds the record and reports
+-- the release, not a loss. Call it after the delete, never before (memory pressure).
+local function record_release(record, token, ttl_ms)
+  redis.call('SET', record, token, 'PX', tonumber(ttl_ms))
+end
+
+-- Whether this lease's release record exists: an earlier attempt of the same release
+-- deleted the lease.
+local function was_released(record)
+  return read('release record', 'GET', record) ~= false
+end

@@ -1,19 +1,22 @@
 -- read-write lock: release a read or write lease (or withdraw a waiting writer)
 --
 -- KEYS[1] read leases   KEYS[2] write lease   KEYS[3] waiting writers
--- KEYS[4] waiting instances
+-- KEYS[4] waiting instances   KEYS[5] this lease's release record
 -- ARGV[1] "r" (read) or "w" (write)  ARGV[2] token  ARGV[3] channel prefix
--- ARGV[4] raw key (the wake-up message)
+-- ARGV[4] raw key (the wake-up message)  ARGV[5] release record ttl ms
 --
 -- Returns { released, writers [, publish error] }: released = 1 if the token held a
--- live lease of that kind, now deleted; 0 if not (nothing of it was live). `writers`:
+-- live lease of that kind, now deleted, or if its release record shows that an
+-- earlier attempt of this release deleted it (a retry after a lost reply); 0 if not
+-- (nothing of it was live). As in release.lua, the delete is the first write and the
+-- record is written after it, so a release works under `maxmemory` / `noeviction`. `writers`:
 -- the live waiting writers left. For "w", the token's waiting-writer entry is removed
 -- too (a writer that gives up). When this frees the lock for someone who waits (no
 -- write lease is left, and no live read lease is left, or a writer withdrew and none
 -- waits any more), every live waiting instance gets the raw key on its channel
 -- (channel prefix .. instance id) and the waiting set is deleted: the woken instances
 -- ask again (and register again if still refused). A refused PUBLISH is reported.
-local readers, writer, writers, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local readers, writer, writers, waiting, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local kind, token = ARGV[1], ARGV[2]
 
 -- Reads.
@@ -23,13 +26,18 @@ local entry = read('waiting writers', 'ZSCORE', writers, token)
 read('waiting instances', 'ZCARD', waiting)
 local t = now()
 local ms = string.format('%.0f', t.ms)
+local held = (kind == 'w' and holder == token) or (kind ~= 'w' and lease and tonumber(lease) > t.ms)
+local previous = false
+if not held then
+  previous = was_released(record)
+end
 
--- Writes.
+-- Writes: the deletes first, then the record.
 local released, changed = 0, false
 if kind == 'w' then
   if holder == token then
     redis.call('DEL', writer)
-    released, holder, changed = 1, false, true
+    holder, changed = false, true
   end
   if entry then
     redis.call('ZREM', writers, token)
@@ -38,9 +46,12 @@ if kind == 'w' then
 elseif lease then
   redis.call('ZREM', readers, token)
   changed = true
-  if tonumber(lease) > t.ms then
-    released = 1
-  end
+end
+if held then
+  record_release(record, token, ARGV[5])
+  released = 1
+elseif previous then
+  released = 1
 end
 local writers_left = redis.call('ZCOUNT', writers, '(' .. ms, '+inf')
 local refused
