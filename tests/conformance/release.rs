@@ -1,0 +1,189 @@
+//! Truthful releases: what a release reports is what happened to the lease, for
+//! every kind.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockflight::backend::LeaseToken;
+use lockflight::{Error, LockKey, Locker, RedisBackend, Result};
+
+use crate::support::fault_proxy::{CommandMatcher, FaultProxy};
+use crate::support::{RedisServer, backend_at, query, shared_scene, unique_prefix, within};
+use crate::{Held, Kind, for_every_kind};
+
+/// The lease TTL of these cells: long, so that nothing here expires by itself.
+const TTL: Duration = Duration::from_secs(30);
+
+/// The key every cell locks.
+const KEY: &str = "k";
+
+/// A locker with 30 s leases on a subscribed backend on `url` under `prefix`.
+async fn locker(url: &str, prefix: &str) -> Locker {
+    Locker::builder(backend_at(url, prefix).await)
+        .lease_ttl(TTL)
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Runs `op` until it gives a definite answer: a connection that the fault proxy
+/// or a restart closed fails the next request while it reconnects (at most 20
+/// tries, 50 ms apart).
+async fn settled<T, F, Fut>(what: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    for _ in 0..20 {
+        match op().await {
+            Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
+                println!("{what}: {e}; asking again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+    op().await
+}
+
+/// Matches every command that carries `name` among its arguments.
+fn carrying(name: Vec<u8>) -> CommandMatcher {
+    Arc::new(move |args: &[Vec<u8>]| args.contains(&name))
+}
+
+/// The Redis name of the release record of `token`'s lease of `key`.
+fn record_name(backend: &RedisBackend, key: &LockKey, token: LeaseToken) -> Vec<u8> {
+    [
+        backend.lock_name(key),
+        b":rel:".to_vec(),
+        token.to_hex().into_bytes(),
+    ]
+    .concat()
+}
+
+/// Instance A releases through a proxy that loses the reply after Redis applied
+/// the release; instance B then takes the key and releases it; A repeats its
+/// release (as the release schedule does) and must hear "released", not "lost".
+/// Before releases kept one record per key (and read-write and semaphore releases
+/// none), A's repeat reported the lease lost.
+async fn truthful_release_after_a_lost_reply(kind: Kind) {
+    let (server, _log, prefix) = shared_scene(&format!("truthful-release-{kind:?}"));
+    let proxy = FaultProxy::start(server).await;
+    let a = backend_at(&proxy.url(), &prefix).await;
+    let b = backend_at(&server.url(), &prefix).await;
+    let key = LockKey::from(KEY);
+    let (ta, tb) = (LeaseToken::random(), LeaseToken::random());
+    assert!(kind.backend_acquire(&a, &key, ta, TTL).await.unwrap());
+
+    // Only A's release carries A's record name from here on.
+    proxy.drop_replies(carrying(record_name(&a, &key, ta)), 1);
+    let first = kind.backend_release(&a, &key, ta).await;
+    assert!(
+        matches!(&first, Err(e) if e.is_transient()),
+        "{kind:?}: a release whose reply was lost is indeterminate: {first:?}"
+    );
+    assert_eq!(proxy.dropped(), 1, "the release's reply was lost once");
+
+    let rival = kind.rival();
+    assert!(
+        rival.backend_acquire(&b, &key, tb, TTL).await.unwrap(),
+        "{kind:?}: A's first attempt deleted its lease, so B gets the key"
+    );
+    assert!(rival.backend_release(&b, &key, tb).await.unwrap());
+
+    let repeated = settled("A's repeated release", || {
+        kind.backend_release(&a, &key, ta)
+    })
+    .await;
+    assert!(
+        repeated.unwrap(),
+        "{kind:?}: the repeated release must report the release its first attempt made"
+    );
+    let stranger = LeaseToken::random();
+    assert!(
+        !kind.backend_release(&a, &key, stranger).await.unwrap(),
+        "{kind:?}: a token that never held the key is not released"
+    );
+}
+for_every_kind!(truthful_release_after_a_lost_reply);
+
+/// Takes `key` as `kind` through `locker`, asking again while the backend
+/// reconnects after a restart.
+async fn take(kind: Kind, locker: &Locker, what: &str) -> Held {
+    let wait = Duration::from_secs(10);
+    within(
+        Duration::from_secs(20),
+        what,
+        settled(what, || kind.acquire(locker, KEY, wait)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Redis restarts empty (no persistence) while A holds the lock; B takes the same
+/// lock; A's release must say the lease was lost. Before, a read-write or
+/// semaphore release whose first attempt met the closed connection took "not
+/// held" on the repeat for its own doing, and said `Ok`.
+async fn release_after_a_restart_reports_the_loss(kind: Kind) {
+    let server = RedisServer::start();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix(&format!("restart-release-{kind:?}"));
+    let a = locker(&server.url(), &prefix).await;
+    let b = locker(&server.url(), &prefix).await;
+    let held = take(kind, &a, "A takes the key").await;
+
+    server.restart();
+    let other = take(kind.rival(), &b, "B takes the key after the restart").await;
+    let released = held.release().await;
+    assert!(
+        matches!(released, Err(Error::LeaseLost { .. })),
+        "{kind:?}: A's lease was lost in the restart and B holds the key now, yet A's \
+         release returned {released:?}"
+    );
+    other.release().await.expect("B's release");
+}
+for_every_kind!(release_after_a_restart_reports_the_loss);
+
+/// The server is out of memory (`maxmemory` below its use, `noeviction`): new
+/// locks are refused, but a release still deletes its lease, so the key is free
+/// at once once memory is back, not after the 30 s TTL. Before, the mutex's
+/// release wrote its tombstone before the delete, and Redis refused the whole
+/// script.
+async fn release_under_memory_pressure_frees_the_lock(kind: Kind) {
+    let server = RedisServer::start();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix(&format!("oom-release-{kind:?}"));
+    let a = locker(&server.url(), &prefix).await;
+    let b = locker(&server.url(), &prefix).await;
+    let held = take(kind, &a, "A takes the key").await;
+
+    let mut con = server.connection().await;
+    let config = |name: &'static str, value: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg(name).arg(value);
+        cmd
+    };
+    query::<()>(&mut con, &config("maxmemory-policy", "noeviction")).await;
+    query::<()>(&mut con, &config("maxmemory", "1")).await;
+    let refused = kind.rival().try_acquire(&b, "another-key").await;
+    let released = held.release().await;
+    query::<()>(&mut con, &config("maxmemory", "0")).await;
+
+    assert!(
+        refused.is_err(),
+        "the server is out of memory: a new lock must be refused, got {:?}",
+        refused.map(|h| h.is_some())
+    );
+    assert!(
+        released.is_ok(),
+        "{kind:?}: a release under memory pressure failed: {released:?}"
+    );
+    let again = kind.rival().try_acquire(&b, KEY).await.unwrap();
+    assert!(
+        again.is_some(),
+        "{kind:?}: the released lease is still in Redis"
+    );
+    again.unwrap().release().await.unwrap();
+}
+for_every_kind!(release_under_memory_pressure_frees_the_lock);
