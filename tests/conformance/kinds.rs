@@ -7,9 +7,51 @@ use std::time::Duration;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
 use lockflight::backend::{Acquire, LeaseToken, LockBackend};
+use lockflight::guard::Loss;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
-use lockflight::{LockGuard, LockKey, Locker, RedisBackend, Result};
+use lockflight::{FencingToken, LockGuard, LockKey, Locker, MemoryBackend, RedisBackend, Result};
+
+use crate::support::{backend_at, shared, unique_prefix};
+
+/// Where the lockers of a cell keep their locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// One `MemoryBackend`, shared by the instances of one process.
+    Memory,
+    /// One Redis server (the test binary's shared one, under a fresh prefix).
+    OneServer,
+}
+
+impl Topology {
+    /// `n` independent instances (each its own backend connection and instance id
+    /// where the topology has them) with leases of `ttl`, under a fresh prefix
+    /// named after `cell`; also returns the prefix.
+    pub(crate) async fn instances(
+        self,
+        cell: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> (Vec<Locker>, String) {
+        let prefix = unique_prefix(cell);
+        let memory = MemoryBackend::new();
+        let mut lockers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let builder = match self {
+                Topology::Memory => Locker::builder(memory.clone()),
+                Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
+            };
+            lockers.push(
+                builder
+                    .lease_ttl(ttl)
+                    .wait_timeout(Duration::from_secs(30))
+                    .build()
+                    .expect("build the locker"),
+            );
+        }
+        (lockers, prefix)
+    }
+}
 
 /// A lock kind. The semaphore has one permit, so that every kind is exclusive
 /// against another instance asking for the same kind (two read leases are not:
@@ -58,6 +100,18 @@ impl Kind {
                 .await?
                 .map(Held::Permit),
         })
+    }
+
+    /// Every kind.
+    pub(crate) const ALL: [Kind; 4] = [Kind::Mutex, Kind::Read, Kind::Write, Kind::Permit];
+
+    /// Whether the key is idle in `locker`'s memory for this kind (no local state).
+    pub(crate) fn idle_in(self, locker: &Locker) -> bool {
+        match self {
+            Kind::Mutex => locker.active_keys() == 0,
+            Kind::Read | Kind::Write => locker.active_rw_keys() == 0,
+            Kind::Permit => locker.active_semaphores() == 0,
+        }
     }
 
     /// The kind that excludes this one from another instance: a writer for a
@@ -111,6 +165,31 @@ impl Kind {
 }
 
 impl Held {
+    /// The fencing token of this section, for the kinds that have their own: the
+    /// mutex and the write lease.
+    pub(crate) fn fencing_token(&self) -> Option<FencingToken> {
+        match self {
+            Held::Lock(g) => Some(g.fencing_token()),
+            Held::Write(g) => Some(g.fencing_token()),
+            Held::Read(_) | Held::Permit(_) => None,
+        }
+    }
+
+    /// Resolves when the lease is lost.
+    pub(crate) fn lost(&self) -> Loss {
+        match self {
+            Held::Lock(g) => g.lost(),
+            Held::Read(g) => g.lost(),
+            Held::Write(g) => g.lost(),
+            Held::Permit(p) => p.lost(),
+        }
+    }
+
+    /// Whether this section shares the key with others of its kind (a read lease).
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self, Held::Read(_))
+    }
+
     /// Releases the lock, reporting what the backend said.
     pub(crate) async fn release(self) -> Result<()> {
         match self {

@@ -1,15 +1,19 @@
 //! The conformance matrix: each property of the lease protocol is written **once**,
-//! as a cell taking the lock [`Kind`], and instantiated for every kind (mutex, read
-//! lease, write lease, permit) by [`for_every_kind!`], against real `redis-server`
-//! processes. A kind that a backend does not offer is a typed
-//! [`Error::Unsupported`](lockflight::Error::Unsupported), never a silent
-//! difference.
+//! as a cell `async fn(Kind, Topology)`, and instantiated by [`matrix!`] for every
+//! lock kind (mutex, read lease, write lease, permit) on the topologies the cell
+//! names, against real `redis-server` processes. A kind that a backend does not
+//! offer is a typed [`Error::Unsupported`](lockflight::Error::Unsupported), never a
+//! silent difference.
 //!
-//! | cell | property |
-//! |---|---|
-//! | [`truthful_release_after_a_lost_reply`] | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key) |
-//! | [`release_after_a_restart_reports_the_loss`] | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
-//! | [`release_under_memory_pressure_frees_the_lock`] | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
+//! | cell | topologies | property |
+//! |---|---|---|
+//! | `exclusion::exclusive_sections_and_increasing_tokens` | memory, one server | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
+//! | `exclusion::a_deleted_lease_is_signalled_lost` | one server | the lease deleted behind the holder's back: its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `exclusion::cancelled_waiters_leave_nothing_locked` | memory, one server | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
+//! | `exclusion::bad_keys_are_clear_errors` | memory, one server | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
+//! | `release::truthful_release_after_a_lost_reply` | one server | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key) |
+//! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
+//! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
 //!
 //! Cells that restart the server or change its configuration start their own
 //! server; the others share one per test binary under their own prefix.
@@ -17,38 +21,44 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod exclusion;
 mod kinds;
 mod release;
 
-pub(crate) use kinds::{Held, Kind};
+pub(crate) use kinds::{Held, Kind, Topology};
 
-/// Instantiates `cell` (an `async fn(Kind)` of the current module) once per lock
-/// kind, as a module named after the cell with one test per kind.
-macro_rules! for_every_kind {
-    ($cell:ident) => {
+/// Instantiates `cell` (an `async fn(Kind, Topology)` of the current module) for
+/// every lock kind on each listed topology: a module named after the cell, a
+/// module per topology (`name => Variant`), a test per kind.
+macro_rules! matrix {
+    ($cell:ident: $($topo:ident => $variant:ident),+ $(,)?) => {
         mod $cell {
-            use $crate::Kind;
+            $(
+                mod $topo {
+                    use $crate::{Kind, Topology};
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn mutex() {
-                super::$cell(Kind::Mutex).await
-            }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn mutex() {
+                        super::super::$cell(Kind::Mutex, Topology::$variant).await
+                    }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn read() {
-                super::$cell(Kind::Read).await
-            }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn read() {
+                        super::super::$cell(Kind::Read, Topology::$variant).await
+                    }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn write() {
-                super::$cell(Kind::Write).await
-            }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn write() {
+                        super::super::$cell(Kind::Write, Topology::$variant).await
+                    }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn permit() {
-                super::$cell(Kind::Permit).await
-            }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn permit() {
+                        super::super::$cell(Kind::Permit, Topology::$variant).await
+                    }
+                }
+            )+
         }
     };
 }
-pub(crate) use for_every_kind;
+pub(crate) use matrix;

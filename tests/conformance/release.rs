@@ -10,7 +10,7 @@ use lockflight::{Error, LockKey, Locker, RedisBackend, Result};
 
 use crate::support::fault_proxy::{CommandMatcher, FaultProxy};
 use crate::support::{RedisServer, backend_at, query, shared_scene, unique_prefix, within};
-use crate::{Held, Kind, for_every_kind};
+use crate::{Held, Kind, Topology, matrix};
 
 /// The lease TTL of these cells: long, so that nothing here expires by itself.
 const TTL: Duration = Duration::from_secs(30);
@@ -67,7 +67,12 @@ fn record_name(backend: &RedisBackend, key: &LockKey, token: LeaseToken) -> Vec<
 /// release (as the release schedule does) and must hear "released", not "lost".
 /// Before releases kept one record per key (and read-write and semaphore releases
 /// none), A's repeat reported the lease lost.
-async fn truthful_release_after_a_lost_reply(kind: Kind) {
+async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
+    assert_eq!(
+        topology,
+        Topology::OneServer,
+        "a cell of one server's faults"
+    );
     let (server, _log, prefix) = shared_scene(&format!("truthful-release-{kind:?}"));
     let proxy = FaultProxy::start(server).await;
     let a = backend_at(&proxy.url(), &prefix).await;
@@ -106,7 +111,7 @@ async fn truthful_release_after_a_lost_reply(kind: Kind) {
         "{kind:?}: a token that never held the key is not released"
     );
 }
-for_every_kind!(truthful_release_after_a_lost_reply);
+matrix!(truthful_release_after_a_lost_reply: one_server => OneServer);
 
 /// Takes `key` as `kind` through `locker`, asking again while the backend
 /// reconnects after a restart.
@@ -125,7 +130,12 @@ async fn take(kind: Kind, locker: &Locker, what: &str) -> Held {
 /// lock; A's release must say the lease was lost. Before, a read-write or
 /// semaphore release whose first attempt met the closed connection took "not
 /// held" on the repeat for its own doing, and said `Ok`.
-async fn release_after_a_restart_reports_the_loss(kind: Kind) {
+async fn release_after_a_restart_reports_the_loss(kind: Kind, topology: Topology) {
+    assert_eq!(
+        topology,
+        Topology::OneServer,
+        "a cell of one server's faults"
+    );
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let prefix = unique_prefix(&format!("restart-release-{kind:?}"));
@@ -143,14 +153,19 @@ async fn release_after_a_restart_reports_the_loss(kind: Kind) {
     );
     other.release().await.expect("B's release");
 }
-for_every_kind!(release_after_a_restart_reports_the_loss);
+matrix!(release_after_a_restart_reports_the_loss: one_server => OneServer);
 
 /// The server is out of memory (`maxmemory` below its use, `noeviction`): new
 /// locks are refused, but a release still deletes its lease, so the key is free
 /// at once once memory is back, not after the 30 s TTL. Before, the mutex's
 /// release wrote its tombstone before the delete, and Redis refused the whole
 /// script.
-async fn release_under_memory_pressure_frees_the_lock(kind: Kind) {
+async fn release_under_memory_pressure_frees_the_lock(kind: Kind, topology: Topology) {
+    assert_eq!(
+        topology,
+        Topology::OneServer,
+        "a cell of one server's faults"
+    );
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let prefix = unique_prefix(&format!("oom-release-{kind:?}"));
@@ -186,4 +201,4 @@ async fn release_under_memory_pressure_frees_the_lock(kind: Kind) {
     );
     again.unwrap().release().await.unwrap();
 }
-for_every_kind!(release_under_memory_pressure_frees_the_lock);
+matrix!(release_under_memory_pressure_frees_the_lock: one_server => OneServer);

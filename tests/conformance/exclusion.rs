@@ -1,0 +1,241 @@
+//! Exclusion, fencing, loss and cancellation: the promises every holder relies on,
+//! for every kind.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockflight::{Error, FencingToken, LockKey, Locker};
+use tokio::task::JoinSet;
+
+use crate::support::{assert_strictly_increasing, join_all, shared, wait_until, within};
+use crate::{Held, Kind, Topology, matrix};
+
+/// How long a cell waits for its lockers' local state to go.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// Waits until none of `lockers` keeps local state for any kind.
+async fn assert_idle(lockers: &[Locker], what: &str) {
+    let idle = wait_until(IDLE, || {
+        let idle = lockers
+            .iter()
+            .all(|l| Kind::ALL.iter().all(|k| k.idle_in(l)));
+        async move { idle }
+    })
+    .await;
+    assert!(idle, "{what}: local lock state left behind");
+}
+
+/// Who is inside the key's critical sections right now, and what was seen.
+#[derive(Default)]
+struct Inside {
+    shared: AtomicUsize,
+    exclusive: AtomicUsize,
+    overlaps: AtomicUsize,
+    tokens: Mutex<Vec<FencingToken>>,
+}
+
+impl Inside {
+    /// Enters a section held as `held`; records overlaps that its kind forbids.
+    fn enter(&self, held: &Held) {
+        if held.is_shared() {
+            self.shared.fetch_add(1, Ordering::SeqCst);
+            if self.exclusive.load(Ordering::SeqCst) > 0 {
+                self.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+        } else {
+            let before = self.exclusive.fetch_add(1, Ordering::SeqCst);
+            if before > 0 || self.shared.load(Ordering::SeqCst) > 0 {
+                self.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            // Exclusive: sections enter in the order they hold the key.
+            if let Some(token) = held.fencing_token() {
+                self.tokens.lock().unwrap().push(token);
+            }
+        }
+    }
+
+    fn leave(&self, held: &Held) {
+        let counter = if held.is_shared() {
+            &self.shared
+        } else {
+            &self.exclusive
+        };
+        counter.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Three instances × four tasks, eight sections each. For the read kind, the
+/// tasks alternate between reads and writes (readers may share; nobody may overlap
+/// a writer). No section may overlap another that its kind excludes, and the
+/// tokens of fenced sections (mutex, write) strictly increase in section order.
+async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 8;
+    let (lockers, _prefix) = topology
+        .instances(&format!("exclusion-{kind:?}"), 3, Duration::from_secs(5))
+        .await;
+    let inside = Arc::new(Inside::default());
+    let mut tasks = JoinSet::new();
+    for locker in &lockers {
+        for task in 0..TASKS {
+            let (locker, inside) = (locker.clone(), Arc::clone(&inside));
+            tasks.spawn(async move {
+                for round in 0..ROUNDS {
+                    let this = if (task + round) % 2 == 0 {
+                        kind
+                    } else {
+                        kind.rival()
+                    };
+                    let held = this
+                        .acquire(&locker, "k", Duration::from_secs(30))
+                        .await
+                        .unwrap_or_else(|e| panic!("{this:?} round {round}: {e}"));
+                    inside.enter(&held);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.leave(&held);
+                    held.release().await.expect("release");
+                }
+            });
+        }
+    }
+    within(Duration::from_secs(60), "the sections", join_all(tasks)).await;
+
+    assert_eq!(
+        inside.overlaps.load(Ordering::SeqCst),
+        0,
+        "{kind:?} on {topology:?}: sections overlapped that the kind excludes"
+    );
+    let tokens = inside.tokens.lock().unwrap().clone();
+    if matches!(kind, Kind::Mutex | Kind::Write | Kind::Read) {
+        let sections = lockers.len() * TASKS * ROUNDS;
+        let fenced = if kind == Kind::Read {
+            sections / 2
+        } else {
+            sections
+        };
+        assert_eq!(
+            tokens.len(),
+            fenced,
+            "every fenced section recorded a token"
+        );
+        assert_strictly_increasing(&tokens, &format!("{kind:?} on {topology:?}"));
+    } else {
+        assert!(
+            tokens.is_empty(),
+            "{kind:?} sections carry no fencing token"
+        );
+    }
+    assert_idle(&lockers, "after the sections").await;
+}
+matrix!(exclusive_sections_and_increasing_tokens: memory => Memory, one_server => OneServer);
+
+/// A holder's lease is deleted in Redis behind its back (what an operator's `DEL`,
+/// an eviction or a failover to a replica that never saw it does): the renewal
+/// finds it gone, the loss is signalled within one validity window, and the
+/// release says `LeaseLost`.
+async fn a_deleted_lease_is_signalled_lost(kind: Kind, topology: Topology) {
+    assert_eq!(topology, Topology::OneServer, "deletes Redis state");
+    let ttl = Duration::from_secs(1);
+    let (lockers, prefix) = topology
+        .instances(&format!("deleted-{kind:?}"), 1, ttl)
+        .await;
+    let held = kind
+        .acquire(&lockers[0], "k", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let lost = held.lost();
+    let lock = format!("{prefix}:{{k}}");
+    let mut con = shared().connection().await;
+    let names = [
+        lock.clone(),
+        format!("{lock}:rd"),
+        format!("{lock}:wr"),
+        format!("{lock}:sem"),
+    ];
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(&names)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "{kind:?}: exactly the lease's own name held it");
+    within(
+        ttl * 2,
+        "the loss of the deleted lease to be signalled",
+        lost,
+    )
+    .await;
+    let released = held.release().await;
+    assert!(
+        matches!(released, Err(Error::LeaseLost { .. })),
+        "{kind:?}: the release of a deleted lease returned {released:?}"
+    );
+    assert_idle(&lockers, "after the loss").await;
+}
+matrix!(a_deleted_lease_is_signalled_lost: one_server => OneServer);
+
+/// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
+/// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets
+/// the key at once, not after a lease TTL (30 s), and A keeps no state for it.
+async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) {
+    let (lockers, _prefix) = topology
+        .instances(&format!("cancel-{kind:?}"), 3, Duration::from_secs(30))
+        .await;
+    let (a, b, c) = (&lockers[0], &lockers[1], &lockers[2]);
+    let rival = kind.rival();
+    let holder = rival
+        .acquire(b, "k", Duration::from_secs(5))
+        .await
+        .expect("B takes the key");
+    for after in [0, 1, 5, 20] {
+        let a = a.clone();
+        let waiting =
+            tokio::spawn(async move { kind.acquire(&a, "k", Duration::from_secs(20)).await });
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        waiting.abort();
+        match waiting.await {
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => panic!("{kind:?}: the waiting acquire panicked: {e}"),
+            Ok(Ok(_)) => panic!("{kind:?}: A got the key while B held it"),
+            Ok(Err(e)) => panic!("{kind:?}: A's acquire failed instead of waiting: {e}"),
+        }
+    }
+    holder.release().await.expect("B's release");
+    let next = within(
+        Duration::from_secs(5),
+        "C to take the key after B's release (a cancelled waiter must not hold it)",
+        rival.acquire(c, "k", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{kind:?}: C could not take the key: {e}"));
+    next.release().await.unwrap();
+    assert_idle(&lockers, "after the cancellations").await;
+}
+matrix!(cancelled_waiters_leave_nothing_locked: memory => Memory, one_server => OneServer);
+
+/// An empty key and a key one byte over `LockKey::MAX_LEN` are refused with
+/// `Error::InvalidKey` naming the key, by the waiting and the trying calls alike,
+/// before anything is sent.
+async fn bad_keys_are_clear_errors(kind: Kind, topology: Topology) {
+    let (lockers, _prefix) = topology
+        .instances(&format!("bad-key-{kind:?}"), 1, Duration::from_secs(5))
+        .await;
+    let locker = &lockers[0];
+    let long = "k".repeat(LockKey::MAX_LEN + 1);
+    for key in ["", long.as_str()] {
+        let waited = kind.acquire(locker, key, Duration::from_secs(1)).await;
+        let tried = kind.try_acquire(locker, key).await;
+        for (call, result) in [("acquire", waited.err()), ("try", tried.err())] {
+            match result {
+                Some(e @ Error::InvalidKey { .. }) => {
+                    assert_eq!(e.key(), Some(&LockKey::from(key)), "{kind:?} {call}");
+                    assert_eq!(e.code(), "invalid_key");
+                }
+                other => panic!("{kind:?} {call} with a {}-byte key: {other:?}", key.len()),
+            }
+        }
+    }
+    assert_eq!(locker.stats().acquire_attempts, 0, "nothing was sent");
+    assert_idle(&lockers, "after the refusals").await;
+}
+matrix!(bad_keys_are_clear_errors: memory => Memory, one_server => OneServer);
