@@ -70,6 +70,9 @@ impl Inside {
 /// a writer). No section may overlap another that its kind excludes, and the
 /// tokens of fenced sections (mutex, write) strictly increase in section order.
 async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology) {
+    if topology.refuses(kind).await {
+        return;
+    }
     const TASKS: usize = 4;
     const ROUNDS: usize = 8;
     let (lockers, _prefix) = topology
@@ -128,7 +131,13 @@ async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology
     }
     assert_idle(&lockers, "after the sections").await;
 }
-matrix!(exclusive_sections_and_increasing_tokens: memory => Memory, one_server => OneServer);
+matrix!(exclusive_sections_and_increasing_tokens:
+    memory => Memory,
+    one_server => OneServer,
+    cluster => Cluster,
+    sentinel => Sentinel,
+    redlock => Redlock,
+);
 
 /// A holder's lease is deleted in Redis behind its back (what an operator's `DEL`,
 /// an eviction or a failover to a replica that never saw it does): the renewal
@@ -178,6 +187,9 @@ matrix!(a_deleted_lease_is_signalled_lost: one_server => OneServer);
 /// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets
 /// the key at once, not after a lease TTL (30 s), and A keeps no state for it.
 async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) {
+    if topology.refuses(kind).await {
+        return;
+    }
     let (lockers, _prefix) = topology
         .instances(&format!("cancel-{kind:?}"), 3, Duration::from_secs(30))
         .await;
@@ -211,12 +223,21 @@ async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) 
     next.release().await.unwrap();
     assert_idle(&lockers, "after the cancellations").await;
 }
-matrix!(cancelled_waiters_leave_nothing_locked: memory => Memory, one_server => OneServer);
+matrix!(cancelled_waiters_leave_nothing_locked:
+    memory => Memory,
+    one_server => OneServer,
+    cluster => Cluster,
+    sentinel => Sentinel,
+    redlock => Redlock,
+);
 
 /// An empty key and a key one byte over `LockKey::MAX_LEN` are refused with
 /// `Error::InvalidKey` naming the key, by the waiting and the trying calls alike,
 /// before anything is sent.
 async fn bad_keys_are_clear_errors(kind: Kind, topology: Topology) {
+    if topology.refuses(kind).await {
+        return;
+    }
     let (lockers, _prefix) = topology
         .instances(&format!("bad-key-{kind:?}"), 1, Duration::from_secs(5))
         .await;
@@ -238,4 +259,10 @@ async fn bad_keys_are_clear_errors(kind: Kind, topology: Topology) {
     assert_eq!(locker.stats().acquire_attempts, 0, "nothing was sent");
     assert_idle(&lockers, "after the refusals").await;
 }
-matrix!(bad_keys_are_clear_errors: memory => Memory, one_server => OneServer);
+matrix!(bad_keys_are_clear_errors:
+    memory => Memory,
+    one_server => OneServer,
+    cluster => Cluster,
+    sentinel => Sentinel,
+    redlock => Redlock,
+);

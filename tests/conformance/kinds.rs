@@ -2,25 +2,54 @@
 //! through a [`Locker`] (what users call) or through the backend trait (what the
 //! lease protocol sends).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{Acquire, LeaseToken, LockBackend};
+use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend};
 use lockflight::guard::Loss;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
-use lockflight::{FencingToken, LockGuard, LockKey, Locker, MemoryBackend, RedisBackend, Result};
+use lockflight::{
+    Error, FencingToken, LockGuard, LockKey, Locker, MemoryBackend, RedisBackend, Result,
+};
+use tokio::sync::OnceCell;
 
-use crate::support::{backend_at, shared, unique_prefix};
+use crate::support::cluster::Cluster;
+use crate::support::sentinel::{MASTER, Sentinels};
+use crate::support::{RedisServer, backend_at, shared, subscribed, unique_prefix};
 
-/// Where the lockers of a cell keep their locks.
+/// Where the lockers of a cell keep their locks. The Redis topologies are started
+/// once per test binary, on first use, and shared by the cells (each under its own
+/// prefix; no cell disturbs them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Topology {
     /// One `MemoryBackend`, shared by the instances of one process.
     Memory,
     /// One Redis server (the test binary's shared one, under a fresh prefix).
     OneServer,
+    /// A 3-primary Redis Cluster with a replica each.
+    Cluster,
+    /// A primary with two replicas behind three sentinels.
+    Sentinel,
+    /// Redlock over three independent primaries.
+    Redlock,
+}
+
+fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(Cluster::start)
+}
+
+async fn sentinels() -> &'static Sentinels {
+    static SENTINELS: OnceCell<Sentinels> = OnceCell::const_new();
+    SENTINELS.get_or_init(Sentinels::start).await
+}
+
+fn redlock_nodes() -> &'static [RedisServer; 3] {
+    static NODES: OnceLock<[RedisServer; 3]> = OnceLock::new();
+    NODES.get_or_init(|| std::array::from_fn(|_| RedisServer::start()))
 }
 
 impl Topology {
@@ -40,6 +69,31 @@ impl Topology {
             let builder = match self {
                 Topology::Memory => Locker::builder(memory.clone()),
                 Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
+                Topology::Cluster => {
+                    let backend = RedisBackend::cluster(cluster().urls())
+                        .prefix(&prefix)
+                        .connect()
+                        .await
+                        .expect("connect to the cluster");
+                    Locker::builder(subscribed(backend).await)
+                }
+                Topology::Sentinel => {
+                    let backend = RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER)
+                        .prefix(&prefix)
+                        .connect()
+                        .await
+                        .expect("connect through the sentinels");
+                    Locker::builder(subscribed(backend).await)
+                }
+                Topology::Redlock => {
+                    let urls: Vec<String> = redlock_nodes().iter().map(RedisServer::url).collect();
+                    let backend = RedlockBackend::builder(urls)
+                        .prefix(&prefix)
+                        .connect()
+                        .await
+                        .expect("connect to the Redlock nodes");
+                    Locker::builder(backend)
+                }
             };
             lockers.push(
                 builder
@@ -50,6 +104,38 @@ impl Topology {
             );
         }
         (lockers, prefix)
+    }
+
+    /// Whether this topology offers `kind`: Redlock has only the mutex.
+    pub(crate) fn offers(self, kind: Kind) -> bool {
+        self != Topology::Redlock || kind == Kind::Mutex
+    }
+
+    /// For a kind this topology does not offer: checks that asking for it is the
+    /// typed `Error::Unsupported` naming the key (never a silent difference), and
+    /// returns `true`; the cell then has nothing more to check.
+    pub(crate) async fn refuses(self, kind: Kind) -> bool {
+        if self.offers(kind) {
+            return false;
+        }
+        let (lockers, _) = self
+            .instances("unsupported", 1, Duration::from_secs(5))
+            .await;
+        for result in [
+            kind.acquire(&lockers[0], "k", Duration::from_secs(1))
+                .await
+                .err(),
+            kind.try_acquire(&lockers[0], "k").await.err(),
+        ] {
+            match result {
+                Some(e @ Error::Unsupported { .. }) => {
+                    assert_eq!(e.key(), Some(&LockKey::from("k")));
+                    assert_eq!(e.code(), "lock_unsupported");
+                }
+                other => panic!("{kind:?} on {self:?}: expected Unsupported, got {other:?}"),
+            }
+        }
+        true
     }
 }
 

@@ -7,16 +7,22 @@
 //!
 //! | cell | topologies | property |
 //! |---|---|---|
-//! | `exclusion::exclusive_sections_and_increasing_tokens` | memory, one server | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
+//! | `exclusion::exclusive_sections_and_increasing_tokens` | all | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
 //! | `exclusion::a_deleted_lease_is_signalled_lost` | one server | the lease deleted behind the holder's back: its loss is signalled within one validity window and its release says `LeaseLost` |
-//! | `exclusion::cancelled_waiters_leave_nothing_locked` | memory, one server | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
-//! | `exclusion::bad_keys_are_clear_errors` | memory, one server | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
+//! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
+//! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
 //! | `release::truthful_release_after_a_lost_reply` | one server | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key) |
 //! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
 //!
+//! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
+//! Cluster, a primary behind Sentinel, Redlock over three primaries ("all" above).
+//! On Redlock, which offers only the mutex, a cell's other kinds check that they
+//! are refused with `Error::Unsupported` ([`Topology::refuses`]).
+//!
 //! Cells that restart the server or change its configuration start their own
-//! server; the others share one per test binary under their own prefix.
+//! server; the others share one of each topology per test binary, each cell under
+//! its own prefix.
 
 #[path = "../support/mod.rs"]
 mod support;
