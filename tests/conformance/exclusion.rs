@@ -8,14 +8,14 @@ use std::time::Duration;
 use lockflight::{Error, FencingToken, LockKey, Locker};
 use tokio::task::JoinSet;
 
-use crate::support::{assert_strictly_increasing, join_all, shared, wait_until, within};
+use crate::support::{assert_strictly_increasing, join_all, wait_until, within};
 use crate::{Held, Kind, Topology, matrix};
 
 /// How long a cell waits for its lockers' local state to go.
 const IDLE: Duration = Duration::from_secs(10);
 
 /// Waits until none of `lockers` keeps local state for any kind.
-async fn assert_idle(lockers: &[Locker], what: &str) {
+pub(crate) async fn assert_idle(lockers: &[Locker], what: &str) {
     let idle = wait_until(IDLE, || {
         let idle = lockers
             .iter()
@@ -139,49 +139,6 @@ matrix!(exclusive_sections_and_increasing_tokens:
     redlock => Redlock,
 );
 
-/// A holder's lease is deleted in Redis behind its back (what an operator's `DEL`,
-/// an eviction or a failover to a replica that never saw it does): the renewal
-/// finds it gone, the loss is signalled within one validity window, and the
-/// release says `LeaseLost`.
-async fn a_deleted_lease_is_signalled_lost(kind: Kind, topology: Topology) {
-    assert_eq!(topology, Topology::OneServer, "deletes Redis state");
-    let ttl = Duration::from_secs(1);
-    let (lockers, prefix) = topology
-        .instances(&format!("deleted-{kind:?}"), 1, ttl)
-        .await;
-    let held = kind
-        .acquire(&lockers[0], "k", Duration::from_secs(5))
-        .await
-        .unwrap();
-    let lost = held.lost();
-    let lock = format!("{prefix}:{{k}}");
-    let mut con = shared().connection().await;
-    let names = [
-        lock.clone(),
-        format!("{lock}:rd"),
-        format!("{lock}:wr"),
-        format!("{lock}:sem"),
-    ];
-    let deleted: u64 = redis::cmd("DEL")
-        .arg(&names)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1, "{kind:?}: exactly the lease's own name held it");
-    within(
-        ttl * 2,
-        "the loss of the deleted lease to be signalled",
-        lost,
-    )
-    .await;
-    let released = held.release().await;
-    assert!(
-        matches!(released, Err(Error::LeaseLost { .. })),
-        "{kind:?}: the release of a deleted lease returned {released:?}"
-    );
-    assert_idle(&lockers, "after the loss").await;
-}
-matrix!(a_deleted_lease_is_signalled_lost: one_server => OneServer);
 
 /// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
 /// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets

@@ -8,7 +8,8 @@
 //! | cell | topologies | property |
 //! |---|---|---|
 //! | `exclusion::exclusive_sections_and_increasing_tokens` | all | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
-//! | `exclusion::a_deleted_lease_is_signalled_lost` | one server | the lease deleted behind the holder's back: its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `loss::a_deleted_lease_is_signalled_lost` | one server | the lease deleted behind the holder's back: its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `loss::a_renewal_refused_readonly_is_a_loss` | one server | the node holding the lease is demoted to a replica with the same data: the next renewal is refused `READONLY`, which is a loss at once (not at the end of the validity) |
 //! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
 //! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
 //! | `release::truthful_release_after_a_lost_reply` | one server | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key) |
@@ -29,6 +30,7 @@ mod support;
 
 mod exclusion;
 mod kinds;
+mod loss;
 mod release;
 
 pub(crate) use kinds::{Held, Kind, Topology};
