@@ -14,9 +14,15 @@
 //!   replica stopped, two acquires wait for it side by side (not one after the
 //!   other) while a release and a busy `try_lock` of the same backend answer at
 //!   once.
+//! * `sentinel::acknowledged_writes_follow_a_failover` (feature `sentinel`, a
+//!   Sentinel topology of its own): after `SENTINEL FAILOVER`, acknowledged writes
+//!   run on the new primary.
 
 #[path = "../support/mod.rs"]
 mod support;
+
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 use std::time::{Duration, Instant};
 
