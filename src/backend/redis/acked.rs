@@ -14,7 +14,8 @@
 //! [`MAX_CONNECTIONS`] at once (more acknowledged writes wait for one), put back
 //! after a clean exchange, dropped on any error (its state is unknown) and when
 //! the primary changed (sentinel mode tags each connection with the primary's
-//! generation).
+//! generation). A script that finds its idle connection closed by the server runs
+//! once more on a new one.
 
 use std::ops::Deref;
 use std::sync::{LazyLock, Mutex, PoisonError};
@@ -139,15 +140,21 @@ impl Pool {
             .acquire()
             .await
             .expect("the pool's slots stay open");
-        let mut conn = match self.take(generation) {
-            Some(conn) => conn,
-            None => {
-                client
-                    .get_multiplexed_async_connection_with_config(&self.config)
-                    .await?
-            }
+        let connect = || client.get_multiplexed_async_connection_with_config(&self.config);
+        let (mut conn, reused) = match self.take(generation) {
+            Some(conn) => (conn, true),
+            None => (connect().await?, false),
         };
-        let reply: Value = call.invoke_async(&mut conn).await?;
+        let reply: Value = match call.invoke_async(&mut conn).await {
+            // An idle connection the server closed meanwhile (a restart, its idle
+            // `timeout`, `CLIENT KILL`): once more on a new one. The scripts are
+            // idempotent for their token, so a repeat is safe.
+            Err(e) if reused && (e.is_connection_dropped() || e.is_io_error()) => {
+                conn = connect().await?;
+                call.invoke_async(&mut conn).await?
+            }
+            other => other?,
+        };
         let acks = if wrote(&reply) {
             let acks: i64 = redis::cmd("WAIT")
                 .arg(self.replicas)
