@@ -14,6 +14,9 @@
 //!   replica stopped, two acquires wait for it side by side (not one after the
 //!   other) while a release and a busy `try_lock` of the same backend answer at
 //!   once.
+//! * `a_pooled_connection_the_server_closed_is_replaced`: after `CLIENT KILL`, a
+//!   single permit attempt (which the semaphore does not retry) is still granted
+//!   and acknowledged.
 //! * `sentinel::acknowledged_writes_follow_a_failover` (feature `sentinel`, a
 //!   Sentinel topology of its own): after `SENTINEL FAILOVER`, acknowledged writes
 //!   run on the new primary.
@@ -232,6 +235,39 @@ per_kind! {
     read_lease_is_acknowledged_or_lost_and_refused => Kind::Read;
     write_lease_is_acknowledged_or_lost_and_refused => Kind::Write;
     permit_is_acknowledged_or_lost_and_refused => Kind::Permit;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_server_closed_is_replaced() {
+    let (_serial, t) = exclusive().await;
+    let prefix = unique_prefix("ack-killed");
+    let backend = acked_backend(t, &prefix, Duration::from_millis(500)).await;
+    let locker = Kind::Permit.locker(backend);
+    let semaphore = locker.semaphore("s", 1);
+    // An acknowledged grant leaves its connection idle in the pool.
+    let permit = semaphore
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free permit");
+    permit.release().await.unwrap();
+    // The server closes every normal client connection (not the replica's link).
+    let killed: i64 = t
+        .primary
+        .cmd(&["CLIENT", "KILL", "TYPE", "normal"])
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "no connection was killed");
+    // A single attempt, which the semaphore does not retry, still gets its permit.
+    let permit = within(
+        Duration::from_secs(5),
+        "try_acquire after CLIENT KILL",
+        semaphore.try_acquire(),
+    )
+    .await
+    .expect("an acknowledged grant on a pooled connection the server closed")
+    .expect("a free permit");
+    drop(permit);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
