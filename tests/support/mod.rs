@@ -72,6 +72,7 @@
 pub(crate) mod cluster;
 pub(crate) mod fault_proxy;
 pub(crate) mod nemesis;
+pub(crate) mod replication;
 pub(crate) mod sentinel;
 
 mod acl;

@@ -113,24 +113,43 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Replica acknowledgement: after an acquire or a renewal writes the lock, wait
-    /// (`WAIT replicas timeout`, on the same connection, in the same pipeline) until
-    /// at least `replicas` replicas have the write. An acquire that fewer replicas
-    /// acknowledged is not granted: it fails with [`Error::Refused`] with code
-    /// `NOREPLICAS`, and the locker releases the lock it wrote. A renewal that fewer
-    /// replicas acknowledged counts as failed: it is retried until the lease's
-    /// validity ends, then the lease is lost.
+    /// Replica acknowledgement: after a script grants or renews a lease, wait
+    /// (`WAIT replicas timeout`) until at least `replicas` replicas have the write.
     ///
-    /// What it guarantees: a granted lease (and each renewal that counted) was on
-    /// at least `replicas` replicas when it was granted. What it does not: Redis
+    /// **What is acknowledged:** every grant and every renewal of every kind of
+    /// lease: a lock (plain and [fair](crate::LockerBuilder::fair)), a read lease, a
+    /// write lease, and a semaphore's permits (a request granted at least one
+    /// permit). A reply that wrote no lease (busy, not the owner any more) is not
+    /// waited for; releases, queue entries and wake-ups are never acknowledged.
+    ///
+    /// **What a refusal looks like:** a grant that fewer replicas acknowledged is
+    /// not granted: the acquire fails with [`Error::Refused`] with code
+    /// `NOREPLICAS`, and the locker releases what it wrote in the background. A
+    /// renewal that fewer replicas acknowledged counts as failed (the same
+    /// `NOREPLICAS` refusal): it is retried until the lease's validity ends, then
+    /// the lease is lost. So with the replicas gone, held leases are lost within
+    /// one validity window and new ones are refused.
+    ///
+    /// **What it guarantees:** a granted lease (and each renewal that counted) was
+    /// on at least `replicas` replicas when it was granted. What it does not: Redis
     /// replication stays asynchronous, and a failover may still promote a replica
     /// that missed the write (Sentinel does not promote the most up-to-date replica
     /// by the writes *you* care about, and the replica may lose the write on restart
     /// without persistence); it narrows the failover window, it does not close it.
-    /// It costs one more reply per acquire and renewal, as long as the slowest of
-    /// the `replicas` fastest replicas takes.
     ///
-    /// For one server and for sentinel mode; a cluster backend refuses it (its
+    /// **What it costs:** `WAIT` counts the writes of the connection it is sent on,
+    /// so the script and its `WAIT` run on one connection, but not the backend's
+    /// shared one: each acknowledged write borrows a connection of its own from a
+    /// small pool (created on demand, at most 16 in use at once, dropped on error;
+    /// in sentinel mode, connections to a former primary are dropped). Waiting for
+    /// replicas therefore delays only the lease that asked for it, never the
+    /// process's other lock commands; beyond 16 acknowledged writes in flight, the
+    /// next one waits for a connection. Each grant and renewal takes one more round
+    /// trip, as long as the slowest of the `replicas` fastest replicas takes (at
+    /// most `timeout`).
+    ///
+    /// **Where:** for one server and for sentinel mode. A cluster backend refuses
+    /// it: [`connect`](Self::connect) fails with [`Error::InvalidConfig`] (its
     /// `WAIT` would not follow the key's slot).
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_ack = Some((replicas, timeout));
@@ -233,7 +252,9 @@ impl RedisBackendBuilder {
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
-            replica_ack: self.replica_ack,
+            acks: self
+                .replica_ack
+                .map(|(replicas, timeout)| acked::Pool::new(replicas, timeout, timeouts)),
             release_record_ttl_ms: millis(crate::backend::schedule::release_record_ttl(
                 self.response_timeout * 2 + self.connection_timeout,
             )),

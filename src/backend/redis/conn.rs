@@ -10,6 +10,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, Script, Value};
 
+use super::acked::{Acked, LeaseScript, Pool};
+
 /// How a backend reaches Redis.
 #[derive(Clone, Debug)]
 pub(super) enum Topology {
@@ -76,10 +78,13 @@ pub(super) enum Conn {
 }
 
 impl Conn {
-    /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`).
+    /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`). A `renewal` is not
+    /// run again on a new primary after a `READONLY` (see `sentinel`): for every
+    /// kind, that refusal reaches the lease as a loss.
     pub(super) async fn invoke(
         &self,
         script: &Script,
+        renewal: bool,
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
@@ -95,53 +100,29 @@ impl Conn {
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => call.invoke_async(&mut c.conn.clone()).await,
             #[cfg(feature = "sentinel")]
-            Conn::Sentinel(s) => {
-                s.invoke(&call, script.get_hash() == super::EXTEND.get_hash())
-                    .await
-            }
+            Conn::Sentinel(s) => s.invoke(&call, renewal).await,
         }
     }
 
-    /// Runs `script`, then `WAIT replicas timeout`, in one pipeline on one
-    /// connection (so the `WAIT` counts this connection's write); returns the
-    /// script's reply and the number of replicas that acknowledged.
+    /// Runs a lease script on a connection of `pool`'s to the (current) primary,
+    /// followed there by `WAIT` if it wrote the lease (see `acked`); returns the
+    /// script's reply and, if it waited, how many replicas acknowledged.
     pub(super) async fn invoke_acked(
         &self,
-        script: &Script,
+        pool: &Pool,
+        lease: &LeaseScript,
         keys: &[&[u8]],
         args: &[&[u8]],
-        replicas: u32,
-        timeout: Duration,
-    ) -> Result<(Value, i64), RedisError> {
-        let mut call = script.prepare_invoke();
+    ) -> Result<Acked, RedisError> {
+        let mut call = lease.prepare_invoke();
         for k in keys {
             call.key(*k);
         }
         for a in args {
             call.arg(*a);
         }
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(&call)
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout.as_millis().max(1) as u64);
-        let run = |mut conn: ConnectionManager| {
-            let (pipe, call) = (&pipe, &call);
-            async move {
-                match pipe.query_async::<(Value, i64)>(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        call.load_async(&mut conn).await?;
-                        pipe.query_async::<(Value, i64)>(&mut conn).await
-                    }
-                    other => other,
-                }
-            }
-        };
         match self {
-            Conn::Single(single) => run(single.conn.clone()).await,
+            Conn::Single(single) => pool.run(&single.client, 0, &call, lease.wrote).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => Err(RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,
@@ -149,8 +130,11 @@ impl Conn {
             ))),
             #[cfg(feature = "sentinel")]
             Conn::Sentinel(s) => {
-                let renewal = script.get_hash() == super::EXTEND.get_hash();
-                s.with_primary(renewal, run).await
+                let call = &call;
+                s.with_primary(lease.renewal, |client, generation| async move {
+                    pool.run(&client, generation, call, lease.wrote).await
+                })
+                .await
             }
         }
     }

@@ -92,15 +92,20 @@ impl Inner {
             if queue { b"1" } else { b"0" },
         ];
         let reply = match fair {
-            None => self.invoke(&ACQUIRE, &keys, &args).await,
+            None => self.invoke_lease(&ACQUIRE, &keys, &args).await,
             Some(age) => {
-                let claim_ttl_ms = self.claim_ttl_ms.to_string();
-                let fair = [
+                // The fair arguments: the age (µs), the claim TTL, the channel
+                // prefix and the raw key (as `invoke_fair` passes them).
+                let (age_us, claim_ttl_ms) = (age_micros(age), self.claim_ttl_ms.to_string());
+                let mut all = Vec::with_capacity(args.len() + 4);
+                all.extend_from_slice(&args);
+                all.extend([
+                    age_us.as_bytes(),
                     claim_ttl_ms.as_bytes(),
                     self.channel_prefix.as_bytes(),
                     key.as_bytes(),
-                ];
-                self.invoke_fair(&ACQUIRE, &keys, &args, age, &fair).await
+                ]);
+                self.invoke_lease(&ACQUIRE, &keys, &all).await
             }
         }
         .map_err(|e| map_err(key, Phase::Acquiring, e))?;
@@ -127,34 +132,43 @@ impl Inner {
         self.invoke(script, keys, &all).await
     }
 
+    /// Runs a script that neither grants nor renews a lease, on the shared
+    /// connection (never acknowledged).
     pub(super) async fn invoke(
         &self,
         script: &Script,
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
-        let Some((replicas, timeout)) = self.replica_ack else {
-            return self.conn.invoke(script, keys, args).await;
+        self.conn.invoke(script, false, keys, args).await
+    }
+
+    /// Runs a script that grants or renews a lease. With `replica_ack`, a reply
+    /// that says it wrote the lease is followed by `WAIT` on a connection of its
+    /// own (see `acked`), and fewer acknowledgements than required make it a
+    /// `NOREPLICAS` refusal (`Error::Refused` once mapped): an acquire fails (its
+    /// caller releases the token), a renewal is retried until the lease's validity
+    /// ends.
+    pub(super) async fn invoke_lease(
+        &self,
+        lease: &LeaseScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let Some(pool) = &self.acks else {
+            return self.conn.invoke(lease, lease.renewal, keys, args).await;
         };
-        if !std::ptr::eq(script, &*ACQUIRE) && !std::ptr::eq(script, &*EXTEND) {
-            return self.conn.invoke(script, keys, args).await;
-        }
-        let (reply, acks) = self
-            .conn
-            .invoke_acked(script, keys, args, replicas, timeout)
-            .await?;
-        // `{ 1, … }`: the acquire or the renewal wrote the lock.
-        let wrote =
-            matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(1))));
-        if wrote && acks < i64::from(replicas) {
-            return Err(redis::make_extension_error(
+        let (reply, acks) = self.conn.invoke_acked(pool, lease, keys, args).await?;
+        let (replicas, timeout) = pool.settings();
+        match acks {
+            Some(acks) if acks < i64::from(replicas) => Err(redis::make_extension_error(
                 "NOREPLICAS".to_owned(),
                 Some(format!(
                     "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
                 )),
-            ));
+            )),
+            _ => Ok(reply),
         }
-        Ok(reply)
     }
 
     /// Starts the notification task on the current runtime unless it is running:
@@ -194,7 +208,7 @@ impl Inner {
         let probe = LockKey::from(PROBE_KEY);
         let n = Names::new(&self.prefix, &probe);
         let reply = self
-            .invoke(
+            .invoke_lease(
                 &EXTEND,
                 &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
@@ -310,4 +324,11 @@ impl Inner {
         }
         Ok(left)
     }
+}
+
+/// `age` in whole microseconds, as the fair scripts take it.
+fn age_micros(age: Duration) -> String {
+    u64::try_from(age.as_micros())
+        .unwrap_or(u64::MAX)
+        .to_string()
 }

@@ -65,6 +65,7 @@ use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
+mod acked;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
@@ -74,6 +75,7 @@ mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
+use acked::LeaseScript;
 use conn::{Conn, Timeouts, Topology};
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
@@ -82,9 +84,15 @@ fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/acquire.lua")));
+static ACQUIRE: LeaseScript = LeaseScript::grant(
+    || script(include_str!("lua/acquire.lua")),
+    acked::first_is_one,
+);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
+static EXTEND: LeaseScript = LeaseScript::renewal(
+    || script(include_str!("lua/extend.lua")),
+    acked::first_is_one,
+);
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
 
 mod builder;
@@ -130,7 +138,10 @@ use replies::*;
 /// `SCRIPT LOAD`, `PUBLISH`, `SUBSCRIBE` and both patterns; a user that lacks one of
 /// the scripts' commands fails with [`Error::NoPermission`](crate::Error::NoPermission) at its first lock
 /// operation instead. (The `CLIENT SETINFO` that the `redis` crate sends on each new
-/// connection may be refused: its result is ignored.)
+/// connection may be refused: its result is ignored.) With
+/// [`replica_ack`](RedisBackendBuilder::replica_ack) the user also needs `+wait`;
+/// without it, the first lease granted fails with
+/// [`Error::NoPermission`](crate::Error::NoPermission).
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -147,8 +158,9 @@ struct Inner {
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
-    replica_ack: Option<(u32, Duration)>,
-    /// How long a release record lives: see `lease::release::record_ttl`.
+    /// The connections of acknowledged writes, with `replica_ack`.
+    acks: Option<acked::Pool>,
+    /// How long a release record lives: see `backend::schedule::release_record_ttl`.
     release_record_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
@@ -399,7 +411,7 @@ impl LockBackend for RedisBackend {
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
         let reply = inner
-            .invoke(
+            .invoke_lease(
                 &EXTEND,
                 &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[

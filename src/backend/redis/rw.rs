@@ -27,16 +27,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
+use super::acked::{LeaseScript, first_is_one};
 use super::{Names, RedisBackend, decode_acquire, map_err, millis, script, warn_refused_publish};
 use crate::backend::rw::RwBackend;
 use crate::backend::{Acquire, Extend, LeaseToken, Released};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
-static READ: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_read.lua")));
-static WRITE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_write.lua")));
+static READ: LeaseScript =
+    LeaseScript::grant(|| script(include_str!("lua/rw_read.lua")), first_is_one);
+static WRITE: LeaseScript =
+    LeaseScript::grant(|| script(include_str!("lua/rw_write.lua")), first_is_one);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_extend.lua")));
+static EXTEND: LeaseScript =
+    LeaseScript::renewal(|| script(include_str!("lua/rw_extend.lua")), first_is_one);
 
 /// The Redis names of one key's read-write lock.
 struct RwNames {
@@ -84,7 +88,7 @@ impl Kind {
 impl RedisBackend {
     async fn rw_acquire(
         &self,
-        script: &Script,
+        script: &LeaseScript,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
@@ -96,8 +100,7 @@ impl RedisBackend {
         }
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
-            .conn
-            .invoke(
+            .invoke_lease(
                 script,
                 &[&n.readers, &n.writer, &n.writers, &n.fence, &n.waiting],
                 &[
@@ -129,7 +132,6 @@ impl RedisBackend {
         let token = token.to_hex();
         let record = Names::new(&inner.prefix, key).release_record(&token);
         let reply = inner
-            .conn
             .invoke(
                 &RELEASE,
                 &[&n.readers, &n.writer, &n.writers, &n.waiting, &record],
@@ -160,8 +162,7 @@ impl RedisBackend {
         let inner = &self.inner;
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
-            .conn
-            .invoke(
+            .invoke_lease(
                 &EXTEND,
                 &[&n.readers, &n.writer, &n.writers, &n.fence],
                 &[

@@ -34,6 +34,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
+use super::acked::{LeaseScript, first_is_one, first_is_positive};
 use super::{
     Inner, Names, PRELUDE, RedisBackend, map_err, millis, unexpected, warn_refused_publish,
 };
@@ -48,14 +49,18 @@ fn sem_script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{COMMON}\n{body}"))
 }
 
-static SEM_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| sem_script(include_str!("lua/sem_acquire.lua")));
+static SEM_ACQUIRE: LeaseScript = LeaseScript::grant(
+    || sem_script(include_str!("lua/sem_acquire.lua")),
+    first_is_positive,
+);
 static SEM_RELEASE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_release.lua")));
 static SEM_LEAVE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_leave.lua")));
-static SEM_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| sem_script(include_str!("lua/sem_extend.lua")));
+static SEM_EXTEND: LeaseScript = LeaseScript::renewal(
+    || sem_script(include_str!("lua/sem_extend.lua")),
+    first_is_one,
+);
 
 /// The shortest retry delay of a waiting instance (a reply of 0 ms would spin).
 const MIN_RETRY: Duration = Duration::from_millis(5);
@@ -132,6 +137,21 @@ fn refused(rest: &[Value]) -> Option<String> {
 }
 
 impl Inner {
+    /// Runs a semaphore script that grants or renews permits (acknowledged with
+    /// `replica_ack`, see `Inner::invoke_lease`).
+    async fn sem_invoke_lease(
+        &self,
+        lease: &LeaseScript,
+        key: &LockKey,
+        phase: Phase,
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let n = SemNames::new(&self.prefix, key);
+        self.invoke_lease(lease, &n.keys(), args)
+            .await
+            .map_err(|e| map_err(key, phase, e))
+    }
+
     async fn sem_invoke(
         &self,
         script: &Script,
@@ -175,7 +195,7 @@ impl SemaphoreBackend for RedisBackend {
             .chain(hex.iter().map(|h| h.as_bytes()))
             .collect();
         let reply = inner
-            .sem_invoke(&SEM_ACQUIRE, key, Phase::Acquiring, &args)
+            .sem_invoke_lease(&SEM_ACQUIRE, key, Phase::Acquiring, &args)
             .await?;
         decode_acquire(key, permits, &reply, inner.entry_refresh)
     }
@@ -243,7 +263,7 @@ impl SemaphoreBackend for RedisBackend {
     ) -> Result<Extend> {
         let reply = self
             .inner
-            .sem_invoke(
+            .sem_invoke_lease(
                 &SEM_EXTEND,
                 key,
                 Phase::Renewing,

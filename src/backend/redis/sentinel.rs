@@ -19,6 +19,10 @@
 //! Acquire, release and leave are idempotent (same token), so repeating them is
 //! safe.
 //!
+//! With `replica_ack`, grants and renewals run on connections of their own to the
+//! current primary (see `acked`), which follow it the same way: they are made for
+//! one generation of the primary and dropped once it has been replaced.
+//!
 //! Fencing epochs are minted by the primary as `max(last + 1, server TIME in µs)`:
 //! they stay increasing across a failover provided the old and new primaries'
 //! clocks agree to better than the failover time.
@@ -284,19 +288,22 @@ impl SentinelConn {
         }
     }
 
-    /// Runs `f` on the primary's connection, re-resolving and running it once more
-    /// as [`invoke`](Self::invoke) does.
+    /// Runs `f` with a client for the primary and the primary's generation (how
+    /// many times it has been replaced), re-resolving and running it once more as
+    /// [`invoke`](Self::invoke) does. For the acknowledged writes, which run on
+    /// connections of their own (see `acked`).
     pub(super) async fn with_primary<T, F, Fut>(&self, renewal: bool, f: F) -> Result<T, RedisError>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(redis::Client, u64) -> Fut,
         Fut: std::future::Future<Output = Result<T, RedisError>>,
     {
         let cur = self.current();
-        match f(cur.conn.clone()).await {
+        match f(cur.client.clone(), cur.generation).await {
             Err(e) if moved(&e) => {
                 let renewal = renewal && is_readonly(&e);
                 if self.re_resolve(cur.generation, false).await && !renewal {
-                    f(self.current().conn.clone()).await
+                    let now = self.current();
+                    f(now.client.clone(), now.generation).await
                 } else {
                     Err(e)
                 }
