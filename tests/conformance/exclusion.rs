@@ -139,7 +139,6 @@ matrix!(exclusive_sections_and_increasing_tokens:
     redlock => Redlock,
 );
 
-
 /// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
 /// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets
 /// the key at once, not after a lease TTL (30 s), and A keeps no state for it.

@@ -86,21 +86,13 @@ async fn a_renewal_refused_readonly_is_a_loss(kind: Kind, topology: Topology) {
         cmd
     };
     query::<()>(&mut cy, &replicaof(Some(x.port()))).await;
-    assert!(
-        synced(&y).await,
-        "Y did not finish its sync from X in time"
-    );
+    assert!(synced(&y).await, "Y did not finish its sync from X in time");
     query::<()>(&mut cy, &replicaof(None)).await;
     let demoted = std::time::Instant::now();
     query::<()>(&mut cx, &replicaof(Some(y.port()))).await;
     assert!(synced(&x).await, "X did not finish its sync from Y in time");
 
-    within(
-        ttl / 2,
-        "the loss after a renewal refused READONLY",
-        lost,
-    )
-    .await;
+    within(ttl / 2, "the loss after a renewal refused READONLY", lost).await;
     println!("{kind:?}: lost {:?} after the demotion", demoted.elapsed());
     let reason = match &held {
         crate::Held::Lock(g) => g.loss_signal().reason(),
@@ -116,7 +108,10 @@ async fn a_renewal_refused_readonly_is_a_loss(kind: Kind, topology: Topology) {
     // The release goes to a replica: refused, or the lease reported lost; never Ok.
     let released = held.release().await;
     assert!(
-        matches!(released, Err(Error::Refused { .. } | Error::LeaseLost { .. })),
+        matches!(
+            released,
+            Err(Error::Refused { .. } | Error::LeaseLost { .. })
+        ),
         "{kind:?}: a release on a demoted node returned {released:?}"
     );
     drop(locker);

@@ -126,6 +126,16 @@ async fn take(kind: Kind, locker: &Locker, what: &str) -> Held {
     .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
+/// Instances A and B on `server` under a prefix of their own, and A holding [`KEY`]
+/// as `kind`.
+async fn a_holds(server: &RedisServer, cell: &str, kind: Kind) -> (Locker, Locker, Held) {
+    let prefix = unique_prefix(&format!("{cell}-{kind:?}"));
+    let a = locker(&server.url(), &prefix).await;
+    let b = locker(&server.url(), &prefix).await;
+    let held = take(kind, &a, "A takes the key").await;
+    (a, b, held)
+}
+
 /// Redis restarts empty (no persistence) while A holds the lock; B takes the same
 /// lock; A's release must say the lease was lost. Before, a read-write or
 /// semaphore release whose first attempt met the closed connection took "not
@@ -138,10 +148,7 @@ async fn release_after_a_restart_reports_the_loss(kind: Kind, topology: Topology
     );
     let server = RedisServer::start();
     let _log = server.log_on_panic();
-    let prefix = unique_prefix(&format!("restart-release-{kind:?}"));
-    let a = locker(&server.url(), &prefix).await;
-    let b = locker(&server.url(), &prefix).await;
-    let held = take(kind, &a, "A takes the key").await;
+    let (_a, b, held) = a_holds(&server, "restart-release", kind).await;
 
     server.restart();
     let other = take(kind.rival(), &b, "B takes the key after the restart").await;
@@ -168,10 +175,7 @@ async fn release_under_memory_pressure_frees_the_lock(kind: Kind, topology: Topo
     );
     let server = RedisServer::start();
     let _log = server.log_on_panic();
-    let prefix = unique_prefix(&format!("oom-release-{kind:?}"));
-    let a = locker(&server.url(), &prefix).await;
-    let b = locker(&server.url(), &prefix).await;
-    let held = take(kind, &a, "A takes the key").await;
+    let (_a, b, held) = a_holds(&server, "oom-release", kind).await;
 
     let mut con = server.connection().await;
     let config = |name: &'static str, value: &'static str| {

@@ -129,15 +129,25 @@ local function wake(head, claim, claim_ttl, channel, raw_key)
   return nil
 end
 
--- Records that this lease's release deleted it, for `ttl_ms` ms (see release.lua): a
--- retried release whose first attempt's reply was lost finds the record and reports
--- the release, not a loss. Call it after the delete, never before (memory pressure).
-local function record_release(record, token, ttl_ms)
-  redis.call('SET', record, token, 'PX', tonumber(ttl_ms))
+-- The release record of a lease (see release.lua). A retried release whose first
+-- attempt's reply was lost finds the record and reports the release, not a loss.
+--
+-- Reads: whether an earlier attempt of this release deleted the lease; asked only
+-- when the lease is not `held` now.
+local function released_before(held, record)
+  if held then
+    return false
+  end
+  return read('release record', 'GET', record) ~= false
 end
 
--- Whether this lease's release record exists: an earlier attempt of the same release
--- deleted the lease.
-local function was_released(record)
-  return read('release record', 'GET', record) ~= false
+-- Writes, after the delete, never before (memory pressure): records the release of a
+-- `held` lease for `ttl_ms` ms. Returns 1 when this release or an earlier attempt of
+-- it deleted the lease, else 0.
+local function settle_release(held, previous, record, token, ttl_ms)
+  if held then
+    redis.call('SET', record, token, 'PX', tonumber(ttl_ms))
+    return 1
+  end
+  return previous and 1 or 0
 end

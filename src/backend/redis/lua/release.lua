@@ -35,10 +35,7 @@ local requeue = ARGV[7] ~= nil
 -- Reads.
 local current = read('lock', 'GET', lock)
 local ours = current == token
-local previous = false
-if not ours then
-  previous = was_released(record)
-end
+local previous = released_before(ours, record)
 local q = read_queue(queue, expiry, me, true, requeue, requeue)
 local mine_at
 if requeue then
@@ -53,14 +50,11 @@ if not ours or q.head ~= nil then
 end
 
 -- Writes: the delete first (see above), then the record.
-local released = 0
 if ours then
   redis.call('DEL', lock)
-  record_release(record, token, ARGV[6])
-  released, current = 1, false
-elseif previous then
-  released = 1
+  current = false
 end
+local released = settle_release(ours, previous, record, token, ARGV[6])
 purge(queue, expiry, q)
 if requeue then
   enqueue(queue, expiry, me, mine_at, tonumber(ARGV[8]))

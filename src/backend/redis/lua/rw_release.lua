@@ -27,13 +27,10 @@ read('waiting instances', 'ZCARD', waiting)
 local t = now()
 local ms = string.format('%.0f', t.ms)
 local held = (kind == 'w' and holder == token) or (kind ~= 'w' and lease and tonumber(lease) > t.ms)
-local previous = false
-if not held then
-  previous = was_released(record)
-end
+local previous = released_before(held, record)
 
 -- Writes: the deletes first, then the record.
-local released, changed = 0, false
+local changed = false
 if kind == 'w' then
   if holder == token then
     redis.call('DEL', writer)
@@ -47,12 +44,7 @@ elseif lease then
   redis.call('ZREM', readers, token)
   changed = true
 end
-if held then
-  record_release(record, token, ARGV[5])
-  released = 1
-elseif previous then
-  released = 1
-end
+local released = settle_release(held, previous, record, token, ARGV[5])
 local writers_left = redis.call('ZCOUNT', writers, '(' .. ms, '+inf')
 local refused
 if changed and holder == false then

@@ -26,26 +26,18 @@ if p.size > 0 then
 end
 local q = read_queue(queue, expiry, '', false, false, false)
 local held = score and tonumber(score) > now().ms
-local previous = false
-if not held then
-  previous = was_released(record)
-end
+local previous = released_before(held, record)
 
 -- Writes: the removals first, then the record.
 purge_permits(permits, p)
-local released, live = 0, p.live
+local live = p.live
 if score then
   if held then
     live = live - 1
   end
   redis.call('ZREM', permits, token)
 end
-if held then
-  record_release(record, token, ARGV[4])
-  released = 1
-elseif previous then
-  released = 1
-end
+local released = settle_release(held, previous, record, token, ARGV[4])
 purge(queue, expiry, q)
 local free
 if tonumber(stored) then
