@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry};
 use lockflight::{LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
@@ -28,7 +28,7 @@ impl LockBackend for RacingRelease {
         _queue: bool,
     ) -> lockflight::Result<Acquire> {
         if self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.wakeups.wake(key.as_bytes());
+            self.wakeups.wake(LockKind::Mutex, key.as_bytes());
             return Ok(Acquire::Busy {
                 retry_in: Duration::from_secs(60),
             });
@@ -174,7 +174,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
         b.acquire(&key, b_token, ttl, true).await.unwrap(),
         Acquire::Acquired { .. }
     ));
-    let _a_waits = a.wakeups().watch(&key);
+    let _a_waits = a.wakeups().watch(LockKind::Mutex, &key);
     assert!(matches!(
         a.acquire(&key, LeaseToken::random(), ttl, true)
             .await
@@ -253,7 +253,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
     assert!(
         support::wait_until(Duration::from_secs(10), || async {
             naive.stats().acquire_attempts == TASKS
-                && a.wakeups().watchers(key.as_bytes()) == TASKS as usize
+                && a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS as usize
         })
         .await,
         "{:?}",
@@ -307,7 +307,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     }
     assert!(
         support::wait_until(Duration::from_secs(10), || async {
-            a.wakeups().watchers(key.as_bytes()) == TASKS
+            a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS
         })
         .await
     );

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
+use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -161,9 +161,12 @@ impl MemoryBackend {
         }
     }
 
-    /// Other waiters on `key`: its watchers (a caller watches only while it waits).
+    /// Other waiters on the mutex `key`: its watchers (a caller watches only while
+    /// it waits; waiters of the key's read-write lock or semaphore wait for other
+    /// locks).
     fn waiting(&self, key: &LockKey) -> u32 {
-        u32::try_from(self.inner.wakeups.watchers(key.as_bytes())).unwrap_or(u32::MAX)
+        u32::try_from(self.inner.wakeups.watchers(LockKind::Mutex, key.as_bytes()))
+            .unwrap_or(u32::MAX)
     }
 }
 
@@ -253,7 +256,7 @@ impl LockBackend for MemoryBackend {
                 // it; an expiry wakes the waiters once.
                 self.inner.locks.remove_if(key, |_, h| h.expires <= now);
                 if expired {
-                    self.inner.wakeups.wake(key.as_bytes());
+                    self.inner.wakeups.wake(LockKind::Mutex, key.as_bytes());
                 }
             }
             if queue {
@@ -313,7 +316,7 @@ impl LockBackend for MemoryBackend {
             released || held.expires <= now
         });
         if removed.is_some() {
-            self.inner.wakeups.wake(key.as_bytes());
+            self.inner.wakeups.wake(LockKind::Mutex, key.as_bytes());
         }
         Ok(Released {
             released,

@@ -11,11 +11,13 @@
 //! * **leave** ([`LockBackend::leave`]): a waiter that gives up leaves the queue.
 //!
 //! Wake-ups arrive through a [`WakeRegistry`] that the backend fills (for Redis, from
-//! the instance's single pub/sub channel). A caller that was told to wait starts
-//! watching the key only then — an acquire that succeeds at once costs no
-//! registration — and compares the key's wake-up generation from before its request
-//! with the one after registering, so a wake-up that raced with the reply is never
-//! lost (it only causes an immediate retry).
+//! the instance's single pub/sub channel). They are registered per [`LockKind`] and
+//! key: the mutex, the read-write lock and the semaphore of one key string are
+//! independent locks, so a waiter of one is never taken for a waiter of another. A
+//! caller that was told to wait starts watching the key only then — an acquire that
+//! succeeds at once costs no registration — and compares the key's wake-up
+//! generation from before its request with the one after registering, so a wake-up
+//! that raced with the reply is never lost (it only causes an immediate retry).
 //!
 //! Every operation can be repeated with the same token: repeating an acquire whose
 //! reply was lost either finds the lock already ours (and mints a new epoch) or
@@ -78,6 +80,41 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// Which lock of a key string a wake-up is for.
+///
+/// The mutex, the read-write lock and the semaphore of one key string are three
+/// independent locks (with different backend names): a release of one frees nothing
+/// of the others. A [`WakeRegistry`] therefore registers waiters and delivers
+/// wake-ups per kind and key, and a backend says, with every wake-up, which lock it
+/// is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// The exclusive lock: [`LockBackend`], [`Locker::lock`](crate::Locker::lock).
+    Mutex,
+    /// The read-write lock, its readers and writers alike:
+    /// [`RwBackend`](rw::RwBackend), [`Locker::read`](crate::Locker::read) and
+    /// [`Locker::write`](crate::Locker::write).
+    ReadWrite,
+    /// The semaphore: [`SemaphoreBackend`](semaphore::SemaphoreBackend),
+    /// [`Locker::semaphore`](crate::Locker::semaphore).
+    Semaphore,
+}
+
+impl LockKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [LockKind; 3] = [LockKind::Mutex, LockKind::ReadWrite, LockKind::Semaphore];
+
+    /// The kind's position in [`ALL`](Self::ALL).
+    fn index(self) -> usize {
+        match self {
+            LockKind::Mutex => 0,
+            LockKind::ReadWrite => 1,
+            LockKind::Semaphore => 2,
+        }
+    }
+}
+
 /// The answer to [`LockBackend::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquire {
@@ -136,8 +173,9 @@ pub enum Extend {
 ///    backend whose replies can be lost reports a repeated release of a token it
 ///    has just released as `released: true`.
 /// 5. After a release, a waiting instance is woken through its
-///    [`wakeups`](LockBackend::wakeups) registry: [`WakeRegistry::wake`] for the key.
-///    A spurious wake-up is harmless.
+///    [`wakeups`](LockBackend::wakeups) registry: [`WakeRegistry::wake`] for
+///    [`LockKind::Mutex`] and the key (the read-write locks and semaphores wake their
+///    own kinds). A spurious wake-up is harmless.
 ///
 /// # Cancel safety
 ///
@@ -221,7 +259,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn leave(&self, key: &LockKey) -> Result<()>;
 
     /// The registry through which this backend delivers wake-ups for the keys this
-    /// instance waits for.
+    /// instance waits for, of every [`LockKind`] the backend has.
     fn wakeups(&self) -> &WakeRegistry;
 
     /// Whether epochs are fencing tokens (strictly increasing per key). `false` for
@@ -302,33 +340,86 @@ type Watchers = DashMap<LockKey, watch::Sender<u64>>;
 /// handles exist.
 type OneWatchers = DashMap<LockKey, (Arc<Notify>, usize)>;
 
-/// Number of wake-up generation counters; keys share them by hash.
+/// Number of wake-up generation counters per kind; keys share them by hash.
 const STRIPES: usize = 64;
 
-/// Per-key wake-up fan-in for one backend instance.
+/// The watchers and wake-up generations of one [`LockKind`].
+struct Table {
+    watchers: Watchers,
+    ones: OneWatchers,
+    generations: [AtomicU64; STRIPES],
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            watchers: DashMap::new(),
+            ones: DashMap::new(),
+            generations: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Table {
+    fn stripe(&self, key: &[u8]) -> &AtomicU64 {
+        &self.generations[crate::routing::key_hash(key) as usize % STRIPES]
+    }
+
+    fn is_watched(&self, key: &[u8]) -> bool {
+        self.watchers.contains_key(key) || self.ones.contains_key(key)
+    }
+}
+
+/// One [`Table`] per [`LockKind`], at [`LockKind::index`].
+type Tables = [Table; LockKind::ALL.len()];
+
+/// Per-kind, per-key wake-up fan-in for one backend instance.
 ///
-/// A backend calls [`wake`](WakeRegistry::wake) when it learns that a key may be
+/// A backend calls [`wake`](WakeRegistry::wake) when it learns that a lock may be
 /// free (a pub/sub message, an in-process release); callers wait on a [`Wakeup`].
-/// A handle from [`watch`](WakeRegistry::watch) sees every wake-up of its key; of
+/// Registrations are per [`LockKind`] and key: the mutex, the read-write lock and
+/// the semaphore of one key string are independent locks, and a wake-up of one
+/// never reaches, nor counts as a waiter of, another.
+///
+/// A handle from [`watch`](WakeRegistry::watch) sees every wake-up of its lock; of
 /// the handles from [`watch_one`](WakeRegistry::watch_one), one wake-up reaches one
 /// (the longest waiting), so that tasks which each compete at the backend on their
 /// own do not all ask again at every release. Entries exist only while someone
-/// watches, so the registry stays as small as the set of keys being waited for.
-/// Every wake-up also bumps a generation counter shared by the keys of one stripe,
-/// so a caller that starts watching late can tell whether it may have missed one.
+/// watches, so the registry stays as small as the set of locks being waited for.
+/// Every wake-up also bumps a generation counter shared by the keys of one stripe
+/// (per kind), so a caller that starts watching late can tell whether it may have
+/// missed one.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use lockflight::LockKey;
+/// use lockflight::backend::{LockKind, WakeRegistry};
+///
+/// let registry = WakeRegistry::new();
+/// let key = LockKey::from("sku:555");
+/// let before = registry.generation(LockKind::Mutex, key.as_bytes());
+/// let mut mutex = registry.watch(LockKind::Mutex, &key);
+/// let _semaphore = registry.watch(LockKind::Semaphore, &key);
+///
+/// // A semaphore wake-up of the same key string is not the mutex's.
+/// assert!(registry.wake(LockKind::Semaphore, key.as_bytes()));
+/// assert_eq!(registry.generation(LockKind::Mutex, key.as_bytes()), before);
+/// assert_eq!(registry.watchers(LockKind::Mutex, key.as_bytes()), 1);
+///
+/// assert!(registry.wake(LockKind::Mutex, key.as_bytes()));
+/// mutex.woken().await; // kept for the handle until it asks
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct WakeRegistry {
-    watchers: Arc<Watchers>,
-    ones: Arc<OneWatchers>,
-    generations: Arc<[AtomicU64; STRIPES]>,
+    tables: Arc<Tables>,
 }
 
 impl Default for WakeRegistry {
     fn default() -> Self {
         WakeRegistry {
-            watchers: Arc::default(),
-            ones: Arc::default(),
-            generations: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            tables: Arc::new(std::array::from_fn(|_| Table::default())),
         }
     }
 }
@@ -336,7 +427,7 @@ impl Default for WakeRegistry {
 impl fmt::Debug for WakeRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WakeRegistry")
-            .field("watched_keys", &self.len())
+            .field("watched", &self.len())
             .finish()
     }
 }
@@ -347,41 +438,44 @@ impl WakeRegistry {
         Self::default()
     }
 
-    fn stripe(&self, key: &[u8]) -> &AtomicU64 {
-        &self.generations[crate::routing::key_hash(key) as usize % STRIPES]
+    fn table(&self, kind: LockKind) -> &Table {
+        &self.tables[kind.index()]
     }
 
-    /// The wake-up generation of `key`: it changes whenever `key` (or another key
-    /// of its stripe) is woken. Read it before asking the backend; if it changed by
+    /// The wake-up generation of the `kind` lock of `key`: it changes whenever that
+    /// lock (or another key's lock of the same kind and stripe) is woken, never by a
+    /// wake-up of another kind. Read it before asking the backend; if it changed by
     /// the time you watch, a wake-up may have been missed: ask again at once.
-    pub fn generation(&self, key: &[u8]) -> u64 {
-        self.stripe(key).load(Ordering::Acquire)
+    pub fn generation(&self, kind: LockKind, key: &[u8]) -> u64 {
+        self.table(kind).stripe(key).load(Ordering::Acquire)
     }
 
-    /// Starts watching `key`; every wake-up from now on is seen by the returned
-    /// handle.
-    pub fn watch(&self, key: &LockKey) -> Wakeup {
+    /// Starts watching the `kind` lock of `key`; every wake-up of it from now on is
+    /// seen by the returned handle.
+    pub fn watch(&self, kind: LockKind, key: &LockKey) -> Wakeup {
         let rx = self
+            .table(kind)
             .watchers
             .entry(key.clone())
             .or_insert_with(|| watch::channel(0).0)
             .subscribe();
         Wakeup {
             rx: Some(Rx::All(rx)),
+            kind,
             key: key.clone(),
-            watchers: Arc::clone(&self.watchers),
-            ones: Arc::clone(&self.ones),
+            tables: Arc::clone(&self.tables),
         }
     }
 
-    /// Starts watching `key` one at a time: a wake-up reaches one of the handles
-    /// from `watch_one` (the one waiting longest; kept for the next `woken` call if
-    /// none is waiting). A handle that is dropped passes one wake-up on to the
-    /// others, so whoever leaves the wait (it got the lock, gave up or was
-    /// cancelled) lets the next one ask.
-    pub fn watch_one(&self, key: &LockKey) -> Wakeup {
+    /// Starts watching the `kind` lock of `key` one at a time: a wake-up reaches one
+    /// of the handles from `watch_one` for it (the one waiting longest; kept for the
+    /// next `woken` call if none is waiting). A handle that is dropped passes one
+    /// wake-up on to the others, so whoever leaves the wait (it got the lock, gave
+    /// up or was cancelled) lets the next one ask.
+    pub fn watch_one(&self, kind: LockKind, key: &LockKey) -> Wakeup {
         let notify = {
             let mut entry = self
+                .table(kind)
                 .ones
                 .entry(key.clone())
                 .or_insert_with(|| (Arc::new(Notify::new()), 0));
@@ -390,68 +484,81 @@ impl WakeRegistry {
         };
         Wakeup {
             rx: Some(Rx::One(notify)),
+            kind,
             key: key.clone(),
-            watchers: Arc::clone(&self.watchers),
-            ones: Arc::clone(&self.ones),
+            tables: Arc::clone(&self.tables),
         }
     }
 
-    /// Wakes every [`watch`](Self::watch) handle of `key` and one
-    /// [`watch_one`](Self::watch_one) handle. Returns `false` if nobody watches it.
-    pub fn wake(&self, key: &[u8]) -> bool {
-        self.stripe(key).fetch_add(1, Ordering::AcqRel);
+    /// Wakes every [`watch`](Self::watch) handle of the `kind` lock of `key` and
+    /// one [`watch_one`](Self::watch_one) handle; the other kinds' handles of the
+    /// same key bytes are left alone. Returns `false` if nobody watches that lock.
+    pub fn wake(&self, kind: LockKind, key: &[u8]) -> bool {
+        let table = self.table(kind);
+        table.stripe(key).fetch_add(1, Ordering::AcqRel);
         let mut watched = false;
-        if let Some(tx) = self.watchers.get(key) {
+        if let Some(tx) = table.watchers.get(key) {
             tx.send_modify(|n| *n = n.wrapping_add(1));
             watched = true;
         }
-        if let Some(one) = self.ones.get(key) {
+        if let Some(one) = table.ones.get(key) {
             one.0.notify_one();
             watched = true;
         }
         watched
     }
 
-    /// Wakes every watcher of every key, one-at-a-time handles included (after a
+    /// Wakes every watcher of every lock, one-at-a-time handles included (after a
     /// lost notification connection, when messages may have been missed).
     pub fn wake_all(&self) {
-        for g in self.generations.iter() {
-            g.fetch_add(1, Ordering::AcqRel);
-        }
-        for tx in self.watchers.iter() {
-            tx.send_modify(|n| *n = n.wrapping_add(1));
-        }
-        for one in self.ones.iter() {
-            one.0.notify_waiters();
-            // And one kept for a handle that is not waiting right now.
-            one.0.notify_one();
+        for table in self.tables.iter() {
+            for g in table.generations.iter() {
+                g.fetch_add(1, Ordering::AcqRel);
+            }
+            for tx in table.watchers.iter() {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            for one in table.ones.iter() {
+                one.0.notify_waiters();
+                // And one kept for a handle that is not waiting right now.
+                one.0.notify_one();
+            }
         }
     }
 
-    /// Number of handles currently watching `key`.
-    pub fn watchers(&self, key: &[u8]) -> usize {
-        self.watchers.get(key).map_or(0, |tx| tx.receiver_count())
-            + self.ones.get(key).map_or(0, |one| one.1)
+    /// Number of handles currently watching the `kind` lock of `key`.
+    pub fn watchers(&self, kind: LockKind, key: &[u8]) -> usize {
+        let table = self.table(kind);
+        table.watchers.get(key).map_or(0, |tx| tx.receiver_count())
+            + table.ones.get(key).map_or(0, |one| one.1)
     }
 
-    /// Whether anyone watches `key`.
-    pub fn is_watched(&self, key: &[u8]) -> bool {
-        self.watchers.contains_key(key) || self.ones.contains_key(key)
+    /// Whether anyone watches the `kind` lock of `key` (a watcher of another kind
+    /// of the same key bytes does not count).
+    pub fn is_watched(&self, kind: LockKind, key: &[u8]) -> bool {
+        self.table(kind).is_watched(key)
     }
 
-    /// Number of keys currently watched.
+    /// Number of locks (kind and key) currently watched.
     pub fn len(&self) -> usize {
-        self.watchers.len()
-            + self
-                .ones
-                .iter()
-                .filter(|one| !self.watchers.contains_key(one.key()))
-                .count()
+        self.tables
+            .iter()
+            .map(|table| {
+                table.watchers.len()
+                    + table
+                        .ones
+                        .iter()
+                        .filter(|one| !table.watchers.contains_key(one.key()))
+                        .count()
+            })
+            .sum()
     }
 
-    /// Whether no key is watched.
+    /// Whether no lock is watched.
     pub fn is_empty(&self) -> bool {
-        self.watchers.is_empty() && self.ones.is_empty()
+        self.tables
+            .iter()
+            .all(|table| table.watchers.is_empty() && table.ones.is_empty())
     }
 }
 
@@ -461,16 +568,36 @@ enum Rx {
     One(Arc<Notify>),
 }
 
-/// Interest in the wake-ups of one key; dropping it ends the interest.
-#[derive(Debug)]
+/// Interest in the wake-ups of one lock (a kind and a key); dropping it ends the
+/// interest.
 pub struct Wakeup {
     rx: Option<Rx>,
+    kind: LockKind,
     key: LockKey,
-    watchers: Arc<Watchers>,
-    ones: Arc<OneWatchers>,
+    tables: Arc<Tables>,
+}
+
+impl fmt::Debug for Wakeup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wakeup")
+            .field("kind", &self.kind)
+            .field("key", &self.key)
+            .field("one_at_a_time", &matches!(self.rx, Some(Rx::One(_))))
+            .finish()
+    }
 }
 
 impl Wakeup {
+    /// The kind of lock this handle watches.
+    pub fn kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// The key this handle watches.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
     /// Resolves at the first wake-up since this handle was created or since the
     /// previous `woken` returned (for a one-at-a-time handle: at the first wake-up
     /// given to it).
@@ -479,7 +606,7 @@ impl Wakeup {
     ///
     /// Cancel safe: a wake-up that arrives while no call is pending is kept for the
     /// next call (for a one-at-a-time handle, for the next call of any handle of the
-    /// key), and one given to a call that is dropped before it returns passes to
+    /// lock), and one given to a call that is dropped before it returns passes to
     /// the next waiting handle.
     pub async fn woken(&mut self) {
         let closed = match self.rx.as_mut() {
@@ -500,17 +627,19 @@ impl Wakeup {
 
 impl Drop for Wakeup {
     fn drop(&mut self) {
+        let table = &self.tables[self.kind.index()];
         match self.rx.take() {
             Some(Rx::All(rx)) => {
                 drop(rx);
                 // Under the shard lock, so a concurrent `watch` either sees the entry
                 // and subscribes before this check, or inserts a fresh one after the
                 // removal.
-                self.watchers
+                table
+                    .watchers
                     .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
             }
             Some(Rx::One(_)) => {
-                if let dashmap::Entry::Occupied(mut entry) = self.ones.entry(self.key.clone()) {
+                if let dashmap::Entry::Occupied(mut entry) = table.ones.entry(self.key.clone()) {
                     entry.get_mut().1 -= 1;
                     if entry.get().1 == 0 {
                         entry.remove();
@@ -529,20 +658,22 @@ impl Drop for Wakeup {
 mod tests {
     use super::*;
 
+    const M: LockKind = LockKind::Mutex;
+
     #[tokio::test]
     async fn a_wake_before_waiting_is_kept_and_entries_are_removed() {
         let reg = WakeRegistry::new();
         let key = LockKey::from("k");
-        let before = reg.generation(b"k");
-        assert!(!reg.wake(b"k"), "nobody watches yet");
+        let before = reg.generation(M, b"k");
+        assert!(!reg.wake(M, b"k"), "nobody watches yet");
         assert_ne!(
-            reg.generation(b"k"),
+            reg.generation(M, b"k"),
             before,
             "an unwatched wake-up still counts"
         );
-        let mut a = reg.watch(&key);
-        let mut b = reg.watch(&key);
-        assert!(reg.wake(b"k"));
+        let mut a = reg.watch(M, &key);
+        let mut b = reg.watch(M, &key);
+        assert!(reg.wake(M, b"k"));
         // Both see the wake-up that happened before they started waiting.
         a.woken().await;
         b.woken().await;
@@ -550,7 +681,7 @@ mod tests {
         assert_eq!(reg.len(), 1);
         drop(b);
         assert!(reg.is_empty());
-        assert!(!reg.wake(b"k"));
+        assert!(!reg.wake(M, b"k"));
     }
 
     #[tokio::test]
@@ -560,12 +691,12 @@ mod tests {
 
         let reg = WakeRegistry::new();
         let key = LockKey::from("k");
-        let mut a = reg.watch_one(&key);
-        let mut b = reg.watch_one(&key);
-        let mut all = reg.watch(&key);
-        assert_eq!(reg.watchers(b"k"), 3);
+        let mut a = reg.watch_one(M, &key);
+        let mut b = reg.watch_one(M, &key);
+        let mut all = reg.watch(M, &key);
+        assert_eq!(reg.watchers(M, b"k"), 3);
         assert_eq!(reg.len(), 1);
-        assert!(reg.wake(b"k"));
+        assert!(reg.wake(M, b"k"));
         // The broadcast handle sees it, and exactly one of the two others.
         all.woken().await;
         a.woken().await;
@@ -578,13 +709,13 @@ mod tests {
             .expect("the dropped handle passed its turn on");
         // A wake-up given to a `woken` call that is dropped before it returns goes
         // to the next waiting handle (the call is cancel safe).
-        let mut c = reg.watch_one(&key);
+        let mut c = reg.watch_one(M, &key);
         {
             let mut wait_b = Box::pin(b.woken());
             let mut wait_c = Box::pin(c.woken());
             assert!(futures::poll!(&mut wait_b).is_pending());
             assert!(futures::poll!(&mut wait_c).is_pending());
-            assert!(reg.wake(b"k"));
+            assert!(reg.wake(M, b"k"));
             // b has waited longest: the wake-up is b's, not c's.
             assert!(futures::poll!(&mut wait_c).is_pending());
             drop(wait_b);
@@ -604,7 +735,74 @@ mod tests {
         }
         drop((b, c, all));
         assert!(reg.is_empty());
-        assert!(!reg.wake(b"k"));
+        assert!(!reg.wake(M, b"k"));
+    }
+
+    /// A wake-up of one kind reaches neither the watchers nor the generation of
+    /// another kind's lock of the same key bytes; each kind's watchers and entries
+    /// are counted and removed on their own.
+    #[tokio::test]
+    async fn kinds_of_one_key_are_woken_and_counted_apart() {
+        use std::time::Duration;
+        use tokio::time::timeout;
+
+        let reg = WakeRegistry::new();
+        let key = LockKey::from("k");
+        let short = Duration::from_millis(20);
+        let mut mutex = reg.watch(LockKind::Mutex, &key);
+        let mut rw = reg.watch_one(LockKind::ReadWrite, &key);
+        assert!(!reg.is_watched(LockKind::Semaphore, b"k"));
+        assert_eq!(reg.watchers(LockKind::Semaphore, b"k"), 0);
+        assert_eq!(reg.watchers(LockKind::Mutex, b"k"), 1);
+        assert_eq!(reg.watchers(LockKind::ReadWrite, b"k"), 1);
+        assert_eq!(reg.len(), 2);
+
+        let generations = |reg: &WakeRegistry| LockKind::ALL.map(|k| reg.generation(k, b"k"));
+        let before = generations(&reg);
+        assert!(
+            !reg.wake(LockKind::Semaphore, b"k"),
+            "nobody watches the semaphore"
+        );
+        let after = generations(&reg);
+        assert_eq!(after[..2], before[..2], "other kinds' generations moved");
+        assert_ne!(after[2], before[2], "an unwatched wake-up still counts");
+        assert!(timeout(short, mutex.woken()).await.is_err(), "mutex woken");
+        assert!(timeout(short, rw.woken()).await.is_err(), "rw woken");
+
+        assert!(reg.wake(LockKind::Mutex, b"k"));
+        mutex.woken().await;
+        assert!(timeout(short, rw.woken()).await.is_err(), "rw woken");
+        assert_eq!(generations(&reg)[1], before[1]);
+
+        assert!(reg.wake(LockKind::ReadWrite, b"k"));
+        rw.woken().await;
+        assert!(timeout(short, mutex.woken()).await.is_err(), "mutex woken");
+
+        // A reconnect wakes every kind.
+        reg.wake_all();
+        mutex.woken().await;
+        rw.woken().await;
+        assert!(
+            generations(&reg)
+                .iter()
+                .zip(after)
+                .all(|(now, then)| *now != then),
+            "wake_all moves every kind's generation"
+        );
+
+        drop(mutex);
+        assert!(!reg.is_watched(LockKind::Mutex, b"k"));
+        assert!(reg.is_watched(LockKind::ReadWrite, b"k"));
+        assert_eq!(reg.len(), 1);
+        drop(rw);
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn a_kind_indexes_its_place_in_all() {
+        for (i, kind) in LockKind::ALL.iter().enumerate() {
+            assert_eq!(kind.index(), i, "{kind:?}");
+        }
     }
 
     #[test]

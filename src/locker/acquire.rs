@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, LeaseToken, LockBackend};
+use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
 use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -61,11 +61,14 @@ impl LockerState {
 
     /// Releases a token whose acquire may have landed and leaves the backend queue,
     /// in the background. The queue entry is this process's (the backend's), so it is
-    /// left only if no other task of the process still waits for the key (without
-    /// coalescing, or with several lockers on one backend, others may).
+    /// left only if no other task of the process still waits for the key's mutex
+    /// (without coalescing, or with several lockers on one backend, others may); a
+    /// waiter of the key's read-write lock or semaphore waits for another lock, with
+    /// its own queue.
     pub(super) fn cleanup(&self, key: &LockKey, lead: Lead) {
+        let wakeups = self.backend.wakeups();
         let lead = Lead {
-            queued: lead.queued && !self.backend.wakeups().is_watched(key.as_bytes()),
+            queued: lead.queued && !wakeups.is_watched(LockKind::Mutex, key.as_bytes()),
             ..lead
         };
         if lead.token.is_none() && !lead.queued {
@@ -124,7 +127,7 @@ impl LockerState {
         let mut wakeup: Option<crate::backend::Wakeup> = None;
         let mut backoff = Duration::from_millis(10);
         loop {
-            let generation = wakeups.generation(key.as_bytes());
+            let generation = wakeups.generation(LockKind::Mutex, key.as_bytes());
             let sent_at = Instant::now();
             // From here until a definite answer, the acquire may have landed, and may
             // have queued this instance.
@@ -201,9 +204,14 @@ impl LockerState {
                     // its own: one wake-up wakes one of them (and a task that stops
                     // waiting passes one on), not all.
                     let one_at_a_time = !self.config.coalescing;
-                    let Some(wakeup) =
-                        watch_once(&mut wakeup, wakeups, key, generation, one_at_a_time)
-                    else {
+                    let Some(wakeup) = watch_once(
+                        &mut wakeup,
+                        wakeups,
+                        LockKind::Mutex,
+                        key,
+                        generation,
+                        one_at_a_time,
+                    ) else {
                         continue;
                     };
                     tokio::select! {

@@ -1,6 +1,6 @@
 //! The calls behind `Locker::read` and `Locker::write`, and the acquire loop.
 
-use crate::backend::{Acquire, LeaseToken};
+use crate::backend::{Acquire, LeaseToken, LockKind};
 use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -189,7 +189,7 @@ impl RwLocks {
         let mut wakeup: Option<crate::backend::Wakeup> = None;
         let mut backoff = Duration::from_millis(10);
         loop {
-            let generation = wakeups.generation(key.as_bytes());
+            let generation = wakeups.generation(LockKind::ReadWrite, key.as_bytes());
             let sent_at = Instant::now();
             leading.armed = true;
             locks.stats.acquire_attempt();
@@ -245,8 +245,14 @@ impl RwLocks {
                         leading.armed = false;
                     }
                     backoff = Duration::from_millis(10);
-                    let Some(wakeup) = watch_once(&mut wakeup, wakeups, &key, generation, false)
-                    else {
+                    let Some(wakeup) = watch_once(
+                        &mut wakeup,
+                        wakeups,
+                        LockKind::ReadWrite,
+                        &key,
+                        generation,
+                        false,
+                    ) else {
                         continue;
                     };
                     tokio::select! {

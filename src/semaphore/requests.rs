@@ -1,7 +1,7 @@
 //! The per-key request task: one backend request for the permits of every local
 //! waiter, and the FIFO hand-out of what it grants.
 
-use crate::backend::LeaseToken;
+use crate::backend::{LeaseToken, LockKind};
 use crate::engine::{Engine, watch_once};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -273,7 +273,7 @@ impl Driver {
             };
             let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
             let mut pending = Pending::new(&semaphores, key, tokens.clone());
-            let generation = wakeups.generation(key.as_bytes());
+            let generation = wakeups.generation(LockKind::Semaphore, key.as_bytes());
             let sent_at = Instant::now();
             semaphores.stats.acquire_attempt();
             queued = true;
@@ -319,7 +319,14 @@ impl Driver {
                 }
             };
             // Wait for a wake-up, the retry delay, or the last waiter leaving.
-            let Some(wakeup) = watch_once(&mut wakeup, wakeups, key, generation, false) else {
+            let Some(wakeup) = watch_once(
+                &mut wakeup,
+                wakeups,
+                LockKind::Semaphore,
+                key,
+                generation,
+                false,
+            ) else {
                 continue;
             };
             let retry_at = Instant::now() + retry_in;

@@ -74,7 +74,7 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     let Acquire::Busy { .. } = waiter.acquire(&key, t2, TTL, true).await? else {
         panic!("the waiter got a held lock")
     };
-    let mut woken = waiter.wakeups().watch(&key);
+    let mut woken = waiter.wakeups().watch(LockKind::Mutex, &key);
     assert_eq!(
         holder.extend(&key, t1, TTL).await?,
         Extend::Extended { waiting: 1 }
@@ -98,7 +98,7 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     let Acquire::Busy { .. } = rw_waiter.acquire_write(&key, t2, TTL, true).await? else {
         panic!("a writer got a read-locked key")
     };
-    let mut woken = waiter.wakeups().watch(&key);
+    let mut woken = waiter.wakeups().watch(LockKind::ReadWrite, &key);
     assert!(matches!(
         rw_holder.extend_read(&key, t1, TTL).await?,
         Extend::Extended { .. }

@@ -21,7 +21,7 @@ mod runtime;
 
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released};
+use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use support::{

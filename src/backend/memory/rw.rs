@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, Released};
+use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -142,7 +142,7 @@ impl RwBackend for MemoryBackend {
             (released, wake, e.waiting_writers(None))
         });
         if wake {
-            self.inner.wakeups.wake(key.as_bytes());
+            self.inner.wakeups.wake(LockKind::ReadWrite, key.as_bytes());
         }
         Ok(Released { released, waiting })
     }
@@ -157,7 +157,7 @@ impl RwBackend for MemoryBackend {
             (released, released || withdrew, e.waiting_writers(None))
         });
         if wake {
-            self.inner.wakeups.wake(key.as_bytes());
+            self.inner.wakeups.wake(LockKind::ReadWrite, key.as_bytes());
         }
         Ok(Released { released, waiting })
     }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken};
+use crate::backend::{Extend, LeaseToken, LockKind};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
@@ -142,7 +142,7 @@ impl SemaphoreBackend for MemoryBackend {
         let wake = self.settle_semaphore(&mut keys, key);
         drop(keys);
         if wake {
-            self.inner.wakeups.wake(key.as_bytes());
+            self.inner.wakeups.wake(LockKind::Semaphore, key.as_bytes());
         }
         Ok(released)
     }
@@ -158,7 +158,7 @@ impl SemaphoreBackend for MemoryBackend {
         let wake = self.settle_semaphore(&mut keys, key);
         drop(keys);
         if wake {
-            self.inner.wakeups.wake(key.as_bytes());
+            self.inner.wakeups.wake(LockKind::Semaphore, key.as_bytes());
         }
         Ok(())
     }
@@ -235,7 +235,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.granted, 1, "one permit came back at its TTL");
         // A release wakes the watchers; a second release of the same token is no-op.
-        let mut w = b.wakeups().watch(&k);
+        let mut w = b.wakeups().watch(LockKind::Semaphore, &k);
         assert!(sem.release_permit(&k, t[0]).await.unwrap());
         w.woken().await;
         assert!(!sem.release_permit(&k, t[0]).await.unwrap());

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use redis::{RedisError, Script, Value};
 
+use super::notify::wake_message;
 use super::*;
-use crate::backend::{Acquire, LeaseToken, Released};
+use crate::backend::{Acquire, LeaseToken, LockKind, Released};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -28,12 +29,13 @@ impl Inner {
             self.claim_ttl_ms.to_string(),
             self.release_record_ttl_ms.to_string(),
         );
+        let message = wake_message(LockKind::Mutex, key);
         let args: [&[u8]; 6] = [
             token.as_bytes(),
             self.instance_id.as_bytes(),
             claim_ttl_ms.as_bytes(),
             self.channel_prefix.as_bytes(),
-            key.as_bytes(),
+            &message,
             record_ttl_ms.as_bytes(),
         ];
         let reply = match requeue {
@@ -95,15 +97,16 @@ impl Inner {
             None => self.invoke_lease(&ACQUIRE, &keys, &args).await,
             Some(age) => {
                 // The fair arguments: the age (µs), the claim TTL, the channel
-                // prefix and the raw key (as `invoke_fair` passes them).
+                // prefix and the wake-up message (as `invoke_fair` passes them).
                 let (age_us, claim_ttl_ms) = (age_micros(age), self.claim_ttl_ms.to_string());
+                let message = wake_message(LockKind::Mutex, key);
                 let mut all = Vec::with_capacity(args.len() + 4);
                 all.extend_from_slice(&args);
                 all.extend([
                     age_us.as_bytes(),
                     claim_ttl_ms.as_bytes(),
                     self.channel_prefix.as_bytes(),
-                    key.as_bytes(),
+                    &message,
                 ]);
                 self.invoke_lease(&ACQUIRE, &keys, &all).await
             }
@@ -312,7 +315,7 @@ impl Inner {
                     self.instance_id.as_bytes(),
                     self.claim_ttl_ms.to_string().as_bytes(),
                     self.channel_prefix.as_bytes(),
-                    key.as_bytes(),
+                    &wake_message(LockKind::Mutex, key),
                     if only_if_claimed { b"1" } else { b"0" },
                 ],
             )

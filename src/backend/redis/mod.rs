@@ -20,8 +20,9 @@
 //!
 //! Each backend has a random instance id and **one** notification channel
 //! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
-//! publishes the key on the channel of the instance at the head of the key's queue
-//! and gives it a short claim window; exactly one waiting instance is woken. If the
+//! publishes the key, tagged with the kind of lock (see `notify`), on the channel of
+//! the instance at the head of the key's queue and gives it a short claim window;
+//! exactly one waiting instance is woken. If the
 //! server refuses that `PUBLISH` (an ACL without the channel), the release still
 //! happened: the claim is taken back, the failure is logged, and the waiters fall
 //! back to their timers.
@@ -373,7 +374,7 @@ impl LockBackend for RedisBackend {
     }
 
     /// The same script as [`acquire`](Self::acquire) with four more arguments: the
-    /// age (µs), and the claim TTL, channel prefix and raw key with which it wakes
+    /// age (µs), and the claim TTL, channel prefix and wake-up message with which it wakes
     /// the earliest waiter of a free lock that nobody was told to take.
     async fn acquire_fair(
         &self,

@@ -5,26 +5,44 @@
 //! `PUBLISH` reaches every node; see `cluster` for why not sharded pub/sub), or the
 //! primary the sentinels name. When the connection drops or cannot be made, the task
 //! asks the command connection again where to subscribe (`CLUSTER NODES`, the
-//! sentinels) and tries the servers in turn. Each message carries a raw key; the task wakes that key's watchers. When
-//! the connection drops, the task reconnects with backoff and resubscribes, then
-//! wakes every watcher once, because messages sent during the gap are lost (a
-//! spurious wake-up only causes a retry). Meanwhile waiters fall back to their timers.
+//! sentinels) and tries the servers in turn. When the connection drops, the task
+//! reconnects with backoff and resubscribes, then wakes every watcher once, because
+//! messages sent during the gap are lost (a spurious wake-up only causes a retry).
+//! Meanwhile waiters fall back to their timers.
 //!
-//! A message for a key nobody here waits for any more (still nobody after a short
-//! grace period) means this instance may have been given a claim it will not use:
-//! if the claim is still this instance's, the task leaves the key's queue, which
-//! passes the claim on, so no other instance waits out the claim window for
-//! nothing. A claim already used, or a newer queue entry, is left alone.
+//! # Messages
 //!
-//! An empty message carries no key: `connect` publishes one to check that it may,
-//! and it is ignored here.
+//! Each message names one lock: a one-byte [`LockKind`] tag, then the key's bytes,
+//! built by [`wake_message`] (the scripts publish the value they are given, their
+//! "raw key" argument, as it is). The mutex, the read-write lock and the semaphore
+//! of one key string are independent locks, so the task wakes only the watchers of
+//! the tagged kind. The tags (`0xFD`, `0xFE`, `0xFF`) never begin valid UTF-8, so a
+//! message with a text key is never misread.
+//!
+//! * An empty message carries no key: `connect` publishes one to check that it
+//!   may, and it is ignored here.
+//! * A message without a tag (a bare key, as lockflight published it before kinds
+//!   were tagged, e.g. from an older instance during a rolling upgrade) may be for
+//!   any of the key's locks: it wakes the watchers of every kind of that key, a
+//!   spurious wake-up at worst. (A binary key that itself begins with a tag byte
+//!   and is published bare by such an instance is read as tagged: that wake-up may
+//!   be missed, and its waiter falls back to its timer.)
+//!
+//! A mutex message (tagged, or untagged) for a key whose mutex nobody here waits
+//! for any more (still nobody after a short grace period) means this instance may
+//! have been given a claim it will not use: if the claim is still this instance's,
+//! the task leaves the key's queue, which passes the claim on, so no other instance
+//! waits out the claim window for nothing. A claim already used, or a newer queue
+//! entry, is left alone. Waiters of the key's read-write lock or semaphore do not
+//! keep a mutex claim; messages of those kinds carry no claim and are only
+//! delivered.
 //!
 //! The task runs on the runtime that started it; when that runtime shuts down, the
 //! backend starts a new one on the runtime that uses it next (see
 //! `Inner::ensure_notifier`).
 
-use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Inner;
 use super::conn::Conn;
+use crate::backend::LockKind;
 use crate::key::LockKey;
 
 /// The outcome of the task's latest attempt to subscribe.
@@ -86,8 +105,93 @@ impl Status {
     }
 }
 
+/// The tag byte of the wake-up messages of `kind`: none of them begins valid UTF-8.
+fn tag(kind: LockKind) -> u8 {
+    match kind {
+        LockKind::Mutex => 0xFD,
+        LockKind::ReadWrite => 0xFE,
+        LockKind::Semaphore => 0xFF,
+    }
+}
+
+/// The wake-up message for the waiters of the `kind` lock of `key`: its tag byte,
+/// then the key's bytes. The scripts take it as their "raw key" argument and
+/// publish it unchanged; [`read_message`] reads it back.
+pub(super) fn wake_message(kind: LockKind, key: &LockKey) -> Vec<u8> {
+    let mut message = Vec::with_capacity(1 + key.len());
+    message.push(tag(kind));
+    message.extend_from_slice(key.as_bytes());
+    message
+}
+
+/// What a message on the instance's channel is about.
+#[derive(Debug, PartialEq, Eq)]
+enum Message<'a> {
+    /// The empty probe `connect` publishes.
+    Probe,
+    /// The `kind` lock of a key, from [`wake_message`].
+    Lock(LockKind, &'a [u8]),
+    /// A bare key without a tag (an older lockflight's message): any of its locks.
+    Untagged(&'a [u8]),
+}
+
+/// Reads a message published on the instance's channel (see the module docs).
+fn read_message(raw: &[u8]) -> Message<'_> {
+    match raw {
+        [] => Message::Probe,
+        [first, key @ ..] if !key.is_empty() => LockKind::ALL
+            .into_iter()
+            .find(|kind| tag(*kind) == *first)
+            .map_or(Message::Untagged(raw), |kind| Message::Lock(kind, key)),
+        _ => Message::Untagged(raw),
+    }
+}
+
 /// How long a wake-up for a key nobody watches waits before the claim is given up.
 const UNWANTED_GRACE: Duration = Duration::from_millis(25);
+
+/// Wakes the watchers of the lock(s) `raw` is about; a mutex message nobody here
+/// waits for may pass an unwanted claim on (see the module docs).
+fn deliver(i: Arc<Inner>, raw: &[u8]) {
+    let (key, mutex_watched) = match read_message(raw) {
+        Message::Probe => return,
+        Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
+        Message::Lock(kind, key) => {
+            // No claim to pass on: a read-write or semaphore waiter that is gone
+            // has left that lock's waiting set itself.
+            i.wakeups.wake(kind, key);
+            return;
+        }
+        Message::Untagged(key) => {
+            // Any of the key's locks: wake them all.
+            let mut mutex_watched = false;
+            for kind in LockKind::ALL {
+                let watched = i.wakeups.wake(kind, key);
+                mutex_watched |= watched && kind == LockKind::Mutex;
+            }
+            (key, mutex_watched)
+        }
+    };
+    if mutex_watched {
+        return;
+    }
+    // Nobody waits for the key's mutex right now. A leader may be between its
+    // acquire's reply and its registration (it will see the generation change and
+    // retry), so give it a moment before concluding the claim is unwanted and
+    // passing it on.
+    let key = LockKey::from(key);
+    tokio::spawn(async move {
+        tokio::time::sleep(UNWANTED_GRACE).await;
+        if i.wakeups.is_watched(LockKind::Mutex, key.as_bytes()) {
+            return;
+        }
+        // Only if the claim is still ours: a leader of this instance may have used
+        // it, or queued again, meanwhile.
+        if let Err(e) = i.leave(&key, true).await {
+            tracing::debug!(%key, error = %e, "leaving an unwanted claim failed");
+        }
+    });
+}
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -160,28 +264,7 @@ pub(super) async fn run(
                     };
                     let Some(msg) = msg else { break };
                     let Some(i) = inner.upgrade() else { return };
-                    let raw = msg.get_payload_bytes();
-                    if raw.is_empty() {
-                        continue;
-                    }
-                    if !i.wakeups.wake(raw) {
-                        // Nobody watches the key right now. A leader may be between
-                        // its acquire's reply and its registration (it will see the
-                        // generation change and retry), so give it a moment before
-                        // concluding the claim is unwanted and passing it on.
-                        let key = LockKey::from(raw);
-                        tokio::spawn(async move {
-                            tokio::time::sleep(UNWANTED_GRACE).await;
-                            if i.wakeups.is_watched(key.as_bytes()) {
-                                return;
-                            }
-                            // Only if the claim is still ours: a leader of this
-                            // instance may have used it, or queued again, meanwhile.
-                            if let Err(e) = i.leave(&key, true).await {
-                                tracing::debug!(%key, error = %e, "leaving an unwanted claim failed");
-                            }
-                        });
-                    }
+                    deliver(i, msg.get_payload_bytes());
                 }
                 if let Some(i) = inner.upgrade() {
                     i.subscriber.up.store(false, Ordering::Release);
@@ -208,5 +291,40 @@ pub(super) async fn run(
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wake_message_names_its_kind_and_key() {
+        for kind in LockKind::ALL {
+            for key in [&b"k"[..], b"sku:555", b"\xfd", b"\xff\x00"] {
+                let message = wake_message(kind, &LockKey::from(key));
+                assert_eq!(message.len(), 1 + key.len());
+                assert_eq!(read_message(&message), Message::Lock(kind, key), "{kind:?}");
+            }
+        }
+        let tags: Vec<u8> = LockKind::ALL.into_iter().map(tag).collect();
+        assert_eq!(tags, [0xFD, 0xFE, 0xFF], "the tags are the wire format");
+        for t in tags {
+            assert!(
+                std::str::from_utf8(&[t, b'k']).is_err(),
+                "{t:#x} begins UTF-8"
+            );
+        }
+    }
+
+    #[test]
+    fn the_probe_and_untagged_messages_are_recognised() {
+        assert_eq!(read_message(b""), Message::Probe);
+        // A bare key (an older instance's message) is for any lock of the key.
+        assert_eq!(read_message(b"sku:555"), Message::Untagged(b"sku:555"));
+        assert_eq!(read_message(b"k"), Message::Untagged(b"k"));
+        // A lone tag byte is a one-byte bare key: tagged messages have a key.
+        assert_eq!(read_message(b"\xfd"), Message::Untagged(b"\xfd"));
+        assert_eq!(read_message(b"\xfck"), Message::Untagged(b"\xfck"));
     }
 }

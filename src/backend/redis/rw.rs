@@ -15,8 +15,9 @@
 //! * `:wf` the write fence: the last write epoch, `max(last + 1, TIME in µs)`, kept
 //!   for `max(60 s, 10 × TTL)` after the last use of the lock.
 //! * `:rwq` the instances told to wait, a sorted set of instance ids scored by
-//!   expiry: when the lock frees up for them, each gets the raw key on its channel
-//!   (exactly like the mutex's wake-up), and the set is cleared.
+//!   expiry: when the lock frees up for them, each gets the read-write lock's
+//!   wake-up message for the key on its channel (see `notify`), and the set is
+//!   cleared.
 //!
 //! Scripts: `lua/rw_read.lua`, `lua/rw_write.lua`, `lua/rw_release.lua`,
 //! `lua/rw_extend.lua`; each documents its KEYS, ARGV and replies.
@@ -28,9 +29,10 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::acked::{LeaseScript, first_is_one};
+use super::notify::wake_message;
 use super::{Names, RedisBackend, decode_acquire, map_err, millis, script, warn_refused_publish};
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, Released};
+use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -139,7 +141,7 @@ impl RedisBackend {
                     kind.arg(),
                     token.as_bytes(),
                     inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
+                    &wake_message(LockKind::ReadWrite, key),
                     inner.release_record_ttl_ms.to_string().as_bytes(),
                 ],
             )

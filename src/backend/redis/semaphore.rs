@@ -21,9 +21,10 @@
 //! * `sem_acquire`: grants up to `k` permits (one token each) and says how many, and
 //!   how long to wait for the rest; a waiting instance joins the waiting set (and
 //!   moves to its back after a partial grant, so instances take turns);
-//! * `sem_release`: removes one permit, then publishes the raw key on the channels of
-//!   as many waiting instances as permits are free, oldest first (one wake-up per
-//!   free permit, no broadcast), on each instance's channel `<prefix>:inst:<id>`;
+//! * `sem_release`: removes one permit, then publishes the semaphore's wake-up
+//!   message for the key (see `notify`) on the channels of as many waiting
+//!   instances as permits are free, oldest first (one wake-up per free permit, no
+//!   broadcast), on each instance's channel `<prefix>:inst:<id>`;
 //! * `sem_leave`: a waiting instance gives up, passing on the wake-ups it may have
 //!   been sent;
 //! * `sem_extend`: re-arms one permit if it is still live.
@@ -35,11 +36,12 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::acked::{LeaseScript, first_is_one, first_is_positive};
+use super::notify::wake_message;
 use super::{
     Inner, Names, PRELUDE, RedisBackend, map_err, millis, unexpected, warn_refused_publish,
 };
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken};
+use crate::backend::{Extend, LeaseToken, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -213,7 +215,7 @@ impl SemaphoreBackend for RedisBackend {
                 &[
                     token.as_bytes(),
                     inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
+                    &wake_message(LockKind::Semaphore, key),
                     inner.release_record_ttl_ms.to_string().as_bytes(),
                 ],
             )
@@ -240,7 +242,7 @@ impl SemaphoreBackend for RedisBackend {
                 &[
                     inner.instance_id.as_bytes(),
                     inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
+                    &wake_message(LockKind::Semaphore, key),
                 ],
             )
             .await?;

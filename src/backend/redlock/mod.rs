@@ -60,7 +60,10 @@
 //! instance's locker simply retries the acquire; a wake-up that turns out spurious
 //! only causes a retry. Without a wake-up (the wake node down, a lost message) the
 //! waiters fall back to their retry timers (the nodes' remaining TTL, at most the
-//! queue-entry refresh interval).
+//! queue-entry refresh interval). Every wake-up here is the mutex's
+//! ([`LockKind::Mutex`](crate::backend::LockKind::Mutex)): Redlock has neither
+//! read-write locks nor semaphores, and only the nodes' mutex wake-ups are
+//! forwarded.
 //!
 //! Why not queue on every node: each node's queue orders the instances by its own
 //! arrival times, so after one release the nodes wake *different* instances and
@@ -101,7 +104,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::redis::{RedisBackend, RedisBackendBuilder};
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry, Wakeup};
+use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry, Wakeup};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 

@@ -98,7 +98,11 @@ impl Inner {
         let before: Vec<u64> = inner
             .nodes
             .iter()
-            .map(|node| node.backend.wakeups().generation(key.as_bytes()))
+            .map(|node| {
+                node.backend
+                    .wakeups()
+                    .generation(LockKind::Mutex, key.as_bytes())
+            })
             .collect();
         if let Some(f) = inner.forwarders.get(key) {
             f.woken.store(0, Ordering::Release);

@@ -30,9 +30,9 @@ impl Inner {
         });
         let w = self.wake_node(key);
         let registry = self.nodes[w].backend.wakeups();
-        let watches: Vec<Wakeup> = vec![registry.watch(key)];
+        let watches: Vec<Wakeup> = vec![registry.watch(LockKind::Mutex, key)];
         let mut count = 0;
-        if registry.generation(key.as_bytes()) != before[w] {
+        if registry.generation(LockKind::Mutex, key.as_bytes()) != before[w] {
             count = forwarder.mark(0);
         }
         if let Some(old) = self.forwarders.insert(key.clone(), Arc::clone(&forwarder)) {
@@ -40,7 +40,7 @@ impl Inner {
         }
         if count >= WAKE_THRESHOLD {
             forwarder.woken.store(0, Ordering::Release);
-            self.wakeups.wake(key.as_bytes());
+            self.wakeups.wake(LockKind::Mutex, key.as_bytes());
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -104,11 +104,11 @@ async fn forward(
             (_, i, _) = any => {
                 if forwarder.mark(i) >= threshold {
                     forwarder.woken.store(0, Ordering::Release);
-                    registry.wake(key.as_bytes());
+                    registry.wake(LockKind::Mutex, key.as_bytes());
                 }
             }
             _ = idle.tick() => {
-                if !registry.is_watched(key.as_bytes()) {
+                if !registry.is_watched(LockKind::Mutex, key.as_bytes()) {
                     break;
                 }
             }
