@@ -205,6 +205,132 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     );
 }
 
+/// The notifier's unwanted-claim check counts only waiters of the mutex (issue 20,
+/// defect 7): B is given the claim of the mutex "k", which nobody at B waits for,
+/// while a semaphore waiter of B waits on the same key string. The semaphore is
+/// another lock: B passes the mutex claim on, so C gets the mutex long before the
+/// claim's 30 s expire. (With wake-ups keyed by the key's bytes only, the semaphore
+/// waiter "watched" the key and the claim was kept.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_waited_for() {
+    let server = support::shared();
+    let _log = server.log_on_panic();
+    let prefix = support::unique_prefix("unwanted-claim-kinds");
+    let (a, b, c) = (
+        backend(&server.url(), &prefix).await,
+        backend(&server.url(), &prefix).await,
+        backend(&server.url(), &prefix).await,
+    );
+    let (key, ttl) = (LockKey::from(CLAIMED), CLAIM_TEST_TTL);
+    // A holds the semaphore "k"; B's locker waits for it.
+    let a_locker = Locker::builder(a.clone()).build().unwrap();
+    let b_locker = Locker::builder(b.clone())
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let permit = a_locker.semaphore(&key, 1).acquire().await.unwrap();
+    let b_waits = tokio::spawn({
+        let (b_locker, key) = (b_locker.clone(), key.clone());
+        async move { drop(b_locker.semaphore(&key, 1).acquire().await.expect("permit")) }
+    });
+    let semaphore_queue = support::suffixed(&b.lock_name(&key), ":semq");
+    let con = server.connection().await;
+    assert!(
+        support::wait_until(Duration::from_secs(10), || {
+            let (mut con, queue, id) = (con.clone(), &semaphore_queue, b.instance_id());
+            async move {
+                redis::cmd("ZSCORE")
+                    .arg(queue)
+                    .arg(id)
+                    .query_async::<Option<String>>(&mut con)
+                    .await
+                    .unwrap()
+                    .is_some()
+            }
+        })
+        .await,
+        "B's semaphore waiter never queued"
+    );
+    // B queues for the mutex through the trait but never watches it; the release
+    // gives B a 30 s claim.
+    claim_for_b(&a, &b).await;
+    let started = Instant::now();
+    let got = support::wait_until(Duration::from_secs(10), || async {
+        matches!(
+            c.acquire(&key, LeaseToken::random(), ttl, false)
+                .await
+                .unwrap(),
+            Acquire::Acquired { .. }
+        )
+    })
+    .await;
+    assert!(
+        got && started.elapsed() < Duration::from_secs(5),
+        "the mutex claim was kept for B's semaphore waiter: {:?}",
+        started.elapsed()
+    );
+    drop(permit);
+    tokio::time::timeout(Duration::from_secs(10), b_waits)
+        .await
+        .expect("B's semaphore waiter got the permit")
+        .unwrap();
+}
+
+/// In process, a waiter of another lock of the same key string is not a waiter of
+/// the mutex: the memory backend counts only the mutex's own waiters in the
+/// `waiting` of its replies (which the holder's handoff budget is based on).
+#[tokio::test]
+async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
+    let backend = lockflight::MemoryBackend::new();
+    let locker = Locker::builder(backend.clone())
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let key = LockKey::from("k");
+    let permit = locker.semaphore(&key, 1).acquire().await.unwrap();
+    let write = locker.write(&key).await.unwrap();
+    let waiters = [
+        tokio::spawn({
+            let (locker, key) = (locker.clone(), key.clone());
+            async move { drop(locker.semaphore(&key, 1).acquire().await.expect("permit")) }
+        }),
+        tokio::spawn({
+            let (locker, key) = (locker.clone(), key.clone());
+            async move { drop(locker.read(&key).await.expect("read")) }
+        }),
+    ];
+    // Both wait (each has asked the backend and was told to wait).
+    assert!(
+        support::wait_until(Duration::from_secs(10), || async {
+            locker.stats().acquire_attempts >= 4
+        })
+        .await,
+        "{:?}",
+        locker.stats()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let token = LeaseToken::random();
+    match backend
+        .acquire(&key, token, Duration::from_secs(30), true)
+        .await
+        .unwrap()
+    {
+        Acquire::Acquired { waiting, .. } => assert_eq!(
+            waiting, 0,
+            "the semaphore's and the read-write lock's waiters counted as mutex waiters"
+        ),
+        busy => panic!("{busy:?}"),
+    }
+    assert!(backend.release(&key, token).await.unwrap().released);
+    drop((permit, write));
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter got its lock")
+            .unwrap();
+    }
+}
+
 /// Instance A's locker without coalescing (its backend too), and the key "herd",
 /// held by another instance.
 async fn naive_waiting_for_a_holder(

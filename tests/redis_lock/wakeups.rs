@@ -275,3 +275,137 @@ async fn waiters_survive_killed_pubsub_connection() {
     );
     guard.release().await.unwrap();
 }
+
+/// The other lock of the same key string that instance B waits for in the tests
+/// below.
+#[derive(Clone, Copy, Debug)]
+enum Beside {
+    /// A semaphore waiter (`Locker::semaphore(key, 1).acquire()`).
+    Semaphore,
+    /// A read waiter of the read-write lock (`Locker::read(key)`).
+    Read,
+}
+
+/// Wake-ups are registered per lock kind (issue 20, defect 7). The mutex, the
+/// read-write lock and the semaphore of one key string are independent locks, but
+/// wake-ups used to be registered by the key's bytes only: instance B's waiter of
+/// `beside` counted as a waiter of the mutex, so B's mutex waiter that gave up did
+/// not leave the mutex queue ("another local task still waits for the key"), the
+/// release gave B the claim, and B's notifier did not pass it on (somebody
+/// "watched" the key). C waited out the claim and its retry timer: about 800 ms
+/// instead of about 1 ms; in fair mode, until B's stale entry expired.
+async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: bool) {
+    let (server, _log, prefix) = shared_scene("kinds");
+    let url = server.url();
+    let key = LockKey::from("k");
+    let build = |backend: RedisBackend| {
+        Locker::builder(backend)
+            .fair(fair)
+            .wait_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let a = build(backend_at(&url, &prefix).await);
+    let b_backend = backend_at(&url, &prefix).await;
+    let b = build(b_backend.clone());
+    let c_backend = backend_at(&url, &prefix).await;
+    let c = build(c_backend.clone());
+    let con = server.connection().await;
+
+    // A holds the mutex of `key`, and the lock of `beside` of the same key string.
+    let held = a.lock(&key).await.unwrap();
+    let (beside_held, beside_queue): (Box<dyn Send>, &str) = match beside {
+        Beside::Semaphore => (
+            Box::new(a.semaphore(&key, 1).acquire().await.unwrap()),
+            ":semq",
+        ),
+        Beside::Read => (Box::new(a.write(&key).await.unwrap()), ":rwq"),
+    };
+    // B waits for the `beside` lock (and keeps waiting throughout).
+    let b_beside = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            match beside {
+                Beside::Semaphore => drop(b.semaphore(&key, 1).acquire().await.expect("permit")),
+                Beside::Read => drop(b.read(&key).await.expect("read")),
+            }
+        }
+    });
+    let beside_queue = support::suffixed(&b_backend.lock_name(&key), beside_queue);
+    let b_id = b_backend.instance_id().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (mut con, queue, b_id) = (con.clone(), &beside_queue, &b_id);
+            async move { hexists(&mut con, queue, b_id).await }
+        })
+        .await,
+        "B's {beside:?} waiter never queued"
+    );
+    // B also waits for the mutex, first in line, and gives up; C waits behind it.
+    let b_gives_up = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            b.lock_within(&key, Duration::from_millis(400))
+                .await
+                .map(drop)
+        }
+    });
+    assert!(
+        wait_queued(&con, &b_backend, &key, true, Duration::from_secs(10)).await,
+        "B's mutex waiter never queued"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let c_waits = tokio::spawn({
+        let (c, key) = (c.clone(), key.clone());
+        async move {
+            let guard = c.lock(&key).await.expect("C gets the mutex");
+            (guard, Instant::now())
+        }
+    });
+    assert!(
+        wait_queued(&con, &c_backend, &key, true, Duration::from_secs(10)).await,
+        "C never queued"
+    );
+    let gave_up = within(Duration::from_secs(10), "B's mutex waiter", b_gives_up)
+        .await
+        .unwrap();
+    assert!(matches!(gave_up, Err(Error::Timeout { .. })), "{gave_up:?}");
+    // B's mutex entry goes at once: B's `beside` waiter does not wait for the mutex.
+    assert!(
+        wait_queued(&con, &b_backend, &key, false, Duration::from_millis(500)).await,
+        "B's mutex waiter gave up but B stayed in the mutex queue, kept there by its \
+         {beside:?} waiter of the same key string"
+    );
+    // So the release wakes C, at once.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, got) = within(Duration::from_secs(10), "C", c_waits).await.unwrap();
+    let waited = got.saturating_duration_since(released);
+    println!("{beside:?}, fair {fair}: C got the mutex {waited:?} after the release");
+    assert!(
+        waited < Duration::from_millis(400),
+        "C got the mutex {waited:?} after the release"
+    );
+    guard.release().await.unwrap();
+    drop(beside_held);
+    within(Duration::from_secs(10), "B's other waiter", b_beside)
+        .await
+        .unwrap();
+    wait_idle(&[a, b, c], IDLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_waiter_that_gives_up_leaves_the_queue_beside_a_semaphore_waiter() {
+    a_mutex_waiter_that_gives_up_leaves_the_queue(Beside::Semaphore, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_waiter_that_gives_up_leaves_the_queue_beside_a_read_waiter() {
+    a_mutex_waiter_that_gives_up_leaves_the_queue(Beside::Read, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_mutex_waiter_that_gives_up_leaves_the_queue_beside_a_semaphore_waiter() {
+    a_mutex_waiter_that_gives_up_leaves_the_queue(Beside::Semaphore, true).await;
+}
