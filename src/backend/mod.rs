@@ -93,10 +93,10 @@ pub enum LockKind {
     /// The exclusive lock: [`LockBackend`], [`Locker::lock`](crate::Locker::lock).
     Mutex,
     /// The read-write lock, its readers and writers alike:
-    /// [`RwBackend`](rw::RwBackend), [`Locker::read`](crate::Locker::read) and
+    /// [`RwBackend`], [`Locker::read`](crate::Locker::read) and
     /// [`Locker::write`](crate::Locker::write).
     ReadWrite,
-    /// The semaphore: [`SemaphoreBackend`](semaphore::SemaphoreBackend),
+    /// The semaphore: [`SemaphoreBackend`],
     /// [`Locker::semaphore`](crate::Locker::semaphore).
     Semaphore,
 }

@@ -40,7 +40,8 @@ pub struct Permits {
 /// 4. A waiting instance (one that asked with `queue` and was not given all it asked
 ///    for) is registered in the key's waiting set (entries expire); a release or a
 ///    leave that leaves `k` permits free wakes up to `k` waiting instances, oldest
-///    first, through their [`wakeups`](super::LockBackend::wakeups).
+///    first, through their [`wakeups`](super::LockBackend::wakeups), as
+///    [`LockKind::Semaphore`](super::LockKind::Semaphore).
 ///
 /// # Cancel safety
 ///

@@ -147,9 +147,6 @@ fn read_message(raw: &[u8]) -> Message<'_> {
     }
 }
 
-/// How long a wake-up for a key nobody watches waits before the claim is given up.
-const UNWANTED_GRACE: Duration = Duration::from_millis(25);
-
 /// Wakes the watchers of the lock(s) `raw` is about; a mutex message nobody here
 /// waits for may pass an unwanted claim on (see the module docs).
 fn deliver(i: Arc<Inner>, raw: &[u8]) {
@@ -157,8 +154,9 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
         Message::Probe => return,
         Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
         Message::Lock(kind, key) => {
-            // No claim to pass on: a read-write or semaphore waiter that is gone
-            // has left that lock's waiting set itself.
+            // Read-write locks and semaphores give no claim: nothing to pass on (a
+            // semaphore's request task that stops waiting leaves the waiting set
+            // itself, passing its wake-ups on).
             i.wakeups.wake(kind, key);
             return;
         }
@@ -192,6 +190,9 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
         }
     });
 }
+
+/// How long a wake-up for a key nobody watches waits before the claim is given up.
+const UNWANTED_GRACE: Duration = Duration::from_millis(25);
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 

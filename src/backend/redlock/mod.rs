@@ -61,7 +61,7 @@
 //! only causes a retry. Without a wake-up (the wake node down, a lost message) the
 //! waiters fall back to their retry timers (the nodes' remaining TTL, at most the
 //! queue-entry refresh interval). Every wake-up here is the mutex's
-//! ([`LockKind::Mutex`](crate::backend::LockKind::Mutex)): Redlock has neither
+//! ([`LockKind::Mutex`]): Redlock has neither
 //! read-write locks nor semaphores, and only the nodes' mutex wake-ups are
 //! forwarded.
 //!
