@@ -276,6 +276,52 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
         .unwrap();
 }
 
+/// The wake-up messages on an instance's channel, as a real Redis delivers them: a
+/// message tagged with a lock kind wakes only that kind's watchers of the key; a
+/// bare key (as an older lockflight publishes it, e.g. during a rolling upgrade)
+/// wakes every kind's; the empty probe wakes nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_messages_wake_the_kind_they_name() {
+    let server = support::shared();
+    let _log = server.log_on_panic();
+    let prefix = support::unique_prefix("kind-messages");
+    let b = backend(&server.url(), &prefix).await;
+    let key = LockKey::from("k");
+    let mut watches: Vec<_> = LockKind::ALL
+        .into_iter()
+        .map(|kind| b.wakeups().watch(kind, &key))
+        .collect();
+    let mut con = server.connection().await;
+    let short = Duration::from_millis(100);
+    let mut publish = async |message: &[u8]| {
+        let receivers: u32 = redis::cmd("PUBLISH")
+            .arg(b.channel())
+            .arg(message)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(receivers, 1, "B is subscribed");
+    };
+    // The tags: 0xFD mutex, 0xFE read-write, 0xFF semaphore.
+    for (i, tag) in [0xFDu8, 0xFE, 0xFF].into_iter().enumerate() {
+        publish(&[&[tag][..], b"k"].concat()).await;
+        for (j, watch) in watches.iter_mut().enumerate() {
+            let woken = tokio::time::timeout(short, watch.woken()).await.is_ok();
+            assert_eq!(woken, i == j, "tag {tag:#x} and {:?}", LockKind::ALL[j]);
+        }
+    }
+    publish(b"k").await;
+    for watch in &mut watches {
+        tokio::time::timeout(Duration::from_secs(5), watch.woken())
+            .await
+            .expect("a bare key wakes every kind");
+    }
+    publish(b"").await;
+    for watch in &mut watches {
+        assert!(tokio::time::timeout(short, watch.woken()).await.is_err());
+    }
+}
+
 /// In process, a waiter of another lock of the same key string is not a waiter of
 /// the mutex: the memory backend counts only the mutex's own waiters in the
 /// `waiting` of its replies (which the holder's handoff budget is based on).
