@@ -328,13 +328,14 @@ async fn channel_messages_wake_the_kind_they_name() {
 #[tokio::test]
 async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
     let backend = lockflight::MemoryBackend::new();
+    let holder = Locker::builder(backend.clone()).build().unwrap();
     let locker = Locker::builder(backend.clone())
         .wait_timeout(Duration::from_secs(60))
         .build()
         .unwrap();
     let key = LockKey::from("k");
-    let permit = locker.semaphore(&key, 1).acquire().await.unwrap();
-    let write = locker.write(&key).await.unwrap();
+    let permit = holder.semaphore(&key, 1).acquire().await.unwrap();
+    let write = holder.write(&key).await.unwrap();
     let waiters = [
         tokio::spawn({
             let (locker, key) = (locker.clone(), key.clone());
@@ -348,7 +349,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
     // Both wait (each has asked the backend and was told to wait).
     assert!(
         support::wait_until(Duration::from_secs(10), || async {
-            locker.stats().acquire_attempts >= 4
+            locker.stats().acquire_attempts >= 2
         })
         .await,
         "{:?}",
