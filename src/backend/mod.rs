@@ -378,8 +378,10 @@ type Tables = [Table; LockKind::ALL.len()];
 /// A backend calls [`wake`](WakeRegistry::wake) when it learns that a lock may be
 /// free (a pub/sub message, an in-process release); callers wait on a [`Wakeup`].
 /// Registrations are per [`LockKind`] and key: the mutex, the read-write lock and
-/// the semaphore of one key string are independent locks, and a wake-up of one
-/// never reaches, nor counts as a waiter of, another.
+/// the semaphore of one key string are independent locks, so a wake-up of one
+/// reaches none of the others' handles, and a handle of one is not counted
+/// ([`watchers`](WakeRegistry::watchers), [`is_watched`](WakeRegistry::is_watched))
+/// as a waiter of another.
 ///
 /// A handle from [`watch`](WakeRegistry::watch) sees every wake-up of its lock; of
 /// the handles from [`watch_one`](WakeRegistry::watch_one), one wake-up reaches one
