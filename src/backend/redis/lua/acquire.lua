@@ -7,7 +7,7 @@
 -- ARGV[5] fence ttl ms  ARGV[6] "1" to join the queue when busy, "0" not to (try_lock)
 -- Fair mode only (absent otherwise): ARGV[7] the caller's age in µs (how long ago its
 -- instance's oldest local waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel
--- prefix  ARGV[10] raw key (the wake-up message)
+-- prefix  ARGV[10] the wake-up message (a lock-kind tag byte + the key, built in Rust)
 --
 -- Fair mode: the queue entry is scored TIME µs − age (the arrival time), rewritten on
 -- every busy ask; a free lock (no holder, no claim for another instance) goes only to

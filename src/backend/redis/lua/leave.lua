@@ -1,7 +1,7 @@
 -- leave: a waiting instance gives up
 --
 -- KEYS[1] lock   KEYS[2] queue   KEYS[3] claim   KEYS[4] queue expiry index
--- ARGV[1] instance id  ARGV[2] claim ttl ms  ARGV[3] channel prefix  ARGV[4] raw key
+-- ARGV[1] instance id  ARGV[2] claim ttl ms  ARGV[3] channel prefix  ARGV[4] the wake-up message
 -- ARGV[5] "1": only if this instance holds the key's claim (an unwanted wake-up)
 --
 -- Removes the instance's queue entry; if it held the claim, the claim passes to the

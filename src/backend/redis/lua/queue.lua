@@ -115,7 +115,7 @@ local function dequeue(queue, expiry, me)
   redis.call('ZREM', expiry, me)
 end
 
--- Gives `head` a claim of `claim_ttl` ms and publishes the raw key on its channel.
+-- Gives `head` a claim of `claim_ttl` ms and publishes the wake-up message on its channel.
 -- If the PUBLISH is refused (an ACL without that channel), takes the claim back, so
 -- that nobody waits out the claim of an instance that was never told, and returns
 -- the error; else returns nil.

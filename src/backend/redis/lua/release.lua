@@ -3,7 +3,7 @@
 -- KEYS[1] lock   KEYS[2] queue   KEYS[3] claim   KEYS[4] this lease's release record
 -- KEYS[5] queue expiry index
 -- ARGV[1] token  ARGV[2] instance id  ARGV[3] claim ttl ms  ARGV[4] channel prefix
--- ARGV[5] raw key (the wake-up message)  ARGV[6] release record ttl ms
+-- ARGV[5] the wake-up message (a lock-kind tag byte + the key, built in Rust)  ARGV[6] release record ttl ms
 -- Fair mode only, when this instance has another local waiter: ARGV[7] that waiter's
 -- age in µs, ARGV[8] queue entry ttl ms. The instance is (re)queued at the waiter's
 -- arrival time (TIME µs − age) before the head is chosen, so the claim goes to it if

@@ -3,7 +3,7 @@
 -- KEYS[1] read leases   KEYS[2] write lease   KEYS[3] waiting writers
 -- KEYS[4] waiting instances   KEYS[5] this lease's release record
 -- ARGV[1] "r" (read) or "w" (write)  ARGV[2] token  ARGV[3] channel prefix
--- ARGV[4] raw key (the wake-up message)  ARGV[5] release record ttl ms
+-- ARGV[4] the wake-up message (a lock-kind tag byte + the key, built in Rust)  ARGV[5] release record ttl ms
 --
 -- Returns { released, writers [, publish error] }: released = 1 if the token held a
 -- live lease of that kind, now deleted, or if its release record shows that an
@@ -13,7 +13,7 @@
 -- the live waiting writers left. For "w", the token's waiting-writer entry is removed
 -- too (a writer that gives up). When this frees the lock for someone who waits (no
 -- write lease is left, and no live read lease is left, or a writer withdrew and none
--- waits any more), every live waiting instance gets the raw key on its channel
+-- waits any more), every live waiting instance gets the wake-up message on its channel
 -- (channel prefix .. instance id) and the waiting set is deleted: the woken instances
 -- ask again (and register again if still refused). A refused PUBLISH is reported.
 local readers, writer, writers, waiting, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

@@ -60,7 +60,7 @@ local function heads(queue, q, k, skip)
   return out
 end
 
--- Publishes the raw key on the channel of each instance of `ids`. Returns how many
+-- Publishes the wake-up message on the channel of each instance of `ids`. Returns how many
 -- were told, and the error of the first refused PUBLISH (an ACL without the
 -- channel), after which nobody else is tried.
 local function notify(ids, channel_prefix, raw_key)

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] permit set   KEYS[2] count (N)   KEYS[3] waiting set
 -- KEYS[4] waiting set expiry index
--- ARGV[1] instance id   ARGV[2] channel prefix   ARGV[3] raw key (the wake-up message)
+-- ARGV[1] instance id   ARGV[2] channel prefix   ARGV[3] the wake-up message (a lock-kind tag byte + the key, built in Rust)
 --
 -- Removes the instance's waiting entry. A wake-up it may have been sent (a free
 -- permit it will not take) is passed on: with f permits free, up to f other waiting

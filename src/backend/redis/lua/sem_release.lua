@@ -2,7 +2,7 @@
 --
 -- KEYS[1] permit set   KEYS[2] count (N)   KEYS[3] waiting set
 -- KEYS[4] waiting set expiry index   KEYS[5] this permit's release record
--- ARGV[1] token   ARGV[2] channel prefix   ARGV[3] raw key (the wake-up message)
+-- ARGV[1] token   ARGV[2] channel prefix   ARGV[3] the wake-up message (a lock-kind tag byte + the key, built in Rust)
 -- ARGV[4] release record ttl ms
 --
 -- Returns { released, woken [, publish error] }: released = 1 if the token was a live
