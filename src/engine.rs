@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{LockBackend, LockKind, WakeRegistry, Wakeup};
-use crate::key::LockKey;
+use crate::backend::LockBackend;
 use crate::lease::renewal::Renewals;
 use crate::settings::Config;
 use crate::stats::StatsInner;
@@ -70,32 +69,5 @@ where
 {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(fut);
-    }
-}
-
-/// The wake-up watch of a waiting acquire loop for the `kind` lock of `key`,
-/// registered only once it has to wait (an acquire that succeeds at once costs no
-/// registration); with `one_at_a_time`, one of the lock's waiting loops is woken
-/// per wake-up ([`WakeRegistry::watch_one`]), else every one. `None` when a wake-up
-/// for that lock arrived since `generation` (of the same kind) was read before the
-/// request, so the caller asks again at once instead of missing it.
-pub(crate) fn watch_once<'a>(
-    wakeup: &'a mut Option<Wakeup>,
-    wakeups: &WakeRegistry,
-    kind: LockKind,
-    key: &LockKey,
-    generation: u64,
-    one_at_a_time: bool,
-) -> Option<&'a mut Wakeup> {
-    match wakeup {
-        Some(w) => Some(w),
-        None => {
-            let w = wakeup.insert(if one_at_a_time {
-                wakeups.watch_one(kind, key)
-            } else {
-                wakeups.watch(kind, key)
-            });
-            (wakeups.generation(kind, key.as_bytes()) == generation).then_some(w)
-        }
     }
 }

@@ -40,6 +40,7 @@ use crate::backend::LeaseToken;
 use crate::key::LockKey;
 use crate::stats::StatsInner;
 
+pub(crate) mod acquire;
 pub(crate) mod histograms;
 pub(crate) mod release;
 pub(crate) mod renewal;

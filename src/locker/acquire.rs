@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
-use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::Lease;
+use crate::lease::LeaseKind;
+use crate::lease::acquire::{Failure, Pacer, grant};
 use crate::slot::{Abandon, Lead, Slot};
 
 use super::*;
@@ -123,12 +123,17 @@ impl LockerState {
             },
             finished: false,
         };
-        let wakeups = self.backend.wakeups();
-        let mut wakeup: Option<crate::backend::Wakeup> = None;
-        let mut backoff = Duration::from_millis(10);
+        // Without coalescing every task of this process waits on its own: one
+        // wake-up wakes one of them (and a task that stops waiting passes one on),
+        // not all.
+        let mut pacer = Pacer::new(
+            self.backend.wakeups(),
+            LockKind::Mutex,
+            key,
+            !self.config.coalescing,
+        );
         loop {
-            let generation = wakeups.generation(LockKind::Mutex, key.as_bytes());
-            let sent_at = Instant::now();
+            let sent_at = pacer.sending();
             // From here until a definite answer, the acquire may have landed, and may
             // have queued this instance.
             leading.lead.token = Some(token);
@@ -154,39 +159,36 @@ impl LockerState {
             match reply {
                 Ok(Acquire::Acquired { epoch, waiting }) => {
                     if epoch == 0 && self.backend.fencing() {
-                        leading.lead.token = Some(token);
                         return Err(Error::backend(
                             key,
                             Phase::Acquiring,
                             "the backend granted the lock without a fencing epoch",
                         ));
                     }
-                    let lease = Arc::new(Lease::new(
-                        key.clone(),
+                    let granted = grant(
+                        &self.renewals,
+                        &self.stats,
+                        key,
+                        LeaseKind::Lock,
                         token,
                         epoch,
                         ttl,
                         sent_at,
                         waiting,
-                        Arc::clone(&self.stats),
-                    ));
-                    if Instant::now() >= lease.valid_until() {
-                        // The reply came back after the lease's validity ended (a slow
-                        // network, a stalled runtime): it is not held. Ask again with
-                        // the same token, which re-arms it if it still exists.
-                        tracing::debug!(%key, "acquire reply arrived after the lease's validity");
+                    );
+                    let Some(lease) = granted else {
+                        // Not held: ask again with the same token, which re-arms it
+                        // if it still exists.
                         if Instant::now() >= deadline {
                             return Err(self.timed_out(key, start));
                         }
                         continue;
-                    }
-                    self.stats.acquired();
+                    };
                     leading.finished = true;
                     if let Some(slot) = &leading.slot {
                         let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
                         lease.found_waiting.store(found, Ordering::Relaxed);
                     }
-                    self.renewals.watch(&lease, sent_at);
                     return Ok(Some(LockGuard::new(
                         self.arc(),
                         leading.slot.take(),
@@ -199,61 +201,38 @@ impl LockerState {
                     if !queue {
                         return Ok(None);
                     }
-                    backoff = Duration::from_millis(10);
-                    // Without coalescing every task of this process waits here on
-                    // its own: one wake-up wakes one of them (and a task that stops
-                    // waiting passes one on), not all.
-                    let one_at_a_time = !self.config.coalescing;
-                    let Some(wakeup) = watch_once(
-                        &mut wakeup,
-                        wakeups,
-                        LockKind::Mutex,
-                        key,
-                        generation,
-                        one_at_a_time,
-                    ) else {
+                    if !pacer.watch() {
                         continue;
-                    };
+                    }
                     tokio::select! {
-                        _ = wakeup.woken() => {}
-                        _ = tokio::time::sleep(retry_in) => {}
+                        _ = pacer.woken_or(Instant::now() + retry_in) => {}
                         _ = tokio::time::sleep_until(deadline) => {
                             return Err(self.timed_out(key, start));
                         }
                     }
                 }
-                Err(
-                    e @ (Error::Backend { .. }
-                    | Error::Connect { .. }
-                    | Error::QuorumNotReached { .. }),
-                ) => {
-                    // Transient: the request may or may not have landed; the token
-                    // stays armed so a retry (or the cleanup) reconciles it. A
-                    // single attempt (`try_lock`) reports a missing quorum at once:
+                Err(e) => match Failure::of(&e) {
+                    // A single attempt (`try_lock`) reports a missing quorum at once:
                     // the nodes answered, and a majority of them is out of reach.
-                    if !queue && matches!(e, Error::QuorumNotReached { .. }) {
+                    Failure::Retry if queue || !matches!(e, Error::QuorumNotReached { .. }) => {
+                        // The token stays armed: a retry (or the cleanup) reconciles it.
+                        tracing::debug!(%key, error = %e, "acquire failed; retrying");
+                        let pause = pacer.backoff();
+                        if Instant::now() + pause >= deadline {
+                            return Err(e);
+                        }
+                        tokio::time::sleep(pause).await;
+                    }
+                    failure => {
+                        // Refused at once, or a definite answer; a refusal keeps the
+                        // token armed for the cleanup, which releases whatever a
+                        // partly run script (or an unacknowledged grant) wrote.
+                        if !failure.may_have_written() {
+                            leading.lead.token = None;
+                        }
                         return Err(e);
                     }
-                    tracing::debug!(%key, error = %e, "acquire failed; retrying");
-                    if Instant::now() + backoff >= deadline {
-                        return Err(e);
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e @ (Error::Refused { .. } | Error::NoPermission { .. })) => {
-                    // Refused by the server (out of memory, a read-only replica, a
-                    // command the ACL user lacks): answered at once. Keep the token
-                    // armed for the cleanup, which releases whatever a partly run
-                    // script might have written.
-                    return Err(e);
-                }
-                Err(e) => {
-                    // A definite refusal (foreign value, bad input): the scripts read
-                    // everything that can fail before they write.
-                    leading.lead.token = None;
-                    return Err(e);
-                }
+                },
             }
         }
     }

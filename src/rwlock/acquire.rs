@@ -1,10 +1,10 @@
 //! The calls behind `Locker::read` and `Locker::write`, and the acquire loop.
 
 use crate::backend::{Acquire, LeaseToken, LockKind};
-use crate::engine::watch_once;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::lease::acquire::{Failure, Pacer, grant};
 use share::Arrive;
 use std::sync::Arc;
 use std::time::Duration;
@@ -185,12 +185,9 @@ impl RwLocks {
         let rw = locks.backend.rw().ok_or_else(|| unsupported(&key))?;
         let ttl = locks.config.lease_ttl;
         let token = leading.token;
-        let wakeups = locks.backend.wakeups();
-        let mut wakeup: Option<crate::backend::Wakeup> = None;
-        let mut backoff = Duration::from_millis(10);
+        let mut pacer = Pacer::new(locks.backend.wakeups(), LockKind::ReadWrite, &key, false);
         loop {
-            let generation = wakeups.generation(LockKind::ReadWrite, key.as_bytes());
-            let sent_at = Instant::now();
+            let sent_at = pacer.sending();
             leading.armed = true;
             locks.stats.acquire_attempt();
             let reply = tokio::time::timeout_at(
@@ -208,28 +205,24 @@ impl RwLocks {
                             "the backend granted the write lock without a fencing epoch",
                         ));
                     }
-                    let lease = Arc::new(
-                        Lease::new(
-                            key.clone(),
-                            token,
-                            epoch,
-                            ttl,
-                            sent_at,
-                            waiting,
-                            Arc::clone(&locks.stats),
-                        )
-                        .with_kind(leading.kind.lease_kind()),
+                    let granted = grant(
+                        &locks.renewals,
+                        &locks.stats,
+                        &key,
+                        leading.kind.lease_kind(),
+                        token,
+                        epoch,
+                        ttl,
+                        sent_at,
+                        waiting,
                     );
-                    if Instant::now() >= lease.valid_until() {
-                        // The reply came after the lease's validity: not held. Ask
-                        // again with the same token, which re-arms it.
+                    let Some(lease) = granted else {
+                        // Not held: ask again with the same token, which re-arms it.
                         if Instant::now() >= call.deadline {
                             return Err(call.timed_out(locks, &key, Phase::Acquiring));
                         }
                         continue;
-                    }
-                    locks.stats.acquired();
-                    locks.renewals.watch(&lease, sent_at);
+                    };
                     crate::lease::histograms::wait(lease.kind, call.start.elapsed());
                     leading.armed = false;
                     return Ok(Some((leading, lease)));
@@ -244,39 +237,32 @@ impl RwLocks {
                     if leading.kind == Kind::Read {
                         leading.armed = false;
                     }
-                    backoff = Duration::from_millis(10);
-                    let Some(wakeup) = watch_once(
-                        &mut wakeup,
-                        wakeups,
-                        LockKind::ReadWrite,
-                        &key,
-                        generation,
-                        false,
-                    ) else {
+                    if !pacer.watch() {
                         continue;
-                    };
+                    }
                     tokio::select! {
-                        _ = wakeup.woken() => {}
-                        _ = tokio::time::sleep(retry_in) => {}
+                        _ = pacer.woken_or(Instant::now() + retry_in) => {}
                         _ = tokio::time::sleep_until(call.deadline) => {
                             return Err(call.timed_out(locks, &key, Phase::Acquiring));
                         }
                     }
                 }
-                Err(e @ (Error::Backend { .. } | Error::Connect { .. })) => {
-                    tracing::debug!(%key, error = %e, "read-write acquire failed; retrying");
-                    if Instant::now() + backoff >= call.deadline {
+                Err(e) => match Failure::of(&e) {
+                    Failure::Retry => {
+                        tracing::debug!(%key, error = %e, "read-write acquire failed; retrying");
+                        let pause = pacer.backoff();
+                        if Instant::now() + pause >= call.deadline {
+                            return Err(e);
+                        }
+                        tokio::time::sleep(pause).await;
+                    }
+                    failure => {
+                        // A refusal keeps the token armed for the cleanup; a definite
+                        // answer wrote nothing (the scripts read before they write).
+                        leading.armed = failure.may_have_written();
                         return Err(e);
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e @ (Error::Refused { .. } | Error::NoPermission { .. })) => return Err(e),
-                Err(e) => {
-                    // A definite refusal: the scripts read before they write.
-                    leading.armed = false;
-                    return Err(e);
-                }
+                },
             }
         }
     }

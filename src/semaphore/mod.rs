@@ -55,6 +55,7 @@ use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::acquire::Failure;
 use crate::lease::release::Attempts;
 mod permit;
 mod requests;
@@ -243,25 +244,13 @@ impl Semaphore {
                 Ok(None)
             }
             Err(e) => {
-                if !may_have_written(&e) {
+                if !Failure::of(&e).may_have_written() {
                     pending.disarm();
                 }
                 Err(e)
             }
         }
     }
-}
-
-/// Whether a failed request may have granted permits (it must be released).
-fn may_have_written(e: &Error) -> bool {
-    !matches!(
-        e,
-        Error::PermitMismatch { .. }
-            | Error::ForeignValue { .. }
-            | Error::Unsupported { .. }
-            | Error::InvalidKey { .. }
-            | Error::InvalidConfig { .. }
-    )
 }
 
 /// Tokens of a request in flight: released in the background unless disarmed.

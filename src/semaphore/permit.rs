@@ -3,6 +3,7 @@
 use crate::backend::LeaseToken;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
+use crate::lease::acquire::grant;
 use crate::lease::release::Attempts;
 use crate::lease::{Lease, LeaseKind};
 use std::fmt;
@@ -45,24 +46,22 @@ impl Permit {
         sent_at: Instant,
     ) -> Option<Permit> {
         let ttl = semaphores.config.lease_ttl;
-        let lease = Lease::new(
-            key.clone(),
+        let granted = grant(
+            &semaphores.renewals,
+            &semaphores.stats,
+            key,
+            LeaseKind::Permit,
             token,
             0,
             ttl,
             sent_at,
             0,
-            Arc::clone(&semaphores.stats),
-        )
-        .with_kind(LeaseKind::Permit);
-        if Instant::now() >= lease.valid_until() {
-            tracing::debug!(%key, "permit reply arrived after the permit's validity");
+        );
+        let Some(lease) = granted else {
+            // Not held (the reply came after its validity): give the token back.
             spawn_release(semaphores, key, token, Attempts::default());
             return None;
-        }
-        let lease = Arc::new(lease);
-        semaphores.stats.acquired();
-        semaphores.renewals.watch(&lease, sent_at);
+        };
         Some(Permit {
             semaphores: Arc::clone(semaphores),
             lease,

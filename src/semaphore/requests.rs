@@ -2,13 +2,13 @@
 //! waiter, and the FIFO hand-out of what it grants.
 
 use crate::backend::{LeaseToken, LockKind};
-use crate::engine::{Engine, watch_once};
+use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::acquire::{Failure, Pacer};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
@@ -249,11 +249,14 @@ impl Driver {
             self.try_finish();
             return;
         };
-        let wakeups = semaphores.backend.wakeups();
         let ttl = semaphores.config.lease_ttl;
-        let mut wakeup: Option<crate::backend::Wakeup> = None;
+        let mut pacer = Pacer::new(
+            semaphores.backend.wakeups(),
+            LockKind::Semaphore,
+            key,
+            false,
+        );
         let mut queued = false;
-        let mut backoff = Duration::from_millis(10);
         loop {
             let k = match self.next() {
                 Next::Ask(k) => k,
@@ -273,8 +276,7 @@ impl Driver {
             };
             let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
             let mut pending = Pending::new(&semaphores, key, tokens.clone());
-            let generation = wakeups.generation(LockKind::Semaphore, key.as_bytes());
-            let sent_at = Instant::now();
+            let sent_at = pacer.sending();
             semaphores.stats.acquire_attempt();
             queued = true;
             let reply = backend
@@ -283,7 +285,7 @@ impl Driver {
             let retry_in = match reply {
                 Ok(granted) => {
                     pending.disarm();
-                    backoff = Duration::from_millis(10);
+                    pacer.answered();
                     for token in &tokens[..granted.granted.min(k)] {
                         if let Some(permit) = Permit::granted(&semaphores, key, *token, sent_at) {
                             self.hand_out(permit);
@@ -296,44 +298,32 @@ impl Driver {
                     }
                     granted.retry_in
                 }
-                Err(
-                    e @ (Error::Backend { .. }
-                    | Error::Connect { .. }
-                    | Error::QuorumNotReached { .. }),
-                ) => {
-                    // Transient: the tokens are released in the background (they
-                    // may have been granted); the waiters' own deadlines bound this.
-                    drop(pending);
-                    tracing::debug!(%key, error = %e, "permit request failed; retrying");
-                    let delay = backoff;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                    delay
-                }
-                Err(e) => {
-                    if !may_have_written(&e) {
-                        pending.disarm();
+                Err(e) => match Failure::of(&e) {
+                    Failure::Retry => {
+                        // The tokens are released in the background (they may have
+                        // been granted); the waiters' own deadlines bound this.
+                        drop(pending);
+                        tracing::debug!(%key, error = %e, "permit request failed; retrying");
+                        pacer.backoff()
                     }
-                    drop(pending);
-                    self.fail_all(&e);
-                    continue;
-                }
+                    failure => {
+                        if !failure.may_have_written() {
+                            pending.disarm();
+                        }
+                        drop(pending);
+                        self.fail_all(&e);
+                        continue;
+                    }
+                },
             };
             // Wait for a wake-up, the retry delay, or the last waiter leaving.
-            let Some(wakeup) = watch_once(
-                &mut wakeup,
-                wakeups,
-                LockKind::Semaphore,
-                key,
-                generation,
-                false,
-            ) else {
+            if !pacer.watch() {
                 continue;
-            };
+            }
             let retry_at = Instant::now() + retry_in;
             loop {
                 tokio::select! {
-                    _ = wakeup.woken() => break,
-                    _ = tokio::time::sleep_until(retry_at) => break,
+                    _ = pacer.woken_or(retry_at) => break,
                     _ = state.left.notified() => {
                         if state.queue().waiters.is_empty() {
                             break;
