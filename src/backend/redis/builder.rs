@@ -233,6 +233,7 @@ impl RedisBackendBuilder {
             tombstone_ttl_ms: millis((self.response_timeout * 2).max(Duration::from_secs(1))),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
+            replays: Arc::default(),
             notifier: Mutex::new(None),
             stop: stop.clone(),
             _stop: stop.drop_guard(),

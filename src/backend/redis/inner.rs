@@ -35,15 +35,20 @@ impl Inner {
             key.as_bytes(),
             tombstone_ttl_ms.as_bytes(),
         ];
-        let reply = match requeue {
-            None => self.invoke(&RELEASE, &keys, &args).await,
-            Some(age) => {
-                let entry_ttl_ms = self.entry_ttl_ms.to_string();
-                self.invoke_fair(&RELEASE, &keys, &args, age, &[entry_ttl_ms.as_bytes()])
-                    .await
+        let run = async {
+            match requeue {
+                None => self.invoke(&RELEASE, &keys, &args).await,
+                Some(age) => {
+                    let entry_ttl_ms = self.entry_ttl_ms.to_string();
+                    self.invoke_fair(&RELEASE, &keys, &args, age, &[entry_ttl_ms.as_bytes()])
+                        .await
+                }
             }
-        }
-        .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        };
+        let reply = self
+            .replayable(&RELEASE, &keys, &args, run)
+            .await
+            .map_err(|e| map_err(key, Phase::Releasing, e))?;
         let (released, refused) = decode_release(key, &reply)?;
         if let Some(error) = refused {
             warn_refused_publish(key, "release", &error);
@@ -64,6 +69,7 @@ impl Inner {
             // A caller about to wait needs the wake-ups.
             self.ensure_notifier();
         }
+        self.replays.lease_ttl(ttl);
         let n = Names::new(&self.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);

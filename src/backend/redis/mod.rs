@@ -63,6 +63,7 @@ use crate::key::LockKey;
 mod cluster;
 mod conn;
 mod notify;
+mod replay;
 mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
@@ -145,6 +146,8 @@ struct Inner {
     tombstone_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
+    /// Recent releases, repeated on a new primary after a failover.
+    replays: Arc<replay::Replays>,
     /// The notification task, restarted by `ensure_notifier` when it has ended.
     notifier: Mutex<Option<JoinHandle<()>>>,
     stop: CancellationToken,

@@ -94,6 +94,7 @@ impl RedisBackend {
         if queue {
             inner.ensure_notifier();
         }
+        inner.replays.lease_ttl(ttl);
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
             .conn
@@ -126,18 +127,17 @@ impl RedisBackend {
     async fn rw_release(&self, kind: Kind, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let inner = &self.inner;
         let n = RwNames::new(&inner.prefix, key);
+        let token = token.to_hex();
+        let keys: [&[u8]; 4] = [&n.readers, &n.writer, &n.writers, &n.waiting];
+        let args: [&[u8]; 4] = [
+            kind.arg(),
+            token.as_bytes(),
+            inner.channel_prefix.as_bytes(),
+            key.as_bytes(),
+        ];
+        let run = inner.conn.invoke(&RELEASE, &keys, &args);
         let reply = inner
-            .conn
-            .invoke(
-                &RELEASE,
-                &[&n.readers, &n.writer, &n.writers, &n.waiting],
-                &[
-                    kind.arg(),
-                    token.to_hex().as_bytes(),
-                    inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
-                ],
-            )
+            .replayable(&RELEASE, &keys, &args, run)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
         let (released, refused) = super::decode_release(key, &reply)?;

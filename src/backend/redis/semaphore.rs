@@ -161,6 +161,7 @@ impl SemaphoreBackend for RedisBackend {
             // A caller about to wait needs the wake-ups.
             inner.ensure_notifier();
         }
+        inner.replays.lease_ttl(ttl);
         let head = [
             permits.to_string().into_bytes(),
             millis(ttl).to_string().into_bytes(),
@@ -182,18 +183,18 @@ impl SemaphoreBackend for RedisBackend {
 
     async fn release_permit(&self, key: &LockKey, token: LeaseToken) -> Result<bool> {
         let inner = &self.inner;
+        let (n, token) = (SemNames::new(&inner.prefix, key), token.to_hex());
+        let keys = n.keys();
+        let args: [&[u8]; 3] = [
+            token.as_bytes(),
+            inner.channel_prefix.as_bytes(),
+            key.as_bytes(),
+        ];
+        let run = inner.invoke(&SEM_RELEASE, &keys, &args);
         let reply = inner
-            .sem_invoke(
-                &SEM_RELEASE,
-                key,
-                Phase::Releasing,
-                &[
-                    token.to_hex().as_bytes(),
-                    inner.channel_prefix.as_bytes(),
-                    key.as_bytes(),
-                ],
-            )
-            .await?;
+            .replayable(&SEM_RELEASE, &keys, &args, run)
+            .await
+            .map_err(|e| map_err(key, Phase::Releasing, e))?;
         if let Value::Array(items) = &reply
             && let [Value::Int(released @ (0 | 1)), Value::Int(_), rest @ ..] = items.as_slice()
         {
