@@ -69,7 +69,7 @@ impl Inner {
             // A caller about to wait needs the wake-ups.
             self.ensure_notifier();
         }
-        self.replays.lease_ttl(ttl);
+        self.note_lease(ttl);
         let n = Names::new(&self.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);

@@ -94,7 +94,7 @@ impl RedisBackend {
         if queue {
             inner.ensure_notifier();
         }
-        inner.replays.lease_ttl(ttl);
+        inner.note_lease(ttl);
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
             .conn

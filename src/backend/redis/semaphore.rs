@@ -161,7 +161,7 @@ impl SemaphoreBackend for RedisBackend {
             // A caller about to wait needs the wake-ups.
             inner.ensure_notifier();
         }
-        inner.replays.lease_ttl(ttl);
+        inner.note_lease(ttl);
         let head = [
             permits.to_string().into_bytes(),
             millis(ttl).to_string().into_bytes(),
