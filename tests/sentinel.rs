@@ -10,6 +10,10 @@
 //! * `replica_ack_never_grants_a_write_no_replica_has`: with `replica_ack(1, …)` and
 //!   the replicas paused, an acquire fails with `Refused { code: "NOREPLICAS" }` and
 //!   leaves no lock behind; once they resume, it is granted.
+//! * `a_release_lost_in_a_failover_is_repeated_on_the_new_primary`: a mutex, a
+//!   write lease and a permit (default 30 s TTL) released on the old primary
+//!   after the promotion, before the backend follows: another instance gets each
+//!   within 10 s of the release (issue 20).
 #![cfg(feature = "sentinel")]
 
 mod support;
