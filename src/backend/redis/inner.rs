@@ -35,20 +35,17 @@ impl Inner {
             key.as_bytes(),
             tombstone_ttl_ms.as_bytes(),
         ];
-        let run = async {
-            match requeue {
-                None => self.invoke(&RELEASE, &keys, &args).await,
-                Some(age) => {
-                    let entry_ttl_ms = self.entry_ttl_ms.to_string();
-                    self.invoke_fair(&RELEASE, &keys, &args, age, &[entry_ttl_ms.as_bytes()])
-                        .await
-                }
+        let sent = self.replay_version(&keys);
+        let reply = match requeue {
+            None => self.invoke(&RELEASE, &keys, &args).await,
+            Some(age) => {
+                let entry_ttl_ms = self.entry_ttl_ms.to_string();
+                self.invoke_fair(&RELEASE, &keys, &args, age, &[entry_ttl_ms.as_bytes()])
+                    .await
             }
-        };
-        let reply = self
-            .replayable(&RELEASE, &keys, &args, run)
-            .await
-            .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        }
+        .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        self.log_release(sent, &RELEASE, &keys, &args, &reply);
         let (released, refused) = decode_release(key, &reply)?;
         if let Some(error) = refused {
             warn_refused_publish(key, "release", &error);

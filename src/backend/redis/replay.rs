@@ -93,7 +93,6 @@
 #![cfg_attr(not(all(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -539,30 +538,39 @@ impl Inner {
         }
     }
 
-    /// Runs `run`, a release by `script` with `keys` and `args`, and logs it for a
-    /// replay on the next primary if it released something (see the module docs).
-    pub(super) async fn replayable(
+    /// The topology version to log a release of `keys` with (`None`: not logged).
+    /// Read it before the release is sent: a switch meanwhile makes the release
+    /// due for a replay.
+    pub(super) fn replay_version(&self, keys: &[&[u8]]) -> Option<u64> {
+        version(
+            &self.conn,
+            &self.replays,
+            keys.first().map_or(0, |k| slot(k)),
+        )
+    }
+
+    /// Logs a release by `script` with `keys` and `args`, sent under version
+    /// `sent` (from [`replay_version`](Self::replay_version)), for a replay on the
+    /// next primary if its `reply` says it released something (see the module
+    /// docs).
+    pub(super) fn log_release(
         &self,
+        sent: Option<u64>,
         script: &'static Script,
         keys: &[&[u8]],
         args: &[&[u8]],
-        run: impl Future<Output = Result<Value, RedisError>>,
-    ) -> Result<Value, RedisError> {
-        // Read before the release is sent: a switch meanwhile makes it replayed.
-        let at = keys.first().map_or(0, |k| slot(k));
-        let sent = version(&self.conn, &self.replays, at);
-        let reply = run.await;
-        if let (Some(sent), Ok(value)) = (sent, &reply)
-            && released(value)
-        {
-            self.replays.record(Entry::new(script, keys, args, sent));
-            if version(&self.conn, &self.replays, at) != Some(sent) {
-                // Sent before a switch, answered after it: due at once.
-                self.replays.stale.store(true, Ordering::Relaxed);
-            }
-            self.replays.ensure_task(&self.conn, &self.stop);
+        reply: &Value,
+    ) {
+        let Some(sent) = sent else { return };
+        if !released(reply) {
+            return;
         }
-        reply
+        self.replays.record(Entry::new(script, keys, args, sent));
+        if self.replay_version(keys) != Some(sent) {
+            // Sent before a switch, answered after it: due at once.
+            self.replays.stale.store(true, Ordering::Relaxed);
+        }
+        self.replays.ensure_task(&self.conn, &self.stop);
     }
 }
 

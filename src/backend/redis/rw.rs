@@ -135,11 +135,13 @@ impl RedisBackend {
             inner.channel_prefix.as_bytes(),
             key.as_bytes(),
         ];
-        let run = inner.conn.invoke(&RELEASE, &keys, &args);
+        let sent = inner.replay_version(&keys);
         let reply = inner
-            .replayable(&RELEASE, &keys, &args, run)
+            .conn
+            .invoke(&RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        inner.log_release(sent, &RELEASE, &keys, &args, &reply);
         let (released, refused) = super::decode_release(key, &reply)?;
         if let Some(error) = refused {
             warn_refused_publish(key, "read-write release", &error);

@@ -190,11 +190,12 @@ impl SemaphoreBackend for RedisBackend {
             inner.channel_prefix.as_bytes(),
             key.as_bytes(),
         ];
-        let run = inner.invoke(&SEM_RELEASE, &keys, &args);
+        let sent = inner.replay_version(&keys);
         let reply = inner
-            .replayable(&SEM_RELEASE, &keys, &args, run)
+            .invoke(&SEM_RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        inner.log_release(sent, &SEM_RELEASE, &keys, &args, &reply);
         if let Value::Array(items) = &reply
             && let [Value::Int(released @ (0 | 1)), Value::Int(_), rest @ ..] = items.as_slice()
         {
