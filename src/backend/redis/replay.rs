@@ -29,8 +29,8 @@
 //!   itself but does not say which node ran a request, hence a map of our own.
 //!
 //! A background task checks the version (every [`POLL`] on Sentinel) and runs
-//! every entry whose version moved on again on the current primary (at most
-//! [`CONCURRENCY`] at a time): through the sentinel connection, or addressed to
+//! every entry whose version moved on again on the current primary (newest
+//! first, at most [`CONCURRENCY`] at a time): through the sentinel connection, or addressed to
 //! the slot's new primary in the map (not through the cluster client's routing,
 //! which may still point at the old one). A release sent before a switch whose
 //! reply comes after it is replayed the same way. A replay that fails (the new
@@ -653,10 +653,12 @@ async fn run(conn: Conn, replays: Arc<Replays>, stop: CancellationToken) {
             }
         };
         retry = false;
-        let due = replays.take_due(&current);
+        let mut due = replays.take_due(&current);
         if due.is_empty() {
             continue;
         }
+        // Newest first: the releases a failover lost are the latest ones.
+        due.reverse();
         let targets: Vec<Option<(String, u16)>> = {
             let view = replays.view.lock().unwrap_or_else(PoisonError::into_inner);
             due.iter()
