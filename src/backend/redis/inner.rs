@@ -45,8 +45,8 @@ impl Inner {
             }
         }
         .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        self.log_release(sent, &RELEASE, &keys, &args, &reply);
         let (released, refused) = decode_release(key, &reply)?;
+        self.log_release(sent, &RELEASE, &keys, &args, &reply);
         if let Some(error) = refused {
             warn_refused_publish(key, "release", &error);
         }

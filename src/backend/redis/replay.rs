@@ -53,9 +53,10 @@
 //!    and wake waiters when the lock or permits are free (a wake-up only tells an
 //!    instance to try).
 //! 2. A token names one lease: it is 128 random bits, and the lockers never acquire
-//!    with a token again once a release of it has been answered (a token is reused
-//!    only to reconcile an acquire or a release whose reply was lost, and such a
-//!    release is not logged: only released replies are).
+//!    with a token again once a release of it has returned `Ok` (a token is reused
+//!    only to reconcile an acquire or a release that returned an error; such a
+//!    release is not logged: only releases that returned "released" are, logged
+//!    after their reply was decoded).
 //!
 //! So a replayed release either deletes the very lease that was released (still on
 //! the new primary only because the failover lost the release) or changes no lease

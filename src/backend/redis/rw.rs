@@ -141,8 +141,8 @@ impl RedisBackend {
             .invoke(&RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        inner.log_release(sent, &RELEASE, &keys, &args, &reply);
         let (released, refused) = super::decode_release(key, &reply)?;
+        inner.log_release(sent, &RELEASE, &keys, &args, &reply);
         if let Some(error) = refused {
             warn_refused_publish(key, "read-write release", &error);
         }

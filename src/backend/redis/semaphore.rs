@@ -195,10 +195,10 @@ impl SemaphoreBackend for RedisBackend {
             .invoke(&SEM_RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        inner.log_release(sent, &SEM_RELEASE, &keys, &args, &reply);
         if let Value::Array(items) = &reply
             && let [Value::Int(released @ (0 | 1)), Value::Int(_), rest @ ..] = items.as_slice()
         {
+            inner.log_release(sent, &SEM_RELEASE, &keys, &args, &reply);
             if let Some(error) = refused(rest) {
                 warn_refused_publish(key, "semaphore release", &error);
             }
