@@ -268,9 +268,20 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     println!(
         "after the release: mutex {m:?}, write lease {w:?}, permit {p:?} taken by the other instance"
     );
-    // The killed node comes back (empty) and rejoins as a replica.
+    // The killed node comes back (empty) and rejoins as a replica; the next test
+    // needs its replication up (a full sync starts after a 5 s diskless delay).
     pnode.restart();
     c.wait_ok(Duration::from_secs(30)).await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            pnode
+                .cmd::<String>(&["INFO", "replication"])
+                .await
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        })
+        .await,
+        "the restarted node did not finish its sync from the new primary"
+    );
     for (kind, r) in [("mutex", m), ("write lease", w), ("permit", p)] {
         let at = r.unwrap_or_else(|e| {
             panic!("the {kind} released on the old primary stayed taken on the new one: {e}")
