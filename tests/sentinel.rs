@@ -10,6 +10,10 @@
 //! * `replica_ack_never_grants_a_write_no_replica_has`: with `replica_ack(1, …)` and
 //!   the replicas paused, an acquire fails with `Refused { code: "NOREPLICAS" }` and
 //!   leaves no lock behind; once they resume, it is granted.
+//! * `a_release_lost_in_a_failover_is_repeated_on_the_new_primary`: a mutex, a
+//!   write lease and a permit (default 30 s TTL) released on the old primary
+//!   after the promotion, before the backend follows: another instance gets each
+//!   within 10 s of the release (issue 20).
 #![cfg(feature = "sentinel")]
 
 mod support;
@@ -256,4 +260,136 @@ async fn replica_ack_never_grants_a_write_no_replica_has() {
         .await
         .expect("granted once replicas acknowledge");
     g.release().await.unwrap();
+}
+
+/// Issue 20: a release that lands on the old primary after the promotion and
+/// before the backend follows is lost with the failover; the backend repeats it on
+/// the new primary, so the key is free again within about the failover time, not
+/// one lease TTL. With the default 30 s TTL, one instance holds a mutex, a write
+/// lease and a semaphore's only permit; `SENTINEL FAILOVER` runs, and as soon as a
+/// replica answers `ROLE` as master (the old primary still accepts writes, and the
+/// backend has not heard `+switch-master` yet) the holder releases all three. Once
+/// both backends follow the new primary, another instance must get each of them
+/// within 10 s of the release (without the replay it waits ~30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
+    let _serial = SERIAL.lock().await;
+    let t = topology().await;
+    t.wait_settled(Duration::from_secs(60)).await;
+    let prefix = unique_prefix("replay");
+    let (a, b) = (backend(&prefix, false).await, backend(&prefix, false).await);
+    let old = t.primary_addr().await;
+    assert_eq!(a.server(), old);
+    // The default lease TTL (30 s).
+    let holder = Locker::builder(a.clone()).build().unwrap();
+    let other = Locker::builder(b.clone()).build().unwrap();
+    let (mutex, rw, sem) = (
+        LockKey::from("m"),
+        LockKey::from("rw"),
+        LockKey::from("sem"),
+    );
+    let guard = holder.lock(&mutex).await.unwrap();
+    let write = holder.write(&rw).await.unwrap();
+    let permit = holder.semaphore(&sem, 1).acquire().await.unwrap();
+    let names = [
+        String::from_utf8(a.lock_name(&mutex)).unwrap(),
+        format!("{}:wr", String::from_utf8(a.lock_name(&rw)).unwrap()),
+        String::from_utf8(a.permits_name(&sem)).unwrap(),
+    ];
+    // Every replica has the three leases, so whichever is promoted holds them.
+    let replicas: Vec<_> = t
+        .data
+        .iter()
+        .filter(|n| n.is_running() && n.hostport() != old)
+        .collect();
+    for r in &replicas {
+        for name in &names {
+            assert!(
+                wait_until(Duration::from_secs(5), || async {
+                    r.cmd::<bool>(&["EXISTS", name]).await.unwrap_or(false)
+                })
+                .await,
+                "{name} did not reach the replica {}",
+                r.hostport()
+            );
+        }
+    }
+
+    t.failover().await;
+    // The moment a replica is promoted: the old primary still takes writes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = 'promoted: loop {
+        for r in &replicas {
+            let role: Result<Vec<redis::Value>, _> = r.cmd(&["ROLE"]).await;
+            if let Ok(role) = role
+                && matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master")
+            {
+                break 'promoted r.hostport();
+            }
+        }
+        assert!(Instant::now() < deadline, "no replica was promoted");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let before = a.server();
+    let released_at = Instant::now();
+    let (m, w, p) = tokio::join!(guard.release(), write.release(), permit.release());
+    let after = a.server();
+    m.expect("mutex release");
+    w.expect("write release");
+    p.expect("permit release");
+    assert!(
+        before == old && after == old,
+        "the holder followed the new primary before its releases ran ({before} → {after}); \
+         the window this test needs was missed"
+    );
+    println!(
+        "released on the old primary {old} {:?} after {new} was promoted",
+        released_at.elapsed()
+    );
+
+    // Both backends follow the new primary.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let all = a.server() == new && b.server() == new;
+            async move { all }
+        })
+        .await,
+        "the backends did not follow {new}: {} {}",
+        a.server(),
+        b.server()
+    );
+    // The other instance gets all three soon after the release, not a TTL later.
+    let bound = Duration::from_secs(10);
+    let wait = bound.saturating_sub(released_at.elapsed());
+    let other_sem = other.semaphore(&sem, 1);
+    let (m, w, p) = tokio::join!(
+        async {
+            let g = other.lock_within(&mutex, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other.write_within(&rw, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other_sem.acquire_within(wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+    );
+    println!(
+        "after the release: mutex {m:?}, write lease {w:?}, permit {p:?} taken by the other instance"
+    );
+    for (kind, r) in [("mutex", m), ("write lease", w), ("permit", p)] {
+        let at = r.unwrap_or_else(|e| {
+            panic!("the {kind} released on the old primary stayed taken on the new one: {e}")
+        });
+        assert!(
+            at < bound,
+            "the {kind} was free again only {at:?} after its release"
+        );
+    }
+    t.wait_settled(Duration::from_secs(60)).await;
 }

@@ -148,3 +148,148 @@ async fn killed_primary_while_held() {
     c.wait_ok(Duration::from_secs(30)).await;
     wait_idle(&[holder, waiter], IDLE).await;
 }
+
+/// Issue 20: a release acknowledged by a primary that fails before its replica has
+/// it is lost with the failover; the backend repeats it on the promoted replica,
+/// so the key is free again within about the failover time, not one lease TTL.
+/// With the default 30 s TTL, one instance holds a mutex, a write lease and a
+/// semaphore's only permit on one shard. The shard's replication link is cut
+/// (`CLIENT KILL TYPE replica` while the replica is paused, so that it cannot
+/// reconnect), the holder releases all three, and the primary is killed at once:
+/// the replica still holds all three (checked) and is promoted. Another instance must get each
+/// of them within 10 s of the release (without the replay it waits ~30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let (_serial, c) = cluster_for_this_test().await;
+    let (a, b) = two_instances("replay").await;
+    let (_, victim) = key_per_shard(&a, "r").await.remove(0);
+    // Three keys on the victim's shard.
+    let on_victim = |stem: &str| {
+        (0..)
+            .map(|i| LockKey::from(format!("{stem}{i}")))
+            .find(|k| {
+                let slot = Cluster::slot(&a.lock_name(k));
+                victim.slots.iter().any(|&(x, y)| x <= slot && slot <= y)
+            })
+            .unwrap()
+    };
+    let (mutex, rw, sem) = (on_victim("m"), on_victim("rw"), on_victim("sem"));
+    // The default lease TTL (30 s).
+    let holder = Locker::builder(a.clone()).build().unwrap();
+    let other = Locker::builder(b.clone()).build().unwrap();
+    let guard = holder.lock(&mutex).await.unwrap();
+    let write = holder.write(&rw).await.unwrap();
+    let permit = holder.semaphore(&sem, 1).acquire().await.unwrap();
+    let names = [
+        String::from_utf8(a.lock_name(&mutex)).unwrap(),
+        format!("{}:wr", String::from_utf8(a.lock_name(&rw)).unwrap()),
+        String::from_utf8(a.permits_name(&sem)).unwrap(),
+    ];
+    let replica = c.replicas_of(&victim.id).await;
+    assert_eq!(replica.len(), 1, "one replica per primary");
+    let replica = replica[0].clone();
+    let rnode = c.by_addr(&replica.addr);
+    let on_replica = |name: String| async move {
+        let mut con = rnode.connection().await;
+        redis::cmd("READONLY")
+            .query_async::<()>(&mut con)
+            .await
+            .ok();
+        redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async::<bool>(&mut con)
+            .await
+            .unwrap_or(false)
+    };
+    for name in &names {
+        assert!(
+            wait_until(Duration::from_secs(5), || on_replica(name.clone())).await,
+            "{name} did not reach the replica"
+        );
+    }
+
+    // Cut replication (the replica, paused, cannot reconnect), release on the
+    // primary, kill it, and let the replica go on.
+    let pnode = c.by_addr(&victim.addr);
+    rnode.pause();
+    let _: i64 = pnode
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
+        .await
+        .unwrap();
+    let released_at = Instant::now();
+    let (m, w, p) = tokio::join!(guard.release(), write.release(), permit.release());
+    pnode.kill();
+    rnode.resume();
+    m.expect("mutex release");
+    w.expect("write release");
+    p.expect("permit release");
+    for name in &names {
+        assert!(
+            on_replica(name.clone()).await,
+            "{name} is gone from the replica: the release reached it, the window was missed"
+        );
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            c.primaries().await.iter().any(|p| p.id == replica.id)
+        })
+        .await,
+        "the replica was not promoted"
+    );
+    println!(
+        "the replica was promoted {:?} after the releases",
+        released_at.elapsed()
+    );
+
+    // The other instance gets all three soon after the release, not a TTL later.
+    let bound = Duration::from_secs(10);
+    let wait = bound.saturating_sub(released_at.elapsed());
+    let other_sem = other.semaphore(&sem, 1);
+    let (m, w, p) = tokio::join!(
+        async {
+            let g = other.lock_within(&mutex, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other.write_within(&rw, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other_sem.acquire_within(wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+    );
+    println!(
+        "after the release: mutex {m:?}, write lease {w:?}, permit {p:?} taken by the other instance"
+    );
+    // The killed node comes back (empty) and rejoins as a replica; the next test
+    // needs its replication up (a full sync starts after a 5 s diskless delay).
+    pnode.restart();
+    c.wait_ok(Duration::from_secs(30)).await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            pnode
+                .cmd::<String>(&["INFO", "replication"])
+                .await
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        })
+        .await,
+        "the restarted node did not finish its sync from the new primary"
+    );
+    for (kind, r) in [("mutex", m), ("write lease", w), ("permit", p)] {
+        let at = r.unwrap_or_else(|e| {
+            panic!("the {kind} released on the old primary stayed taken on the new one: {e}")
+        });
+        assert!(
+            at < bound,
+            "the {kind} was free again only {at:?} after its release"
+        );
+    }
+    wait_idle(&[holder, other], IDLE).await;
+}

@@ -11,6 +11,9 @@
 //!   `MIGRATE` under a workload: no overlap, the workload continues, waiters woken.
 //! * `killed_primary_while_held`: the holder is lost or keeps a lease the promoted
 //!   replica has; other shards unaffected; the key's fencing tokens never go back.
+//! * `a_release_lost_in_a_failover_is_repeated_on_the_new_primary`: releases the
+//!   killed primary acknowledged but never replicated are repeated on the
+//!   promoted replica: the keys are free within 10 s, not one 30 s TTL.
 //! * `wakeup_latency_cluster_vs_single`: p50 within one RTT + 1 ms of one server.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
 //!   pub/sub for wake-ups (printed; both must deliver).

@@ -260,6 +260,7 @@ impl RedisBackendBuilder {
             )),
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
+            replays: Arc::default(),
             notifier: Mutex::new(None),
             stop: stop.clone(),
             _stop: stop.drop_guard(),

@@ -38,6 +38,7 @@ impl Inner {
             &message,
             record_ttl_ms.as_bytes(),
         ];
+        let sent = self.replay_version(&keys);
         let reply = match requeue {
             None => self.invoke(&RELEASE, &keys, &args).await,
             Some(age) => {
@@ -48,6 +49,7 @@ impl Inner {
         }
         .map_err(|e| map_err(key, Phase::Releasing, e))?;
         let (released, refused) = decode_release(key, &reply)?;
+        self.log_release(sent, &RELEASE, &keys, &args, &reply);
         if let Some(error) = refused {
             warn_refused_publish(key, "release", &error);
         }
@@ -67,6 +69,7 @@ impl Inner {
             // A caller about to wait needs the wake-ups.
             self.ensure_notifier();
         }
+        self.note_lease(ttl);
         let n = Names::new(&self.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);

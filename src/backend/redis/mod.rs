@@ -43,6 +43,12 @@
 //! as long as the release schedule can repeat the release (see
 //! [`RedisBackendBuilder::response_timeout`]).
 //!
+//! On Sentinel and on a cluster, a release that a failover may have lost (the old
+//! primary took it, the promoted replica never got it) is repeated on the new
+//! primary in the background, so the key is free again within about the failover
+//! time instead of one lease TTL; a release deletes nothing but its own token's
+//! lease, so repeating it is safe (`replay.rs` has the details and bounds).
+//!
 //! # Errors
 //!
 //! Server refusals that retrying at once will not change (`OOM`, `READONLY`, a script
@@ -71,6 +77,7 @@ mod acked;
 mod cluster;
 mod conn;
 mod notify;
+mod replay;
 mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
@@ -165,6 +172,8 @@ struct Inner {
     release_record_ttl_ms: u64,
     connection_timeout: Duration,
     subscriber: notify::Status,
+    /// Recent releases, repeated on a new primary after a failover.
+    replays: Arc<replay::Replays>,
     /// The notification task, restarted by `ensure_notifier` when it has ended.
     notifier: Mutex<Option<JoinHandle<()>>>,
     stop: CancellationToken,
@@ -253,7 +262,10 @@ impl RedisBackend {
     /// their key's slot, `MOVED`/`ASK` redirects are followed and the topology is
     /// refreshed by the `redis` crate's cluster client; wake-ups use one classic
     /// pub/sub subscription on one node (see the module docs of the cluster mode in
-    /// the crate's design notes).
+    /// the crate's design notes). While leases may live, the backend reads the slot
+    /// map (`CLUSTER SLOTS`) every 250 ms, so that a release acknowledged by a
+    /// primary that then failed before its replica had it is repeated on the
+    /// promoted replica.
     ///
     /// ```no_run
     /// # async fn demo() -> lockflight::Result<()> {
@@ -283,7 +295,10 @@ impl RedisBackend {
     /// is looked up at connect, and again on `+switch-master`, on connection errors
     /// and on `READONLY`; a renewal answered `READONLY` by a demoted primary is a
     /// loss at once. See [`replica_ack`](RedisBackendBuilder::replica_ack) to
-    /// narrow the window in which a failover loses a granted lock.
+    /// narrow the window in which a failover loses a granted lock. A release that
+    /// reached the old primary after the promotion (lost with the failover) is
+    /// repeated on the new primary once the backend follows it, so the key is not
+    /// held until the lease's TTL ends.
     ///
     /// ```no_run
     /// # async fn demo() -> lockflight::Result<()> {

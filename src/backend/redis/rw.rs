@@ -100,6 +100,7 @@ impl RedisBackend {
         if queue {
             inner.ensure_notifier();
         }
+        inner.note_lease(ttl);
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
             .invoke_lease(
@@ -133,21 +134,23 @@ impl RedisBackend {
         let n = RwNames::new(&inner.prefix, key);
         let token = token.to_hex();
         let record = Names::new(&inner.prefix, key).release_record(&token);
+        let message = wake_message(LockKind::ReadWrite, key);
+        let record_ttl_ms = inner.release_record_ttl_ms.to_string();
+        let keys: [&[u8]; 5] = [&n.readers, &n.writer, &n.writers, &n.waiting, &record];
+        let args: [&[u8]; 5] = [
+            kind.arg(),
+            token.as_bytes(),
+            inner.channel_prefix.as_bytes(),
+            &message,
+            record_ttl_ms.as_bytes(),
+        ];
+        let sent = inner.replay_version(&keys);
         let reply = inner
-            .invoke(
-                &RELEASE,
-                &[&n.readers, &n.writer, &n.writers, &n.waiting, &record],
-                &[
-                    kind.arg(),
-                    token.as_bytes(),
-                    inner.channel_prefix.as_bytes(),
-                    &wake_message(LockKind::ReadWrite, key),
-                    inner.release_record_ttl_ms.to_string().as_bytes(),
-                ],
-            )
+            .invoke(&RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
         let (released, refused) = super::decode_release(key, &reply)?;
+        inner.log_release(sent, &RELEASE, &keys, &args, &reply);
         if let Some(error) = refused {
             warn_refused_publish(key, "read-write release", &error);
         }

@@ -183,6 +183,7 @@ impl SemaphoreBackend for RedisBackend {
             // A caller about to wait needs the wake-ups.
             inner.ensure_notifier();
         }
+        inner.note_lease(ttl);
         let head = [
             permits.to_string().into_bytes(),
             millis(ttl).to_string().into_bytes(),
@@ -204,26 +205,27 @@ impl SemaphoreBackend for RedisBackend {
 
     async fn release_permit(&self, key: &LockKey, token: LeaseToken) -> Result<bool> {
         let inner = &self.inner;
-        let n = SemNames::new(&inner.prefix, key);
-        let token = token.to_hex();
+        let (n, token) = (SemNames::new(&inner.prefix, key), token.to_hex());
         let record = Names::new(&inner.prefix, key).release_record(&token);
+        let message = wake_message(LockKind::Semaphore, key);
+        let record_ttl_ms = inner.release_record_ttl_ms.to_string();
         let [permits, count, queue, expiry] = n.keys();
+        let keys: [&[u8]; 5] = [permits, count, queue, expiry, &record];
+        let args: [&[u8]; 4] = [
+            token.as_bytes(),
+            inner.channel_prefix.as_bytes(),
+            &message,
+            record_ttl_ms.as_bytes(),
+        ];
+        let sent = inner.replay_version(&keys);
         let reply = inner
-            .invoke(
-                &SEM_RELEASE,
-                &[permits, count, queue, expiry, &record],
-                &[
-                    token.as_bytes(),
-                    inner.channel_prefix.as_bytes(),
-                    &wake_message(LockKind::Semaphore, key),
-                    inner.release_record_ttl_ms.to_string().as_bytes(),
-                ],
-            )
+            .invoke(&SEM_RELEASE, &keys, &args)
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
         if let Value::Array(items) = &reply
             && let [Value::Int(released @ (0 | 1)), Value::Int(_), rest @ ..] = items.as_slice()
         {
+            inner.log_release(sent, &SEM_RELEASE, &keys, &args, &reply);
             if let Some(error) = refused(rest) {
                 warn_refused_publish(key, "semaphore release", &error);
             }
