@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::{LockGuard, LockerState, spawn_detached};
 use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -14,7 +15,6 @@ use crate::lease::LeaseKind;
 use crate::lease::acquire::{Failure, Pacer, grant};
 use crate::slot::{Abandon, Lead, Slot};
 
-use super::*;
 /// What one call asks of the leader loop.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Call {

@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{Locker, LockerState};
 use crate::backend::LockBackend;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lease;
-use crate::settings::Config;
-
-use super::*;
+use crate::settings::{Config, Handoff, LossPolicy};
 
 /// Per-call settings of [`Locker::lock_with`] (and per route, of
 /// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field

@@ -7,13 +7,12 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::LockerState;
 use crate::backend::LockBackend;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lease::release::{self, Attempts};
 use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
-
-use super::*;
 
 /// While other instances wait for a key, a lease serves at most this many handoffs
 /// per local task that was waiting when it was taken...

@@ -1,17 +1,21 @@
 //! The calls behind `Locker::read` and `Locker::write`, and the acquire loop.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use share::Arrive;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{
+    Call, Entry, Gate, Kind, Leading, ReadGuard, RwLocks, WriteGuard, acquire_call, admit, share,
+    unsupported,
+};
 use crate::backend::{Acquire, LeaseToken, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::lease::acquire::{Failure, Pacer, grant};
-use share::Arrive;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::time::Instant;
-use tracing::Instrument;
-
-use super::*;
 
 impl RwLocks {
     /// [`Locker::read_within`](crate::Locker::read_within).

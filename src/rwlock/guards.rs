@@ -1,15 +1,16 @@
 //! The guards a holder gets, and what they say about their lease.
 
-use crate::error::{Phase, Result};
-use crate::key::LockKey;
-use crate::lease::FencingToken;
-use crate::lease::Lease;
 use std::fmt;
 use std::sync::Arc;
+
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
 use tokio::time::Instant;
 
-use super::*;
+use super::{Entry, Gate, Kind, ReleaseJob};
+use crate::error::{Phase, Result};
+use crate::key::LockKey;
+use crate::lease::release::Attempts;
+use crate::lease::{FencingToken, Lease};
 
 /// The end of both guards' `release`: runs the backend release when this holder
 /// was the last, and reports a loss seen before it (`lost`) as the outcome.

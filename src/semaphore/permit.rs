@@ -1,16 +1,17 @@
 //! [`Permit`]: one held permit, its loss signal and its release.
 
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Semaphores, spawn_release};
 use crate::backend::LeaseToken;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::lease::acquire::grant;
 use crate::lease::release::Attempts;
 use crate::lease::{Lease, LeaseKind};
-use std::fmt;
-use std::sync::Arc;
-use tokio::time::Instant;
-
-use super::*;
 
 /// A held permit of a [`Semaphore`].
 ///

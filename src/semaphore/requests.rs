@@ -1,18 +1,19 @@
 //! The per-key request task: one backend request for the permits of every local
 //! waiter, and the FIFO hand-out of what it grants.
 
+use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::{MAX_BATCH, Pending, Permit};
 use crate::backend::{LeaseToken, LockKind};
 use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::acquire::{Failure, Pacer};
-use std::collections::{HashMap, VecDeque};
-use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{Notify, oneshot};
-use tokio::time::Instant;
-
-use super::*;
 
 /// The semaphores of one locker, per key, over the locker's engine (which it
 /// derefs to).

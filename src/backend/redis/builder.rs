@@ -7,8 +7,12 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
-use super::*;
-use crate::backend::WakeRegistry;
+#[cfg(feature = "cluster")]
+use super::cluster;
+#[cfg(feature = "sentinel")]
+use super::sentinel;
+use super::{Conn, Inner, Timeouts, Topology, acked, conn, connect_error, notify};
+use crate::backend::{RedisBackend, WakeRegistry};
 use crate::error::{Error, Result};
 
 /// The key `connect` runs the extend script on (with a random token: it writes

@@ -81,6 +81,7 @@ impl Conn {
     /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`). A `renewal` is not
     /// run again on a new primary after a `READONLY` (see `sentinel`): for every
     /// kind, that refusal reaches the lease as a loss.
+    #[cfg_attr(not(feature = "sentinel"), allow(unused_variables))]
     pub(super) async fn invoke(
         &self,
         script: &Script,

@@ -7,7 +7,11 @@ use std::time::Duration;
 use redis::{RedisError, Script, Value};
 
 use super::notify::wake_message;
-use super::*;
+use super::{
+    ACQUIRE, CheckFailed, Class, EXTEND, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE,
+    classify, connect_error, decode_acquire, decode_extend, decode_leave, decode_release,
+    is_auth_failure, map_err, millis, notify, warn_refused_publish,
+};
 use crate::backend::{Acquire, LeaseToken, LockKind, Released};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::*;
+use super::unexpected;
 use crate::backend::{Acquire, Extend, Released};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;

@@ -1,8 +1,17 @@
 //! [`RedlockBackendBuilder`]: the nodes, their timeouts and the validation of
 //! both, and connecting to every node.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
+use futures::future::join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio_util::sync::CancellationToken;
+
+use super::{FENCE, Inner, MAX_NODES, Node};
+use crate::backend::{RedisBackend, RedlockBackend, WakeRegistry};
+use crate::error::{Error, Result};
 /// Settings of a [`RedlockBackend`]; see [`RedlockBackend::builder`].
 #[derive(Clone)]
 #[must_use]

@@ -1,7 +1,17 @@
 //! The [`LockBackend`] calls: acquire, release, extend and leave, each over every
 //! node.
 
-use super::*;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::Outcome;
+use crate::backend::{
+    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, WakeRegistry,
+};
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
 
 #[async_trait]
 impl LockBackend for RedlockBackend {

@@ -90,23 +90,16 @@
 //! critical section stay a small fraction of N.
 
 use std::fmt;
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dashmap::DashMap;
-use futures::future::join_all;
 use redis::Script;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::time::Instant;
+use redis::aio::ConnectionManager;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::WakeRegistry;
 use super::redis::{RedisBackend, RedisBackendBuilder};
-use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry, Wakeup};
-use crate::error::{Error, Phase, Result};
-use crate::key::LockKey;
+use crate::error::{Error, Result};
 
 mod builder;
 mod lock_backend;

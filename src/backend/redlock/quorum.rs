@@ -1,7 +1,17 @@
 //! The quorum rounds: one request per node in parallel, the acquire round with
 //! its fence write-back round, and the release of what a failed round left.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+
+use super::{FENCE, Inner, Node, Outcome, drift, fence_ttl_ms, is_definite};
+use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
+use crate::error::{Error, Phase, Result};
+use crate::key::LockKey;
 
 impl Inner {
     /// Runs `op` on every node in parallel, each bounded by the node timeout.

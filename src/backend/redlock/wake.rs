@@ -1,8 +1,17 @@
 //! Wake-ups over a quorum: each key's wake node, and the task that forwards its
 //! wake-ups to this backend's watchers (see the module docs' "Wake-ups").
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use dashmap::DashMap;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Inner;
+use crate::backend::{LockBackend, LockKind, WakeRegistry, Wakeup};
+use crate::key::LockKey;
 /// Per key this instance waits for: the task forwarding its wake node's wake-ups.
 pub(super) type Forwarders = DashMap<LockKey, Arc<Forwarder>>;
 
