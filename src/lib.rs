@@ -66,7 +66,7 @@
 //!
 //! ## Where to start
 //!
-//! * [`Locker`]: `lock`, `lock_with` (per-call [`LockOptions`]), `try_lock`,
+//! * [`Locker`]: `lock`, `lock_with_options` (per-call [`LockOptions`]), `try_lock`,
 //!   `with_lock`, `lock_many` (a [`MultiGuard`](guard::MultiGuard) over several
 //!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock
 //!   family: [`read`/`write`](rwlock) and [`semaphore`]; fair mode

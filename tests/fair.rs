@@ -271,7 +271,8 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
             "fair try_lock barged"
         );
         assert!(matches!(
-            fair.lock_with(&key, LockOptions::new().try_only()).await,
+            fair.lock_with_options(&key, LockOptions::new().try_only())
+                .await,
             Err(Error::Busy { .. })
         ));
         assert!(

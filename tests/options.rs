@@ -1,4 +1,4 @@
-//! Per-call settings (`Locker::lock_with`) and per-route settings
+//! Per-call settings (`Locker::lock_with_options`) and per-route settings
 //! (`LockLayer::options`) against a real Redis: a wait timeout, a lease TTL, and
 //! fail-fast (`try_only`).
 
@@ -33,7 +33,7 @@ async fn a_per_call_wait_timeout_replaces_the_lockers() {
     let guard = locker.lock("k").await.unwrap();
     let started = Instant::now();
     let err = locker
-        .lock_with(
+        .lock_with_options(
             "k",
             LockOptions::new().wait_timeout(Duration::from_millis(300)),
         )
@@ -69,7 +69,7 @@ async fn try_only_fails_fast_with_busy_and_one_request() {
     let before = two.stats();
     let started = Instant::now();
     let err = two
-        .lock_with("k", LockOptions::new().try_only())
+        .lock_with_options("k", LockOptions::new().try_only())
         .await
         .unwrap_err();
     assert!(
@@ -82,7 +82,7 @@ async fn try_only_fails_fast_with_busy_and_one_request() {
     // Held by another task of this process: no backend request at all.
     let before = one.stats();
     let err = one
-        .lock_with("k", LockOptions::new().try_only())
+        .lock_with_options("k", LockOptions::new().try_only())
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err}");
@@ -90,7 +90,7 @@ async fn try_only_fails_fast_with_busy_and_one_request() {
 
     held.release().await.unwrap();
     let guard = two
-        .lock_with("k", LockOptions::new().try_only())
+        .lock_with_options("k", LockOptions::new().try_only())
         .await
         .expect("free: taken at once");
     guard.release().await.unwrap();
@@ -109,7 +109,7 @@ async fn a_per_call_lease_ttl_is_what_redis_holds() {
             .unwrap()
     };
     let guard = locker
-        .lock_with(&key, LockOptions::new().lease_ttl(Duration::from_secs(90)))
+        .lock_with_options(&key, LockOptions::new().lease_ttl(Duration::from_secs(90)))
         .await
         .unwrap();
     let left = pttl(con.clone(), backend.lock_name(&key)).await;
@@ -121,7 +121,7 @@ async fn a_per_call_lease_ttl_is_what_redis_holds() {
 
     // A TTL the locker cannot renew in time (renewal every 10 s) is refused.
     let err = locker
-        .lock_with(&key, LockOptions::new().lease_ttl(Duration::from_secs(2)))
+        .lock_with_options(&key, LockOptions::new().lease_ttl(Duration::from_secs(2)))
         .await
         .unwrap_err();
     match &err {

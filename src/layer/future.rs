@@ -99,7 +99,7 @@ where
         let id = locker.id();
         ResponseFuture {
             state: State::Locking {
-                lock: Box::pin(async move { locker.lock_with(key, options).await }),
+                lock: Box::pin(async move { locker.lock_with_options(key, options).await }),
                 call: Some((service, req)),
                 abort_on_loss,
                 locker: id,

@@ -91,7 +91,7 @@ pub(crate) struct Lease {
     stats: Arc<StatsInner>,
     /// The lease's index in the renewal set (`usize::MAX` when not in it). Only
     /// written while the set's mutex is held.
-    slot: AtomicUsize,
+    renewal_index: AtomicUsize,
 }
 
 impl Lease {
@@ -120,7 +120,7 @@ impl Lease {
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
             stats,
-            slot: AtomicUsize::new(usize::MAX),
+            renewal_index: AtomicUsize::new(usize::MAX),
         }
     }
 

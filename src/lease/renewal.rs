@@ -94,16 +94,16 @@ impl Renewals {
         if lease.is_stopped() {
             return;
         }
-        lease.slot.store(held.len(), Ordering::Relaxed);
+        lease.renewal_index.store(held.len(), Ordering::Relaxed);
         held.push((due, Arc::clone(lease)));
     }
 
     /// Takes the entry at `index` out of the set (the caller holds the lock).
     fn take(held: &mut Vec<(Instant, Arc<Lease>)>, index: usize) -> Arc<Lease> {
         let (_, lease) = held.swap_remove(index);
-        lease.slot.store(NOT_QUEUED, Ordering::Relaxed);
+        lease.renewal_index.store(NOT_QUEUED, Ordering::Relaxed);
         if let Some((_, moved)) = held.get(index) {
-            moved.slot.store(index, Ordering::Relaxed);
+            moved.renewal_index.store(index, Ordering::Relaxed);
         }
         lease
     }
@@ -112,7 +112,7 @@ impl Renewals {
     pub(crate) fn forget(&self, lease: &Lease) {
         lease.stop();
         let mut held = self.lock();
-        let index = lease.slot.load(Ordering::Relaxed);
+        let index = lease.renewal_index.load(Ordering::Relaxed);
         if index != NOT_QUEUED {
             Self::take(&mut held, index);
         }
@@ -305,7 +305,7 @@ mod tests {
         let left: Vec<u64> = r.lock().iter().map(|(_, l)| l.epoch).collect();
         assert_eq!(left.len(), 3);
         for (i, (_, l)) in r.lock().iter().enumerate() {
-            assert_eq!(l.slot.load(Ordering::Relaxed), i);
+            assert_eq!(l.renewal_index.load(Ordering::Relaxed), i);
         }
         assert!(r.due(Instant::now()).is_empty());
         let due = r.due(Instant::now() + Duration::from_secs(1));

@@ -13,7 +13,7 @@ use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
 use crate::lease::acquire::{Failure, Pacer, grant};
-use crate::slot::{Abandon, Lead, Slot};
+use crate::slot::{Abandon, Inheritance, Slot};
 
 /// What one call asks of the leader loop.
 #[derive(Clone, Copy, Debug)]
@@ -32,7 +32,7 @@ pub(super) struct Leading {
     shared: Arc<LockerState>,
     key: LockKey,
     slot: Option<Arc<Slot>>,
-    lead: Lead,
+    lead: Inheritance,
     finished: bool,
 }
 
@@ -65,9 +65,9 @@ impl LockerState {
     /// (without coalescing, or with several lockers on one backend, others may); a
     /// waiter of the key's read-write lock or semaphore waits for another lock, with
     /// its own queue.
-    pub(super) fn cleanup(&self, key: &LockKey, lead: Lead) {
+    pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
         let wakeups = self.backend.wakeups();
-        let lead = Lead {
+        let lead = Inheritance {
             queued: lead.queued && !wakeups.is_watched(LockKind::Mutex, key.as_bytes()),
             ..lead
         };
@@ -103,7 +103,7 @@ impl LockerState {
         &self,
         key: &LockKey,
         slot: Option<Arc<Slot>>,
-        inherited: Lead,
+        inherited: Inheritance,
         call: Call,
     ) -> Result<Option<LockGuard>> {
         let Call {
@@ -117,7 +117,7 @@ impl LockerState {
             shared: self.arc(),
             key: key.clone(),
             slot,
-            lead: Lead {
+            lead: Inheritance {
                 token: Some(token),
                 queued: inherited.queued,
             },

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::lease;
 use crate::settings::{Config, Handoff, LossPolicy};
 
-/// Per-call settings of [`Locker::lock_with`] (and per route, of
+/// Per-call settings of [`Locker::lock_with_options`] (and per route, of
 /// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field
 /// takes the locker's setting.
 ///

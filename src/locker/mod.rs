@@ -17,7 +17,7 @@ use crate::lease::LockInfo;
 use crate::rwlock::RwLocks;
 use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;
-use crate::slot::{Forward, Grant, Join, Lead, Slot, SlotMap};
+use crate::slot::{Forward, Grant, Inheritance, Join, Slot, SlotMap};
 use crate::stats::Stats;
 
 mod acquire;
@@ -201,11 +201,11 @@ impl Locker {
     ///
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
     /// let held = locker.lock("sku:555").await?;
-    /// let busy = locker.lock_with("sku:555", LockOptions::new().try_only()).await;
+    /// let busy = locker.lock_with_options("sku:555", LockOptions::new().try_only()).await;
     /// assert!(matches!(busy, Err(Error::Busy { .. })));
     /// drop(held);
     /// let guard = locker
-    ///     .lock_with("sku:555", LockOptions::new().wait_timeout(Duration::from_secs(1)))
+    ///     .lock_with_options("sku:555", LockOptions::new().wait_timeout(Duration::from_secs(1)))
     ///     .await?;
     /// # drop(guard);
     /// # Ok(()) }
@@ -220,7 +220,7 @@ impl Locker {
     /// # Cancel safety
     ///
     /// As [`lock`](Self::lock).
-    pub async fn lock_with(
+    pub async fn lock_with_options(
         &self,
         key: impl Into<LockKey>,
         options: LockOptions,
@@ -231,8 +231,9 @@ impl Locker {
         let config = &self.shared.config;
         let ttl = match options.lease_ttl {
             Some(ttl) => {
-                validate_ttl(ttl, config.renew_every)
-                    .map_err(|reason| Error::config(format!("lock_with({key}): {reason}")))?;
+                validate_ttl(ttl, config.renew_every).map_err(|reason| {
+                    Error::config(format!("lock_with_options({key}): {reason}"))
+                })?;
                 ttl
             }
             None => config.lease_ttl,
@@ -264,11 +265,11 @@ impl Locker {
         let shared = &self.shared;
         loop {
             let (slot, lead) = if !shared.config.coalescing {
-                (None, Lead::default())
+                (None, Inheritance::default())
             } else {
                 let fwd: Arc<dyn Forward> = shared.arc();
                 match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
-                    Join::Lead(slot) => (Some(slot), Lead::default()),
+                    Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Overloaded => {
                         return Err(Error::Overloaded {
                             key,
@@ -298,7 +299,7 @@ impl Locker {
                                 drop(guard);
                                 continue;
                             }
-                            Ok(Grant::Lead(lead)) => (Some(Arc::clone(ticket.slot())), lead),
+                            Ok(Grant::Leadership(lead)) => (Some(Arc::clone(ticket.slot())), lead),
                         }
                     }
                 }
@@ -372,7 +373,7 @@ impl Locker {
             .lead(
                 &key,
                 slot,
-                Lead::default(),
+                Inheritance::default(),
                 Call {
                     start,
                     deadline,

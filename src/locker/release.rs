@@ -12,7 +12,7 @@ use crate::backend::LockBackend;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lease::release::{self, Attempts};
-use crate::slot::{Abandon, Forward, Grant, Lead, Release, Slot};
+use crate::slot::{Abandon, Forward, Grant, Inheritance, Release, Slot};
 
 /// While other instances wait for a key, a lease serves at most this many handoffs
 /// per local task that was waiting when it was taken...
@@ -77,7 +77,7 @@ impl LockerState {
 impl Forward for LockerState {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
-            Grant::Lead(lead) => {
+            Grant::Leadership(lead) => {
                 if let Abandon::Cleanup(lead) = slot.abandon(&self.slots, lead) {
                     self.cleanup(slot.key(), lead);
                 }
@@ -171,11 +171,11 @@ impl ReleaseJob {
         // lead leaves it if nobody wants the lock any more.
         let queued = requeue.is_some();
         let unsettled = match &result {
-            Err(e) if e.is_indeterminate() || matches!(e, Error::Refused { .. }) => Lead {
+            Err(e) if e.is_indeterminate() || matches!(e, Error::Refused { .. }) => Inheritance {
                 token: Some(lease.token),
                 queued,
             },
-            _ => Lead {
+            _ => Inheritance {
                 token: None,
                 queued,
             },
@@ -186,7 +186,7 @@ impl ReleaseJob {
 
     /// Lets the next local waiter lead, inheriting `lead`; with nobody waiting, the
     /// slot goes idle and `lead`'s token (if any) is released in the background.
-    pub(super) fn settle(self, lead: Lead) {
+    pub(super) fn settle(self, lead: Inheritance) {
         let Some(slot) = &self.slot else {
             self.shared.cleanup(&self.lease.key, lead);
             return;
@@ -205,7 +205,7 @@ impl ReleaseJob {
             self.lease.renewed.load(Ordering::Relaxed),
         );
         if let Some(slot) = &self.slot {
-            let _ = slot.released(&self.shared.slots, Lead::default());
+            let _ = slot.released(&self.shared.slots, Inheritance::default());
         }
     }
 

@@ -100,7 +100,7 @@ impl RwLocks {
                         granted_at: Instant::now(),
                     }));
                 }
-                Arrive::Lead => break,
+                Arrive::Leader => break,
                 Arrive::WaitDrain if !call.wait => return Ok(None),
                 Arrive::WaitAcquire | Arrive::WaitDrain => {
                     locks.stats.local_wait();

@@ -47,7 +47,7 @@ pub(crate) enum Admit {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Arrive<L> {
     /// Acquire a read lease at the backend, then call `acquired` or `abandoned`.
-    Lead,
+    Leader,
     /// Hold this lease (already counted).
     Join(L),
     /// Another local reader is acquiring: wait for it, then arrive again.
@@ -86,7 +86,7 @@ impl<L: SameLease> Share<L> {
         match &mut self.phase {
             Phase::Idle => {
                 self.phase = Phase::Acquiring;
-                Arrive::Lead
+                Arrive::Leader
             }
             Phase::Acquiring => Arrive::WaitAcquire,
             Phase::Held { lease, holders } => match admit(lease) {
@@ -102,7 +102,7 @@ impl<L: SameLease> Share<L> {
                         unreachable!("matched Held above")
                     };
                     self.detached.push((lease, holders));
-                    Arrive::Lead
+                    Arrive::Leader
                 }
             },
         }
@@ -255,7 +255,7 @@ mod tests {
                     }
                 });
                 match arrive {
-                    Arrive::Lead => {
+                    Arrive::Leader => {
                         assert!(
                             !m.share_phase.contains(&Reader::Leading),
                             "two leaders: {t:?}"
@@ -435,7 +435,7 @@ mod tests {
     #[test]
     fn readers_share_one_lease_and_the_last_releases_it() {
         let mut s = Share::<u32>::default();
-        assert_eq!(s.arrive(|_| Admit::Join), Arrive::Lead);
+        assert_eq!(s.arrive(|_| Admit::Join), Arrive::Leader);
         assert_eq!(s.arrive(|_| Admit::Join), Arrive::WaitAcquire);
         s.acquired(7);
         assert_eq!(s.arrive(|_| Admit::Join), Arrive::Join(7));
@@ -444,9 +444,9 @@ mod tests {
         assert!(s.leave(&7));
         assert!(s.is_idle());
         // A lost lease is detached; its holder still releases it.
-        assert_eq!(s.arrive(|_| Admit::Join), Arrive::Lead);
+        assert_eq!(s.arrive(|_| Admit::Join), Arrive::Leader);
         s.acquired(8);
-        assert_eq!(s.arrive(|_| Admit::Replace), Arrive::Lead);
+        assert_eq!(s.arrive(|_| Admit::Replace), Arrive::Leader);
         s.acquired(9);
         assert!(s.leave(&8));
         assert!(!s.is_idle());

@@ -60,7 +60,7 @@ pub(crate) type SlotMap = DashMap<LockKey, Arc<Slot>>;
 
 /// What a leader inherits from its predecessor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Lead {
+pub(crate) struct Inheritance {
     /// Reuse this token: the predecessor's acquire may have landed.
     pub(crate) token: Option<LeaseToken>,
     /// This instance may be in the backend's queue for the key.
@@ -70,8 +70,8 @@ pub(crate) struct Lead {
 /// What a waiter is given.
 #[derive(Debug)]
 pub(crate) enum Grant {
-    /// Become the leader.
-    Lead(Lead),
+    /// Become the leader, inheriting what the previous leader left.
+    Leadership(Inheritance),
     /// Take over the held lease; `seq` is the handoff sequence for the new holder.
     Lease(Arc<Lease>, u64),
 }
@@ -103,8 +103,8 @@ pub(crate) struct Slot {
 /// The result of joining a slot.
 #[derive(Debug)]
 pub(crate) enum Join {
-    /// The caller leads: it acquires from the backend.
-    Lead(Arc<Slot>),
+    /// The caller is the leader: it acquires from the backend.
+    Leader(Arc<Slot>),
     /// The caller waits for a grant.
     Wait(Ticket),
     /// The local queue is full.
@@ -145,7 +145,7 @@ pub(crate) enum Abandon {
     Succeeded,
     /// Nobody took over: release the token (if an acquire may have landed) and leave
     /// the backend queue (if this instance may be queued).
-    Cleanup(Lead),
+    Cleanup(Inheritance),
 }
 
 impl Slot {
@@ -211,7 +211,7 @@ impl Slot {
         if st.mode == Mode::Idle {
             st.mode = Mode::Acquiring;
             drop(st);
-            return Some(Join::Lead(self));
+            return Some(Join::Leader(self));
         }
         if st.waiters.len() >= max_waiters {
             return Some(Join::Overloaded);
@@ -236,7 +236,7 @@ impl Slot {
         fwd: &Arc<dyn Forward>,
     ) -> Option<Arc<Slot>> {
         match Self::join(map, key, 0, fwd) {
-            Join::Lead(slot) => Some(slot),
+            Join::Leader(slot) => Some(slot),
             Join::Wait(_) => unreachable!("max_waiters 0 never queues"),
             Join::Overloaded => None,
         }
@@ -253,10 +253,10 @@ impl Slot {
 
     /// The leader failed or was cancelled. Leadership (and `token`) passes to the
     /// next live waiter; if there is none the slot goes idle and is removed.
-    pub(crate) fn abandon(self: &Arc<Self>, map: &SlotMap, lead: Lead) -> Abandon {
+    pub(crate) fn abandon(self: &Arc<Self>, map: &SlotMap, lead: Inheritance) -> Abandon {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Acquiring);
-        if Self::grant_next(&mut st, Grant::Lead(lead)).is_none() {
+        if Self::grant_next(&mut st, Grant::Leadership(lead)).is_none() {
             Abandon::Succeeded
         } else {
             self.go_idle(&mut st, map);
@@ -309,11 +309,15 @@ impl Slot {
     /// inheriting `lead` (a token whose release failed, so the new leader reconciles
     /// it instead of waiting for its TTL). Returns `lead` when nobody took it: the
     /// slot went idle and the caller cleans up.
-    pub(crate) fn released(self: &Arc<Self>, map: &SlotMap, lead: Lead) -> Option<Lead> {
+    pub(crate) fn released(
+        self: &Arc<Self>,
+        map: &SlotMap,
+        lead: Inheritance,
+    ) -> Option<Inheritance> {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Releasing);
         st.mode = Mode::Acquiring;
-        if Self::grant_next(&mut st, Grant::Lead(lead)).is_some() {
+        if Self::grant_next(&mut st, Grant::Leadership(lead)).is_some() {
             self.go_idle(&mut st, map);
             return Some(lead);
         }

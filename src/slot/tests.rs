@@ -67,7 +67,7 @@ struct ModelForward {
 impl Forward for ModelForward {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
-            Grant::Lead(lead) => {
+            Grant::Leadership(lead) => {
                 let _ = slot.abandon(&self.map, lead);
             }
             Grant::Lease(lease, seq) => {
@@ -157,7 +157,7 @@ impl World {
     fn step(&mut self, (i, action): (usize, Action)) {
         if action == Action::Background {
             let slot = self.fwd.pending.lock().unwrap().pop().unwrap();
-            slot.released(&self.map, Lead::default());
+            slot.released(&self.map, Inheritance::default());
             return;
         }
         let task = std::mem::replace(&mut self.tasks[i].1, Task::Done { held: false });
@@ -166,7 +166,7 @@ impl World {
             (Task::Start, Action::Look) => Task::Looked(Slot::lookup(&self.map, &self.key)),
             (Task::Looked(slot), Action::Enter) => match slot.enter(8, &self.dynfwd) {
                 None => Task::Start,
-                Some(Join::Lead(slot)) => Task::Leading(slot),
+                Some(Join::Leader(slot)) => Task::Leading(slot),
                 Some(Join::Wait(ticket)) => Task::Waiting(ticket),
                 Some(Join::Overloaded) => panic!("no overload in these models"),
             },
@@ -175,7 +175,7 @@ impl World {
                 self.hold(&slot, lease(&self.key), 0)
             }
             (Task::Leading(slot), Action::Abandon) => {
-                let _ = slot.abandon(&self.map, Lead::default());
+                let _ = slot.abandon(&self.map, Inheritance::default());
                 Task::Done { held: false }
             }
             (Task::Waiting(mut ticket), Action::Receive) => {
@@ -183,7 +183,7 @@ impl World {
                 let slot = Arc::clone(ticket.slot());
                 drop(ticket);
                 match grant {
-                    Grant::Lead(_) => Task::Leading(slot),
+                    Grant::Leadership(_) => Task::Leading(slot),
                     Grant::Lease(lease, seq) => self.hold(&slot, lease, seq),
                 }
             }
@@ -199,7 +199,7 @@ impl World {
                 }
             }
             (Task::Releasing(slot), Action::Released) => {
-                slot.released(&self.map, Lead::default());
+                slot.released(&self.map, Inheritance::default());
                 Task::Done { held: true }
             }
             (_, a) => panic!("action {a:?} not enabled"),
