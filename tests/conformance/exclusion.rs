@@ -110,7 +110,7 @@ async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology
         "{kind:?} on {topology:?}: sections overlapped that the kind excludes"
     );
     let tokens = inside.tokens.lock().unwrap().clone();
-    if matches!(kind, Kind::Mutex | Kind::Write | Kind::Read) {
+    if matches!(kind, Kind::Mutex | Kind::Write | Kind::Read | Kind::Many) {
         let sections = lockers.len() * TASKS * ROUNDS;
         let fenced = if kind == Kind::Read {
             sections / 2

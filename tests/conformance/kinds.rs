@@ -5,10 +5,11 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt};
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
 use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend};
-use lockflight::guard::Loss;
+use lockflight::guard::MultiGuard;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
 use lockflight::{
@@ -108,7 +109,7 @@ impl Topology {
 
     /// Whether this topology offers `kind`: Redlock has only the mutex.
     pub(crate) fn offers(self, kind: Kind) -> bool {
-        self != Topology::Redlock || kind == Kind::Mutex
+        self != Topology::Redlock || matches!(kind, Kind::Mutex | Kind::Many)
     }
 
     /// For a kind this topology does not offer: checks that asking for it is the
@@ -148,6 +149,9 @@ pub(crate) enum Kind {
     Read,
     Write,
     Permit,
+    /// `lock_many` over the key and a second key (`<key>#2`): mutexes taken in
+    /// order, all or nothing.
+    Many,
 }
 
 /// The permits of the semaphore cells.
@@ -159,6 +163,7 @@ pub(crate) enum Held {
     Read(ReadGuard),
     Write(WriteGuard),
     Permit(Permit),
+    Many(MultiGuard),
 }
 
 impl Kind {
@@ -171,6 +176,8 @@ impl Kind {
             Kind::Permit => {
                 Held::Permit(locker.semaphore(key, PERMITS).acquire_within(wait).await?)
             }
+            // lock_many waits up to the locker's wait timeout.
+            Kind::Many => Held::Many(locker.lock_many(Self::many_keys(key)).await?),
         })
     }
 
@@ -185,16 +192,30 @@ impl Kind {
                 .try_acquire()
                 .await?
                 .map(Held::Permit),
+            // lock_many has no single-attempt form: it waits (within the locker's
+            // wait timeout) for keys another instance holds.
+            Kind::Many => Some(Held::Many(locker.lock_many(Self::many_keys(key)).await?)),
         })
     }
 
     /// Every kind.
-    pub(crate) const ALL: [Kind; 4] = [Kind::Mutex, Kind::Read, Kind::Write, Kind::Permit];
+    pub(crate) const ALL: [Kind; 5] = [
+        Kind::Mutex,
+        Kind::Read,
+        Kind::Write,
+        Kind::Permit,
+        Kind::Many,
+    ];
+
+    /// The keys `lock_many` takes for `key`.
+    fn many_keys(key: &str) -> [String; 2] {
+        [key.to_owned(), format!("{key}#2")]
+    }
 
     /// Whether the key is idle in `locker`'s memory for this kind (no local state).
     pub(crate) fn idle_in(self, locker: &Locker) -> bool {
         match self {
-            Kind::Mutex => locker.active_keys() == 0,
+            Kind::Mutex | Kind::Many => locker.active_keys() == 0,
             Kind::Read | Kind::Write => locker.active_rw_keys() == 0,
             Kind::Permit => locker.active_semaphores() == 0,
         }
@@ -205,6 +226,7 @@ impl Kind {
     pub(crate) fn rival(self) -> Kind {
         match self {
             Kind::Read => Kind::Write,
+            Kind::Many => Kind::Mutex,
             other => other,
         }
     }
@@ -220,7 +242,10 @@ impl Kind {
     ) -> Result<bool> {
         let granted = |a: Acquire| matches!(a, Acquire::Acquired { .. });
         Ok(match self {
-            Kind::Mutex => granted(LockBackend::acquire(backend, key, token, ttl, false).await?),
+            // `lock_many` is the mutex of each key at the backend.
+            Kind::Mutex | Kind::Many => {
+                granted(LockBackend::acquire(backend, key, token, ttl, false).await?)
+            }
             Kind::Read => granted(backend.acquire_read(key, token, ttl, false).await?),
             Kind::Write => granted(backend.acquire_write(key, token, ttl, false).await?),
             Kind::Permit => {
@@ -242,7 +267,7 @@ impl Kind {
         token: LeaseToken,
     ) -> Result<bool> {
         Ok(match self {
-            Kind::Mutex => LockBackend::release(backend, key, token).await?.released,
+            Kind::Mutex | Kind::Many => LockBackend::release(backend, key, token).await?.released,
             Kind::Read => backend.release_read(key, token).await?.released,
             Kind::Write => backend.release_write(key, token).await?.released,
             Kind::Permit => backend.release_permit(key, token).await?,
@@ -256,18 +281,20 @@ impl Held {
     pub(crate) fn fencing_token(&self) -> Option<FencingToken> {
         match self {
             Held::Lock(g) => Some(g.fencing_token()),
+            Held::Many(g) => g.fencing_token(g.keys().next()?),
             Held::Write(g) => Some(g.fencing_token()),
             Held::Read(_) | Held::Permit(_) => None,
         }
     }
 
     /// Resolves when the lease is lost.
-    pub(crate) fn lost(&self) -> Loss {
+    pub(crate) fn lost(&self) -> BoxFuture<'static, ()> {
         match self {
-            Held::Lock(g) => g.lost(),
-            Held::Read(g) => g.lost(),
-            Held::Write(g) => g.lost(),
-            Held::Permit(p) => p.lost(),
+            Held::Lock(g) => g.lost().boxed(),
+            Held::Read(g) => g.lost().boxed(),
+            Held::Write(g) => g.lost().boxed(),
+            Held::Permit(p) => p.lost().boxed(),
+            Held::Many(g) => g.lost(),
         }
     }
 
@@ -283,6 +310,7 @@ impl Held {
             Held::Read(g) => g.release().await,
             Held::Write(g) => g.release().await,
             Held::Permit(p) => p.release().await,
+            Held::Many(g) => g.release().await,
         }
     }
 }

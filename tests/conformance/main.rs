@@ -1,6 +1,6 @@
 //! The conformance matrix: each property of the lease protocol is written **once**,
 //! as a cell `async fn(Kind, Topology)`, and instantiated by [`matrix!`] for every
-//! lock kind (mutex, read lease, write lease, permit) on the topologies the cell
+//! lock kind (mutex, read lease, write lease, permit, `lock_many`) on the topologies the cell
 //! names, against real `redis-server` processes. A kind that a backend does not
 //! offer is a typed [`Error::Unsupported`](lockflight::Error::Unsupported), never a
 //! silent difference.
@@ -63,6 +63,11 @@ macro_rules! matrix {
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn permit() {
                         super::super::$cell(Kind::Permit, Topology::$variant).await
+                    }
+
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn lock_many() {
+                        super::super::$cell(Kind::Many, Topology::$variant).await
                     }
                 }
             )+
