@@ -22,7 +22,7 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex};

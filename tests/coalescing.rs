@@ -1,6 +1,7 @@
 //! The coalescing core against real Redis: one backend competitor per key per
 //! process, handoff with fairness, shared results, and cancellation storms.
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::collections::HashMap;

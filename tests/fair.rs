@@ -6,6 +6,7 @@
 //!
 //! Every `RedisBackend` is one service instance (its own instance id and channel).
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex};

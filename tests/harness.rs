@@ -2,7 +2,7 @@
 //! proxy relies on, fed at every chunk boundary, against commands encoded by the
 //! `redis` crate.
 
-#[path = "support/mod.rs"]
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use proptest::prelude::*;

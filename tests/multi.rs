@@ -2,6 +2,7 @@
 //! never deadlock, a lease lost on one key signals the whole guard, and a
 //! cancelled or failed call leaves no key locked.
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! (`LockLayer::options`) against a real Redis: a wait timeout, a lease TTL, and
 //! fail-fast (`try_only`).
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -8,6 +8,7 @@
 //! uses its own prefix); [`stormy`] is paused, restarted and flushed, so the tests
 //! that use it take the [`STORM`] lock and run one at a time.
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex, OnceLock};

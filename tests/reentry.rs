@@ -3,6 +3,7 @@
 //! behind itself until its wait timeout; sibling futures of the same task are not
 //! mistaken for holders.
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -16,6 +16,7 @@
 //!   within 10 s of the release (issue 20).
 #![cfg(feature = "sentinel")]
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -86,6 +86,7 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
     }
 }
 
+#[path = "../testkit/src/lib.rs"]
 mod support;
 
 use lockflight::RedisBackend;

@@ -77,7 +77,7 @@
 
 // The root package's test support: a private `redis-server` on a free port, and the
 // backend wrapper that counts lockflight's requests (`Counting`).
-#[path = "../../tests/support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod config;

@@ -19,7 +19,7 @@
 //!   pub/sub for wake-ups (printed; both must deliver).
 #![cfg(feature = "cluster")]
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod counter;

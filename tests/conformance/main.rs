@@ -25,7 +25,7 @@
 //! server; the others share one of each topology per test binary, each cell under
 //! its own prefix.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod exclusion;

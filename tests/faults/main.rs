@@ -20,7 +20,7 @@
 //! server; the fenced resource of the cross-process test lives in the shared
 //! server, which nobody disturbs.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod blackhole;

@@ -1,7 +1,7 @@
 //! The tower layers with mock inner services: readiness, guard lifetime, key
 //! policies, error mapping, lease loss, and response sharing.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod errors;

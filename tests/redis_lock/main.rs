@@ -9,7 +9,7 @@
 //!
 //! The last section holds regression tests for defects found and fixed earlier.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -21,7 +21,7 @@
 //!   Sentinel topology of its own): after `SENTINEL FAILOVER`, acknowledged writes
 //!   run on the new primary.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 #[cfg(feature = "sentinel")]

@@ -3,7 +3,7 @@
 //! readers cannot starve a writer, local readers share one Redis lease, write
 //! fencing, cancellation, loss of a shared read lease, and the in-memory backend.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod backends;

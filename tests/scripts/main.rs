@@ -9,7 +9,7 @@
 //! [`support::unique_prefix`]; tests that change the server's configuration or ACLs
 //! start their own [`RedisServer`].
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod connect;

@@ -3,7 +3,7 @@
 //! cancellation storm, N is fixed per key, local waiters coalesce into one request,
 //! a release wakes one waiting instance by message, and a lost permit is signalled.
 
-#[path = "../support/mod.rs"]
+#[path = "../../testkit/src/lib.rs"]
 mod support;
 
 mod cancel;

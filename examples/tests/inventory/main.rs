@@ -6,7 +6,7 @@
 //! documented.
 
 // The root package's test support (a real redis-server per test binary).
-#[path = "../../../tests/support/mod.rs"]
+#[path = "../../../testkit/src/lib.rs"]
 mod support;
 
 #[path = "../../inventory/app.rs"]
