@@ -22,8 +22,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::future::ready;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,7 +31,7 @@ use std::time::{Duration, Instant};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use rand::{RngExt as _, SeedableRng as _};
 use redis::aio::MultiplexedConnection;
-use support::{RedisServer, counter_value, evalsha_count, increment};
+use testkit::{RedisServer, counter_value, evalsha_count, increment};
 
 /// What one row measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +175,7 @@ async fn operation(
 }
 
 async fn run_row(server: &RedisServer, row: Row, p: usize, t: usize, secs: f64) -> Measured {
-    let prefix = support::unique_prefix(&format!("family-{row:?}"));
+    let prefix = testkit::unique_prefix(&format!("family-{row:?}"));
     let mut lockers = Vec::new();
     for _ in 0..p {
         let backend = RedisBackend::builder(server.url())

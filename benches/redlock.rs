@@ -22,8 +22,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,7 +30,7 @@ use lockflight::{
     FencingToken, Handoff, Locker, RedisBackend, backend::LockBackend, backend::RedlockBackend,
 };
 use redis::aio::MultiplexedConnection;
-use support::{RedisServer, counter_value, evalsha_count, increment};
+use testkit::{RedisServer, counter_value, evalsha_count, increment};
 
 struct Point {
     topology: String,
@@ -91,7 +89,7 @@ async fn run_point(
     t: usize,
     secs: f64,
 ) -> Point {
-    let prefix = support::unique_prefix(&format!("bench-{}-{mode}", nodes.len()));
+    let prefix = testkit::unique_prefix(&format!("bench-{}-{mode}", nodes.len()));
     let handoff = mode == "handoff";
     let mut lockers = Vec::new();
     for _ in 0..p {

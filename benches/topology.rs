@@ -1,6 +1,6 @@
 //! Topology benchmark: the hot-key read-modify-write workload on one server, a
 //! Redis Cluster (3 primaries + 3 replicas) and a Sentinel setup (primary + 2
-//! replicas + 3 sentinels), all started on loopback by `tests/support`.
+//! replicas + 3 sentinels), all started on loopback by `testkit`.
 //!
 //! ```text
 //! cargo bench --features cluster,sentinel --bench topology                       # all three
@@ -27,8 +27,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,9 +34,9 @@ use std::time::{Duration, Instant};
 
 use lockflight::backend::RedisBackendBuilder;
 use lockflight::{Handoff, LockKey, Locker, RedisBackend};
-use support::RedisServer;
-use support::cluster::Cluster;
-use support::sentinel::{MASTER, Sentinels};
+use testkit::RedisServer;
+use testkit::cluster::Cluster;
+use testkit::sentinel::{MASTER, Sentinels};
 use tokio::task::JoinSet;
 
 const P: usize = 4;
@@ -79,7 +77,7 @@ struct Topo {
 impl Topo {
     /// A new backend (instance) on this topology under `prefix`, subscribed.
     async fn connect(&self, prefix: &str) -> RedisBackend {
-        support::subscribed(
+        testkit::subscribed(
             (self.builder)()
                 .prefix(prefix)
                 .connect()
@@ -122,7 +120,7 @@ async fn evalsha_calls(primaries: &[redis::Client]) -> u64 {
             .get_multiplexed_async_connection()
             .await
             .expect("info conn");
-        total += support::evalsha_count(&mut con).await;
+        total += testkit::evalsha_count(&mut con).await;
     }
     total
 }
@@ -230,7 +228,7 @@ fn header() {
 async fn bench_topology(topo: Topo, secs: f64) {
     let hot = [LockKey::from("hot")];
     for mode in [Mode::Naive, Mode::Default, Mode::Handoff] {
-        let prefix = support::unique_prefix(&format!("bench-{}-{mode:?}", topo.name));
+        let prefix = testkit::unique_prefix(&format!("bench-{}-{mode:?}", topo.name));
         let o = run(&topo, mode, &hot, &prefix, secs).await;
         row(topo.name, &format!("1 hot key, {mode:?}"), &o);
     }
@@ -305,7 +303,7 @@ fn main() {
             let topo = Topo::cluster(&cluster).await;
             let probe = topo.connect("bench-probe").await;
             for shards in 1..=3 {
-                let prefix = support::unique_prefix(&format!("bench-64-{shards}"));
+                let prefix = testkit::unique_prefix(&format!("bench-64-{shards}"));
                 // Names depend on the prefix: place keys with a backend of that prefix.
                 let b = topo.connect(&prefix).await;
                 let keys = keys_on_shards(&cluster, &b, shards).await;

@@ -1,8 +1,6 @@
 //! The coalescing core against real Redis: one backend competitor per key per
 //! process, handoff with fairness, shared results, and cancellation storms.
 
-mod support;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend};
-use support::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
+use testkit::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
 
 async fn redis_locker(
     url: &str,
@@ -35,8 +33,8 @@ async fn redis_locker(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_local_tasks_never_have_two_acquires_in_flight() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("inflight");
+    let server = testkit::shared();
+    let prefix = testkit::unique_prefix("inflight");
     let (locker, counts) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
     let (other, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
     let done = Arc::new(AtomicU64::new(0));
@@ -103,7 +101,7 @@ async fn hot_key(
     t: usize,
     run_for: Duration,
 ) -> HotKey {
-    let prefix = support::unique_prefix("hotkey");
+    let prefix = testkit::unique_prefix("hotkey");
     let counter = format!("{prefix}:counter");
     let mut lockers = Vec::new();
     for _ in 0..p {
@@ -241,8 +239,8 @@ async fn a_million_distinct_keys_leave_the_slot_map_empty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesce_runs_once_per_generation_and_shares_the_value() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("coalesce");
+    let server = testkit::shared();
+    let prefix = testkit::unique_prefix("coalesce");
     let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
     let runs = Arc::new(AtomicU64::new(0));
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -289,8 +287,8 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
 /// A coalescing locker without handoff on the shared Redis, under a new prefix
 /// (from `name`).
 async fn coalescing_locker(name: &str) -> Locker {
-    let url = support::shared().url();
-    let prefix = support::unique_prefix(name);
+    let url = testkit::shared().url();
+    let prefix = testkit::unique_prefix(name);
     redis_locker(&url, &prefix, Handoff::disabled(), true)
         .await
         .0
@@ -393,8 +391,8 @@ impl Rng {
 }
 
 async fn cancellation_storm(handoff: Handoff) {
-    let server = support::shared();
-    let prefix = support::unique_prefix("storm");
+    let server = testkit::shared();
+    let prefix = testkit::unique_prefix("storm");
     let mut lockers = Vec::new();
     for _ in 0..2 {
         lockers.push(redis_locker(&server.url(), &prefix, handoff, true).await.0);

@@ -6,8 +6,6 @@
 //!
 //! Every `RedisBackend` is one service instance (its own instance id and channel).
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use lockflight::{
     Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
 };
-use support::{CountingProxy, RedisServer, backend_at, shared, unique_prefix, wait_until};
+use testkit::{CountingProxy, RedisServer, backend_at, shared, unique_prefix, wait_until};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
@@ -377,7 +375,7 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
     let holder = locker(backend_at(&url, &prefix).await, true);
     let guard = holder.lock(&key).await.unwrap();
 
-    let early = support::subscribed(
+    let early = testkit::subscribed(
         RedisBackend::builder(url.as_str())
             .prefix(prefix.as_str())
             .queue_entry_ttl(Duration::from_secs(30))

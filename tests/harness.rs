@@ -2,11 +2,8 @@
 //! proxy relies on, fed at every chunk boundary, against commands encoded by the
 //! `redis` crate.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use proptest::prelude::*;
-use support::RespCommandCounter;
+use testkit::RespCommandCounter;
 
 /// The bytes the `redis` crate sends for `cmd`.
 fn encode(cmd: &redis::Cmd) -> Vec<u8> {

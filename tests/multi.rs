@@ -2,14 +2,12 @@
 //! never deadlock, a lease lost on one key signals the whole guard, and a
 //! cancelled or failed call leaves no key locked.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::{Error, LockKey, Locker, RedisBackend};
-use support::{is_free, shared, unique_prefix, wait_until};
+use testkit::{is_free, shared, unique_prefix, wait_until};
 
 async fn backend(prefix: &str) -> RedisBackend {
     RedisBackend::builder(shared().url())

@@ -2,14 +2,12 @@
 //! (`LockLayer::options`) against a real Redis: a wait timeout, a lease TTL, and
 //! fail-fast (`try_only`).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
 use lockflight::{Error, LockKey, LockOptions, Locker, RedisBackend, layer::HeaderKey};
-use support::{shared, unique_prefix};
+use testkit::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
 const LOCKER_WAIT: Duration = Duration::from_secs(30);
@@ -173,7 +171,7 @@ async fn a_fail_fast_route_answers_at_once_when_busy() {
     assert_eq!(waiting.await.unwrap().unwrap(), "done");
     // Once the patient route's lock is released (in the background, as its
     // response completed), the fail-fast route goes through.
-    let through = support::wait_until(Duration::from_secs(5), || {
+    let through = testkit::wait_until(Duration::from_secs(5), || {
         let svc = fail_fast.clone();
         async move { svc.oneshot(req()).await.is_ok() }
     })

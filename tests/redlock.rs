@@ -8,8 +8,6 @@
 //! uses its own prefix); [`stormy`] is paused, restarted and flushed, so the tests
 //! that use it take the [`STORM`] lock and run one at a time.
 
-mod support;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -18,8 +16,8 @@ use lockflight::{
     error::Phase,
 };
 use redis::aio::MultiplexedConnection;
-use support::fault_proxy::{CommandMatcher, FaultProxy};
-use support::{
+use testkit::fault_proxy::{CommandMatcher, FaultProxy};
+use testkit::{
     RedisServer, assert_strictly_increasing, counter_value, increment, unique_prefix, wait_until,
     within,
 };

@@ -3,14 +3,12 @@
 //! behind itself until its wait timeout; sibling futures of the same task are not
 //! mistaken for holders.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
 use lockflight::{Error, LockKey, Locker, RedisBackend, layer::HeaderKey};
-use support::{shared, unique_prefix};
+use testkit::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
 /// Generous against a loaded machine, far below the wait timeout.
@@ -64,7 +62,7 @@ async fn the_layer_and_with_lock_on_the_same_key_fail_at_once() {
     assert_eq!(other.unwrap(), "ok", "another key is not affected");
     // The layer's own lock is released (in the background, as the response
     // future completed).
-    let free = support::wait_until(AT_ONCE, || {
+    let free = testkit::wait_until(AT_ONCE, || {
         let locker = locker.clone();
         async move { locker.try_lock("sku:1").await.unwrap().is_some() }
     })

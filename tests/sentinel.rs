@@ -1,5 +1,5 @@
 //! lockflight through Sentinel: one primary, two replicas, three sentinels, started
-//! once for this test binary ([`support::sentinel::Sentinels`]); the tests run one
+//! once for this test binary ([`testkit::sentinel::Sentinels`]); the tests run one
 //! at a time (`SERIAL`) because they fail the primary over.
 //!
 //! * `follows_sentinel_failover_during_hot_key_workload`: `SENTINEL FAILOVER` under
@@ -16,15 +16,13 @@
 //!   within 10 s of the release (issue 20).
 #![cfg(feature = "sentinel")]
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
-use support::sentinel::{MASTER, Sentinels};
-use support::{join_all, subscribed, unique_prefix, wait_until};
+use testkit::sentinel::{MASTER, Sentinels};
+use testkit::{join_all, subscribed, unique_prefix, wait_until};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 

@@ -86,8 +86,6 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
     }
 }
 
-mod support;
-
 use lockflight::RedisBackend;
 
 async fn backend(url: &str, prefix: &str) -> RedisBackend {
@@ -98,7 +96,7 @@ async fn backend(url: &str, prefix: &str) -> RedisBackend {
         .connect()
         .await
         .unwrap();
-    assert!(support::wait_until(Duration::from_secs(5), || async { b.is_subscribed() }).await);
+    assert!(testkit::wait_until(Duration::from_secs(5), || async { b.is_subscribed() }).await);
     b
 }
 
@@ -128,8 +126,8 @@ async fn claim_for_b(a: &RedisBackend, b: &RedisBackend) -> LeaseToken {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwanted_claim_is_passed_on() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("unwanted-claim");
+    let server = testkit::shared();
+    let prefix = testkit::unique_prefix("unwanted-claim");
     let (a, b, c) = (
         backend(&server.url(), &prefix).await,
         backend(&server.url(), &prefix).await,
@@ -141,7 +139,7 @@ async fn an_unwanted_claim_is_passed_on() {
     // The release gave B a 30 s claim; B's notifier gives it up after its grace
     // period, so C gets the lock long before the claim would expire.
     let started = Instant::now();
-    let got = support::wait_until(Duration::from_secs(10), || async {
+    let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
             c.acquire(&key, LeaseToken::random(), ttl, false)
                 .await
@@ -159,8 +157,8 @@ async fn an_unwanted_claim_is_passed_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
-    let server = support::shared();
-    let prefix = support::unique_prefix("used-claim");
+    let server = testkit::shared();
+    let prefix = testkit::unique_prefix("used-claim");
     let (a, b) = (
         backend(&server.url(), &prefix).await,
         backend(&server.url(), &prefix).await,
@@ -194,7 +192,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // queue entry.
     let mut con = server.connection().await;
     let entry: Option<String> = redis::cmd("ZSCORE")
-        .arg(support::queue_name(&b, &key))
+        .arg(testkit::queue_name(&b, &key))
         .arg(b.instance_id())
         .query_async(&mut con)
         .await
@@ -213,9 +211,9 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
 /// waiter "watched" the key and the claim was kept.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_waited_for() {
-    let server = support::shared();
+    let server = testkit::shared();
     let _log = server.log_on_panic();
-    let prefix = support::unique_prefix("unwanted-claim-kinds");
+    let prefix = testkit::unique_prefix("unwanted-claim-kinds");
     let (a, b, c) = (
         backend(&server.url(), &prefix).await,
         backend(&server.url(), &prefix).await,
@@ -233,10 +231,10 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
         let (b_locker, key) = (b_locker.clone(), key.clone());
         async move { drop(b_locker.semaphore(&key, 1).acquire().await.expect("permit")) }
     });
-    let semaphore_queue = support::suffixed(&b.lock_name(&key), ":semq");
+    let semaphore_queue = testkit::suffixed(&b.lock_name(&key), ":semq");
     let con = server.connection().await;
     assert!(
-        support::wait_until(Duration::from_secs(10), || {
+        testkit::wait_until(Duration::from_secs(10), || {
             let (mut con, queue, id) = (con.clone(), &semaphore_queue, b.instance_id());
             async move {
                 redis::cmd("ZSCORE")
@@ -255,7 +253,7 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
     // gives B a 30 s claim.
     claim_for_b(&a, &b).await;
     let started = Instant::now();
-    let got = support::wait_until(Duration::from_secs(10), || async {
+    let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
             c.acquire(&key, LeaseToken::random(), ttl, false)
                 .await
@@ -282,9 +280,9 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
 /// wakes every kind's; the empty probe wakes nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_messages_wake_the_kind_they_name() {
-    let server = support::shared();
+    let server = testkit::shared();
     let _log = server.log_on_panic();
-    let prefix = support::unique_prefix("kind-messages");
+    let prefix = testkit::unique_prefix("kind-messages");
     let b = backend(&server.url(), &prefix).await;
     let key = LockKey::from("k");
     let mut watches: Vec<_> = LockKind::ALL
@@ -348,7 +346,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
     ];
     // Both wait (each has asked the backend and was told to wait).
     assert!(
-        support::wait_until(Duration::from_secs(10), || async {
+        testkit::wait_until(Duration::from_secs(10), || async {
             locker.stats().acquire_attempts >= 2
         })
         .await,
@@ -381,10 +379,10 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
 /// Instance A's locker without coalescing (its backend too), and the key "herd",
 /// held by another instance.
 async fn naive_waiting_for_a_holder(
-    server: &support::RedisServer,
+    server: &testkit::RedisServer,
     name: &str,
 ) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard) {
-    let prefix = support::unique_prefix(name);
+    let prefix = testkit::unique_prefix(name);
     let a = backend(&server.url(), &prefix).await;
     let naive = Locker::builder(a.clone())
         .coalescing(false)
@@ -407,7 +405,7 @@ async fn naive_waiting_for_a_holder(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_coalescing_a_release_wakes_one_local_task() {
     const TASKS: u64 = 16;
-    let server = support::shared();
+    let server = testkit::shared();
     let _log = server.log_on_panic();
     let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one").await;
     let inside = Arc::new(AtomicU32::new(0));
@@ -424,7 +422,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
     }
     // Every task asked once, was told to wait, and waits.
     assert!(
-        support::wait_until(Duration::from_secs(10), || async {
+        testkit::wait_until(Duration::from_secs(10), || async {
             naive.stats().acquire_attempts == TASKS
                 && a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS as usize
         })
@@ -451,7 +449,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
         "{attempts} acquire requests for {TASKS} critical sections"
     );
     assert!(
-        support::wait_until(Duration::from_secs(5), || async { a.wakeups().is_empty() }).await,
+        testkit::wait_until(Duration::from_secs(5), || async { a.wakeups().is_empty() }).await,
         "a wake-up registration leaked"
     );
 }
@@ -462,7 +460,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_coalescing_cancelled_waiters_strand_nobody() {
     const TASKS: usize = 12;
-    let server = support::shared();
+    let server = testkit::shared();
     let _log = server.log_on_panic();
     let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
     let mut waiters = Vec::new();
@@ -479,7 +477,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
         }));
     }
     assert!(
-        support::wait_until(Duration::from_secs(10), || async {
+        testkit::wait_until(Duration::from_secs(10), || async {
             a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS
         })
         .await
@@ -497,7 +495,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     );
     let mut con = server.connection().await;
     let queued: Option<f64> = redis::cmd("ZSCORE")
-        .arg(support::queue_name(&a, &key))
+        .arg(testkit::queue_name(&a, &key))
         .arg(a.instance_id())
         .query_async(&mut con)
         .await

@@ -37,7 +37,7 @@
 //! (`results.jsonl`, `results.md`, `contention.svg`; smoke runs to `…/smoke/`).
 //!
 //! Without `REDIS_URL` a private `redis-server` is started on a free loopback port
-//! (`tests/support`); with it, that server is used (its `INFO commandstats` then
+//! (`testkit`); with it, that server is used (its `INFO commandstats` then
 //! includes other clients' traffic). Run without `--bench` (as `cargo test --benches`
 //! does), the smoke configuration runs.
 //!
@@ -74,11 +74,6 @@
 //! plain-lock baseline, the critical section), `coordinator` (points, rounds, the start barrier; `verify`: the
 //! correctness oracles; `scenarios`: the uncontended and wake-up measurements),
 //! `report` (the results files, the Markdown tables, the targets, the chart).
-
-// The root package's test support: a private `redis-server` on a free port, and the
-// backend wrapper that counts lockflight's requests (`Counting`).
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 mod config;
 mod coordinator;

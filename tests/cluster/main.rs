@@ -1,5 +1,5 @@
 //! lockflight on a real Redis Cluster: 3 primaries with one replica each, started
-//! once for this test binary ([`support::cluster::Cluster`]).
+//! once for this test binary ([`testkit::cluster::Cluster`]).
 //!
 //! The tests share the cluster and some of them change it (a slot migrates, a
 //! primary is killed and comes back as a replica), so they run one at a time (the
@@ -19,9 +19,6 @@
 //!   pub/sub for wake-ups (printed; both must deliver).
 #![cfg(feature = "cluster")]
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod counter;
 mod failover;
 mod latency;
@@ -34,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use lockflight::{FencingToken, Handoff, LockKey, Locker, RedisBackend};
 use redis::cluster_async::ClusterConnection;
-use support::cluster::{Cluster, NodeInfo};
-use support::{
+use testkit::cluster::{Cluster, NodeInfo};
+use testkit::{
     RedisServer, assert_strictly_increasing, backend_at, counter_value, increment, join_all,
     subscribed, unique_prefix, wait_idle, wait_until,
 };

@@ -8,8 +8,8 @@ use std::time::Duration;
 use lockflight::{Error, FencingToken, LockKey, Locker};
 use tokio::task::JoinSet;
 
-use crate::support::{assert_strictly_increasing, join_all, wait_until, within};
 use crate::{Held, Kind, Topology, matrix};
+use testkit::{assert_strictly_increasing, join_all, wait_until, within};
 
 /// How long a cell waits for its lockers' local state to go.
 const IDLE: Duration = Duration::from_secs(10);

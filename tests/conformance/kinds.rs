@@ -17,9 +17,9 @@ use lockflight::{
 };
 use tokio::sync::OnceCell;
 
-use crate::support::cluster::Cluster;
-use crate::support::sentinel::{MASTER, Sentinels};
-use crate::support::{RedisServer, backend_at, shared, subscribed, unique_prefix};
+use testkit::cluster::Cluster;
+use testkit::sentinel::{MASTER, Sentinels};
+use testkit::{RedisServer, backend_at, shared, subscribed, unique_prefix};
 
 /// Where the lockers of a cell keep their locks. The Redis topologies are started
 /// once per test binary, on first use, and shared by the cells (each under its own

@@ -6,8 +6,8 @@ use std::time::Duration;
 use lockflight::Error;
 
 use crate::exclusion::assert_idle;
-use crate::support::{RedisServer, query, shared, wait_until, within};
 use crate::{Kind, Topology, matrix};
+use testkit::{RedisServer, query, shared, wait_until, within};
 
 /// A holder's lease is deleted in Redis behind its back (what an operator's `DEL`,
 /// an eviction or a failover to a replica that never saw it does): the renewal
@@ -61,9 +61,9 @@ async fn a_renewal_refused_readonly_is_a_loss(kind: Kind, topology: Topology) {
     assert_eq!(topology, Topology::OneServer, "demotes its own server");
     let (x, y) = (RedisServer::start(), RedisServer::start());
     let _logs = (x.log_on_panic(), y.log_on_panic());
-    let prefix = crate::support::unique_prefix(&format!("readonly-{kind:?}"));
+    let prefix = testkit::unique_prefix(&format!("readonly-{kind:?}"));
     let ttl = Duration::from_secs(6);
-    let locker = lockflight::Locker::builder(crate::support::backend_at(&x.url(), &prefix).await)
+    let locker = lockflight::Locker::builder(testkit::backend_at(&x.url(), &prefix).await)
         .lease_ttl(ttl)
         .renew_every(Duration::from_millis(300))
         .build()

@@ -25,9 +25,6 @@
 //! server; the others share one of each topology per test binary, each cell under
 //! its own prefix.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod exclusion;
 mod kinds;
 mod loss;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use lockflight::backend::LeaseToken;
 use lockflight::{Error, LockKey, Locker, RedisBackend, Result};
 
-use crate::support::fault_proxy::{CommandMatcher, FaultProxy};
-use crate::support::{RedisServer, backend_at, query, shared_scene, unique_prefix, within};
 use crate::{Held, Kind, Topology, matrix};
+use testkit::fault_proxy::{CommandMatcher, FaultProxy};
+use testkit::{RedisServer, backend_at, query, shared_scene, unique_prefix, within};
 
 /// The lease TTL of these cells: long, so that nothing here expires by itself.
 const TTL: Duration = Duration::from_secs(30);

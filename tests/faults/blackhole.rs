@@ -17,11 +17,11 @@ use rand::RngExt as _;
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
-use crate::support::{CountingProxy, RedisServer, unique_prefix};
 use crate::{
     IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, lock_granted, serial,
     wait_idle, within,
 };
+use testkit::{CountingProxy, RedisServer, unique_prefix};
 
 const WAIT: Duration = Duration::from_secs(3);
 const BLACKHOLE: Duration = Duration::from_millis(2500);

@@ -10,12 +10,12 @@ use lockflight::Error;
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
-use crate::support::nemesis::client_kill;
-use crate::support::{RedisServer, unique_prefix};
 use crate::{
     IDLE, TTL, Tally, assert_no_lock_left, join_all, kind, lock_granted, mixed_lockers, serial,
     wait_idle, within,
 };
+use testkit::nemesis::client_kill;
+use testkit::{RedisServer, unique_prefix};
 
 const LOCKERS: usize = 3;
 const TASKS: usize = 20;

@@ -16,9 +16,9 @@ use rand::RngExt as _;
 use tokio::sync::mpsc;
 
 use crate::oracle::RedisFence;
-use crate::support::nemesis::{continue_process, stop_process};
-use crate::support::{RedisServer, shared, spawn_test_child, unique_prefix};
 use crate::{TTL, backend_at, join_all, serial, within};
+use testkit::nemesis::{continue_process, stop_process};
+use testkit::{RedisServer, shared, spawn_test_child, unique_prefix};
 
 const CHILD_ENV: &str = "LOCKFLIGHT_FAULTS_CHILD";
 /// The child's pause before each `is_lost()` check.

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use lockflight::{Error, Handoff, LockKey, Locker};
 
-use crate::support::fault_proxy::{FaultProxy, evalsha_on};
-use crate::support::{RedisServer, unique_prefix, wait_until};
 use crate::{TTL, backend_at, serial, within};
+use testkit::fault_proxy::{FaultProxy, evalsha_on};
+use testkit::{RedisServer, unique_prefix, wait_until};
 
 /// A TTL long enough that "free again at once" cannot be confused with "free
 /// again because it expired".

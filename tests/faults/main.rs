@@ -20,9 +20,6 @@
 //! server; the fenced resource of the cross-process test lives in the shared
 //! server, which nobody disturbs.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod blackhole;
 mod client_kill;
 mod holder_pause;
@@ -35,8 +32,8 @@ mod soak;
 use std::time::Duration;
 
 use lockflight::{Error, Handoff, LockGuard, Locker};
-use support::{RedisServer, wait_until};
-pub(crate) use support::{backend_at, join_all, wait_idle, within};
+use testkit::{RedisServer, wait_until};
+pub(crate) use testkit::{backend_at, join_all, wait_idle, within};
 
 /// How long a test waits for its lockers' local activity to end.
 pub(crate) const IDLE: Duration = Duration::from_secs(15);
@@ -154,5 +151,5 @@ impl Tally {
 /// The proxy's RESP parsers work on tricky streams in every chunking.
 #[test]
 fn fault_proxy_parsers() {
-    support::parsers_self_test();
+    testkit::parsers_self_test();
 }

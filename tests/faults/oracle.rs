@@ -70,7 +70,7 @@ end
 return 0
 ";
 
-/// A fenced resource in a Redis server that no test faults (`support::shared()`),
+/// A fenced resource in a Redis server that no test faults (`testkit::shared()`),
 /// usable from several processes.
 #[derive(Clone)]
 pub(crate) struct RedisFence {
@@ -82,7 +82,7 @@ impl RedisFence {
     pub(crate) async fn connect(url: &str) -> RedisFence {
         let client = redis::Client::open(url).expect("fence server url");
         RedisFence {
-            con: crate::support::connection_for(&client).await,
+            con: testkit::connection_for(&client).await,
             script: Arc::new(redis::Script::new(FENCE_SCRIPT)),
         }
     }

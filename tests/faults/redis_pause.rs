@@ -9,10 +9,10 @@ use lockflight::{Error, Handoff, Locker};
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
-use crate::support::{RedisServer, unique_prefix, wait_until};
 use crate::{
     IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, serial, wait_idle, within,
 };
+use testkit::{RedisServer, unique_prefix, wait_until};
 
 /// The holder's `lost()` resolves by the end of its validity (measured, with a
 /// margin for a loaded machine); nobody is granted the lock while Redis is

@@ -24,12 +24,12 @@ use rand::{RngExt as _, SeedableRng as _};
 use tokio::task::JoinSet;
 
 use crate::oracle::{Fence, History};
-use crate::support::nemesis::{Zipf, client_kill};
-use crate::support::{RedisServer, unique_prefix};
 use crate::{
     IDLE, TTL, Tally, assert_no_lock_left, backend_at, join_all, kind, lock_granted, serial,
     wait_idle, within,
 };
+use testkit::nemesis::{Zipf, client_kill};
+use testkit::{RedisServer, unique_prefix};
 
 const LOCKERS: usize = 3;
 const TASKS: usize = 8;

@@ -7,8 +7,8 @@ use super::*;
 /// A locker builder on the shared Redis under a new prefix (from `name`) with a
 /// 300 ms lease, and the Redis name of its lock `k`.
 async fn short_lease(name: &str) -> (LockerBuilder, Vec<u8>) {
-    let backend = RedisBackend::builder(support::shared().url())
-        .prefix(support::unique_prefix(name))
+    let backend = RedisBackend::builder(testkit::shared().url())
+        .prefix(testkit::unique_prefix(name))
         .connect()
         .await
         .unwrap();
@@ -19,8 +19,8 @@ async fn short_lease(name: &str) -> (LockerBuilder, Vec<u8>) {
 
 /// Deletes the lock `lock_name` behind its holder's back; it must be held.
 async fn delete_lock(lock_name: &[u8]) {
-    let mut con = support::shared().connection().await;
-    let deleted: u64 = support::query(&mut con, redis::cmd("DEL").arg(lock_name)).await;
+    let mut con = testkit::shared().connection().await;
+    let deleted: u64 = testkit::query(&mut con, redis::cmd("DEL").arg(lock_name)).await;
     assert_eq!(deleted, 1, "the lock was not held while the handler ran");
 }
 

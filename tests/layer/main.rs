@@ -1,9 +1,6 @@
 //! The tower layers with mock inner services: readiness, guard lifetime, key
 //! policies, error mapping, lease loss, and response sharing.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod errors;
 mod guard;
 mod loss;
@@ -27,7 +24,7 @@ use lockflight::{
     Error, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo, layer::HeaderKey,
     layer::PathSegment,
 };
-use support::{is_free, wait_until};
+use testkit::{is_free, wait_until};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 use mocks::{Broken, DropFlag, OnePermit, Picky};

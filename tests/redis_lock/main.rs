@@ -3,14 +3,11 @@
 //! fencing tokens, wake-ups, crash recovery, renewal, loss, bad input and cancel
 //! safety.
 //!
-//! Tests that only need *a* Redis use [`support::shared`] with their own
-//! [`support::unique_prefix`]; tests that pause, kill, restart, flush or kill
+//! Tests that only need *a* Redis use [`testkit::shared`] with their own
+//! [`testkit::unique_prefix`]; tests that pause, kill, restart, flush or kill
 //! connections of the server start their own [`RedisServer`].
 //!
 //! The last section holds regression tests for defects found and fixed earlier.
-
-#[path = "../support/mod.rs"]
-mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +19,7 @@ use lockflight::{
     RedisBackend, backend::LockBackend, error::Phase,
 };
 use redis::aio::MultiplexedConnection;
-use support::{
+use testkit::{
     CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
     del, exists, get_string, holder_child_target, increment, join_all, pttl, queue_name,
     set_for_30s, shared, shared_scene, spawn_holder_child, subscribed, tell_parent, unique_prefix,

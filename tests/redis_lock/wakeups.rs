@@ -331,7 +331,7 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
             }
         }
     });
-    let beside_queue = support::suffixed(&b_backend.lock_name(&key), beside_queue);
+    let beside_queue = testkit::suffixed(&b_backend.lock_name(&key), beside_queue);
     let b_id = b_backend.instance_id().to_owned();
     assert!(
         wait_until(Duration::from_secs(10), || {

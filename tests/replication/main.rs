@@ -21,9 +21,6 @@
 //!   Sentinel topology of its own): after `SENTINEL FAILOVER`, acknowledged writes
 //!   run on the new primary.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
@@ -32,8 +29,8 @@ use std::time::{Duration, Instant};
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
 use lockflight::{Error, LockGuard, LockKey, Locker, RedisBackend};
-use support::replication::Replicated;
-use support::{backend_at, subscribed, unique_prefix, wait_until, within};
+use testkit::replication::Replicated;
+use testkit::{backend_at, subscribed, unique_prefix, wait_until, within};
 use tokio::sync::OnceCell;
 
 static TOPOLOGY: OnceCell<Replicated> = OnceCell::const_new();

@@ -4,7 +4,7 @@
 //! its own (primary, two replicas, three sentinels), started by this test only.
 
 use super::*;
-use support::sentinel::{MASTER, Sentinels};
+use testkit::sentinel::{MASTER, Sentinels};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_follow_a_failover() {

@@ -3,9 +3,6 @@
 //! readers cannot starve a writer, local readers share one Redis lease, write
 //! fencing, cancellation, loss of a shared read lease, and the in-memory backend.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod backends;
 mod exclusion;
 mod leases;
@@ -17,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::rwlock::READ_ADMISSION_WINDOW;
 use lockflight::{Error, FencingToken, LockKey, Locker, MemoryBackend, RedisBackend};
-use support::{
+use testkit::{
     CountingProxy, backend_at, exists, join_all, shared, shared_scene, suffixed, unique_prefix,
     wait_until, wait_zero, zcard,
 };

@@ -5,12 +5,9 @@
 //! `connect()`'s verification (passwords, ACLs, the minimal ACL line) and the
 //! notifier's restart on a new runtime, and the fast paths' server commands.
 //!
-//! Tests that only need *a* Redis use [`support::shared`] with their own
-//! [`support::unique_prefix`]; tests that change the server's configuration or ACLs
+//! Tests that only need *a* Redis use [`testkit::shared`] with their own
+//! [`testkit::unique_prefix`]; tests that change the server's configuration or ACLs
 //! start their own [`RedisServer`].
-
-#[path = "../support/mod.rs"]
-mod support;
 
 mod connect;
 mod fast_paths;
@@ -24,7 +21,7 @@ use std::time::{Duration, Instant};
 use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
-use support::{
+use testkit::{
     LogOnPanic, MINIMAL_ACL_RULES, RedisServer, del, exists, get_string, pttl, query, set_acl_user,
     set_for_30s, shared_scene, suffixed, wait_until,
 };

@@ -38,7 +38,7 @@ async fn never_more_than_n_holders_across_instances() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn works_on_a_cluster() {
     const N: u32 = 2;
-    let cluster = support::cluster::Cluster::start();
+    let cluster = testkit::cluster::Cluster::start();
     let prefix = unique_prefix("sem-cluster");
     let mut lockers = Vec::new();
     for _ in 0..2 {

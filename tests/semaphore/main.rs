@@ -3,9 +3,6 @@
 //! cancellation storm, N is fixed per key, local waiters coalesce into one request,
 //! a release wakes one waiting instance by message, and a lost permit is signalled.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod cancel;
 mod crash;
 mod exclusion;
@@ -18,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::semaphore::Permit;
 use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
-use support::{
+use testkit::{
     CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, holder_child_target, join_all,
     key_count, set_acl_user, shared, shared_scene, spawn_holder_child, subscribed, suffixed,
     tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,

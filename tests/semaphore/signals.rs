@@ -58,7 +58,7 @@ async fn the_documented_acl_rules_suffice() {
         .copied()
         .filter(|r| !["+zremrangebyscore", "+zcount"].contains(r))
         .collect();
-    let server = support::RedisServer::start();
+    let server = testkit::RedisServer::start();
     let _log = server.log_on_panic();
     let mut admin = server.connection().await;
     set_acl_user(&mut admin, "app", &rules).await;

@@ -14,7 +14,6 @@ use crate::config::{Config, Mode, Workload};
 use crate::data_connection;
 use crate::protocol::unix_us;
 use crate::report::{Point, Report, fmt_shares, fmt_us, markdown, write_outputs};
-use crate::support;
 use point::run_point;
 use scenarios::{measure_uncontended, measure_wake};
 
@@ -59,7 +58,7 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
     let started = Instant::now();
     let server = match &cfg.redis_url {
         Some(_) => None,
-        None => Some(support::RedisServer::start()),
+        None => Some(testkit::RedisServer::start()),
     };
     let url = match (&cfg.redis_url, &server) {
         (Some(u), _) => u.clone(),

@@ -10,7 +10,7 @@ use super::Run;
 use super::verify::commandstats;
 use crate::config::Mode;
 use crate::report::{Uncontended, Wake};
-use crate::support::{Counting, Counts};
+use testkit::{Counting, Counts};
 
 /// A locker of `mode` on its own `RedisBackend` (subscribed), counting its requests.
 async fn counting_locker(

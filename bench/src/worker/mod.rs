@@ -19,9 +19,9 @@ use crate::config::{
     HOLD, Mode, WAIT_TIMEOUT, Workload, ZIPF_KEYS, ZIPF_S, counter_name, lock_key,
 };
 use crate::protocol::{LockStats, WorkerResult, WorkerSpec, emit, parse_go};
-use crate::support::Counting;
 use crate::{data_connection, micros, new_histogram};
 use plain::PlainLock;
+use testkit::Counting;
 use zipf::Zipf;
 
 /// The entry point of a worker process: reads its spec from stdin, runs, prints one

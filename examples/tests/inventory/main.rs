@@ -5,10 +5,6 @@
 //! and the tower layers map timeouts, missing keys and concurrent reads as
 //! documented.
 
-// The root package's test support (a real redis-server per test binary).
-#[path = "../../../tests/support/mod.rs"]
-mod support;
-
 #[path = "../../inventory/app.rs"]
 mod app;
 #[path = "../../inventory/client.rs"]
@@ -42,7 +38,7 @@ use tower::{ServiceBuilder, ServiceExt};
 
 /// A Redis backend on the shared test server, under `prefix`.
 pub(crate) async fn redis_backend(prefix: &str) -> RedisBackend {
-    RedisBackend::builder(support::shared().url())
+    RedisBackend::builder(testkit::shared().url())
         .prefix(prefix)
         .connect()
         .await

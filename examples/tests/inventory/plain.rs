@@ -9,7 +9,7 @@ use app::plain_lock::{Connection, PlainLock};
 /// A plain lock on the shared test server, under `prefix`, with its own
 /// connection (as a separate process would have).
 async fn plain_lock(prefix: &str, wait_timeout: Duration) -> PlainLock {
-    let con = Connection::single(&support::shared().url())
+    let con = Connection::single(&testkit::shared().url())
         .await
         .expect("connect to the test Redis");
     PlainLock::new(con, &format!("{prefix}plain:"), wait_timeout)
@@ -23,8 +23,8 @@ async fn plain_lock(prefix: &str, wait_timeout: Duration) -> PlainLock {
 /// overlapped, no write carried a fencing token, and the stock ends at 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plain_lock_instances_never_oversell() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-plain");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-plain");
     let dir = tempfile::tempdir().expect("tempdir");
     let occupancy = Arc::new(Occupancy::default());
     let mut states = Vec::new();
@@ -90,7 +90,7 @@ async fn plain_lock_instances_never_oversell() {
         Some(FencingToken::default()),
         "no write was fenced"
     );
-    let mut con = support::shared().connection().await;
+    let mut con = testkit::shared().connection().await;
     let exists: u64 = redis::cmd("EXISTS")
         .arg(format!("{prefix}plain:bolt"))
         .query_async(&mut con)
@@ -105,8 +105,8 @@ async fn plain_lock_instances_never_oversell() {
 /// is free, the reservation goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_lock_times_out_and_releases_only_its_own() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-plain-timeout");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-plain-timeout");
     let dir = tempfile::tempdir().expect("tempdir");
     let plain = plain_lock(&prefix, Duration::from_millis(300)).await;
     let state = instance("impatient", &prefix, file_db(dir.path()).await, |b| b)
@@ -137,7 +137,7 @@ async fn plain_lock_times_out_and_releases_only_its_own() {
     // The lock expires under its holder and a third party takes it: the
     // holder's release finds it is not its own and leaves it.
     let name = format!("{prefix}plain:busy");
-    let mut con = support::shared().connection().await;
+    let mut con = testkit::shared().connection().await;
     let () = redis::cmd("SET")
         .arg(&name)
         .arg("someone-else")

@@ -9,8 +9,8 @@ use super::*;
 /// with every reservation, and the stock ends at 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_sell_exactly_the_stock() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-two-instances");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-two-instances");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut states = Vec::new();
     let mut urls = Vec::new();
@@ -85,8 +85,8 @@ async fn two_instances_sell_exactly_the_stock() {
 /// the database never sees that fencing token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_lease_drops_the_handler_before_it_writes() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-lease-lost");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-lease-lost");
     let dir = tempfile::tempdir().expect("tempdir");
     let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
     const SLOW_STEP: Duration = Duration::from_millis(1500);
@@ -120,7 +120,7 @@ async fn lost_lease_drops_the_handler_before_it_writes() {
     let lock_name = redis_backend(&prefix)
         .await
         .lock_name(&LockKey::from("gadget"));
-    let mut con = support::shared().connection().await;
+    let mut con = testkit::shared().connection().await;
     let deleted: u64 = redis::cmd("DEL")
         .arg(&lock_name)
         .query_async(&mut con)
@@ -254,8 +254,8 @@ async fn stale_fencing_tokens_are_rejected_by_the_database() {
 /// `Retry-After`; once the lock is free, the same request succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_timeout_is_503_with_retry_after() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-timeout");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-timeout");
     let dir = tempfile::tempdir().expect("tempdir");
     let state = instance("impatient", &prefix, file_db(dir.path()).await, |b| {
         b.wait_timeout(Duration::from_millis(300))
@@ -287,7 +287,7 @@ async fn lock_timeout_is_503_with_retry_after() {
 /// follows its `MissingKey` policy.
 #[tokio::test]
 async fn missing_key_follows_the_policy() {
-    let prefix = support::unique_prefix("inventory-missing-key");
+    let prefix = testkit::unique_prefix("inventory-missing-key");
     let locker = Locker::builder(redis_backend(&prefix).await)
         .build()
         .expect("locker");
@@ -342,8 +342,8 @@ async fn missing_key_follows_the_policy() {
 /// (`SharedResponseLayer`), and all get the same answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_identical_reads_run_once() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-coalesce");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-coalesce");
     let dir = tempfile::tempdir().expect("tempdir");
     let state = instance("reader", &prefix, file_db(dir.path()).await, |b| b)
         .await
@@ -394,8 +394,8 @@ async fn concurrent_identical_reads_run_once() {
 /// SKUs to different instances).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_routes_each_sku_to_one_instance() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-gateway");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-gateway");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut upstreams = Vec::new();
     for name in ["a", "b", "c"] {

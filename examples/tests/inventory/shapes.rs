@@ -42,7 +42,7 @@ async fn checkout(http: &Http, base: &str, lines: &[(&str, i64)]) -> client::Rep
 /// every line, each fenced by its own SKU's token; bad carts are 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkout_writes_every_line_or_none() {
-    let prefix = support::unique_prefix("inventory-checkout");
+    let prefix = testkit::unique_prefix("inventory-checkout");
     let dir = tempfile::tempdir().expect("tempdir");
     let state = instance("a", &prefix, file_db(dir.path()).await, |b| b).await;
     let base = serve(app::app(state.clone())).await;
@@ -98,8 +98,8 @@ async fn a_checkout_writes_every_line_or_none() {
 /// deadlock), and the shelves, the log and the acknowledgements agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn overlapping_carts_never_deadlock_or_oversell() {
-    let _log = support::shared().log_on_panic();
-    let prefix = support::unique_prefix("inventory-carts");
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-carts");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut urls = Vec::new();
     let mut states = Vec::new();
@@ -173,7 +173,7 @@ async fn overlapping_carts_never_deadlock_or_oversell() {
 /// finds zero rows changed, counts a conflict, reads again and succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optimistic_reservations_retry_on_a_changed_version() {
-    let prefix = support::unique_prefix("inventory-optimistic");
+    let prefix = testkit::unique_prefix("inventory-optimistic");
     let dir = tempfile::tempdir().expect("tempdir");
     let db = file_db(dir.path()).await;
     let state = instance("a", &prefix, db, |b| b).await.with_hooks(Hooks {
@@ -206,7 +206,7 @@ async fn optimistic_reservations_retry_on_a_changed_version() {
 /// another instance, never see half a restock, and see the restock's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stock_reads_never_see_half_a_restock() {
-    let prefix = support::unique_prefix("inventory-restock");
+    let prefix = testkit::unique_prefix("inventory-restock");
     let dir = tempfile::tempdir().expect("tempdir");
     let writer = instance("w", &prefix, file_db(dir.path()).await, |b| b)
         .await
@@ -266,7 +266,7 @@ async fn stock_reads_never_see_half_a_restock() {
 /// once; other tenants are not affected; a freed permit lets it in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkouts_are_capped_per_tenant_across_instances() {
-    let prefix = support::unique_prefix("inventory-tenant");
+    let prefix = testkit::unique_prefix("inventory-tenant");
     let dir = tempfile::tempdir().expect("tempdir");
     let state = instance("a", &prefix, file_db(dir.path()).await, |b| b).await;
     let base = serve(app::app(state)).await;

@@ -5,16 +5,16 @@
 ///
 /// A command is an array `*<n>\r\n` of `n` bulk strings `$<len>\r\n<bytes>\r\n`
 /// (arrays with `n <= 0` are no command, as in Redis), or an inline command:
-/// a line with some non-blank character. It is the [`CommandParser`], keeping
+/// a line with some non-blank character. It is the `CommandParser`, keeping
 /// only the count.
 #[derive(Default)]
-pub(crate) struct RespCommandCounter {
+pub struct RespCommandCounter {
     parser: CommandParser,
 }
 
 impl RespCommandCounter {
     /// Feeds the next chunk; returns how many commands it completed.
-    pub(crate) fn feed(&mut self, data: &[u8]) -> u64 {
+    pub fn feed(&mut self, data: &[u8]) -> u64 {
         self.parser.feed(data).len() as u64
     }
 }
@@ -371,9 +371,9 @@ impl ReplyParser {
 }
 
 /// Checks the two RESP parsers on tricky streams, cut into chunks of every size.
-/// Called by one test binary (so that the others sharing this module do not run
-/// it again).
-pub(crate) fn parsers_self_test() {
+/// Public so that a test binary runs it (`tests/harness.rs`): the parsers are
+/// crate-private.
+pub fn parsers_self_test() {
     fn feed_all(p: &mut ReplyParser, data: &[u8], chunk: usize) -> Vec<ReplyStart> {
         let mut out = Vec::new();
         let mut base = 0;

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use super::cluster::Node;
 
 /// A primary and its one replica; both killed when dropped.
-pub(crate) struct Replicated {
+pub struct Replicated {
     /// The primary (the backends connect here).
-    pub(crate) primary: Node,
+    pub primary: Node,
     /// Its replica.
-    pub(crate) replica: Node,
+    pub replica: Node,
 }
 
 fn data_args() -> Vec<String> {
@@ -25,7 +25,7 @@ fn data_args() -> Vec<String> {
 
 impl Replicated {
     /// Starts both nodes and waits (at most 30 s) until the replica is in sync.
-    pub(crate) async fn start() -> Replicated {
+    pub async fn start() -> Replicated {
         let primary = Node::start(None, |_| data_args());
         let pport = primary.port();
         let replica = Node::start(None, move |_| {
@@ -41,7 +41,7 @@ impl Replicated {
     /// Waits until the primary counts its replica as online and the replica has
     /// acknowledged a fresh write (a `SET` and a `WAIT 1 100` on one connection).
     /// Panics after `timeout`.
-    pub(crate) async fn wait_in_sync(&self, timeout: Duration) {
+    pub async fn wait_in_sync(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let info: String = self
@@ -80,12 +80,12 @@ impl Replicated {
     }
 
     /// Stops the replica (`SIGSTOP`): it stays connected but acknowledges nothing.
-    pub(crate) fn stop_replica(&self) {
+    pub fn stop_replica(&self) {
         self.replica.pause();
     }
 
     /// Continues the replica and waits (at most 30 s) until it is in sync again.
-    pub(crate) async fn resume_replica(&self) {
+    pub async fn resume_replica(&self) {
         self.replica.resume();
         self.wait_in_sync(Duration::from_secs(30)).await;
     }

@@ -6,7 +6,7 @@ use super::query;
 
 /// The exact rules of the minimal ACL user documented on `RedisBackend`, for the
 /// prefix `lfacl`.
-pub(crate) const MINIMAL_ACL_RULES: &[&str] = &[
+pub const MINIMAL_ACL_RULES: &[&str] = &[
     "~lfacl:*",
     "&lfacl:inst:*",
     "+evalsha",
@@ -31,7 +31,7 @@ pub(crate) const MINIMAL_ACL_RULES: &[&str] = &[
 ];
 
 /// Creates (or resets) the ACL user `user` with the password `pw` and `rules`.
-pub(crate) async fn set_acl_user(admin: &mut MultiplexedConnection, user: &str, rules: &[&str]) {
+pub async fn set_acl_user(admin: &mut MultiplexedConnection, user: &str, rules: &[&str]) {
     query::<()>(
         admin,
         redis::cmd("ACL")

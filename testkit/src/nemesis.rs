@@ -8,14 +8,14 @@ use super::{process_state, send_signal, wait_for_state};
 
 /// Stops process `pid` with `SIGSTOP` and waits (up to 2 s) until it is stopped.
 /// Returns whether it is.
-pub(crate) fn stop_process(pid: u32) -> bool {
+pub fn stop_process(pid: u32) -> bool {
     send_signal(pid, "STOP");
     wait_for_state(pid, |s| matches!(s, Some('T' | 't') | None));
     matches!(process_state(pid), Some('T' | 't'))
 }
 
 /// Continues process `pid` with `SIGCONT` and waits (up to 2 s) until it runs.
-pub(crate) fn continue_process(pid: u32) {
+pub fn continue_process(pid: u32) {
     send_signal(pid, "CONT");
     wait_for_state(pid, |s| !matches!(s, Some('T' | 't')));
 }
@@ -23,7 +23,7 @@ pub(crate) fn continue_process(pid: u32) {
 /// `CLIENT KILL TYPE <kind>` (`normal`, `pubsub`, …) on `con`, which is skipped
 /// itself (`SKIPME yes`, the default). Returns how many connections were killed,
 /// or `None` if the server did not answer within `timeout`.
-pub(crate) async fn client_kill(
+pub async fn client_kill(
     con: &mut redis::aio::MultiplexedConnection,
     kind: &str,
     timeout: Duration,
@@ -41,12 +41,13 @@ pub(crate) async fn client_kill(
 
 /// Samples ranks `0..n` with probability proportional to `1 / (rank + 1)^s`.
 #[derive(Clone, Debug)]
-pub(crate) struct Zipf {
+pub struct Zipf {
     cdf: Vec<f64>,
 }
 
 impl Zipf {
-    pub(crate) fn new(n: usize, s: f64) -> Zipf {
+    /// The sampler over `n` ranks with exponent `s`; panics if `n` is 0.
+    pub fn new(n: usize, s: f64) -> Zipf {
         assert!(n > 0, "Zipf over an empty range");
         let mut total = 0.0;
         let mut cdf = Vec::with_capacity(n);
@@ -61,7 +62,7 @@ impl Zipf {
     }
 
     /// The rank for a uniform sample `u` in `[0, 1)`.
-    pub(crate) fn rank(&self, u: f64) -> usize {
+    pub fn rank(&self, u: f64) -> usize {
         self.cdf
             .partition_point(|&c| c <= u)
             .min(self.cdf.len() - 1)

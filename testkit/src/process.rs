@@ -59,12 +59,26 @@ pub(crate) fn is_executable(path: &Path) -> bool {
 pub(crate) fn tempdir() -> tempfile::TempDir {
     let mut builder = tempfile::Builder::new();
     builder.prefix("lockflight-redis-");
-    // Integration tests get a directory of their own under target/.
-    match option_env!("CARGO_TARGET_TMPDIR") {
-        Some(base) if std::fs::create_dir_all(base).is_ok() => builder.tempdir_in(base),
+    // Test and bench binaries get a directory of their own under target/.
+    match target_tmpdir() {
+        Some(base) if std::fs::create_dir_all(&base).is_ok() => builder.tempdir_in(base),
         _ => builder.tempdir(),
     }
     .expect("create a temporary directory for redis-server")
+}
+
+/// `<target>/tmp` (cargo's `CARGO_TARGET_TMPDIR` of integration tests and benches)
+/// for a binary that runs from `<target>/<profile>/deps/`, as the test and bench
+/// binaries do; `None` for any other binary (the system's temporary directory is
+/// used then). Found at run time: cargo sets `CARGO_TARGET_TMPDIR` only when it
+/// compiles an integration test or a bench, never this library.
+fn target_tmpdir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    if deps.file_name()? != "deps" {
+        return None;
+    }
+    Some(deps.parent()?.parent()?.join("tmp"))
 }
 
 /// Starts redis-server on `port` under a supervisor and waits until it answers.
@@ -268,7 +282,7 @@ pub(crate) fn tail(text: &str, lines: usize) -> String {
 /// A child process running one test of this test binary (an `#[ignore]`d test
 /// that acts as the child when `envs` names its environment variable): stdout
 /// piped, stderr inherited, killed when dropped.
-pub(crate) fn spawn_test_child(
+pub fn spawn_test_child(
     test: &str,
     envs: &[(&str, String)],
 ) -> (
@@ -304,7 +318,7 @@ pub(crate) fn spawn_test_child(
 
 /// The rest of the child's first line that contains `marker` (what follows it,
 /// trimmed), waiting up to 30 s; panics if the child ends first.
-pub(crate) async fn child_line(
+pub async fn child_line(
     lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     marker: &str,
 ) -> String {
@@ -325,9 +339,7 @@ pub(crate) async fn child_line(
 /// In a child holder test (spawned by [`spawn_holder_child`]): `None` in an
 /// ordinary test run (`child_env` is not set; the test then does nothing), else a
 /// backend on the parent's server under its prefix, and the key to hold.
-pub(crate) async fn holder_child_target(
-    child_env: &str,
-) -> Option<(lockflight::RedisBackend, String)> {
+pub async fn holder_child_target(child_env: &str) -> Option<(lockflight::RedisBackend, String)> {
     std::env::var_os(child_env)?;
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
     let backend = lockflight::RedisBackend::builder(var("LOCKFLIGHT_CHILD_URL"))
@@ -341,7 +353,7 @@ pub(crate) async fn holder_child_target(
 /// Spawns the child holder test `test` (the full test path; it calls
 /// [`holder_child_target`] with `child_env`) on the server at `url`, under
 /// `prefix`, holding `key`.
-pub(crate) fn spawn_holder_child(
+pub fn spawn_holder_child(
     test: &str,
     child_env: &str,
     url: String,
@@ -364,7 +376,7 @@ pub(crate) fn spawn_holder_child(
 
 /// In a child process: prints `line` on a line of its own, flushed at once, for
 /// the parent's [`child_line`].
-pub(crate) fn tell_parent(line: &str) {
+pub fn tell_parent(line: &str) {
     let mut out = std::io::stdout().lock();
     writeln!(out, "\n{line}").unwrap();
     out.flush().unwrap();

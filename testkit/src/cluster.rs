@@ -24,7 +24,7 @@ use super::{
 };
 
 /// One supervised `redis-server` with extra arguments; killed when dropped.
-pub(crate) struct Node {
+pub struct Node {
     port: u16,
     binary: PathBuf,
     args: Vec<String>,
@@ -35,7 +35,7 @@ pub(crate) struct Node {
 impl Node {
     /// Starts `redis-server <config file written from conf> <args>` on a free port;
     /// `args(port)` gives the extra arguments (they may mention the port).
-    pub(crate) fn start(conf: Option<&str>, args: impl Fn(u16) -> Vec<String>) -> Node {
+    pub fn start(conf: Option<&str>, args: impl Fn(u16) -> Vec<String>) -> Node {
         let binary =
             super::find_redis_server().unwrap_or_else(|| panic!("{}", super::REDIS_NOT_FOUND));
         let dir = tempdir();
@@ -73,35 +73,32 @@ impl Node {
     }
 
     /// The client port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// `redis://127.0.0.1:PORT/`
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// `127.0.0.1:PORT`
-    pub(crate) fn hostport(&self) -> String {
+    pub fn hostport(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// A client for [`url`](Self::url).
-    pub(crate) fn client(&self) -> redis::Client {
+    pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("client")
     }
 
     /// A multiplexed connection with generous timeouts.
-    pub(crate) async fn connection(&self) -> redis::aio::MultiplexedConnection {
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         super::connection_for(&self.client()).await
     }
 
     /// Runs one command on this node (a fresh connection, 5 s bounds).
-    pub(crate) async fn cmd<T: redis::FromRedisValue>(
-        &self,
-        args: &[&str],
-    ) -> redis::RedisResult<T> {
+    pub async fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
         let mut c = redis::cmd(args[0]);
         for a in &args[1..] {
             c.arg(*a);
@@ -122,12 +119,12 @@ impl Node {
     }
 
     /// Whether the process runs (possibly paused).
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.lock().0.is_some()
     }
 
     /// `SIGKILL`; the data in memory is lost, the directory stays.
-    pub(crate) fn kill(&self) {
+    pub fn kill(&self) {
         let mut s = self.lock();
         if let Some(r) = s.0.take() {
             stop_supervised(r, s.1);
@@ -136,7 +133,7 @@ impl Node {
     }
 
     /// `SIGSTOP`.
-    pub(crate) fn pause(&self) {
+    pub fn pause(&self) {
         let mut s = self.lock();
         let pid = s.0.as_ref().map(|r| r.pid).expect("pause: not running");
         if !s.1 {
@@ -147,7 +144,7 @@ impl Node {
     }
 
     /// `SIGCONT`.
-    pub(crate) fn resume(&self) {
+    pub fn resume(&self) {
         let mut s = self.lock();
         let pid = s.0.as_ref().map(|r| r.pid).expect("resume: not running");
         if s.1 {
@@ -159,7 +156,7 @@ impl Node {
 
     /// Kills the node if it runs and starts it again on the same port, with the
     /// same directory (cluster `nodes.conf`, sentinel config) and arguments.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         let mut s = self.lock();
         if let Some(r) = s.0.take() {
             stop_supervised(r, s.1);
@@ -185,7 +182,7 @@ impl Node {
     }
 
     /// The last lines of the node's log.
-    pub(crate) fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         tail(&read_logs(self.dir.path()), 30)
     }
 }
@@ -199,30 +196,30 @@ impl Drop for Node {
 
 /// One line of `CLUSTER NODES`.
 #[derive(Clone, Debug)]
-pub(crate) struct NodeInfo {
+pub struct NodeInfo {
     /// The node id.
-    pub(crate) id: String,
+    pub id: String,
     /// `127.0.0.1:PORT`
-    pub(crate) addr: String,
+    pub addr: String,
     /// Whether it is a primary.
-    pub(crate) primary: bool,
+    pub primary: bool,
     /// Whether it is flagged failing.
-    pub(crate) failed: bool,
+    pub failed: bool,
     /// The primary's id (replicas).
-    pub(crate) of: Option<String>,
+    pub of: Option<String>,
     /// Slot ranges (primaries).
-    pub(crate) slots: Vec<(u16, u16)>,
+    pub slots: Vec<(u16, u16)>,
 }
 
 /// A 3-primary, 3-replica Redis Cluster on loopback.
-pub(crate) struct Cluster {
+pub struct Cluster {
     /// The six nodes, in creation order (`redis-cli` makes the first three primaries).
-    pub(crate) nodes: Vec<Node>,
+    pub nodes: Vec<Node>,
 }
 
 impl Cluster {
     /// Starts six cluster nodes and creates the cluster; waits until it is ok.
-    pub(crate) fn start() -> Cluster {
+    pub fn start() -> Cluster {
         let nodes: Vec<Node> = (0..6)
             .map(|_| {
                 let bus = reserve_port();
@@ -270,12 +267,12 @@ impl Cluster {
     }
 
     /// The URLs of all nodes (the seed list a backend is given).
-    pub(crate) fn urls(&self) -> Vec<String> {
+    pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(Node::url).collect()
     }
 
     /// The node with client address `addr`.
-    pub(crate) fn by_addr(&self, addr: &str) -> &Node {
+    pub fn by_addr(&self, addr: &str) -> &Node {
         self.nodes
             .iter()
             .find(|n| n.hostport() == addr)
@@ -310,7 +307,7 @@ impl Cluster {
 
     /// Waits until every running node reports `cluster_state:ok` with all slots
     /// served, and all agree on the primaries.
-    pub(crate) async fn wait_ok(&self, timeout: Duration) {
+    pub async fn wait_ok(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let mut ok = true;
@@ -347,7 +344,7 @@ impl Cluster {
     }
 
     /// `CLUSTER NODES` as seen by the first running node that answers.
-    pub(crate) async fn topology(&self) -> Vec<NodeInfo> {
+    pub async fn topology(&self) -> Vec<NodeInfo> {
         for n in self.nodes.iter().filter(|n| n.is_running()) {
             if let Ok(v) = n.cmd::<String>(&["CLUSTER", "NODES"]).await {
                 return parse(&v);
@@ -357,7 +354,7 @@ impl Cluster {
     }
 
     /// The slot of a Redis name.
-    pub(crate) fn slot(name: &[u8]) -> u16 {
+    pub fn slot(name: &[u8]) -> u16 {
         // The hash tag: the bytes between the first `{` and the next `}`, if any.
         let tagged = name
             .iter()
@@ -372,7 +369,7 @@ impl Cluster {
     }
 
     /// The primary that serves `slot` now.
-    pub(crate) async fn primary_of_slot(&self, slot: u16) -> NodeInfo {
+    pub async fn primary_of_slot(&self, slot: u16) -> NodeInfo {
         self.topology()
             .await
             .into_iter()
@@ -383,7 +380,7 @@ impl Cluster {
     }
 
     /// The replicas of primary `id`.
-    pub(crate) async fn replicas_of(&self, id: &str) -> Vec<NodeInfo> {
+    pub async fn replicas_of(&self, id: &str) -> Vec<NodeInfo> {
         self.topology()
             .await
             .into_iter()
@@ -392,7 +389,7 @@ impl Cluster {
     }
 
     /// The current primaries with slots, sorted by their first slot.
-    pub(crate) async fn primaries(&self) -> Vec<NodeInfo> {
+    pub async fn primaries(&self) -> Vec<NodeInfo> {
         let mut p: Vec<NodeInfo> = self
             .topology()
             .await
@@ -408,7 +405,7 @@ impl Cluster {
     /// `SETSLOT MIGRATING` on the source, `MIGRATE` of every key, `SETSLOT NODE`
     /// on both. `between` runs after the slot is marked migrating and before the
     /// keys move (the window in which clients get `ASK`).
-    pub(crate) async fn migrate_slot<F: std::future::Future<Output = ()>>(
+    pub async fn migrate_slot<F: std::future::Future<Output = ()>>(
         &self,
         slot: u16,
         from: &NodeInfo,
@@ -456,7 +453,7 @@ impl Cluster {
 }
 
 /// Parses `CLUSTER NODES`.
-pub(crate) fn parse(text: &str) -> Vec<NodeInfo> {
+pub fn parse(text: &str) -> Vec<NodeInfo> {
     text.lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();

@@ -34,11 +34,11 @@ use super::resp::{CommandParser, ReplyParser};
 
 /// Decides whether a command (its arguments, the command name first) is one whose
 /// reply is to be lost.
-pub(crate) type CommandMatcher = Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
+pub type CommandMatcher = Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
 
 /// Matches `EVALSHA <sha> <numkeys> <first key> …` with the given script hash
 /// (lowercase hex, as redis-rs sends it) and first key.
-pub(crate) fn evalsha_on(sha: &[u8], first_key: &[u8]) -> CommandMatcher {
+pub fn evalsha_on(sha: &[u8], first_key: &[u8]) -> CommandMatcher {
     let (sha, first_key) = (sha.to_vec(), first_key.to_vec());
     Arc::new(move |args: &[Vec<u8>]| {
         args.len() > 3
@@ -49,7 +49,7 @@ pub(crate) fn evalsha_on(sha: &[u8], first_key: &[u8]) -> CommandMatcher {
 }
 
 /// Matches every command.
-pub(crate) fn any_command() -> CommandMatcher {
+pub fn any_command() -> CommandMatcher {
     Arc::new(|_: &[Vec<u8>]| true)
 }
 
@@ -57,7 +57,7 @@ pub(crate) fn any_command() -> CommandMatcher {
 ///
 /// Dropping the proxy stops the listener and closes every connection. Must be
 /// created inside a tokio runtime.
-pub(crate) struct FaultProxy {
+pub struct FaultProxy {
     relay: Relay,
     inner: Arc<Inner>,
 }
@@ -95,12 +95,12 @@ struct Inner {
 
 impl FaultProxy {
     /// A proxy in front of `server` (it keeps working across restarts).
-    pub(crate) async fn start(server: &RedisServer) -> FaultProxy {
+    pub async fn start(server: &RedisServer) -> FaultProxy {
         FaultProxy::start_to(server.addr()).await
     }
 
     /// A proxy in front of any TCP address on this machine.
-    pub(crate) async fn start_to(target: SocketAddr) -> FaultProxy {
+    pub async fn start_to(target: SocketAddr) -> FaultProxy {
         let inner = Arc::new(Inner {
             rules: Mutex::new(Vec::new()),
             recording: Mutex::new(None),
@@ -117,13 +117,13 @@ impl FaultProxy {
     /// `matcher` accepts, each after the server applied the command; see the
     /// [module docs](self). Rules add up; [`clear_rules`](Self::clear_rules)
     /// removes them.
-    pub(crate) fn drop_replies(&self, matcher: CommandMatcher, n: u64) {
+    pub fn drop_replies(&self, matcher: CommandMatcher, n: u64) {
         self.add_rule(matcher, n, Lose::Reply);
     }
 
     /// Loses the next `n` commands (on any connection) that `matcher` accepts,
     /// before the server sees them: the connection closes instead.
-    pub(crate) fn drop_requests(&self, matcher: CommandMatcher, n: u64) {
+    pub fn drop_requests(&self, matcher: CommandMatcher, n: u64) {
         self.add_rule(matcher, n, Lose::Request);
     }
 
@@ -137,7 +137,7 @@ impl FaultProxy {
     }
 
     /// Removes every rule (replies already marked to be lost are still lost).
-    pub(crate) fn clear_rules(&self) {
+    pub fn clear_rules(&self) {
         for rule in lock(&self.inner.rules).iter_mut() {
             rule.remaining = 0;
             rule.cleared = true;
@@ -145,22 +145,22 @@ impl FaultProxy {
     }
 
     /// How many replies were lost so far (each closed one connection).
-    pub(crate) fn dropped(&self) -> u64 {
+    pub fn dropped(&self) -> u64 {
         self.inner.dropped.load(Ordering::SeqCst)
     }
 
     /// How many requests were lost so far (each closed one connection).
-    pub(crate) fn dropped_requests(&self) -> u64 {
+    pub fn dropped_requests(&self) -> u64 {
         self.inner.dropped_requests.load(Ordering::SeqCst)
     }
 
     /// Starts (clearing what was recorded) or stops recording the commands.
-    pub(crate) fn record(&self, on: bool) {
+    pub fn record(&self, on: bool) {
         *lock(&self.inner.recording) = on.then(Vec::new);
     }
 
     /// The commands recorded since `record(true)`.
-    pub(crate) fn recorded(&self) -> Vec<Vec<Vec<u8>>> {
+    pub fn recorded(&self) -> Vec<Vec<Vec<u8>>> {
         lock(&self.inner.recording).clone().unwrap_or_default()
     }
 }

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use super::cluster::Node;
 
 /// The monitored master's name.
-pub(crate) const MASTER: &str = "lfmaster";
+pub const MASTER: &str = "lfmaster";
 
 /// Primary + 2 replicas + 3 sentinels.
-pub(crate) struct Sentinels {
+pub struct Sentinels {
     /// The data nodes: `[0]` starts as the primary.
-    pub(crate) data: Vec<Node>,
+    pub data: Vec<Node>,
     /// The sentinels.
-    pub(crate) sentinels: Vec<Node>,
+    pub sentinels: Vec<Node>,
 }
 
 fn data_args(_: u16) -> Vec<String> {
@@ -31,7 +31,7 @@ fn data_args(_: u16) -> Vec<String> {
 impl Sentinels {
     /// Starts the topology and waits until every sentinel sees both replicas and
     /// the two other sentinels.
-    pub(crate) async fn start() -> Sentinels {
+    pub async fn start() -> Sentinels {
         let primary = Node::start(None, data_args);
         let pport = primary.port();
         let replicas: Vec<Node> = (0..2)
@@ -78,12 +78,12 @@ impl Sentinels {
     }
 
     /// The sentinels' URLs.
-    pub(crate) fn sentinel_urls(&self) -> Vec<String> {
+    pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(Node::url).collect()
     }
 
     /// `127.0.0.1:PORT` of the primary as the first answering sentinel names it.
-    pub(crate) async fn primary_addr(&self) -> String {
+    pub async fn primary_addr(&self) -> String {
         for sn in self.sentinels.iter().filter(|n| n.is_running()) {
             if let Ok((host, port)) = sn
                 .cmd::<(String, String)>(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
@@ -96,7 +96,7 @@ impl Sentinels {
     }
 
     /// The data node at `addr`.
-    pub(crate) fn by_addr(&self, addr: &str) -> &Node {
+    pub fn by_addr(&self, addr: &str) -> &Node {
         self.data
             .iter()
             .find(|n| n.hostport() == addr)
@@ -104,13 +104,13 @@ impl Sentinels {
     }
 
     /// The current primary.
-    pub(crate) async fn primary(&self) -> &Node {
+    pub async fn primary(&self) -> &Node {
         let addr = self.primary_addr().await;
         self.by_addr(&addr)
     }
 
     /// `SENTINEL FAILOVER` (retried while a previous failover is still in progress).
-    pub(crate) async fn failover(&self) {
+    pub async fn failover(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             match self.sentinels[0]
@@ -129,7 +129,7 @@ impl Sentinels {
 
     /// Waits until the sentinels name a primary other than `old` that answers
     /// `ROLE` as master; returns its address.
-    pub(crate) async fn wait_primary_change(&self, old: &str, timeout: Duration) -> String {
+    pub async fn wait_primary_change(&self, old: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             let now = self.primary_addr().await;
@@ -151,7 +151,7 @@ impl Sentinels {
 
     /// Waits until every running data node other than the primary is its
     /// replica with the link up, and every sentinel agrees on the primary.
-    pub(crate) async fn wait_settled(&self, timeout: Duration) {
+    pub async fn wait_settled(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let primary = self.primary_addr().await;

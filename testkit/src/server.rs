@@ -32,7 +32,7 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// between tasks. The blocking methods (`start`, `restart`, `kill`, `pause`,
 /// `resume`) block the calling thread for a few milliseconds; that is fine in
 /// `#[tokio::test]` of either flavor.
-pub(crate) struct RedisServer {
+pub struct RedisServer {
     port: u16,
     binary: PathBuf,
     dir: tempfile::TempDir,
@@ -50,7 +50,7 @@ impl RedisServer {
     ///
     /// Panics with a clear message if `redis-server` is not on `PATH` or does
     /// not come up within 10 s (the message includes the server's log).
-    pub(crate) fn start() -> RedisServer {
+    pub fn start() -> RedisServer {
         let binary = find_redis_server().unwrap_or_else(|| panic!("{REDIS_NOT_FOUND}"));
         let dir = tempdir();
         let mut last_error = String::new();
@@ -85,37 +85,37 @@ impl RedisServer {
     }
 
     /// `redis://127.0.0.1:PORT/`
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// The TCP port (stays the same across [`restart`](Self::restart)).
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// `127.0.0.1:PORT`
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     /// The pid of the `redis-server` process (the last one, once killed).
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.lock().last_pid
     }
 
     /// Whether the server process is running (it may be paused).
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.lock().running.is_some()
     }
 
     /// The server's own temporary directory (holds `redis.log`).
-    pub(crate) fn dir(&self) -> &Path {
+    pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// A client for [`url`](Self::url).
-    pub(crate) fn client(&self) -> redis::Client {
+    pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("redis::Client::open on the test server's URL")
     }
 
@@ -123,12 +123,12 @@ impl RedisServer {
     /// connection timeout (not redis-rs's 500 ms / 1 s defaults).
     ///
     /// Panics if the server cannot be reached.
-    pub(crate) async fn connection(&self) -> redis::aio::MultiplexedConnection {
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         connection_for(&self.client()).await
     }
 
     /// `FLUSHALL` — only on a server of your own: panics on [`shared()`].
-    pub(crate) async fn flushall(&self) {
+    pub async fn flushall(&self) {
         self.forbid_on_shared("FLUSHALL");
         let mut con = self.connection().await;
         redis::cmd("FLUSHALL")
@@ -139,7 +139,7 @@ impl RedisServer {
 
     /// Stops the server with `SIGSTOP`: it keeps its connections open but
     /// answers nothing until [`resume`](Self::resume).
-    pub(crate) fn pause(&self) {
+    pub fn pause(&self) {
         self.forbid_on_shared("pause()");
         let mut state = self.lock();
         let pid = state
@@ -155,7 +155,7 @@ impl RedisServer {
     }
 
     /// Continues a paused server with `SIGCONT`.
-    pub(crate) fn resume(&self) {
+    pub fn resume(&self) {
         let mut state = self.lock();
         let pid = state
             .running
@@ -170,14 +170,14 @@ impl RedisServer {
     }
 
     /// Whether the server is paused.
-    pub(crate) fn is_paused(&self) -> bool {
+    pub fn is_paused(&self) -> bool {
         self.lock().paused
     }
 
     /// Kills the server with `SIGKILL` and reaps it: the port is closed and
     /// all data is lost. Does nothing if it is not running. See
     /// [`restart`](Self::restart) to bring it back.
-    pub(crate) fn kill(&self) {
+    pub fn kill(&self) {
         self.forbid_on_shared("kill()");
         let mut state = self.lock();
         if let Some(running) = state.running.take() {
@@ -188,7 +188,7 @@ impl RedisServer {
 
     /// Kills the server if it is running, then starts a new one **on the same
     /// port** with an empty dataset, and waits until it answers.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         self.forbid_on_shared("restart()");
         let mut state = self.lock();
         if let Some(running) = state.running.take() {
@@ -226,14 +226,14 @@ impl RedisServer {
     }
 
     /// The whole log file of the server (all its runs, across restarts).
-    pub(crate) fn log(&self) -> String {
+    pub fn log(&self) -> String {
         read_logs(self.dir.path())
     }
 
     /// A guard that prints the last lines of this server's log to stderr if it
     /// is dropped while the thread panics. Useful with [`shared()`], which is
     /// never dropped (an owned server already does this in its `Drop`).
-    pub(crate) fn log_on_panic(&self) -> LogOnPanic<'_> {
+    pub fn log_on_panic(&self) -> LogOnPanic<'_> {
         LogOnPanic { server: self }
     }
 
@@ -245,7 +245,7 @@ impl RedisServer {
             .is_some_and(|shared| std::ptr::eq(shared, self))
         {
             panic!(
-                "{what} on support::shared(): other tests use it at the same time; \
+                "{what} on testkit::shared(): other tests use it at the same time; \
                  start a server of your own with RedisServer::start()"
             );
         }
@@ -290,7 +290,7 @@ impl Drop for RedisServer {
 }
 
 /// See [`RedisServer::log_on_panic`].
-pub(crate) struct LogOnPanic<'a> {
+pub struct LogOnPanic<'a> {
     server: &'a RedisServer,
 }
 
@@ -306,7 +306,7 @@ impl Drop for LogOnPanic<'_> {
 ///
 /// Only for tests that use their own [`unique_prefix`] for every key and never
 /// pause, kill, restart or flush the server (see the module docs).
-pub(crate) fn shared() -> &'static RedisServer {
+pub fn shared() -> &'static RedisServer {
     SHARED.get_or_init(RedisServer::start)
 }
 
@@ -314,7 +314,7 @@ pub(crate) static SHARED: OnceLock<RedisServer> = OnceLock::new();
 
 /// How most tests start: the [`shared`] server, a guard that prints its log if the
 /// test panics, and a new [`unique_prefix`] (from `name`) for the test's keys.
-pub(crate) fn shared_scene(name: &str) -> (&'static RedisServer, LogOnPanic<'static>, String) {
+pub fn shared_scene(name: &str) -> (&'static RedisServer, LogOnPanic<'static>, String) {
     let server = shared();
     (server, server.log_on_panic(), unique_prefix(name))
 }
@@ -324,7 +324,7 @@ pub(crate) fn shared_scene(name: &str) -> (&'static RedisServer, LogOnPanic<'sta
 /// `name` is sanitized (anything but ASCII alphanumerics, `_` and `-` becomes
 /// `_`) so the prefix is safe in `KEYS`/`SCAN` patterns, and the counter has a
 /// fixed width, so `format!("{prefix}*")` never matches another prefix.
-pub(crate) fn unique_prefix(name: &str) -> String {
+pub fn unique_prefix(name: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let name: String = name
@@ -344,7 +344,7 @@ pub(crate) fn unique_prefix(name: &str) -> String {
 /// (`…}:rel:<token>`) left out: each released lease leaves one, which expires by
 /// itself after the release schedule's window (see `RedisBackendBuilder::
 /// response_timeout`); what must not be left behind is lock state.
-pub(crate) async fn key_count(server: &RedisServer, pattern: &str) -> usize {
+pub async fn key_count(server: &RedisServer, pattern: &str) -> usize {
     let mut con = server.connection().await;
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
         .arg(pattern)
@@ -362,7 +362,7 @@ pub(crate) fn is_release_record(name: &[u8]) -> bool {
 /// Polls `f` every 5 ms until it returns `true` (then returns `true`) or
 /// `timeout` has passed (then returns `false`). `f` is always called at least
 /// once, and once more after the deadline.
-pub(crate) async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -381,7 +381,7 @@ where
 
 /// A multiplexed connection from `client` with this module's generous timeouts
 /// (10 s response, 5 s connection). Panics if it cannot connect.
-pub(crate) async fn connection_for(client: &redis::Client) -> redis::aio::MultiplexedConnection {
+pub async fn connection_for(client: &redis::Client) -> redis::aio::MultiplexedConnection {
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_connection_timeout(Some(CONNECT_TIMEOUT));

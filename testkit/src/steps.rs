@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use super::wait_until;
 
 /// Bounds a test step, so that a bug shows up as a clear failure, never a hang.
-pub(crate) async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+pub async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
     match tokio::time::timeout(limit, fut).await {
         Ok(out) => out,
         Err(_) => panic!("{what}: did not finish within {limit:?}"),
@@ -20,7 +20,7 @@ pub(crate) async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F:
 }
 
 /// Joins every task; re-raises the first panic.
-pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+pub async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
     let mut out = Vec::new();
     while let Some(joined) = set.join_next().await {
         match joined {
@@ -33,7 +33,7 @@ pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
 }
 
 /// `backend` once its notification subscription is established (up to 10 s).
-pub(crate) async fn subscribed(backend: RedisBackend) -> RedisBackend {
+pub async fn subscribed(backend: RedisBackend) -> RedisBackend {
     assert!(
         wait_until(Duration::from_secs(10), || {
             let up = backend.is_subscribed();
@@ -46,7 +46,7 @@ pub(crate) async fn subscribed(backend: RedisBackend) -> RedisBackend {
 }
 
 /// Whether `key` is free for `locker` right now (taken and released at once if so).
-pub(crate) async fn is_free(locker: &Locker, key: &str) -> bool {
+pub async fn is_free(locker: &Locker, key: &str) -> bool {
     match locker.try_lock(key).await.unwrap() {
         Some(g) => {
             g.release().await.unwrap();
@@ -58,7 +58,7 @@ pub(crate) async fn is_free(locker: &Locker, key: &str) -> bool {
 
 /// A backend on `url` under `prefix` whose notification subscription is up (so
 /// that no wake-up published by a test is lost to a subscription still starting).
-pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
+pub async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
     subscribed(
         RedisBackend::builder(url)
             .prefix(prefix)
@@ -70,7 +70,7 @@ pub(crate) async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
 }
 
 /// Waits (up to `limit`) until none of `lockers` has local activity left.
-pub(crate) async fn wait_idle(lockers: &[Locker], limit: Duration) {
+pub async fn wait_idle(lockers: &[Locker], limit: Duration) {
     wait_zero(
         lockers,
         limit,
@@ -82,7 +82,7 @@ pub(crate) async fn wait_idle(lockers: &[Locker], limit: Duration) {
 
 /// Waits (up to `limit`) until `count` is 0 for every one of `lockers` (e.g.
 /// [`Locker::active_rw_keys`]); panics with `what` and the counts otherwise.
-pub(crate) async fn wait_zero(
+pub async fn wait_zero(
     lockers: &[Locker],
     limit: Duration,
     count: fn(&Locker) -> usize,
@@ -98,7 +98,7 @@ pub(crate) async fn wait_zero(
 }
 
 /// Panics (naming `what`) unless `tokens` strictly increase.
-pub(crate) fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
+pub fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
     for (i, pair) in tokens.windows(2).enumerate() {
         assert!(
             pair[0] < pair[1],
@@ -111,17 +111,17 @@ pub(crate) fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
 }
 
 /// The Redis name of `key`'s queue of waiting instances (a sorted set).
-pub(crate) fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
+pub fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
     suffixed(&backend.lock_name(key), ":wq")
 }
 
 /// The Redis name `name` + `suffix` (one of a key's companion names: `:rd`, `n`, …).
-pub(crate) fn suffixed(name: &[u8], suffix: &str) -> Vec<u8> {
+pub fn suffixed(name: &[u8], suffix: &str) -> Vec<u8> {
     [name, suffix.as_bytes()].concat()
 }
 
 /// Runs `cmd`, panicking with the command's name on an error.
-pub(crate) async fn query<T: redis::FromRedisValue>(
+pub async fn query<T: redis::FromRedisValue>(
     con: &mut MultiplexedConnection,
     cmd: &redis::Cmd,
 ) -> T {
@@ -131,12 +131,12 @@ pub(crate) async fn query<T: redis::FromRedisValue>(
 }
 
 /// The string value at `name` (`None` if there is none).
-pub(crate) async fn get_string(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
+pub async fn get_string(con: &mut MultiplexedConnection, name: &[u8]) -> Option<String> {
     query(con, redis::cmd("GET").arg(name)).await
 }
 
 /// Sets the string `name` to `value`, expiring in 30 s (as another holder would).
-pub(crate) async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
+pub async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], value: &str) {
     query::<()>(
         con,
         redis::cmd("SET").arg(name).arg(value).arg("PX").arg(30_000),
@@ -145,29 +145,29 @@ pub(crate) async fn set_for_30s(con: &mut MultiplexedConnection, name: &[u8], va
 }
 
 /// Deletes the Redis key `name` (behind its holder's back, in the loss tests).
-pub(crate) async fn del(con: &mut MultiplexedConnection, name: &[u8]) {
+pub async fn del(con: &mut MultiplexedConnection, name: &[u8]) {
     query::<()>(con, redis::cmd("DEL").arg(name)).await
 }
 
 /// Whether the Redis key `name` exists.
-pub(crate) async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
+pub async fn exists(con: &mut MultiplexedConnection, name: &[u8]) -> bool {
     query::<i64>(con, redis::cmd("EXISTS").arg(name)).await == 1
 }
 
 /// The remaining TTL of `name` in ms (`-2` missing, `-1` without a TTL).
-pub(crate) async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+pub async fn pttl(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
     query(con, redis::cmd("PTTL").arg(name)).await
 }
 
 /// The number of entries of a sorted set (a waiter queue).
-pub(crate) async fn zcard(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
+pub async fn zcard(con: &mut MultiplexedConnection, name: &[u8]) -> i64 {
     query(con, redis::cmd("ZCARD").arg(name)).await
 }
 
 /// The critical section of the counter workloads: a read-modify-write increment of
 /// the counter `name` on `con` (GET, then `pause`, then SET to one more), which
 /// loses updates unless its runs exclude each other.
-pub(crate) async fn increment<C: redis::aio::ConnectionLike>(
+pub async fn increment<C: redis::aio::ConnectionLike>(
     con: &mut C,
     name: &[u8],
     pause: impl Future<Output = ()>,
@@ -183,7 +183,7 @@ pub(crate) async fn increment<C: redis::aio::ConnectionLike>(
 }
 
 /// The value of the counter `name` (0 while it does not exist).
-pub(crate) async fn counter_value<C: redis::aio::ConnectionLike>(con: &mut C, name: &[u8]) -> u64 {
+pub async fn counter_value<C: redis::aio::ConnectionLike>(con: &mut C, name: &[u8]) -> u64 {
     redis::cmd("GET")
         .arg(name)
         .query_async::<Option<u64>>(con)
@@ -194,7 +194,7 @@ pub(crate) async fn counter_value<C: redis::aio::ConnectionLike>(con: &mut C, na
 
 /// How many `EVALSHA` calls the server behind `con` has served (`INFO
 /// commandstats`; 0 before the first).
-pub(crate) async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
+pub async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)

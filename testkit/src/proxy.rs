@@ -24,7 +24,7 @@ use super::*;
 /// served by a spawned task. Dropping the proxy stops the listener and aborts
 /// every connection task (the sockets close). Must be created inside a tokio
 /// runtime.
-pub(crate) struct CountingProxy {
+pub struct CountingProxy {
     relay: Relay,
     inner: Arc<ProxyInner>,
 }
@@ -47,12 +47,12 @@ impl std::ops::Deref for CountingProxy {
 impl CountingProxy {
     /// A proxy in front of `server` (it keeps working across restarts, which
     /// keep the port).
-    pub(crate) async fn start(server: &RedisServer) -> CountingProxy {
+    pub async fn start(server: &RedisServer) -> CountingProxy {
         CountingProxy::start_to(server.addr()).await
     }
 
     /// A proxy in front of any TCP address.
-    pub(crate) async fn start_to(target: SocketAddr) -> CountingProxy {
+    pub async fn start_to(target: SocketAddr) -> CountingProxy {
         let inner = Arc::new(ProxyInner {
             commands: AtomicU64::new(0),
             delay_nanos: AtomicU64::new(0),
@@ -64,15 +64,15 @@ impl CountingProxy {
         }
     }
 
-    /// A client for [`url`](Self::url).
-    pub(crate) fn client(&self) -> redis::Client {
+    /// A client for [`url`](Relay::url).
+    pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("redis::Client::open on the proxy's URL")
     }
 
-    /// A client for [`url`](Self::url) whose connections skip the `CLIENT
+    /// A client for [`url`](Relay::url) whose connections skip the `CLIENT
     /// SETINFO` handshake, so that [`commands`](Self::commands) counts only
     /// the test's own commands.
-    pub(crate) fn quiet_client(&self) -> redis::Client {
+    pub fn quiet_client(&self) -> redis::Client {
         use redis::IntoConnectionInfo;
         let info = self
             .url()
@@ -86,7 +86,7 @@ impl CountingProxy {
     /// A new multiplexed connection through the proxy (10 s response timeout,
     /// 5 s connection timeout). Its handshake counts 2 commands (`CLIENT
     /// SETINFO` x 2).
-    pub(crate) async fn connection(&self) -> redis::aio::MultiplexedConnection {
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         connection_for(&self.client()).await
     }
 
@@ -94,18 +94,18 @@ impl CountingProxy {
     /// server since the start or the last [`reset`](Self::reset). A command is
     /// counted just before its last byte is forwarded, so once its reply has
     /// arrived it is always included.
-    pub(crate) fn commands(&self) -> u64 {
+    pub fn commands(&self) -> u64 {
         self.inner.commands.load(Ordering::SeqCst)
     }
 
     /// Sets the command count to 0.
-    pub(crate) fn reset(&self) {
+    pub fn reset(&self) {
         self.inner.commands.store(0, Ordering::SeqCst);
     }
 
     /// Delays every chunk forwarded from a client to the server by `delay`
     /// (`Duration::ZERO` turns it off).
-    pub(crate) fn set_delay(&self, delay: Duration) {
+    pub fn set_delay(&self, delay: Duration) {
         let nanos = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
         self.inner.delay_nanos.store(nanos, Ordering::SeqCst);
     }
@@ -114,7 +114,7 @@ impl CountingProxy {
     /// are not connected through, but nothing is closed: like a network
     /// partition. Data that arrives meanwhile is held and delivered once it is
     /// turned off (as TCP would retransmit it).
-    pub(crate) fn blackhole(&self, on: bool) {
+    pub fn blackhole(&self, on: bool) {
         self.inner.blackhole.send_replace(on);
     }
 }

@@ -11,20 +11,24 @@ use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
 #[derive(Debug, Default)]
-pub(crate) struct Counts {
-    pub(crate) acquire: AtomicU64,
-    pub(crate) release: AtomicU64,
-    pub(crate) extend: AtomicU64,
-    pub(crate) leave: AtomicU64,
+pub struct Counts {
+    /// `acquire` requests sent.
+    pub acquire: AtomicU64,
+    /// `release` requests sent.
+    pub release: AtomicU64,
+    /// `extend` requests sent.
+    pub extend: AtomicU64,
+    /// `leave` requests sent.
+    pub leave: AtomicU64,
     /// Acquires sent and not answered yet.
-    pub(crate) in_flight: AtomicUsize,
+    pub in_flight: AtomicUsize,
     /// The most acquires in flight at once.
-    pub(crate) max_in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
 }
 
 impl Counts {
     /// `[acquire, release, extend, leave]`.
-    pub(crate) fn snapshot(&self) -> [u64; 4] {
+    pub fn snapshot(&self) -> [u64; 4] {
         [
             self.acquire.load(Ordering::Relaxed),
             self.release.load(Ordering::Relaxed),
@@ -34,20 +38,21 @@ impl Counts {
     }
 
     /// All requests sent.
-    pub(crate) fn total(&self) -> u64 {
+    pub fn total(&self) -> u64 {
         self.snapshot().iter().sum()
     }
 }
 
 /// Counts every backend request lockflight sends (a script call is one).
 #[derive(Debug)]
-pub(crate) struct Counting<B> {
+pub struct Counting<B> {
     inner: B,
     counts: Arc<Counts>,
 }
 
 impl<B> Counting<B> {
-    pub(crate) fn new(inner: B) -> (Self, Arc<Counts>) {
+    /// Wraps `inner`; returns the wrapper and its counts (to read while it runs).
+    pub fn new(inner: B) -> (Self, Arc<Counts>) {
         let counts = Arc::new(Counts::default());
         let c = Arc::clone(&counts);
         (Counting { inner, counts }, c)

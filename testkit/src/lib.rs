@@ -1,6 +1,14 @@
-//! Test-support harness for lockflight's integration tests.
+//! Test-support harness for lockflight's integration tests, benches and examples.
 //!
-//! Use it from any `tests/*.rs` file with `mod support;`.
+//! An unpublished workspace member: a dev-dependency of `lockflight` (its
+//! `tests/` and `benches/`) and of `examples` (the inventory tests), and a
+//! dependency of `bench` (the contention harness). Use it from any of those
+//! targets with plain paths, e.g. `use testkit::{RedisServer, unique_prefix};` or
+//! `testkit::shared()`. It is compiled once, not into every test binary.
+//!
+//! Unit tests inside lockflight's `src/` (`#[cfg(test)]`) must not use it: they
+//! are compiled into a second copy of the library, whose types are not the ones
+//! this crate links against.
 //!
 //! # Real Redis servers
 //!
@@ -48,7 +56,8 @@
 //! parsers, tested at every chunk boundary), `acl` (users for permission tests),
 //! `counting` (a backend wrapper that counts lockflight's requests),
 //! `cluster`, `sentinel`, `nemesis`.
-//! Everything a test needs is re-exported here.
+//! Everything a test needs is re-exported at the crate root; `cluster`,
+//! `sentinel`, `replication`, `fault_proxy` and `nemesis` are public modules.
 //!
 //! # Things to know about redis-rs 1.8
 //!
@@ -67,13 +76,11 @@
 //! * Do not combine these servers with `#[tokio::test(start_paused = true)]`:
 //!   with a paused clock, tokio jumps time forward whenever the runtime waits
 //!   on I/O, so every response timeout fires at once.
-#![allow(dead_code)]
-
-pub(crate) mod cluster;
-pub(crate) mod fault_proxy;
-pub(crate) mod nemesis;
-pub(crate) mod replication;
-pub(crate) mod sentinel;
+pub mod cluster;
+pub mod fault_proxy;
+pub mod nemesis;
+pub mod replication;
+pub mod sentinel;
 
 mod acl;
 mod counting;
@@ -85,8 +92,5 @@ mod resp;
 mod server;
 mod steps;
 
-// Each test binary uses only part of the harness.
-#[allow(unused_imports)]
-pub(crate) use {
-    acl::*, counting::*, ports::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*,
-};
+use ports::*;
+pub use {acl::*, counting::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-/// A boxed future (the support module uses std only, beside tokio and redis).
+/// A boxed future (the harness needs no `futures` crate for it).
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How one proxy moves bytes between a client and the server.
@@ -47,10 +47,10 @@ struct Conns {
 }
 
 /// A listener on 127.0.0.1 relaying every client to `target` through a proxy's
-/// [`Pumps`]. Dropping it stops the listener and aborts every connection task
+/// `Pumps`. Dropping it stops the listener and aborts every connection task
 /// (the sockets close). Must be created inside a tokio runtime.
 #[derive(Debug)]
-pub(crate) struct Relay {
+pub struct Relay {
     addr: SocketAddr,
     conns: Arc<Conns>,
     accept_task: JoinHandle<()>,
@@ -81,22 +81,22 @@ impl Relay {
     }
 
     /// `redis://127.0.0.1:PROXYPORT/`
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.addr.port())
     }
 
     /// The proxy's port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.addr.port()
     }
 
     /// The proxy's address.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Where it relays to.
-    pub(crate) fn target(&self) -> SocketAddr {
+    pub fn target(&self) -> SocketAddr {
         self.conns.target
     }
 
@@ -104,17 +104,17 @@ impl Relay {
     /// and the server). Returns at once; the connections close within
     /// moments (see [`open_connections`](Self::open_connections)). Later
     /// connections work normally.
-    pub(crate) fn reset_all(&self) {
+    pub fn reset_all(&self) {
         self.conns.resets.send_modify(|generation| *generation += 1);
     }
 
     /// The number of client connections open through the proxy.
-    pub(crate) fn open_connections(&self) -> usize {
+    pub fn open_connections(&self) -> usize {
         self.conns.open.load(Ordering::SeqCst)
     }
 
     /// The number of client connections accepted since the start.
-    pub(crate) fn accepted(&self) -> u64 {
+    pub fn accepted(&self) -> u64 {
         self.conns.accepted.load(Ordering::SeqCst)
     }
 }
