@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
 use testkit::sentinel::{MASTER, Sentinels};
-use testkit::{join_all, subscribed, unique_prefix, wait_until};
+use testkit::{join_all, subscribed, takes_all_three_after, unique_prefix, wait_until};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
@@ -357,37 +357,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
         b.server()
     );
     // The other instance gets all three soon after the release, not a TTL later.
-    let bound = Duration::from_secs(10);
-    let wait = bound.saturating_sub(released_at.elapsed());
-    let other_sem = other.semaphore(&sem, 1);
-    let (m, w, p) = tokio::join!(
-        async {
-            let g = other.lock_within(&mutex, wait).await?;
-            let at = released_at.elapsed();
-            g.release().await.map(|()| at)
-        },
-        async {
-            let g = other.write_within(&rw, wait).await?;
-            let at = released_at.elapsed();
-            g.release().await.map(|()| at)
-        },
-        async {
-            let g = other_sem.acquire_within(wait).await?;
-            let at = released_at.elapsed();
-            g.release().await.map(|()| at)
-        },
-    );
-    println!(
-        "after the release: mutex {m:?}, write lease {w:?}, permit {p:?} taken by the other instance"
-    );
-    for (kind, r) in [("mutex", m), ("write lease", w), ("permit", p)] {
-        let at = r.unwrap_or_else(|e| {
-            panic!("the {kind} released on the old primary stayed taken on the new one: {e}")
-        });
-        assert!(
-            at < bound,
-            "the {kind} was free again only {at:?} after its release"
-        );
-    }
+    let names = (&mutex, &rw, &sem);
+    takes_all_three_after(&other, names, released_at, Duration::from_secs(10)).await;
     t.wait_settled(Duration::from_secs(60)).await;
 }

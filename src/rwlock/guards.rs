@@ -73,7 +73,7 @@ impl ReadGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the lease was lost (it expired, or the backend no
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease was lost (it expired, or the backend no
     /// longer held it): the read may have overlapped a write. Backend errors of the
     /// last reader's release after brief retries (the lease then expires at its TTL).
     ///
@@ -156,7 +156,7 @@ impl WriteGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the lease was lost (it expired, or the backend no
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease was lost (it expired, or the backend no
     /// longer held it; nothing was deleted). Backend errors after brief retries
     /// (the lease then expires at its TTL).
     ///

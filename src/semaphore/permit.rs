@@ -13,7 +13,7 @@ use crate::lease::acquire::grant;
 use crate::lease::release::Attempts;
 use crate::lease::{Lease, LeaseKind};
 
-/// A held permit of a [`Semaphore`].
+/// A held permit of a [`Semaphore`](super::Semaphore).
 ///
 /// Release it with [`release`](Permit::release) to learn whether it was still held;
 /// dropping it releases it in the background. While it is held the locker's

@@ -3,7 +3,7 @@
 //! increasing fencing tokens) and reading lock keys in Redis.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockflight::{FencingToken, LockKey, Locker, RedisBackend};
 use redis::aio::MultiplexedConnection;
@@ -205,4 +205,47 @@ pub async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// After a failover: `other` takes the mutex `mutex`, the write lease of `rw` and
+/// the only permit of semaphore `sem` (all released on the old primary at
+/// `released_at`), at once, each within what is left of `bound`, and releases them.
+/// Panics naming the kind that was not free again within `bound` after its release.
+pub async fn takes_all_three_after(
+    other: &Locker,
+    (mutex, rw, sem): (&LockKey, &LockKey, &LockKey),
+    released_at: Instant,
+    bound: Duration,
+) {
+    let wait = bound.saturating_sub(released_at.elapsed());
+    let other_sem = other.semaphore(sem, 1);
+    let (m, w, p) = tokio::join!(
+        async {
+            let g = other.lock_within(mutex, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other.write_within(rw, wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+        async {
+            let g = other_sem.acquire_within(wait).await?;
+            let at = released_at.elapsed();
+            g.release().await.map(|()| at)
+        },
+    );
+    println!(
+        "after the release: mutex {m:?}, write lease {w:?}, permit {p:?} taken by the other instance"
+    );
+    for (kind, r) in [("mutex", m), ("write lease", w), ("permit", p)] {
+        let at = r.unwrap_or_else(|e| {
+            panic!("the {kind} released on the old primary stayed taken on the new one: {e}")
+        });
+        assert!(
+            at < bound,
+            "the {kind} was free again only {at:?} after its release"
+        );
+    }
 }

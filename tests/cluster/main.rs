@@ -34,7 +34,7 @@ use redis::cluster_async::ClusterConnection;
 use testkit::cluster::{Cluster, NodeInfo};
 use testkit::{
     RedisServer, assert_strictly_increasing, backend_at, counter_value, increment, join_all,
-    subscribed, unique_prefix, wait_idle, wait_until,
+    subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until,
 };
 
 use tokio::task::JoinSet;

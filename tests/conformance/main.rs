@@ -25,6 +25,9 @@
 //! server; the others share one of each topology per test binary, each cell under
 //! its own prefix.
 
+// The matrix runs on every topology, Cluster and Sentinel included.
+#![cfg(all(feature = "cluster", feature = "sentinel"))]
+
 mod exclusion;
 mod kinds;
 mod loss;

@@ -107,7 +107,7 @@ impl RedlockBackendBuilder {
     /// * [`Error::InvalidConfig`] for fewer than 3 (or more than [`MAX_NODES`])
     ///   nodes, a malformed URL or setting;
     /// * the first error of a node that cannot be connected, as
-    ///   [`RedisBackendBuilder::connect`]: every node must be reachable at start
+    ///   [`RedisBackendBuilder::connect`](crate::backend::RedisBackendBuilder::connect): every node must be reachable at start
     ///   (nodes that go down later are tolerated while a majority is up).
     ///
     /// # Cancel safety
