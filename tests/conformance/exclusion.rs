@@ -137,6 +137,7 @@ matrix!(exclusive_sections_and_increasing_tokens:
     cluster => Cluster,
     sentinel => Sentinel,
     redlock => Redlock,
+    uncoalesced => Uncoalesced,
 );
 
 /// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
@@ -185,6 +186,7 @@ matrix!(cancelled_waiters_leave_nothing_locked:
     cluster => Cluster,
     sentinel => Sentinel,
     redlock => Redlock,
+    uncoalesced => Uncoalesced,
 );
 
 /// An empty key and a key one byte over `LockKey::MAX_LEN` are refused with
@@ -221,4 +223,5 @@ matrix!(bad_keys_are_clear_errors:
     cluster => Cluster,
     sentinel => Sentinel,
     redlock => Redlock,
+    uncoalesced => Uncoalesced,
 );

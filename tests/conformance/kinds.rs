@@ -36,6 +36,9 @@ pub(crate) enum Topology {
     Sentinel,
     /// Redlock over three independent primaries.
     Redlock,
+    /// One Redis server, with per-process coalescing off
+    /// (`LockerBuilder::coalescing(false)`: every task asks the backend itself).
+    Uncoalesced,
 }
 
 fn cluster() -> &'static Cluster {
@@ -70,6 +73,9 @@ impl Topology {
             let builder = match self {
                 Topology::Memory => Locker::builder(memory.clone()),
                 Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
+                Topology::Uncoalesced => {
+                    Locker::builder(backend_at(&shared().url(), &prefix).await).coalescing(false)
+                }
                 Topology::Cluster => {
                     let backend = RedisBackend::cluster(cluster().urls())
                         .prefix(&prefix)

@@ -17,7 +17,8 @@
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
 //!
 //! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
-//! Cluster, a primary behind Sentinel, Redlock over three primaries ("all" above).
+//! Cluster, a primary behind Sentinel, Redlock over three primaries, and one server
+//! with per-process coalescing off ("all" above).
 //! On Redlock, which offers only the mutex, a cell's other kinds check that they
 //! are refused with `Error::Unsupported` ([`Topology::refuses`]).
 //!
