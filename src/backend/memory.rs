@@ -39,7 +39,7 @@ mod semaphore;
 ///   strictly increase per key (and across keys) while the process runs, including
 ///   a same-token acquire, which mints a new epoch as Redis does; a clock set back
 ///   across a restart of the process can repeat them.
-/// * Replies cannot be lost, so there is no release tombstone: releasing a token
+/// * Replies cannot be lost, so there is no release record: releasing a token
 ///   twice reports `released: false` the second time.
 ///
 /// Expiry follows Tokio's clock ([`tokio::time::Instant`]), so tests can drive it

@@ -73,9 +73,13 @@ impl ReadGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease was lost (it expired, or the backend no
-    /// longer held it): the read may have overlapped a write. Backend errors of the
-    /// last reader's release after brief retries (the lease then expires at its TTL).
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the read lease was lost:
+    /// for the last local reader, if the backend no longer held it (it expired,
+    /// was deleted or taken over: the read may have overlapped a write; nothing
+    /// was deleted); for a reader that leaves others on the lease, if its loss was
+    /// signalled. `Ok` from the last reader means the release deleted the lease,
+    /// so no write overlapped it. Backend errors of the last reader's release
+    /// after its retries (the lease then expires at its TTL).
     ///
     /// # Cancel safety
     ///
@@ -156,9 +160,10 @@ impl WriteGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease was lost (it expired, or the backend no
-    /// longer held it; nothing was deleted). Backend errors after brief retries
-    /// (the lease then expires at its TTL).
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the backend no longer held
+    /// the lease (it expired, was deleted or taken over; nothing was deleted). `Ok`
+    /// means the release deleted it, so nobody else held the lock meanwhile.
+    /// Backend errors after its retries (the lease then expires at its TTL).
     ///
     /// # Cancel safety
     ///

@@ -82,9 +82,9 @@ impl Permit {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the permit was lost (it expired, or the backend no
-    /// longer had it); backend errors after brief retries (the permit then expires
-    /// at its TTL).
+    /// [`Error::LeaseLost`] if the backend no longer had the permit (it expired,
+    /// or was removed; nothing was returned). `Ok` means the release removed it.
+    /// Backend errors after its retries (the permit then expires at its TTL).
     ///
     /// # Cancel safety
     ///

@@ -1,6 +1,6 @@
 //! The Redis backend's scripts and connection checks against a real Redis: every
 //! reply of every script through `RedisBackend`'s decoding, foreign values refused
-//! before anything is written, release reconciliation by tombstone, a refused
+//! before anything is written, release reconciliation by release record, a refused
 //! wake-up `PUBLISH`, the classification of server refusals (`OOM`, `READONLY`),
 //! `connect()`'s verification (passwords, ACLs, the minimal ACL line) and the
 //! notifier's restart on a new runtime, and the fast paths' server commands.

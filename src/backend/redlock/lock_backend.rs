@@ -56,7 +56,7 @@ impl LockBackend for RedlockBackend {
     ///
     /// A transient [`Error::Backend`] when neither a majority of releases nor a
     /// majority of "not yours" was confirmed (nodes unreachable): retrying
-    /// reconciles it, as the nodes' tombstones recognise a repeated release.
+    /// reconciles it, as the nodes' release records recognise a repeated release.
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let inner = &*self.inner;
         // The other nodes first, then the wake node, whose release wakes the next

@@ -3,7 +3,7 @@
 //! # Protocol
 //!
 //! Each node is a [`RedisBackend`] of its own (its Lua scripts, its queue of waiting
-//! instances, its claim windows and release tombstones, its one pub/sub channel), so
+//! instances, its claim windows and release records, its one pub/sub channel), so
 //! every per-node step is the single-node protocol, one round trip each. On top:
 //!
 //! * **acquire**: acquire-or-enqueue on every node in parallel, each bounded by the
