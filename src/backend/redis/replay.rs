@@ -503,16 +503,16 @@ fn mode(conn: &Conn) -> Mode {
     }
 }
 
-/// The current topology version for a release in `slot`, or `None` if releases
-/// on `conn` are not logged.
-fn version(conn: &Conn, replays: &Replays, slot: u16) -> Option<u64> {
+/// The current topology version for a release whose first key is `key`, or
+/// `None` if releases on `conn` are not logged (one server: nothing is computed).
+fn version(conn: &Conn, replays: &Replays, key: Option<&[u8]>) -> Option<u64> {
     match conn {
         #[cfg(feature = "sentinel")]
         Conn::Sentinel(s) => Some(s.generation()),
         #[cfg(feature = "cluster")]
-        Conn::Cluster(_) => Some(replays.slot_version(slot)),
+        Conn::Cluster(_) => Some(replays.slot_version(key.map_or(0, slot))),
         _ => {
-            let _ = (replays, slot);
+            let _ = (replays, key);
             None
         }
     }
@@ -543,11 +543,7 @@ impl Inner {
     /// Read it before the release is sent: a switch meanwhile makes the release
     /// due for a replay.
     pub(super) fn replay_version(&self, keys: &[&[u8]]) -> Option<u64> {
-        version(
-            &self.conn,
-            &self.replays,
-            keys.first().map_or(0, |k| slot(k)),
-        )
+        version(&self.conn, &self.replays, keys.first().copied())
     }
 
     /// Logs a release by `script` with `keys` and `args`, sent under version
@@ -633,7 +629,7 @@ async fn run(conn: Conn, replays: Arc<Replays>, stop: CancellationToken) {
         let current: Box<dyn Fn(&Entry) -> u64 + Send> = match mode {
             Mode::Off => return,
             Mode::Generation => {
-                let Some(g) = version(&conn, &replays, 0) else {
+                let Some(g) = version(&conn, &replays, None) else {
                     return;
                 };
                 let moved = last_generation != Some(g);
