@@ -1,9 +1,16 @@
-//! The settings every lock kind of a [`Locker`](crate::Locker) reads: the
-//! validated [`Config`], and the public parts of it that users build, [`Handoff`]
-//! and [`LossPolicy`] (re-exported at the crate root). The builder that checks
-//! them lives with the locker ([`LockerBuilder`](crate::LockerBuilder)).
+//! Every setting of a [`Locker`](crate::Locker), in one place: the public parts
+//! users build ([`Handoff`], [`LossPolicy`], per-call [`LockOptions`]; re-exported
+//! at the crate root), their defaults and bounds, the raw [`Settings`] a
+//! [`LockerBuilder`](crate::LockerBuilder) collects, and the one validation that
+//! turns them into the [`Config`] every lock kind reads. The builder itself is only
+//! the setters (`locker/builder.rs`); the backend's own settings (timeouts, prefix,
+//! replica acknowledgement) live with each backend's builder.
 
 use std::time::Duration;
+
+use crate::backend::LockBackend;
+use crate::error::{Error, Result};
+use crate::lease;
 
 /// Local lease handoff settings; see [`LockerBuilder::handoff`](crate::LockerBuilder::handoff). **On by default**
 /// ([`Handoff::enabled`] with the default budget).
@@ -132,6 +139,166 @@ pub enum LossPolicy {
     Signal,
 }
 
+/// Per-call settings of [`Locker::lock_with_options`](crate::Locker::lock_with_options) (and per route, of
+/// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field
+/// takes the locker's setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockflight::LockOptions;
+///
+/// // Wait at most 200 ms, hold for at most 10 s without renewal.
+/// let quick = LockOptions::new()
+///     .wait_timeout(Duration::from_millis(200))
+///     .lease_ttl(Duration::from_secs(10));
+/// // Fail fast: Error::Busy at once when the key is held.
+/// let fail_fast = LockOptions::new().try_only();
+/// # let _ = (quick, fail_fast);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct LockOptions {
+    pub(crate) wait_timeout: Option<Duration>,
+    pub(crate) lease_ttl: Option<Duration>,
+    pub(crate) try_only: bool,
+}
+
+impl LockOptions {
+    /// The locker's settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long this call waits for the lock (`Duration::MAX`: as long as it
+    /// takes).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The TTL of a lease this call acquires from the backend. It must fit the
+    /// locker's renewal interval (the rule of
+    /// [`LockerBuilder::build`](crate::LockerBuilder::build)). A lease handed to
+    /// this call by another local task (handoff) keeps its own TTL.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Do not wait: [`Error::Busy`] at once when another task of this process or
+    /// another instance holds the lock (one backend request at most).
+    pub fn try_only(mut self) -> Self {
+        self.try_only = true;
+        self
+    }
+}
+
+/// Default lease TTL.
+pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// Default bound on [`Locker::lock`](crate::Locker::lock).
+pub(crate) const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on local waiters per key.
+pub(crate) const DEFAULT_MAX_WAITERS: usize = 10_000;
+/// The shortest lease TTL accepted.
+pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+/// The longest lease TTL accepted (30 days).
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The settings a [`LockerBuilder`](crate::LockerBuilder) collects, not yet
+/// checked against each other: [`Settings::validate`] makes them a [`Config`].
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) lease_ttl: Duration,
+    pub(crate) wait_timeout: Duration,
+    /// `None`: a third of the lease TTL.
+    pub(crate) renew_every: Option<Duration>,
+    pub(crate) handoff: Handoff,
+    pub(crate) max_waiters: usize,
+    pub(crate) coalescing: bool,
+    pub(crate) on_loss: LossPolicy,
+    pub(crate) fair: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_ttl: DEFAULT_LEASE_TTL,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            renew_every: None,
+            handoff: Handoff::enabled(),
+            max_waiters: DEFAULT_MAX_WAITERS,
+            coalescing: true,
+            on_loss: LossPolicy::Abort,
+            fair: false,
+        }
+    }
+}
+
+impl Settings {
+    /// Checks the settings against each other and against `backend`, and derives
+    /// the defaults that depend on others (renewal interval, handoff
+    /// `min_validity`): the rules [`LockerBuilder::build`](crate::LockerBuilder::build)
+    /// documents.
+    pub(crate) fn validate(self, backend: &dyn LockBackend) -> Result<Config> {
+        let ttl = self.lease_ttl;
+        if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL {
+            return Err(Error::config(format!(
+                "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+                MIN_LEASE_TTL, MAX_LEASE_TTL
+            )));
+        }
+        if self.wait_timeout.is_zero() {
+            return Err(Error::config(
+                "wait_timeout is zero; use try_lock for a single attempt",
+            ));
+        }
+        let renew_every = self.renew_every.unwrap_or(ttl / 3);
+        let usable = ttl.saturating_sub(lease::drift(ttl));
+        validate_ttl(ttl, renew_every).map_err(Error::config)?;
+        if self.max_waiters == 0 {
+            return Err(Error::config("max_waiters is zero"));
+        }
+        let min_validity = self.handoff.min_validity.unwrap_or(ttl / 3);
+        if self.handoff.enabled {
+            if self.handoff.max_consecutive == 0 || self.handoff.max_hold.is_zero() {
+                return Err(Error::config(
+                    "handoff budget is zero (max_consecutive and max_hold must be above zero)",
+                ));
+            }
+            if min_validity >= usable {
+                return Err(Error::config(format!(
+                    "handoff min_validity is {min_validity:?}, it must be below the lease \
+                     validity of {usable:?}"
+                )));
+            }
+        }
+        if self.fair && !backend.supports_fair() {
+            return Err(Error::config(format!(
+                "fair mode is not supported by the backend {:?}: it cannot order waiting \
+                 instances (Redlock's independent nodes share no queue); use a Redis or \
+                 memory backend, or fair(false)",
+                backend
+            )));
+        }
+        if self.fair && !self.coalescing {
+            return Err(Error::config(
+                "fair mode needs coalescing: an instance queues once per key, for its oldest task",
+            ));
+        }
+        Ok(Config {
+            fair: self.fair,
+            lease_ttl: ttl,
+            wait_timeout: self.wait_timeout,
+            renew_every,
+            handoff: self.handoff,
+            min_validity,
+            max_waiters: self.max_waiters,
+            coalescing: self.coalescing,
+            on_loss: self.on_loss,
+        })
+    }
+}
+
 /// A locker's validated settings.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -144,4 +311,31 @@ pub(crate) struct Config {
     pub(crate) coalescing: bool,
     pub(crate) on_loss: LossPolicy,
     pub(crate) fair: bool,
+}
+
+/// Checks that leases of `ttl` can be renewed in time every `renew_every`: the
+/// interval plus the watchdog's scan delay must leave at least half of the
+/// lease's validity for the renewal itself.
+pub(crate) fn validate_ttl(
+    ttl: Duration,
+    renew_every: Duration,
+) -> std::result::Result<(), String> {
+    if !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) {
+        return Err(format!(
+            "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
+            MIN_LEASE_TTL, MAX_LEASE_TTL
+        ));
+    }
+    let usable = ttl.saturating_sub(lease::drift(ttl));
+    let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
+    if renew_every.is_zero() || latest_start > usable / 2 {
+        return Err(format!(
+            "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
+             after the acquire, which leaves less than half of the lease validity of \
+             {usable:?} (lease_ttl {ttl:?} minus the drift margin) to renew in time; use a \
+             renew_every of at most {:?} or a longer lease_ttl",
+            usable * 2 / 5
+        ));
+    }
+    Ok(())
 }

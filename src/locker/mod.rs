@@ -1,4 +1,4 @@
-//! [`Locker`]: the user's handle, and its validated settings.
+//! [`Locker`]: the user's handle to every lock kind.
 
 use std::fmt;
 use std::future::Future;
@@ -21,15 +21,15 @@ use crate::slot::{Forward, Grant, Inheritance, Join, Slot, SlotMap};
 use crate::stats::Stats;
 
 mod acquire;
-mod config;
+mod builder;
 mod family;
 mod guard;
 mod release;
 
-pub use crate::settings::{Handoff, LossPolicy};
+pub use crate::settings::{Handoff, LockOptions, LossPolicy};
+use crate::settings::{Settings, validate_ttl};
 use acquire::Call;
-use config::validate_ttl;
-pub use config::{LockOptions, LockerBuilder};
+pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 
 /// The handle a service uses to take distributed locks.
@@ -117,14 +117,7 @@ impl Locker {
     pub fn builder(backend: impl LockBackend) -> LockerBuilder {
         LockerBuilder {
             backend: Arc::new(backend),
-            lease_ttl: LockerBuilder::DEFAULT_LEASE_TTL,
-            wait_timeout: LockerBuilder::DEFAULT_WAIT_TIMEOUT,
-            renew_every: None,
-            handoff: Handoff::enabled(),
-            max_waiters: LockerBuilder::DEFAULT_MAX_WAITERS,
-            coalescing: true,
-            on_loss: LossPolicy::Abort,
-            fair: false,
+            settings: Settings::default(),
         }
     }
 

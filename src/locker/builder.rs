@@ -1,5 +1,6 @@
-//! The settings of a [`Locker`](super::Locker): [`LockerBuilder`], [`Handoff`],
-//! [`LossPolicy`], per-call [`LockOptions`], and their validation.
+//! [`LockerBuilder`]: the setters of a [`Locker`](super::Locker)'s settings. The
+//! settings themselves, their defaults and their validation live in
+//! `crate::settings`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,124 +9,55 @@ use std::time::Duration;
 use super::{Locker, LockerState};
 use crate::backend::LockBackend;
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::lease;
-use crate::settings::{Config, Handoff, LossPolicy};
-
-/// Per-call settings of [`Locker::lock_with_options`] (and per route, of
-/// [`LockLayer::options`](crate::layer::LockLayer::options)); each unset field
-/// takes the locker's setting.
-///
-/// ```
-/// use std::time::Duration;
-/// use lockflight::LockOptions;
-///
-/// // Wait at most 200 ms, hold for at most 10 s without renewal.
-/// let quick = LockOptions::new()
-///     .wait_timeout(Duration::from_millis(200))
-///     .lease_ttl(Duration::from_secs(10));
-/// // Fail fast: Error::Busy at once when the key is held.
-/// let fail_fast = LockOptions::new().try_only();
-/// # let _ = (quick, fail_fast);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[must_use]
-pub struct LockOptions {
-    pub(super) wait_timeout: Option<Duration>,
-    pub(super) lease_ttl: Option<Duration>,
-    pub(super) try_only: bool,
-}
-
-impl LockOptions {
-    /// The locker's settings.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How long this call waits for the lock (`Duration::MAX`: as long as it
-    /// takes).
-    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
-        self.wait_timeout = Some(timeout);
-        self
-    }
-
-    /// The TTL of a lease this call acquires from the backend. It must fit the
-    /// locker's renewal interval (the rule of
-    /// [`LockerBuilder::build`](crate::LockerBuilder::build)). A lease handed to
-    /// this call by another local task (handoff) keeps its own TTL.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = Some(ttl);
-        self
-    }
-
-    /// Do not wait: [`Error::Busy`] at once when another task of this process or
-    /// another instance holds the lock (one backend request at most).
-    pub fn try_only(mut self) -> Self {
-        self.try_only = true;
-        self
-    }
-}
+use crate::error::Result;
+use crate::settings::{self, Handoff, LossPolicy, Settings};
 
 /// Settings of a [`Locker`]; see [`Locker::builder`].
 #[must_use]
 pub struct LockerBuilder {
     pub(super) backend: Arc<dyn LockBackend>,
-    pub(super) lease_ttl: Duration,
-    pub(super) wait_timeout: Duration,
-    pub(super) renew_every: Option<Duration>,
-    pub(super) handoff: Handoff,
-    pub(super) max_waiters: usize,
-    pub(super) coalescing: bool,
-    pub(super) on_loss: LossPolicy,
-    pub(super) fair: bool,
+    pub(super) settings: Settings,
 }
 
 impl fmt::Debug for LockerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockerBuilder")
             .field("backend", &self.backend)
-            .field("lease_ttl", &self.lease_ttl)
-            .field("wait_timeout", &self.wait_timeout)
-            .field("renew_every", &self.renew_every)
-            .field("handoff", &self.handoff)
-            .field("max_waiters", &self.max_waiters)
-            .field("coalescing", &self.coalescing)
-            .field("on_loss", &self.on_loss)
-            .field("fair", &self.fair)
+            .field("settings", &self.settings)
             .finish()
     }
 }
 
 impl LockerBuilder {
     /// Default lease TTL.
-    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    pub const DEFAULT_LEASE_TTL: Duration = settings::DEFAULT_LEASE_TTL;
     /// Default bound on [`Locker::lock`].
-    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = settings::DEFAULT_WAIT_TIMEOUT;
     /// Default bound on local waiters per key.
-    pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+    pub const DEFAULT_MAX_WAITERS: usize = settings::DEFAULT_MAX_WAITERS;
     /// The shortest lease TTL accepted.
-    pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+    pub const MIN_LEASE_TTL: Duration = settings::MIN_LEASE_TTL;
     /// The longest lease TTL accepted (30 days): longer ones overflow clocks and
     /// Redis expiry arithmetic, and a lock nobody can take for a month is a bug.
-    pub const MAX_LEASE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+    pub const MAX_LEASE_TTL: Duration = settings::MAX_LEASE_TTL;
 
     /// How long a lease lives without renewal (default 30 s, at least 100 ms). The
     /// watchdog renews it every third of that while it is held.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
+        self.settings.lease_ttl = ttl;
         self
     }
 
-    /// How long [`Locker::lock`] waits before [`Error::Timeout`] (default 5 s).
+    /// How long [`Locker::lock`] waits before [`Error::Timeout`](crate::Error::Timeout) (default 5 s).
     /// `Duration::MAX` waits as long as it takes.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
-        self.wait_timeout = timeout;
+        self.settings.wait_timeout = timeout;
         self
     }
 
     /// How often the watchdog renews a held lease (default: a third of the TTL).
     pub fn renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
+        self.settings.renew_every = Some(every);
         self
     }
 
@@ -134,14 +66,14 @@ impl LockerBuilder {
     /// and at most two handoffs per local task that was waiting when the lease was
     /// taken (at least eight); see [`Handoff`] for why this is safe and fair).
     pub fn handoff(mut self, handoff: Handoff) -> Self {
-        self.handoff = handoff;
+        self.settings.handoff = handoff;
         self
     }
 
     /// Bound on tasks waiting locally per key (default 10,000); the excess gets
-    /// [`Error::Overloaded`] at once.
+    /// [`Error::Overloaded`](crate::Error::Overloaded) at once.
     pub fn max_waiters(mut self, n: usize) -> Self {
-        self.max_waiters = n;
+        self.settings.max_waiters = n;
         self
     }
 
@@ -172,7 +104,7 @@ impl LockerBuilder {
     /// # Ok::<(), lockflight::Error>(())
     /// ```
     pub fn coalescing(mut self, on: bool) -> Self {
-        self.coalescing = on;
+        self.settings.coalescing = on;
         self
     }
 
@@ -193,7 +125,7 @@ impl LockerBuilder {
     /// * **No barging.** A free lock goes only to the earliest live entry of the
     ///   queue (or to anyone when nobody else waits), also after a TTL expiry
     ///   without release: a later caller is queued and the earliest one is woken.
-    ///   [`try_lock`](Locker::try_lock) and [`LockOptions::try_only`] answer busy
+    ///   [`try_lock`](Locker::try_lock) and [`LockOptions::try_only`](crate::LockOptions::try_only) answer busy
     ///   when an earlier task of another instance waits.
     /// * **Handoff only in order.** A lease is handed to a local waiter only if the
     ///   backend reported no other instance waiting (as last reported: by the
@@ -228,7 +160,7 @@ impl LockerBuilder {
     ///
     /// The backend must support it ([`LockBackend::supports_fair`]): Redis and
     /// memory do; [`Locker::builder`] over Redlock (whose independent nodes have no
-    /// common queue to order by) fails to build with [`Error::InvalidConfig`].
+    /// common queue to order by) fails to build with [`Error::InvalidConfig`](crate::Error::InvalidConfig).
     ///
     /// ```
     /// # fn main() -> lockflight::Result<()> {
@@ -239,13 +171,13 @@ impl LockerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn fair(mut self, on: bool) -> Self {
-        self.fair = on;
+        self.settings.fair = on;
         self
     }
 
     /// What [`Locker::with_lock`] does on lease loss (default [`LossPolicy::Abort`]).
     pub fn on_loss(mut self, policy: LossPolicy) -> Self {
-        self.on_loss = policy;
+        self.settings.on_loss = policy;
         self
     }
 
@@ -253,7 +185,7 @@ impl LockerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] naming the setting: a TTL under 100 ms or over
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting: a TTL under 100 ms or over
     /// [`MAX_LEASE_TTL`](Self::MAX_LEASE_TTL), a zero wait timeout, a renewal
     /// interval that is zero or too slow to renew in time (the interval plus the
     /// watchdog's scan delay must leave at least half of the lease's validity for
@@ -261,92 +193,8 @@ impl LockerBuilder {
     /// handoff `min_validity` not shorter than the lease's validity, or fair mode
     /// over a backend without it (Redlock) or without coalescing.
     pub fn build(self) -> Result<Locker> {
-        let ttl = self.lease_ttl;
-        if ttl < Self::MIN_LEASE_TTL || ttl > Self::MAX_LEASE_TTL {
-            return Err(Error::config(format!(
-                "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
-                Self::MIN_LEASE_TTL,
-                Self::MAX_LEASE_TTL
-            )));
-        }
-        if self.wait_timeout.is_zero() {
-            return Err(Error::config(
-                "wait_timeout is zero; use try_lock for a single attempt",
-            ));
-        }
-        let renew_every = self.renew_every.unwrap_or(ttl / 3);
-        let usable = ttl.saturating_sub(lease::drift(ttl));
-        validate_ttl(ttl, renew_every).map_err(Error::config)?;
-        if self.max_waiters == 0 {
-            return Err(Error::config("max_waiters is zero"));
-        }
-        let min_validity = self.handoff.min_validity.unwrap_or(ttl / 3);
-        if self.handoff.enabled {
-            if self.handoff.max_consecutive == 0 || self.handoff.max_hold.is_zero() {
-                return Err(Error::config(
-                    "handoff budget is zero (max_consecutive and max_hold must be above zero)",
-                ));
-            }
-            if min_validity >= usable {
-                return Err(Error::config(format!(
-                    "handoff min_validity is {min_validity:?}, it must be below the lease \
-                     validity of {usable:?}"
-                )));
-            }
-        }
-        if self.fair && !self.backend.supports_fair() {
-            return Err(Error::config(format!(
-                "fair mode is not supported by the backend {:?}: it cannot order waiting \
-                 instances (Redlock's independent nodes share no queue); use a Redis or \
-                 memory backend, or fair(false)",
-                self.backend
-            )));
-        }
-        if self.fair && !self.coalescing {
-            return Err(Error::config(
-                "fair mode needs coalescing: an instance queues once per key, for its oldest task",
-            ));
-        }
-        let config = Config {
-            fair: self.fair,
-            lease_ttl: ttl,
-            wait_timeout: self.wait_timeout,
-            renew_every,
-            handoff: self.handoff,
-            min_validity,
-            max_waiters: self.max_waiters,
-            coalescing: self.coalescing,
-            on_loss: self.on_loss,
-        };
+        let config = self.settings.validate(&*self.backend)?;
         let shared = LockerState::new(Engine::new(self.backend, config));
         Ok(Locker { shared })
     }
-}
-
-/// Checks that leases of `ttl` can be renewed in time every `renew_every`: the
-/// interval plus the watchdog's scan delay must leave at least half of the
-/// lease's validity for the renewal itself.
-pub(super) fn validate_ttl(
-    ttl: Duration,
-    renew_every: Duration,
-) -> std::result::Result<(), String> {
-    if !(LockerBuilder::MIN_LEASE_TTL..=LockerBuilder::MAX_LEASE_TTL).contains(&ttl) {
-        return Err(format!(
-            "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
-            LockerBuilder::MIN_LEASE_TTL,
-            LockerBuilder::MAX_LEASE_TTL
-        ));
-    }
-    let usable = ttl.saturating_sub(lease::drift(ttl));
-    let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
-    if renew_every.is_zero() || latest_start > usable / 2 {
-        return Err(format!(
-            "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \
-             after the acquire, which leaves less than half of the lease validity of \
-             {usable:?} (lease_ttl {ttl:?} minus the drift margin) to renew in time; use a \
-             renew_every of at most {:?} or a longer lease_ttl",
-            usable * 2 / 5
-        ));
-    }
-    Ok(())
 }
