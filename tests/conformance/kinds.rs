@@ -76,21 +76,8 @@ impl Topology {
                 Topology::Uncoalesced => {
                     Locker::builder(backend_at(&shared().url(), &prefix).await).coalescing(false)
                 }
-                Topology::Cluster => {
-                    let backend = RedisBackend::cluster(cluster().urls())
-                        .prefix(&prefix)
-                        .connect()
-                        .await
-                        .expect("connect to the cluster");
-                    Locker::builder(subscribed(backend).await)
-                }
-                Topology::Sentinel => {
-                    let backend = RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER)
-                        .prefix(&prefix)
-                        .connect()
-                        .await
-                        .expect("connect through the sentinels");
-                    Locker::builder(subscribed(backend).await)
+                Topology::Cluster | Topology::Sentinel => {
+                    Locker::builder(self.redis_backend(&prefix).await)
                 }
                 Topology::Redlock => {
                     let urls: Vec<String> = redlock_nodes().iter().map(RedisServer::url).collect();
@@ -111,6 +98,55 @@ impl Topology {
             );
         }
         (lockers, prefix)
+    }
+
+    /// A subscribed backend of this single-keyspace Redis topology (one server,
+    /// Cluster, Sentinel) under `prefix`.
+    pub(crate) async fn redis_backend(self, prefix: &str) -> RedisBackend {
+        let builder = match self {
+            Topology::OneServer | Topology::Uncoalesced => {
+                return backend_at(&shared().url(), prefix).await;
+            }
+            Topology::Cluster => RedisBackend::cluster(cluster().urls()),
+            Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
+            Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
+        };
+        let backend = builder
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"));
+        subscribed(backend).await
+    }
+
+    /// Deletes the Redis `names` (all of one hash slot) behind the lockers' backs,
+    /// on the node(s) that keep them: the shared server, the slot's primary, the
+    /// Sentinel primary, or every Redlock node. Returns how many names existed.
+    pub(crate) async fn delete(self, names: &[String]) -> u64 {
+        let del = |mut con: redis::aio::MultiplexedConnection| async move {
+            redis::cmd("DEL")
+                .arg(names)
+                .query_async::<u64>(&mut con)
+                .await
+                .expect("DEL")
+        };
+        match self {
+            Topology::OneServer | Topology::Uncoalesced => del(shared().connection().await).await,
+            Topology::Cluster => {
+                let slot = Cluster::slot(names[0].as_bytes());
+                let primary = cluster().primary_of_slot(slot).await;
+                del(cluster().by_addr(&primary.addr).connection().await).await
+            }
+            Topology::Sentinel => del(sentinels().await.primary().await.connection().await).await,
+            Topology::Redlock => {
+                let mut n = 0;
+                for node in redlock_nodes() {
+                    n += del(node.connection().await).await;
+                }
+                n
+            }
+            Topology::Memory => panic!("the memory backend has no Redis names"),
+        }
     }
 
     /// Whether this topology offers `kind`: Redlock has only the mutex.

@@ -7,14 +7,16 @@ use lockflight::Error;
 
 use crate::exclusion::assert_idle;
 use crate::{Kind, Topology, matrix};
-use testkit::{RedisServer, query, shared, wait_until, within};
+use testkit::{RedisServer, query, wait_until, within};
 
 /// A holder's lease is deleted in Redis behind its back (what an operator's `DEL`,
 /// an eviction or a failover to a replica that never saw it does): the renewal
 /// finds it gone, the loss is signalled within one validity window, and the
-/// release says `LeaseLost`.
+/// release says `LeaseLost`. On Redlock the lease is deleted from every node.
 async fn a_deleted_lease_is_signalled_lost(kind: Kind, topology: Topology) {
-    assert_eq!(topology, Topology::OneServer, "deletes Redis state");
+    if topology.refuses(kind).await {
+        return;
+    }
     let ttl = Duration::from_secs(1);
     let (lockers, prefix) = topology
         .instances(&format!("deleted-{kind:?}"), 1, ttl)
@@ -25,19 +27,23 @@ async fn a_deleted_lease_is_signalled_lost(kind: Kind, topology: Topology) {
         .unwrap();
     let lost = held.lost();
     let lock = format!("{prefix}:{{k}}");
-    let mut con = shared().connection().await;
     let names = [
         lock.clone(),
         format!("{lock}:rd"),
         format!("{lock}:wr"),
         format!("{lock}:sem"),
     ];
-    let deleted: u64 = redis::cmd("DEL")
-        .arg(&names)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1, "{kind:?}: exactly the lease's own name held it");
+    let deleted = topology.delete(&names).await;
+    let holders = if topology == Topology::Redlock {
+        2..=3
+    } else {
+        1..=1
+    };
+    assert!(
+        holders.contains(&deleted),
+        "{kind:?} on {topology:?}: exactly the lease's own name held it, on {holders:?} \
+         node(s); {deleted} deleted"
+    );
     within(
         ttl * 2,
         "the loss of the deleted lease to be signalled",
@@ -47,11 +53,17 @@ async fn a_deleted_lease_is_signalled_lost(kind: Kind, topology: Topology) {
     let released = held.release().await;
     assert!(
         matches!(released, Err(Error::LeaseLost { .. })),
-        "{kind:?}: the release of a deleted lease returned {released:?}"
+        "{kind:?} on {topology:?}: the release of a deleted lease returned {released:?}"
     );
     assert_idle(&lockers, "after the loss").await;
 }
-matrix!(a_deleted_lease_is_signalled_lost: one_server => OneServer);
+matrix!(a_deleted_lease_is_signalled_lost:
+    one_server => OneServer,
+    cluster => Cluster,
+    sentinel => Sentinel,
+    redlock => Redlock,
+    uncoalesced => Uncoalesced,
+);
 
 /// The server holding the lease is turned into a replica with the same data (a
 /// demoted primary): the lease's next renewal is refused `READONLY`, and that is a

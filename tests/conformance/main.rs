@@ -8,13 +8,22 @@
 //! | cell | topologies | property |
 //! |---|---|---|
 //! | `exclusion::exclusive_sections_and_increasing_tokens` | all | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
-//! | `loss::a_deleted_lease_is_signalled_lost` | one server | the lease deleted behind the holder's back: its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `loss::a_deleted_lease_is_signalled_lost` | all Redis (not memory) | the lease deleted behind the holder's back (on every Redlock node): its loss is signalled within one validity window and its release says `LeaseLost` |
 //! | `loss::a_renewal_refused_readonly_is_a_loss` | one server | the node holding the lease is demoted to a replica with the same data: the next renewal is refused `READONLY`, which is a loss at once (not at the end of the validity) |
 //! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
 //! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
-//! | `release::truthful_release_after_a_lost_reply` | one server | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key) |
+//! | `release::truthful_release_after_a_lost_reply` | one server, Cluster, Sentinel | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key); on one server a fault proxy loses the reply, on Cluster and Sentinel (no proxy can stand in front of nodes whose addresses clients discover) the first answer is discarded |
 //! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
+//!
+//! Why some cells run on one server only: a restart without persistence, `maxmemory`
+//! and a demotion change a whole server, so each of those tests starts servers of
+//! its own (a Cluster or Sentinel set per test would cost seconds each); what they
+//! check is the release and renewal scripts' answers and the client's reading of
+//! them, which are the same on every topology (a Sentinel client additionally
+//! follows the new primary on `READONLY`: `tests/sentinel.rs`). Replica
+//! acknowledgement is its own binary (`tests/replication`), one definition for every
+//! kind, because its tests stop the one replica and must run one at a time.
 //!
 //! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
 //! Cluster, a primary behind Sentinel, Redlock over three primaries, and one server
