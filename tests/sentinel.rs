@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
 use testkit::sentinel::{MASTER, Sentinels};
-use testkit::{join_all, subscribed, takes_all_three_after, unique_prefix, wait_until};
+use testkit::{AllThree, join_all, subscribed, takes_all_three_after, unique_prefix, wait_until};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
@@ -286,14 +286,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
         LockKey::from("rw"),
         LockKey::from("sem"),
     );
-    let guard = holder.lock(&mutex).await.unwrap();
-    let write = holder.write(&rw).await.unwrap();
-    let permit = holder.semaphore(&sem, 1).acquire().await.unwrap();
-    let names = [
-        String::from_utf8(a.lock_name(&mutex)).unwrap(),
-        format!("{}:wr", String::from_utf8(a.lock_name(&rw)).unwrap()),
-        String::from_utf8(a.permits_name(&sem)).unwrap(),
-    ];
+    let held = AllThree::take(&holder, &a, (&mutex, &rw, &sem)).await;
     // Every replica has the three leases, so whichever is promoted holds them.
     let replicas: Vec<_> = t
         .data
@@ -301,7 +294,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
         .filter(|n| n.is_running() && n.hostport() != old)
         .collect();
     for r in &replicas {
-        for name in &names {
+        for name in &held.names {
             assert!(
                 wait_until(Duration::from_secs(5), || async {
                     r.cmd::<bool>(&["EXISTS", name]).await.unwrap_or(false)
@@ -330,11 +323,11 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     };
     let before = a.server();
     let released_at = Instant::now();
-    let (m, w, p) = tokio::join!(guard.release(), write.release(), permit.release());
+    let released = held.release().await;
     let after = a.server();
-    m.expect("mutex release");
-    w.expect("write release");
-    p.expect("permit release");
+    for outcome in released {
+        outcome.expect("the holder's release");
+    }
     assert!(
         before == old && after == old,
         "the holder followed the new primary before its releases ran ({before} → {after}); \

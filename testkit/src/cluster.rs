@@ -114,6 +114,21 @@ impl Node {
         }
     }
 
+    /// Whether this node has `name`, asked as a cluster replica may be (after
+    /// `READONLY`); `false` when it does not answer.
+    pub async fn has_key(&self, name: &str) -> bool {
+        let mut con = self.connection().await;
+        redis::cmd("READONLY")
+            .query_async::<()>(&mut con)
+            .await
+            .ok();
+        redis::cmd("EXISTS")
+            .arg(name)
+            .query_async::<bool>(&mut con)
+            .await
+            .unwrap_or(false)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, (Option<Supervised>, bool)> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

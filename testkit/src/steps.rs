@@ -5,7 +5,9 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use lockflight::{FencingToken, LockKey, Locker, RedisBackend};
+use lockflight::rwlock::WriteGuard;
+use lockflight::semaphore::Permit;
+use lockflight::{FencingToken, LockGuard, LockKey, Locker, RedisBackend, Result};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
@@ -205,6 +207,62 @@ pub async fn evalsha_count<C: redis::aio::ConnectionLike>(con: &mut C) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// One lease of each exclusive kind, held by one instance: the mutex of a key, the
+/// write lease of another and the only permit of a third (the failover tests'
+/// "holder").
+pub struct AllThree {
+    /// The mutex.
+    pub guard: LockGuard,
+    /// The write lease.
+    pub write: WriteGuard,
+    /// The semaphore's only permit.
+    pub permit: Permit,
+    /// The Redis names that keep the three leases (at the holder's backend).
+    pub names: [String; 3],
+}
+
+impl AllThree {
+    /// `holder` (a locker over `backend`) takes the mutex `mutex`, the write lease
+    /// of `rw` and the only permit of semaphore `sem`.
+    pub async fn take(
+        holder: &Locker,
+        backend: &RedisBackend,
+        (mutex, rw, sem): (&LockKey, &LockKey, &LockKey),
+    ) -> AllThree {
+        let name = |bytes: Vec<u8>| String::from_utf8(bytes).expect("a UTF-8 name");
+        AllThree {
+            guard: holder
+                .lock(mutex)
+                .await
+                .expect("the holder takes the mutex"),
+            write: holder
+                .write(rw)
+                .await
+                .expect("the holder takes the write lease"),
+            permit: holder
+                .semaphore(sem, 1)
+                .acquire()
+                .await
+                .expect("the holder takes the permit"),
+            names: [
+                name(backend.lock_name(mutex)),
+                format!("{}:wr", name(backend.lock_name(rw))),
+                name(backend.permits_name(sem)),
+            ],
+        }
+    }
+
+    /// Releases the three side by side; each one's outcome.
+    pub async fn release(self) -> [Result<()>; 3] {
+        let (m, w, p) = tokio::join!(
+            self.guard.release(),
+            self.write.release(),
+            self.permit.release()
+        );
+        [m, w, p]
+    }
 }
 
 /// After a failover: `other` takes the mutex `mutex`, the write lease of `rw` and

@@ -76,24 +76,8 @@ async fn killed_primary_while_held() {
     // Replication is asynchronous: wait until the replica has the lock too.
     let lock_name = a.lock_name(&key);
     let rnode = c.by_addr(&replica.addr);
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            let name = String::from_utf8_lossy(&lock_name).into_owned();
-            async move {
-                let mut con = rnode.connection().await;
-                redis::cmd("READONLY")
-                    .query_async::<()>(&mut con)
-                    .await
-                    .ok();
-                redis::cmd("EXISTS")
-                    .arg(&name)
-                    .query_async::<bool>(&mut con)
-                    .await
-                    .unwrap_or(false)
-            }
-        })
-        .await
-    );
+    let lock_name = String::from_utf8_lossy(&lock_name).into_owned();
+    assert!(wait_until(Duration::from_secs(5), || rnode.has_key(&lock_name)).await);
     let before_kill = other_done.load(Ordering::SeqCst);
     let killed_at = Instant::now();
     c.by_addr(&victim.addr).kill();
@@ -180,33 +164,14 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     // The default lease TTL (30 s).
     let holder = Locker::builder(a.clone()).build().unwrap();
     let other = Locker::builder(b.clone()).build().unwrap();
-    let guard = holder.lock(&mutex).await.unwrap();
-    let write = holder.write(&rw).await.unwrap();
-    let permit = holder.semaphore(&sem, 1).acquire().await.unwrap();
-    let names = [
-        String::from_utf8(a.lock_name(&mutex)).unwrap(),
-        format!("{}:wr", String::from_utf8(a.lock_name(&rw)).unwrap()),
-        String::from_utf8(a.permits_name(&sem)).unwrap(),
-    ];
+    let held = AllThree::take(&holder, &a, (&mutex, &rw, &sem)).await;
     let replica = c.replicas_of(&victim.id).await;
     assert_eq!(replica.len(), 1, "one replica per primary");
     let replica = replica[0].clone();
     let rnode = c.by_addr(&replica.addr);
-    let on_replica = |name: String| async move {
-        let mut con = rnode.connection().await;
-        redis::cmd("READONLY")
-            .query_async::<()>(&mut con)
-            .await
-            .ok();
-        redis::cmd("EXISTS")
-            .arg(&name)
-            .query_async::<bool>(&mut con)
-            .await
-            .unwrap_or(false)
-    };
-    for name in &names {
+    for name in &held.names {
         assert!(
-            wait_until(Duration::from_secs(5), || on_replica(name.clone())).await,
+            wait_until(Duration::from_secs(5), || rnode.has_key(name)).await,
             "{name} did not reach the replica"
         );
     }
@@ -220,15 +185,16 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
         .await
         .unwrap();
     let released_at = Instant::now();
-    let (m, w, p) = tokio::join!(guard.release(), write.release(), permit.release());
+    let names = held.names.clone();
+    let released = held.release().await;
     pnode.kill();
     rnode.resume();
-    m.expect("mutex release");
-    w.expect("write release");
-    p.expect("permit release");
+    for outcome in released {
+        outcome.expect("the holder's release");
+    }
     for name in &names {
         assert!(
-            on_replica(name.clone()).await,
+            rnode.has_key(name).await,
             "{name} is gone from the replica: the release reached it, the window was missed"
         );
     }

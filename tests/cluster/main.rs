@@ -33,8 +33,8 @@ use lockflight::{FencingToken, Handoff, LockKey, Locker, RedisBackend};
 use redis::cluster_async::ClusterConnection;
 use testkit::cluster::{Cluster, NodeInfo};
 use testkit::{
-    RedisServer, assert_strictly_increasing, backend_at, counter_value, increment, join_all,
-    subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until,
+    AllThree, RedisServer, assert_strictly_increasing, backend_at, counter_value, increment,
+    join_all, subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until,
 };
 
 use tokio::task::JoinSet;

@@ -131,14 +131,7 @@ async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology
     }
     assert_idle(&lockers, "after the sections").await;
 }
-matrix!(exclusive_sections_and_increasing_tokens:
-    memory => Memory,
-    one_server => OneServer,
-    cluster => Cluster,
-    sentinel => Sentinel,
-    redlock => Redlock,
-    uncoalesced => Uncoalesced,
-);
+matrix!(exclusive_sections_and_increasing_tokens: every topology);
 
 /// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
 /// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets
@@ -180,14 +173,7 @@ async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) 
     next.release().await.unwrap();
     assert_idle(&lockers, "after the cancellations").await;
 }
-matrix!(cancelled_waiters_leave_nothing_locked:
-    memory => Memory,
-    one_server => OneServer,
-    cluster => Cluster,
-    sentinel => Sentinel,
-    redlock => Redlock,
-    uncoalesced => Uncoalesced,
-);
+matrix!(cancelled_waiters_leave_nothing_locked: every topology);
 
 /// An empty key and a key one byte over `LockKey::MAX_LEN` are refused with
 /// `Error::InvalidKey` naming the key, by the waiting and the trying calls alike,
@@ -217,11 +203,4 @@ async fn bad_keys_are_clear_errors(kind: Kind, topology: Topology) {
     assert_eq!(locker.stats().acquire_attempts, 0, "nothing was sent");
     assert_idle(&lockers, "after the refusals").await;
 }
-matrix!(bad_keys_are_clear_errors:
-    memory => Memory,
-    one_server => OneServer,
-    cluster => Cluster,
-    sentinel => Sentinel,
-    redlock => Redlock,
-    uncoalesced => Uncoalesced,
-);
+matrix!(bad_keys_are_clear_errors: every topology);

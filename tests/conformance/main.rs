@@ -46,9 +46,19 @@ mod release;
 pub(crate) use kinds::{Held, Kind, Topology};
 
 /// Instantiates `cell` (an `async fn(Kind, Topology)` of the current module) for
-/// every lock kind on each listed topology: a module named after the cell, a
-/// module per topology (`name => Variant`), a test per kind.
+/// every lock kind on each listed topology (`name => Variant`, or `every topology`):
+/// a module named after the cell, a module per topology, a test per kind.
 macro_rules! matrix {
+    ($cell:ident: every topology) => {
+        matrix!($cell:
+            memory => Memory,
+            one_server => OneServer,
+            cluster => Cluster,
+            sentinel => Sentinel,
+            redlock => Redlock,
+            uncoalesced => Uncoalesced,
+        );
+    };
     ($cell:ident: $($topo:ident => $variant:ident),+ $(,)?) => {
         mod $cell {
             $(

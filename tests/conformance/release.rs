@@ -155,14 +155,20 @@ async fn take(kind: Kind, locker: &Locker, what: &str) -> Held {
     .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Instances A and B on `server` under a prefix of their own, and A holding [`KEY`]
-/// as `kind`.
-async fn a_holds(server: &RedisServer, cell: &str, kind: Kind) -> (Locker, Locker, Held) {
+/// A server of the cell's own (it restarts or reconfigures it), instances A and B
+/// on it under a prefix of their own (`[A, B]`), and A holding [`KEY`] as `kind`.
+async fn a_holds(cell: &str, kind: Kind, topology: Topology) -> (RedisServer, [Locker; 2], Held) {
+    assert_eq!(
+        topology,
+        Topology::OneServer,
+        "a cell of one server's faults"
+    );
+    let server = RedisServer::start();
     let prefix = unique_prefix(&format!("{cell}-{kind:?}"));
     let a = locker(&server.url(), &prefix).await;
     let b = locker(&server.url(), &prefix).await;
     let held = take(kind, &a, "A takes the key").await;
-    (a, b, held)
+    (server, [a, b], held)
 }
 
 /// Redis restarts empty (no persistence) while A holds the lock; B takes the same
@@ -170,14 +176,8 @@ async fn a_holds(server: &RedisServer, cell: &str, kind: Kind) -> (Locker, Locke
 /// semaphore release whose first attempt met the closed connection took "not
 /// held" on the repeat for its own doing, and said `Ok`.
 async fn release_after_a_restart_reports_the_loss(kind: Kind, topology: Topology) {
-    assert_eq!(
-        topology,
-        Topology::OneServer,
-        "a cell of one server's faults"
-    );
-    let server = RedisServer::start();
+    let (server, [_a, b], held) = a_holds("restart-release", kind, topology).await;
     let _log = server.log_on_panic();
-    let (_a, b, held) = a_holds(&server, "restart-release", kind).await;
 
     server.restart();
     let other = take(kind.rival(), &b, "B takes the key after the restart").await;
@@ -197,14 +197,8 @@ matrix!(release_after_a_restart_reports_the_loss: one_server => OneServer);
 /// release wrote its tombstone before the delete, and Redis refused the whole
 /// script.
 async fn release_under_memory_pressure_frees_the_lock(kind: Kind, topology: Topology) {
-    assert_eq!(
-        topology,
-        Topology::OneServer,
-        "a cell of one server's faults"
-    );
-    let server = RedisServer::start();
+    let (server, [_a, b], held) = a_holds("oom-release", kind, topology).await;
     let _log = server.log_on_panic();
-    let (_a, b, held) = a_holds(&server, "oom-release", kind).await;
 
     let mut con = server.connection().await;
     let config = |name: &'static str, value: &'static str| {
