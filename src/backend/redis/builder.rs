@@ -280,7 +280,7 @@ impl RedisBackendBuilder {
 pub(super) async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)> {
     match topology {
         Topology::Single(url) => {
-            let client = redis::Client::open(url.as_str())
+            let client = conn::nodelay_client(url.as_str())
                 .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?;
             let target = client.get_connection_info().addr().to_string();
             let conn =

@@ -118,7 +118,7 @@ impl ClusterConn {
         let template = &self.seeds[0];
         addrs
             .into_iter()
-            .map(|(host, port)| redis::Client::open(with_addr(template, host, port)))
+            .map(|(host, port)| super::conn::nodelay_client(with_addr(template, host, port)))
             .collect()
     }
 }

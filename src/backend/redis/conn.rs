@@ -189,3 +189,16 @@ impl Conn {
         }
     }
 }
+
+/// A client for `info` whose connections set `TCP_NODELAY`: lock requests are
+/// small and wait for their replies, and Nagle's algorithm would hold one back
+/// until the previous segment is acknowledged (a round trip on a real network).
+/// Every connection lockflight opens (commands, pub/sub, acknowledged writes, on
+/// every topology) comes from such a client.
+pub(crate) fn nodelay_client(
+    info: impl redis::IntoConnectionInfo,
+) -> redis::RedisResult<redis::Client> {
+    let info = info.into_connection_info()?;
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    redis::Client::open(info.set_tcp_settings(tcp))
+}

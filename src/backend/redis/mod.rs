@@ -76,6 +76,7 @@ mod acked;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
+pub(crate) use conn::nodelay_client;
 mod notify;
 mod replay;
 mod rw;

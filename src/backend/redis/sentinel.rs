@@ -231,7 +231,7 @@ impl SentinelConn {
             .get_connection_info()
             .clone()
             .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
-        let Ok(client) = redis::Client::open(info) else {
+        let Ok(client) = super::conn::nodelay_client(info) else {
             return false;
         };
         let connected =
@@ -358,7 +358,7 @@ async fn resolve(
     let bound = t.connection + t.response;
     let mut s = sentinel.lock().await;
     match tokio::time::timeout(bound, s.async_master_for(master, None)).await {
-        Ok(r) => r,
+        Ok(r) => super::conn::nodelay_client(r?.get_connection_info().clone()),
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "asking the sentinels for the primary timed out",
@@ -372,7 +372,7 @@ async fn listen_switch_master(url: String, conn: Weak<SentinelConn>, stop: Cance
     let mut backoff = Duration::from_millis(50);
     loop {
         let attempt = async {
-            let client = redis::Client::open(url.as_str())?;
+            let client = super::conn::nodelay_client(url.as_str())?;
             let mut ps = client.get_async_pubsub().await?;
             ps.subscribe("+switch-master").await?;
             Ok::<_, RedisError>(ps)

@@ -268,3 +268,16 @@ fn rejects_bad_settings() {
         assert!(e.to_string().contains("cluster"), "{e}");
     }
 }
+
+#[test]
+fn every_client_sets_tcp_nodelay_and_keeps_the_url() {
+    let client = nodelay_client("redis://user:secret@127.0.0.1:6390/3").unwrap();
+    let info = client.get_connection_info();
+    assert!(info.tcp_settings().nodelay());
+    assert_eq!(info.addr().to_string(), "127.0.0.1:6390");
+    assert_eq!(info.redis_settings().db(), 3);
+    assert_eq!(info.redis_settings().username(), Some("user"));
+    // The url of a default client leaves it off: the setting is lockflight's.
+    let plain = redis::Client::open("redis://127.0.0.1:6390").unwrap();
+    assert!(!plain.get_connection_info().tcp_settings().nodelay());
+}

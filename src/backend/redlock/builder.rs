@@ -141,7 +141,7 @@ impl RedlockBackendBuilder {
             .connect()
             .await?;
         let target = format!("{backend:?}");
-        let client = redis::Client::open(url)
+        let client = crate::backend::redis::nodelay_client(url)
             .map_err(|e| Error::config(format!("redis url of node {target}: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.node_timeout))
