@@ -69,6 +69,7 @@ pub struct Handoff {
     pub(crate) max_consecutive: u32,
     pub(crate) max_hold: Duration,
     pub(crate) min_validity: Option<Duration>,
+    pub(crate) linger: Duration,
 }
 
 impl Handoff {
@@ -76,6 +77,9 @@ impl Handoff {
     pub const DEFAULT_MAX_CONSECUTIVE: u32 = 64;
     /// Default bound on the total hold time of one lease across handoffs.
     pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
+    /// Default time a lease that no local task wants is kept for the next one
+    /// (lease caching; see [`linger`](Self::linger)).
+    pub const DEFAULT_LINGER: Duration = Duration::ZERO;
 
     /// No handoff: every critical section acquires from the backend.
     pub fn disabled() -> Self {
@@ -92,6 +96,7 @@ impl Handoff {
             max_consecutive: Self::DEFAULT_MAX_CONSECUTIVE,
             max_hold: Self::DEFAULT_MAX_HOLD,
             min_validity: None,
+            linger: Self::DEFAULT_LINGER,
         }
     }
 
@@ -111,6 +116,28 @@ impl Handoff {
     /// of the lease TTL).
     pub fn min_validity(mut self, d: Duration) -> Self {
         self.min_validity = Some(d);
+        self
+    }
+
+    /// Lease caching: a holder that releases while no local task waits keeps the
+    /// lease up to `d` (default 2 ms) for the next task of this process that asks
+    /// for the key, which then takes it without a backend request — a handoff to a
+    /// task that arrives a moment later, within the same budget
+    /// (`max_consecutive`, `max_hold`, `min_validity`) and with the same fencing
+    /// (the handoff sequence grows). If no local task asks within `d`, the lease
+    /// is released at the backend, `d` later than without caching. `Duration::ZERO`
+    /// turns caching off; fair mode never caches.
+    ///
+    /// A process that loops over a key (one task locking it again and again, as
+    /// a worker does) then pays one backend round trip pair per budget instead of
+    /// per critical section. What it costs: another instance waiting for the key
+    /// waits up to `d` longer each time the lease goes back to the backend, and a
+    /// process that **exits** within `d` of a release leaves the lease to expire
+    /// at its TTL, as if it had crashed (call
+    /// [`Locker::shutdown`](crate::Locker::shutdown) before exiting, or turn caching
+    /// off in short-lived programs).
+    pub fn linger(mut self, d: Duration) -> Self {
+        self.linger = d;
         self
     }
 

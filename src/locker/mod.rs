@@ -88,6 +88,8 @@ pub(crate) struct LockerState {
     pub(crate) rw: Arc<RwLocks>,
     /// The semaphores' local state.
     pub(crate) semaphores: Arc<Semaphores>,
+    /// Set by [`Locker::shutdown`]: no lease is cached any more.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 impl LockerState {
@@ -96,6 +98,7 @@ impl LockerState {
         Arc::new_cyclic(|me| LockerState {
             me: me.clone(),
             slots: SlotMap::default(),
+            closing: Default::default(),
             flights: Flights::default(),
             rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
             semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
@@ -263,6 +266,12 @@ impl Locker {
                 let fwd: Arc<dyn Forward> = shared.arc();
                 match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
+                    Join::Cached(slot, lease, seq) => {
+                        match shared.take_cached(slot, lease, seq).await {
+                            Some(guard) => return Ok(guard),
+                            None => continue,
+                        }
+                    }
                     Join::Overloaded => {
                         return Err(Error::Overloaded {
                             key,
@@ -355,9 +364,16 @@ impl Locker {
         let shared = &self.shared;
         let slot = if shared.config.coalescing {
             let fwd: Arc<dyn Forward> = shared.arc();
-            match Slot::try_join(&shared.slots, &key, &fwd) {
-                Some(slot) => Some(slot),
-                None => return Ok(None),
+            loop {
+                match Slot::try_join(&shared.slots, &key, &fwd) {
+                    Join::Leader(slot) => break Some(slot),
+                    Join::Cached(slot, lease, seq) => {
+                        if let Some(guard) = shared.take_cached(slot, lease, seq).await {
+                            return Ok(Some(guard));
+                        }
+                    }
+                    Join::Wait(_) | Join::Overloaded => return Ok(None),
+                }
             }
         } else {
             None
@@ -375,6 +391,31 @@ impl Locker {
                 },
             )
             .await
+    }
+
+    /// Releases every lease this locker keeps cached for its next local task
+    /// ([`Handoff::linger`]) and stops caching: call it before the program exits,
+    /// so that no released key waits for its lease TTL. Locks taken afterwards
+    /// work as before, without caching; guards still held are not affected.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// locker.lock("report").await?.release().await?; // may stay cached a moment
+    /// locker.shutdown().await; // now it is released
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, releases it began finish in the background and
+    /// caching stays off; leases it had not reached yet are released when their
+    /// linger ends.
+    pub async fn shutdown(&self) {
+        self.shared.release_cached().await;
     }
 
     /// Runs `work` while holding the lock of `key`, then releases it.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::LockerState;
+use super::{LockGuard, LockerState};
 use crate::backend::LockBackend;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
@@ -59,10 +59,39 @@ impl LockerState {
             // Fair: only to a waiter that arrived before the acquire that found no
             // other instance waiting (any later remote waiter arrived after it).
             let arrived_by = self.config.fair.then_some(lease.acquired_at);
-            if slot.release(&lease, seq + 1, handoff, arrived_by) == Release::HandedOff {
-                lease.handoffs.fetch_add(1, Ordering::Relaxed);
-                self.stats.handoff();
-                return None;
+            // Caching needs a runtime for its linger timer (a guard may be dropped
+            // outside one).
+            let linger = self.config.handoff.linger;
+            let runtime = tokio::runtime::Handle::try_current().ok();
+            let cache = !self.config.fair
+                && !linger.is_zero()
+                && runtime.is_some()
+                && !self.closing.load(Ordering::Relaxed);
+            match slot.release(&lease, seq + 1, handoff, cache, arrived_by) {
+                Release::HandedOff => {
+                    lease.handoffs.fetch_add(1, Ordering::Relaxed);
+                    self.stats.handoff();
+                    return None;
+                }
+                Release::Cached(caching) => {
+                    let (shared, slot) = (self.arc(), Arc::clone(slot));
+                    runtime.expect("checked above").spawn(async move {
+                        tokio::time::sleep(linger).await;
+                        if let Some((lease, _)) = slot.expire(caching) {
+                            let job = ReleaseJob {
+                                shared,
+                                slot: Some(slot),
+                                lease,
+                                attempts: Attempts::default(),
+                            };
+                            if let Err(e) = job.run().await {
+                                tracing::debug!(error = %e, "releasing a cached lease failed");
+                            }
+                        }
+                    });
+                    return None;
+                }
+                Release::Backend => {}
             }
         }
         Some(ReleaseJob {
@@ -71,6 +100,60 @@ impl LockerState {
             lease,
             attempts: Attempts::default(),
         })
+    }
+}
+
+impl LockerState {
+    /// A task that joined `slot` found its lease cached (as handoff number `seq`):
+    /// the guard, if the lease may still be handed on; otherwise the lease is
+    /// released at the backend (awaited, re-run in the background if this future
+    /// is dropped) and `None` tells the caller to join again.
+    pub(super) async fn take_cached(
+        &self,
+        slot: Arc<Slot>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> Option<LockGuard> {
+        if self.may_hand_off(&lease) {
+            lease.handoffs.fetch_add(1, Ordering::Relaxed);
+            self.stats.handoff();
+            return Some(LockGuard::new(self.arc(), Some(slot), lease, seq));
+        }
+        // Spent, lost or too short-lived to hand on: release it at the backend.
+        let release = slot.release(&lease, seq, false, false, None);
+        debug_assert_eq!(release, Release::Backend);
+        let job = ReleaseJob {
+            shared: self.arc(),
+            slot: Some(slot),
+            lease,
+            attempts: Attempts::default(),
+        };
+        if let Err(e) = job.run().await {
+            tracing::debug!(error = %e, "releasing a spent cached lease failed");
+        }
+        None
+    }
+}
+
+impl LockerState {
+    /// Stops caching and releases every cached lease at the backend, side by side.
+    pub(super) async fn release_cached(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+        let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
+        let jobs = slots.into_iter().filter_map(|slot| {
+            let (lease, _) = slot.uncache()?;
+            Some(ReleaseJob {
+                shared: self.arc(),
+                slot: Some(slot),
+                lease,
+                attempts: Attempts::default(),
+            })
+        });
+        for outcome in futures::future::join_all(jobs.map(ReleaseJob::run)).await {
+            if let Err(e) = outcome {
+                tracing::debug!(error = %e, "releasing a cached lease at shutdown failed");
+            }
+        }
     }
 }
 

@@ -12,6 +12,13 @@
 //!                                          released
 //! ```
 //!
+//! With lease caching, a release that finds no local waiter may *keep* the lease
+//! (mode `Cached`, within the handoff budget): the next task that joins takes it
+//! at once (`Join::Cached`, as a handoff to a task that arrived later), and if none
+//! comes within the linger the caller's timer takes it back (`Slot::expire`) and
+//! releases it at the backend. A `Cached` slot has no waiters (a joiner takes the
+//! lease instead of queueing).
+//!
 //! Every other task that joins while the slot is not idle waits in a FIFO of local
 //! waiters, each on its own one-shot channel, with its own deadline (the caller's).
 //! A waiter is *granted* either leadership (it becomes the one task that acquires
@@ -25,10 +32,13 @@
 //! # Invariants
 //!
 //! 1. At most one leader or holder per slot: `mode` is `Acquiring`, `Held` or
-//!    `Releasing` exactly while one task owns that role, and `Idle` otherwise.
-//! 2. A slot in `Idle` mode has no waiters, and is removed from the map in the same
-//!    step (it is marked `removed`; a task that finds a removed slot retries with a
-//!    fresh one). So the map holds only slots that someone uses.
+//!    `Releasing` exactly while one task owns that role, `Cached` while the slot
+//!    keeps the lease for nobody (exactly one lease, no holder), and `Idle`
+//!    otherwise.
+//! 2. A slot in `Idle` or `Cached` mode has no waiters. An `Idle` slot is removed
+//!    from the map in the same step (it is marked `removed`; a task that finds a
+//!    removed slot retries with a fresh one). So the map holds only slots that
+//!    someone uses, or whose lease is cached (until its linger ends).
 //! 3. A grant is never lost: it is delivered to a live waiter or, if that waiter is
 //!    gone, taken back and offered to the next one; a waiter that disappears after a
 //!    grant was delivered passes the grant on from its `Drop`.
@@ -82,6 +92,8 @@ pub(crate) enum Mode {
     Acquiring,
     Held,
     Releasing,
+    /// The lease is held at the backend, by no local task (lease caching).
+    Cached,
 }
 
 #[derive(Debug)]
@@ -91,6 +103,11 @@ struct State {
     next_id: u64,
     /// Waiters in FIFO order: id, arrival, grant channel.
     waiters: VecDeque<(u64, Instant, oneshot::Sender<Grant>)>,
+    /// In `Cached` mode: the kept lease and the handoff sequence of its next holder.
+    cached: Option<(Arc<Lease>, u64)>,
+    /// Counts the times the slot went `Cached`: a linger timer expires only the
+    /// caching it was started for.
+    cachings: u64,
 }
 
 /// One key's state.
@@ -107,6 +124,9 @@ pub(crate) enum Join {
     Leader(Arc<Slot>),
     /// The caller waits for a grant.
     Wait(Ticket),
+    /// The caller takes the cached lease (as handoff number `seq`); it holds the
+    /// slot, and must check the lease is still good enough to use (else release it).
+    Cached(Arc<Slot>, Arc<Lease>, u64),
     /// The local queue is full.
     Overloaded,
 }
@@ -136,6 +156,9 @@ pub(crate) enum Release {
     HandedOff,
     /// Release the lease at the backend, then call [`Slot::released`].
     Backend,
+    /// The slot keeps the lease for the next local task; when the linger ends, call
+    /// [`Slot::expire`] with this caching number.
+    Cached(u64),
 }
 
 /// What a failed or cancelled leader leaves to clean up.
@@ -157,6 +180,8 @@ impl Slot {
                 removed: false,
                 next_id: 0,
                 waiters: VecDeque::new(),
+                cached: None,
+                cachings: 0,
             }),
         }
     }
@@ -213,6 +238,12 @@ impl Slot {
             drop(st);
             return Some(Join::Leader(self));
         }
+        if st.mode == Mode::Cached {
+            let (lease, seq) = st.cached.take().expect("a cached slot keeps its lease");
+            st.mode = Mode::Held;
+            drop(st);
+            return Some(Join::Cached(self, lease, seq));
+        }
         if st.waiters.len() >= max_waiters {
             return Some(Join::Overloaded);
         }
@@ -229,16 +260,12 @@ impl Slot {
         }))
     }
 
-    /// Joins only if the slot is idle (no local holder, leader or waiter).
-    pub(crate) fn try_join(
-        map: &SlotMap,
-        key: &LockKey,
-        fwd: &Arc<dyn Forward>,
-    ) -> Option<Arc<Slot>> {
+    /// Joins only if the slot is idle or caches its lease (no local holder,
+    /// leader or waiter): `Leader` or `Cached`, else `Overloaded`.
+    pub(crate) fn try_join(map: &SlotMap, key: &LockKey, fwd: &Arc<dyn Forward>) -> Join {
         match Self::join(map, key, 0, fwd) {
-            Join::Leader(slot) => Some(slot),
             Join::Wait(_) => unreachable!("max_waiters 0 never queues"),
-            Join::Overloaded => None,
+            other => other,
         }
     }
 
@@ -266,12 +293,15 @@ impl Slot {
 
     /// The holder is done with the lease. With `handoff` the lease (as `seq`) goes to
     /// the next live waiter, if any — with `arrived_by`, only if that waiter arrived
-    /// no later than it (fair mode); otherwise the caller releases it at the backend.
+    /// no later than it (fair mode); with `handoff` and `cache` and no live waiter,
+    /// the slot keeps it for the next task that joins; otherwise the caller releases
+    /// it at the backend.
     pub(crate) fn release(
         &self,
         lease: &Arc<Lease>,
         seq: u64,
         handoff: bool,
+        cache: bool,
         arrived_by: Option<Instant>,
     ) -> Release {
         let mut st = self.lock();
@@ -291,9 +321,34 @@ impl Slot {
             if Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
                 return Release::HandedOff;
             }
+            if cache {
+                st.mode = Mode::Cached;
+                st.cached = Some((Arc::clone(lease), seq));
+                st.cachings += 1;
+                return Release::Cached(st.cachings);
+            }
         }
         st.mode = Mode::Releasing;
         Release::Backend
+    }
+
+    /// Takes the cached lease back now, whatever caching kept it (the slot is then
+    /// `Releasing`, as after [`expire`](Self::expire)).
+    pub(crate) fn uncache(&self) -> Option<(Arc<Lease>, u64)> {
+        let caching = self.lock().cachings;
+        self.expire(caching)
+    }
+
+    /// The linger of caching number `caching` ended: if the slot still keeps that
+    /// lease, it is taken back (the slot is `Releasing`) and returned for the caller
+    /// to release at the backend, then call [`released`](Self::released).
+    pub(crate) fn expire(&self, caching: u64) -> Option<(Arc<Lease>, u64)> {
+        let mut st = self.lock();
+        if st.mode != Mode::Cached || st.cachings != caching {
+            return None;
+        }
+        st.mode = Mode::Releasing;
+        st.cached.take()
     }
 
     /// When the oldest live local waiter arrived, if there is one (fair mode).

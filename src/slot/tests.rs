@@ -11,6 +11,11 @@
 //!   no lost grant);
 //! * when every task is done, the slot map is empty and no background release is
 //!   pending.
+//!
+//! With lease caching on, a release that finds nobody waiting keeps the lease,
+//! and the linger timer's expiry (`Action::Expire`) is one more step that can run
+//! at any point after it: a stale expiry (the lease was taken again meanwhile)
+//! must change nothing.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
@@ -55,13 +60,29 @@ enum Action {
     Release,
     Released,
     Background,
+    /// A linger timer fires.
+    Expire,
 }
 
 /// What the locker would do with forwarded grants, recorded for the model.
 struct ModelForward {
     map: Arc<SlotMap>,
     handoff: bool,
+    cache: bool,
     pending: Mutex<Vec<Arc<Slot>>>,
+    /// Linger timers started: the slot and its caching number.
+    lingering: Mutex<Vec<(Arc<Slot>, u64)>>,
+}
+
+impl ModelForward {
+    /// What the locker does after a holder's release decision.
+    fn after_release(&self, slot: &Arc<Slot>, release: Release) {
+        match release {
+            Release::HandedOff => {}
+            Release::Backend => self.pending.lock().unwrap().push(Arc::clone(slot)),
+            Release::Cached(n) => self.lingering.lock().unwrap().push((Arc::clone(slot), n)),
+        }
+    }
 }
 
 impl Forward for ModelForward {
@@ -71,9 +92,8 @@ impl Forward for ModelForward {
                 let _ = slot.abandon(&self.map, lead);
             }
             Grant::Lease(lease, seq) => {
-                if slot.release(&lease, seq, self.handoff, None) == Release::Backend {
-                    self.pending.lock().unwrap().push(Arc::clone(slot));
-                }
+                let release = slot.release(&lease, seq, self.handoff, self.cache, None);
+                self.after_release(slot, release);
             }
         }
     }
@@ -102,12 +122,14 @@ fn lease(key: &LockKey) -> Arc<Lease> {
 }
 
 impl World {
-    fn new(kinds: &[Kind], handoff: bool) -> World {
+    fn new(kinds: &[Kind], handoff: bool, cache: bool) -> World {
         let map = Arc::new(SlotMap::default());
         let fwd = Arc::new(ModelForward {
             map: Arc::clone(&map),
             handoff,
+            cache,
             pending: Mutex::new(Vec::new()),
+            lingering: Mutex::new(Vec::new()),
         });
         World {
             dynfwd: fwd.clone(),
@@ -151,6 +173,9 @@ impl World {
         if !self.fwd.pending.lock().unwrap().is_empty() {
             out.push((usize::MAX, Action::Background));
         }
+        if !self.fwd.lingering.lock().unwrap().is_empty() {
+            out.push((usize::MAX, Action::Expire));
+        }
         out
     }
 
@@ -158,6 +183,14 @@ impl World {
         if action == Action::Background {
             let slot = self.fwd.pending.lock().unwrap().pop().unwrap();
             slot.released(&self.map, Inheritance::default());
+            return;
+        }
+        if action == Action::Expire {
+            let (slot, n) = self.fwd.lingering.lock().unwrap().pop().unwrap();
+            if slot.expire(n).is_some() {
+                // The timer took the lease back: its backend release runs next.
+                self.fwd.pending.lock().unwrap().push(slot);
+            }
             return;
         }
         let task = std::mem::replace(&mut self.tasks[i].1, Task::Done { held: false });
@@ -168,6 +201,10 @@ impl World {
                 None => Task::Start,
                 Some(Join::Leader(slot)) => Task::Leading(slot),
                 Some(Join::Wait(ticket)) => Task::Waiting(ticket),
+                Some(Join::Cached(slot, lease, seq)) => {
+                    assert!(self.fwd.cache, "a lease was cached with caching off");
+                    self.hold(&slot, lease, seq)
+                }
                 Some(Join::Overloaded) => panic!("no overload in these models"),
             },
             (Task::Leading(slot), Action::Acquire) => {
@@ -193,9 +230,13 @@ impl World {
             }
             (Task::Holding(slot, lease, seq), Action::Release) => {
                 self.holders -= 1;
-                match slot.release(&lease, seq + 1, handoff, None) {
+                match slot.release(&lease, seq + 1, handoff, self.fwd.cache, None) {
                     Release::HandedOff => Task::Done { held: true },
                     Release::Backend => Task::Releasing(slot),
+                    cached @ Release::Cached(_) => {
+                        self.fwd.after_release(&slot, cached);
+                        Task::Done { held: true }
+                    }
                 }
             }
             (Task::Releasing(slot), Action::Released) => {
@@ -236,11 +277,16 @@ impl World {
 
 /// Runs every interleaving of `kinds`; returns how many complete schedules ran.
 fn explore(kinds: &[Kind], handoff: bool) -> usize {
+    explore_with(kinds, handoff, false)
+}
+
+/// [`explore`] with lease caching on or off.
+fn explore_with(kinds: &[Kind], handoff: bool, cache: bool) -> usize {
     // Depth-first over choice indices, replaying from scratch for each schedule.
     let complete = RefCell::new(0usize);
     let mut stack: Vec<Vec<usize>> = vec![Vec::new()];
     while let Some(prefix) = stack.pop() {
-        let mut world = World::new(kinds, handoff);
+        let mut world = World::new(kinds, handoff, cache);
         let mut schedule = Vec::new();
         for &c in &prefix {
             let choice = world.enabled()[c];
@@ -299,7 +345,7 @@ fn slot_removal_vs_insertion() {
 fn handoff_sequence_numbers_increase() {
     // One leader, two waiters, handoff on, nobody gives up: in every schedule where
     // the lease was handed on, the holders saw strictly increasing sequence numbers.
-    let mut world = World::new(&[Patient, Patient, Patient], true);
+    let mut world = World::new(&[Patient, Patient, Patient], true, false);
     // Everyone joins first, then the leader acquires and each holder releases.
     for step in [
         (0, Action::Look),
@@ -320,4 +366,42 @@ fn handoff_sequence_numbers_increase() {
     }
     world.check_end(&[]);
     assert_eq!(world.seqs, vec![0, 1, 2]);
+}
+
+#[test]
+fn cached_lease_vs_arrivals_and_expiry() {
+    // Caching on: every interleaving of releases that cache, arrivals that take the
+    // cached lease, linger timers (stale or not) and background releases keeps one
+    // holder, loses no waiter and leaves the map empty.
+    for kinds in [
+        &[Patient, Patient, Patient][..],
+        &[Patient, Impatient, Patient],
+        &[Canceller, Patient, Patient],
+    ] {
+        let n = explore_with(kinds, true, true);
+        assert!(n > 1_000, "only {n} schedules explored for {kinds:?}");
+    }
+}
+
+#[test]
+fn cached_lease_goes_to_a_later_arrival_with_a_higher_sequence() {
+    let mut world = World::new(&[Patient, Patient], true, true);
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (0, Action::Acquire),
+        (0, Action::Release),
+        // Nobody waited: the lease is cached, and the next arrival takes it.
+        (1, Action::Look),
+        (1, Action::Enter),
+        (1, Action::Release),
+        // Two timers: the first caching's is stale, the second's releases it.
+        (usize::MAX, Action::Expire),
+        (usize::MAX, Action::Expire),
+        (usize::MAX, Action::Background),
+    ] {
+        world.step(step);
+    }
+    world.check_end(&[]);
+    assert_eq!(world.seqs, vec![0, 1]);
 }

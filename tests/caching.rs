@@ -1,0 +1,218 @@
+//! Lease caching (`Handoff::linger`) against a real Redis: a released lease that no
+//! local task wants is kept for the next local `lock` of the key, within the
+//! handoff budget, and released at the backend when the linger ends, when the
+//! budget is spent, or at `Locker::shutdown`. Each instance is its own
+//! `RedisBackend` (its own connections and instance id) behind a request counter.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lockflight::{Handoff, Locker, RedisBackend};
+use testkit::{Counting, Counts, shared, unique_prefix, wait_until, within};
+
+/// A locker on the shared server under `prefix`, with `handoff`, its backend
+/// requests counted.
+async fn instance(prefix: &str, handoff: Handoff) -> (Locker, Arc<Counts>) {
+    let backend = RedisBackend::builder(shared().url())
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect");
+    let (backend, counts) = Counting::new(testkit::subscribed(backend).await);
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(20))
+        .handoff(handoff)
+        .build()
+        .expect("valid settings");
+    (locker, counts)
+}
+
+fn acquires(c: &Counts) -> u64 {
+    c.acquire.load(Ordering::SeqCst)
+}
+
+fn releases(c: &Counts) -> u64 {
+    c.release.load(Ordering::SeqCst)
+}
+
+/// The next `lock` after a release takes the cached lease without a backend
+/// request, with the next fencing token of the same lease; when the linger ends,
+/// the lease is released at the backend and another instance can take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_lock_takes_the_cached_lease_without_a_request() {
+    let prefix = unique_prefix("cached-next");
+    let linger = Duration::from_secs(2);
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(linger)).await;
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+
+    let first = a.lock("k").await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    let second = a.lock("k").await.unwrap();
+    let t2 = second.fencing_token();
+    assert_eq!(acquires(&counts), 1, "the second lock asked the backend");
+    assert_eq!(
+        releases(&counts),
+        0,
+        "the cached lease was released at the backend"
+    );
+    assert_eq!(t2.epoch, t1.epoch, "the same lease");
+    assert!(t2 > t1, "fencing tokens must increase: {t1:?} then {t2:?}");
+    second.release().await.unwrap();
+    assert!(
+        b.try_lock("k").await.unwrap().is_none(),
+        "the key is cached by A, so B finds it held"
+    );
+
+    assert!(
+        wait_until(Duration::from_secs(5), || async { releases(&counts) == 1 }).await,
+        "the linger ended without a backend release"
+    );
+    let g = b
+        .try_lock("k")
+        .await
+        .unwrap()
+        .expect("B takes the key after the linger");
+    assert!(g.fencing_token() > t2);
+    g.release().await.unwrap();
+    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+}
+
+/// Another instance that waits for a cached key gets it once the linger ends
+/// (woken by the release), with a greater fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
+    let prefix = unique_prefix("cached-remote");
+    let (a, counts) = instance(
+        &prefix,
+        Handoff::enabled().linger(Duration::from_millis(200)),
+    )
+    .await;
+    let (b, _) = instance(&prefix, Handoff::enabled()).await;
+    let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
+    g.release().await.unwrap();
+    let got = within(
+        Duration::from_secs(10),
+        "B's lock of the cached key",
+        b.lock("k"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(releases(&counts), 1, "B got the key before A released it");
+    assert!(got.fencing_token() > ta);
+    got.release().await.unwrap();
+}
+
+/// `shutdown` releases every cached lease at once and stops caching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_cached_leases_and_stops_caching() {
+    let prefix = unique_prefix("cached-shutdown");
+    // A linger far longer than the test: only shutdown can release.
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    for key in ["k1", "k2"] {
+        a.lock(key).await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(releases(&counts), 0);
+    within(Duration::from_secs(10), "shutdown", a.shutdown()).await;
+    assert_eq!(releases(&counts), 2, "shutdown released both cached leases");
+    for key in ["k1", "k2"] {
+        let g = b.try_lock(key).await.unwrap();
+        assert!(g.is_some(), "{key} is still held after shutdown");
+        g.unwrap().release().await.unwrap();
+    }
+    // After shutdown a release goes to the backend at once.
+    a.lock("k1").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 3, "a lease was cached after shutdown");
+    let g = b.try_lock("k1").await.unwrap();
+    assert!(g.is_some(), "k1 is held after A's release");
+}
+
+/// Caching spends the handoff budget: with `max_consecutive(3)`, five locks in a
+/// row take two leases from the backend, and the first goes back after its
+/// third reuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caching_stays_within_the_handoff_budget() {
+    let prefix = unique_prefix("cached-budget");
+    let handoff = Handoff::enabled()
+        .max_consecutive(3)
+        .linger(Duration::from_secs(600));
+    let (a, counts) = instance(&prefix, handoff).await;
+    let mut last = None;
+    for _ in 0..5 {
+        let g = a.lock("k").await.unwrap();
+        let t = g.fencing_token();
+        assert!(last < Some(t), "tokens must increase: {last:?} then {t:?}");
+        last = Some(t);
+        g.release().await.unwrap();
+    }
+    assert_eq!(acquires(&counts), 2, "five locks, two leases");
+    assert_eq!(
+        releases(&counts),
+        1,
+        "the spent lease went back to the backend"
+    );
+    a.shutdown().await;
+    assert_eq!(releases(&counts), 2);
+}
+
+/// A cached lease that is lost meanwhile (deleted in Redis; the renewal finds it
+/// gone) is not handed to the next lock: that lock acquires a new lease, with a
+/// greater fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
+    let prefix = unique_prefix("cached-lost");
+    let backend = RedisBackend::builder(shared().url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let (backend, counts) = Counting::new(testkit::subscribed(backend).await);
+    let a = Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(2))
+        .renew_every(Duration::from_millis(200))
+        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .build()
+        .unwrap();
+    let g = a.lock("k").await.unwrap();
+    let t1 = g.fencing_token();
+    g.release().await.unwrap();
+    let mut con = shared().connection().await;
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(format!("{prefix}:{{k}}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the cached lease is held in Redis");
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.stats().leases_lost >= 1
+        })
+        .await,
+        "the renewal did not find the cached lease gone"
+    );
+    let g = a.lock("k").await.unwrap();
+    assert_eq!(acquires(&counts), 2, "the lost lease was handed on");
+    assert!(g.fencing_token() > t1);
+    g.release().await.unwrap();
+    a.shutdown().await;
+}
+
+/// Fair mode never caches: a release frees the key at once for another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_never_caches() {
+    let prefix = unique_prefix("cached-fair");
+    let a = Locker::builder(testkit::backend_at(&shared().url(), &prefix).await)
+        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .fair(true)
+        .build()
+        .unwrap();
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    a.lock("k").await.unwrap().release().await.unwrap();
+    let g = b.try_lock("k").await.unwrap();
+    assert!(g.is_some(), "a fair release left the key held");
+    assert_eq!(a.active_keys(), 0);
+}
