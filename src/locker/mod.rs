@@ -24,6 +24,7 @@ mod acquire;
 mod config;
 mod family;
 mod guard;
+mod health;
 mod release;
 
 pub use crate::settings::{Handoff, LossPolicy};
@@ -88,6 +89,8 @@ pub(crate) struct LockerState {
     pub(crate) rw: Arc<RwLocks>,
     /// The semaphores' local state.
     pub(crate) semaphores: Arc<Semaphores>,
+    /// The backend's health as the edge and the probe saw it.
+    pub(crate) health: health::Health,
 }
 
 impl LockerState {
@@ -99,6 +102,7 @@ impl LockerState {
             flights: Flights::default(),
             rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
             semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
+            health: health::Health::default(),
             engine,
         })
     }
