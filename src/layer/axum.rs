@@ -168,8 +168,9 @@ pub(crate) fn error_response(err: BoxError) -> Response {
 /// `Path("alice")`.
 ///
 /// The parameters exist only once the router has matched the route: install the
-/// lock layer with `Router::route_layer` (which also keeps unmatched URLs from
-/// locking), not `Router::layer`. Without them, or without the parameter, the
+/// lock layer on the routes with `Router::route_layer` (`Router::layer` would also
+/// wrap the fallback, whose requests have no parameters), not around the router
+/// as a service. Without them, or without the parameter, the
 /// route cannot yield a key ([`NoKey::route`], a `500 invalid_config`); a value
 /// that is not UTF-8 once decoded is the request's fault ([`NoKey::client`], a
 /// `400 invalid_key`).
@@ -198,7 +199,7 @@ impl PathParam {
     }
 
     /// The parameter's value from the router's parameters in `extensions`.
-    fn from_extensions(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
+    fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
         let mut parts = http::Request::new(()).into_parts().0;
         std::mem::swap(&mut parts.extensions, extensions);
         let params = RawPathParams::from_request_parts(&mut parts, &()).now_or_never();
@@ -216,8 +217,8 @@ impl PathParam {
             _ => {
                 return Err(NoKey::route(format!(
                     "no path parameters: the router has not matched a route yet \
-                     (install the lock layer with Router::route_layer, not Router::layer) \
-                     and the key is path parameter `{}`",
+                     (install the lock layer on the routes with Router::route_layer, not around \
+                     the router) and the key is path parameter `{}`",
                     self.name
                 )));
             }
@@ -227,15 +228,20 @@ impl PathParam {
             Some((_, value)) => Ok(LockKey::from(value)),
             None => {
                 let names: Vec<&str> = params.iter().map(|(name, _)| name).collect();
-                Err(NoKey::route(format!(
-                    "the route has no path parameter `{}` (it has: {})",
-                    self.name,
-                    if names.is_empty() {
-                        "none".to_owned()
-                    } else {
+                Err(NoKey::route(if names.is_empty() {
+                    format!(
+                        "the route has no path parameter `{}` (it has none: is the lock \
+                         layer around a router instead of on its routes, with \
+                         Router::route_layer?)",
+                        self.name
+                    )
+                } else {
+                    format!(
+                        "the route has no path parameter `{}` (it has: {})",
+                        self.name,
                         names.join(", ")
-                    }
-                )))
+                    )
+                }))
             }
         }
     }
@@ -247,11 +253,11 @@ impl<B> KeyExtractor<http::Request<B>> for PathParam {
     /// nothing).
     fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
         let mut extensions = req.extensions().clone();
-        self.from_extensions(&mut extensions).ok()
+        self.value_in(&mut extensions).ok()
     }
 
     fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
-        self.from_extensions(req.extensions_mut())
+        self.value_in(req.extensions_mut())
     }
 }
 

@@ -45,8 +45,14 @@ impl<B> WithLockInfo for http::Request<B> {
 
     fn route(&self) -> String {
         #[cfg(feature = "axum")]
-        if let Some(matched) = self.extensions().get::<axum::extract::MatchedPath>() {
-            return format!("{} {}", self.method(), matched.as_str());
+        {
+            let extensions = self.extensions();
+            if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
+                return format!("{} {}", self.method(), matched.as_str());
+            }
+            if let Some(original) = extensions.get::<axum::extract::OriginalUri>() {
+                return format!("{} {}", self.method(), original.path());
+            }
         }
         format!("{} {}", self.method(), self.uri().path())
     }
