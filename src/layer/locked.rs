@@ -59,7 +59,9 @@ const MAX_DETAIL: usize = 1024;
 ///
 /// Every rejection is a [`Problem`] response: the layer's errors as in the table
 /// on `IntoResponse for Error`; a request `T` refuses keeps `T`'s status, with the
-/// code `invalid_request` and `T`'s own message as `detail`. Without
+/// code `invalid_request` and `T`'s own message as `detail` (a rejection that is
+/// already `application/problem+json` is passed on as it is, so `T` may give its
+/// own codes). Without
 /// `lock_in_handler` on the route, `Locked` refuses every request with
 /// `500 invalid_config` (it never runs the handler unlocked).
 #[derive(Debug)]
@@ -106,8 +108,16 @@ where
     }
 }
 
-/// The inner extractor's rejection as a problem: its status and its text.
+/// The inner extractor's rejection as a problem: its status and its text (a
+/// rejection that is already a problem is kept as it is).
 async fn invalid_request(rejection: Response) -> Response {
+    let is_problem = rejection
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == super::PROBLEM_JSON.as_bytes());
+    if is_problem {
+        return rejection;
+    }
     let status = rejection.status();
     let code = if status.is_client_error() {
         "invalid_request"
