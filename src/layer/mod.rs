@@ -115,6 +115,9 @@
 //! # }
 //! ```
 
+// The axum items these docs link to exist with the `axum` feature only.
+#![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
+
 #[cfg(feature = "axum")]
 mod axum;
 mod edge;
