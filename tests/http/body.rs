@@ -188,3 +188,66 @@ async fn locking_the_same_key_inside_a_locked_handler_is_reentrant() {
     let reply = served.post("/accounts/alice/debit", "{}").await;
     assert_eq!(reply.text(), "reentrant");
 }
+
+/// A lease lost while a `Locked` handler runs: the layer drops the handler before
+/// it can finish, and the client gets `503 lease_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_in_a_locked_handler_drops_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let backend = lockflight::RedisBackend::builder(testkit::shared().url())
+        .prefix(testkit::unique_prefix("http-locked-loss"))
+        .connect()
+        .await
+        .unwrap();
+    let lock_name = backend.lock_name(&lockflight::LockKey::from("account:alice"));
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finished = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (started, finished) = (Arc::clone(&started), Arc::clone(&finished));
+        move |Locked(Json(_), lock): Locked<Json<serde_json::Value>>| async move {
+            started.notify_one();
+            let _ = tokio::time::timeout(Duration::from_secs(5), lock.loss.lost()).await;
+            // Under LossPolicy::Abort the layer drops this future first.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            finished.store(true, Ordering::SeqCst);
+            "written"
+        }
+    };
+    let app = Router::new()
+        .route("/accounts/{id}/debit", post(handler))
+        .route_layer(
+            LockLayer::new(locker, PathParam::new("id"))
+                .key_prefix("account:")
+                .lock_in_handler()
+                .handle_errors(),
+        );
+    let served = Arc::new(serve(app).await);
+    let call = {
+        let served = Arc::clone(&served);
+        tokio::spawn(async move { served.post("/accounts/alice/debit", "{}").await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler never ran");
+    let mut con = testkit::shared().connection().await;
+    let deleted: u64 = testkit::query(&mut con, redis::cmd("DEL").arg(&lock_name)).await;
+    assert_eq!(deleted, 1, "the lock was not held while the handler ran");
+    let reply = call.await.unwrap();
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(reply.problem_code(), "lease_lost");
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the handler ran to its end"
+    );
+}

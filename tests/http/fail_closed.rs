@@ -121,3 +121,25 @@ async fn a_request_without_its_key_is_refused_with_400_unless_unlocked_is_asked_
     assert_eq!(reply.text(), "UNLOCKED");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// An in-handler route whose handler forgot `Locked<_>` runs unlocked (nothing can
+/// stop a handler that never asks), but says so at `WARN`, once per route.
+#[tokio::test]
+async fn an_in_handler_route_without_locked_is_logged_once() {
+    let (logs, _guard) = Logs::capture();
+    let locker = redis_locker("http-forgot-locked", Duration::from_secs(5)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/items/{sku}", counted(&runs))
+        .route_layer(
+            LockLayer::new(locker.clone(), PathParam::new("sku"))
+                .lock_in_handler()
+                .handle_errors(),
+        );
+    let served = serve(app).await;
+    for _ in 0..3 {
+        assert_eq!(served.post("/items/7", "{}").await.text(), "UNLOCKED");
+    }
+    assert_eq!(logs.count("WARN", "ran UNLOCKED"), 1, "{}", logs.text());
+    assert!(logs.text().contains("POST /items/{sku}"), "{}", logs.text());
+}
