@@ -92,7 +92,9 @@ impl<B> WithLockInfo for http::Request<B> {
 /// fails with a backend error, or times out while the backend does not answer a
 /// probe ([`Locker::check_backend`], at most one per locker per second), fails
 /// with [`Error::Backend`] (`503 lock_backend_unavailable` under the `axum`
-/// feature). The first such failure and the recovery are logged at `WARN`.
+/// feature). The first such failure and the recovery are logged at `WARN`. A
+/// timed-out request waits for that probe's answer (at most 1 s, shared with the
+/// requests that time out meanwhile) before it answers.
 ///
 /// # Guard lifetime
 ///
