@@ -167,9 +167,13 @@ impl fmt::Debug for LockKey {
 /// Finds the lock key of a request.
 ///
 /// Implemented for closures `Fn(&Req) -> Option<LockKey>` and for the ready-made
-/// extractors [`HeaderKey`] and [`PathSegment`]. `None` means the request has no key;
-/// what happens then is the caller's policy (the tower layer passes it through or
-/// rejects it).
+/// extractors [`HeaderKey`], [`PathSegment`] and (feature `axum`) `PathParam`.
+/// `None` means the request has no key; what happens then is the caller's policy
+/// (the lock layer rejects it unless told to run it unlocked).
+///
+/// The lock layers call [`extract_key`](KeyExtractor::extract_key), which may
+/// look at the request mutably and says *why* there is no key; by default it
+/// calls [`extract`](KeyExtractor::extract).
 ///
 /// ```
 /// use lockflight::{LockKey, layer::KeyExtractor};
@@ -177,10 +181,78 @@ impl fmt::Debug for LockKey {
 /// let by_query = |req: &String| req.strip_prefix("sku=").map(LockKey::from);
 /// assert_eq!(by_query.extract(&"sku=7".to_string()), Some(LockKey::from("7")));
 /// assert_eq!(by_query.extract(&"other".to_string()), None);
+/// let why = by_query.extract_key(&mut "other".to_string()).unwrap_err();
+/// assert!(why.is_client_error());
 /// ```
 pub trait KeyExtractor<Req> {
     /// The key of `req`, or `None` when it has none.
     fn extract(&self, req: &Req) -> Option<LockKey>;
+
+    /// The key of `req`, or why it has none: what the lock layers call.
+    ///
+    /// The default calls [`extract`](KeyExtractor::extract) and blames the
+    /// request ([`NoKey::client`]) when it finds nothing. Override it when the key
+    /// is cheaper to take with mutable access, or when a missing key can be the
+    /// route's fault ([`NoKey::route`]).
+    fn extract_key(&self, req: &mut Req) -> Result<LockKey, NoKey> {
+        self.extract(req)
+            .ok_or_else(|| NoKey::client("the request carries no lock key"))
+    }
+}
+
+/// Why a request has no lock key: the request's fault (a missing header, a path
+/// parameter that is not UTF-8 once decoded) or the route's (a parameter the route
+/// does not have, a layer installed where the router has not run yet).
+///
+/// The lock layer answers the first with `400 invalid_key` and the second with
+/// `500 invalid_config` (feature `axum`), and logs both at `WARN` with the route.
+///
+/// ```
+/// use lockflight::layer::NoKey;
+///
+/// let missing = NoKey::client("no `x-sku` header");
+/// assert!(missing.is_client_error());
+/// assert_eq!(missing.reason(), "no `x-sku` header");
+/// assert!(!NoKey::route("the route has no `{sku}` parameter").is_client_error());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoKey {
+    reason: String,
+    client: bool,
+}
+
+impl NoKey {
+    /// The request lacks what the key is made of.
+    pub fn client(reason: impl Into<String>) -> Self {
+        NoKey {
+            reason: reason.into(),
+            client: true,
+        }
+    }
+
+    /// The route cannot yield a key, whatever the request: a configuration error.
+    pub fn route(reason: impl Into<String>) -> Self {
+        NoKey {
+            reason: reason.into(),
+            client: false,
+        }
+    }
+
+    /// What is missing, in words (never the request's data beyond names).
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// Whether the request, not the route, is at fault.
+    pub fn is_client_error(&self) -> bool {
+        self.client
+    }
+}
+
+impl fmt::Display for NoKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 impl<Req, F> KeyExtractor<Req> for F
@@ -219,6 +291,11 @@ impl<B> KeyExtractor<http::Request<B>> for HeaderKey {
             .get(&self.name)
             .map(|v| LockKey::from(v.as_bytes()))
     }
+
+    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
+        self.extract(req)
+            .ok_or_else(|| NoKey::client(format!("no `{}` header", self.name)))
+    }
 }
 
 /// Takes the key from one segment of the URI path (0-based, after the leading `/`),
@@ -252,6 +329,11 @@ impl<B> KeyExtractor<http::Request<B>> for PathSegment {
             .nth(self.index)
             .filter(|s| !s.is_empty())
             .map(LockKey::from)
+    }
+
+    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
+        self.extract(req)
+            .ok_or_else(|| NoKey::client(format!("the path has no segment {}", self.index)))
     }
 }
 

@@ -118,6 +118,7 @@ pub use guard::{FencingToken, LockGuard};
 pub use key::LockKey;
 pub use locker::{Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 
-#[cfg(doctest)]
+// README's examples are complete programs (no hidden lines), using every feature.
+#[cfg(all(doctest, feature = "axum", feature = "cluster", feature = "sentinel"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -40,6 +40,22 @@ pub(crate) fn holds(locker: usize, key: &LockKey) -> bool {
         .unwrap_or(false)
 }
 
+/// Runs `fut` as if the running future did not hold `key` of `locker`: the lock
+/// layer scopes an in-handler route as a holder of its key from the start, and
+/// the handler's extractor then takes that very lock.
+pub(crate) fn without<F: Future>(locker: usize, key: &LockKey, fut: F) -> TaskLocalFuture<Held, F> {
+    let keys: Vec<_> = HELD
+        .try_with(|held| {
+            held.0
+                .iter()
+                .filter(|(l, k)| !(*l == locker && k == key))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    HELD.scope(Held(keys.into()), fut)
+}
+
 /// Runs `fut` as a holder of `key` of `locker` (and of whatever the running
 /// future already holds).
 pub(crate) fn scope<F: Future>(locker: usize, key: LockKey, fut: F) -> TaskLocalFuture<Held, F> {

@@ -12,20 +12,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockflight::layer::{LockLayer, MissingKey, PathParam, SharedResponseLayer, handle_error};
+use lockflight::layer::{LockLayer, PROBLEM_JSON, PathParam, SharedResponseLayer};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
 use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::SqlitePool;
 use tokio::sync::mpsc;
-use tower::ServiceBuilder;
 
 // Relative to this file, wherever it is included from.
 #[path = "db.rs"]
@@ -315,12 +313,65 @@ impl IntoResponse for AppError {
     }
 }
 
+/// An error response in the service's one error format, the lock layer's: an RFC
+/// 9457 problem (`application/problem+json`). `body`'s `error` becomes the stable
+/// `code`, its `message` the `detail`; its other members (`sku`, `available`, …)
+/// stay as the problem's extension members.
 pub(crate) fn error_response(status: StatusCode, body: serde_json::Value) -> Response {
-    (status, Json(body)).into_response()
+    let mut problem = serde_json::Map::new();
+    problem.insert("type".into(), json!("about:blank"));
+    problem.insert(
+        "title".into(),
+        json!(status.canonical_reason().unwrap_or("Error")),
+    );
+    problem.insert("status".into(), json!(status.as_u16()));
+    if let serde_json::Value::Object(members) = body {
+        for (name, value) in members {
+            let name = match name.as_str() {
+                "error" => "code".to_owned(),
+                "message" => "detail".to_owned(),
+                _ => name,
+            };
+            problem.insert(name, value);
+        }
+    }
+    let mut res = (status, serde_json::Value::Object(problem).to_string()).into_response();
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    res
 }
 
-/// Whether `sku` is a valid SKU. Only URL-safe characters, so the lock key taken
-/// from the raw path equals the SKU (no two spellings of one SKU).
+/// Turns the error responses nobody in the service wrote (axum's rejections: a
+/// body that is not JSON, a 404 of the router, a 405) into problems too, so that
+/// clients see one format.
+async fn problems_only(res: Response) -> Response {
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes());
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return res;
+    }
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        s if s.is_client_error() => "invalid_request",
+        _ => "internal",
+    };
+    let text = match axum::body::to_bytes(res.into_body(), 1024).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let mut body = json!({ "error": code });
+    if !text.is_empty() {
+        body["message"] = json!(text);
+    }
+    error_response(status, body)
+}
+
+/// Whether `sku` is a valid SKU: 1–64 of `A-Z a-z 0-9 - _ . :`. The lock key is
+/// the router's percent-decoded `{sku}`, so `%41` and `A` are one SKU and one lock.
 pub(crate) fn valid_sku(sku: &str) -> bool {
     (1..=64).contains(&sku.len())
         && sku
@@ -336,40 +387,36 @@ pub(crate) fn valid_sku(sku: &str) -> bool {
 /// `POST /items/{sku}/reserve-optimistic` (no lock: a version column).
 pub(crate) fn app(state: AppState) -> Router {
     let locker = state.locker.clone();
-    // Locked per SKU. `route_layer`: only matched routes lock, and `PathParam` sees
-    // the matched route. `handle_error` maps lockflight's errors to responses
-    // (timeout → 503 + Retry-After, lease lost → 503, invalid key → 400).
-    // In the plain mode the handler takes the plain Redis lock itself instead.
+    // Locked per SKU, the SKU taken from the router's own `{sku}` parameter, and
+    // only once the request is ready: the handler's `Locked<ReserveBody>` extractor
+    // reads and validates the body (JSON, qty ≥ 1, a valid SKU) before it takes the
+    // lock, so a slow upload holds no lock and a bad request takes none.
+    // `handle_errors`: every lockflight error is a problem response (timeout → 503
+    // lock_timeout + Retry-After, Redis down → 503 lock_backend_unavailable, lease
+    // lost → 503 lease_lost). In the plain mode the handler takes the plain Redis
+    // lock itself instead.
     let reserve = match state.plain {
         Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve::reserve_plain)),
         None => Router::new()
             .route("/items/{sku}/reserve", post(reserve::reserve))
             .route_layer(
-                ServiceBuilder::new()
-                    .layer(HandleErrorLayer::new(handle_error))
-                    .layer(
-                        // The route always has a SKU; reject rather than run unlocked
-                        // should that ever change.
-                        LockLayer::new(locker.clone(), PathParam::new("sku"))
-                            .missing_key(MissingKey::Reject),
-                    ),
+                LockLayer::new(locker.clone(), PathParam::new("sku"))
+                    .lock_in_handler()
+                    .handle_errors(),
             ),
     };
     // Concurrent identical reads share one execution (under the SKU's lock, so a
     // read never overlaps a reservation of the same SKU).
     let read_one = Router::new()
         .route("/items/{sku}", get(get_item))
-        .route_layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(handle_error))
-                .layer(SharedResponseLayer::new(locker, PathParam::new("sku"))),
-        );
+        .route_layer(SharedResponseLayer::new(locker, PathParam::new("sku")).handle_errors());
     Router::new()
         .route("/items", get(list_items).post(create_item))
         .route("/stats", get(stats))
         .merge(reserve)
         .merge(read_one)
         .merge(shapes::routes(&state))
+        .layer(axum::middleware::map_response(problems_only))
         .with_state(state)
 }
 

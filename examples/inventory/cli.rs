@@ -71,7 +71,7 @@ struct ServeArgs {
     #[arg(long, env = "DATABASE_PATH")]
     database_path: Option<PathBuf>,
     /// How reservations lock their SKU.
-    #[arg(long, env = "INVENTORY_LOCKING", value_enum, default_value_t = Locking::Coalesced)]
+    #[arg(long, env = "INVENTORY_LOCKING", value_enum, default_value_t = Locking::Handoff)]
     locking: Locking,
     /// Name in responses and logs.
     #[arg(long, env = "INSTANCE_NAME", default_value = "inventory")]
@@ -171,10 +171,14 @@ pub(crate) enum Locking {
     /// script) per request; no fencing token, so the write is not fenced. Needs
     /// Redis. The other routes keep lockflight's locks.
     Plain,
-    /// lockflight's default: one competitor per SKU per process.
-    Coalesced,
-    /// Coalescing plus local lease handoff.
+    /// lockflight with its defaults: one competitor per SKU per process
+    /// (coalescing), and a held lease passed to the next local waiter without a
+    /// Redis request (handoff, `Handoff::enabled()`, on by default in the library).
     Handoff,
+    /// lockflight with handoff turned off (`Handoff::disabled()`): still one
+    /// competitor per SKU per process, but every critical section acquires its
+    /// lease from Redis.
+    Coalesced,
 }
 
 impl Locking {
@@ -246,7 +250,8 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         }
     };
     // In the plain mode this locker serves only the other routes (the shared
-    // reads, the checkout, the read-write lock), with lockflight's defaults.
+    // reads, the checkout, the read-write lock), with lockflight's defaults
+    // (handoff on); `coalesced` turns handoff off.
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_millis(wait_ms))
         .handoff(if locking == Locking::Handoff {

@@ -42,10 +42,10 @@ impl Reply {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
-    /// The `error` field of a JSON error body, if any.
+    /// The `code` of a problem body (the service's one error format), if any.
     pub(crate) fn error_code(&self) -> Option<String> {
         self.json()
-            .get("error")
+            .get("code")
             .and_then(|e| e.as_str())
             .map(str::to_owned)
     }

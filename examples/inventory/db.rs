@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockflight::FencingToken;
 use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
 
 use super::AppError;
 
@@ -70,17 +70,22 @@ pub(crate) const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, f
 pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Error> {
     let pool = match path {
         Some(path) => {
+            // No `journal_mode` here: switching a new file to WAL takes a lock that
+            // SQLite does not wait for (`busy_timeout` does not apply), so
+            // instances starting together on a new file would fail with "database
+            // is locked". `into_wal` switches it with retries instead.
             let options = SqliteConnectOptions::new()
                 .filename(path)
                 .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
                 .foreign_keys(true);
-            SqlitePoolOptions::new()
+            let pool = SqlitePoolOptions::new()
                 .max_connections(1)
                 .connect_with(options)
-                .await?
+                .await?;
+            into_wal(&pool).await?;
+            pool
         }
         None => {
             let options = SqliteConnectOptions::new()
@@ -94,6 +99,37 @@ pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Err
     };
     sqlx::raw_sql(SCHEMA).execute(&pool).await?;
     Ok(pool)
+}
+
+/// Switches the database file to WAL mode (a no-op once it is), retrying while
+/// another instance holds the lock the switch needs: at most 200 attempts, 5 to
+/// 50 ms apart (about 10 s, the `busy_timeout`).
+async fn into_wal(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+    let mut pause = Duration::from_millis(5);
+    for attempt in 1.. {
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .fetch_one(pool)
+            .await
+        {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "the database stays in journal mode {mode}, not WAL"
+                )));
+            }
+            Err(e) if attempt < 200 && is_busy(&e) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns by its 200th attempt")
+}
+
+/// Whether `e` is SQLite's "database is locked" (`SQLITE_BUSY`, code 5).
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("5"))
 }
 
 /// What the database made of a fenced reservation.

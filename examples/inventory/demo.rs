@@ -86,44 +86,44 @@ impl Mode {
 
 const MODES: [Mode; 6] = [
     Mode {
-        label: "plain Redis lock (SET NX PX)",
+        label: "plain lock (SET NX PX)",
         slug: "plain",
         locking: Locking::Plain,
         gateway: false,
         endpoint: "reserve",
     },
     Mode {
-        label: "lockflight",
-        slug: "coalesced",
-        locking: Locking::Coalesced,
-        gateway: false,
-        endpoint: "reserve",
-    },
-    Mode {
-        label: "lockflight + gateway",
-        slug: "coalesced-gw",
-        locking: Locking::Coalesced,
-        gateway: true,
-        endpoint: "reserve",
-    },
-    Mode {
-        label: "lockflight + handoff",
+        label: "lockflight default",
         slug: "handoff",
         locking: Locking::Handoff,
         gateway: false,
         endpoint: "reserve",
     },
     Mode {
-        label: "lockflight + handoff + gateway",
+        label: "lockflight default + gw",
         slug: "handoff-gw",
         locking: Locking::Handoff,
         gateway: true,
         endpoint: "reserve",
     },
     Mode {
-        label: "optimistic (version column)",
-        slug: "optimistic",
+        label: "lockflight no handoff",
+        slug: "coalesced",
         locking: Locking::Coalesced,
+        gateway: false,
+        endpoint: "reserve",
+    },
+    Mode {
+        label: "lockflight no handoff + gw",
+        slug: "coalesced-gw",
+        locking: Locking::Coalesced,
+        gateway: true,
+        endpoint: "reserve",
+    },
+    Mode {
+        label: "optimistic (version col.)",
+        slug: "optimistic",
+        locking: Locking::Handoff,
         gateway: false,
         endpoint: "reserve-optimistic",
     },
@@ -160,7 +160,7 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
     let db = app::open_db(Some(&db_path)).await?;
     println!(
         "Load per mode: {REQUESTS} reservations (qty 1) at concurrency {CONCURRENCY} over \
-         {HOT_SKUS} hot SKUs with {STOCK} units each, spread over {instances} instance \
+         {HOT_SKUS} hot SKUs\nwith {STOCK} units each, spread over {instances} instance \
          process(es) sharing one SQLite file\n"
     );
 
@@ -173,7 +173,7 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
     if !cold_modes.is_empty() {
         println!(
             "\nLow contention: the same {REQUESTS} reservations over {COLD_SKUS} SKUs \
-             ({} requests per SKU), where optimistic locking needs no lock round trip:\n",
+             ({} requests per SKU),\nwhere optimistic locking needs no lock round trip:\n",
             REQUESTS / COLD_SKUS
         );
         let mut cold = Vec::new();

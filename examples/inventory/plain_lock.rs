@@ -173,7 +173,7 @@ impl IntoResponse for PlainLockError {
             }
             PlainLockError::Redis(e) => error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                json!({ "error": "backend_unavailable", "message": e.to_string() }),
+                json!({ "error": "lock_backend_unavailable", "message": e.to_string() }),
             ),
         }
     }

@@ -1,10 +1,14 @@
 //! `POST /items/{sku}/reserve`: the reservation critical section.
 //!
 //! Under lockflight (every mode but `plain`) the route runs behind [`LockLayer`],
-//! keyed by the SKU: the handler reads the stock, checks it and writes the
-//! decrement while holding the SKU's lock, and it receives the lock's
-//! [`FencingToken`] in a [`LockInfo`] request extension. The write is **fenced**
-//! at the database:
+//! keyed by the SKU (the router's `{sku}`), in its body-aware form
+//! ([`LockLayer::lock_in_handler`]): the handler's last argument,
+//! [`Locked<ReserveBody>`](Locked), first receives and validates the request (JSON
+//! body, `qty` ≥ 1, a valid SKU), and only then takes the SKU's lock. A slow upload
+//! holds no lock; a bad request is refused (400) without ever locking. The handler
+//! then reads the stock, checks it and writes the decrement while holding the lock,
+//! and it receives the lock's [`FencingToken`] in the [`LockInfo`]. The write is
+//! **fenced** at the database:
 //!
 //! ```sql
 //! UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ?
@@ -25,12 +29,15 @@
 //! outlived it.
 //!
 //! [`LockLayer`]: lockflight::layer::LockLayer
+//! [`LockInfo`]: lockflight::guard::LockInfo
+//! [`LockLayer::lock_in_handler`]: lockflight::layer::LockLayer::lock_in_handler
 
 use axum::Json;
-use axum::extract::{Extension, Path as UrlPath, State};
+use axum::extract::{FromRequest, FromRequestParts, Path as UrlPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use lockflight::{FencingToken, guard::LockInfo};
+use lockflight::FencingToken;
+use lockflight::layer::Locked;
 use serde_json::json;
 
 use super::db::WriteOutcome;
@@ -40,20 +47,48 @@ use super::{
     out_of_stock, read_row, valid_sku,
 };
 
-/// `POST /items/{sku}/reserve` under lockflight's lock. Runs while this instance
-/// holds the SKU's lock; if the lease is lost, the lock layer drops this future
-/// at its next `.await` and answers 503. The write is fenced by the lock's token.
+/// A reservation request, received and valid: the SKU of the route and the JSON
+/// body, with `qty` ≥ 1 and a valid SKU. As the inner extractor of [`Locked`] it
+/// runs before the lock is taken.
+pub(super) struct ReserveBody {
+    sku: String,
+    req: ReserveRequest,
+}
+
+impl<S: Send + Sync> FromRequest<S> for ReserveBody {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let sku = match UrlPath::<String>::from_request_parts(&mut parts, state).await {
+            Ok(UrlPath(sku)) => sku,
+            Err(e) => return Err(e.into_response()),
+        };
+        let req = Request::from_parts(parts, body);
+        let Json(body) = Json::<ReserveRequest>::from_request(req, state)
+            .await
+            .map_err(|e| {
+                error_response(
+                    e.status(),
+                    json!({ "error": "invalid_request", "message": e.body_text() }),
+                )
+            })?;
+        match invalid_reserve(&sku, body) {
+            Some(res) => Err(res),
+            None => Ok(ReserveBody { sku, req: body }),
+        }
+    }
+}
+
+/// `POST /items/{sku}/reserve` under lockflight's lock, taken by `Locked` once the
+/// request is valid. If the lease is lost, the lock layer drops this future at its
+/// next `.await` and answers 503. The write is fenced by the lock's token.
 pub(super) async fn reserve(
     State(st): State<AppState>,
-    Extension(info): Extension<LockInfo>,
-    UrlPath(sku): UrlPath<String>,
-    Json(req): Json<ReserveRequest>,
+    Locked(ReserveBody { sku, req }, info): Locked<ReserveBody>,
 ) -> Response {
     if info.key.as_str() != Some(sku.as_str()) {
         return invalid_sku(&sku);
-    }
-    if let Some(res) = invalid_reserve(&sku, req) {
-        return res;
     }
     if let Some(entered) = &st.hooks.entered {
         let _ = entered.send(info.clone());

@@ -1,13 +1,15 @@
-//! axum integration (feature `axum`): HTTP responses for lockflight's errors, and a
-//! key extractor for a route's path parameter.
+//! axum integration (feature `axum`): problem responses for lockflight's errors,
+//! and a key extractor for a route's path parameter.
 
-use axum::extract::MatchedPath;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{FromRequestParts, RawPathParams};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
 
 use super::BoxError;
+use super::problem::Problem;
 use crate::error::Error;
-use crate::key::{KeyExtractor, LockKey};
+use crate::key::{KeyExtractor, LockKey, NoKey};
 
 /// The status of `e`: the table in the docs of `IntoResponse for Error`.
 /// Exhaustive on purpose: a new variant does not compile until it has a status.
@@ -34,113 +36,228 @@ fn status(e: &Error) -> StatusCode {
     }
 }
 
-/// The body of a response for an error that is not lockflight's.
+/// The `detail` of `e`'s response: a fixed sentence per code.
+fn detail(e: &Error) -> &'static str {
+    match e {
+        Error::Timeout { .. } | Error::Busy { .. } => {
+            "The resource is locked by another request; retry later."
+        }
+        Error::Overloaded { .. } => "Too many requests wait for this resource; retry later.",
+        Error::LeaseLost { .. } => {
+            "The request was stopped: its lock was lost before it finished; it may have partly run."
+        }
+        Error::Backend { .. } | Error::Connect { .. } | Error::QuorumNotReached { .. } => {
+            "The lock service is unavailable; retry later."
+        }
+        Error::Refused { .. } => "The lock service refused the request; retry later.",
+        Error::InvalidKey { .. } => "The request does not name a valid resource to lock.",
+        _ => "The server could not lock this resource; its log says why.",
+    }
+}
+
+/// Whether `e` is a busy lock (answered with `Retry-After`, logged at `DEBUG`).
+fn is_busy(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
+    )
+}
+
+/// The code of an error that is not lockflight's.
 const INTERNAL_CODE: &str = "internal";
 
-impl IntoResponse for Error {
-    /// A response whose body is a short, stable code — never the error's message,
-    /// which names the key and may quote the Redis server. The full error goes to
-    /// `tracing` (target `lockflight::layer::axum`): at `WARN` for server errors, at
-    /// `DEBUG` for a busy lock (timeout, overload) and for bad requests.
+impl From<&Error> for Problem {
+    /// The problem response of `e`: its status, its [`code`](Error::code), a fixed
+    /// `detail`; the table is on `IntoResponse for Error`.
     ///
-    /// | error | status | body |
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use lockflight::{Error, LockKey, layer::Problem};
+    ///
+    /// let problem = Problem::from(&Error::Busy { key: LockKey::from("sku:1") });
+    /// assert_eq!((problem.status(), problem.code()), (StatusCode::SERVICE_UNAVAILABLE, "lock_busy"));
+    /// ```
+    fn from(e: &Error) -> Problem {
+        let problem = Problem::new(status(e), e.code()).detail(detail(e));
+        if is_busy(e) || super::edge::is_outage(e) {
+            problem.retry_after(1)
+        } else {
+            problem
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    /// An `application/problem+json` response ([`Problem`]) whose `code` is short
+    /// and stable — never the error's message, which names the key and may quote the
+    /// Redis server. The full error goes to `tracing` (target
+    /// `lockflight::layer::axum`): at `WARN` for server errors, at `DEBUG` for a busy
+    /// lock, for an unreachable backend (the lock layer logs the outage's start and
+    /// end at `WARN`, once each) and for bad requests.
+    ///
+    /// | error | status | `code` |
     /// |---|---|---|
     /// | [`Error::Timeout`] | 503, `Retry-After: 1` | `lock_timeout` |
     /// | [`Error::Overloaded`] | 503, `Retry-After: 1` | `lock_overloaded` |
     /// | [`Error::Busy`] (fail-fast routes) | 503, `Retry-After: 1` | `lock_busy` |
+    /// | [`Error::Backend`] (unreachable, no answer, also a wait timeout while the backend does not answer) | 503, `Retry-After: 1` | `lock_backend_unavailable` |
+    /// | [`Error::Connect`] | 503, `Retry-After: 1` | `lock_backend_unreachable` |
+    /// | [`Error::QuorumNotReached`] | 503, `Retry-After: 1` | `quorum_not_reached` |
     /// | [`Error::LeaseLost`] | 503 | `lease_lost` |
     /// | [`Error::Refused`] (`OOM`, `READONLY`, …) | 503 | `lock_refused` |
-    /// | [`Error::Backend`] | 503 | `backend_unavailable` |
-    /// | [`Error::Connect`] | 503 | `backend_unreachable` |
-    /// | [`Error::InvalidKey`] | 400 | `invalid_key` |
+    /// | [`Error::InvalidKey`] (also a request without its key) | 400 | `invalid_key` |
     /// | [`Error::ForeignValue`] | 500 | `foreign_value` |
     /// | [`Error::NoPermission`] | 500 | `no_permission` |
-    /// | [`Error::InvalidConfig`] | 500 | `invalid_config` |
+    /// | [`Error::InvalidConfig`] (also a route that yields no key) | 500 | `invalid_config` |
     /// | [`Error::Panicked`] | 500 | `panicked` |
     /// | [`Error::Reentrant`] | 500 | `lock_reentrant` |
     /// | [`Error::Unsupported`] | 500 | `lock_unsupported` |
     /// | [`Error::PermitMismatch`] | 500 | `permit_mismatch` |
     /// | any other error, in [`handle_error`] | 500 | `internal` |
+    /// | a body the [`Locked`](super::Locked) extractor's inner extractor refused | its status | `invalid_request` |
     ///
     /// The codes are part of the API: they change only in a breaking release.
     fn into_response(self) -> Response {
-        let (status, code) = (status(&self), self.code());
-        let busy = matches!(
-            self,
-            Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
-        );
-        if status.is_server_error() && !busy {
+        let problem = Problem::from(&self);
+        let (status, code) = (problem.status(), problem.code());
+        if status.is_server_error() && !is_busy(&self) && !super::edge::is_outage(&self) {
             tracing::warn!(code, status = status.as_u16(), error = %self, "lockflight error response");
         } else {
             tracing::debug!(code, status = status.as_u16(), error = %self, "lockflight error response");
         }
-        let mut res = (status, code).into_response();
-        if busy {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        res
+        problem.into_response()
     }
 }
 
-/// Turns a service error into a response: lockflight's [`Error`]s through their
-/// [`IntoResponse`] (a short code per error, see the table there), anything else as
-/// a 500 whose body is `internal`. The full error goes to `tracing`, never to the
-/// client. Made for `axum::error_handling::HandleErrorLayer::new(handle_error)`.
+/// Turns a service error into a problem response: lockflight's [`Error`]s through
+/// their [`IntoResponse`] (see the table there), anything else as a 500 whose
+/// `code` is `internal`. The full error goes to `tracing`, never to the client.
+///
+/// [`LockLayer::handle_errors`](super::LockLayer::handle_errors) does this for you;
+/// the function is for `axum::error_handling::HandleErrorLayer::new(handle_error)`
+/// around services of your own.
 ///
 /// # Cancel safety
 ///
 /// Cancel safe: it completes on its first poll and holds nothing.
 pub async fn handle_error(err: BoxError) -> Response {
+    error_response(err)
+}
+
+/// [`handle_error`], without the future.
+pub(crate) fn error_response(err: BoxError) -> Response {
     match err.downcast::<Error>() {
         Ok(e) => e.into_response(),
         Err(other) => {
             tracing::warn!(code = INTERNAL_CODE, status = 500, error = %other, "service error response");
-            (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_CODE).into_response()
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_CODE)
+                .detail("The request failed; the server's log says why.")
+                .into_response()
         }
     }
 }
 
-/// Takes the key from a named parameter of the matched axum route, as it appears in
-/// the URI (percent-encoded).
+/// Takes the key from a named parameter of the matched axum route: the value the
+/// router extracted for this request (axum's [`RawPathParams`]), percent-decoded.
 ///
-/// It reads axum's [`MatchedPath`], which exists only after routing: install the
-/// lock layer with `Router::route_layer` (which also keeps unmatched URLs from
-/// locking), not `Router::layer`.
+/// So the key is right wherever the route sits: under `Router::nest` (at any
+/// depth, with parameters in the nest's own path too), in a wildcard
+/// (`/files/{*path}` gives `a/b.txt`), and one resource has one key however the
+/// client spells it: `/accounts/alice`, `/accounts/%61lice` and
+/// `/accounts/%61%6C%69%63%65` all lock `alice`, as they all reach the handler as
+/// `Path("alice")`.
+///
+/// The parameters exist only once the router has matched the route: install the
+/// lock layer on the routes with `Router::route_layer` (`Router::layer` would also
+/// wrap the fallback, whose requests have no parameters), not around the router
+/// as a service. Without them, or without the parameter, the
+/// route cannot yield a key ([`NoKey::route`], a `500 invalid_config`); a value
+/// that is not UTF-8 once decoded is the request's fault ([`NoKey::client`], a
+/// `400 invalid_key`).
 ///
 /// ```
 /// use lockflight::layer::PathParam;
 /// use lockflight::{LockKey, layer::KeyExtractor};
 ///
 /// let sku = PathParam::new("sku");
-/// // Outside a router there is no matched path, hence no key.
-/// let req = http::Request::builder().uri("/items/555").body(()).unwrap();
+/// // Outside a router there are no path parameters, hence no key.
+/// let mut req = http::Request::builder().uri("/items/555").body(()).unwrap();
 /// assert_eq!(sku.extract(&req), None);
+/// assert!(!sku.extract_key(&mut req).unwrap_err().is_client_error());
 /// ```
 #[derive(Clone, Debug)]
 pub struct PathParam {
-    pattern: String,
+    name: String,
 }
 
 impl PathParam {
-    /// Uses the parameter `name` (`{name}` in the route).
+    /// Uses the parameter `name` (`{name}` or `{*name}` in the route).
     pub fn new(name: &str) -> Self {
         PathParam {
-            pattern: format!("{{{name}}}"),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The parameter's value from the router's parameters in `extensions`.
+    fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
+        let mut parts = http::Request::new(()).into_parts().0;
+        std::mem::swap(&mut parts.extensions, extensions);
+        let params = RawPathParams::from_request_parts(&mut parts, &()).now_or_never();
+        std::mem::swap(&mut parts.extensions, extensions);
+        let params = match params {
+            Some(Ok(params)) => params,
+            Some(Err(
+                axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
+            )) => {
+                return Err(NoKey::client(format!(
+                    "a path parameter is not UTF-8 once percent-decoded (the key is `{}`)",
+                    self.name
+                )));
+            }
+            _ => {
+                return Err(NoKey::route(format!(
+                    "no path parameters: the router has not matched a route yet \
+                     (install the lock layer on the routes with Router::route_layer, not around \
+                     the router) and the key is path parameter `{}`",
+                    self.name
+                )));
+            }
+        };
+        let found = params.iter().find(|(name, _)| *name == self.name);
+        match found {
+            Some((_, value)) => Ok(LockKey::from(value)),
+            None => {
+                let names: Vec<&str> = params.iter().map(|(name, _)| name).collect();
+                Err(NoKey::route(if names.is_empty() {
+                    format!(
+                        "the route has no path parameter `{}` (it has none: is the lock \
+                         layer around a router instead of on its routes, with \
+                         Router::route_layer?)",
+                        self.name
+                    )
+                } else {
+                    format!(
+                        "the route has no path parameter `{}` (it has: {})",
+                        self.name,
+                        names.join(", ")
+                    )
+                }))
+            }
         }
     }
 }
 
 impl<B> KeyExtractor<http::Request<B>> for PathParam {
+    /// As [`extract_key`](KeyExtractor::extract_key), through a copy of the
+    /// request's extensions (the lock layers use `extract_key`, which copies
+    /// nothing).
     fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
-        let route = req.extensions().get::<MatchedPath>()?.as_str();
-        let index = route.split('/').position(|seg| seg == self.pattern)?;
-        req.uri()
-            .path()
-            .split('/')
-            .nth(index)
-            .filter(|s| !s.is_empty())
-            .map(LockKey::from)
+        let mut extensions = req.extensions().clone();
+        self.value_in(&mut extensions).ok()
+    }
+
+    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
+        self.value_in(req.extensions_mut())
     }
 }
 
@@ -150,8 +267,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use axum::http::header;
+
     use super::*;
     use crate::error::Phase;
+    use crate::layer::PROBLEM_JSON;
 
     const KEY: &str = "sku:secret-555";
     const REDIS_TEXT: &str = "OOM command not allowed when used memory > 'maxmemory'";
@@ -265,7 +385,7 @@ mod tests {
                     target: format!("redis://{KEY}:6379"),
                     source: source(),
                 },
-                "backend_unreachable",
+                "lock_backend_unreachable",
                 busy,
             ),
             (
@@ -274,7 +394,7 @@ mod tests {
                     phase,
                     source: source(),
                 },
-                "backend_unavailable",
+                "lock_backend_unavailable",
                 busy,
             ),
         ]
@@ -293,28 +413,47 @@ mod tests {
         }
     }
 
+    fn retries(error: &Error) -> bool {
+        matches!(
+            error,
+            Error::Timeout { .. }
+                | Error::Busy { .. }
+                | Error::Overloaded { .. }
+                | Error::Backend { .. }
+                | Error::Connect { .. }
+                | Error::QuorumNotReached { .. }
+        )
+    }
+
+    /// The `code` member of a problem body, checking the members every problem has.
+    fn problem_code(body: &str, status: StatusCode) -> String {
+        let value: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(value["type"], "about:blank", "{body}");
+        assert_eq!(value["status"], status.as_u16(), "{body}");
+        assert_eq!(value["title"], status.canonical_reason().unwrap(), "{body}");
+        assert!(value["detail"].is_string(), "{body}");
+        value["code"].as_str().unwrap().to_owned()
+    }
+
     #[tokio::test]
-    async fn every_variant_maps_to_its_status_and_a_bare_code() {
+    async fn every_variant_maps_to_its_status_and_a_problem_with_its_code() {
         let mut codes = std::collections::HashSet::new();
         for (error, code, status) in every_variant() {
             assert!(codes.insert(code), "code {code} used twice");
             let res = error.clone().into_response();
             assert_eq!(res.status(), status, "{error:?}");
-            let busy = matches!(
-                error,
-                Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
-            );
+            assert_eq!(res.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
             assert_eq!(
                 res.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
-                busy.then_some(&b"1"[..]),
+                retries(&error).then_some(&b"1"[..]),
                 "{error:?}"
             );
             let body = body_of(res).await;
-            assert_eq!(body, code, "{error:?}");
+            assert_eq!(problem_code(&body, status), code, "{error:?}");
             assert_clean(&body);
             // The same through `handle_error`.
             let body = body_of(handle_error(Box::new(error)).await).await;
-            assert_eq!(body, code);
+            assert_eq!(problem_code(&body, status), code);
         }
     }
 
@@ -323,7 +462,10 @@ mod tests {
         let res = handle_error(format!("inner failed on {KEY}: {REDIS_TEXT}").into()).await;
         assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let body = body_of(res).await;
-        assert_eq!(body, "internal");
+        assert_eq!(
+            problem_code(&body, StatusCode::INTERNAL_SERVER_ERROR),
+            "internal"
+        );
         assert_clean(&body);
     }
 
@@ -360,11 +502,8 @@ mod tests {
             let log = logged(|| drop(error.clone().into_response()));
             assert!(log.contains(&full), "{log:?} lacks {full:?}");
             assert!(log.contains(code), "{log:?} lacks {code}");
-            let busy = matches!(
-                error,
-                Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. }
-            );
-            let level = if status.is_server_error() && !busy {
+            let quiet = retries(&error);
+            let level = if status.is_server_error() && !quiet {
                 "WARN"
             } else {
                 "DEBUG"

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use pin_project::pin_project;
@@ -11,7 +13,9 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::BoxError;
+use super::edge;
 use super::service::WithLockInfo;
+use super::ticket::Ticket;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, Loss};
 use crate::key::LockKey;
@@ -56,6 +60,19 @@ where
         lost: Option<Loss>,
         guard: Option<LockGuard>,
     },
+    /// The handler takes the lock itself (its `Locked<_>` extractor, through the
+    /// ticket); the future then owns the guard and watches for its loss.
+    InHandler {
+        #[pin]
+        fut: TaskLocalFuture<Held, Oneshot<S, Req>>,
+        #[pin]
+        lost: Option<Loss>,
+        guard: Option<LockGuard>,
+        ticket: Ticket,
+        abort_on_loss: bool,
+        route: String,
+        warned_unlocked: Arc<AtomicBool>,
+    },
     /// No key, and the policy lets the request through without a lock.
     Passing {
         #[pin]
@@ -72,6 +89,8 @@ impl<S: Service<Req>, Req> fmt::Debug for ResponseFuture<S, Req> {
         let state = match &self.state {
             State::Locking { .. } => "locking",
             State::Running { .. } => "running",
+            State::InHandler { guard: None, .. } => "running, lock not taken yet",
+            State::InHandler { .. } => "running, lock taken by the handler",
             State::Passing { .. } => "passing through",
             State::Failed { .. } => "failed",
             State::Done => "done",
@@ -99,10 +118,36 @@ where
         let id = locker.id();
         ResponseFuture {
             state: State::Locking {
-                lock: Box::pin(async move { locker.lock_with_options(key, options).await }),
+                lock: Box::pin(async move { edge::acquire(&locker, key, options).await }),
                 call: Some((service, req)),
                 abort_on_loss,
                 locker: id,
+            },
+        }
+    }
+
+    pub(super) fn in_handler(
+        locker: &Locker,
+        ticket: Ticket,
+        service: S,
+        req: Req,
+        route: String,
+        warned_unlocked: Arc<AtomicBool>,
+    ) -> Self {
+        let fut = reentry::scope(
+            locker.id(),
+            ticket.key().clone(),
+            Oneshot::new(service, req),
+        );
+        ResponseFuture {
+            state: State::InHandler {
+                fut,
+                lost: None,
+                guard: None,
+                ticket,
+                abort_on_loss: locker.loss_policy() == LossPolicy::Abort,
+                route,
+                warned_unlocked,
             },
         }
     }
@@ -175,6 +220,50 @@ where
                     let out = ready!(fut.poll(cx));
                     state.set(State::Done);
                     return Poll::Ready(out.map_err(Into::into));
+                }
+                StateProj::InHandler {
+                    fut,
+                    mut lost,
+                    guard,
+                    ticket,
+                    abort_on_loss,
+                    route,
+                    warned_unlocked,
+                } => {
+                    if let Some(loss) = lost.as_mut().as_pin_mut()
+                        && loss.poll(cx).is_ready()
+                    {
+                        let error = match guard.as_ref() {
+                            Some(g) => g.lost_error(),
+                            None => unreachable!("a loss is watched only with its guard"),
+                        };
+                        state.set(State::Done);
+                        return Poll::Ready(Err(error.into()));
+                    }
+                    if let Poll::Ready(out) = fut.poll(cx) {
+                        if ticket.untouched() && !warned_unlocked.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                route = route.as_str(),
+                                "lockflight: the lock of this in-handler route was not taken: \
+                                 either an extractor before Locked<_> refused the request, or \
+                                 the handler has no Locked<_> extractor and ran UNLOCKED \
+                                 (logged once per route)"
+                            );
+                        }
+                        state.set(State::Done);
+                        return Poll::Ready(out.map_err(Into::into));
+                    }
+                    if guard.is_none()
+                        && let Some(taken) = ticket.take_guard()
+                    {
+                        if *abort_on_loss {
+                            lost.set(Some(taken.lost()));
+                        }
+                        *guard = Some(taken);
+                        // Poll the loss once, so that its waker is registered.
+                        continue;
+                    }
+                    return Poll::Pending;
                 }
                 StateProj::Passing { fut } => {
                     let out = ready!(fut.poll(cx));

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use tower_layer::Layer;
 
 use super::service::LockService;
@@ -7,15 +9,57 @@ use crate::locker::{LockOptions, Locker};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Run the inner service without a lock (the default).
+    /// Refuse the request without calling the handler (the default): the layer
+    /// fails with [`Error::InvalidKey`](crate::Error::InvalidKey) when the request
+    /// lacks what the key is made of (`400 invalid_key` with the `axum` feature),
+    /// or [`Error::InvalidConfig`](crate::Error::InvalidConfig) when the route
+    /// cannot yield a key at all (`500 invalid_config`), and logs which route.
     #[default]
-    PassThrough,
-    /// Fail with [`Error::InvalidKey`](crate::Error::InvalidKey) (a 400 with the
-    /// `axum` feature).
     Reject,
+    /// Run the handler **without any lock**. Only for routes where the lock is an
+    /// optimisation, never where it protects a write.
+    RunUnlocked,
+}
+
+/// When the lock is taken: before the handler (the default), or by the handler's
+/// [`Locked`](super::Locked) extractor once the request's body is in and valid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    #[default]
+    BeforeHandler,
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    InHandler,
+}
+
+/// The settings a [`LockLayer`] gives each [`LockService`] (shared, cheap to clone).
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) locker: Locker,
+    pub(crate) missing: MissingKey,
+    pub(crate) options: LockOptions,
+    pub(crate) prefix: Option<Arc<[u8]>>,
+    pub(crate) acquire: Acquire,
 }
 
 /// Applies [`LockService`]: every request runs under the lock of its key.
+///
+/// # Which form to use
+///
+/// * **Bodiless handlers** (`DELETE /items/{sku}`, `POST /jobs/{id}/run` without a
+///   body): the layer alone. The lock is taken before the handler runs, and the
+///   handler finds a [`LockInfo`](crate::guard::LockInfo) in the request
+///   extensions.
+/// * **Handlers that read a body** (`POST /accounts/{id}/debit` with JSON): add
+///   [`lock_in_handler`](LockLayer::lock_in_handler) and take the body through the
+///   [`Locked`](super::Locked) extractor (feature `axum`). The body is received and
+///   validated first, the lock taken after: a slow upload holds no lock, and a
+///   malformed body takes none. The layer still finds the key (so a request without
+///   one is refused before its body is read) and still drops the handler if the
+///   lease is lost.
+///
+/// With axum, finish with [`handle_errors`](LockLayer::handle_errors) (feature
+/// `axum`): the errors become `application/problem+json` responses, and the result
+/// goes straight into `Router::route_layer`.
 ///
 /// ```
 /// use lockflight::layer::{LockLayer, MissingKey};
@@ -24,27 +68,29 @@ pub enum MissingKey {
 /// # fn main() -> lockflight::Result<()> {
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
 /// let layer = LockLayer::new(locker, HeaderKey::new(http::HeaderName::from_static("x-sku")))
-///     .missing_key(MissingKey::Reject);
+///     .key_prefix("sku:");
 /// # let _ = layer;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct LockLayer<E> {
-    locker: Locker,
+    settings: Settings,
     extractor: E,
-    missing: MissingKey,
-    options: LockOptions,
 }
 
 impl<E> LockLayer<E> {
     /// Locks with `locker`, keyed by `extractor`.
     pub fn new(locker: Locker, extractor: E) -> Self {
         LockLayer {
-            locker,
+            settings: Settings {
+                locker,
+                missing: MissingKey::default(),
+                options: LockOptions::default(),
+                prefix: None,
+                acquire: Acquire::default(),
+            },
             extractor,
-            missing: MissingKey::default(),
-            options: LockOptions::default(),
         }
     }
 
@@ -68,14 +114,79 @@ impl<E> LockLayer<E> {
     ///
     /// [`Error::Busy`]: crate::Error::Busy
     pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options;
+        self.settings.options = options;
         self
     }
 
-    /// What to do with requests that have no key (default: pass through).
+    /// What to do with requests that have no key (default: [`MissingKey::Reject`]).
     pub fn missing_key(mut self, policy: MissingKey) -> Self {
-        self.missing = policy;
+        self.settings.missing = policy;
         self
+    }
+
+    /// Prefixes every key this layer locks with `prefix` (default: none), so that
+    /// two routes keyed by the same kind of value (`/accounts/{id}` and
+    /// `/carts/{id}`) lock different keys, or so that they share one on purpose.
+    ///
+    /// ```
+    /// use lockflight::layer::{HeaderKey, LockLayer};
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// # fn main() -> lockflight::Result<()> {
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let id = HeaderKey::new(http::HeaderName::from_static("x-account"));
+    /// // Requests with `x-account: 7` lock the key `account:7`.
+    /// let layer = LockLayer::new(locker, id).key_prefix("account:");
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        let prefix = prefix.as_ref();
+        self.settings.prefix = (!prefix.is_empty()).then(|| Arc::from(prefix));
+        self
+    }
+
+    /// Leaves the locking to the handler's [`Locked`](super::Locked) extractor
+    /// (feature `axum`), which takes the lock once the body it wraps is received and
+    /// valid; see [Which form to use](LockLayer#which-form-to-use).
+    ///
+    /// The layer still extracts the key first (a request without one is refused
+    /// before its body is read), scopes the handler as the key's holder (locking
+    /// the same key again inside fails at once with
+    /// [`Error::Reentrant`](crate::Error::Reentrant)), keeps the guard until the
+    /// response future ends, and under
+    /// [`LossPolicy::Abort`](crate::LossPolicy::Abort) drops the handler when the
+    /// lease is lost.
+    ///
+    /// A handler behind this layer without a `Locked<_>` extractor runs unlocked:
+    /// the first such request of each service is logged at `WARN`.
+    #[cfg(feature = "axum")]
+    pub fn lock_in_handler(mut self) -> Self {
+        self.settings.acquire = Acquire::InHandler;
+        self
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<E> LockLayer<E> {
+    /// This layer with its errors turned into problem responses (feature `axum`),
+    /// for `Router::route_layer` in one call: no `HandleErrorLayer` to forget.
+    ///
+    /// ```
+    /// use axum::{Router, routing::delete};
+    /// use lockflight::layer::{LockLayer, PathParam};
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// # fn main() -> lockflight::Result<()> {
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/items/{sku}", delete(|| async { "deleted" }))
+    ///     .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors());
+    /// # let _ = app;
+    /// # Ok(()) }
+    /// ```
+    pub fn handle_errors(self) -> super::HandleErrors<Self> {
+        super::HandleErrors::new(self)
     }
 }
 
@@ -83,12 +194,6 @@ impl<S, E: Clone> Layer<S> for LockLayer<E> {
     type Service = LockService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LockService::new(
-            inner,
-            self.locker.clone(),
-            self.extractor.clone(),
-            self.missing,
-        )
-        .with_options(self.options)
+        LockService::from_settings(inner, self.settings.clone(), self.extractor.clone())
     }
 }

@@ -1,49 +1,88 @@
-//! Tower middleware: lock per request key, and share responses of identical reads.
+//! Tower middleware and axum glue: lock per request key, and share responses of
+//! identical reads.
 //!
 //! * [`LockLayer`] wraps a service so that each request runs while holding the lock
-//!   of its key (found by a [`KeyExtractor`]). The handler
-//!   finds a [`LockInfo`](crate::guard::LockInfo) (key, fencing token and loss signal) in
-//!   the request extensions. What happens when the lease is lost while the handler
-//!   runs depends on the locker's [`LossPolicy`](crate::LossPolicy), see
-//!   [Lease loss](#lease-loss); a wait timeout fails with
-//!   [`Error::Timeout`](crate::Error::Timeout).
+//!   of its key (found by a [`KeyExtractor`]; with axum, [`PathParam`] takes it
+//!   from the router's own path parameters). A request without a key is refused
+//!   ([`MissingKey`]). What happens when the lease is lost while the handler runs
+//!   depends on the locker's [`LossPolicy`](crate::LossPolicy), see
+//!   [Lease loss](#lease-loss).
+//! * [`Locked`] (feature `axum`), with [`LockLayer::lock_in_handler`], takes the
+//!   lock in the handler, once the request's body is received and valid.
 //! * [`SharedResponseLayer`] makes concurrent identical reads (same key) share one
 //!   execution and one buffered response.
 //!
 //! # With axum
 //!
-//! Use `route_layer`, not `layer`, so that only matched routes lock (and the
-//! `PathParam` extractor sees the matched route), and map errors with
-//! `handle_error` (feature `axum`), which turns lockflight's errors into 503 / 400
-//! responses:
+//! **Handlers without a body**: the layer takes the lock before the handler runs.
+//! Install it with `route_layer`, not `layer` (only matched routes lock, and
+//! [`PathParam`] sees the router's parameters), and finish it with
+//! [`handle_errors`](LockLayer::handle_errors), which turns lockflight's errors
+//! into `application/problem+json` responses ([`Problem`]):
 //!
 //! ```
 //! # #[cfg(feature = "axum")]
 //! # fn app(locker: lockflight::Locker) -> axum::Router {
-//! use axum::{error_handling::HandleErrorLayer, routing::post, Router};
-//! use lockflight::layer::{handle_error, LockLayer, PathParam};
-//! use tower::ServiceBuilder;
+//! use axum::{Extension, Router, routing::delete};
+//! use lockflight::guard::LockInfo;
+//! use lockflight::layer::{LockLayer, PathParam};
+//!
+//! async fn cancel(Extension(lock): Extension<LockInfo>) -> String {
+//!     format!("cancelled {} under {}", lock.key, lock.fencing_token)
+//! }
 //!
 //! Router::new()
-//!     .route("/items/{sku}/reserve", post(|| async { "reserved" }))
+//!     .route("/orders/{id}", delete(cancel))
+//!     .route_layer(LockLayer::new(locker, PathParam::new("id")).handle_errors())
+//! # }
+//! ```
+//!
+//! **Handlers with a body**: add [`lock_in_handler`](LockLayer::lock_in_handler)
+//! and take the body through [`Locked`], the handler's last argument. The body is
+//! received and validated *before* the lock is taken: a slow upload holds no lock,
+//! a malformed request takes none:
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # fn app(locker: lockflight::Locker) -> axum::Router {
+//! use axum::{Json, Router, routing::post};
+//! use lockflight::layer::{LockLayer, Locked, PathParam};
+//!
+//! async fn debit(Locked(Json(body), lock): Locked<Json<serde_json::Value>>) -> String {
+//!     format!("debit {body} under {}", lock.fencing_token)
+//! }
+//!
+//! Router::new()
+//!     .route("/accounts/{id}/debit", post(debit))
 //!     .route_layer(
-//!         ServiceBuilder::new()
-//!             .layer(HandleErrorLayer::new(handle_error))
-//!             .layer(LockLayer::new(locker, PathParam::new("sku"))),
+//!         LockLayer::new(locker, PathParam::new("id"))
+//!             .key_prefix("account:")
+//!             .lock_in_handler()
+//!             .handle_errors(),
 //!     )
 //! # }
 //! ```
 //!
-//! Error responses carry a short stable code (`lock_timeout`, `lease_lost`, …), never
-//! the error's text; the table is on `IntoResponse for Error`.
+//! Bound the time a client may take to send its body outside lockflight (for
+//! example `tower_http::timeout::RequestBodyTimeoutLayer`): with `Locked` a slow
+//! body costs a connection, never a lock.
+//!
+//! # Error responses
+//!
+//! Every response the layer, [`Locked`] and [`handle_error`] produce is an RFC 9457
+//! problem (`application/problem+json`) with a short stable `code`
+//! (`lock_timeout`, `lock_backend_unavailable`, `invalid_key`, …), never the
+//! error's text; the table is on `IntoResponse for Error`. An unreachable backend
+//! is `503 lock_backend_unavailable`, not a lock timeout: see
+//! [Outages](LockService#outages).
 //!
 //! # Lease loss
 //!
 //! With the default [`LossPolicy::Abort`](crate::LossPolicy::Abort), a handler
 //! whose lease is lost is dropped at its next `.await`, and the call fails with
-//! [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost` through
-//! `handle_error`). With [`LossPolicy::Signal`](crate::LossPolicy::Signal) the
-//! handler runs to its end and decides for itself: the `loss` field of its
+//! [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost`). With
+//! [`LossPolicy::Signal`](crate::LossPolicy::Signal) the handler runs to its end
+//! and decides for itself: the `loss` field of its
 //! [`LockInfo`](crate::guard::LockInfo) is a [`LossSignal`](crate::guard::LossSignal). Check it
 //! before each write the lock protects, and pass the fencing token along, so that
 //! the resource rejects a write that comes too late anyway:
@@ -51,10 +90,9 @@
 //! ```
 //! # #[cfg(feature = "axum")]
 //! # fn app() -> lockflight::Result<axum::Router> {
-//! use axum::{error_handling::HandleErrorLayer, http::StatusCode, routing::post, Extension, Router};
-//! use lockflight::layer::{handle_error, LockLayer, PathParam};
+//! use axum::{http::StatusCode, routing::post, Extension, Router};
+//! use lockflight::layer::{LockLayer, PathParam};
 //! use lockflight::{FencingToken, Locker, LossPolicy, MemoryBackend, guard::LockInfo};
-//! use tower::ServiceBuilder;
 //!
 //! async fn reserve(Extension(info): Extension<LockInfo>) -> (StatusCode, &'static str) {
 //!     let stock = load_stock().await;
@@ -73,25 +111,39 @@
 //!     .build()?;
 //! Ok(Router::new()
 //!     .route("/items/{sku}/reserve", post(reserve))
-//!     .route_layer(
-//!         ServiceBuilder::new()
-//!             .layer(HandleErrorLayer::new(handle_error))
-//!             .layer(LockLayer::new(locker, PathParam::new("sku"))),
-//!     ))
+//!     .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors()))
 //! # }
 //! ```
 
+// The axum items these docs link to exist with the `axum` feature only.
+#![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
+
 #[cfg(feature = "axum")]
 mod axum;
+mod edge;
 pub mod future;
+#[cfg(feature = "axum")]
+mod handle_errors;
 #[allow(clippy::module_inception)]
 mod layer;
+#[cfg(feature = "axum")]
+mod locked;
+#[cfg(feature = "axum")]
+mod problem;
 mod service;
 mod shared_response;
+mod ticket;
 
 #[cfg(feature = "axum")]
 pub use self::axum::{PathParam, handle_error};
-pub use crate::key::{HeaderKey, KeyExtractor, PathSegment};
+#[cfg(feature = "axum")]
+pub use handle_errors::{HandleErrors, HandleErrorsFuture, HandleErrorsService};
+#[cfg(feature = "axum")]
+pub use locked::Locked;
+#[cfg(feature = "axum")]
+pub use problem::{PROBLEM_JSON, Problem};
+
+pub use crate::key::{HeaderKey, KeyExtractor, NoKey, PathSegment};
 pub use layer::{LockLayer, MissingKey};
 pub use service::{LockService, WithLockInfo};
 pub use shared_response::{SharedBody, SharedResponseLayer, SharedResponseService};

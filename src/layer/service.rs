@@ -1,13 +1,16 @@
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
 
 use super::BoxError;
 use super::future::ResponseFuture;
-use super::layer::MissingKey;
+use super::layer::{Acquire, MissingKey, Settings};
+use super::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::LockInfo;
-use crate::key::{KeyExtractor, LockKey};
+use crate::key::{KeyExtractor, LockKey, NoKey};
 use crate::locker::{LockOptions, Locker};
 
 /// A request type that can carry the [`LockInfo`] of the lock it runs under.
@@ -18,11 +21,44 @@ use crate::locker::{LockOptions, Locker};
 pub trait WithLockInfo {
     /// Attaches `info` to the request.
     fn set_lock_info(&mut self, info: LockInfo);
+
+    /// Names the request's route in logs (never its data): for HTTP the method and
+    /// the matched route template (`POST /accounts/{id}/debit`), or the path where
+    /// no router has matched one. The default says only "a request".
+    fn route(&self) -> String {
+        "a request".to_owned()
+    }
+
+    /// The request's HTTP extensions, where
+    /// [`LockLayer::lock_in_handler`](super::LockLayer::lock_in_handler) leaves what
+    /// the handler's [`Locked`](super::Locked) extractor needs to take the lock. The
+    /// default has none, and then the in-handler mode refuses every request.
+    fn http_extensions(&mut self) -> Option<&mut http::Extensions> {
+        None
+    }
 }
 
 impl<B> WithLockInfo for http::Request<B> {
     fn set_lock_info(&mut self, info: LockInfo) {
         self.extensions_mut().insert(info);
+    }
+
+    fn route(&self) -> String {
+        #[cfg(feature = "axum")]
+        {
+            let extensions = self.extensions();
+            if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
+                return format!("{} {}", self.method(), matched.as_str());
+            }
+            if let Some(original) = extensions.get::<axum::extract::OriginalUri>() {
+                return format!("{} {}", self.method(), original.path());
+            }
+        }
+        format!("{} {}", self.method(), self.uri().path())
+    }
+
+    fn http_extensions(&mut self) -> Option<&mut http::Extensions> {
+        Some(self.extensions_mut())
     }
 }
 
@@ -43,6 +79,23 @@ impl<B> WithLockInfo for http::Request<B> {
 /// load shedding or a concurrency limit *outside* this layer to bound how many
 /// requests wait for locks (the locker's `max_waiters` bounds it per key).
 ///
+/// # Keys
+///
+/// The key is the extractor's ([`KeyExtractor::extract_key`]), after the layer's
+/// [`key_prefix`](super::LockLayer::key_prefix). A request without one is refused
+/// (see [`MissingKey`]) and logged with its route: at `WARN` when the route cannot
+/// yield a key (a configuration error), at `INFO` when the request lacks it.
+///
+/// # Outages
+///
+/// A backend that cannot be reached is not reported as a busy lock: a call that
+/// fails with a backend error, or times out while the backend does not answer a
+/// probe ([`Locker::check_backend`], at most one per locker per second), fails
+/// with [`Error::Backend`] (`503 lock_backend_unavailable` under the `axum`
+/// feature). The first such failure and the recovery are logged at `WARN`. A
+/// timed-out request waits for that probe's answer (at most 1 s, shared with the
+/// requests that time out meanwhile) before it answers.
+///
 /// # Guard lifetime
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
@@ -58,33 +111,78 @@ impl<B> WithLockInfo for http::Request<B> {
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
-    locker: Locker,
+    settings: Settings,
     extractor: E,
-    missing: MissingKey,
-    options: LockOptions,
+    /// Whether this service already warned of an in-handler route whose lock was
+    /// not taken (shared by its clones).
+    warned_unlocked: Arc<AtomicBool>,
 }
 
 impl<S, E> LockService<S, E> {
-    /// Wraps `inner`.
+    /// Wraps `inner`: its requests lock with `locker`, keyed by `extractor`, and
+    /// requests without a key follow `missing`.
     pub fn new(inner: S, locker: Locker, extractor: E, missing: MissingKey) -> Self {
-        LockService {
-            inner,
+        let settings = Settings {
             locker,
-            extractor,
             missing,
             options: LockOptions::default(),
+            prefix: None,
+            acquire: Acquire::default(),
+        };
+        LockService::from_settings(inner, settings, extractor)
+    }
+
+    pub(crate) fn from_settings(inner: S, settings: Settings, extractor: E) -> Self {
+        LockService {
+            inner,
+            settings,
+            extractor,
+            warned_unlocked: Arc::default(),
         }
     }
 
     /// Locks with these per-call settings (see [`LockLayer::options`](super::LockLayer::options)).
     pub fn with_options(mut self, options: LockOptions) -> Self {
-        self.options = options;
+        self.settings.options = options;
         self
     }
 
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The key of `req` with the layer's prefix.
+    fn key_of<Req>(&self, req: &mut Req) -> Result<LockKey, NoKey>
+    where
+        E: KeyExtractor<Req>,
+    {
+        let key = self.extractor.extract_key(req)?;
+        Ok(match &self.settings.prefix {
+            None => key,
+            Some(prefix) => {
+                let mut bytes = Vec::with_capacity(prefix.len() + key.as_bytes().len());
+                bytes.extend_from_slice(prefix);
+                bytes.extend_from_slice(key.as_bytes());
+                LockKey::from(bytes)
+            }
+        })
+    }
+}
+
+/// The error that refuses a request without a key, logged with its route.
+pub(crate) fn refusal(no_key: &NoKey, route: &str) -> Error {
+    if no_key.is_client_error() {
+        tracing::info!(route, reason = %no_key, "lockflight: guarded request without a lock key refused");
+        Error::InvalidKey {
+            key: LockKey::from(""),
+            reason: format!("{route}: {no_key}"),
+        }
+    } else {
+        tracing::warn!(route, reason = %no_key, "lockflight: the lock layer of this route finds no key; every request is refused");
+        Error::InvalidConfig {
+            reason: format!("the lock layer of {route} finds no key: {no_key}"),
+        }
     }
 }
 
@@ -105,17 +203,50 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         let inner = self.inner.clone();
-        match self.extractor.extract(&req) {
-            Some(key) => ResponseFuture::locking(&self.locker, key, self.options, inner, req),
-            None => match self.missing {
-                MissingKey::PassThrough => ResponseFuture::passing(inner, req),
-                MissingKey::Reject => ResponseFuture::failed(Error::InvalidKey {
-                    key: LockKey::from(""),
-                    reason: "the request carries no lock key".into(),
-                }),
-            },
+        let settings = &self.settings;
+        let key = match self.key_of(&mut req) {
+            Ok(key) => key,
+            Err(no_key) => {
+                let route = req.route();
+                return match settings.missing {
+                    MissingKey::RunUnlocked => {
+                        tracing::debug!(route, reason = %no_key, "lockflight: no lock key; running unlocked (MissingKey::RunUnlocked)");
+                        ResponseFuture::passing(inner, req)
+                    }
+                    MissingKey::Reject => ResponseFuture::failed(refusal(&no_key, &route)),
+                };
+            }
+        };
+        if let Err(e) = key.validate() {
+            tracing::info!(route = req.route(), error = %e, "lockflight: guarded request with an invalid lock key refused");
+            return ResponseFuture::failed(e);
+        }
+        match settings.acquire {
+            Acquire::BeforeHandler => {
+                ResponseFuture::locking(&settings.locker, key, settings.options, inner, req)
+            }
+            Acquire::InHandler => {
+                let route = req.route();
+                let ticket = Ticket::new(settings.locker.clone(), key, settings.options);
+                let Some(extensions) = req.http_extensions() else {
+                    return ResponseFuture::failed(Error::InvalidConfig {
+                        reason: format!(
+                            "{route}: only HTTP requests can take their lock in the handler"
+                        ),
+                    });
+                };
+                extensions.insert(ticket.clone());
+                ResponseFuture::in_handler(
+                    &settings.locker,
+                    ticket,
+                    inner,
+                    req,
+                    route,
+                    Arc::clone(&self.warned_unlocked),
+                )
+            }
         }
     }
 }

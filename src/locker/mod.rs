@@ -24,6 +24,7 @@ mod acquire;
 mod builder;
 mod family;
 mod guard;
+mod health;
 mod release;
 
 pub use crate::settings::{Handoff, LockOptions, LossPolicy};
@@ -90,6 +91,8 @@ pub(crate) struct LockerState {
     pub(crate) semaphores: Arc<Semaphores>,
     /// Set by [`Locker::shutdown`]: no lease is cached any more.
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// The backend's health as the edge and the probe saw it.
+    pub(crate) health: health::Health,
 }
 
 impl LockerState {
@@ -102,6 +105,7 @@ impl LockerState {
             flights: Flights::default(),
             rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
             semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
+            health: health::Health::default(),
             engine,
         })
     }

@@ -49,23 +49,28 @@ async fn requests_without_a_key_follow_the_policy() {
             }
         })
     };
-    let pass = LockLayer::new(locker.clone(), sku_header()).layer(inner.clone());
+    // Refused by default, naming what is missing.
+    let reject = LockLayer::new(locker.clone(), sku_header()).layer(inner.clone());
+    let err = reject.oneshot(request(None)).await.unwrap_err();
+    assert_lockflight_error(
+        &err,
+        |e| matches!(e, Error::InvalidKey { reason, .. } if reason.contains("x-sku")),
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the handler ran for a rejected request"
+    );
+
+    // Unlocked only when asked for.
+    let pass = LockLayer::new(locker.clone(), sku_header())
+        .missing_key(MissingKey::RunUnlocked)
+        .layer(inner);
     assert!(
         !pass.oneshot(request(None)).await.unwrap(),
         "no lock info without a key"
     );
     assert_eq!(ran.load(Ordering::SeqCst), 1);
-
-    let reject = LockLayer::new(locker.clone(), sku_header())
-        .missing_key(MissingKey::Reject)
-        .layer(inner);
-    let err = reject.oneshot(request(None)).await.unwrap_err();
-    assert_lockflight_error(&err, |e| matches!(e, Error::InvalidKey { .. }));
-    assert_eq!(
-        ran.load(Ordering::SeqCst),
-        1,
-        "the handler ran for a rejected request"
-    );
     // A present but empty key is rejected by validation, not locked.
     let empty = LockLayer::new(locker, sku_header())
         .layer(service_fn(|_req: Request<()>| async {
@@ -98,22 +103,24 @@ async fn a_wait_timeout_is_an_error_naming_the_key() {
 
 #[cfg(feature = "axum")]
 #[tokio::test]
-async fn axum_maps_a_timeout_to_503_with_retry_after_and_a_bare_code() {
-    use axum::error_handling::HandleErrorLayer;
-    use lockflight::layer::handle_error;
-
+async fn axum_maps_a_timeout_to_503_with_retry_after_and_a_problem() {
     let locker = memory_locker();
     let held = locker.lock("busy").await.unwrap();
-    let svc = tower::ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(handle_error))
-        .layer(LockLayer::new(locker.clone(), sku_header()))
-        .service(service_fn(|_req: Request<()>| async {
+    let svc = LockLayer::new(locker.clone(), sku_header())
+        .handle_errors()
+        .layer(service_fn(|_req: Request<()>| async {
             Ok::<_, Infallible>(axum::response::Response::new(axum::body::Body::empty()))
         }));
     let res = svc.oneshot(request(Some("busy"))).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    assert_eq!(
+        res.headers()[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
     let body = res.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body, "lock_timeout", "the body is the code alone");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["code"], "lock_timeout", "{body}");
+    assert_eq!(body["status"], 503, "{body}");
     held.release().await.unwrap();
 }

@@ -78,8 +78,7 @@ async fn loss_app(
     Arc<AtomicBool>,
 ) {
     use axum::Extension;
-    use axum::error_handling::HandleErrorLayer;
-    use lockflight::layer::{PathParam, handle_error};
+    use lockflight::layer::PathParam;
 
     let (locker, lock_name) = short_lease("layer-signal").await;
     let locker = locker.on_loss(policy).build().unwrap();
@@ -103,11 +102,7 @@ async fn loss_app(
     };
     let app = axum::Router::new()
         .route("/items/{sku}", axum::routing::post(handler))
-        .route_layer(
-            tower::ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(handle_error))
-                .layer(LockLayer::new(locker, PathParam::new("sku"))),
-        );
+        .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors());
     (app, lock_name, started, dropped, finished)
 }
 
@@ -151,7 +146,8 @@ async fn with_abort_the_handler_is_dropped_and_the_client_gets_lease_lost() {
     let (status, body, dropped, finished) =
         steal_while_handling(lockflight::LossPolicy::Abort).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body, "lease_lost");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["code"], "lease_lost", "{body}");
     assert!(
         dropped.load(Ordering::SeqCst),
         "the handler future was not dropped"

@@ -31,7 +31,11 @@ async fn an_inner_readiness_error_fails_the_call_and_releases_the_lock() {
     let err = svc.clone().oneshot(request(Some("k"))).await.unwrap_err();
     assert_eq!(err.to_string(), "inner not ready");
     assert!(becomes_free(&locker, "k").await, "lock still held");
-    let err = svc.oneshot(request(None)).await.unwrap_err();
+    // Run unlocked (an explicit opt-in), the inner service is still driven ready.
+    let unlocked = LockLayer::new(locker.clone(), sku_header())
+        .missing_key(MissingKey::RunUnlocked)
+        .layer(Broken);
+    let err = unlocked.oneshot(request(None)).await.unwrap_err();
     assert_eq!(err.to_string(), "inner not ready");
 }
 

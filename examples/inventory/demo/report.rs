@@ -10,6 +10,8 @@ use crate::app::OPTIMISTIC_ATTEMPTS;
 #[derive(Debug, Default)]
 pub(super) struct Row {
     pub(super) label: String,
+    /// The mode's short name (`plain`, `handoff`, ...).
+    pub(super) slug: &'static str,
     pub(super) reserved: u64,
     pub(super) out_of_stock: u64,
     pub(super) oversold: i64,
@@ -29,59 +31,73 @@ pub(super) struct Row {
     pub(super) fence_order_ok: bool,
 }
 
+/// The widest line the report prints.
+const MAX_WIDTH: usize = 100;
+
 pub(super) fn print_table(rows: &[Row], with_redis: bool, legend: bool) {
-    const W: [usize; 13] = [30, 8, 8, 8, 5, 4, 9, 9, 6, 13, 8, 9, 14];
-    let line = |cells: [String; 13]| {
+    const W: [usize; 10] = [26, 8, 8, 5, 4, 7, 7, 5, 8, 8];
+    let line = |cells: [String; 10]| {
         let mut out = format!("{:<w$}", cells[0], w = W[0]);
         for (cell, w) in cells.iter().zip(W).skip(1) {
-            out.push_str(&format!("  {cell:>w$}"));
+            out.push_str(&format!(" {cell:>w$}"));
         }
-        println!("{}", out.trim_end());
+        let out = out.trim_end().to_owned();
+        debug_assert!(out.chars().count() <= MAX_WIDTH, "{out}");
+        println!("{out}");
     };
     println!();
     line([
         "mode".into(),
         "reserved".into(),
-        "sold out".into(),
         "oversold".into(),
         "stale".into(),
         "503".into(),
-        "p50".into(),
-        "p99".into(),
+        "p50 ms".into(),
+        "p99 ms".into(),
         "req/s".into(),
-        "lock reqs/req".into(),
-        "handoffs".into(),
-        "conflicts".into(),
-        if with_redis { "Redis cmds/req" } else { "" }.into(),
+        "lock/req".into(),
+        if with_redis { "cmds/req" } else { "" }.into(),
     ]);
     for r in rows {
         line([
             r.label.clone(),
             r.reserved.to_string(),
-            r.out_of_stock.to_string(),
             r.oversold.to_string(),
             r.stale.to_string(),
             r.unavailable.to_string(),
-            format_ms(r.p50),
-            format_ms(r.p99),
+            format!("{:.1}", r.p50.as_secs_f64() * 1000.0),
+            format!("{:.1}", r.p99.as_secs_f64() * 1000.0),
             format!("{:.0}", r.throughput),
             format!("{:.3}", r.lock_requests as f64 / REQUESTS as f64),
-            r.handoffs.to_string(),
-            r.conflicts.to_string(),
             r.server_commands
                 .map(|c| format!("{:.2}", c as f64 / REQUESTS as f64))
                 .unwrap_or_default(),
         ]);
     }
+    let counted = |what: &str, of: fn(&Row) -> u64| {
+        let parts: Vec<String> = rows
+            .iter()
+            .filter(|r| of(r) > 0)
+            .map(|r| format!("{} {}", r.label, of(r)))
+            .collect();
+        if !parts.is_empty() {
+            println!("{what}: {}", parts.join(", "));
+        }
+    };
+    println!();
+    counted("handoffs", |r| r.handoffs);
+    counted("optimistic retries", |r| r.conflicts);
+    let sold_out: Vec<String> = rows.iter().map(|r| r.out_of_stock.to_string()).collect();
+    println!("sold out, in table order: {}", sold_out.join(", "));
     let sized: Vec<&Row> = rows.iter().filter(|r| r.sizing.is_some()).collect();
     if !sized.is_empty() {
         println!(
-            "\nsizing (GET /stats histograms, worst instance): lock wait p99 / hold p99 / most renewals of one lease"
+            "\nsizing (GET /stats histograms, worst instance): wait p99 / hold p99 / most renewals"
         );
         for r in sized {
             if let Some((w, h, n)) = r.sizing {
                 println!(
-                    "  {:<30} {:>9} / {:>9} / {n:.0}",
+                    "  {:<26} {:>9} / {:>9} / {n:.0}",
                     r.label,
                     format_ms(Duration::from_secs_f64(w)),
                     format_ms(Duration::from_secs_f64(h))
@@ -89,35 +105,72 @@ pub(super) fn print_table(rows: &[Row], with_redis: bool, legend: bool) {
             }
         }
     }
+    if let Some(takeaway) = takeaway(rows) {
+        println!("\n{takeaway}");
+    }
     if legend {
         print_legend(with_redis);
     }
     checks(rows);
 }
 
+/// The table in one line (at most [`MAX_WIDTH`]): lockflight's default against
+/// the plain lock (or, on the in-process backend, against handoff turned off), or
+/// against optimistic locking where that is the other row.
+fn takeaway(rows: &[Row]) -> Option<String> {
+    let by = |slug: &str| rows.iter().find(|r| r.slug == slug);
+    let ours = by("handoff")?;
+    let per_req = |r: &Row| r.lock_requests as f64 / REQUESTS as f64;
+    let line = if let Some(plain) = by("plain") {
+        format!(
+            "takeaway: lockflight's default sent {:.0}x fewer lock requests than a plain lock \
+             ({:.2} vs {:.2}/req)",
+            per_req(plain) / per_req(ours).max(f64::MIN_POSITIVE),
+            per_req(ours),
+            per_req(plain),
+        )
+    } else if let Some(off) = by("coalesced") {
+        format!(
+            "takeaway: handoff (lockflight's default) sent {:.2} lock requests/req, {:.2} without",
+            per_req(ours),
+            per_req(off),
+        )
+    } else {
+        let optimistic = by("optimistic")?;
+        format!(
+            "takeaway: writers rarely meet here: optimistic {:.0} req/s, lockflight's default {:.0}",
+            optimistic.throughput, ours.throughput
+        )
+    };
+    debug_assert!(line.chars().count() <= MAX_WIDTH, "{line}");
+    Some(line)
+}
+
 fn print_legend(with_redis: bool) {
     let what = if with_redis { "Redis" } else { "in-process" };
     println!(
         "\n\
+         lockflight default = coalescing and handoff, as Locker::builder sets them; no handoff =\n\
+         Handoff::disabled(); + gw = behind a gateway that routes each SKU to one instance.\n\
          reserved + sold out = {REQUESTS} per mode. oversold = reservations acknowledged (or logged\n\
          by the database) beyond the units actually taken from stock: must be 0. stale = writes\n\
          the database refused for an outdated fencing token. 503 = lock timeouts, lost leases and\n\
          stale writers. p50/p99 = client-side latency of POST /items/{{sku}}/reserve.\n\
-         lock reqs/req = requests the instances sent to the {what} lock backend (acquire-or-enqueue,\n\
+         lock/req = requests the instances sent to the {what} lock backend (acquire-or-enqueue,\n\
          release-and-wake-next, extend, leave; one script round trip each) per reserve request\n\
          (each runs one critical section). handoffs = leases passed to a local waiter in memory.\n\
          optimistic = no lock: read the row and its version, write only if the version is\n\
-         unchanged, else read again (conflicts = such retries; after {OPTIMISTIC_ATTEMPTS} the request\n\
+         unchanged, else read again (retries counted above; after {OPTIMISTIC_ATTEMPTS} the request\n\
          answers 503). Its p50/p99 are of POST /items/{{sku}}/reserve-optimistic."
     );
     if with_redis {
         println!(
-            "plain Redis lock (SET NX PX) = no lockflight: each request sends SET <sku> <random token>\n\
+            "plain lock (SET NX PX) = no lockflight: each request sends SET <sku> <random token>\n\
              NX PX 30000, again every 1 ms while another holds the lock (until the 5 s wait timeout),\n\
-             and releases with a compare-and-delete script; its lock reqs are those SETs and releases.\n\
+             and releases with a compare-and-delete script; its lock/req are those SETs and releases.\n\
              A plain lock has no fencing token: its writes are not fenced (stale is 0 because nothing\n\
              can be checked) and a holder that outlives the TTL would go unnoticed.\n\
-             Redis cmds/req = commands the Redis server ran per reserve request (INFO commandstats:\n\
+             cmds/req = commands the Redis server ran per reserve request (INFO commandstats:\n\
              EVALSHA, SET, the commands inside the scripts, PUBLISH, ...)."
         );
     }
@@ -141,7 +194,7 @@ fn checks(rows: &[Row]) {
     }
     if problems.is_empty() {
         println!(
-            "\nchecks passed: nothing oversold, fencing tokens increased with every fenced \
+            "\nchecks passed: nothing oversold, fencing tokens increased with every fenced\n\
              reservation of a SKU, no failed requests"
         );
     } else {

@@ -145,6 +145,7 @@ impl Scenario {
         latencies.sort_unstable();
         Ok(Row {
             label,
+            slug: mode.slug,
             reserved: burst.reserved,
             out_of_stock: burst.out_of_stock,
             oversold,

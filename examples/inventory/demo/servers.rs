@@ -80,8 +80,8 @@ pub(super) async fn start_redis(
                 Some(bin) => {
                     let redis = PrivateRedis::start(&bin, &[]).await?;
                     println!(
-                        "Redis: private redis-server on {} (temporary directory, no persistence, \
-                         stopped at exit)",
+                        "Redis: private redis-server on {}\n\
+                         (temporary directory, no persistence, stopped at exit)",
                         redis.url
                     );
                     let url = redis.url.clone();

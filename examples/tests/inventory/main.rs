@@ -15,6 +15,7 @@ mod gateway;
 mod plain;
 mod reserve;
 mod shapes;
+mod startup;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -25,16 +26,15 @@ use std::time::{Duration, Instant};
 use app::{AppState, Hooks, WriteOutcome};
 use axum::Router;
 use axum::body::Body;
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::Extension;
 use axum::routing::post;
 use client::Http;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use lockflight::layer::{LockLayer, MissingKey, PathParam, handle_error};
+use lockflight::layer::{LockLayer, MissingKey, PathParam};
 use lockflight::{FencingToken, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo};
 use serde_json::json;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
 
 /// A Redis backend on the shared test server, under `prefix`.
 pub(crate) async fn redis_backend(prefix: &str) -> RedisBackend {

@@ -284,7 +284,7 @@ async fn lock_timeout_is_503_with_retry_after() {
 }
 
 /// A route whose requests carry no key (no `{sku}` in the route): the lock layer
-/// follows its `MissingKey` policy.
+/// refuses them, unless told to run them unlocked.
 #[tokio::test]
 async fn missing_key_follows_the_policy() {
     let prefix = testkit::unique_prefix("inventory-missing-key");
@@ -303,11 +303,9 @@ async fn missing_key_follows_the_policy() {
                 }),
             )
             .route_layer(
-                ServiceBuilder::new()
-                    .layer(HandleErrorLayer::new(handle_error))
-                    .layer(
-                        LockLayer::new(locker.clone(), PathParam::new("sku")).missing_key(policy),
-                    ),
+                LockLayer::new(locker.clone(), PathParam::new("sku"))
+                    .missing_key(policy)
+                    .handle_errors(),
             )
     };
     let request = || {
@@ -316,14 +314,15 @@ async fn missing_key_follows_the_policy() {
             .expect("request")
     };
 
+    // The default: refused. The route has no `{sku}`, so it is the route's fault.
     let res = router(MissingKey::Reject)
         .oneshot(request())
         .await
         .expect("infallible");
-    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::Relaxed), 0, "the handler must not run");
 
-    let res = router(MissingKey::PassThrough)
+    let res = router(MissingKey::RunUnlocked)
         .oneshot(request())
         .await
         .expect("infallible");

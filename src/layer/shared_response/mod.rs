@@ -41,8 +41,9 @@ impl<E> SharedResponseLayer<E> {
     /// Default bound on a shared body, in bytes.
     pub const DEFAULT_MAX_BODY: usize = 64 * 1024;
 
-    /// Shares responses through `locker`, keyed by `extractor`. Requests without a key pass
-    /// through.
+    /// Shares responses through `locker`, keyed by `extractor`. Requests without a key
+    /// are not shared: each runs on its own, without a lock (reads only: a read is
+    /// not serialised with the key's writers then).
     pub fn new(locker: Locker, extractor: E) -> Self {
         SharedResponseLayer {
             locker,
@@ -55,6 +56,15 @@ impl<E> SharedResponseLayer<E> {
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<E> SharedResponseLayer<E> {
+    /// This layer with its errors turned into problem responses (feature `axum`),
+    /// for `Router::route_layer` in one call.
+    pub fn handle_errors(self) -> super::HandleErrors<Self> {
+        super::HandleErrors::new(self)
     }
 }
 

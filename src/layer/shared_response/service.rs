@@ -104,9 +104,9 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<ReqB>) -> Self::Future {
         let mut service = self.inner.clone();
-        let Some(key) = self.extractor.extract(&req) else {
+        let Ok(key) = self.extractor.extract_key(&mut req) else {
             return Box::pin(async move {
                 let res = service.oneshot(req).await.map_err(Into::into)?;
                 Ok(res.map(SharedBody::Original))
