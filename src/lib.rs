@@ -94,6 +94,7 @@
 pub mod backend;
 mod engine;
 pub mod error;
+pub mod fence;
 pub mod guard;
 mod key;
 pub mod layer;
