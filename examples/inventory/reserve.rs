@@ -4,11 +4,13 @@
 //! keyed by the SKU: the handler reads the stock, checks it and writes the
 //! decrement while holding the SKU's lock, and it receives the lock's
 //! [`FencingToken`] in a [`LockInfo`] request extension. The write is **fenced**
-//! at the database:
+//! at the database by lockflight's fence helper
+//! ([`FencedUpdate`](lockflight::fence::FencedUpdate), in `db::fenced_write`),
+//! which runs
 //!
 //! ```sql
 //! UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ?
-//!  WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?)
+//!  WHERE sku = ? AND (fence_epoch, fence_seq) < (?, ?) AND (stock >= ?) RETURNING stock
 //! ```
 //!
 //! so a writer whose lease was lost (paused process, network partition) and whose

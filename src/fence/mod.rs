@@ -11,8 +11,8 @@
 //!   fence), in one Lua script on any `redis` connection (one server, a Cluster, a
 //!   `ConnectionManager`): the lock's Redis or the one that holds your data.
 //! * With the feature `sqlx-postgres` or `sqlx-sqlite` (`sqlx` enables both):
-//!   [`FenceColumns`] and the guarded statements [`FencedUpdate`] and
-//!   [`FencedUpsert`], which turn an `UPDATE` or an `INSERT … ON CONFLICT` on a
+//!   `FenceColumns` and the guarded statements `FencedUpdate` and
+//!   `FencedUpsert`, which turn an `UPDATE` or an `INSERT … ON CONFLICT` on a
 //!   row with two fence columns into [`Fenced::Applied`] or [`Fenced::Stale`].
 //!
 //! Each takes the token as `impl Into<FencingToken>`: a [`FencingToken`], or a
@@ -94,7 +94,9 @@ pub enum Fenced<T = ()> {
     Stale {
         /// The newest token the resource has accepted.
         last: FencingToken,
-        /// The token this write carried (older than `last`).
+        /// The token this write carried: older than `last` (or equal, for SQL
+        /// rows fenced with
+        /// `FenceColumns::one_write_per_token`).
         offered: FencingToken,
     },
 }

@@ -74,6 +74,7 @@ pub struct FenceColumns {
     key: String,
     epoch: String,
     seq: String,
+    once: bool,
 }
 
 impl FenceColumns {
@@ -91,6 +92,7 @@ impl FenceColumns {
             key: key_column.to_owned(),
             epoch: "fence_epoch".to_owned(),
             seq: "fence_seq".to_owned(),
+            once: false,
         })
     }
 
@@ -105,6 +107,19 @@ impl FenceColumns {
         self.epoch = epoch.to_owned();
         self.seq = seq.to_owned();
         Ok(self)
+    }
+
+    /// Allows each token one write per row: a write whose token *equals* the
+    /// row's last one is [`Fenced::Stale`] too (guard `<` instead of `<=`). For a
+    /// resource where a replayed write must not apply twice (each critical section
+    /// writes the row at most once, as the inventory example's reservations).
+    pub fn one_write_per_token(mut self) -> FenceColumns {
+        self.once = true;
+        self
+    }
+
+    fn guard(&self) -> &'static str {
+        if self.once { "<" } else { "<=" }
     }
 
     /// The statements that add the fence columns to an existing table (for
@@ -276,7 +291,9 @@ impl<'a, DB: Database> FencedUpdate<'a, DB> {
             key,
             epoch,
             seq,
+            ..
         } = self.columns;
+        let guard = self.columns.guard();
         let mut q = QueryBuilder::<DB>::new(format!("UPDATE {table} SET "));
         if let Some(set) = self.set {
             set(&mut q);
@@ -286,7 +303,7 @@ impl<'a, DB: Database> FencedUpdate<'a, DB> {
         q.push(format!(", {seq} = ")).push_bind(s);
         q.push(format!(" WHERE {key} = "));
         (self.key)(&mut q);
-        q.push(format!(" AND ({epoch}, {seq}) <= ("))
+        q.push(format!(" AND ({epoch}, {seq}) {guard} ("))
             .push_bind(e)
             .push(", ")
             .push_bind(s)
@@ -404,7 +421,9 @@ impl<'a, DB: Database> FencedUpsert<'a, DB> {
             key,
             epoch,
             seq,
+            ..
         } = self.columns;
+        let guard = self.columns.guard();
         let names: Vec<String> = self.values.iter().map(|(c, _)| c.clone()).collect();
         let mut q =
             QueryBuilder::<DB>::new(format!("INSERT INTO {table} AS lockflight_row ({key}, "));
@@ -432,7 +451,7 @@ impl<'a, DB: Database> FencedUpsert<'a, DB> {
         }
         q.push(format!(
             "{epoch} = excluded.{epoch}, {seq} = excluded.{seq} \
-             WHERE (lockflight_row.{epoch}, lockflight_row.{seq}) <= (excluded.{epoch}, excluded.{seq})"
+             WHERE (lockflight_row.{epoch}, lockflight_row.{seq}) {guard} (excluded.{epoch}, excluded.{seq})"
         ));
         if let Some(returning) = returning {
             q.push(" RETURNING ").push(returning);
@@ -465,6 +484,7 @@ impl<DB: Database> Statement<'_, DB> {
             key,
             epoch,
             seq,
+            ..
         } = self.columns;
         let mut q =
             QueryBuilder::<DB>::new(format!("SELECT {epoch}, {seq} FROM {table} WHERE {key} = "));
@@ -482,7 +502,7 @@ impl<DB: Database> Statement<'_, DB> {
                     epoch: u64::try_from(e).unwrap_or(0),
                     seq: u64::try_from(s).unwrap_or(0),
                 };
-                if last > self.token {
+                if last > self.token || (self.columns.once && last == self.token) {
                     Fenced::Stale {
                         last,
                         offered: self.token,

@@ -218,6 +218,17 @@ mod sqlite {
             .await
             .unwrap();
         assert_eq!(stock, 9);
+        // One write per token: the same token again is stale too.
+        let once = FenceColumns::new("items", "sku")
+            .unwrap()
+            .one_write_per_token();
+        let again = FencedUpdate::new(&once, tb, "s").set(|q| {
+            q.push("stock = stock - 1");
+        });
+        assert_eq!(
+            again.execute(&mut db).await.unwrap(),
+            stale(tb, tb).map(|()| 0)
+        );
         db.close().await.unwrap();
         let _ = std::fs::remove_file(&path);
     }
