@@ -96,6 +96,7 @@ mod engine;
 pub mod error;
 pub mod fence;
 pub mod guard;
+pub mod inspect;
 mod key;
 pub mod layer;
 mod lease;

@@ -66,6 +66,7 @@ mod redis;
 mod sql;
 
 pub use self::redis::FencedKey;
+pub(crate) use self::redis::redis_error;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};
 
