@@ -16,8 +16,8 @@
 //!   row with two fence columns into [`Fenced::Applied`] or [`Fenced::Stale`].
 //!
 //! Each takes the token as `impl Into<FencingToken>`: a [`FencingToken`], or a
-//! reference to a [`LockGuard`](crate::LockGuard), a
-//! [`WriteGuard`](crate::rwlock::WriteGuard) or a [`LockInfo`]. (A read lease's
+//! reference to a [`LockGuard`], a
+//! [`WriteGuard`] or a [`LockInfo`]. (A read lease's
 //! token is the last write it observed, not a token of its own: a reader does not
 //! write. A permit has no token: permits are not exclusive.)
 //!
