@@ -18,6 +18,11 @@ pub enum Phase {
     Renewing,
     /// Releasing a held lease.
     Releasing,
+    /// Writing to a resource under a fencing token ([`fence`](crate::fence)).
+    Writing,
+    /// Reading a key's lock state, or force-releasing it
+    /// ([`inspect`](crate::inspect)).
+    Inspecting,
 }
 
 impl fmt::Display for Phase {
@@ -27,6 +32,8 @@ impl fmt::Display for Phase {
             Phase::Acquiring => "acquiring",
             Phase::Renewing => "renewing",
             Phase::Releasing => "releasing",
+            Phase::Writing => "writing",
+            Phase::Inspecting => "inspecting",
         })
     }
 }

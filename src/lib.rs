@@ -94,7 +94,9 @@
 pub mod backend;
 mod engine;
 pub mod error;
+pub mod fence;
 pub mod guard;
+pub mod inspect;
 mod key;
 pub mod layer;
 mod lease;

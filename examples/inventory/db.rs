@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lockflight::FencingToken;
+use lockflight::fence::{FenceColumns, Fenced, FencedUpdate};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
 
@@ -154,31 +155,44 @@ pub(crate) enum WriteOutcome {
     NotFound,
 }
 
+/// Where the items keep their fence: `fence_epoch`, `fence_seq`, one write per
+/// token (a replayed reservation must not apply twice).
+fn item_fence_columns() -> Result<FenceColumns, AppError> {
+    FenceColumns::new("items", "sku")
+        .map(FenceColumns::one_write_per_token)
+        .map_err(|e| AppError::Internal(e.to_string()))
+}
+
 /// Decrements `sku`'s stock by `qty`, only if `token` is newer than the item's last
-/// accepted token and enough stock is left: one statement, which also logs the
-/// reservation (trigger `log_reservation`), so SQLite's write lock is held for one
-/// statement only.
+/// accepted token and enough stock is left: one statement built by lockflight's
+/// fence helper ([`FencedUpdate`]), which also logs the reservation (trigger
+/// `log_reservation`), so SQLite's write lock is held for one statement only.
 ///
-/// A refusal is explained from the row as read right after it.
+/// A stale token is told by the helper; any other refusal is explained from the
+/// row as read right after it.
 pub(crate) async fn fenced_write(
     db: &SqlitePool,
     sku: &str,
     qty: i64,
     token: FencingToken,
 ) -> Result<WriteOutcome, AppError> {
-    let epoch = to_sql(token.epoch)?;
-    let seq = to_sql(token.seq)?;
-    let remaining: Option<i64> = sqlx::query_scalar(FENCED_DECREMENT)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .bind(sku)
-        .bind(qty)
-        .bind(epoch)
-        .bind(seq)
-        .fetch_optional(db)
+    let columns = item_fence_columns()?;
+    // The pool has one connection: give it back before `explain` reads.
+    let mut conn = db.acquire().await?;
+    let outcome = FencedUpdate::new(&columns, token, sku)
+        .set(move |q| {
+            q.push("stock = stock - ").push_bind(qty);
+        })
+        .and_where(move |q| {
+            q.push("stock >= ").push_bind(qty);
+        })
+        .fetch_optional::<(i64,)>(&mut conn, "stock")
         .await?;
-    explain(db, sku, remaining, Some((epoch, seq))).await
+    drop(conn);
+    match outcome {
+        Fenced::Applied(remaining) => explain(db, sku, remaining.map(|(r,)| r), None).await,
+        Fenced::Stale { last, .. } => Ok(WriteOutcome::Stale { current: last }),
+    }
 }
 
 /// The decrement of the plain mode: no fence (a plain lock has no token, so the

@@ -8,11 +8,13 @@
 //! holds no lock; a bad request is refused (400) without ever locking. The handler
 //! then reads the stock, checks it and writes the decrement while holding the lock,
 //! and it receives the lock's [`FencingToken`] in the [`LockInfo`]. The write is
-//! **fenced** at the database:
+//! **fenced** at the database by lockflight's fence helper
+//! ([`FencedUpdate`](lockflight::fence::FencedUpdate), in `db::fenced_write`),
+//! which runs
 //!
 //! ```sql
 //! UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ?
-//!  WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?)
+//!  WHERE sku = ? AND (fence_epoch, fence_seq) < (?, ?) AND (stock >= ?) RETURNING stock
 //! ```
 //!
 //! so a writer whose lease was lost (paused process, network partition) and whose

@@ -85,6 +85,7 @@ pub mod sentinel;
 mod acl;
 mod counting;
 mod ports;
+mod postgres;
 mod process;
 mod proxy;
 mod relay;
@@ -93,4 +94,5 @@ mod server;
 mod steps;
 
 use ports::*;
+pub use postgres::{Postgres, shared_postgres};
 pub use {acl::*, counting::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -1,0 +1,561 @@
+//! `lockflight doctor`: is this Redis configured so that lockflight's locks are
+//! safe? Each check gives pass / warn / fail and the fix.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt as _;
+use redis::aio::MultiplexedConnection;
+use redis::{RedisError, RedisResult};
+
+use crate::report::{Check, Verdict, print_checks};
+use crate::{EXIT_FAILED, connect, progress, redact};
+
+/// The rights the minimal ACL user needs (README, `RedisBackend` docs), as
+/// `(right, command line that exercises it)`; `K` is a probe key, `Z` a probe
+/// sorted set, `C` a probe channel, all under the prefix.
+const RIGHTS: &[(&str, &[&str])] = &[
+    ("+set", &["SET", "K", "v", "PX", "10000"]),
+    ("+get", &["GET", "K"]),
+    ("+exists", &["EXISTS", "K"]),
+    ("+pexpire", &["PEXPIRE", "K", "10000"]),
+    ("+pttl", &["PTTL", "K"]),
+    ("+zadd", &["ZADD", "Z", "1", "m"]),
+    ("+zscore", &["ZSCORE", "Z", "m"]),
+    ("+zcard", &["ZCARD", "Z"]),
+    ("+zrange", &["ZRANGE", "Z", "0", "-1"]),
+    ("+zrangebyscore", &["ZRANGEBYSCORE", "Z", "-inf", "+inf"]),
+    ("+zcount", &["ZCOUNT", "Z", "-inf", "+inf"]),
+    ("+zrem", &["ZREM", "Z", "m"]),
+    (
+        "+zremrangebyscore",
+        &["ZREMRANGEBYSCORE", "Z", "-inf", "+inf"],
+    ),
+    ("+time", &["TIME"]),
+    ("+publish", &["PUBLISH", "C", ""]),
+    ("+del", &["DEL", "K", "Z"]),
+];
+
+/// The minimal ACL line for `prefix` (README "Safety").
+fn minimal_line(prefix: &str) -> String {
+    format!(
+        "ACL SETUSER <user> on >password ~{prefix}:* &{prefix}:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zremrangebyscore +zcount +zadd +zrem"
+    )
+}
+
+fn is_noperm(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.detail()
+            .is_some_and(|d| d.contains("no permissions") || d.contains("NOPERM"))
+        || e.to_string().contains("NOPERM")
+}
+
+/// `INFO <section>` as a map, or the error.
+async fn info(
+    conn: &mut MultiplexedConnection,
+    section: &str,
+) -> RedisResult<HashMap<String, String>> {
+    let text: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect())
+}
+
+/// `lockflight doctor`.
+pub(crate) async fn run(
+    url: &str,
+    prefix: &str,
+    cluster: bool,
+    replica_ack: Option<u32>,
+    strict: bool,
+    json: bool,
+) -> Result<u8, String> {
+    let urls = if cluster {
+        cluster_primaries(url).await?
+    } else {
+        vec![url.to_owned()]
+    };
+    let mut checks = Vec::new();
+    let mut offsets = Vec::new();
+    for node in &urls {
+        let (mut node_checks, offset) =
+            check_server(node, prefix, replica_ack, !cluster, json).await?;
+        if cluster {
+            for c in &mut node_checks {
+                c.detail = format!("{}: {}", redact(node), c.detail);
+            }
+        }
+        checks.extend(node_checks);
+        offsets.push((redact(node), offset));
+    }
+    checks.push(clock_check(&offsets));
+    let worst = print_checks("doctor", &redact(url), &checks, json);
+    Ok(match worst {
+        Verdict::Fail => EXIT_FAILED,
+        Verdict::Warn if strict => EXIT_FAILED,
+        _ => 0,
+    })
+}
+
+/// The primaries of the cluster that `url` is a node of, as URLs with the same
+/// credentials.
+async fn cluster_primaries(url: &str) -> Result<Vec<String>, String> {
+    let mut conn = connect(url).await?;
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| format!("CLUSTER NODES on {}: {e}", redact(url)))?;
+    let base = redis::parse_redis_url(url).ok_or("bad URL")?;
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() > 2 && fields[2].contains("master") && !fields[2].contains("fail") {
+            let addr = fields[1].split('@').next().unwrap_or_default();
+            let mut node = base.clone();
+            let (host, port) = addr.rsplit_once(':').ok_or("bad CLUSTER NODES line")?;
+            let _ = node.set_host(Some(host));
+            let _ = node.set_port(port.parse().ok());
+            out.push(node.to_string());
+        }
+    }
+    if out.is_empty() {
+        return Err("CLUSTER NODES lists no primary".into());
+    }
+    Ok(out)
+}
+
+/// Every check of one server; also the server clock's offset from this machine's
+/// (µs, corrected by half the round trip).
+async fn check_server(
+    url: &str,
+    prefix: &str,
+    replica_ack: Option<u32>,
+    single: bool,
+    json: bool,
+) -> Result<(Vec<Check>, i64), String> {
+    let bar = progress(9, json);
+    bar.set_message(format!("connecting to {}", redact(url)));
+    // Connecting authenticates; no command is needed (the minimal user may lack PING).
+    let mut conn = connect(url).await?;
+    let mut checks = Vec::new();
+    let tag: u64 = rand::random();
+    let probe = format!("{prefix}:{{lockflight-doctor-{tag:x}}}");
+    let channel = format!("{prefix}:inst:lockflight-doctor-{tag:x}");
+
+    bar.set_message("version");
+    checks.push(match info(&mut conn, "server").await {
+        Ok(server) => {
+            let version = server.get("redis_version").cloned().unwrap_or_default();
+            let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            if (major, minor) >= (6, 2) {
+                Check::pass(
+                    "version",
+                    format!("Redis {version} (6.2 or newer needed: SET … GET)"),
+                )
+            } else {
+                Check::fail(
+                    "version",
+                    format!("Redis {version}: lockflight's scripts need 6.2 or newer (SET … GET)"),
+                    "upgrade the server to Redis 6.2 or newer",
+                )
+            }
+        }
+        Err(e) => Check::warn(
+            "version",
+            format!("cannot read INFO server: {e}"),
+            "grant +info to read the version, or check it is 6.2 or newer by hand",
+        ),
+    });
+    bar.inc(1);
+
+    bar.set_message("scripts");
+    const PUBLISH: &str = "return redis.call('PUBLISH', ARGV[1], ARGV[2])";
+    let script = redis::Script::new(PUBLISH);
+    let loaded: RedisResult<String> = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(PUBLISH)
+        .query_async(&mut conn)
+        .await;
+    let ran: RedisResult<i64> = match &loaded {
+        Ok(sha) => {
+            redis::cmd("EVALSHA")
+                .arg(sha)
+                .arg(0)
+                .arg(&channel)
+                .arg("")
+                .query_async(&mut conn)
+                .await
+        }
+        Err(e) => Err(e.clone()),
+    };
+    checks.push(match (&loaded, &ran) {
+        (Ok(_), Ok(_)) => Check::pass("scripts", "SCRIPT LOAD and EVALSHA work"),
+        (Err(e), _) | (_, Err(e)) => Check::fail(
+            "scripts",
+            format!("scripts cannot run: {e}"),
+            if is_noperm(e) {
+                "grant +evalsha +script|load (and the channel pattern) to the user".to_owned()
+            } else {
+                "allow Lua scripts (some managed services restrict SCRIPT LOAD / EVALSHA)"
+                    .to_owned()
+            },
+        ),
+    });
+    bar.inc(1);
+
+    bar.set_message("ACL rights");
+    let mut missing = Vec::new();
+    if loaded.as_ref().is_err_and(is_noperm) {
+        missing.push("+script|load".to_owned());
+    }
+    if ran.as_ref().is_err_and(is_noperm) && loaded.is_ok() {
+        missing.push("+evalsha".to_owned());
+    }
+    let zset = format!("{probe}:z");
+    for (right, args) in RIGHTS {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            match *arg {
+                "K" => cmd.arg(&probe),
+                "Z" => cmd.arg(&zset),
+                "C" => cmd.arg(&channel),
+                other => cmd.arg(other),
+            };
+        }
+        if let Err(e) = cmd.query_async::<redis::Value>(&mut conn).await
+            && is_noperm(&e)
+        {
+            let what = e.to_string();
+            missing.push(if what.contains("key") {
+                format!("~{prefix}:* (key pattern, seen on {right})")
+            } else if what.contains("channel") {
+                format!("&{prefix}:inst:* (channel pattern)")
+            } else {
+                (*right).to_owned()
+            });
+        }
+    }
+    if replica_ack.is_some()
+        && let Err(e) = redis::cmd("WAIT")
+            .arg(0)
+            .arg(0)
+            .query_async::<i64>(&mut conn)
+            .await
+        && is_noperm(&e)
+    {
+        missing.push("+wait (replica_ack)".to_owned());
+    }
+    bar.inc(1);
+
+    bar.set_message("PUBLISH from a script");
+    let (subscribed, delivered) = script_publish_reaches_subscriber(url, &script, &channel).await;
+    if let Err(e) = &subscribed
+        && is_noperm(e)
+    {
+        missing.push("+subscribe".to_owned());
+    }
+    missing.dedup();
+    checks.push(if missing.is_empty() {
+        Check::pass("acl", "the user has every right of the minimal ACL line")
+    } else {
+        Check::fail(
+            "acl",
+            format!("the user lacks: {}", missing.join(", ")),
+            format!(
+                "grant them, e.g. the whole minimal line: {}{}",
+                minimal_line(prefix),
+                if replica_ack.is_some() { " +wait" } else { "" }
+            ),
+        )
+    });
+    checks.push(match (subscribed, delivered) {
+        (Ok(()), true) => Check::pass(
+            "script-publish",
+            "a PUBLISH from a script reaches a classic SUBSCRIBE (wake-ups work)",
+        ),
+        (Ok(()), false) => Check::fail(
+            "script-publish",
+            "a PUBLISH from a script did not reach a classic subscriber within 2 s (a managed engine may turn it into a sharded publish)",
+            "use a server where script PUBLISH is classic pub/sub; without it waiters only wake on their timers",
+        ),
+        (Err(e), _) => Check::fail(
+            "script-publish",
+            format!("cannot SUBSCRIBE to {channel}: {e}"),
+            format!("grant +subscribe and &{prefix}:inst:*"),
+        ),
+    });
+    bar.inc(1);
+
+    bar.set_message("eviction");
+    checks.push(match info(&mut conn, "memory").await {
+        Ok(memory) => {
+            let policy = memory.get("maxmemory_policy").cloned().unwrap_or_default();
+            let limit = memory.get("maxmemory").cloned().unwrap_or_default();
+            if policy == "noeviction" {
+                Check::pass(
+                    "maxmemory-policy",
+                    "noeviction: lock keys are never evicted (a full server refuses new locks, releases still work)",
+                )
+            } else {
+                Check::warn(
+                    "maxmemory-policy",
+                    format!("{policy} (maxmemory {limit}): an evicting policy can drop lock keys, and two holders then hold one key"),
+                    "CONFIG SET maxmemory-policy noeviction (or a Redis of its own for the locks)",
+                )
+            }
+        }
+        Err(e) => Check::warn(
+            "maxmemory-policy",
+            format!("cannot read INFO memory: {e}"),
+            "grant +info, or make sure maxmemory-policy is noeviction",
+        ),
+    });
+    bar.inc(1);
+
+    bar.set_message("persistence");
+    let save: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .query_async::<Vec<String>>(&mut conn)
+        .await
+        .ok()
+        .and_then(|v| v.get(1).cloned());
+    checks.push(match info(&mut conn, "persistence").await {
+        Ok(p) if p.get("aof_enabled").is_some_and(|v| v == "1") => {
+            Check::pass("persistence", "AOF is on: a restart keeps the locks")
+        }
+        Ok(_) => match save.as_deref() {
+            Some("") => Check::warn(
+                "persistence",
+                "no persistence: a restart frees every lock at once, so a key can have two holders within one TTL (fencing still rejects the older one)",
+                "CONFIG SET appendonly yes (appendfsync everysec or always)",
+            ),
+            Some(save) => Check::warn(
+                "persistence",
+                format!("RDB snapshots only (save {save}): a crash loses the locks taken since the last snapshot"),
+                "CONFIG SET appendonly yes",
+            ),
+            None => Check::warn(
+                "persistence",
+                "AOF is off (the RDB settings could not be read)",
+                "CONFIG SET appendonly yes",
+            ),
+        },
+        Err(e) => Check::warn(
+            "persistence",
+            format!("cannot read INFO persistence: {e}"),
+            "grant +info, or check persistence by hand",
+        ),
+    });
+    bar.inc(1);
+
+    bar.set_message("replicas");
+    checks.push(replicas_check(&mut conn, replica_ack, single).await);
+    bar.inc(1);
+
+    bar.set_message("clock and latency");
+    let mut rtts = Vec::new();
+    let mut offset = 0i64;
+    for _ in 0..20 {
+        let before = SystemTime::now();
+        let sent = Instant::now();
+        let time: RedisResult<(String, String)> = redis::cmd("TIME").query_async(&mut conn).await;
+        let rtt = sent.elapsed();
+        rtts.push(rtt);
+        if let Ok((s, us)) = time {
+            let server = s.parse::<i64>().unwrap_or(0) * 1_000_000 + us.parse::<i64>().unwrap_or(0);
+            let local = before
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as i64)
+                .unwrap_or(0)
+                + rtt.as_micros() as i64 / 2;
+            offset = server - local;
+        }
+    }
+    rtts.sort();
+    let p50 = rtts[rtts.len() / 2];
+    checks.push(latency_check(p50, rtts[rtts.len() - 1]));
+    bar.inc(1);
+    let _: RedisResult<()> = redis::cmd("DEL")
+        .arg(&probe)
+        .arg(&zset)
+        .query_async(&mut conn)
+        .await;
+    bar.finish_and_clear();
+    Ok((checks, offset))
+}
+
+/// Subscribes (classic) to `channel` on a connection of its own, runs `script`
+/// (a `PUBLISH`) and waits at most 2 s for the message.
+async fn script_publish_reaches_subscriber(
+    url: &str,
+    script: &redis::Script,
+    channel: &str,
+) -> (RedisResult<()>, bool) {
+    let client = match redis::Client::open(url) {
+        Ok(client) => client,
+        Err(e) => return (Err(e), false),
+    };
+    let mut pubsub = match client.get_async_pubsub().await {
+        Ok(p) => p,
+        Err(e) => return (Err(e), false),
+    };
+    if let Err(e) = pubsub.subscribe(channel).await {
+        return (Err(e), false);
+    }
+    let Ok(mut conn) = connect(url).await else {
+        return (Ok(()), false);
+    };
+    let mut messages = pubsub.on_message();
+    let published: RedisResult<i64> = script
+        .arg(channel)
+        .arg("lockflight-doctor")
+        .invoke_async(&mut conn)
+        .await;
+    if published.is_err() {
+        return (Ok(()), false);
+    }
+    let got = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+    (Ok(()), matches!(got, Ok(Some(_))))
+}
+
+async fn replicas_check(
+    conn: &mut MultiplexedConnection,
+    replica_ack: Option<u32>,
+    single: bool,
+) -> Check {
+    let replication = match info(conn, "replication").await {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::warn(
+                "replicas",
+                format!("cannot read INFO replication: {e}"),
+                "grant +info to check the role and replicas",
+            );
+        }
+    };
+    let role = replication.get("role").cloned().unwrap_or_default();
+    if role != "master" {
+        return Check::fail(
+            "replicas",
+            format!("this server is a {role}: lockflight must write to the primary"),
+            "point lockflight at the primary (or use RedisBackend::sentinel)",
+        );
+    }
+    let connected: u32 = replication
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    match replica_ack {
+        Some(n) => {
+            let acked: RedisResult<i64> =
+                redis::cmd("WAIT").arg(n).arg(200).query_async(conn).await;
+            match acked {
+                Ok(acks) if acks >= i64::from(n) => Check::pass(
+                    "replicas",
+                    format!("{connected} replicas connected; WAIT {n} got {acks} acknowledgements"),
+                ),
+                Ok(acks) => Check::fail(
+                    "replicas",
+                    format!(
+                        "replica_ack({n}) asked, but {connected} replicas are connected and WAIT {n} 200 got {acks}: every grant would be refused NOREPLICAS"
+                    ),
+                    format!("attach at least {n} replicas, or lower replica_ack"),
+                ),
+                Err(e) => Check::fail(
+                    "replicas",
+                    format!("WAIT failed: {e}"),
+                    "grant +wait to the user (needed by replica_ack)",
+                ),
+            }
+        }
+        None if connected == 0 && single => Check::pass(
+            "replicas",
+            "no replicas (one server: a failover cannot lose locks; a crash without persistence can)",
+        ),
+        None => Check::pass(
+            "replicas",
+            format!(
+                "{connected} replicas; without replica_ack a failover can lose a lock granted just before it"
+            ),
+        ),
+    }
+}
+
+fn latency_check(p50: Duration, max: Duration) -> Check {
+    let detail = format!("round trip p50 {p50:?}, max {max:?} over 20 TIME calls");
+    if p50 > Duration::from_millis(20) {
+        Check::warn(
+            "latency",
+            detail,
+            "each lock + release is 2 round trips: keep the lock server close, or raise lease_ttl so renewals stay far from its end",
+        )
+    } else {
+        Check::pass("latency", detail)
+    }
+}
+
+/// The clock verdict from each server's offset against this machine (µs):
+/// lockflight measures validity on each client's monotonic clock and mints epochs
+/// from the server's, so what matters is that the servers agree with each other
+/// (a failover to a node whose clock is behind can mint smaller epochs) and do not
+/// step; a large offset from this machine only hints at an unsynchronized clock.
+pub(crate) fn clock_check(offsets: &[(String, i64)]) -> Check {
+    let (Some(min), Some(max)) = (
+        offsets.iter().map(|(_, o)| *o).min(),
+        offsets.iter().map(|(_, o)| *o).max(),
+    ) else {
+        return Check::warn("clock", "no server clock was read", "grant +time");
+    };
+    let spread_ms = (max - min) / 1000;
+    let worst_ms = offsets.iter().map(|(_, o)| o.abs()).max().unwrap_or(0) / 1000;
+    let listing = offsets
+        .iter()
+        .map(|(node, o)| format!("{node} {:+} ms", o / 1000))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if spread_ms > 100 {
+        Check::fail(
+            "clock",
+            format!(
+                "server clocks disagree by {spread_ms} ms ({listing}): after a failover a node whose clock is behind can mint older fencing epochs"
+            ),
+            "synchronize the servers' clocks (NTP/chrony)",
+        )
+    } else if worst_ms > 1000 {
+        Check::warn(
+            "clock",
+            format!("a server clock is {worst_ms} ms away from this machine's ({listing})"),
+            "synchronize clocks with NTP; a server clock stepping back can mint older epochs once a fence key has expired",
+        )
+    } else {
+        Check::pass("clock", format!("clock offsets within bounds ({listing})"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clock_check;
+    use crate::report::Verdict;
+
+    /// Clock skew between machines cannot be produced on one machine: the verdict
+    /// is tested with injected offsets.
+    #[test]
+    fn injected_clock_skews_get_their_verdicts() {
+        let node = |o: i64| ("n".to_owned(), o);
+        assert_eq!(
+            clock_check(&[node(2_000), node(-3_000)]).verdict,
+            Verdict::Pass
+        );
+        assert_eq!(
+            clock_check(&[node(0), node(250_000)]).verdict,
+            Verdict::Fail
+        );
+        assert_eq!(clock_check(&[node(5_000_000)]).verdict, Verdict::Warn);
+        assert_eq!(clock_check(&[]).verdict, Verdict::Warn);
+    }
+}

@@ -1,0 +1,230 @@
+//! `lockflight`: check a Redis deployment for lockflight, inspect and force-release
+//! lock keys, run a bounded self-check. See README, "Operating lockflight".
+//!
+//! Exit codes (for CI): 0 everything passed (warnings allowed unless `--strict`),
+//! 1 a check failed (or warned, with `--strict`), or a self-check found a
+//! violation, 2 bad usage, 3 the server could not be reached or refused the
+//! operation, 4 a forced release was not confirmed.
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+mod doctor;
+mod ops;
+mod report;
+mod selfcheck;
+
+/// Exit code: a check failed.
+pub(crate) const EXIT_FAILED: u8 = 1;
+/// Exit code: the server could not be reached, or refused.
+pub(crate) const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code: a forced release was not confirmed.
+pub(crate) const EXIT_NOT_CONFIRMED: u8 = 4;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockflight",
+    version,
+    about = "Check and operate lockflight's Redis locks"
+)]
+struct Cli {
+    /// Machine-readable output (one JSON document on stdout).
+    #[arg(long, global = true)]
+    json: bool,
+    /// The key prefix of the lockers (`RedisBackendBuilder::prefix`).
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKFLIGHT_PREFIX",
+        default_value = "lockflight"
+    )]
+    prefix: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Checks a Redis server (or, with --cluster, every primary of a Cluster) for
+    /// what lockflight needs: version, scripts, ACL rights, eviction, persistence,
+    /// replicas, clocks, script PUBLISH, latency.
+    Doctor {
+        /// redis://[user:password@]host:port[/db]; with --cluster, any node.
+        url: String,
+        /// The URL is a node of a Redis Cluster: check every primary.
+        #[arg(long)]
+        cluster: bool,
+        /// The replica acknowledgement the backend will ask for
+        /// (`replica_ack(n, …)`): check that `n` replicas acknowledge a WAIT.
+        #[arg(long, value_name = "N")]
+        replica_ack: Option<u32>,
+        /// Exit 1 on warnings too.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Shows everything lockflight stores for one key: holder, fencing epochs,
+    /// TTLs, waiting instances with their ages, claims, read leases, permits.
+    Inspect {
+        /// redis://…
+        url: String,
+        /// The lock key (as given to `Locker::lock`).
+        key: String,
+    },
+    /// Lists held keys (SCAN, bounded).
+    List {
+        /// redis://…
+        url: String,
+        /// Only keys that start with this.
+        #[arg(long = "match", value_name = "KEY_PREFIX", default_value = "")]
+        key_prefix: String,
+        /// At most this many keys.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    /// Frees a stuck key and advances its fences, so the old holder is fenced out.
+    Release {
+        /// Required: this frees a lock that somebody else holds.
+        #[arg(long)]
+        force: bool,
+        /// redis://…
+        url: String,
+        /// The lock key.
+        key: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        /// Also record the new token in the fence of this `FencedKey` resource
+        /// (repeatable), so the old holder's late writes to it are refused now.
+        #[arg(long = "fence", value_name = "REDIS_KEY")]
+        fence: Vec<String>,
+    },
+    /// Runs lockflight's safety checks against the server under a private prefix,
+    /// bounded in time, and reports violations.
+    Selfcheck {
+        /// redis://…
+        url: String,
+        /// How long at most.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockflight: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    ExitCode::from(code)
+}
+
+async fn run(cli: Cli) -> u8 {
+    let json = cli.json;
+    let result = match cli.command {
+        Command::Doctor {
+            url,
+            cluster,
+            replica_ack,
+            strict,
+        } => doctor::run(&url, &cli.prefix, cluster, replica_ack, strict, json).await,
+        Command::Inspect { url, key } => ops::inspect(&url, &cli.prefix, &key, json).await,
+        Command::List {
+            url,
+            key_prefix,
+            limit,
+        } => ops::list(&url, &cli.prefix, &key_prefix, limit, json).await,
+        Command::Release {
+            force,
+            url,
+            key,
+            yes,
+            fence,
+        } => {
+            if !force {
+                eprintln!(
+                    "lockflight release: --force is required (it frees a lock that somebody else holds, and fences that holder out)"
+                );
+                return 2;
+            }
+            ops::release(&url, &cli.prefix, &key, yes, &fence, json).await
+        }
+        Command::Selfcheck { url, seconds } => {
+            selfcheck::run(&url, Duration::from_secs(seconds.clamp(1, 600)), json).await
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            if json {
+                println!("{}", serde_json::json!({ "error": message }));
+            }
+            eprintln!("lockflight: {message}");
+            EXIT_UNREACHABLE
+        }
+    }
+}
+
+/// A progress bar on stderr for `len` steps, shown only on a terminal and never
+/// with `--json`.
+pub(crate) fn progress(len: u64, json: bool) -> ProgressBar {
+    let target = if json || !std::io::stderr().is_terminal() {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(len), target);
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// A multiplexed connection to `url` with explicit timeouts (5 s to connect, 10 s
+/// per reply: redis-rs's 500 ms default counts queueing time).
+pub(crate) async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("bad URL: {e}"))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+}
+
+/// `url` without its password.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://app:secret@h:1/"), "redis://app:***@h:1/");
+        assert_eq!(redact("redis://h:1/"), "redis://h:1/");
+    }
+}

@@ -1,0 +1,221 @@
+//! `inspect`, `list` and `release --force`.
+
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+use std::time::Duration;
+
+use lockflight::fence::FencedKey;
+use lockflight::inspect::{Inspector, KeyState, LeaseState, WaiterState};
+use serde_json::{Value, json};
+
+use crate::{EXIT_NOT_CONFIRMED, connect, redact};
+
+fn ms(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(d.as_millis() as u64))
+}
+
+fn lease_json(l: &LeaseState) -> Value {
+    json!({ "token": l.token, "ttl_ms": ms(l.ttl) })
+}
+
+fn waiter_json(w: &WaiterState) -> Value {
+    json!({ "instance": w.instance, "waited_ms": ms(w.waited), "expires_in_ms": ms(w.expires_in) })
+}
+
+fn state_json(s: &KeyState) -> Value {
+    json!({
+        "key": s.key.to_string(),
+        "held": s.is_held(),
+        "server_time_ms": s.server_time_ms,
+        "mutex": {
+            "holder": s.holder.as_ref().map(lease_json),
+            "fence_epoch": s.fence_epoch,
+            "queue": s.queue.iter().map(waiter_json).collect::<Vec<_>>(),
+            "queue_size": s.sizes[0],
+            "claim": s.claim.as_ref().map(|(id, ttl)| json!({ "instance": id, "ttl_ms": ttl.as_millis() as u64 })),
+        },
+        "rwlock": {
+            "writer": s.writer.as_ref().map(lease_json),
+            "write_epoch": s.write_epoch,
+            "readers": s.readers.iter().map(lease_json).collect::<Vec<_>>(),
+            "readers_size": s.sizes[1],
+            "waiting_writers": s.waiting_writers.iter().map(lease_json).collect::<Vec<_>>(),
+            "waiting_instances": s.rw_waiting.iter().map(waiter_json).collect::<Vec<_>>(),
+        },
+        "semaphore": {
+            "permits": s.permit_count,
+            "free": s.free_permits(),
+            "held": s.permits.iter().map(lease_json).collect::<Vec<_>>(),
+            "queue": s.permit_queue.iter().map(waiter_json).collect::<Vec<_>>(),
+        },
+    })
+}
+
+fn print_state(s: &KeyState) {
+    let d =
+        |d: Option<Duration>| d.map_or("no expiry".to_owned(), |d| format!("{} ms", d.as_millis()));
+    println!("key {}", s.key);
+    match &s.holder {
+        Some(h) => println!("  mutex: held by token {} ({} left)", h.token, d(h.ttl)),
+        None => println!("  mutex: free"),
+    }
+    if let Some(epoch) = s.fence_epoch {
+        println!("  mutex fencing epoch: {epoch}");
+    }
+    for w in &s.queue {
+        println!(
+            "  waiting: instance {} for {} (entry expires in {})",
+            w.instance,
+            d(w.waited),
+            d(w.expires_in)
+        );
+    }
+    if let Some((id, ttl)) = &s.claim {
+        println!("  claim: instance {id} for {} ms", ttl.as_millis());
+    }
+    if let Some(w) = &s.writer {
+        println!("  write lease: token {} ({} left)", w.token, d(w.ttl));
+    }
+    if let Some(epoch) = s.write_epoch {
+        println!("  write fencing epoch: {epoch}");
+    }
+    for r in &s.readers {
+        println!("  read lease: token {} ({} left)", r.token, d(r.ttl));
+    }
+    for w in &s.waiting_writers {
+        println!("  waiting writer: token {}", w.token);
+    }
+    if let Some(n) = s.permit_count {
+        println!(
+            "  semaphore: {n} permits, {} free",
+            s.free_permits().unwrap_or(0)
+        );
+        for p in &s.permits {
+            println!("    permit: token {} ({} left)", p.token, d(p.ttl));
+        }
+        for w in &s.permit_queue {
+            println!("    waiting: instance {} for {}", w.instance, d(w.waited));
+        }
+    }
+}
+
+/// `lockflight inspect`.
+pub(crate) async fn inspect(url: &str, prefix: &str, key: &str, json: bool) -> Result<u8, String> {
+    let mut conn = connect(url).await?;
+    let state = Inspector::new(prefix)
+        .key(&mut conn, key)
+        .await
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{:#}", state_json(&state));
+    } else {
+        print_state(&state);
+    }
+    Ok(0)
+}
+
+/// `lockflight list`.
+pub(crate) async fn list(
+    url: &str,
+    prefix: &str,
+    key_prefix: &str,
+    limit: usize,
+    json: bool,
+) -> Result<u8, String> {
+    let mut conn = connect(url).await?;
+    let listing = Inspector::new(prefix)
+        .list(&mut conn, key_prefix, limit.max(1))
+        .await
+        .map_err(|e| e.to_string())?;
+    if json {
+        let keys: Vec<Value> = listing
+            .keys
+            .iter()
+            .map(|k| json!({ "key": k.key.to_string(), "kinds": k.kinds }))
+            .collect();
+        println!(
+            "{:#}",
+            json!({ "keys": keys, "truncated": listing.truncated })
+        );
+    } else {
+        for k in &listing.keys {
+            println!("{}\t{}", k.key, k.kinds.join(","));
+        }
+        if listing.truncated {
+            eprintln!("(stopped at the limit; more keys may be held)");
+        }
+    }
+    Ok(0)
+}
+
+/// `lockflight release --force`.
+pub(crate) async fn release(
+    url: &str,
+    prefix: &str,
+    key: &str,
+    yes: bool,
+    fence: &[String],
+    json: bool,
+) -> Result<u8, String> {
+    let resources = fence
+        .iter()
+        .map(|name| FencedKey::new(name.as_bytes()).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut conn = connect(url).await?;
+    let inspector = Inspector::new(prefix);
+    if !yes {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            eprintln!("lockflight release: not confirmed (stdin is not a terminal; pass --yes)");
+            return Ok(EXIT_NOT_CONFIRMED);
+        }
+        let state = inspector
+            .key(&mut conn, key)
+            .await
+            .map_err(|e| e.to_string())?;
+        print_state(&state);
+        eprint!(
+            "Force-release {key:?} on {}? Its holders lose their leases and are fenced out. Type the key to confirm: ",
+            redact(url)
+        );
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        let _ = stdin.lock().read_line(&mut answer);
+        if answer.trim_end_matches(['\r', '\n']) != key {
+            eprintln!("lockflight release: not confirmed, nothing changed");
+            return Ok(EXIT_NOT_CONFIRMED);
+        }
+    }
+    let done = inspector
+        .force_release(&mut conn, key, &resources)
+        .await
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!(
+            "{:#}",
+            json!({
+                "key": key,
+                "holder": done.holder,
+                "writer": done.writer,
+                "readers": done.readers,
+                "fence": { "epoch": done.fence.epoch, "seq": done.fence.seq },
+                "write_fence": { "epoch": done.write_fence.epoch, "seq": done.write_fence.seq },
+                "woken": done.woken,
+                "fenced_resources": fence,
+            })
+        );
+    } else {
+        println!(
+            "released {key}: holder {}, write lease {}, {} read leases; fences advanced to {} (mutex) and {} (write); {} waiting instances woken",
+            done.holder.as_deref().unwrap_or("none"),
+            done.writer.as_deref().unwrap_or("none"),
+            done.readers,
+            done.fence,
+            done.write_fence,
+            done.woken
+        );
+        for name in fence {
+            println!("fenced {name} at {}", done.fence.max(done.write_fence));
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,115 @@
+//! A check's verdict and how reports are printed (text or `--json`).
+
+use serde_json::{Value, json};
+
+/// Pass, warn or fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Verdict {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// One check of a report: a stable id, the verdict, what was found, and the fix.
+#[derive(Clone, Debug)]
+pub(crate) struct Check {
+    pub(crate) id: &'static str,
+    pub(crate) verdict: Verdict,
+    pub(crate) detail: String,
+    pub(crate) fix: Option<String>,
+}
+
+impl Check {
+    pub(crate) fn pass(id: &'static str, detail: impl Into<String>) -> Check {
+        Check {
+            id,
+            verdict: Verdict::Pass,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    pub(crate) fn warn(
+        id: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check {
+            id,
+            verdict: Verdict::Warn,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    pub(crate) fn fail(
+        id: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check {
+            id,
+            verdict: Verdict::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "verdict": self.verdict.as_str(),
+            "detail": self.detail,
+            "fix": self.fix,
+        })
+    }
+}
+
+/// Prints `checks` about `target`, and returns the worst verdict.
+pub(crate) fn print_checks(title: &str, target: &str, checks: &[Check], json: bool) -> Verdict {
+    let worst = checks
+        .iter()
+        .map(|c| c.verdict)
+        .max()
+        .unwrap_or(Verdict::Pass);
+    let count = |v: Verdict| checks.iter().filter(|c| c.verdict == v).count();
+    if json {
+        let report = json!({
+            "command": title,
+            "target": target,
+            "checks": checks.iter().map(Check::json).collect::<Vec<_>>(),
+            "summary": {
+                "pass": count(Verdict::Pass),
+                "warn": count(Verdict::Warn),
+                "fail": count(Verdict::Fail),
+                "verdict": worst.as_str(),
+            },
+        });
+        println!("{report:#}");
+    } else {
+        println!("lockflight {title} {target}");
+        for c in checks {
+            println!("  [{:<4}] {:<18} {}", c.verdict.as_str(), c.id, c.detail);
+            if let Some(fix) = &c.fix {
+                println!("         {:<18} fix: {fix}", "");
+            }
+        }
+        println!(
+            "{} passed, {} warnings, {} failed",
+            count(Verdict::Pass),
+            count(Verdict::Warn),
+            count(Verdict::Fail)
+        );
+    }
+    worst
+}

@@ -1,0 +1,336 @@
+//! The `lockflight` command against real Redis servers started by the tests:
+//! `doctor`'s verdicts on deliberately misconfigured servers, `inspect` and `list`
+//! on held keys, `release --force` fencing out the old holder, `selfcheck` on
+//! lockflight.
+
+use std::process::Command;
+use std::time::Duration;
+
+use lockflight::fence::{Fenced, FencedKey};
+use lockflight::{FencingToken, Locker, RedisBackend};
+use serde_json::Value;
+use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, subscribed, unique_prefix};
+
+/// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
+/// (`Value::Null` if it is not JSON).
+async fn lockflight(args: Vec<String>) -> (i32, Value) {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_lockflight"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run lockflight")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json)
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// The verdict of check `id` in a doctor report.
+fn verdict<'a>(report: &'a Value, id: &str) -> (&'a str, &'a str) {
+    let check = report["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
+        .unwrap_or_else(|| panic!("no check {id} in {report:#}"));
+    (
+        check["verdict"].as_str().unwrap_or_default(),
+        check["detail"].as_str().unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_warns_on_an_evicting_policy() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let (code, report) = lockflight(args(&["doctor", "--json", &server.url()])).await;
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(verdict(&report, "maxmemory-policy").0, "pass");
+    assert_eq!(verdict(&report, "acl").0, "pass");
+    assert_eq!(verdict(&report, "script-publish").0, "pass");
+
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "allkeys-lru"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let (code, report) = lockflight(args(&["doctor", "--json", &server.url()])).await;
+    assert_eq!(code, 0, "warnings alone pass: {report:#}");
+    let (v, detail) = verdict(&report, "maxmemory-policy");
+    assert_eq!(v, "warn");
+    assert!(detail.contains("allkeys-lru"), "{detail}");
+    let (code, _) = lockflight(args(&["doctor", "--json", "--strict", &server.url()])).await;
+    assert_eq!(code, 1, "--strict fails on warnings");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_fails_a_user_missing_a_right_and_passes_the_minimal_line() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port());
+
+    set_acl_user(&mut admin, "full", MINIMAL_ACL_RULES).await;
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "--prefix",
+        "lfacl",
+        &url("full"),
+    ]))
+    .await;
+    assert_eq!(verdict(&report, "acl").0, "pass", "{report:#}");
+    assert_eq!(verdict(&report, "scripts").0, "pass", "{report:#}");
+    assert_eq!(code, 0, "{report:#}");
+
+    let lacking: Vec<&str> = MINIMAL_ACL_RULES
+        .iter()
+        .copied()
+        .filter(|r| *r != "+zadd")
+        .collect();
+    set_acl_user(&mut admin, "nozadd", &lacking).await;
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "--prefix",
+        "lfacl",
+        &url("nozadd"),
+    ]))
+    .await;
+    let (v, detail) = verdict(&report, "acl");
+    assert_eq!((v, code), ("fail", 1), "{report:#}");
+    assert!(
+        detail.contains("+zadd") && !detail.contains("+zrem,"),
+        "{detail}"
+    );
+
+    // The wrong prefix: the key pattern is missing.
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "--prefix",
+        "other",
+        &url("full"),
+    ]))
+    .await;
+    let (v, detail) = verdict(&report, "acl");
+    assert_eq!((v, code), ("fail", 1), "{report:#}");
+    assert!(detail.contains("~other:*"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_fails_replica_ack_without_replicas() {
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "--replica-ack",
+        "1",
+        &shared().url(),
+    ]))
+    .await;
+    let (v, detail) = verdict(&report, "replicas");
+    assert_eq!((v, code), ("fail", 1), "{report:#}");
+    assert!(detail.contains("replica_ack(1)"), "{detail}");
+}
+
+#[tokio::test]
+async fn doctor_reports_an_unreachable_server_with_exit_3() {
+    let (code, report) = lockflight(args(&["doctor", "--json", "redis://127.0.0.1:1/"])).await;
+    assert_eq!(code, 3);
+    assert!(
+        report["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot connect"))
+    );
+}
+
+async fn locker(url: &str, prefix: &str, ttl: Duration) -> Locker {
+    let backend = subscribed(
+        RedisBackend::builder(url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .await;
+    Locker::builder(backend)
+        .lease_ttl(ttl)
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
+    let server = shared();
+    let prefix = unique_prefix("cli-inspect");
+    let a = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let b = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let held = a.lock("sku:9").await.unwrap();
+    let waiter = tokio::spawn(async move { b.lock("sku:9").await.map(|g| g.fencing_token()) });
+    let mut report = Value::Null;
+    for _ in 0..100 {
+        let (code, r) = lockflight(args(&[
+            "inspect",
+            "--json",
+            "--prefix",
+            &prefix,
+            &server.url(),
+            "sku:9",
+        ]))
+        .await;
+        assert_eq!(code, 0);
+        report = r;
+        if report["mutex"]["queue"]
+            .as_array()
+            .is_some_and(|q| q.len() == 1)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(report["held"], true, "{report:#}");
+    assert!(
+        report["mutex"]["holder"]["ttl_ms"]
+            .as_u64()
+            .is_some_and(|t| t <= 30_000)
+    );
+    assert_eq!(report["mutex"]["fence_epoch"], held.fencing_token().epoch);
+    assert_eq!(
+        report["mutex"]["queue"].as_array().map(Vec::len),
+        Some(1),
+        "{report:#}"
+    );
+    assert!(report["mutex"]["queue"][0]["waited_ms"].is_u64());
+
+    let (code, listing) = lockflight(args(&[
+        "list",
+        "--json",
+        "--prefix",
+        &prefix,
+        &server.url(),
+    ]))
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(listing["keys"][0]["key"], "sku:9", "{listing:#}");
+    assert_eq!(listing["keys"][0]["kinds"][0], "mutex");
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_fences_out_the_old_holder() {
+    let server = shared();
+    let prefix = unique_prefix("cli-release");
+    // A holds with a long TTL and is "stuck"; B waits.
+    let a = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let b = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let stuck = a.lock("job").await.unwrap();
+    let old = stuck.fencing_token();
+    let waiter = tokio::spawn(async move { b.lock("job").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut data = server.connection().await;
+    let resource = FencedKey::new(format!("{prefix}:result")).unwrap();
+    assert!(
+        resource
+            .set(&mut data, &stuck, "A's first write")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+
+    let name = String::from_utf8(resource.name().to_vec()).unwrap();
+    let (code, report) = lockflight(args(&[
+        "release",
+        "--force",
+        "--yes",
+        "--json",
+        "--prefix",
+        &prefix,
+        "--fence",
+        &name,
+        &server.url(),
+        "job",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{report:#}");
+    let forced = FencingToken {
+        epoch: report["fence"]["epoch"].as_u64().unwrap(),
+        seq: 0,
+    };
+    assert!(
+        forced > old,
+        "the forced fence is newer than the old holder's token"
+    );
+    assert_eq!(
+        report["holder"].as_str().map(str::len),
+        Some(32),
+        "{report:#}"
+    );
+
+    // The old holder's late write is refused at once, before anyone else writes.
+    assert_eq!(
+        resource
+            .set(&mut data, &stuck, "A's late write")
+            .await
+            .unwrap(),
+        Fenced::Stale {
+            last: forced,
+            offered: old
+        }
+    );
+    // The waiter is woken, gets a newer token, and its write lands.
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the key soon after the forced release")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > forced);
+    assert!(
+        resource
+            .set(&mut data, &next, "B's write")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    // The old holder learns of its loss at its next renewal; its release is a loss.
+    tokio::time::timeout(Duration::from_secs(15), stuck.lost())
+        .await
+        .expect("the stuck holder is told its lease is lost");
+    assert!(stuck.release().await.is_err());
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selfcheck_finds_no_violation_on_lockflight() {
+    let (code, report) = lockflight(args(&[
+        "selfcheck",
+        "--json",
+        "--seconds",
+        "20",
+        &shared().url(),
+    ]))
+    .await;
+    assert_eq!(code, 0, "{report:#}");
+    for id in ["exclusion", "fenced-order", "lost-updates"] {
+        assert_eq!(verdict(&report, id).0, "pass", "{report:#}");
+    }
+}
+
+#[tokio::test]
+async fn the_inspector_names_keys_as_the_backend_does() {
+    let backend = RedisBackend::builder(shared().url())
+        .prefix("p")
+        .connect()
+        .await
+        .unwrap();
+    let inspector = lockflight::inspect::Inspector::new("p");
+    for key in ["a", "a{b}", "100%", "x}"] {
+        let key = lockflight::LockKey::from(key);
+        assert_eq!(inspector.lock_name(&key), backend.lock_name(&key));
+    }
+}
