@@ -73,6 +73,8 @@ pub enum Mode {
     /// `Locker::builder(backend).build()`: the default configuration (coalescing and
     /// handoff with the default budget).
     Default,
+    /// The default plus lease caching: `Handoff::enabled().linger(2 ms)`.
+    Cached,
     /// Coalescing and an explicit `Handoff::enabled()` (the same settings as the
     /// default today; kept so that older result files keep their meaning).
     Handoff,
@@ -97,6 +99,7 @@ impl Mode {
             Mode::Naive => "naive",
             Mode::Coalesced => "coalesced",
             Mode::Default => "default",
+            Mode::Cached => "cached",
             Mode::Handoff => "handoff",
             Mode::Floor => "floor",
         }
@@ -105,7 +108,7 @@ impl Mode {
     pub(crate) fn parse(s: &str) -> Option<Mode> {
         Self::ALL
             .into_iter()
-            .chain([Mode::Handoff])
+            .chain([Mode::Handoff, Mode::Cached])
             .find(|m| m.name() == s)
     }
 
@@ -122,6 +125,7 @@ impl Mode {
                 b.coalescing(true).handoff(Handoff::disabled())
             }
             Mode::Default => b,
+            Mode::Cached => b.handoff(Handoff::enabled().linger(Duration::from_millis(2))),
             Mode::Handoff => b.coalescing(true).handoff(Handoff::enabled()),
         }
         .build()
@@ -142,19 +146,20 @@ pub struct Cell {
     pub modes: Vec<Mode>,
 }
 
-/// The comparison matrix of issue #13: the default configuration against a plain
-/// Redis lock and the in-process floor at P ∈ {1, 4} × T ∈ {1, 8, 64} (0 ms hold),
-/// 4 × 64 with a 1 ms hold, and the cost of one hot key waited on by 4, 16 and 64
-/// instances.
+/// The comparison matrix: the default configuration (and lease caching) against a
+/// plain Redis lock and the in-process floor at P ∈ {1, 4} × T ∈ {1, 8, 64} (0 ms
+/// hold), 1 × 1, 4 × 1 and 4 × 64 with a 1 ms hold, and the cost of one hot key
+/// waited on by 4, 16 and 64 instances.
 pub fn compare_cells() -> Vec<Cell> {
     let all = vec![
         Mode::Plain,
         Mode::Naive,
         Mode::Coalesced,
         Mode::Default,
+        Mode::Cached,
         Mode::Floor,
     ];
-    let mut cells: Vec<Cell> = [(1, 1), (1, 8), (1, 64), (4, 8), (4, 64)]
+    let mut cells: Vec<Cell> = [(1, 1), (1, 8), (1, 64), (4, 1), (4, 8), (4, 64)]
         .into_iter()
         .map(|(procs, tasks)| Cell {
             workload: Workload::HotkeyRmw,
@@ -163,12 +168,14 @@ pub fn compare_cells() -> Vec<Cell> {
             modes: all.clone(),
         })
         .collect();
-    cells.push(Cell {
-        workload: Workload::HotkeyHold,
-        procs: 4,
-        tasks: 64,
-        modes: all,
-    });
+    for (procs, tasks) in [(1, 1), (4, 1), (4, 64)] {
+        cells.push(Cell {
+            workload: Workload::HotkeyHold,
+            procs,
+            tasks,
+            modes: all.clone(),
+        });
+    }
     for procs in [4, 16, 64] {
         cells.push(Cell {
             workload: Workload::HotkeyRmw,
@@ -213,6 +220,9 @@ pub struct Config {
     pub chart: bool,
     /// An existing server; `None` starts a private one.
     pub redis_url: Option<String>,
+    /// One-way delay of a proxy between the workers and Redis
+    /// (`LOCKFLIGHT_BENCH_DELAY_US`; zero: none).
+    pub delay: Duration,
     /// Tokio worker threads of each worker process; 0 = current-thread runtime.
     pub worker_threads: usize,
     /// How to start a worker process.
@@ -255,6 +265,7 @@ impl Config {
             out_dir: target_dir().join("lockflight-bench"),
             chart: true,
             redis_url: None,
+            delay: Duration::ZERO,
             worker_threads: 2,
             worker,
         }
@@ -328,6 +339,16 @@ impl Config {
             cfg.compare
                 .retain(|c| keep.contains(&format!("{}x{}", c.procs, c.tasks)));
         }
+        if let Some(ms) = list("LOCKFLIGHT_BENCH_COMPARE_MODES") {
+            // Only these modes in the comparison cells (a cell keeps its order).
+            let keep: Vec<Mode> = ms
+                .iter()
+                .map(|m| Mode::parse(m).unwrap_or_else(|| panic!("unknown mode {m:?}")))
+                .collect();
+            for cell in &mut cfg.compare {
+                cell.modes.retain(|m| keep.contains(m));
+            }
+        }
         if let Some(ws) = list("LOCKFLIGHT_BENCH_WORKLOADS") {
             cfg.workloads = ws
                 .iter()
@@ -341,6 +362,9 @@ impl Config {
                 .collect();
         }
         cfg.redis_url = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
+        if let Some(us) = env_parse::<u64>("LOCKFLIGHT_BENCH_DELAY_US") {
+            cfg.delay = Duration::from_micros(us);
+        }
         cfg
     }
 }

@@ -14,9 +14,10 @@
 //! ```
 //!
 //! The default run has two parts. The **comparison matrix** ([`compare_cells`]): the
-//! `hotkey-rmw` workload at P × T ∈ {1×1, 1×8, 1×64, 4×8, 4×64} and
-//! `hotkey-rmw-hold1ms` at 4×64, each in the modes plain, naive, coalesced, default
-//! and floor; then 4, 16 and 64 instances × 2 tasks (coalesced and default) for the
+//! `hotkey-rmw` workload at P × T ∈ {1×1, 1×8, 1×64, 4×1, 4×8, 4×64} and
+//! `hotkey-rmw-hold1ms` at 1×1, 4×1 and 4×64, each in the modes plain, naive,
+//! coalesced, default, cached (the default plus lease caching, 2 ms linger) and
+//! floor; then 4, 16 and 64 instances × 2 tasks (coalesced and default) for the
 //! cost of one hot key against the number of waiting instances. Then the
 //! **per-workload matrix**: each of `LOCKFLIGHT_BENCH_WORKLOADS` (default `zipf`) at
 //! P = `LOCKFLIGHT_BENCH_P` × each T of `LOCKFLIGHT_BENCH_T`, in each of
@@ -25,12 +26,15 @@
 //! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round,
 //! no comparison matrix), `LOCKFLIGHT_BENCH_SECS` (per point, default 2),
 //! `LOCKFLIGHT_BENCH_COMPARE` (`0`: skip the comparison matrix; or a comma list of its
-//! `PxT` cells to keep, e.g. `1x1,4x64`), `LOCKFLIGHT_BENCH_P`, `LOCKFLIGHT_BENCH_T`
+//! `PxT` cells to keep, e.g. `1x1,4x64`), `LOCKFLIGHT_BENCH_COMPARE_MODES` (only
+//! these modes in the comparison cells), `LOCKFLIGHT_BENCH_DELAY_US` (workers reach
+//! Redis through a proxy that delays each direction by this many µs: `250` is a
+//! 0.5 ms round trip; see `delay.rs`), `LOCKFLIGHT_BENCH_P`, `LOCKFLIGHT_BENCH_T`
 //! (comma list), `LOCKFLIGHT_BENCH_REPEAT` (rounds per point, default 3: on a small
 //! VM the same point varies by 2–3× from run to run, so the modes of one point are
 //! run interleaved and the median round is reported), `LOCKFLIGHT_BENCH_WORKLOADS`
 //! (`hotkey-rmw,hotkey-rmw-hold1ms,zipf`), `LOCKFLIGHT_BENCH_MODES`
-//! (`plain,naive,coalesced,default,handoff,floor`), `LOCKFLIGHT_BENCH_WORKER_THREADS`
+//! (`plain,naive,coalesced,default,cached,handoff,floor`), `LOCKFLIGHT_BENCH_WORKER_THREADS`
 //! (Tokio workers per process, default 2; 0 = current-thread runtime), `REDIS_URL`.
 //!
 //! The floor runs one process with P·T tasks. Outputs go to `target/lockflight-bench/`
@@ -77,6 +81,7 @@
 
 mod config;
 mod coordinator;
+mod delay;
 mod protocol;
 mod report;
 mod worker;
@@ -101,7 +106,13 @@ fn micros(d: Duration) -> u64 {
 }
 
 async fn data_connection(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("redis url {url}: {e}"))?;
+    // TCP_NODELAY, as lockflight's own connections: the plain lock and the
+    // critical sections must not pay Nagle's delay behind a real round trip.
+    let info = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| format!("redis url {url}: {e}"))?;
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    let client = redis::Client::open(info.set_tcp_settings(tcp))
+        .map_err(|e| format!("redis url {url}: {e}"))?;
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(Duration::from_secs(30)))
         .set_connection_timeout(Some(Duration::from_secs(10)));

@@ -66,6 +66,19 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
         (None, None) => unreachable!(),
     };
     let admin = data_connection(&url).await?;
+    // The workers reach Redis through the delay proxy, if asked; the coordinator's
+    // own reads (oracles, command counts) go direct.
+    let _proxy = if cfg.delay.is_zero() {
+        None
+    } else {
+        let target = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("the delay proxy needs a redis://IP:PORT url, got {url}: {e}"))?;
+        Some(crate::delay::DelayProxy::start(target, cfg.delay).map_err(|e| e.to_string())?)
+    };
+    let url = _proxy.as_ref().map_or(url, crate::delay::DelayProxy::url);
     let distributed: Vec<Mode> = cfg
         .modes
         .iter()
@@ -92,7 +105,7 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
         next_prefix: 0,
     };
     run.say(format!(
-        "lockflight contention bench{}: P={} T={:?} {:.1} s/point, workloads {:?}, modes {:?}, redis {}",
+        "lockflight contention bench{}: P={} T={:?} {:.1} s/point, workloads {:?}, modes {:?}, redis {}, one-way delay {:?}",
         if cfg.smoke { " (smoke)" } else { "" },
         cfg.procs,
         cfg.tasks,
@@ -100,6 +113,7 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
         cfg.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
         cfg.modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
         run.url,
+        cfg.delay,
     ));
 
     let mut violations = Vec::new();

@@ -19,6 +19,7 @@ pub(super) fn chart(
         Mode::Coalesced => RGBColor(31, 119, 180),
         Mode::Handoff => RGBColor(44, 160, 44),
         Mode::Default => RGBColor(44, 160, 44),
+        Mode::Cached => RGBColor(148, 103, 189),
         Mode::Plain => RGBColor(255, 127, 14),
         Mode::Floor => RGBColor(100, 100, 100),
     };

@@ -183,6 +183,11 @@ async fn worker(spec: WorkerSpec) -> Result<WorkerResult, String> {
         }
     }
     let elapsed = start.elapsed();
+    // A lease kept for the next local task (lease caching) must not outlive the
+    // worker: release it before exiting, as a program should.
+    if let Guard::Lock(l) = &ctx.guard {
+        l.shutdown().await;
+    }
     let stats = match (&ctx.guard, stats_before) {
         (Guard::Lock(l), Some(before)) => {
             let s = l.stats() - before;
