@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lockflight::{Handoff, Locker, RedisBackend};
-use testkit::{Counting, Counts, shared, unique_prefix, wait_until, within};
+use testkit::{Counting, CountingProxy, Counts, shared, unique_prefix, wait_until, within};
 
 /// A locker on the shared server under `prefix`, with `handoff`, its backend
 /// requests counted.
@@ -215,4 +215,64 @@ async fn fair_mode_never_caches() {
     let g = b.try_lock("k").await.unwrap();
     assert!(g.is_some(), "a fair release left the key held");
     assert_eq!(a.active_keys(), 0);
+}
+
+/// A partition while the lease is cached (the holder cannot renew: a paused or
+/// cut-off process): the cached lease runs out on the holder's own clock, another
+/// instance takes the key, and once the partition heals the holder's next lock
+/// acquires anew, with a token greater than the other instance's, instead of
+/// using the cached lease it no longer has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
+    let prefix = unique_prefix("cached-partition");
+    let proxy = CountingProxy::start(shared()).await;
+    let a = Locker::builder(
+        RedisBackend::builder(proxy.url())
+            .prefix(&prefix)
+            .response_timeout(Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .lease_ttl(Duration::from_secs(1))
+    .renew_every(Duration::from_millis(200))
+    .wait_timeout(Duration::from_secs(10))
+    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+    .build()
+    .unwrap();
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
+    g.release().await.unwrap();
+
+    proxy.blackhole(true);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.stats().leases_lost >= 1
+        })
+        .await,
+        "the cached lease's validity did not run out while A was cut off"
+    );
+    let gb = within(Duration::from_secs(10), "B takes the key", b.lock("k"))
+        .await
+        .unwrap();
+    let tb = gb.fencing_token();
+    assert!(tb > ta);
+    gb.release().await.unwrap();
+    proxy.blackhole(false);
+
+    let again = within(
+        Duration::from_secs(15),
+        "A locks after the partition",
+        a.lock("k"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        again.fencing_token() > tb,
+        "A used its cut-off cached lease: {:?} after B's {tb:?}",
+        again.fencing_token()
+    );
+    again.release().await.unwrap();
+    a.shutdown().await;
 }
