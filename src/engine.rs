@@ -31,11 +31,10 @@ impl Engine {
     /// renewal watchdog (started with the first lease it watches).
     pub(crate) fn new(backend: Arc<dyn LockBackend>, config: Config) -> Engine {
         let stats = Arc::<StatsInner>::default();
-        let renewals = Arc::new(Renewals::new(
-            Arc::clone(&backend),
-            config.renew_every,
-            Arc::clone(&stats),
-        ));
+        let renewals = Arc::new(
+            Renewals::new(Arc::clone(&backend), config.renew_every, Arc::clone(&stats))
+                .with_hold_limit(config.hold_limit),
+        );
         Engine {
             backend,
             config,

@@ -244,6 +244,7 @@ pub(crate) struct Settings {
     pub(crate) coalescing: bool,
     pub(crate) on_loss: LossPolicy,
     pub(crate) fair: bool,
+    pub(crate) hold_limit: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -257,6 +258,7 @@ impl Default for Settings {
             coalescing: true,
             on_loss: LossPolicy::Abort,
             fair: false,
+            hold_limit: None,
         }
     }
 }
@@ -307,6 +309,11 @@ impl Settings {
                 backend
             )));
         }
+        if self.hold_limit.is_some_and(|d| d.is_zero()) {
+            return Err(Error::config(
+                "hold_limit is zero; leave it unset for no limit",
+            ));
+        }
         if self.fair && !self.coalescing {
             return Err(Error::config(
                 "fair mode needs coalescing: an instance queues once per key, for its oldest task",
@@ -322,6 +329,7 @@ impl Settings {
             max_waiters: self.max_waiters,
             coalescing: self.coalescing,
             on_loss: self.on_loss,
+            hold_limit: self.hold_limit,
         })
     }
 }
@@ -338,6 +346,8 @@ pub(crate) struct Config {
     pub(crate) coalescing: bool,
     pub(crate) on_loss: LossPolicy,
     pub(crate) fair: bool,
+    /// No lease of this locker is valid longer than this after its grant.
+    pub(crate) hold_limit: Option<Duration>,
 }
 
 /// Checks that leases of `ttl` can be renewed in time every `renew_every`: the

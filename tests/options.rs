@@ -178,3 +178,97 @@ async fn a_fail_fast_route_answers_at_once_when_busy() {
     .await;
     assert!(through, "the fail-fast route never got the free lock");
 }
+
+/// A locker with a 400 ms hold limit and 1 s leases renewed every 200 ms, and a
+/// second instance without a limit, under one fresh prefix.
+async fn limited_pair(name: &str) -> (Locker, Locker) {
+    let prefix = unique_prefix(name);
+    let connect = || async {
+        RedisBackend::builder(shared().url())
+            .prefix(&prefix)
+            .connect()
+            .await
+            .unwrap()
+    };
+    let limited = Locker::builder(connect().await)
+        .lease_ttl(Duration::from_secs(1))
+        .renew_every(Duration::from_millis(200))
+        .hold_limit(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let other = Locker::builder(connect().await)
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    (limited, other)
+}
+
+/// `with_lock` over work that would run for a minute: at the hold limit the lease
+/// is lost, the work is dropped, the call returns `LeaseLost` saying why, and the
+/// key is free for another instance at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hold_limit_ends_a_runaway_with_lock() {
+    let (limited, other) = limited_pair("hold-limit-with-lock").await;
+    let started = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        limited.with_lock("k", |_| tokio::time::sleep(Duration::from_secs(60))),
+    )
+    .await
+    .expect("the runaway work was not stopped by the hold limit");
+    match out {
+        Err(e @ Error::LeaseLost { .. }) => {
+            assert!(e.to_string().contains("hold limit"), "{e}");
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let g = other.try_lock("k").await.unwrap();
+    assert!(g.is_some(), "the aborted work's lease was not released");
+}
+
+/// A stuck holder that never releases (its guard stays alive): at the limit its
+/// lease is lost and no longer renewed, so another instance gets the key within a
+/// lease TTL, for the mutex, a write lease and a permit alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
+    let (limited, other) = limited_pair("hold-limit-stuck").await;
+    let mutex = limited.lock("m").await.unwrap();
+    let write = limited.write("rw").await.unwrap();
+    let permit = limited.semaphore("sem", 1).acquire().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        mutex.lost().await;
+        write.lost().await;
+        permit.lost().await;
+    })
+    .await
+    .expect("the hold limit did not end the leases");
+    assert!(
+        mutex
+            .loss_signal()
+            .reason()
+            .unwrap_or_default()
+            .contains("hold limit"),
+        "{:?}",
+        mutex.loss_signal().reason()
+    );
+    // The guards are still alive: the key frees itself at its TTL.
+    let sem = other.semaphore("sem", 1);
+    let (m, w, p) = tokio::join!(other.lock("m"), other.write("rw"), sem.acquire());
+    let taken = (
+        m.expect("the mutex"),
+        w.expect("the write lease"),
+        p.expect("the permit"),
+    );
+    drop((mutex, write, permit, taken));
+}
+
+#[test]
+fn a_zero_hold_limit_is_a_clear_error() {
+    let e = Locker::builder(lockflight::MemoryBackend::new())
+        .hold_limit(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+    assert!(e.to_string().contains("hold_limit"), "{e}");
+}

@@ -194,6 +194,9 @@ pub(crate) fn grant(
         Arc::clone(stats),
     )
     .with_kind(kind);
+    if let Some(end) = renewals.hold_end(lease.acquired_at) {
+        lease.limit_hold(end);
+    }
     if Instant::now() >= lease.valid_until() {
         tracing::debug!(%key, ?kind, "the grant's reply arrived after the lease's validity");
         return None;

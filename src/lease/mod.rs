@@ -52,6 +52,9 @@ pub use view::{FencingToken, LockInfo, Loss, LossSignal};
 
 /// The loss reason when the validity window ended without a successful renewal.
 pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal succeeded";
+/// The loss reason of a lease held up to the locker's hold limit.
+pub(crate) const HOLD_LIMIT_REACHED: &str =
+    "it was held up to the locker's hold limit, after which it is not renewed";
 
 /// What a lease holds: how the watchdog renews it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +88,8 @@ pub(crate) struct Lease {
     /// them): the handoff budget while other instances wait follows it.
     pub(crate) found_waiting: AtomicU32,
     valid_until: Mutex<Instant>,
+    /// The hold limit's end, if the locker has one: validity never extends past it.
+    hold_until: OnceLock<Instant>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
@@ -116,6 +121,7 @@ impl Lease {
             waiting: AtomicU32::new(waiting),
             found_waiting: AtomicU32::new(u32::MAX),
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
+            hold_until: OnceLock::new(),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -135,7 +141,32 @@ impl Lease {
     }
 
     pub(crate) fn set_valid_until(&self, at: Instant) {
+        let at = self.hold_until.get().map_or(at, |&end| at.min(end));
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+    }
+
+    /// Ends the lease's validity at `end` at the latest, whatever its renewals do
+    /// (the locker's hold limit).
+    pub(crate) fn limit_hold(&self, end: Instant) {
+        if self.hold_until.set(end).is_ok() {
+            self.set_valid_until(self.valid_until());
+        }
+    }
+
+    /// Whether the hold limit (if any) has been reached.
+    pub(crate) fn hold_ended(&self) -> bool {
+        self.hold_until
+            .get()
+            .is_some_and(|&end| Instant::now() >= end)
+    }
+
+    /// Why a lease whose validity ran out is lost.
+    fn expiry_reason(&self) -> &'static str {
+        if self.hold_ended() {
+            HOLD_LIMIT_REACHED
+        } else {
+            VALIDITY_ENDED
+        }
     }
 
     /// Time left before the lease must be considered lost (zero once it is lost).
@@ -153,7 +184,7 @@ impl Lease {
             return true;
         }
         if Instant::now() >= self.valid_until() {
-            self.mark_lost(VALIDITY_ENDED);
+            self.mark_lost(self.expiry_reason());
             return true;
         }
         false
@@ -170,7 +201,7 @@ impl Lease {
                 _ = tokio::time::sleep_until(until) => {}
             }
             if Instant::now() >= self.valid_until() {
-                self.mark_lost(VALIDITY_ENDED);
+                self.mark_lost(self.expiry_reason());
                 return;
             }
         }

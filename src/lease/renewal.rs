@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Lease, LeaseKind, VALIDITY_ENDED, drift};
+use super::{HOLD_LIMIT_REACHED, Lease, LeaseKind, VALIDITY_ENDED, drift};
 use crate::backend::{Extend, LockBackend};
 use crate::error::{Error, Result};
 use crate::stats::StatsInner;
@@ -20,6 +20,8 @@ pub(crate) struct Renewals {
     backend: Arc<dyn LockBackend>,
     every: Duration,
     stats: Arc<StatsInner>,
+    /// The locker's hold limit: no lease is valid longer than this after its grant.
+    hold_limit: Option<Duration>,
     /// The scanning task, on the runtime of the latest `watch` that found none
     /// running: a locker outlives runtimes (a static, repeated `block_on`), so a
     /// driver whose runtime ended is replaced on the next acquisition.
@@ -54,8 +56,20 @@ impl Renewals {
             backend,
             every,
             stats,
+            hold_limit: None,
             driver: Mutex::new(None),
         }
+    }
+
+    /// With the locker's hold limit: no lease is renewed past it.
+    pub(crate) fn with_hold_limit(mut self, limit: Option<Duration>) -> Renewals {
+        self.hold_limit = limit;
+        self
+    }
+
+    /// When a lease granted at `granted_at` must end at the latest.
+    pub(crate) fn hold_end(&self, granted_at: Instant) -> Option<Instant> {
+        self.hold_limit.map(|limit| granted_at + limit)
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<(Instant, Arc<Lease>)>> {
@@ -215,6 +229,10 @@ async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
     let retry = (renewals.every / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let stats = &renewals.stats;
     loop {
+        if lease.hold_ended() {
+            lease.mark_lost(HOLD_LIMIT_REACHED);
+            return;
+        }
         let valid_until = lease.valid_until();
         let sent_at = Instant::now();
         stats.renew_attempt();
@@ -222,7 +240,7 @@ async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
             biased;
             _ = lease.stop.cancelled() => return,
             _ = tokio::time::sleep_until(valid_until) => {
-                lease.mark_lost(VALIDITY_ENDED);
+                lease.mark_lost(if lease.hold_ended() { HOLD_LIMIT_REACHED } else { VALIDITY_ENDED });
                 return;
             }
             r = extend(&*renewals.backend, lease) => r,

@@ -175,6 +175,31 @@ impl LockerBuilder {
         self
     }
 
+    /// The longest any lease of this locker is held (default: no limit): a lease is
+    /// not renewed past `limit` after its grant, and is **lost** then — its loss
+    /// signal fires, [`Locker::with_lock`] (with [`LossPolicy::Abort`]) drops the
+    /// work and returns [`Error::LeaseLost`](crate::Error::LeaseLost), a guard's
+    /// release reports the loss. So a stuck or runaway task cannot hold a key
+    /// forever: the key is free at the backend once the guard is dropped, or at the
+    /// latest one lease TTL after the limit. Every lock kind (mutex, read and write
+    /// leases, permits, `lock_many`); a lease handed on to another local task keeps
+    /// its original limit, so handoff never extends it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new())
+    ///     .hold_limit(Duration::from_secs(60))
+    ///     .build()?;
+    /// # let _ = locker;
+    /// # Ok::<(), lockflight::Error>(())
+    /// ```
+    pub fn hold_limit(mut self, limit: Duration) -> Self {
+        self.settings.hold_limit = Some(limit);
+        self
+    }
+
     /// What [`Locker::with_lock`] does on lease loss (default [`LossPolicy::Abort`]).
     pub fn on_loss(mut self, policy: LossPolicy) -> Self {
         self.settings.on_loss = policy;
@@ -190,8 +215,9 @@ impl LockerBuilder {
     /// interval that is zero or too slow to renew in time (the interval plus the
     /// watchdog's scan delay must leave at least half of the lease's validity for
     /// the renewal itself), zero `max_waiters`, a handoff budget of zero, or a
-    /// handoff `min_validity` not shorter than the lease's validity, or fair mode
-    /// over a backend without it (Redlock) or without coalescing.
+    /// handoff `min_validity` not shorter than the lease's validity, a zero
+    /// `hold_limit`, or fair mode over a backend without it (Redlock) or without
+    /// coalescing.
     pub fn build(self) -> Result<Locker> {
         let config = self.settings.validate(&*self.backend)?;
         let shared = LockerState::new(Engine::new(self.backend, config));
