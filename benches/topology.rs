@@ -22,6 +22,10 @@
 //! On the cluster it also runs 64 hot keys (T = 64 tasks per instance, task `t` on
 //! key `t`) with the keys placed on 1, 2 and 3 shards, in the default mode.
 //!
+//! With `LOCKFLIGHT_TOPOLOGY_DATA=direct`, the single-key runs send the critical
+//! section's GET and SET over a plain connection to the node that owns the counter
+//! instead of the cluster client, to tell the lock's cost from the data client's.
+//!
 //! Results are printed as a Markdown table.
 #![allow(dead_code)]
 
@@ -151,6 +155,24 @@ async fn run(topo: &Topo, mode: Mode, keys: &[LockKey], prefix: &str, secs: f64)
         .iter()
         .map(|k| [&backends[0].lock_name(k)[..], b":counter"].concat())
         .collect();
+    // LOCKFLIGHT_TOPOLOGY_DATA=direct: the critical sections' GET and SET go over a
+    // plain connection to the node that owns the (one) counter instead of the
+    // cluster client, to separate the lock's cost from the data client's.
+    let direct = std::env::var("LOCKFLIGHT_TOPOLOGY_DATA").is_ok_and(|v| v == "direct");
+    let mut data = topo.data.clone();
+    if direct && counters.len() == 1 {
+        for p in &topo.primaries {
+            let mut con = p.get_multiplexed_async_connection().await.expect("node");
+            let owned: redis::RedisResult<Option<u64>> = redis::cmd("GET")
+                .arg(&counters[0])
+                .query_async(&mut con)
+                .await;
+            if owned.is_ok() {
+                data = Data::Single(con);
+                break;
+            }
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let sections = Arc::new(AtomicU64::new(0));
     let before = evalsha_calls(&topo.primaries).await;
@@ -163,7 +185,7 @@ async fn run(topo: &Topo, mode: Mode, keys: &[LockKey], prefix: &str, secs: f64)
                 l.clone(),
                 keys[i].clone(),
                 counters[i].clone(),
-                topo.data.clone(),
+                data.clone(),
                 stop.clone(),
                 sections.clone(),
             );
