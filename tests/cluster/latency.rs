@@ -188,3 +188,33 @@ async fn pubsub_classic_vs_sharded() {
     }
     println!("pubsub classic vs sharded: {results:?}");
 }
+
+/// Every instance keeps a subscription to its channel on every primary (besides
+/// its main one), so that a release's wake-up reaches it from the key's own node
+/// instead of over the cluster bus, whose occasional tens-of-milliseconds delay
+/// decided the hot-key throughput; the backend follows the primaries it lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_instance_listens_on_every_primary() {
+    let (_serial, c) = cluster_for_this_test().await;
+    let b = backend(&unique_prefix("mirrors")).await;
+    let channel = b.channel();
+    let primaries = c.primaries().await;
+    assert_eq!(primaries.len(), 3);
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let mut all = true;
+            for p in &primaries {
+                let counts: (String, u64) = c
+                    .by_addr(&p.addr)
+                    .cmd(&["PUBSUB", "NUMSUB", &channel])
+                    .await
+                    .unwrap_or_default();
+                all &= counts.1 >= 1;
+            }
+            all
+        })
+        .await,
+        "{channel} is not subscribed on every primary"
+    );
+    drop(b);
+}

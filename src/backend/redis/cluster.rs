@@ -30,6 +30,13 @@
 //! moved by every resharding, or a subscription per key waited on. That is the
 //! per-key subscription the design rules out.
 //!
+//! Since every PUBLISH reaches the node that runs it first, each instance also keeps
+//! a subscription on **every primary** (`notify`'s mirrors, best effort): the
+//! wake-up of a key is then delivered by the key's own primary, without the
+//! cluster-bus hop, whose tail decided the hot-key throughput (below); the copies
+//! that arrive over the bus are spurious wake-ups, which cost a waiter at most one
+//! extra request.
+//!
 //! Measured on the test cluster (3 primaries + 3 replicas on one 2-core machine,
 //! `tests/cluster/latency.rs` `pubsub_classic_vs_sharded`, 5 runs; a script on the key's
 //! primary publishes, one subscriber): classic `PUBLISH` received on another node
@@ -123,6 +130,31 @@ impl ClusterConn {
     }
 }
 
+impl ClusterConn {
+    /// The reachable primaries `CLUSTER NODES` lists now (none if it cannot be
+    /// asked), each with the seeds' credentials and TLS settings.
+    pub(super) async fn primaries(&self) -> Vec<redis::Client> {
+        let listed = tokio::time::timeout(Duration::from_secs(2), async {
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut self.conn.clone())
+                .await
+        })
+        .await;
+        let Ok(Ok(text)) = listed else {
+            return Vec::new();
+        };
+        let template = &self.seeds[0];
+        parse_nodes_by_role(&text)
+            .0
+            .into_iter()
+            .filter_map(|(host, port)| {
+                super::conn::nodelay_client(with_addr(template, host, port)).ok()
+            })
+            .collect()
+    }
+}
+
 fn host_port(addr: &ConnectionAddr) -> Option<(String, u16)> {
     match addr {
         ConnectionAddr::Tcp(h, p) => Some((h.clone(), *p)),
@@ -151,6 +183,16 @@ fn with_addr(template: &ConnectionInfo, host: String, port: u16) -> ConnectionIn
 
 /// The reachable nodes of a `CLUSTER NODES` reply, primaries first.
 fn parse_nodes(text: &str) -> Vec<(String, u16)> {
+    let (mut primaries, replicas) = parse_nodes_by_role(text);
+    primaries.extend(replicas);
+    primaries
+}
+
+/// A node's `host:port`.
+type HostPort = (String, u16);
+
+/// The reachable nodes of a `CLUSTER NODES` text: primaries, replicas.
+fn parse_nodes_by_role(text: &str) -> (Vec<HostPort>, Vec<HostPort>) {
     let mut primaries = Vec::new();
     let mut replicas = Vec::new();
     for line in text.lines() {
@@ -182,8 +224,7 @@ fn parse_nodes(text: &str) -> Vec<(String, u16)> {
             replicas.push(entry);
         }
     }
-    primaries.extend(replicas);
-    primaries
+    (primaries, replicas)
 }
 
 #[cfg(test)]

@@ -179,6 +179,27 @@ impl Conn {
     /// notification channel is a classic pub/sub channel: on one server it is that
     /// server; in a cluster a `PUBLISH` reaches every node, so any node will do; with
     /// sentinels, the current primary.
+    /// Whether wake-ups are published first on other servers than the one
+    /// subscription's: a Cluster's primaries (a subscription on each hears the
+    /// wake-ups of its keys without the cluster-bus hop); not on other topologies,
+    /// whose one subscription is on the server that publishes.
+    pub(super) fn has_publishers(&self) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
+    /// See [`has_publishers`](Self::has_publishers).
+    pub(super) async fn publishers(&self) -> Vec<redis::Client> {
+        match self {
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.primaries().await,
+            _ => Vec::new(),
+        }
+    }
+
     pub(super) async fn subscribe_targets(&self) -> Result<Vec<redis::Client>, RedisError> {
         match self {
             Conn::Single(single) => Ok(vec![single.client.clone()]),

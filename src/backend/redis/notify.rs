@@ -196,6 +196,72 @@ const UNWANTED_GRACE: Duration = Duration::from_millis(25);
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// How often the mirrors' list of publishers is refreshed.
+const MIRROR_REFRESH: Duration = Duration::from_secs(5);
+
+/// Keeps a best-effort subscription to `channel` on every server that publishes
+/// wake-ups first ([`Conn::publishers`]: a Cluster's primaries), so that a wake-up
+/// arrives from the key's own node instead of over the cluster bus. The main
+/// subscription ([`run`]) stays the one whose state `connect` and
+/// `is_subscribed` report; a mirror that fails is only retried at the next
+/// refresh, and the messages it would have carried still come by the bus.
+async fn mirrors(
+    conn: Conn,
+    channel: String,
+    connect_timeout: Duration,
+    inner: Weak<Inner>,
+    stop: CancellationToken,
+) {
+    let mut running: std::collections::HashMap<String, tokio::task::JoinHandle<()>> =
+        std::collections::HashMap::new();
+    loop {
+        let listed = tokio::select! {
+            _ = stop.cancelled() => break,
+            l = conn.publishers() => l,
+        };
+        running.retain(|_, task| !task.is_finished());
+        for client in listed {
+            let addr = client.get_connection_info().addr().to_string();
+            if running.contains_key(&addr) {
+                continue;
+            }
+            let (channel, inner, stop) = (channel.clone(), inner.clone(), stop.clone());
+            let task = tokio::spawn(async move {
+                let attempt = async {
+                    let mut pubsub = client.get_async_pubsub().await?;
+                    pubsub.subscribe(&channel).await?;
+                    Ok::<_, redis::RedisError>(pubsub)
+                };
+                let Ok(Ok(pubsub)) = tokio::time::timeout(connect_timeout, attempt).await else {
+                    return;
+                };
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        m = messages.next() => m,
+                    };
+                    let (Some(msg), Some(i)) = (msg, inner.upgrade()) else {
+                        return;
+                    };
+                    deliver(i, msg.get_payload_bytes());
+                }
+            });
+            running.insert(addr, task);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(MIRROR_REFRESH) => {}
+        }
+        if inner.strong_count() == 0 {
+            break;
+        }
+    }
+    for task in running.into_values() {
+        task.abort();
+    }
+}
+
 pub(super) async fn run(
     conn: Conn,
     channel: String,
@@ -203,6 +269,17 @@ pub(super) async fn run(
     inner: Weak<Inner>,
     stop: CancellationToken,
 ) {
+    if conn.has_publishers() {
+        let mirrored = mirrors(
+            conn.clone(),
+            channel.clone(),
+            connect_timeout,
+            inner.clone(),
+            stop.clone(),
+        );
+        // Dropped with this task's runtime; ends with `stop` or the backend.
+        tokio::spawn(mirrored);
+    }
     let mut backoff = MIN_BACKOFF;
     let mut targets: Vec<redis::Client> = Vec::new();
     let mut next = 0;
