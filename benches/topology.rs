@@ -22,6 +22,9 @@
 //! On the cluster it also runs 64 hot keys (T = 64 tasks per instance, task `t` on
 //! key `t`) with the keys placed on 1, 2 and 3 shards, in the default mode.
 //!
+//! After the Sentinel rows, the same primary is measured as one server
+//! (`replicated primary`): the cost of its replication without the Sentinel client.
+//!
 //! With `LOCKFLIGHT_TOPOLOGY_DATA=direct`, the single-key runs send the critical
 //! section's GET and SET over a plain connection to the node that owns the counter
 //! instead of the cluster client, to tell the lock's cost from the data client's.
@@ -314,6 +317,16 @@ fn main() {
             let topo = Topo {
                 name: "sentinel",
                 builder: Box::new(move || RedisBackend::sentinel(urls.clone(), MASTER)),
+                data: Data::Single(primary.connection().await),
+                primaries: vec![primary.client()],
+            };
+            bench_topology(topo, secs).await;
+            // The same primary (with its two replicas) as one server: what the
+            // replication costs the server, without Sentinel on the client side.
+            let url = primary.url();
+            let topo = Topo {
+                name: "replicated primary",
+                builder: Box::new(move || RedisBackend::builder(url.clone())),
                 data: Data::Single(primary.connection().await),
                 primaries: vec![primary.client()],
             };
