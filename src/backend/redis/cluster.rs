@@ -103,17 +103,10 @@ impl ClusterConn {
     /// Every node `CLUSTER NODES` lists as reachable (primaries first), else the
     /// seed nodes; each with the seeds' credentials and TLS settings.
     pub(super) async fn nodes(&self) -> Result<Vec<redis::Client>, RedisError> {
-        let listed = tokio::time::timeout(Duration::from_secs(2), async {
-            redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query_async::<String>(&mut self.conn.clone())
-                .await
-        })
-        .await;
-        let mut addrs = match listed {
-            Ok(Ok(text)) => parse_nodes(&text),
-            _ => Vec::new(),
-        };
+        let mut addrs = self
+            .cluster_nodes()
+            .await
+            .map_or_else(Vec::new, |t| parse_nodes(&t));
         let mut seen: HashSet<(String, u16)> = addrs.iter().cloned().collect();
         for seed in &self.seeds {
             if let Some(hp) = host_port(seed.addr())
@@ -131,9 +124,8 @@ impl ClusterConn {
 }
 
 impl ClusterConn {
-    /// The reachable primaries `CLUSTER NODES` lists now (none if it cannot be
-    /// asked), each with the seeds' credentials and TLS settings.
-    pub(super) async fn primaries(&self) -> Vec<redis::Client> {
+    /// `CLUSTER NODES`, asked within 2 s; `None` if it cannot be.
+    async fn cluster_nodes(&self) -> Option<String> {
         let listed = tokio::time::timeout(Duration::from_secs(2), async {
             redis::cmd("CLUSTER")
                 .arg("NODES")
@@ -141,7 +133,13 @@ impl ClusterConn {
                 .await
         })
         .await;
-        let Ok(Ok(text)) = listed else {
+        listed.ok()?.ok()
+    }
+
+    /// The reachable primaries `CLUSTER NODES` lists now (none if it cannot be
+    /// asked), each with the seeds' credentials and TLS settings.
+    pub(super) async fn primaries(&self) -> Vec<redis::Client> {
+        let Some(text) = self.cluster_nodes().await else {
             return Vec::new();
         };
         let template = &self.seeds[0];
