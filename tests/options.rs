@@ -272,3 +272,40 @@ fn a_zero_hold_limit_is_a_clear_error() {
     assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
     assert!(e.to_string().contains("hold_limit"), "{e}");
 }
+
+/// `Locker::from_vars`: the topology, prefix and lease TTL come from
+/// `LOCKFLIGHT_*` variables; the lock lands under that prefix with that TTL, and a
+/// bad variable is an error naming it, before anything connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_from_variables_uses_them() {
+    let prefix = unique_prefix("from-vars");
+    let locker = Locker::from_vars([
+        ("LOCKFLIGHT_REDIS_URL", shared().url()),
+        ("LOCKFLIGHT_PREFIX", prefix.clone()),
+        ("LOCKFLIGHT_LEASE_TTL", "5s".to_owned()),
+        ("LOCKFLIGHT_RESPONSE_TIMEOUT", "3s".to_owned()),
+        ("HOME", "/root".to_owned()),
+    ])
+    .await
+    .unwrap();
+    let guard = locker.lock("k").await.unwrap();
+    let mut con = shared().connection().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{prefix}:{{k}}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        (1..=5_000).contains(&pttl),
+        "the lease under the prefix has PTTL {pttl}"
+    );
+    guard.release().await.unwrap();
+
+    let e = Locker::from_vars([
+        ("LOCKFLIGHT_REDIS_URL", shared().url()),
+        ("LOCKFLIGHT_WAIT_TIMEOUT", "soon".to_owned()),
+    ])
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("LOCKFLIGHT_WAIT_TIMEOUT"), "{e}");
+}

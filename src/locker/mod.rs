@@ -22,6 +22,7 @@ use crate::stats::Stats;
 
 mod acquire;
 mod builder;
+mod env;
 mod family;
 mod guard;
 mod health;
