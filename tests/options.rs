@@ -309,3 +309,41 @@ async fn a_locker_from_variables_uses_them() {
     .unwrap_err();
     assert!(e.to_string().contains("LOCKFLIGHT_WAIT_TIMEOUT"), "{e}");
 }
+
+/// `RedisBackend::from_client`: a backend through the application's own
+/// `redis::Client`, whose database number it keeps (the lock lands in database 3,
+/// not 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_from_an_existing_client_keeps_its_settings() {
+    let prefix = unique_prefix("from-client");
+    let client = redis::Client::open(format!("{}/3", shared().url().trim_end_matches('/')))
+        .expect("a valid url");
+    let backend = RedisBackend::from_client(client.clone())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::builder(backend).build().unwrap();
+    let guard = locker.lock("k").await.unwrap();
+    let name = format!("{prefix}:{{k}}");
+    let mut db3 = client.get_multiplexed_async_connection().await.unwrap();
+    let mut db0 = shared().connection().await;
+    let exists = |con: &mut redis::aio::MultiplexedConnection| {
+        let mut con = con.clone();
+        let name = name.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&name)
+                .query_async::<bool>(&mut con)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        exists(&mut db3).await,
+        "the lease is not in the client's database"
+    );
+    assert!(!exists(&mut db0).await, "the lease went to database 0");
+    guard.release().await.unwrap();
+    assert!(!exists(&mut db3).await);
+}

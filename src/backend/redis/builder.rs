@@ -279,9 +279,18 @@ impl RedisBackendBuilder {
 /// the target for error messages.
 pub(super) async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Conn, String)> {
     match topology {
-        Topology::Single(url) => {
-            let client = conn::nodelay_client(url.as_str())
-                .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?;
+        Topology::Single(_) | Topology::Client(..) => {
+            let client = match topology {
+                Topology::Client(client, addr) => {
+                    conn::nodelay_client(client.get_connection_info().clone())
+                        .map_err(|e| Error::config(format!("redis client for {addr}: {e}")))?
+                }
+                _ => {
+                    let url = topology.urls()[0];
+                    conn::nodelay_client(url)
+                        .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?
+                }
+            };
             let target = client.get_connection_info().addr().to_string();
             let conn =
                 ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))

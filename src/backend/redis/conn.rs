@@ -17,6 +17,9 @@ use super::acked::{Acked, LeaseScript, Pool};
 pub(super) enum Topology {
     /// One server.
     Single(String),
+    /// One server, through a client the application built (and its address, for
+    /// messages).
+    Client(redis::Client, String),
     /// A Redis Cluster, through any of these seed nodes.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
@@ -30,7 +33,7 @@ impl Topology {
     /// the caller).
     pub(super) fn urls(&self) -> Vec<&str> {
         match self {
-            Topology::Single(url) => vec![url.as_str()],
+            Topology::Single(url) | Topology::Client(_, url) => vec![url.as_str()],
             #[cfg(feature = "cluster")]
             Topology::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
             #[cfg(feature = "sentinel")]

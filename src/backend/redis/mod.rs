@@ -258,6 +258,28 @@ impl RedisBackend {
         RedisBackendBuilder::new(Topology::Single(url.into()))
     }
 
+    /// Starts configuring a backend on one server through a `redis::Client` the
+    /// application already built: its address, credentials, TLS settings,
+    /// database and protocol are used as they are (with `TCP_NODELAY` on).
+    /// lockflight opens its own connections from it (commands, its pub/sub
+    /// subscription, acknowledged writes), so the application's connections are
+    /// never blocked behind lock traffic, nor lock traffic behind them.
+    ///
+    /// ```no_run
+    /// # async fn run() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0").expect("a valid url");
+    /// let backend = RedisBackend::from_client(client.clone()).prefix("billing").connect().await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_client(client: redis::Client) -> RedisBackendBuilder {
+        let addr = client.get_connection_info().addr().to_string();
+        RedisBackendBuilder::new(Topology::Client(client, addr))
+    }
+
     /// Starts configuring a backend on a Redis Cluster reached through `nodes`
     /// (URLs of any of its nodes; the others are discovered). Scripts are routed by
     /// their key's slot, `MOVED`/`ASK` redirects are followed and the topology is
