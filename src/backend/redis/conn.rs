@@ -19,7 +19,7 @@ pub(super) enum Topology {
     Single(String),
     /// One server, through a client the application built (and its address, for
     /// messages).
-    Client(redis::Client, String),
+    Client(Box<redis::Client>, String),
     /// A Redis Cluster, through any of these seed nodes.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),

@@ -277,7 +277,7 @@ impl RedisBackend {
     /// ```
     pub fn from_client(client: redis::Client) -> RedisBackendBuilder {
         let addr = client.get_connection_info().addr().to_string();
-        RedisBackendBuilder::new(Topology::Client(client, addr))
+        RedisBackendBuilder::new(Topology::Client(Box::new(client), addr))
     }
 
     /// Starts configuring a backend on a Redis Cluster reached through `nodes`
