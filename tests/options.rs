@@ -179,9 +179,9 @@ async fn a_fail_fast_route_answers_at_once_when_busy() {
     assert!(through, "the fail-fast route never got the free lock");
 }
 
-/// A locker with a 400 ms hold limit and 1 s leases renewed every 200 ms, and a
-/// second instance without a limit, under one fresh prefix.
-async fn limited_pair(name: &str) -> (Locker, Locker) {
+/// A locker with a 400 ms hold limit and leases of `ttl` renewed every 200 ms,
+/// and a second instance without a limit, under one fresh prefix.
+async fn limited_pair(name: &str, ttl: Duration) -> (Locker, Locker) {
     let prefix = unique_prefix(name);
     let connect = || async {
         RedisBackend::builder(shared().url())
@@ -191,7 +191,7 @@ async fn limited_pair(name: &str) -> (Locker, Locker) {
             .unwrap()
     };
     let limited = Locker::builder(connect().await)
-        .lease_ttl(Duration::from_secs(1))
+        .lease_ttl(ttl)
         .renew_every(Duration::from_millis(200))
         .hold_limit(Duration::from_millis(400))
         .build()
@@ -208,7 +208,9 @@ async fn limited_pair(name: &str) -> (Locker, Locker) {
 /// key is free for another instance at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hold_limit_ends_a_runaway_with_lock() {
-    let (limited, other) = limited_pair("hold-limit-with-lock").await;
+    // A long TTL: the key is free soon only if the aborted work's lease is
+    // released, not because it expired.
+    let (limited, other) = limited_pair("hold-limit-with-lock", Duration::from_secs(30)).await;
     let started = Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(10),
@@ -223,8 +225,15 @@ async fn the_hold_limit_ends_a_runaway_with_lock() {
         other => panic!("expected LeaseLost, got {other:?}"),
     }
     assert!(started.elapsed() >= Duration::from_millis(400));
-    let g = other.try_lock("k").await.unwrap();
-    assert!(g.is_some(), "the aborted work's lease was not released");
+    // The aborted work's guard is released in the background.
+    let g = tokio::time::timeout(
+        Duration::from_secs(5),
+        other.lock_with_options("k", LockOptions::new().wait_timeout(Duration::from_secs(5))),
+    )
+    .await
+    .expect("the aborted work's lease was not released")
+    .unwrap();
+    drop(g);
 }
 
 /// A stuck holder that never releases (its guard stays alive): at the limit its
@@ -232,7 +241,7 @@ async fn the_hold_limit_ends_a_runaway_with_lock() {
 /// lease TTL, for the mutex, a write lease and a permit alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
-    let (limited, other) = limited_pair("hold-limit-stuck").await;
+    let (limited, other) = limited_pair("hold-limit-stuck", Duration::from_secs(1)).await;
     let mutex = limited.lock("m").await.unwrap();
     let write = limited.write("rw").await.unwrap();
     let permit = limited.semaphore("sem", 1).acquire().await.unwrap();
