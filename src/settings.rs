@@ -126,7 +126,9 @@ impl Handoff {
     /// (`max_consecutive`, `max_hold`, `min_validity`) and with the same fencing
     /// (the handoff sequence grows). If no local task asks within `d`, the lease
     /// is released at the backend, `d` later than without caching. `Duration::ZERO`
-    /// turns caching off; fair mode never caches.
+    /// turns caching off; fair mode never caches. Like handoff, it applies to the
+    /// mutex (`lock`, `with_lock`, `lock_many`), not to read-write leases or
+    /// permits.
     ///
     /// A process that loops over a key (one task locking it again and again, as
     /// a worker does) then pays one backend round trip pair per budget instead of
@@ -270,12 +272,7 @@ impl Settings {
     /// documents.
     pub(crate) fn validate(self, backend: &dyn LockBackend) -> Result<Config> {
         let ttl = self.lease_ttl;
-        if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL {
-            return Err(Error::config(format!(
-                "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
-                MIN_LEASE_TTL, MAX_LEASE_TTL
-            )));
-        }
+        ttl_in_bounds(ttl).map_err(Error::config)?;
         if self.wait_timeout.is_zero() {
             return Err(Error::config(
                 "wait_timeout is zero; use try_lock for a single attempt",
@@ -350,6 +347,16 @@ pub(crate) struct Config {
     pub(crate) hold_limit: Option<Duration>,
 }
 
+/// Checks that `ttl` is within [`MIN_LEASE_TTL`] and [`MAX_LEASE_TTL`].
+fn ttl_in_bounds(ttl: Duration) -> std::result::Result<(), String> {
+    if (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) {
+        return Ok(());
+    }
+    Err(format!(
+        "lease_ttl is {ttl:?}, it must be between {MIN_LEASE_TTL:?} and {MAX_LEASE_TTL:?}"
+    ))
+}
+
 /// Checks that leases of `ttl` can be renewed in time every `renew_every`: the
 /// interval plus the watchdog's scan delay must leave at least half of the
 /// lease's validity for the renewal itself.
@@ -357,12 +364,7 @@ pub(crate) fn validate_ttl(
     ttl: Duration,
     renew_every: Duration,
 ) -> std::result::Result<(), String> {
-    if !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) {
-        return Err(format!(
-            "lease_ttl is {ttl:?}, it must be between {:?} and {:?}",
-            MIN_LEASE_TTL, MAX_LEASE_TTL
-        ));
-    }
+    ttl_in_bounds(ttl)?;
     let usable = ttl.saturating_sub(lease::drift(ttl));
     let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
     if renew_every.is_zero() || latest_start > usable / 2 {

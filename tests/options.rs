@@ -238,16 +238,18 @@ async fn the_hold_limit_ends_a_runaway_with_lock() {
 
 /// A stuck holder that never releases (its guard stays alive): at the limit its
 /// lease is lost and no longer renewed, so another instance gets the key within a
-/// lease TTL, for the mutex, a write lease and a permit alike.
+/// lease TTL, for the mutex, a write lease, a read lease and a permit alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
     let (limited, other) = limited_pair("hold-limit-stuck", Duration::from_secs(1)).await;
     let mutex = limited.lock("m").await.unwrap();
     let write = limited.write("rw").await.unwrap();
+    let read = limited.read("rd").await.unwrap();
     let permit = limited.semaphore("sem", 1).acquire().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), async {
         mutex.lost().await;
         write.lost().await;
+        read.lost().await;
         permit.lost().await;
     })
     .await
@@ -263,13 +265,19 @@ async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
     );
     // The guards are still alive: the key frees itself at its TTL.
     let sem = other.semaphore("sem", 1);
-    let (m, w, p) = tokio::join!(other.lock("m"), other.write("rw"), sem.acquire());
+    let (m, w, r, p) = tokio::join!(
+        other.lock("m"),
+        other.write("rw"),
+        other.write("rd"),
+        sem.acquire()
+    );
     let taken = (
         m.expect("the mutex"),
         w.expect("the write lease"),
+        r.expect("a write lease over the stuck read lease"),
         p.expect("the permit"),
     );
-    drop((mutex, write, permit, taken));
+    drop((mutex, write, read, permit, taken));
 }
 
 #[test]

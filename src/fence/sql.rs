@@ -474,6 +474,22 @@ struct Statement<'a, DB: Database> {
 }
 
 impl<DB: Database> Statement<'_, DB> {
+    /// Runs the statement on `conn`: applied with the rows changed, or (no row
+    /// changed) what the row's fence says.
+    async fn execute<C>(mut self, conn: &mut C) -> std::result::Result<Fenced<u64>, sqlx::Error>
+    where
+        C: FenceConnection<Database = DB>,
+        DB::Arguments: Default,
+        i64: for<'q> Encode<'q, DB> + Type<DB>,
+    {
+        let changed = conn.run(&mut self.query).await?;
+        if changed > 0 {
+            return Ok(Fenced::Applied(changed));
+        }
+        let last = conn.fence(&mut self.select_fence()).await?;
+        Ok(self.outcome(last, 0))
+    }
+
     /// The `SELECT` of the row's fence.
     fn select_fence(&self) -> QueryBuilder<DB>
     where
@@ -538,13 +554,7 @@ where
     where
         C: FenceConnection<Database = DB>,
     {
-        let mut statement = self.statement(None)?;
-        let changed = conn.run(&mut statement.query).await?;
-        if changed > 0 {
-            return Ok(Fenced::Applied(changed));
-        }
-        let last = conn.fence(&mut statement.select_fence()).await?;
-        Ok(statement.outcome(last, 0))
+        self.statement(None)?.execute(conn).await
     }
 
     /// Runs the guarded `UPDATE … RETURNING returning` (SQL text, e.g. `"qty"`);
@@ -595,13 +605,7 @@ where
     where
         C: FenceConnection<Database = DB>,
     {
-        let mut statement = self.statement(None)?;
-        let changed = conn.run(&mut statement.query).await?;
-        if changed > 0 {
-            return Ok(Fenced::Applied(changed));
-        }
-        let last = conn.fence(&mut statement.select_fence()).await?;
-        Ok(statement.outcome(last, 0))
+        self.statement(None)?.execute(conn).await
     }
 }
 

@@ -60,14 +60,13 @@ impl LockerState {
             // other instance waiting (any later remote waiter arrived after it).
             let arrived_by = self.config.fair.then_some(lease.acquired_at);
             // Caching needs a runtime for its linger timer (a guard may be dropped
-            // outside one).
+            // outside one); off by default, so the runtime is looked up only then.
             let linger = self.config.handoff.linger;
-            let runtime = tokio::runtime::Handle::try_current().ok();
-            let cache = !self.config.fair
-                && !linger.is_zero()
-                && runtime.is_some()
-                && !self.closing.load(Ordering::Relaxed);
-            match slot.release(&lease, seq + 1, handoff, cache, arrived_by) {
+            let runtime =
+                (!self.config.fair && !linger.is_zero() && !self.closing.load(Ordering::Relaxed))
+                    .then(|| tokio::runtime::Handle::try_current().ok())
+                    .flatten();
+            match slot.release(&lease, seq + 1, handoff, runtime.is_some(), arrived_by) {
                 Release::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
                     self.stats.handoff();
@@ -78,12 +77,7 @@ impl LockerState {
                     runtime.expect("checked above").spawn(async move {
                         tokio::time::sleep(linger).await;
                         if let Some((lease, _)) = slot.expire(caching) {
-                            let job = ReleaseJob {
-                                shared,
-                                slot: Some(slot),
-                                lease,
-                                attempts: Attempts::default(),
-                            };
+                            let job = ReleaseJob::new(shared, Some(slot), lease);
                             if let Err(e) = job.run().await {
                                 tracing::debug!(error = %e, "releasing a cached lease failed");
                             }
@@ -94,12 +88,7 @@ impl LockerState {
                 Release::Backend => {}
             }
         }
-        Some(ReleaseJob {
-            shared: self.arc(),
-            slot,
-            lease,
-            attempts: Attempts::default(),
-        })
+        Some(ReleaseJob::new(self.arc(), slot, lease))
     }
 }
 
@@ -122,12 +111,7 @@ impl LockerState {
         // Spent, lost or too short-lived to hand on: release it at the backend.
         let release = slot.release(&lease, seq, false, false, None);
         debug_assert_eq!(release, Release::Backend);
-        let job = ReleaseJob {
-            shared: self.arc(),
-            slot: Some(slot),
-            lease,
-            attempts: Attempts::default(),
-        };
+        let job = ReleaseJob::new(self.arc(), Some(slot), lease);
         if let Err(e) = job.run().await {
             tracing::debug!(error = %e, "releasing a spent cached lease failed");
         }
@@ -142,12 +126,7 @@ impl LockerState {
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
         let jobs = slots.into_iter().filter_map(|slot| {
             let (lease, _) = slot.uncache()?;
-            Some(ReleaseJob {
-                shared: self.arc(),
-                slot: Some(slot),
-                lease,
-                attempts: Attempts::default(),
-            })
+            Some(ReleaseJob::new(self.arc(), Some(slot), lease))
         });
         for outcome in futures::future::join_all(jobs.map(ReleaseJob::run)).await {
             if let Err(e) = outcome {
@@ -212,6 +191,17 @@ impl Drop for Background {
 }
 
 impl ReleaseJob {
+    /// The backend release of `lease`, held by `slot` (none without coalescing),
+    /// from its first attempt.
+    fn new(shared: Arc<LockerState>, slot: Option<Arc<Slot>>, lease: Arc<Lease>) -> ReleaseJob {
+        ReleaseJob {
+            shared,
+            slot,
+            lease,
+            attempts: Attempts::default(),
+        }
+    }
+
     /// Releases at the backend (on the shared schedule, [`Attempts`]), then lets the
     /// next local waiter lead. If this future is dropped before it finishes, the
     /// release is re-run in the background, continuing the same schedule.
