@@ -276,3 +276,41 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
     again.release().await.unwrap();
     a.shutdown().await;
 }
+
+/// `shutdown` dropped after its first poll (its releases sent, not answered):
+/// the releases finish in the background, so the key is free well before the
+/// linger (600 s) would have released it, and caching stays off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_shutdown_still_releases_in_the_background() {
+    use futures::FutureExt;
+    let prefix = unique_prefix("cached-shutdown-dropped");
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert!(
+        a.shutdown().now_or_never().is_none(),
+        "shutdown answered at once"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            match b.try_lock("k").await.unwrap() {
+                Some(g) => {
+                    g.release().await.unwrap();
+                    true
+                }
+                None => false,
+            }
+        })
+        .await,
+        "the release begun by the dropped shutdown never finished"
+    );
+    // The dropped attempt may have been sent, and the background one again.
+    let before = releases(&counts);
+    assert!(before >= 1);
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(
+        releases(&counts),
+        before + 1,
+        "a lease was cached after shutdown began"
+    );
+}
