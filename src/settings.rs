@@ -17,7 +17,8 @@ use crate::lease;
 ///
 /// With handoff on, a holder that releases while another local task waits for the
 /// same key passes the still-valid lease to that task in memory: no backend request
-/// at all. The budget bounds how long one process keeps a lease this way, so other
+/// at all. It applies to the exclusive lock and to semaphore permits (a released
+/// permit goes to the next local waiter of its semaphore, on the same budget). The budget bounds how long one process keeps a lease this way, so other
 /// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
 /// total hold time per lease. While the backend reports other instances waiting for
 /// the key, both are **halved**, and a lease also serves at most **two handoffs per

@@ -23,6 +23,11 @@ pub struct Permits {
     /// latest, even without a wake-up (the earliest expiry of a held permit, bounded
     /// by the refresh interval of this instance's waiting entry).
     pub retry_in: Duration,
+    /// How many **other** instances were in the key's waiting set when the request
+    /// was answered (0 when the backend does not track them). While others wait, a
+    /// granted permit passes between local tasks on the halved handoff budget
+    /// ([`Handoff`](crate::Handoff)), and in fair mode not at all.
+    pub waiting: u32,
 }
 
 /// A backend that stores semaphores, reached through

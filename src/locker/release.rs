@@ -14,38 +14,7 @@ use crate::lease::Lease;
 use crate::lease::release::{self, Attempts};
 use crate::slot::{Abandon, Forward, Grant, Inheritance, Release, Slot};
 
-/// While other instances wait for a key, a lease serves at most this many handoffs
-/// per local task that was waiting when it was taken...
-const TURNS_PER_LOCAL_WAITER: u32 = 2;
-/// ...but at least this many (within the halved budget), so a process with one or
-/// two busy tasks still pays about one backend round trip pair per eight sections.
-const MIN_TURNS_WHILE_OTHERS_WAIT: u32 = 8;
-
 impl LockerState {
-    /// Whether `lease` may go to a local waiter instead of back to the backend.
-    pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
-        let h = &self.config.handoff;
-        if !h.enabled || lease.is_lost() || lease.remaining() < self.config.min_validity {
-            return false;
-        }
-        let waiting = lease.waiting.load(Ordering::Relaxed);
-        if self.config.fair && waiting > 0 {
-            return false;
-        }
-        let (max_n, max_hold) = if waiting > 0 {
-            // Other instances wait: two turns per local task that was waiting when
-            // the lease was taken (at least eight), within half the budget.
-            let found = lease.found_waiting.load(Ordering::Relaxed);
-            let turns = found
-                .saturating_mul(TURNS_PER_LOCAL_WAITER)
-                .max(MIN_TURNS_WHILE_OTHERS_WAIT);
-            (h.max_consecutive.div_ceil(2).min(turns), h.max_hold / 2)
-        } else {
-            (h.max_consecutive, h.max_hold)
-        };
-        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
-    }
-
     /// Ends a holder's use of `lease` (as handoff number `seq`): hands it to the next
     /// local waiter when allowed, or returns the backend release to run.
     pub(crate) fn finish(

@@ -18,8 +18,18 @@
 //! is in flight wait for the next one. A permit granted for a waiter that has gone
 //! meanwhile goes to the next local waiter, or back to the backend.
 //!
-//! Released permits always go back to the backend (no local handoff): a release is
-//! one round trip, and it wakes waiting instances, this one included.
+//! # Local handoff
+//!
+//! A released permit goes to the next local waiter of the key in memory, like the
+//! exclusive lock's lease ([`Handoff`](crate::Handoff), on by default): the same
+//! token, still one of the key's `N` permits, renewed by the same watchdog entry,
+//! no backend request. The handoff budget bounds it as for the mutex: at most
+//! `max_consecutive` handoffs and `max_hold` per permit, both halved (and at most
+//! two turns per local waiter when it was granted, eight at least) while the
+//! backend reported other instances waiting; never in fair mode while others wait,
+//! nor with less than `min_validity` left, nor once the permit is lost. A permit
+//! past its budget, or with no local waiter, goes back to the backend: one round
+//! trip, which wakes waiting instances, this one included.
 //!
 //! # Wake-ups
 //!
@@ -38,8 +48,9 @@
 //! 2. A token the backend may have granted is always accounted for: it becomes a
 //!    [`Permit`] held by a waiter, or it is released in the background (a permit
 //!    nobody took, a request that failed, a reply that came back too late).
-//! 3. A [`Permit`] that is dropped, or whose release future is dropped, is released
-//!    in the background; without a runtime, it expires at its TTL.
+//! 3. A [`Permit`] that is dropped, or whose release future is dropped, is handed
+//!    to the next local waiter (within the budget) or released in the background;
+//!    without a runtime, it expires at its TTL.
 //!
 //! # Lock order
 //!
@@ -237,7 +248,9 @@ impl Semaphore {
         match reply {
             Ok(p) if p.granted >= 1 => {
                 pending.disarm();
-                Ok(Permit::granted(semaphores, &self.key, token, sent_at))
+                Ok(Permit::granted(
+                    semaphores, &self.key, token, sent_at, p.waiting,
+                ))
             }
             Ok(_) => {
                 pending.disarm();
@@ -452,6 +465,94 @@ mod tests {
             .map(|p| p.expect("every permit is free again"))
             .collect();
         assert_eq!(all.len(), 3);
+    }
+
+    /// A released permit goes to the next local waiter: the same token, no backend
+    /// request; past the budget (here two handoffs) it goes back to the backend and
+    /// the next waiter gets a new one.
+    #[tokio::test(start_paused = true)]
+    async fn a_released_permit_goes_to_the_next_local_waiter_within_the_budget() {
+        let locker = Locker::builder(MemoryBackend::new())
+            .lease_ttl(Duration::from_secs(3))
+            .handoff(crate::Handoff::enabled().max_consecutive(2))
+            .build()
+            .unwrap();
+        let sem = locker.semaphore("k", 1);
+        let first = sem.acquire().await.unwrap();
+        let token = first.lease.token;
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let sem = sem.clone();
+                tokio::spawn(async move { sem.acquire().await.unwrap() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let before = locker.stats();
+        let mut permit = first;
+        let mut tokens = Vec::new();
+        for w in waiters {
+            permit.release().await.unwrap();
+            permit = w.await.unwrap();
+            tokens.push(permit.lease.token);
+        }
+        let after = locker.stats();
+        assert_eq!(
+            tokens[..2],
+            [token, token],
+            "two handoffs of the same permit"
+        );
+        assert_ne!(
+            tokens[2], token,
+            "past the budget: a new permit from the backend"
+        );
+        assert_eq!(after.handoffs - before.handoffs, 2);
+        assert_eq!(after.acquired - before.acquired, 1, "one backend grant");
+        permit.release().await.unwrap();
+        assert!(
+            sem.try_acquire().await.unwrap().is_some(),
+            "returned at the end"
+        );
+    }
+
+    /// A lost permit and a permit with handoff off are never handed on: each goes
+    /// back to the backend (fair mode is tested against Redis, which reports the
+    /// other waiting instances).
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_permit_or_handoff_off_goes_back_to_the_backend() {
+        for handoff in [crate::Handoff::enabled(), crate::Handoff::disabled()] {
+            let locker = Locker::builder(MemoryBackend::new())
+                .lease_ttl(Duration::from_secs(3))
+                .handoff(handoff)
+                .build()
+                .unwrap();
+            let sem = locker.semaphore("k", 1);
+            let held = sem.acquire().await.unwrap();
+            let token = held.lease.token;
+            let waiter = tokio::spawn({
+                let sem = sem.clone();
+                async move { sem.acquire().await.unwrap() }
+            });
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            if handoff.is_enabled() {
+                // Lost: removed behind its back.
+                let backend = Arc::clone(&locker.shared().backend);
+                let sem_backend = backend.semaphore().unwrap();
+                assert!(
+                    sem_backend
+                        .release_permit(&LockKey::from("k"), token)
+                        .await
+                        .unwrap()
+                );
+                held.lost().await;
+                assert!(matches!(held.release().await, Err(Error::LeaseLost { .. })));
+            } else {
+                held.release().await.unwrap();
+            }
+            let next = waiter.await.unwrap();
+            assert_ne!(next.lease.token, token, "{handoff:?}: a new permit");
+            assert_eq!(locker.stats().handoffs, 0, "{handoff:?}");
+            next.release().await.unwrap();
+        }
     }
 
     /// A runtime that shuts down with a request task and waiters leaves no local

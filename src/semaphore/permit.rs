@@ -25,6 +25,10 @@ pub struct Permit {
     pub(super) lease: Arc<Lease>,
     pub(super) done: bool,
     pub(super) granted_at: Instant,
+    /// In fair mode, the permit passes only to local waiters queued before this
+    /// (queue ids below it): those that arrived before the request that granted it
+    /// was sent, so before any other instance the backend did not report.
+    pub(super) fair_bound: u64,
 }
 
 impl fmt::Debug for Permit {
@@ -45,6 +49,7 @@ impl Permit {
         key: &LockKey,
         token: LeaseToken,
         sent_at: Instant,
+        waiting: u32,
     ) -> Option<Permit> {
         let ttl = semaphores.config.lease_ttl;
         let granted = grant(
@@ -56,7 +61,7 @@ impl Permit {
             0,
             ttl,
             sent_at,
-            0,
+            waiting,
         );
         let Some(lease) = granted else {
             // Not held (the reply came after its validity): give the token back.
@@ -68,7 +73,23 @@ impl Permit {
             lease,
             done: false,
             granted_at: Instant::now(),
+            fair_bound: 0,
         })
+    }
+
+    /// The same permit for its next local holder ([`Semaphores::hand_off`]).
+    pub(super) fn handed_off(
+        semaphores: &Arc<Semaphores>,
+        lease: &Arc<Lease>,
+        fair_bound: u64,
+    ) -> Permit {
+        Permit {
+            semaphores: Arc::clone(semaphores),
+            lease: Arc::clone(lease),
+            done: false,
+            granted_at: Instant::now(),
+            fair_bound,
+        }
     }
 
     /// The semaphore's key.
@@ -78,13 +99,17 @@ impl Permit {
 
     crate::lease::observe_lease!("permit", signal);
 
-    /// Returns the permit to the backend, which wakes a waiting instance.
+    /// Ends this holder's use of the permit. If another task of this locker waits
+    /// for the key and the handoff budget allows ([`Handoff`](crate::Handoff)), the
+    /// still-valid permit passes to it in memory (no backend request); otherwise
+    /// it goes back to the backend, which wakes a waiting instance.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] if the backend no longer had the permit (it expired,
-    /// or was removed; nothing was returned). `Ok` means the release removed it.
-    /// Backend errors after its retries (the permit then expires at its TTL).
+    /// or was removed; nothing was returned). `Ok` means the release removed it,
+    /// or handed it to the next local holder. Backend errors after its retries
+    /// (the permit then expires at its TTL).
     ///
     /// # Cancel safety
     ///
@@ -94,6 +119,9 @@ impl Permit {
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
+        if self.semaphores.hand_off(&self.lease, self.fair_bound) {
+            return Ok(());
+        }
         let mut rearm = Rearm(Some((
             Arc::clone(&self.semaphores),
             Arc::clone(&self.lease),
@@ -151,6 +179,9 @@ impl Drop for Permit {
             return;
         }
         crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
+        if self.semaphores.hand_off(&self.lease, self.fair_bound) {
+            return;
+        }
         self.semaphores.renewals.forget(&self.lease);
         crate::lease::histograms::renewals(
             self.lease.kind,

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Deref;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, oneshot};
@@ -13,6 +14,7 @@ use crate::backend::{LeaseToken, LockKind};
 use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::Lease;
 use crate::lease::acquire::{Failure, Pacer};
 
 /// The semaphores of one locker, per key, over the locker's engine (which it
@@ -161,6 +163,55 @@ impl Semaphores {
     }
 }
 
+impl Semaphores {
+    /// Passes the permit `lease` (whose holder is done with it) to the first local
+    /// waiter of its key, within the handoff budget: no backend request, the same
+    /// token, renewed by the same watchdog entry. `false` if it may not be handed
+    /// on or nobody waits here; the caller then returns it to the backend.
+    ///
+    /// Safety: the permit stays one of the key's `N` live permits throughout (it is
+    /// valid for at least `min_validity` and is never returned to the backend in
+    /// between), and it has one holder at a time: the old holder's [`Permit`] is
+    /// finished (`done`) before the new one exists. Fairness: the budget is the
+    /// mutex's ([`Engine::may_hand_off`]), halved while the backend reported other
+    /// instances waiting. In fair mode none while others wait, and otherwise only
+    /// to a waiter queued before `fair_bound` (see [`Permit`]'s `fair_bound`).
+    pub(super) fn hand_off(self: &Arc<Self>, lease: &Arc<Lease>, fair_bound: u64) -> bool {
+        if !self.may_hand_off(lease) {
+            return false;
+        }
+        let Some(state) = self.lock().get(&lease.key).map(Arc::clone) else {
+            return false;
+        };
+        loop {
+            let mut q = state.queue();
+            if self.config.fair && q.waiters.front().is_some_and(|w| w.id >= fair_bound) {
+                return false;
+            }
+            let Some(waiter) = q.waiters.pop_front() else {
+                return false;
+            };
+            let emptied = q.waiters.is_empty();
+            drop(q);
+            if emptied {
+                // The request task may be waiting for a wake-up for this waiter.
+                state.left.notify_one();
+            }
+            let permit = Permit::handed_off(self, lease, fair_bound);
+            match waiter.tx.send(Ok(permit)) {
+                Ok(()) => {
+                    lease.handoffs.fetch_add(1, Ordering::Relaxed);
+                    self.stats.handoff();
+                    return true;
+                }
+                // That waiter is gone (its call was dropped): the next one.
+                Err(Ok(mut back)) => back.done = true,
+                Err(Err(_)) => return false,
+            }
+        }
+    }
+}
+
 /// The request task of one key. If it is dropped unfinished (its runtime shut
 /// down), the key's state is dropped with it: its waiters get an error, and the
 /// next acquire starts afresh.
@@ -276,6 +327,8 @@ impl Driver {
                 }
             };
             let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
+            // Local waiters queued so far arrived before this request was sent.
+            let fair_bound = state.queue().next_id;
             let mut pending = Pending::new(&semaphores, key, tokens.clone());
             let sent_at = pacer.sending();
             semaphores.stats.acquire_attempt();
@@ -287,8 +340,13 @@ impl Driver {
                 Ok(granted) => {
                     pending.disarm();
                     pacer.answered();
+                    let local = u32::try_from(k).unwrap_or(u32::MAX);
                     for token in &tokens[..granted.granted.min(k)] {
-                        if let Some(permit) = Permit::granted(&semaphores, key, *token, sent_at) {
+                        let permit =
+                            Permit::granted(&semaphores, key, *token, sent_at, granted.waiting);
+                        if let Some(mut permit) = permit {
+                            permit.lease.found_waiting.store(local, Ordering::Relaxed);
+                            permit.fair_bound = fair_bound;
                             self.hand_out(permit);
                         }
                     }

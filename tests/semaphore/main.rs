@@ -6,6 +6,7 @@
 mod cancel;
 mod crash;
 mod exclusion;
+mod handoff;
 mod requests;
 mod signals;
 

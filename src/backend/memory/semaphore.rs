@@ -128,7 +128,12 @@ impl SemaphoreBackend for MemoryBackend {
         if sem.is_empty() {
             keys.remove(key);
         }
-        Ok(Permits { granted, retry_in })
+        // One waiting entry per backend: other instances are not told apart.
+        Ok(Permits {
+            granted,
+            retry_in,
+            waiting: 0,
+        })
     }
 
     async fn release_permit(&self, key: &LockKey, token: LeaseToken) -> Result<bool> {

@@ -116,11 +116,12 @@ fn decode_acquire(
                     requested: permits,
                 });
             }
-            [Value::Int(granted), Value::Int(wait_ms)] if *granted >= 0 => {
+            [Value::Int(granted), Value::Int(wait_ms), Value::Int(others)] if *granted >= 0 => {
                 let wait = Duration::from_millis(u64::try_from(*wait_ms).unwrap_or(0));
                 return Ok(Permits {
                     granted: usize::try_from(*granted).unwrap_or(0),
                     retry_in: wait.clamp(MIN_RETRY, max_wait.max(MIN_RETRY)),
+                    waiting: u32::try_from(*others).unwrap_or(u32::MAX),
                 });
             }
             _ => {}
@@ -298,14 +299,15 @@ mod tests {
         let max = Duration::from_secs(1);
         let ints = |v: &[i64]| Value::Array(v.iter().map(|n| Value::Int(*n)).collect());
         assert_eq!(
-            decode_acquire(&k, 3, &ints(&[2, 0]), max).unwrap(),
+            decode_acquire(&k, 3, &ints(&[2, 0, 4]), max).unwrap(),
             Permits {
                 granted: 2,
-                retry_in: MIN_RETRY
+                retry_in: MIN_RETRY,
+                waiting: 4,
             }
         );
         assert_eq!(
-            decode_acquire(&k, 3, &ints(&[0, 60_000]), max)
+            decode_acquire(&k, 3, &ints(&[0, 60_000, 0]), max)
                 .unwrap()
                 .retry_in,
             max

@@ -7,10 +7,13 @@
 -- ARGV[6..] the k tokens, in the order permits are to be granted
 --
 -- Returns:
---   { granted, wait_ms }  the first `granted` tokens are permits now (a token that
+--   { granted, wait_ms, others }
+--                         the first `granted` tokens are permits now (a token that
 --                         already was a live permit is re-armed and counts: a retry
 --                         after a lost reply is safe); when granted < k, ask again
---                         within wait_ms (the earliest expiry of a live permit)
+--                         within wait_ms (the earliest expiry of a live permit);
+--                         `others` other instances are in the waiting set (the
+--                         caller's local handoff budget follows it)
 --   { -3, stored }        the key has `stored` permits, not N: nothing changed
 --
 -- An instance given fewer than k (with ARGV[5] "1") joins the waiting set, or stays
@@ -88,4 +91,4 @@ if join then
     dequeue(queue, expiry, me)
   end
 end
-return { granted, wait_ms }
+return { granted, wait_ms, q.others }
