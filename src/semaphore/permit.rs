@@ -16,7 +16,9 @@ use crate::lease::{Lease, LeaseKind};
 /// A held permit of a [`Semaphore`](super::Semaphore).
 ///
 /// Release it with [`release`](Permit::release) to learn whether it was still held;
-/// dropping it releases it in the background. While it is held the locker's
+/// dropping it does the same in the background. Either way it passes to the next
+/// local waiter of the semaphore when the handoff budget allows
+/// ([`Handoff`](crate::Handoff)), else it goes back to the backend. While it is held the locker's
 /// watchdog renews it; [`lost`](Permit::lost) resolves if it is lost, no later
 /// than its validity ends.
 #[must_use = "the permit is released when it is dropped"]
