@@ -63,7 +63,8 @@ impl Engine {
             return false;
         }
         let waiting = lease.waiting.load(Ordering::Relaxed);
-        if self.config.fair && waiting > 0 {
+        if self.config.fair && waiting > 0 && lease.arrival_bound().is_none() {
+            // Fair, others wait, and the backend did not say when they arrived.
             return false;
         }
         let (max_n, max_hold) = if waiting > 0 {

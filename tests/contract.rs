@@ -549,6 +549,7 @@ async fn a_grant_without_an_epoch_is_an_error() {
         .push_back(Fault::Acquire(Acquire::Acquired {
             epoch: 0,
             waiting: 0,
+            earliest_other: None,
         }));
     let locker = locker(&backend, Duration::from_secs(3));
     let err = locker.lock("k").await.unwrap_err();

@@ -530,3 +530,31 @@ async fn commands_per_critical_section_fair_vs_default() {
         }
     }
 }
+
+/// While another instance waits, fair mode still hands the lease to a local task
+/// that arrived before every waiter of every other instance (the acquire reply
+/// reports when the earliest of them arrived), and to none that arrived after one:
+/// the grant order stays the arrival order, with one handoff instead of a second
+/// acquire for the two earlier local tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_handoff_serves_local_tasks_that_arrived_before_every_other_waiter() {
+    let server = shared();
+    let _log = server.log_on_panic();
+    let url = server.url();
+    let prefix = unique_prefix("fair-handoff-earlier");
+    let key = LockKey::from("k");
+    let names = backend_at(&url, &prefix).await;
+    let holder = locker(names.clone(), true);
+    let fair = instances(&url, &prefix, 2, true).await;
+    let before = fair[0].stats();
+    // Instance 0: two tasks, then instance 1, then instance 0 again.
+    let order = grant_order(&names, &holder, &fair, &key, &[0, 0, 1, 0], GAP).await;
+    assert_eq!(order, [0, 1, 2, 3], "arrival order");
+    let after = fair[0].stats();
+    assert_eq!(
+        after.handoffs - before.handoffs,
+        1,
+        "the second local task (earlier than instance 1's) by handoff, the fourth not"
+    );
+    assert_eq!(after.acquired - before.acquired, 2, "two grants by Redis");
+}

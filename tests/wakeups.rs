@@ -36,6 +36,7 @@ impl LockBackend for RacingRelease {
         Ok(Acquire::Acquired {
             epoch: 1,
             waiting: 0,
+            earliest_other: None,
         })
     }
     async fn release(&self, _key: &LockKey, _token: LeaseToken) -> lockflight::Result<Released> {

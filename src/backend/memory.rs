@@ -203,6 +203,7 @@ impl LockBackend for MemoryBackend {
         Ok(Acquire::Acquired {
             epoch,
             waiting: self.waiting(key),
+            earliest_other: None,
         })
     }
 
@@ -242,6 +243,7 @@ impl LockBackend for MemoryBackend {
             Acquire::Acquired {
                 epoch,
                 waiting: u32::try_from(others).unwrap_or(u32::MAX),
+                earliest_other: None,
             }
         } else {
             let retry_in = if free {

@@ -125,6 +125,13 @@ pub enum Acquire {
         epoch: u64,
         /// How many *other* instances wait in the key's queue.
         waiting: u32,
+        /// Fair mode: how long before the backend answered the earliest waiter of
+        /// the other waiting instances arrived (its age in the fair queue), when
+        /// another instance waits; `None` when none waits, outside fair mode, or
+        /// when the backend does not tell. A local task that arrived more than this
+        /// long before the request was sent arrived before every other instance's
+        /// waiter, so fair mode may hand the lease to it.
+        earliest_other: Option<Duration>,
     },
     /// Someone else holds (or has a claim on) the lock; we are queued.
     Busy {

@@ -90,6 +90,10 @@ pub(crate) struct Lease {
     valid_until: Mutex<Instant>,
     /// The hold limit's end, if the locker has one: validity never extends past it.
     hold_until: OnceLock<Instant>,
+    /// Fair mode: local tasks that arrived before this arrived before every waiter
+    /// of every other instance, and may be handed the lease (unset: none may while
+    /// other instances wait).
+    arrival_bound: OnceLock<Instant>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
@@ -122,6 +126,7 @@ impl Lease {
             found_waiting: AtomicU32::new(u32::MAX),
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
             hold_until: OnceLock::new(),
+            arrival_bound: OnceLock::new(),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -151,6 +156,16 @@ impl Lease {
         if self.hold_until.set(end).is_ok() {
             self.set_valid_until(self.valid_until());
         }
+    }
+
+    /// Fair mode: sets who may be handed the lease (see `arrival_bound`), once.
+    pub(crate) fn set_arrival_bound(&self, at: Instant) {
+        let _ = self.arrival_bound.set(at);
+    }
+
+    /// Fair mode: local tasks that arrived before this may be handed the lease.
+    pub(crate) fn arrival_bound(&self) -> Option<Instant> {
+        self.arrival_bound.get().copied()
     }
 
     /// Whether the hold limit (if any) has been reached.

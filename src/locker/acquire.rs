@@ -157,7 +157,11 @@ impl LockerState {
                 Err(_) => return Err(self.timed_out(key, start)),
             };
             match reply {
-                Ok(Acquire::Acquired { epoch, waiting }) => {
+                Ok(Acquire::Acquired {
+                    epoch,
+                    waiting,
+                    earliest_other,
+                }) => {
                     if epoch == 0 && self.backend.fencing() {
                         return Err(Error::backend(
                             key,
@@ -185,6 +189,20 @@ impl LockerState {
                         continue;
                     };
                     leading.finished = true;
+                    if self.config.fair {
+                        // Who may be handed this lease in fair mode: local tasks that
+                        // arrived before the request was sent when nobody else
+                        // waited (any later remote waiter arrived after that), or
+                        // before the earliest other waiter's arrival.
+                        let bound = match earliest_other {
+                            _ if waiting == 0 => Some(sent_at),
+                            Some(age) => sent_at.checked_sub(age),
+                            None => None,
+                        };
+                        if let Some(bound) = bound {
+                            lease.set_arrival_bound(bound);
+                        }
+                    }
                     if let Some(slot) = &leading.slot {
                         let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
                         lease.found_waiting.store(found, Ordering::Relaxed);

@@ -25,9 +25,12 @@ impl LockerState {
     ) -> Option<ReleaseJob> {
         if let Some(slot) = &slot {
             let handoff = self.may_hand_off(&lease);
-            // Fair: only to a waiter that arrived before the acquire that found no
-            // other instance waiting (any later remote waiter arrived after it).
-            let arrived_by = self.config.fair.then_some(lease.acquired_at);
+            // Fair: only to a waiter that arrived before every other instance's
+            // waiter (the lease's arrival bound; none: no handoff in fair mode).
+            let arrived_by = self
+                .config
+                .fair
+                .then(|| lease.arrival_bound().unwrap_or(lease.acquired_at));
             // Caching needs a runtime for its linger timer (a guard may be dropped
             // outside one); off by default, so the runtime is looked up only then.
             let linger = self.config.handoff.linger;

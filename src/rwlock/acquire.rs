@@ -201,7 +201,7 @@ impl RwLocks {
             .await
             .map_err(|_| call.timed_out(locks, &key, Phase::Acquiring))?;
             match reply {
-                Ok(Acquire::Acquired { epoch, waiting }) => {
+                Ok(Acquire::Acquired { epoch, waiting, .. }) => {
                     if leading.kind == Kind::Write && epoch == 0 && locks.backend.fencing() {
                         return Err(Error::backend(
                             &key,

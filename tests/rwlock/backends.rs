@@ -71,6 +71,7 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
             Ok(Acquire::Acquired {
                 epoch: 1,
                 waiting: 0,
+                earliest_other: None,
             })
         }
         async fn release(&self, _: &LockKey, _: LeaseToken) -> lockflight::Result<Released> {

@@ -101,6 +101,7 @@ impl RwBackend for MemoryBackend {
             Acquire::Acquired {
                 epoch: e.fence,
                 waiting: 0,
+                earliest_other: None,
             }
         }))
     }
@@ -131,6 +132,7 @@ impl RwBackend for MemoryBackend {
             Acquire::Acquired {
                 epoch: e.fence,
                 waiting: others,
+                earliest_other: None,
             }
         }))
     }

@@ -48,9 +48,14 @@ pub(super) fn decode_acquire(key: &LockKey, reply: &Value, max_wait: Duration) -
     };
     match reply {
         Value::Array(items) => match items.as_slice() {
-            [Value::Int(1), epoch, others] => Ok(Acquire::Acquired {
+            [Value::Int(1), epoch, others, rest @ ..] => Ok(Acquire::Acquired {
                 epoch: decode_epoch(key, epoch)?,
                 waiting: waiting(others),
+                // Fair mode: the earliest other waiter's age in µs (-1: none).
+                earliest_other: match rest {
+                    [Value::Int(us)] => u64::try_from(*us).ok().map(Duration::from_micros),
+                    _ => None,
+                },
             }),
             [Value::Int(0), Value::Int(wait_ms), _] => Ok(Acquire::Busy {
                 retry_in: Duration::from_millis(u64::try_from(*wait_ms).unwrap_or(0)).min(max_wait),

@@ -124,6 +124,7 @@ impl RedisBackend {
             return Ok(Acquire::Acquired {
                 epoch: 0,
                 waiting: super::waiting(others),
+                earliest_other: None,
             });
         }
         decode_acquire(key, &reply, inner.entry_refresh)

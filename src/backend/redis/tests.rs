@@ -45,7 +45,8 @@ fn decodes_every_acquire_reply() {
         decode_acquire(&k, &ints(&[1, 42, 3]), max).unwrap(),
         Acquire::Acquired {
             epoch: 42,
-            waiting: 3
+            waiting: 3,
+            earliest_other: None,
         }
     );
     assert_eq!(

@@ -133,7 +133,7 @@ impl Inner {
         let mut fast = false;
         for (i, o) in outcomes.into_iter().enumerate() {
             match o {
-                Outcome::Ok(Acquire::Acquired { epoch, waiting }) => {
+                Outcome::Ok(Acquire::Acquired { epoch, waiting, .. }) => {
                     granted.push((i, epoch, waiting))
                 }
                 Outcome::Ok(Acquire::Busy { retry_in }) => busy.push(retry_in),
@@ -170,7 +170,16 @@ impl Inner {
             .count();
             if written >= inner.quorum && validity(Instant::now()) >= ttl / 2 {
                 inner.unwatch_nodes(key);
-                return (Ok(Acquire::Acquired { epoch, waiting }), fast);
+                // No fair queue across nodes: no arrival order to report.
+                let earliest_other = None;
+                return (
+                    Ok(Acquire::Acquired {
+                        epoch,
+                        waiting,
+                        earliest_other,
+                    }),
+                    fast,
+                );
             }
             tracing::debug!(%key, written, "redlock: the fence write-back reached no majority in time");
         }

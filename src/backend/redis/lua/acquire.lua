@@ -16,9 +16,12 @@
 -- entry is given a claim window and one message, so it takes the lock at once.
 --
 -- Returns:
---   { 1, epoch, others }   acquired, or already ours (TTL re-armed); either way with a
+--   { 1, epoch, others [, earliest] }
+--                          acquired, or already ours (TTL re-armed); either way with a
 --                          fresh epoch max(last + 1, server TIME in µs), because a token
---                          may be reused by a new leader after a failed release
+--                          may be reused by a new leader after a failed release; in fair
+--                          mode `earliest` is the age in µs of the earliest other live
+--                          entry (its arrival time's distance from now), -1 with none
 --   { 0, wait_ms, others } busy (queued if ARGV[6] is "1"); ask again within wait_ms
 --                          (the lock's or the claim's PTTL)
 --   { -1 }                 the lock key holds a value of another type
@@ -62,7 +65,12 @@ end
 
 if free then
   if q == nil then
-    q = read_queue(queue, expiry, me, false, false, false)
+    -- Fair: with the earliest other entry, whose age the reply reports.
+    q = read_queue(queue, expiry, me, fair, true, false)
+  end
+  local earliest = -1
+  if fair and q.head ~= nil then
+    earliest = math.max(0, now().us - tonumber(redis.call('ZSCORE', queue, q.head)))
   end
 
   -- Writes. The first one mints the epoch, max(last + 1, TIME µs): SET … GET
@@ -92,6 +100,9 @@ if free then
     dequeue(queue, expiry, me)
   end
   purge(queue, expiry, q)
+  if fair then
+    return { 1, epoch, q.others, math.floor(earliest) }
+  end
   return { 1, epoch, q.others }
 end
 
