@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult};
 
 use crate::report::{Check, Verdict, print_checks};
-use crate::{EXIT_FAILED, connect, progress, redact};
+use crate::{EXIT_FAILED, cluster_primaries, connect, progress, redact};
 
 /// The rights the minimal ACL user needs (README, `RedisBackend` docs), as
 /// `(right, command line that exercises it)`; `K` is a probe key, `Z` a probe
@@ -97,34 +97,6 @@ pub(crate) async fn run(
         Verdict::Warn if strict => EXIT_FAILED,
         _ => 0,
     })
-}
-
-/// The primaries of the cluster that `url` is a node of, as URLs with the same
-/// credentials.
-async fn cluster_primaries(url: &str) -> Result<Vec<String>, String> {
-    let mut conn = connect(url).await?;
-    let nodes: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| format!("CLUSTER NODES on {}: {e}", redact(url)))?;
-    let base = redis::parse_redis_url(url).ok_or("bad URL")?;
-    let mut out = Vec::new();
-    for line in nodes.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() > 2 && fields[2].contains("master") && !fields[2].contains("fail") {
-            let addr = fields[1].split('@').next().unwrap_or_default();
-            let mut node = base.clone();
-            let (host, port) = addr.rsplit_once(':').ok_or("bad CLUSTER NODES line")?;
-            let _ = node.set_host(Some(host));
-            let _ = node.set_port(port.parse().ok());
-            out.push(node.to_string());
-        }
-    }
-    if out.is_empty() {
-        return Err("CLUSTER NODES lists no primary".into());
-    }
-    Ok(out)
 }
 
 /// Every check of one server; also the server clock's offset from this machine's
