@@ -5,7 +5,9 @@
 //!
 //! An [`Inspector`] knows the key prefix and runs on any `redis` async
 //! connection to the server (or, for one key, a cluster connection: every name of
-//! a key shares one slot). Listing uses `SCAN` on one server.
+//! a key shares one slot). Listing uses `SCAN` on one server: on a Cluster, list
+//! each primary on a connection of its own (what `lockflight list --cluster`
+//! does); no key is listed by two primaries.
 //!
 //! ```no_run
 //! # async fn demo() -> lockflight::Result<()> {
