@@ -17,6 +17,7 @@ mod doctor;
 mod ops;
 mod report;
 mod selfcheck;
+mod sentinel;
 
 /// Exit code: a check failed.
 pub(crate) const EXIT_FAILED: u8 = 1;
@@ -49,15 +50,22 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Checks a Redis server (or, with --cluster, every primary of a Cluster) for
-    /// what lockflight needs: version, scripts, ACL rights, eviction, persistence,
-    /// replicas, clocks, script PUBLISH, latency.
+    /// Checks a Redis server (or, with --cluster, every primary of a Cluster; with
+    /// --sentinel, the sentinels and the primary they name) for what lockflight
+    /// needs: version, scripts, ACL rights, eviction, persistence, replicas,
+    /// clocks, script PUBLISH, latency; quorum and replicas of a Sentinel set.
     Doctor {
-        /// redis://[user:password@]host:port[/db]; with --cluster, any node.
-        url: String,
+        /// redis://[user:password@]host:port[/db]; with --cluster, any node; with
+        /// --sentinel, one or more sentinels.
+        #[arg(required = true, value_name = "URL")]
+        urls: Vec<String>,
         /// The URL is a node of a Redis Cluster: check every primary.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "sentinel")]
         cluster: bool,
+        /// The URLs are sentinels and this is the master name: ask them for the
+        /// primary, the quorum and the replicas, then check the primary.
+        #[arg(long, value_name = "MASTER")]
+        sentinel: Option<String>,
         /// The replica acknowledgement the backend will ask for
         /// (`replica_ack(n, …)`): check that `n` replicas acknowledge a WAIT.
         #[arg(long, value_name = "N")]
@@ -143,11 +151,25 @@ async fn run(cli: Cli) -> u8 {
     let json = cli.json;
     let result = match cli.command {
         Command::Doctor {
-            url,
+            urls,
             cluster,
+            sentinel,
             replica_ack,
             strict,
-        } => doctor::run(&url, &cli.prefix, cluster, replica_ack, strict, json).await,
+        } => {
+            let target = match (&sentinel, cluster, urls.as_slice()) {
+                (Some(master), _, sentinels) => doctor::Target::Sentinel(sentinels, master),
+                (None, true, [url]) => doctor::Target::Cluster(url),
+                (None, false, [url]) => doctor::Target::Server(url),
+                (None, _, _) => {
+                    eprintln!(
+                        "lockflight doctor: one URL (several only with --sentinel, for the sentinels)"
+                    );
+                    return 2;
+                }
+            };
+            doctor::run(target, &cli.prefix, replica_ack, strict, json).await
+        }
         Command::Inspect { url, key, cluster } => {
             ops::inspect(&url, cluster, &cli.prefix, &key, json).await
         }

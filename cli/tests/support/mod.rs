@@ -18,6 +18,8 @@ pub async fn lockflight(args: Vec<String>) -> (i32, Value) {
     })
     .await
     .unwrap();
+    // Shown with a failing test's output.
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), json)
