@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 mod doctor;
 mod ops;
+mod proxy;
 mod report;
 mod selfcheck;
 mod sentinel;

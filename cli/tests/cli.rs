@@ -367,8 +367,16 @@ async fn selfcheck_finds_no_violation_on_lockflight() {
     ]))
     .await;
     assert_eq!(code, 0, "{report:#}");
-    for id in ["exclusion", "fenced-order", "lost-updates"] {
-        assert_eq!(verdict(&report, id).0, "pass", "{report:#}");
+    for id in [
+        "exclusion",
+        "fenced-order",
+        "lost-updates",
+        "truthful-release",
+        "nothing-left-locked",
+        "lost-replies",
+        "paused-client",
+    ] {
+        assert_eq!(verdict(&report, id).0, "pass", "{id}: {report:#}");
     }
 }
 
