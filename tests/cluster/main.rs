@@ -193,8 +193,8 @@ async fn a_cluster_client_of_the_application_carries_the_locks() {
         .collect();
     let client = |password: &str| {
         redis::cluster::ClusterClientBuilder::new(c.urls())
-            .username("lfclient".to_owned())
-            .password(password.to_owned())
+            .username("lfclient")
+            .password(password)
             .retries(3)
             .build()
             .expect("cluster client")
