@@ -622,7 +622,8 @@ pub(crate) async fn run(url: &str, budget: Duration, json: bool) -> Result<u8, S
 }
 
 /// The three phases; the many waiters get 45 % of the budget, lost replies
-/// 35 %, the paused client the rest.
+/// 35 %, the paused client 20 % but at least 3 s (each workload then waits at
+/// most 5 s for its keys to be free).
 async fn phases(
     url: &str,
     prefix: &str,

@@ -107,6 +107,18 @@ async fn doctor_fails_replica_ack_without_replicas() {
 }
 
 #[tokio::test]
+async fn doctor_takes_several_urls_only_for_sentinels() {
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "redis://127.0.0.1:1/",
+        "redis://127.0.0.1:2/",
+    ]))
+    .await;
+    assert_eq!((code, report), (2, Value::Null), "bad usage, nothing run");
+}
+
+#[tokio::test]
 async fn doctor_reports_an_unreachable_server_with_exit_3() {
     let (code, report) = lockflight(args(&["doctor", "--json", "redis://127.0.0.1:1/"])).await;
     assert_eq!(code, 3);

@@ -274,7 +274,7 @@ impl RedisBackend {
     /// Pass the `redis::Client` you built the manager from instead:
     /// `RedisBackend::from_client(client.clone())` next to
     /// `ConnectionManager::new(client)`. For a Redis Cluster, see
-    /// [`from_cluster_client`](Self::from_cluster_client).
+    /// `RedisBackend::from_cluster_client` (feature `cluster`).
     ///
     /// ```no_run
     /// # async fn run() -> lockflight::Result<()> {
