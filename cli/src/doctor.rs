@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult};
 
 use crate::report::{Check, Verdict, print_checks};
-use crate::{EXIT_FAILED, connect, progress, redact};
+use crate::{EXIT_FAILED, cluster_primaries, connect, progress, redact};
 
 /// The rights the minimal ACL user needs (README, `RedisBackend` docs), as
 /// `(right, command line that exercises it)`; `K` is a probe key, `Z` a probe
@@ -63,26 +63,50 @@ async fn info(
         .collect())
 }
 
+/// What `doctor` is pointed at.
+pub(crate) enum Target<'a> {
+    /// One server.
+    Server(&'a str),
+    /// Any node of a Cluster: every primary is checked.
+    Cluster(&'a str),
+    /// Sentinels and the master name: the sentinels are asked, then the primary
+    /// they name is checked.
+    Sentinel(&'a [String], &'a str),
+}
+
 /// `lockflight doctor`.
 pub(crate) async fn run(
-    url: &str,
+    target: Target<'_>,
     prefix: &str,
-    cluster: bool,
     replica_ack: Option<u32>,
     strict: bool,
     json: bool,
 ) -> Result<u8, String> {
-    let urls = if cluster {
-        cluster_primaries(url).await?
-    } else {
-        vec![url.to_owned()]
-    };
     let mut checks = Vec::new();
+    let mut others = Vec::new();
+    let (urls, shown, label_nodes) = match target {
+        Target::Server(url) => (vec![url.to_owned()], redact(url), false),
+        Target::Cluster(url) => (cluster_primaries(url).await?, redact(url), true),
+        Target::Sentinel(sentinels, master) => {
+            let view = crate::sentinel::inspect(sentinels, master, replica_ack).await;
+            checks.extend(view.checks);
+            others = view.replicas;
+            let shown = format!(
+                "sentinel master {master:?} via [{}]",
+                sentinels
+                    .iter()
+                    .map(|s| redact(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            (view.primary.into_iter().collect(), shown, true)
+        }
+    };
     let mut offsets = Vec::new();
     for node in &urls {
         let (mut node_checks, offset) =
-            check_server(node, prefix, replica_ack, !cluster, json).await?;
-        if cluster {
+            check_server(node, prefix, replica_ack, !label_nodes, json).await?;
+        if label_nodes {
             for c in &mut node_checks {
                 c.detail = format!("{}: {}", redact(node), c.detail);
             }
@@ -90,8 +114,17 @@ pub(crate) async fn run(
         checks.extend(node_checks);
         offsets.push((redact(node), offset));
     }
-    checks.push(clock_check(&offsets));
-    let worst = print_checks("doctor", &redact(url), &checks, json);
+    // The replicas a failover may promote: their clocks must agree with the
+    // primary's (fencing epochs are floored by the server's clock).
+    for node in &others {
+        if let Ok(mut conn) = connect(node).await {
+            offsets.push((redact(node), clock_offset(&mut conn, 5).await.1));
+        }
+    }
+    if !urls.is_empty() {
+        checks.push(clock_check(&offsets));
+    }
+    let worst = print_checks("doctor", &shown, &checks, json);
     Ok(match worst {
         Verdict::Fail => EXIT_FAILED,
         Verdict::Warn if strict => EXIT_FAILED,
@@ -99,32 +132,30 @@ pub(crate) async fn run(
     })
 }
 
-/// The primaries of the cluster that `url` is a node of, as URLs with the same
-/// credentials.
-async fn cluster_primaries(url: &str) -> Result<Vec<String>, String> {
-    let mut conn = connect(url).await?;
-    let nodes: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| format!("CLUSTER NODES on {}: {e}", redact(url)))?;
-    let base = redis::parse_redis_url(url).ok_or("bad URL")?;
-    let mut out = Vec::new();
-    for line in nodes.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() > 2 && fields[2].contains("master") && !fields[2].contains("fail") {
-            let addr = fields[1].split('@').next().unwrap_or_default();
-            let mut node = base.clone();
-            let (host, port) = addr.rsplit_once(':').ok_or("bad CLUSTER NODES line")?;
-            let _ = node.set_host(Some(host));
-            let _ = node.set_port(port.parse().ok());
-            out.push(node.to_string());
+/// `n` `TIME` calls: their round trips, sorted, and the server clock's offset
+/// from this machine's (µs, corrected by half the round trip) at the last one
+/// that answered.
+async fn clock_offset(conn: &mut MultiplexedConnection, n: usize) -> (Vec<Duration>, i64) {
+    let mut rtts = Vec::new();
+    let mut offset = 0i64;
+    for _ in 0..n {
+        let before = SystemTime::now();
+        let sent = Instant::now();
+        let time: RedisResult<(String, String)> = redis::cmd("TIME").query_async(conn).await;
+        let rtt = sent.elapsed();
+        rtts.push(rtt);
+        if let Ok((s, us)) = time {
+            let server = s.parse::<i64>().unwrap_or(0) * 1_000_000 + us.parse::<i64>().unwrap_or(0);
+            let local = before
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as i64)
+                .unwrap_or(0)
+                + rtt.as_micros() as i64 / 2;
+            offset = server - local;
         }
     }
-    if out.is_empty() {
-        return Err("CLUSTER NODES lists no primary".into());
-    }
-    Ok(out)
+    rtts.sort();
+    (rtts, offset)
 }
 
 /// Every check of one server; also the server clock's offset from this machine's
@@ -358,25 +389,7 @@ async fn check_server(
     bar.inc(1);
 
     bar.set_message("clock and latency");
-    let mut rtts = Vec::new();
-    let mut offset = 0i64;
-    for _ in 0..20 {
-        let before = SystemTime::now();
-        let sent = Instant::now();
-        let time: RedisResult<(String, String)> = redis::cmd("TIME").query_async(&mut conn).await;
-        let rtt = sent.elapsed();
-        rtts.push(rtt);
-        if let Ok((s, us)) = time {
-            let server = s.parse::<i64>().unwrap_or(0) * 1_000_000 + us.parse::<i64>().unwrap_or(0);
-            let local = before
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_micros() as i64)
-                .unwrap_or(0)
-                + rtt.as_micros() as i64 / 2;
-            offset = server - local;
-        }
-    }
-    rtts.sort();
+    let (rtts, offset) = clock_offset(&mut conn, 20).await;
     let p50 = rtts[rtts.len() / 2];
     checks.push(latency_check(p50, rtts[rtts.len() - 1]));
     bar.inc(1);

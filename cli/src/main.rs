@@ -15,8 +15,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 mod doctor;
 mod ops;
+mod proxy;
 mod report;
 mod selfcheck;
+mod sentinel;
 
 /// Exit code: a check failed.
 pub(crate) const EXIT_FAILED: u8 = 1;
@@ -49,15 +51,22 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Checks a Redis server (or, with --cluster, every primary of a Cluster) for
-    /// what lockflight needs: version, scripts, ACL rights, eviction, persistence,
-    /// replicas, clocks, script PUBLISH, latency.
+    /// Checks a Redis server (or, with --cluster, every primary of a Cluster; with
+    /// --sentinel, the sentinels and the primary they name) for what lockflight
+    /// needs: version, scripts, ACL rights, eviction, persistence, replicas,
+    /// clocks, script PUBLISH, latency; quorum and replicas of a Sentinel set.
     Doctor {
-        /// redis://[user:password@]host:port[/db]; with --cluster, any node.
-        url: String,
+        /// redis://[user:password@]host:port[/db]; with --cluster, any node; with
+        /// --sentinel, one or more sentinels.
+        #[arg(required = true, value_name = "URL")]
+        urls: Vec<String>,
         /// The URL is a node of a Redis Cluster: check every primary.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "sentinel")]
         cluster: bool,
+        /// The URLs are sentinels and this is the master name: ask them for the
+        /// primary, the quorum and the replicas, then check the primary.
+        #[arg(long, value_name = "MASTER")]
+        sentinel: Option<String>,
         /// The replica acknowledgement the backend will ask for
         /// (`replica_ack(n, …)`): check that `n` replicas acknowledge a WAIT.
         #[arg(long, value_name = "N")]
@@ -69,15 +78,21 @@ enum Command {
     /// Shows everything lockflight stores for one key: holder, fencing epochs,
     /// TTLs, waiting instances with their ages, claims, read leases, permits.
     Inspect {
-        /// redis://…
+        /// redis://…; with --cluster, any node.
         url: String,
         /// The lock key (as given to `Locker::lock`).
         key: String,
+        /// The URL is a node of a Redis Cluster: ask the key's node.
+        #[arg(long)]
+        cluster: bool,
     },
-    /// Lists held keys (SCAN, bounded).
+    /// Lists held keys (SCAN, bounded; with --cluster, on every primary).
     List {
-        /// redis://…
+        /// redis://…; with --cluster, any node.
         url: String,
+        /// The URL is a node of a Redis Cluster: scan every primary.
+        #[arg(long)]
+        cluster: bool,
         /// Only keys that start with this.
         #[arg(long = "match", value_name = "KEY_PREFIX", default_value = "")]
         key_prefix: String,
@@ -90,10 +105,13 @@ enum Command {
         /// Required: this frees a lock that somebody else holds.
         #[arg(long)]
         force: bool,
-        /// redis://…
+        /// redis://…; with --cluster, any node.
         url: String,
         /// The lock key.
         key: String,
+        /// The URL is a node of a Redis Cluster: the key's node is used.
+        #[arg(long)]
+        cluster: bool,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -134,21 +152,39 @@ async fn run(cli: Cli) -> u8 {
     let json = cli.json;
     let result = match cli.command {
         Command::Doctor {
-            url,
+            urls,
             cluster,
+            sentinel,
             replica_ack,
             strict,
-        } => doctor::run(&url, &cli.prefix, cluster, replica_ack, strict, json).await,
-        Command::Inspect { url, key } => ops::inspect(&url, &cli.prefix, &key, json).await,
+        } => {
+            let target = match (&sentinel, cluster, urls.as_slice()) {
+                (Some(master), _, sentinels) => doctor::Target::Sentinel(sentinels, master),
+                (None, true, [url]) => doctor::Target::Cluster(url),
+                (None, false, [url]) => doctor::Target::Server(url),
+                (None, _, _) => {
+                    eprintln!(
+                        "lockflight doctor: one URL (several only with --sentinel, for the sentinels)"
+                    );
+                    return 2;
+                }
+            };
+            doctor::run(target, &cli.prefix, replica_ack, strict, json).await
+        }
+        Command::Inspect { url, key, cluster } => {
+            ops::inspect(&url, cluster, &cli.prefix, &key, json).await
+        }
         Command::List {
             url,
+            cluster,
             key_prefix,
             limit,
-        } => ops::list(&url, &cli.prefix, &key_prefix, limit, json).await,
+        } => ops::list(&url, cluster, &cli.prefix, &key_prefix, limit, json).await,
         Command::Release {
             force,
             url,
             key,
+            cluster,
             yes,
             fence,
         } => {
@@ -158,7 +194,7 @@ async fn run(cli: Cli) -> u8 {
                 );
                 return 2;
             }
-            ops::release(&url, &cli.prefix, &key, yes, &fence, json).await
+            ops::release(&url, cluster, &cli.prefix, &key, yes, &fence, json).await
         }
         Command::Selfcheck { url, seconds } => {
             selfcheck::run(&url, Duration::from_secs(seconds.clamp(1, 600)), json).await
@@ -202,6 +238,96 @@ pub(crate) async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnecti
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+}
+
+/// A connection for one key's operations: to the server, or (`cluster`) a
+/// cluster connection through the node at `url`, which routes each script to the
+/// node of its key's slot.
+pub(crate) enum KeyConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl KeyConn {
+    pub(crate) async fn open(url: &str, cluster: bool) -> Result<KeyConn, String> {
+        if !cluster {
+            return Ok(KeyConn::Single(connect(url).await?));
+        }
+        let client = redis::cluster::ClusterClientBuilder::new(vec![url])
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("bad URL: {e}"))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| format!("cannot connect to the cluster at {}: {e}", redact(url)))?;
+        Ok(KeyConn::Cluster(conn))
+    }
+}
+
+impl redis::aio::ConnectionLike for KeyConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            KeyConn::Single(c) => c.req_packed_command(cmd),
+            KeyConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            KeyConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            KeyConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            KeyConn::Single(c) => c.get_db(),
+            KeyConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The primaries of the cluster that `url` is a node of (`CLUSTER NODES`), as
+/// URLs with the same credentials.
+pub(crate) async fn cluster_primaries(url: &str) -> Result<Vec<String>, String> {
+    let mut conn = connect(url).await?;
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| format!("CLUSTER NODES on {}: {e}", redact(url)))?;
+    let base = redis::parse_redis_url(url).ok_or("bad URL")?;
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let flags = fields.get(2).copied().unwrap_or_default();
+        if flags.split(',').any(|f| f == "master")
+            && !flags
+                .split(',')
+                .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"))
+        {
+            let addr = fields[1].split(['@', ',']).next().unwrap_or_default();
+            let (host, port) = addr.rsplit_once(':').ok_or("bad CLUSTER NODES line")?;
+            let mut node = base.clone();
+            let _ = node.set_host(Some(host));
+            let _ = node.set_port(port.parse().ok());
+            out.push(node.to_string());
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("CLUSTER NODES on {} lists no primary", redact(url)));
+    }
+    Ok(out)
 }
 
 /// `url` without its password.

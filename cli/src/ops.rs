@@ -4,10 +4,10 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
 use lockflight::fence::FencedKey;
-use lockflight::inspect::{Inspector, KeyState, LeaseState, WaiterState};
+use lockflight::inspect::{Inspector, KeyState, LeaseState, Listing, WaiterState};
 use serde_json::{Value, json};
 
-use crate::{EXIT_NOT_CONFIRMED, connect, redact};
+use crate::{EXIT_NOT_CONFIRMED, KeyConn, cluster_primaries, connect, redact};
 
 fn ms(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_millis() as u64))
@@ -99,8 +99,14 @@ fn print_state(s: &KeyState) {
 }
 
 /// `lockflight inspect`.
-pub(crate) async fn inspect(url: &str, prefix: &str, key: &str, json: bool) -> Result<u8, String> {
-    let mut conn = connect(url).await?;
+pub(crate) async fn inspect(
+    url: &str,
+    cluster: bool,
+    prefix: &str,
+    key: &str,
+    json: bool,
+) -> Result<u8, String> {
+    let mut conn = KeyConn::open(url, cluster).await?;
     let state = Inspector::new(prefix)
         .key(&mut conn, key)
         .await
@@ -113,19 +119,42 @@ pub(crate) async fn inspect(url: &str, prefix: &str, key: &str, json: bool) -> R
     Ok(0)
 }
 
-/// `lockflight list`.
+/// `lockflight list`: on one server, or on every primary of a cluster (each
+/// scan bounded by `limit`, the merged listing cut at `limit`).
 pub(crate) async fn list(
     url: &str,
+    cluster: bool,
     prefix: &str,
     key_prefix: &str,
     limit: usize,
     json: bool,
 ) -> Result<u8, String> {
-    let mut conn = connect(url).await?;
-    let listing = Inspector::new(prefix)
-        .list(&mut conn, key_prefix, limit.max(1))
-        .await
-        .map_err(|e| e.to_string())?;
+    let limit = limit.max(1);
+    let inspector = Inspector::new(prefix);
+    let nodes = if cluster {
+        cluster_primaries(url).await?
+    } else {
+        vec![url.to_owned()]
+    };
+    let mut listing = Listing {
+        keys: Vec::new(),
+        truncated: false,
+    };
+    for node in &nodes {
+        let mut conn = connect(node).await?;
+        let found = inspector
+            .list(&mut conn, key_prefix, limit)
+            .await
+            .map_err(|e| format!("{}: {e}", redact(node)))?;
+        listing.truncated |= found.truncated;
+        listing.keys.extend(found.keys);
+    }
+    // Every name of a key lives in one slot, so no key is listed by two primaries.
+    listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
+    if listing.keys.len() > limit {
+        listing.keys.truncate(limit);
+        listing.truncated = true;
+    }
     if json {
         let keys: Vec<Value> = listing
             .keys
@@ -150,6 +179,7 @@ pub(crate) async fn list(
 /// `lockflight release --force`.
 pub(crate) async fn release(
     url: &str,
+    cluster: bool,
     prefix: &str,
     key: &str,
     yes: bool,
@@ -160,7 +190,7 @@ pub(crate) async fn release(
         .iter()
         .map(|name| FencedKey::new(name.as_bytes()).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut conn = connect(url).await?;
+    let mut conn = KeyConn::open(url, cluster).await?;
     let inspector = Inspector::new(prefix);
     if !yes {
         let stdin = std::io::stdin();
@@ -200,15 +230,17 @@ pub(crate) async fn release(
                 "fence": { "epoch": done.fence.epoch, "seq": done.fence.seq },
                 "write_fence": { "epoch": done.write_fence.epoch, "seq": done.write_fence.seq },
                 "woken": done.woken,
+                "permits": done.permits,
                 "fenced_resources": fence,
             })
         );
     } else {
         println!(
-            "released {key}: holder {}, write lease {}, {} read leases; fences advanced to {} (mutex) and {} (write); {} waiting instances woken",
+            "released {key}: holder {}, write lease {}, {} read leases, {} permits; fences advanced to {} (mutex) and {} (write); {} waiting instances woken",
             done.holder.as_deref().unwrap_or("none"),
             done.writer.as_deref().unwrap_or("none"),
             done.readers,
+            done.permits,
             done.fence,
             done.write_fence,
             done.woken

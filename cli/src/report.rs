@@ -99,9 +99,9 @@ pub(crate) fn print_checks(title: &str, target: &str, checks: &[Check], json: bo
     } else {
         println!("lockflight {title} {target}");
         for c in checks {
-            println!("  [{:<4}] {:<18} {}", c.verdict.as_str(), c.id, c.detail);
+            println!("  [{:<4}] {:<20} {}", c.verdict.as_str(), c.id, c.detail);
             if let Some(fix) = &c.fix {
-                println!("         {:<18} fix: {fix}", "");
+                println!("         {:<20} fix: {fix}", "");
             }
         }
         println!(

@@ -3,46 +3,15 @@
 //! on held keys, `release --force` fencing out the old holder, `selfcheck` on
 //! lockflight.
 
-use std::process::Command;
 use std::time::Duration;
+
+mod support;
 
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use serde_json::Value;
+use support::{args, lockflight, verdict};
 use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, subscribed, unique_prefix};
-
-/// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
-/// (`Value::Null` if it is not JSON).
-async fn lockflight(args: Vec<String>) -> (i32, Value) {
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_lockflight"))
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run lockflight")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json)
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-/// The verdict of check `id` in a doctor report.
-fn verdict<'a>(report: &'a Value, id: &str) -> (&'a str, &'a str) {
-    let check = report["checks"]
-        .as_array()
-        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no check {id} in {report:#}"));
-    (
-        check["verdict"].as_str().unwrap_or_default(),
-        check["detail"].as_str().unwrap_or_default(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_warns_on_an_evicting_policy() {
@@ -135,6 +104,18 @@ async fn doctor_fails_replica_ack_without_replicas() {
     let (v, detail) = verdict(&report, "replicas");
     assert_eq!((v, code), ("fail", 1), "{report:#}");
     assert!(detail.contains("replica_ack(1)"), "{detail}");
+}
+
+#[tokio::test]
+async fn doctor_takes_several_urls_only_for_sentinels() {
+    let (code, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "redis://127.0.0.1:1/",
+        "redis://127.0.0.1:2/",
+    ]))
+    .await;
+    assert_eq!((code, report), (2, Value::Null), "bad usage, nothing run");
 }
 
 #[tokio::test]
@@ -306,6 +287,88 @@ async fn release_force_fences_out_the_old_holder() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_frees_a_stuck_permit_holders_semaphore() {
+    let server = shared();
+    let prefix = unique_prefix("cli-release-sem");
+    // A holds the only permit with a long TTL and is "stuck"; B waits for it.
+    let a = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let b = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let stuck = a.semaphore("exports", 1).acquire().await.unwrap();
+    // A mutex token of the key minted before the forced release: what a late
+    // write of the stuck side would carry (a permit has no token of its own).
+    let before = {
+        let g = a.lock("exports").await.unwrap();
+        let t = g.fencing_token();
+        g.release().await.unwrap();
+        t
+    };
+    let waiter = tokio::spawn(async move {
+        let permit = b.semaphore("exports", 1).acquire().await;
+        (b, permit)
+    });
+    let (code, state) = lockflight(args(&[
+        "inspect",
+        "--json",
+        "--prefix",
+        &prefix,
+        &server.url(),
+        "exports",
+    ]))
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(state["semaphore"]["free"], 0, "{state:#}");
+    let mut data = server.connection().await;
+    let resource = FencedKey::new(format!("{prefix}:export-file")).unwrap();
+    let name = String::from_utf8(resource.name().to_vec()).unwrap();
+
+    let (code, report) = lockflight(args(&[
+        "release",
+        "--force",
+        "--yes",
+        "--json",
+        "--prefix",
+        &prefix,
+        "--fence",
+        &name,
+        &server.url(),
+        "exports",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["permits"], 1, "{report:#}");
+    let forced = FencingToken {
+        epoch: report["fence"]["epoch"].as_u64().unwrap(),
+        seq: 0,
+    };
+    assert!(forced > before);
+    // The resource's fence holds the forced token: a write under any token minted
+    // before the forced release is refused.
+    assert_eq!(
+        resource.set(&mut data, before, "late").await.unwrap(),
+        Fenced::Stale {
+            last: forced,
+            offered: before
+        }
+    );
+    // The waiter gets the freed permit soon (woken, not at A's 30 s TTL).
+    let (b, permit) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the permit soon after the forced release")
+        .unwrap();
+    let permit = permit.unwrap();
+    // The stuck holder learns of its loss at its next renewal; its release is a loss.
+    tokio::time::timeout(Duration::from_secs(15), stuck.lost())
+        .await
+        .expect("the stuck permit holder is told its permit is lost");
+    assert!(matches!(
+        stuck.release().await,
+        Err(lockflight::Error::LeaseLost { .. })
+    ));
+    permit.release().await.unwrap();
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn selfcheck_finds_no_violation_on_lockflight() {
     let (code, report) = lockflight(args(&[
         "selfcheck",
@@ -316,8 +379,16 @@ async fn selfcheck_finds_no_violation_on_lockflight() {
     ]))
     .await;
     assert_eq!(code, 0, "{report:#}");
-    for id in ["exclusion", "fenced-order", "lost-updates"] {
-        assert_eq!(verdict(&report, id).0, "pass", "{report:#}");
+    for id in [
+        "exclusion",
+        "fenced-order",
+        "lost-updates",
+        "truthful-release",
+        "nothing-left-locked",
+        "lost-replies",
+        "paused-client",
+    ] {
+        assert_eq!(verdict(&report, id).0, "pass", "{id}: {report:#}");
     }
 }
 

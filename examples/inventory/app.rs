@@ -36,8 +36,8 @@ mod reserve;
 pub(crate) mod shapes;
 #[allow(unused_imports)] // the tests use some, the examples others
 pub(crate) use db::{
-    FENCED_DECREMENT, WriteOutcome, item_fence, open_db, reservation_log, reservations_with_token,
-    to_sql,
+    WriteOutcome, item_fence, item_fence_columns, open_db, reservation_log,
+    reservations_with_token, to_sql,
 };
 #[allow(unused_imports)] // used by the demo
 pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;

@@ -52,12 +52,6 @@ BEGIN
 END;
 ";
 
-/// The fenced decrement: only a writer with a newer token than the last accepted
-/// one, and only while enough stock is left. Binds: qty, epoch, seq, sku, qty,
-/// epoch, seq.
-pub(crate) const FENCED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, fence_epoch = ?, fence_seq = ? \
-     WHERE sku = ? AND stock >= ? AND (fence_epoch, fence_seq) < (?, ?) RETURNING stock";
-
 /// Opens (creating if needed) the database and its schema.
 ///
 /// `Some(path)`: a file database in WAL mode, shareable by several instances
@@ -157,7 +151,7 @@ pub(crate) enum WriteOutcome {
 
 /// Where the items keep their fence: `fence_epoch`, `fence_seq`, one write per
 /// token (a replayed reservation must not apply twice).
-fn item_fence_columns() -> Result<FenceColumns, AppError> {
+pub(crate) fn item_fence_columns() -> Result<FenceColumns, AppError> {
     FenceColumns::new("items", "sku")
         .map(FenceColumns::one_write_per_token)
         .map_err(|e| AppError::Internal(e.to_string()))

@@ -20,11 +20,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lockflight::LockKey;
+use lockflight::fence::{Fenced, FencedUpdate};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{
-    AppError, AppState, Counters, FENCED_DECREMENT, ReserveRequest, error_response, not_found,
+    AppError, AppState, Counters, ReserveRequest, error_response, item_fence_columns, not_found,
     out_of_stock, read_row, to_sql, valid_sku,
 };
 
@@ -304,6 +305,10 @@ async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Res
         // own mapping, as the lock layer uses it).
         Err(e) => return e.into_response(),
     };
+    let columns = match item_fence_columns() {
+        Ok(columns) => columns,
+        Err(e) => return e.into_response(),
+    };
     let mut tx = match st.db.begin().await {
         Ok(tx) => tx,
         Err(e) => return AppError::from(e).into_response(),
@@ -314,30 +319,37 @@ async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Res
             return AppError::Internal(format!("{} is not in the held set", line.sku))
                 .into_response();
         };
-        let (epoch, seq) = match (to_sql(token.epoch), to_sql(token.seq)) {
-            (Ok(e), Ok(s)) => (e, s),
-            (Err(e), _) | (_, Err(e)) => return e.into_response(),
-        };
-        let remaining: Result<Option<i64>, _> = sqlx::query_scalar(FENCED_DECREMENT)
-            .bind(line.qty)
-            .bind(epoch)
-            .bind(seq)
-            .bind(&line.sku)
-            .bind(line.qty)
-            .bind(epoch)
-            .bind(seq)
-            .fetch_optional(&mut *tx)
+        // lockflight's fence helper, inside the cart's transaction: the line is
+        // written only if the token is newer than the item's last one (one write
+        // per token) and enough stock is left.
+        let qty = line.qty;
+        let written = FencedUpdate::new(&columns, token, line.sku.as_str())
+            .set(move |q| {
+                q.push("stock = stock - ").push_bind(qty);
+            })
+            .and_where(move |q| {
+                q.push("stock >= ").push_bind(qty);
+            })
+            .fetch_optional::<(i64,)>(&mut tx, "stock")
             .await;
-        match remaining {
-            Ok(Some(remaining)) => lines.push(json!({
+        match written {
+            Ok(Fenced::Applied(Some((remaining,)))) => lines.push(json!({
                 "sku": line.sku,
                 "reserved": line.qty,
                 "remaining": remaining,
                 "fencing_token": { "epoch": token.epoch, "seq": token.seq },
             })),
-            // Not written: out of stock, unknown, or a stale token. Nothing of the
-            // cart is written (the transaction rolls back when dropped).
-            Ok(None) => {
+            // A stale token: nothing of the cart is written (the transaction rolls
+            // back when dropped).
+            Ok(Fenced::Stale { .. }) => {
+                Counters::bump(&st.counters.stale_rejected);
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "error": "stale_fencing_token", "sku": line.sku }),
+                );
+            }
+            // Not written: out of stock or unknown. Nothing of the cart is written.
+            Ok(Fenced::Applied(None)) => {
                 let available: Option<i64> =
                     sqlx::query_scalar("SELECT stock FROM items WHERE sku = ?")
                         .bind(&line.sku)
@@ -345,18 +357,11 @@ async fn checkout(State(st): State<AppState>, Json(cart): Json<Checkout>) -> Res
                         .await
                         .unwrap_or(None);
                 return match available {
-                    None => not_found(&line.sku),
-                    Some(a) if a < line.qty => {
+                    Some(a) => {
                         Counters::bump(&st.counters.out_of_stock);
                         out_of_stock(&line.sku, line.qty, a)
                     }
-                    Some(_) => {
-                        Counters::bump(&st.counters.stale_rejected);
-                        error_response(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            json!({ "error": "stale_fencing_token", "sku": line.sku }),
-                        )
-                    }
+                    None => not_found(&line.sku),
                 };
             }
             Err(e) => return AppError::from(e).into_response(),

@@ -5,7 +5,9 @@
 //!
 //! An [`Inspector`] knows the key prefix and runs on any `redis` async
 //! connection to the server (or, for one key, a cluster connection: every name of
-//! a key shares one slot). Listing uses `SCAN` on one server.
+//! a key shares one slot). Listing uses `SCAN` on one server: on a Cluster, list
+//! each primary on a connection of its own (what `lockflight list --cluster`
+//! does); no key is listed by two primaries.
 //!
 //! ```no_run
 //! # async fn demo() -> lockflight::Result<()> {
@@ -145,6 +147,9 @@ pub struct ForcedRelease {
     pub write_fence: FencingToken,
     /// How many waiting instances were woken.
     pub woken: usize,
+    /// How many of the semaphore's permits were dropped (their holders lose them
+    /// at their next renewal; a permit has no fencing token).
+    pub permits: usize,
 }
 
 /// The Redis names of a key; the same as the backend's (`backend/redis`).
@@ -273,7 +278,9 @@ impl Inspector {
 
     /// The held keys under the prefix whose key starts with `key_prefix` (all
     /// with `""`): `SCAN MATCH` on one server, at most `max_keys` keys and
-    /// `max_keys / 10 + 100` `SCAN` calls, so it is bounded on any database.
+    /// `max_keys / 10 + 100` `SCAN` calls, so it is bounded on any database. On a
+    /// Redis Cluster, run it on a plain connection to each primary: every name of
+    /// a key lives in the key's slot, so each key is on exactly one of them.
     ///
     /// # Errors
     ///
@@ -352,8 +359,9 @@ impl Inspector {
     }
 
     /// Frees `key` whatever holds it — the mutex holder, the write lease, every
-    /// read lease (not the semaphore's permits) — and advances both of its fences
-    /// to `max(last + 1, server time in µs)`, then wakes its waiting instances.
+    /// read lease, every permit of its semaphore — and advances both of its fences
+    /// to `max(last + 1, server time in µs)`, then wakes its waiting instances (of
+    /// the mutex, the read-write lock and the semaphore).
     /// With `fence_resources`, also records the new token in each
     /// [`FencedKey`]'s fence on the same connection, so an old holder's late
     /// writes to them are refused from now on, before any new holder writes.
@@ -362,7 +370,16 @@ impl Inspector {
     /// every later grant reads it, so tokens of the key stay strictly increasing
     /// and the new one is newer than the freed holder's. The freed holders' next
     /// renewal is answered "not the owner" (a loss, signalled at once), and their
-    /// releases report [`Error::LeaseLost`].
+    /// releases report [`Error::LeaseLost`]; that holds for permits too. A permit
+    /// carries no fencing token (permits are not exclusive), so nothing a permit
+    /// holder writes can be fenced by the key's tokens: what keeps it out is its
+    /// loss (`Permit::lost`), and, with `fence_resources`, the new token recorded
+    /// in each resource refuses every write under a token minted before this
+    /// release.
+    ///
+    /// On a Redis Cluster, pass a cluster connection: every name of the key and
+    /// the script share one slot, and each [`FencedKey`]'s fence shares its
+    /// resource's slot.
     ///
     /// # Errors
     ///
@@ -386,15 +403,20 @@ impl Inspector {
         key.validate()?;
         let n = Names::new(&self.prefix, &key);
         let mut invocation = FORCE.prepare_invoke();
-        for suffix in ["", ":fence", ":claim", ":wr", ":wf", ":rd", ":wq", ":rwq"] {
+        for suffix in [
+            "", ":fence", ":claim", ":wr", ":wf", ":rd", ":wq", ":rwq", ":sem", ":semn", ":semq",
+        ] {
             invocation.key(n.with(suffix));
         }
+        // The wake-up messages of the mutex, the read-write lock and the semaphore
+        // (`backend/redis/notify.rs`: a tag byte, then the key).
         let message = |tag: u8| [&[tag][..], key.as_bytes()].concat();
         invocation
             .arg(format!("{}:inst:", self.prefix))
             .arg(message(0xFD))
             .arg(message(0xFE))
-            .arg(60_000);
+            .arg(60_000)
+            .arg(message(0xFF));
         let reply: Vec<Value> = invocation
             .invoke_async(conn)
             .await
@@ -419,6 +441,7 @@ impl Inspector {
             fence: epoch(reply.get(3)).ok_or_else(bad)?,
             write_fence: epoch(reply.get(4)).ok_or_else(bad)?,
             woken: reply.get(5).and_then(int).ok_or_else(bad)? as usize,
+            permits: reply.get(6).and_then(int).ok_or_else(bad)? as usize,
         };
         let newest = released.fence.max(released.write_fence);
         for resource in fence_resources {

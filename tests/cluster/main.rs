@@ -170,3 +170,93 @@ impl CounterSection {
         self.tokens.lock().unwrap().clone()
     }
 }
+
+/// `RedisBackend::from_cluster_client`: lockflight's commands go through the
+/// application's `ClusterClient` with its own options (here an ACL user's
+/// credentials set on the client builder, not in the URLs), lockflight's pub/sub
+/// connections through the nodes given beside it; the lease lands on the key's
+/// primary under the builder's prefix with the locker's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_client_of_the_application_carries_the_locks() {
+    let (_serial, c) = cluster_for_this_test().await;
+    for node in c.nodes.iter().filter(|n| n.is_running()) {
+        node.cmd::<()>(&[
+            "ACL", "SETUSER", "lfclient", "on", ">pw", "~*", "&*", "+@all",
+        ])
+        .await
+        .expect("ACL SETUSER on every node");
+    }
+    let with_credentials: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("redis://lfclient:pw@{}/", n.hostport()))
+        .collect();
+    let client = |password: &str| {
+        redis::cluster::ClusterClientBuilder::new(c.urls())
+            .username("lfclient")
+            .password(password)
+            .retries(3)
+            .build()
+            .expect("cluster client")
+    };
+    let prefix = unique_prefix("cluster-client");
+    let backend = subscribed(
+        RedisBackend::from_cluster_client(client("pw"), with_credentials.clone())
+            .prefix(&prefix)
+            .connect()
+            .await
+            .expect("connect through the application's cluster client"),
+    )
+    .await;
+    let locker = Locker::builder(backend.clone())
+        .lease_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let key = LockKey::from("invoice:7");
+    let guard = locker.lock(key.clone()).await.unwrap();
+    let name = backend.lock_name(&key);
+    assert!(name.starts_with(format!("{prefix}:").as_bytes()));
+    let owner = c.primary_of_slot(Cluster::slot(&name)).await;
+    let node = c.by_addr(&owner.addr);
+    let name = String::from_utf8(name).unwrap();
+    assert!(
+        node.has_key(&name).await,
+        "the lease is on the key's primary"
+    );
+    let pttl: i64 = node.cmd(&["PTTL", &name]).await.unwrap();
+    assert!(0 < pttl && pttl <= 10_000, "the locker's TTL: {pttl} ms");
+    guard.release().await.unwrap();
+    assert!(!node.has_key(&name).await, "released");
+
+    // The client's own credentials carry the commands: a wrong password on the
+    // client fails to connect, although the nodes given beside it are right.
+    let refused = RedisBackend::from_cluster_client(client("wrong"), with_credentials.clone())
+        .prefix(&prefix)
+        .connect()
+        .await;
+    assert!(
+        matches!(refused, Err(lockflight::Error::Connect { .. })),
+        "{refused:?}"
+    );
+    // Bad settings are refused with a clear error.
+    let bad = RedisBackend::from_cluster_client(client("pw"), ["not a url"])
+        .connect()
+        .await;
+    assert!(
+        matches!(&bad, Err(lockflight::Error::InvalidConfig { .. }))
+            && bad
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("from_cluster_client"),
+        "{bad:?}"
+    );
+    let acked = RedisBackend::from_cluster_client(client("pw"), with_credentials)
+        .replica_ack(1, Duration::from_millis(100))
+        .connect()
+        .await;
+    assert!(
+        matches!(acked, Err(lockflight::Error::InvalidConfig { .. })),
+        "{acked:?}"
+    );
+}

@@ -169,7 +169,12 @@ impl RedisBackendBuilder {
             )));
         }
         #[cfg(feature = "cluster")]
-        if self.replica_ack.is_some() && matches!(self.topology, Topology::Cluster(_)) {
+        if self.replica_ack.is_some()
+            && matches!(
+                self.topology,
+                Topology::Cluster(_) | Topology::ClusterClient(..)
+            )
+        {
             return Err(Error::config(
                 "redis replica_ack is not supported on a cluster backend",
             ));
@@ -319,6 +324,20 @@ pub(super) async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Con
                     .map_err(|e| Error::config(format!("redis url {}: {e}", redact(n))))?;
             }
             let conn = cluster::ClusterConn::connect(nodes, timeouts)
+                .await
+                .map_err(|e| connect_error(&target, "connecting to the cluster", e))?;
+            Ok((Conn::Cluster(conn), target))
+        }
+        #[cfg(feature = "cluster")]
+        Topology::ClusterClient(client, seeds, addrs) => {
+            let target = format!("cluster client [{}]", addrs.join(", "));
+            let seeds = seeds.clone().map_err(Error::config)?;
+            if seeds.is_empty() {
+                return Err(Error::config(
+                    "RedisBackend::from_cluster_client needs at least one node for lockflight's pub/sub connections",
+                ));
+            }
+            let conn = cluster::ClusterConn::from_client(client, seeds, timeouts)
                 .await
                 .map_err(|e| connect_error(&target, "connecting to the cluster", e))?;
             Ok((Conn::Cluster(conn), target))

@@ -100,6 +100,22 @@ impl ClusterConn {
         Ok(ClusterConn { conn, seeds })
     }
 
+    /// A cluster connection from the application's `client` (its retries, TLS,
+    /// credentials, protocol, read routing are kept; the connection and response
+    /// timeouts are the backend's), with `seeds` as the template of lockflight's
+    /// own per-node pub/sub connections.
+    pub(super) async fn from_client(
+        client: &redis::cluster::ClusterClient,
+        seeds: Vec<ConnectionInfo>,
+        t: Timeouts,
+    ) -> Result<ClusterConn, RedisError> {
+        let config = redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(t.connection)
+            .set_response_timeout(t.response);
+        let conn = client.get_async_connection_with_config(config).await?;
+        Ok(ClusterConn { conn, seeds })
+    }
+
     /// Every node `CLUSTER NODES` lists as reachable (primaries first), else the
     /// seed nodes; each with the seeds' credentials and TLS settings.
     pub(super) async fn nodes(&self) -> Result<Vec<redis::Client>, RedisError> {

@@ -23,6 +23,16 @@ pub(super) enum Topology {
     /// A Redis Cluster, through any of these seed nodes.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// A Redis Cluster, through a cluster client the application built, and the
+    /// nodes (with credentials and TLS settings) lockflight's own pub/sub
+    /// connections use, or why they are unusable; with their addresses, for
+    /// messages.
+    #[cfg(feature = "cluster")]
+    ClusterClient(
+        Box<redis::cluster::ClusterClient>,
+        std::result::Result<Vec<redis::ConnectionInfo>, String>,
+        Vec<String>,
+    ),
     /// The primary of `master` as the sentinels name it.
     #[cfg(feature = "sentinel")]
     Sentinel(super::sentinel::SentinelSettings),
@@ -35,7 +45,9 @@ impl Topology {
         match self {
             Topology::Single(url) | Topology::Client(_, url) => vec![url.as_str()],
             #[cfg(feature = "cluster")]
-            Topology::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            Topology::Cluster(nodes) | Topology::ClusterClient(_, _, nodes) => {
+                nodes.iter().map(String::as_str).collect()
+            }
             #[cfg(feature = "sentinel")]
             Topology::Sentinel(s) => s.sentinels.iter().map(String::as_str).collect(),
         }

@@ -265,6 +265,17 @@ impl RedisBackend {
     /// subscription, acknowledged writes), so the application's connections are
     /// never blocked behind lock traffic, nor lock traffic behind them.
     ///
+    /// **A `ConnectionManager` is not accepted**, on purpose: lockflight needs a
+    /// pub/sub subscription and connections of its own (its commands; with
+    /// [`replica_ack`](RedisBackendBuilder::replica_ack), connections whose
+    /// `WAIT` counts only their own writes), and a `ConnectionManager` can open
+    /// none of them (it is one multiplexed connection and exposes no client).
+    /// Sharing it would also queue the application's commands behind lock traffic.
+    /// Pass the `redis::Client` you built the manager from instead:
+    /// `RedisBackend::from_client(client.clone())` next to
+    /// `ConnectionManager::new(client)`. For a Redis Cluster, see
+    /// `RedisBackend::from_cluster_client` (feature `cluster`).
+    ///
     /// ```no_run
     /// # async fn run() -> lockflight::Result<()> {
     /// use lockflight::{Locker, RedisBackend};
@@ -309,6 +320,70 @@ impl RedisBackend {
         RedisBackendBuilder::new(Topology::Cluster(
             nodes.into_iter().map(Into::into).collect(),
         ))
+    }
+
+    /// Starts configuring a backend on a Redis Cluster through a
+    /// `redis::cluster::ClusterClient` the application already built: its
+    /// retries, TLS settings, credentials, protocol and read routing are used as
+    /// they are for lockflight's commands (on a connection of lockflight's own,
+    /// made from the client, with the builder's
+    /// [`response_timeout`](RedisBackendBuilder::response_timeout) and
+    /// [`connection_timeout`](RedisBackendBuilder::connection_timeout)).
+    ///
+    /// **Why `nodes` too.** Besides its commands, each instance keeps a classic
+    /// pub/sub subscription on every primary (see [`cluster`](Self::cluster)):
+    /// plain connections to single nodes, which a cluster client cannot open and
+    /// whose settings it does not expose (`ClusterClient` has no accessor for
+    /// its nodes, credentials or TLS settings). So pass the nodes you built the
+    /// client from, as URLs or `redis::ConnectionInfo`s with the same credentials
+    /// and TLS settings: lockflight connects to the primaries `CLUSTER NODES`
+    /// lists with the first node's credentials and TLS settings, as
+    /// [`cluster`](Self::cluster) does. A node that is not a valid connection
+    /// info makes [`connect`](RedisBackendBuilder::connect) fail with
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig); so does
+    /// [`replica_ack`](RedisBackendBuilder::replica_ack), as on every cluster
+    /// backend. lockflight's own cluster connections set `TCP_NODELAY`; set it on
+    /// your client (`.tcp_settings(TcpSettings::default().set_nodelay(true))`)
+    /// to keep lock round trips short.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let nodes = ["redis://app:pw@10.0.0.1:6379", "redis://app:pw@10.0.0.2:6379"];
+    /// let client = redis::cluster::ClusterClient::builder(nodes)
+    ///     .retries(5)
+    ///     .build()
+    ///     .expect("valid nodes");
+    /// let backend = RedisBackend::from_cluster_client(client, nodes)
+    ///     .prefix("billing")
+    ///     .connect()
+    ///     .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_client<I, T>(
+        client: redis::cluster::ClusterClient,
+        nodes: I,
+    ) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let infos: std::result::Result<Vec<redis::ConnectionInfo>, String> = nodes
+            .into_iter()
+            .map(|n| {
+                n.into_connection_info()
+                    .map_err(|e| format!("RedisBackend::from_cluster_client: a node is not a valid connection info: {e}"))
+            })
+            .collect();
+        let addrs = infos
+            .as_ref()
+            .map(|infos| infos.iter().map(|i| i.addr().to_string()).collect())
+            .unwrap_or_default();
+        RedisBackendBuilder::new(Topology::ClusterClient(Box::new(client), infos, addrs))
     }
 }
 

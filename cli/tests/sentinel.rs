@@ -1,0 +1,124 @@
+//! `lockflight doctor --sentinel` on a real Sentinel set (a primary, two replicas,
+//! three sentinels with quorum 2, started once for this test binary): a healthy
+//! set passes; an unknown master name, a `replica_ack` the replicas cannot meet
+//! and an evicting policy on the primary get their verdicts.
+//!
+//! The tests change the primary's configuration, so they run one at a time (the
+//! `SERIAL` lock).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::{args, lockflight, verdict, verdicts};
+use testkit::sentinel::{MASTER, Sentinels};
+use testkit::wait_until;
+use tokio::sync::OnceCell;
+
+static TOPOLOGY: OnceCell<Sentinels> = OnceCell::const_new();
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The topology, for this test alone (hold the guard), once the first sentinel
+/// sees both replicas linked to the primary (a fresh replica reports its link
+/// down until its first sync, and sentinels refresh that every 10 s).
+async fn sentinels_for_this_test() -> (tokio::sync::MutexGuard<'static, ()>, &'static Sentinels) {
+    let serial = SERIAL.lock().await;
+    let t = TOPOLOGY.get_or_init(Sentinels::start).await;
+    let linked = wait_until(Duration::from_secs(30), || async {
+        let replicas: Vec<HashMap<String, String>> = t.sentinels[0]
+            .cmd(&["SENTINEL", "REPLICAS", MASTER])
+            .await
+            .unwrap_or_default();
+        replicas.len() == 2
+            && replicas
+                .iter()
+                .all(|r| r.get("master-link-status").is_some_and(|s| s == "ok"))
+    })
+    .await;
+    assert!(linked, "the sentinels never saw both replicas linked");
+    (serial, t)
+}
+
+/// `doctor --json --sentinel <master> <extra…> <every sentinel>`.
+async fn doctor(t: &Sentinels, master: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let mut list = vec!["doctor", "--json", "--sentinel", master];
+    list.extend(extra);
+    let urls = t.sentinel_urls();
+    list.extend(urls.iter().map(String::as_str));
+    lockflight(args(&list)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_asks_the_sentinels_then_checks_the_primary() {
+    let (_serial, t) = sentinels_for_this_test().await;
+    let primary = t.primary_addr().await;
+    let (code, report) = doctor(t, MASTER, &[]).await;
+    assert_eq!(code, 0, "{report:#}");
+    let (v, detail) = verdict(&report, "sentinels");
+    assert_eq!(v, "pass", "{report:#}");
+    assert!(
+        detail.contains("3 of 3") && detail.contains(&primary),
+        "{detail}"
+    );
+    assert_eq!(verdict(&report, "sentinel-quorum").0, "pass", "{report:#}");
+    let (v, detail) = verdict(&report, "sentinel-replicas");
+    assert_eq!(v, "pass", "{report:#}");
+    assert!(detail.contains("2 of 2"), "{detail}");
+    // The per-server checks ran on the primary the sentinels named.
+    for id in ["version", "scripts", "acl", "maxmemory-policy", "replicas"] {
+        let (v, detail) = verdict(&report, id);
+        assert_eq!(v, "pass", "{id}: {report:#}");
+        assert!(
+            detail.contains(&primary),
+            "{id} names the primary: {detail}"
+        );
+    }
+    // The clocks of the primary and both replicas are compared.
+    assert_eq!(verdict(&report, "clock").0, "pass", "{report:#}");
+    assert_eq!(
+        verdict(&report, "clock").1.matches("127.0.0.1:").count(),
+        3,
+        "{report:#}"
+    );
+
+    // replica_ack(2) can be met; replica_ack(3) cannot.
+    let (code, report) = doctor(t, MASTER, &["--replica-ack", "2"]).await;
+    assert_eq!(code, 0, "{report:#}");
+    let (code, report) = doctor(t, MASTER, &["--replica-ack", "3"]).await;
+    assert_eq!(code, 1, "{report:#}");
+    let (v, detail) = verdict(&report, "sentinel-replicas");
+    assert_eq!(v, "fail", "{report:#}");
+    assert!(detail.contains("replica_ack(3)"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_fails_an_unknown_master_and_warns_on_an_evicting_primary() {
+    let (_serial, t) = sentinels_for_this_test().await;
+    let (code, report) = doctor(t, "no-such-master", &[]).await;
+    assert_eq!(code, 1, "{report:#}");
+    let (v, detail) = verdict(&report, "sentinels");
+    assert_eq!(v, "fail", "{report:#}");
+    assert!(detail.contains("no-such-master"), "{detail}");
+    assert!(
+        verdicts(&report, "version").is_empty(),
+        "no primary to check"
+    );
+
+    let primary = t.primary_addr().await;
+    let node = t.by_addr(&primary);
+    node.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+        .await
+        .unwrap();
+    let (code, report) = doctor(t, MASTER, &[]).await;
+    node.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "warnings alone pass: {report:#}");
+    let (v, detail) = verdict(&report, "maxmemory-policy");
+    assert_eq!(v, "warn", "{report:#}");
+    assert!(
+        detail.contains(&primary) && detail.contains("allkeys-lru"),
+        "{detail}"
+    );
+}

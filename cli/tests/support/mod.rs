@@ -1,0 +1,63 @@
+//! What the command's test binaries share: running the binary, reading reports.
+
+#![allow(dead_code, unreachable_pub)] // each test binary uses a part
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
+/// (`Value::Null` if it is not JSON).
+pub async fn lockflight(args: Vec<String>) -> (i32, Value) {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_lockflight"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run lockflight")
+    })
+    .await
+    .unwrap();
+    // Shown with a failing test's output.
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json)
+}
+
+/// `list` as owned arguments.
+pub fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// The verdict of check `id` in a doctor report.
+pub fn verdict<'a>(report: &'a Value, id: &str) -> (&'a str, &'a str) {
+    let check = report["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
+        .unwrap_or_else(|| panic!("no check {id} in {report:#}"));
+    (
+        check["verdict"].as_str().unwrap_or_default(),
+        check["detail"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Every check `id` of a report (a cluster report has one per primary), as
+/// `(verdict, detail)`.
+pub fn verdicts<'a>(report: &'a Value, id: &str) -> Vec<(&'a str, &'a str)> {
+    report["checks"]
+        .as_array()
+        .map(|checks| {
+            checks
+                .iter()
+                .filter(|c| c["id"] == id)
+                .map(|c| {
+                    (
+                        c["verdict"].as_str().unwrap_or_default(),
+                        c["detail"].as_str().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
