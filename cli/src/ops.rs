@@ -14,7 +14,7 @@ fn ms(d: Option<Duration>) -> Value {
 }
 
 fn lease_json(l: &LeaseState) -> Value {
-    json!({ "token": l.token, "ttl_ms": ms(l.ttl) })
+    json!({ "token": l.token, "instance": l.instance(), "ttl_ms": ms(l.ttl) })
 }
 
 fn waiter_json(w: &WaiterState) -> Value {
@@ -55,7 +55,12 @@ fn print_state(s: &KeyState) {
         |d: Option<Duration>| d.map_or("no expiry".to_owned(), |d| format!("{} ms", d.as_millis()));
     println!("key {}", s.key);
     match &s.holder {
-        Some(h) => println!("  mutex: held by token {} ({} left)", h.token, d(h.ttl)),
+        Some(h) => println!(
+            "  mutex: held by instance {} with token {} ({} left)",
+            h.instance().unwrap_or("?"),
+            h.token,
+            d(h.ttl)
+        ),
         None => println!("  mutex: free"),
     }
     if let Some(epoch) = s.fence_epoch {

@@ -130,6 +130,11 @@ async fn doctor_reports_an_unreachable_server_with_exit_3() {
 }
 
 async fn locker(url: &str, prefix: &str, ttl: Duration) -> Locker {
+    locker_and_instance(url, prefix, ttl).await.0
+}
+
+/// A locker and its backend's instance id.
+async fn locker_and_instance(url: &str, prefix: &str, ttl: Duration) -> (Locker, String) {
     let backend = subscribed(
         RedisBackend::builder(url)
             .prefix(prefix)
@@ -138,18 +143,20 @@ async fn locker(url: &str, prefix: &str, ttl: Duration) -> Locker {
             .unwrap(),
     )
     .await;
-    Locker::builder(backend)
+    let instance = backend.instance_id().to_owned();
+    let locker = Locker::builder(backend)
         .lease_ttl(ttl)
         .wait_timeout(Duration::from_secs(20))
         .build()
-        .unwrap()
+        .unwrap();
+    (locker, instance)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
     let server = shared();
     let prefix = unique_prefix("cli-inspect");
-    let a = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let (a, a_instance) = locker_and_instance(&server.url(), &prefix, Duration::from_secs(30)).await;
     let b = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
     let held = a.lock("sku:9").await.unwrap();
     let waiter = tokio::spawn(async move { b.lock("sku:9").await.map(|g| g.fencing_token()) });
@@ -181,6 +188,10 @@ async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
             .is_some_and(|t| t <= 30_000)
     );
     assert_eq!(report["mutex"]["fence_epoch"], held.fencing_token().epoch);
+    assert_eq!(
+        report["mutex"]["holder"]["instance"], a_instance,
+        "the holder's instance, from its token"
+    );
     assert_eq!(
         report["mutex"]["queue"].as_array().map(Vec::len),
         Some(1),

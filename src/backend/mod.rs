@@ -50,7 +50,14 @@ pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 use rw::RwBackend;
 use semaphore::SemaphoreBackend;
 
-/// A random 128-bit value identifying one lease. Only its holder knows it.
+/// A 128-bit value identifying one lease. Only its holder knows it.
+///
+/// A backend mints the tokens of its leases ([`LockBackend::new_token`]): fully
+/// random by default; the Redis backend puts its instance id in the high 64 bits
+/// and 64 random bits in the low ones ([`for_instance`](Self::for_instance)), so
+/// that whoever reads a lock key can tell which instance holds it, while the
+/// token still cannot be guessed (2⁶⁴ values) by another process that would
+/// release or extend it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseToken(u128);
 
@@ -58,6 +65,27 @@ impl LeaseToken {
     /// A fresh token from the thread-local CSPRNG.
     pub fn random() -> Self {
         LeaseToken(rand::random())
+    }
+
+    /// A fresh token of the instance `instance`: the instance id in the high 64
+    /// bits, 64 random bits (thread-local CSPRNG) in the low ones.
+    ///
+    /// ```
+    /// use lockflight::backend::LeaseToken;
+    ///
+    /// let t = LeaseToken::for_instance(0x00c0_ffee);
+    /// assert_eq!(t.instance(), 0x00c0_ffee);
+    /// assert!(t.to_hex().starts_with("0000000000c0ffee"));
+    /// assert_ne!(t, LeaseToken::for_instance(0x00c0_ffee));
+    /// ```
+    pub fn for_instance(instance: u64) -> Self {
+        LeaseToken((u128::from(instance) << 64) | u128::from(rand::random::<u64>()))
+    }
+
+    /// The high 64 bits: the instance id of a token from
+    /// [`for_instance`](Self::for_instance) (of a random token, a random number).
+    pub fn instance(self) -> u64 {
+        (self.0 >> 64) as u64
     }
 
     /// The token as 32 lowercase hex digits (what is stored at the lock key).
@@ -239,6 +267,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// A fresh token for a lease of this backend ([`LeaseToken::random`] unless the
+    /// backend marks its tokens, as the Redis backend does with its instance id).
+    fn new_token(&self) -> LeaseToken {
+        LeaseToken::random()
+    }
+
     /// Release `key` if `token` owns it, then wake the next waiting instance.
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released>;
 
@@ -309,6 +343,9 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     fn supports_fair(&self) -> bool {
         (**self).supports_fair()
+    }
+    fn new_token(&self) -> LeaseToken {
+        (**self).new_token()
     }
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         (**self).release(key, token).await

@@ -27,8 +27,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The holder of a mutex is stored as its lease token only: which instance holds
-//! it is not recorded in Redis (waiting instances are, by id).
+//! A lease is stored as its token, whose first 16 hex digits are the id of the
+//! instance that took it ([`LeaseState::instance`]; what
+//! `RedisBackend::instance_id` returns in that process); waiting instances are
+//! stored by id.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -62,6 +64,28 @@ pub struct LeaseState {
     pub token: String,
     /// Time left before the server drops it (`None`: no expiry, not lockflight's).
     pub ttl: Option<Duration>,
+}
+
+impl LeaseState {
+    /// The id of the instance that holds the lease: the token's first 16 hex
+    /// digits (the Redis backend mints its tokens so,
+    /// [`LeaseToken::for_instance`](crate::backend::LeaseToken::for_instance)).
+    /// `None` for a token that is not 32 hex digits. (A token minted by an
+    /// earlier lockflight, fully random, names no real instance.)
+    ///
+    /// ```
+    /// use lockflight::inspect::LeaseState;
+    ///
+    /// let lease = LeaseState {
+    ///     token: "00000000c0ffee00a1b2c3d4e5f60718".into(),
+    ///     ttl: None,
+    /// };
+    /// assert_eq!(lease.instance(), Some("00000000c0ffee00"));
+    /// ```
+    pub fn instance(&self) -> Option<&str> {
+        let t = self.token.as_str();
+        (t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit())).then(|| &t[..16])
+    }
 }
 
 /// A waiting instance.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState, spawn_detached};
-use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
+use crate::backend::{Acquire, LockBackend, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
@@ -112,7 +112,9 @@ impl LockerState {
             queue,
             ttl,
         } = call;
-        let token = inherited.token.unwrap_or_else(LeaseToken::random);
+        let token = inherited
+            .token
+            .unwrap_or_else(|| self.backend.new_token());
         let mut leading = Leading {
             shared: self.arc(),
             key: key.clone(),

@@ -11,7 +11,7 @@ use super::{
     Call, Entry, Gate, Kind, Leading, ReadGuard, RwLocks, WriteGuard, acquire_call, admit, share,
     unsupported,
 };
-use crate::backend::{Acquire, LeaseToken, LockKind};
+use crate::backend::{Acquire, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -114,7 +114,7 @@ impl RwLocks {
             entry: Some(entry),
             gate: Some(Gate::Read(gate)),
             kind: Kind::Read,
-            token: LeaseToken::random(),
+            token: self.backend.new_token(),
             armed: false,
         };
         let Some((mut leading, lease)) = self.acquire(leading, call).await? else {
@@ -158,7 +158,7 @@ impl RwLocks {
             entry: Some(entry),
             gate: Some(Gate::Write(gate)),
             kind: Kind::Write,
-            token: LeaseToken::random(),
+            token: self.backend.new_token(),
             armed: false,
         };
         let Some((mut leading, lease)) = self.acquire(leading, call).await? else {

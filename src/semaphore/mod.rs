@@ -238,7 +238,7 @@ impl Semaphore {
         let semaphores = &self.semaphores;
         semaphores.check_permits(&self.key, self.permits)?;
         let ttl = semaphores.config.lease_ttl;
-        let token = LeaseToken::random();
+        let token = semaphores.backend.new_token();
         let mut pending = Pending::new(semaphores, &self.key, vec![token]);
         let sent_at = Instant::now();
         semaphores.stats.acquire_attempt();

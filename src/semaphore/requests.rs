@@ -326,7 +326,7 @@ impl Driver {
                     continue;
                 }
             };
-            let tokens: Vec<LeaseToken> = (0..k).map(|_| LeaseToken::random()).collect();
+            let tokens: Vec<LeaseToken> = (0..k).map(|_| semaphores.backend.new_token()).collect();
             // Local waiters queued so far arrived before this request was sent.
             let fair_bound = state.queue().next_id;
             let mut pending = Pending::new(&semaphores, key, tokens.clone());

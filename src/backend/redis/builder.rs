@@ -247,7 +247,8 @@ impl RedisBackendBuilder {
             connection: self.connection_timeout,
         };
         let (conn, target) = open(&self.topology, timeouts).await?;
-        let instance_id = format!("{:016x}", rand::random::<u64>());
+        let instance = rand::random::<u64>();
+        let instance_id = format!("{instance:016x}");
         let channel_prefix = format!("{}:inst:", self.prefix);
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -256,6 +257,7 @@ impl RedisBackendBuilder {
             channel: format!("{channel_prefix}{instance_id}"),
             prefix: self.prefix,
             instance_id,
+            instance,
             channel_prefix,
             wakeups: WakeRegistry::new(),
             claim_ttl_ms: millis(self.claim_ttl),

@@ -161,6 +161,8 @@ struct Inner {
     target: String,
     prefix: String,
     instance_id: String,
+    /// `instance_id` as a number: the high half of this instance's lease tokens.
+    instance: u64,
     channel_prefix: String,
     channel: String,
     wakeups: WakeRegistry,
@@ -502,6 +504,11 @@ impl LockBackend for RedisBackend {
 
     fn supports_fair(&self) -> bool {
         true
+    }
+
+    /// This instance's id in the high half, so that a lock key names its holder.
+    fn new_token(&self) -> LeaseToken {
+        LeaseToken::for_instance(self.inner.instance)
     }
 
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
