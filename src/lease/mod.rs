@@ -57,17 +57,7 @@ pub(crate) const HOLD_LIMIT_REACHED: &str =
     "it was held up to the locker's hold limit, after which it is not renewed";
 
 /// What a lease holds: how the watchdog renews it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LeaseKind {
-    /// The exclusive lock ([`LockBackend::extend`](crate::backend::LockBackend::extend)).
-    Lock,
-    /// A shared read lease of a read-write lock.
-    Read,
-    /// The write lease of a read-write lock.
-    Write,
-    /// One permit of a semaphore.
-    Permit,
-}
+pub(crate) use crate::backend::LeaseKind;
 
 /// One acquisition of a distributed lock, shared by all local holders it is handed to.
 #[derive(Debug)]
