@@ -2,11 +2,12 @@
 //!
 //! The watchdog is one task per [`Locker`](crate::Locker) (see [`renewal`]): a set
 //! of held leases, each due for renewal a renewal interval after the previous
-//! renewal (or the acquire) was sent, scanned every quarter of that interval. A due
-//! lease gets a short-lived task that renews it (retrying errors until its validity
-//! ends) and puts it back in the set. Short critical sections cost no task and no
-//! timer: their leases join and leave the set (a push and a swap-remove under a
-//! mutex) long before they are due.
+//! renewal (or the acquire) was sent, scanned every quarter of that interval. The
+//! leases due in one scan go to one short-lived task that renews them in a batch
+//! (one backend call, retrying each lease's errors until its validity ends) and
+//! puts each back in the set. Short critical sections cost no task and no timer:
+//! their leases join and leave the set (a push and a swap-remove under a mutex)
+//! long before they are due.
 //!
 //! # Invariants
 //!
