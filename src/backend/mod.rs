@@ -191,6 +191,74 @@ pub enum Extend {
     NotOwner,
 }
 
+/// Which lease of a key a renewal is for: what [`LockBackend::extend_batch`]
+/// renews each [`RenewItem`] through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// The exclusive lock: [`LockBackend::extend`].
+    Lock,
+    /// A shared read lease of a read-write lock: [`RwBackend::extend_read`].
+    Read,
+    /// The write lease of a read-write lock: [`RwBackend::extend_write`].
+    Write,
+    /// One permit of a semaphore: [`SemaphoreBackend::extend_permit`].
+    Permit,
+}
+
+/// One lease to renew in a [`LockBackend::extend_batch`] call.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RenewItem<'a> {
+    /// Which lease of `key` it is.
+    pub kind: LeaseKind,
+    /// The lock's key.
+    pub key: &'a LockKey,
+    /// The lease's token.
+    pub token: LeaseToken,
+    /// The TTL to re-arm it to.
+    pub ttl: Duration,
+}
+
+impl<'a> RenewItem<'a> {
+    /// The `kind` lease `token` of `key`, to be re-armed to `ttl`.
+    pub fn new(kind: LeaseKind, key: &'a LockKey, token: LeaseToken, ttl: Duration) -> Self {
+        RenewItem {
+            kind,
+            key,
+            token,
+            ttl,
+        }
+    }
+}
+
+/// Renews `item` through the per-lease call of its kind (what the default
+/// [`LockBackend::extend_batch`] does for each item).
+pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
+    backend: &B,
+    item: &RenewItem<'_>,
+) -> Result<Extend> {
+    let (key, token, ttl) = (item.key, item.token, item.ttl);
+    match item.kind {
+        LeaseKind::Lock => backend.extend(key, token, ttl).await,
+        LeaseKind::Read | LeaseKind::Write => match backend.rw() {
+            Some(rw) if item.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
+            Some(rw) => rw.extend_write(key, token, ttl).await,
+            None => Err(crate::Error::Unsupported {
+                key: key.clone(),
+                what: "read-write locks",
+            }),
+        },
+        LeaseKind::Permit => match backend.semaphore() {
+            Some(sem) => sem.extend_permit(key, token, ttl).await,
+            None => Err(crate::Error::Unsupported {
+                key: key.clone(),
+                what: "semaphores",
+            }),
+        },
+    }
+}
+
 /// A store of distributed locks: Redis, Redlock, or in-process memory.
 ///
 /// Implementations must be safe to call concurrently and must keep these
@@ -295,6 +363,32 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Re-arm the TTL of `key` to `ttl` if `token` owns it.
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend>;
 
+    /// Renews many held leases, of any kinds, at once: the renewal watchdog's call
+    /// (one per scan of a locker's due leases).
+    ///
+    /// Returns one result per item, in the order of `items`, and each must be what
+    /// the item's own call would return ([`extend`](LockBackend::extend),
+    /// [`extend_read`](RwBackend::extend_read),
+    /// [`extend_write`](RwBackend::extend_write) or
+    /// [`extend_permit`](SemaphoreBackend::extend_permit)): `Extended` only if that
+    /// lease was re-armed, `NotOwner` if it is not held by its token, the same
+    /// errors otherwise. A failure that stops a whole group (a connection error)
+    /// is that error for each lease of the group. Leases of one batch are
+    /// independent: one lease's answer never changes another's.
+    ///
+    /// The default makes the per-lease calls concurrently. A backend whose calls
+    /// have a fixed cost per request overrides it to group them: the Redis backend
+    /// renews up to a chunk of leases per script call (on a Cluster, per cluster
+    /// slot).
+    ///
+    /// # Cancel safety
+    ///
+    /// As the per-lease calls: dropping the future may leave some leases renewed
+    /// and others not.
+    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
+        futures::future::join_all(items.iter().map(|item| extend_one(self, item))).await
+    }
+
     /// Leave the queue of `key` (this instance no longer wants it) and pass on any
     /// claim this instance was given.
     async fn leave(&self, key: &LockKey) -> Result<()>;
@@ -360,6 +454,9 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
         (**self).extend(key, token, ttl).await
+    }
+    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
+        (**self).extend_batch(items).await
     }
     async fn leave(&self, key: &LockKey) -> Result<()> {
         (**self).leave(key).await

@@ -2,11 +2,12 @@
 //!
 //! The watchdog is one task per [`Locker`](crate::Locker) (see [`renewal`]): a set
 //! of held leases, each due for renewal a renewal interval after the previous
-//! renewal (or the acquire) was sent, scanned every quarter of that interval. A due
-//! lease gets a short-lived task that renews it (retrying errors until its validity
-//! ends) and puts it back in the set. Short critical sections cost no task and no
-//! timer: their leases join and leave the set (a push and a swap-remove under a
-//! mutex) long before they are due.
+//! renewal (or the acquire) was sent, scanned every quarter of that interval. The
+//! leases due in one scan go to one short-lived task that renews them in a batch
+//! (one backend call, retrying each lease's errors until its validity ends) and
+//! puts each back in the set. Short critical sections cost no task and no timer:
+//! their leases join and leave the set (a push and a swap-remove under a mutex)
+//! long before they are due.
 //!
 //! # Invariants
 //!
@@ -57,17 +58,7 @@ pub(crate) const HOLD_LIMIT_REACHED: &str =
     "it was held up to the locker's hold limit, after which it is not renewed";
 
 /// What a lease holds: how the watchdog renews it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LeaseKind {
-    /// The exclusive lock ([`LockBackend::extend`](crate::backend::LockBackend::extend)).
-    Lock,
-    /// A shared read lease of a read-write lock.
-    Read,
-    /// The write lease of a read-write lock.
-    Write,
-    /// One permit of a semaphore.
-    Permit,
-}
+pub(crate) use crate::backend::LeaseKind;
 
 /// One acquisition of a distributed lock, shared by all local holders it is handed to.
 #[derive(Debug)]

@@ -1,4 +1,53 @@
 //! The watchdog: one task per locker renews every held lease that needs it.
+//!
+//! # Batches
+//!
+//! The driver scans the set every `tick` (a quarter of the renewal interval) and
+//! hands **all** the leases due in that scan to one spawned batch task, which
+//! renews them with one [`LockBackend::extend_batch`] call. The backend decides how
+//! to group them: the default makes the per-lease calls concurrently (the memory
+//! and Redlock backends); the Redis backend renews up to 500 leases of any kinds per
+//! script call, grouped by cluster slot on a Cluster (`backend/redis/renew.rs`).
+//! With 10,000 held leases renewed every 200 ms on one server that is 18 script
+//! calls per period instead of 10,000, 2.2 ms of server time per 500-lease call,
+//! and 39 ms of server CPU per period against 51 ms for the 70 % of the
+//! renewals the per-lease watchdog managed to send (`measure_batched_renewal` in
+//! `tests/redis_lock/renewal_batch.rs`).
+//!
+//! # Why batching keeps every guarantee of the per-lease watchdog
+//!
+//! * **Each lease gets its own answer.** `extend_batch` returns one result per
+//!   lease, the one its own renewal would return (the Redis batch script runs the
+//!   single renewals' own functions per lease), and each is applied to its lease
+//!   alone (`settle`): renewed (validity `sent_at + ttl − drift`, clamped to the
+//!   hold limit, due again `sent_at + every`), "not the owner" or `READONLY` (lost
+//!   at once), another error (retried).
+//! * **Drift counts from the send.** `sent_at` is taken before the batch call is
+//!   made, so it is never later than the moment any of its scripts ran.
+//! * **Loss at `valid_until`, not when a slow reply comes.** While a call is in
+//!   flight, the batch task wakes at the earliest validity end among its leases and
+//!   signals each lease whose validity ended (`await_batch`), as the per-lease task
+//!   did with its own timer; a reply that comes back later cannot revive a lease
+//!   (`is_lost` is checked before the validity moves). The hold limit is checked
+//!   before every attempt, as before.
+//! * **Retries are per lease.** A lease whose renewal failed (a connection error
+//!   fails every lease of its call) is retried after the same delay as before
+//!   (`every / 4`, 5–250 ms) or at once when its validity ends, until it ends;
+//!   only the leases that failed are in the retry call.
+//! * **A released lease is never renewed.** `forget` stops the lease; a stopped
+//!   lease is dropped before each attempt, its answer ignored, and `schedule`
+//!   refuses to put it back, under the set's mutex as before. A renewal sent just
+//!   before the release is harmless as it always was: the renewal and release
+//!   scripts compare the token, so whichever runs second changes nothing or
+//!   deletes.
+//! * **A slow batch does not delay the next scan.** The batch runs on its own task;
+//!   its leases are out of the set meanwhile (never renewed twice at once), and
+//!   leases due later go into later batches, as they went into later tasks.
+//! * **Runtime shutdown.** A batch task dropped before it settled its leases puts
+//!   them back in the set, due at once (`Requeue`), for the next driver.
+//!
+//! What changes: the leases of one call share its fate (a call that times out is
+//! retried for all of them), and one task and one timer serve a whole scan.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -7,8 +56,8 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{HOLD_LIMIT_REACHED, Lease, LeaseKind, VALIDITY_ENDED, drift};
-use crate::backend::{Extend, LockBackend};
+use super::{HOLD_LIMIT_REACHED, Lease, drift};
+use crate::backend::{Extend, LockBackend, RenewItem};
 use crate::error::{Error, Result};
 use crate::stats::StatsInner;
 
@@ -152,35 +201,12 @@ impl Renewals {
 /// this late. [`LockerBuilder::build`](crate::LockerBuilder::build) requires
 /// `every + tick(every)` to leave half of the lease's validity for the renewal's
 /// round trip and retries.
-/// Renews `lease` through the backend call for its kind.
-async fn extend(backend: &dyn LockBackend, lease: &Lease) -> Result<Extend> {
-    let (key, token, ttl) = (&lease.key, lease.token, lease.ttl);
-    match lease.kind {
-        LeaseKind::Lock => backend.extend(key, token, ttl).await,
-        LeaseKind::Read | LeaseKind::Write => match backend.rw() {
-            Some(rw) if lease.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
-            Some(rw) => rw.extend_write(key, token, ttl).await,
-            None => Err(Error::Unsupported {
-                key: key.clone(),
-                what: "read-write locks",
-            }),
-        },
-        LeaseKind::Permit => match backend.semaphore() {
-            Some(sem) => sem.extend_permit(key, token, ttl).await,
-            None => Err(Error::Unsupported {
-                key: key.clone(),
-                what: "semaphores",
-            }),
-        },
-    }
-}
-
 pub(crate) fn tick(every: Duration) -> Duration {
     (every / 4).max(Duration::from_millis(1))
 }
 
-/// Scans the set every `tick` and hands each due lease to a renewal task, until
-/// the locker is dropped (or the runtime it runs on shuts down).
+/// Scans the set every `tick` and hands the leases due in each scan to one batch
+/// task, until the locker is dropped (or the runtime it runs on shuts down).
 async fn drive(renewals: Weak<Renewals>, tick: Duration) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -189,95 +215,160 @@ async fn drive(renewals: Weak<Renewals>, tick: Duration) {
         let Some(this) = renewals.upgrade() else {
             return;
         };
-        for lease in this.due(Instant::now()) {
-            let requeue = Requeue {
+        let due = this.due(Instant::now());
+        if !due.is_empty() {
+            tokio::spawn(renew_batch(Requeue {
                 renewals: Arc::clone(&this),
-                lease: Some(lease),
-            };
-            tokio::spawn(renew(requeue));
+                leases: due,
+            }));
         }
     }
 }
 
-/// A lease taken out of the set for renewal. If the renewal task is dropped before
-/// it finishes (its runtime shut down), the lease goes back into the set, due at
-/// once, so the next driver renews it.
+/// Leases taken out of the set for renewal and not settled yet. If the batch task
+/// is dropped before it settles them (its runtime shut down), they go back into the
+/// set, due at once, so the next driver renews them.
 struct Requeue {
     renewals: Arc<Renewals>,
-    lease: Option<Arc<Lease>>,
+    leases: Vec<Arc<Lease>>,
 }
 
 impl Drop for Requeue {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            self.renewals.schedule(&lease, Instant::now());
+        let now = Instant::now();
+        for lease in self.leases.drain(..) {
+            self.renewals.schedule(&lease, now);
         }
     }
 }
 
-/// Renews one due lease, retrying errors until its validity ends, then puts it
-/// back in the set — or signals loss.
-async fn renew(mut requeue: Requeue) {
-    let renewals = Arc::clone(&requeue.renewals);
-    let lease = requeue.lease.clone().expect("set by drive");
-    renew_lease(&renewals, &lease).await;
-    // Done: scheduled again, or lost, or released.
-    requeue.lease = None;
+/// How one lease's renewal attempt ended.
+enum Settled {
+    /// Renewed and back in the set, lost, or released: nothing more to do.
+    Done,
+    /// Failed: try again after the retry delay, until its validity ends.
+    Retry,
 }
 
-async fn renew_lease(renewals: &Arc<Renewals>, lease: &Arc<Lease>) {
+/// Renews the leases of one scan with one [`LockBackend::extend_batch`] call,
+/// retrying the leases whose renewal failed (each, as alone, every `retry` until
+/// its validity ends), then puts each back in the set — or signals its loss.
+async fn renew_batch(mut requeue: Requeue) {
+    let renewals = Arc::clone(&requeue.renewals);
     let retry = (renewals.every / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
-    let stats = &renewals.stats;
     loop {
-        if lease.hold_ended() {
-            lease.mark_lost(HOLD_LIMIT_REACHED);
+        // Settle what needs no call: released, at the hold limit, past validity.
+        requeue.leases.retain(|lease| {
+            if lease.is_stopped() {
+                return false;
+            }
+            if lease.hold_ended() {
+                lease.mark_lost(HOLD_LIMIT_REACHED);
+                return false;
+            }
+            // Past its validity: signalled here (hold limit or validity ended).
+            !lease.is_lost()
+        });
+        if requeue.leases.is_empty() {
             return;
         }
-        let valid_until = lease.valid_until();
+        let pending = requeue.leases.clone();
         let sent_at = Instant::now();
-        stats.renew_attempt();
-        let outcome = tokio::select! {
-            biased;
-            _ = lease.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(valid_until) => {
-                lease.mark_lost(if lease.hold_ended() { HOLD_LIMIT_REACHED } else { VALIDITY_ENDED });
-                return;
-            }
-            r = extend(&*renewals.backend, lease) => r,
+        for _ in &pending {
+            renewals.stats.renew_attempt();
+        }
+        let items: Vec<RenewItem<'_>> = pending
+            .iter()
+            .map(|lease| RenewItem::new(lease.kind, &lease.key, lease.token, lease.ttl))
+            .collect();
+        let Some(outcomes) = await_batch(renewals.backend.extend_batch(&items), &pending).await
+        else {
+            // Every lease lost or released meanwhile.
+            requeue.leases.clear();
+            return;
         };
-        match outcome {
-            Ok(Extend::Extended { waiting }) => {
-                stats.renewed();
-                lease.renewed.fetch_add(1, Ordering::Relaxed);
-                lease.waiting.store(waiting, Ordering::Relaxed);
-                // A reply that came back after the old validity ended cannot revive
-                // the lease: every observer may already have seen it lost.
-                if lease.is_lost() {
-                    return;
+        let mut failed = Vec::new();
+        for (lease, outcome) in pending.into_iter().zip(outcomes) {
+            if let Settled::Retry = settle(&renewals, &lease, sent_at, outcome) {
+                failed.push(lease);
+            }
+        }
+        requeue.leases = failed;
+        let Some(first_end) = requeue.leases.iter().map(|l| l.valid_until()).min() else {
+            return;
+        };
+        // As alone: the next attempt after `retry`, or at once at a validity's end
+        // (which the top of the loop signals).
+        tokio::time::sleep_until(first_end.min(Instant::now() + retry)).await;
+    }
+}
+
+/// Waits for a batch call while signalling the loss of each of `leases` whose
+/// validity ends before the reply (as the per-lease watchdog did: loss is signalled
+/// at `valid_until`, not when a slow reply comes). `None` once every lease is lost
+/// or released: the reply would change nothing.
+async fn await_batch<F>(call: F, leases: &[Arc<Lease>]) -> Option<Vec<Result<Extend>>>
+where
+    F: std::future::Future<Output = Vec<Result<Extend>>>,
+{
+    tokio::pin!(call);
+    loop {
+        let next_end = leases
+            .iter()
+            .filter(|l| !l.lost.is_cancelled() && !l.is_stopped())
+            .map(|l| l.valid_until())
+            .min()?;
+        tokio::select! {
+            biased;
+            outcomes = &mut call => return Some(outcomes),
+            _ = tokio::time::sleep_until(next_end) => {
+                for lease in leases {
+                    // Signals the loss of each lease whose validity has ended.
+                    lease.is_lost();
                 }
+            }
+        }
+    }
+}
+
+/// Applies one lease's renewal outcome, from a call sent at `sent_at`.
+fn settle(
+    renewals: &Arc<Renewals>,
+    lease: &Arc<Lease>,
+    sent_at: Instant,
+    outcome: Result<Extend>,
+) -> Settled {
+    if lease.is_stopped() {
+        // Released while the call was in flight: nothing to keep or signal.
+        return Settled::Done;
+    }
+    let stats = &renewals.stats;
+    match outcome {
+        Ok(Extend::Extended { waiting }) => {
+            stats.renewed();
+            lease.renewed.fetch_add(1, Ordering::Relaxed);
+            lease.waiting.store(waiting, Ordering::Relaxed);
+            // A reply that came back after the old validity ended cannot revive
+            // the lease: every observer may already have seen it lost.
+            if !lease.is_lost() {
                 lease.set_valid_until(sent_at + lease.ttl.saturating_sub(drift(lease.ttl)));
                 renewals.schedule(lease, sent_at + renewals.every);
-                return;
             }
-            Ok(Extend::NotOwner) => {
-                lease.mark_lost("the backend reports the lock is no longer ours");
-                return;
-            }
-            Err(e @ Error::Refused { .. }) if is_read_only(&e) => {
-                lease.mark_lost(format!(
-                    "the node refused the renewal as a read-only replica (demoted): {e}"
-                ));
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(key = %lease.key, error = %e, "renewal failed; retrying");
-                tokio::select! {
-                    biased;
-                    _ = lease.stop.cancelled() => return,
-                    _ = tokio::time::sleep_until(valid_until) => {}
-                    _ = tokio::time::sleep(retry) => {}
-                }
-            }
+            Settled::Done
+        }
+        Ok(Extend::NotOwner) => {
+            lease.mark_lost("the backend reports the lock is no longer ours");
+            Settled::Done
+        }
+        Err(e @ Error::Refused { .. }) if is_read_only(&e) => {
+            lease.mark_lost(format!(
+                "the node refused the renewal as a read-only replica (demoted): {e}"
+            ));
+            Settled::Done
+        }
+        Err(e) => {
+            tracing::debug!(key = %lease.key, error = %e, "renewal failed; retrying");
+            Settled::Retry
         }
     }
 }

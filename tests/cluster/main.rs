@@ -15,6 +15,8 @@
 //!   killed primary acknowledged but never replicated are repeated on the
 //!   promoted replica: the keys are free within 10 s, not one 30 s TTL.
 //! * `wakeup_latency_cluster_vs_single`: p50 within one RTT + 1 ms of one server.
+//! * `leases_renew_per_slot_and_a_deleted_one_is_lost_alone`: 480 leases in 12
+//!   slots renew with one script call per slot and scan; deleted ones are lost alone.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
 //!   pub/sub for wake-ups (printed; both must deliver).
 #![cfg(feature = "cluster")]
@@ -23,7 +25,9 @@ mod counter;
 mod failover;
 mod latency;
 mod migration;
+mod renewal;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

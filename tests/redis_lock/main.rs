@@ -35,6 +35,7 @@ mod fencing;
 mod foreign_token;
 mod regressions;
 mod renewal;
+mod renewal_batch;
 mod turns;
 mod wakeups;
 

@@ -155,6 +155,15 @@ impl Conn {
         }
     }
 
+    /// Whether this is a Redis Cluster (a script's keys must share one slot).
+    pub(super) fn is_cluster(&self) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
     /// The server commands go to now (see `RedisBackend::server`).
     pub(super) fn server(&self) -> String {
         match self {

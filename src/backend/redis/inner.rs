@@ -165,19 +165,39 @@ impl Inner {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
+        match self.invoke_lease_acked(lease, keys, args).await? {
+            (_, Some(too_few)) => Err(too_few),
+            (reply, None) => Ok(reply),
+        }
+    }
+
+    /// [`invoke_lease`](Self::invoke_lease), but a write acknowledged by too few
+    /// replicas comes back as the reply *and* that `NOREPLICAS` error: a batch
+    /// renewal needs the reply to tell the leases it re-armed (refused for want of
+    /// acknowledgements) from the ones it did not (answered as they are).
+    pub(super) async fn invoke_lease_acked(
+        &self,
+        lease: &LeaseScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<(Value, Option<RedisError>), RedisError> {
         let Some(pool) = &self.acks else {
-            return self.conn.invoke(lease, lease.renewal, keys, args).await;
+            let reply = self.conn.invoke(lease, lease.renewal, keys, args).await?;
+            return Ok((reply, None));
         };
         let (reply, acks) = self.conn.invoke_acked(pool, lease, keys, args).await?;
         let (replicas, timeout) = pool.settings();
         match acks {
-            Some(acks) if acks < i64::from(replicas) => Err(redis::make_extension_error(
-                "NOREPLICAS".to_owned(),
-                Some(format!(
-                    "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
-                )),
-            )),
-            _ => Ok(reply),
+            Some(acks) if acks < i64::from(replicas) => {
+                let too_few = redis::make_extension_error(
+                    "NOREPLICAS".to_owned(),
+                    Some(format!(
+                        "{acks} of the {replicas} replicas required acknowledged the write within {timeout:?}"
+                    )),
+                );
+                Ok((reply, Some(too_few)))
+            }
+            _ => Ok((reply, None)),
         }
     }
 
@@ -209,7 +229,13 @@ impl Inner {
     /// probe key, the subscription comes up, and this instance may publish on its
     /// channel.
     pub(super) async fn verify(&self) -> Result<()> {
-        for script in [&*ACQUIRE, &*RELEASE, &*EXTEND, &*LEAVE] {
+        for script in [
+            &*ACQUIRE,
+            &*RELEASE,
+            &*EXTEND,
+            &*LEAVE,
+            &*super::renew::EXTEND_BATCH,
+        ] {
             self.conn
                 .load(script)
                 .await

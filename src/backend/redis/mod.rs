@@ -68,7 +68,7 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, WakeRegistry};
+use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -78,6 +78,7 @@ mod cluster;
 mod conn;
 pub(crate) use conn::nodelay_client;
 mod notify;
+mod renew;
 mod replay;
 mod rw;
 mod semaphore;
@@ -88,9 +89,19 @@ use acked::LeaseScript;
 use conn::{Conn, Timeouts, Topology};
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
+/// The semaphore scripts' helpers (after the prelude).
+const SEM_COMMON: &str = include_str!("lua/sem_common.lua");
+/// The renewal of one lease of each kind, as functions (after both of the above).
+const RENEW: &str = include_str!("lua/renew.lua");
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+/// A renewal script: the prelude, the semaphore helpers and `lua/renew.lua`, whose
+/// functions the single renewals and the batch renewal share.
+fn renewal_script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW}\n{body}"))
 }
 
 static ACQUIRE: LeaseScript = LeaseScript::grant(
@@ -99,7 +110,7 @@ static ACQUIRE: LeaseScript = LeaseScript::grant(
 );
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
 static EXTEND: LeaseScript = LeaseScript::renewal(
-    || script(include_str!("lua/extend.lua")),
+    || renewal_script(include_str!("lua/extend.lua")),
     acked::first_is_one,
 );
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
@@ -545,6 +556,12 @@ impl LockBackend for RedisBackend {
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
         decode_extend(key, &reply)
+    }
+
+    /// Up to 500 leases of any kinds per script call (`lua/extend_batch.lua`), per
+    /// cluster slot on a Cluster; see the watchdog's docs.
+    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
+        self.renew_batch(items).await
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {

@@ -216,7 +216,7 @@ impl Entry {
 }
 
 /// The cluster slot of a key (CRC16/XMODEM of its hash tag, modulo 16,384).
-fn slot(key: &[u8]) -> u16 {
+pub(super) fn slot(key: &[u8]) -> u16 {
     let tag = key
         .iter()
         .position(|&b| b == b'{')

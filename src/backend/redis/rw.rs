@@ -30,7 +30,10 @@ use redis::{Script, Value};
 
 use super::acked::{LeaseScript, first_is_one};
 use super::notify::wake_message;
-use super::{Names, RedisBackend, decode_acquire, map_err, millis, script, warn_refused_publish};
+use super::{
+    Names, RedisBackend, decode_acquire, map_err, millis, renewal_script, script,
+    warn_refused_publish,
+};
 use crate::backend::rw::RwBackend;
 use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
 use crate::error::{Phase, Result};
@@ -41,20 +44,22 @@ static READ: LeaseScript =
 static WRITE: LeaseScript =
     LeaseScript::grant(|| script(include_str!("lua/rw_write.lua")), first_is_one);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_release.lua")));
-static EXTEND: LeaseScript =
-    LeaseScript::renewal(|| script(include_str!("lua/rw_extend.lua")), first_is_one);
+static EXTEND: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/rw_extend.lua")),
+    first_is_one,
+);
 
 /// The Redis names of one key's read-write lock.
-struct RwNames {
-    readers: Vec<u8>,
-    writer: Vec<u8>,
-    writers: Vec<u8>,
-    fence: Vec<u8>,
+pub(super) struct RwNames {
+    pub(super) readers: Vec<u8>,
+    pub(super) writer: Vec<u8>,
+    pub(super) writers: Vec<u8>,
+    pub(super) fence: Vec<u8>,
     waiting: Vec<u8>,
 }
 
 impl RwNames {
-    fn new(prefix: &str, key: &LockKey) -> RwNames {
+    pub(super) fn new(prefix: &str, key: &LockKey) -> RwNames {
         let base = Names::new(prefix, key).lock;
         let with = |suffix: &[u8]| [&base[..], suffix].concat();
         RwNames {
@@ -67,7 +72,7 @@ impl RwNames {
     }
 }
 
-fn fence_ttl_ms(ttl: Duration) -> u64 {
+pub(super) fn fence_ttl_ms(ttl: Duration) -> u64 {
     millis(ttl).saturating_mul(10).max(60_000)
 }
 

@@ -38,17 +38,16 @@ use redis::{Script, Value};
 use super::acked::{LeaseScript, first_is_one, first_is_positive};
 use super::notify::wake_message;
 use super::{
-    Inner, Names, PRELUDE, RedisBackend, map_err, millis, unexpected, warn_refused_publish,
+    Inner, Names, PRELUDE, RedisBackend, SEM_COMMON, map_err, millis, renewal_script, unexpected,
+    warn_refused_publish,
 };
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{Extend, LeaseToken, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
-const COMMON: &str = include_str!("lua/sem_common.lua");
-
 fn sem_script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{COMMON}\n{body}"))
+    Script::new(&format!("{PRELUDE}\n{SEM_COMMON}\n{body}"))
 }
 
 static SEM_ACQUIRE: LeaseScript = LeaseScript::grant(
@@ -60,7 +59,7 @@ static SEM_RELEASE: LazyLock<Script> =
 static SEM_LEAVE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_leave.lua")));
 static SEM_EXTEND: LeaseScript = LeaseScript::renewal(
-    || sem_script(include_str!("lua/sem_extend.lua")),
+    || renewal_script(include_str!("lua/sem_extend.lua")),
     first_is_one,
 );
 
@@ -68,15 +67,15 @@ static SEM_EXTEND: LeaseScript = LeaseScript::renewal(
 const MIN_RETRY: Duration = Duration::from_millis(5);
 
 /// The Redis names of one semaphore key.
-struct SemNames {
-    permits: Vec<u8>,
-    count: Vec<u8>,
+pub(super) struct SemNames {
+    pub(super) permits: Vec<u8>,
+    pub(super) count: Vec<u8>,
     queue: Vec<u8>,
     expiry: Vec<u8>,
 }
 
 impl SemNames {
-    fn new(prefix: &str, key: &LockKey) -> SemNames {
+    pub(super) fn new(prefix: &str, key: &LockKey) -> SemNames {
         let base = Names::new(prefix, key).lock;
         let with = |suffix: &[u8]| [&base[..], suffix].concat();
         SemNames {
@@ -278,14 +277,19 @@ impl SemaphoreBackend for RedisBackend {
                 ],
             )
             .await?;
-        match &reply {
-            Value::Array(items) => match items.as_slice() {
-                [Value::Int(1)] => Ok(Extend::Extended { waiting: 0 }),
-                [Value::Int(0)] => Ok(Extend::NotOwner),
-                _ => Err(unexpected(key, Phase::Renewing, &reply)),
-            },
-            _ => Err(unexpected(key, Phase::Renewing, &reply)),
-        }
+        decode_permit_extend(key, &reply)
+    }
+}
+
+/// The reply of `lua/sem_extend.lua`.
+pub(super) fn decode_permit_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1)] => Ok(Extend::Extended { waiting: 0 }),
+            [Value::Int(0)] => Ok(Extend::NotOwner),
+            _ => Err(unexpected(key, Phase::Renewing, reply)),
+        },
+        _ => Err(unexpected(key, Phase::Renewing, reply)),
     }
 }
 
