@@ -156,7 +156,8 @@ async fn locker_and_instance(url: &str, prefix: &str, ttl: Duration) -> (Locker,
 async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
     let server = shared();
     let prefix = unique_prefix("cli-inspect");
-    let (a, a_instance) = locker_and_instance(&server.url(), &prefix, Duration::from_secs(30)).await;
+    let (a, a_instance) =
+        locker_and_instance(&server.url(), &prefix, Duration::from_secs(30)).await;
     let b = locker(&server.url(), &prefix, Duration::from_secs(30)).await;
     let held = a.lock("sku:9").await.unwrap();
     let waiter = tokio::spawn(async move { b.lock("sku:9").await.map(|g| g.fencing_token()) });

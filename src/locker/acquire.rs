@@ -112,9 +112,7 @@ impl LockerState {
             queue,
             ttl,
         } = call;
-        let token = inherited
-            .token
-            .unwrap_or_else(|| self.backend.new_token());
+        let token = inherited.token.unwrap_or_else(|| self.backend.new_token());
         let mut leading = Leading {
             shared: self.arc(),
             key: key.clone(),

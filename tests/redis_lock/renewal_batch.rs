@@ -55,7 +55,8 @@ fn kind_of(i: usize, n: usize) -> LeaseKind {
     }
 }
 
-/// Takes `n` leases of mixed kinds on keys `b<i>` through `locker`, 64 at a time.
+/// Takes `n` leases of mixed kinds on keys `b<i>` through `locker`, 64 at a time;
+/// the `i`-th of the result is the lease of `b<i>` (callers pick leases by index).
 async fn take(locker: &Locker, n: usize) -> Vec<(LeaseKind, LockKey, Held)> {
     futures::stream::iter(0..n)
         .map(|i| async move {
@@ -71,7 +72,7 @@ async fn take(locker: &Locker, n: usize) -> Vec<(LeaseKind, LockKey, Held)> {
             };
             (kind, key, held)
         })
-        .buffer_unordered(64)
+        .buffered(64)
         .collect()
         .await
 }
