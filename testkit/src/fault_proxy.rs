@@ -302,8 +302,10 @@ async fn replies(
     })
     .await?;
     if let Some(mut to) = cut {
-        let _ = to.shutdown().await;
+        // Counted before the client can see its connection end: a test that
+        // asserts the count right after its call failed must find it.
         inner.dropped.fetch_add(1, Ordering::SeqCst);
+        let _ = to.shutdown().await;
     }
     Ok(())
 }
