@@ -314,3 +314,137 @@ async fn a_dropped_shutdown_still_releases_in_the_background() {
         "a lease was cached after shutdown began"
     );
 }
+
+/// Revocation: another instance that queues for a key whose lease A keeps cached
+/// and idle makes A let go at once, not when A's linger (60 s here) ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_instance_revokes_an_idle_cached_lease() {
+    let prefix = unique_prefix("cached-revoked");
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(60))).await;
+    let (b, _) = instance(&prefix, Handoff::enabled()).await;
+    let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
+    g.release().await.unwrap();
+    assert_eq!(releases(&counts), 0, "cached");
+    let got = within(
+        Duration::from_secs(10),
+        "B's lock of a cached key (the linger is 60 s)",
+        b.lock("k"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(releases(&counts), 1, "A released the revoked lease");
+    assert!(got.fencing_token() > ta);
+    got.release().await.unwrap();
+    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+    a.shutdown().await;
+}
+
+/// A revocation that comes while A's task uses the lease is ignored (the handoff
+/// budget bounds how long A keeps a key others wait for): A's release still
+/// caches the lease and A's next lock takes it without a request. B, queued
+/// during A's hold, sends no second revocation, so it gets the key when A's
+/// linger ends: a missed revocation costs at most the linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() {
+    let prefix = unique_prefix("cached-revoke-held");
+    let linger = Duration::from_millis(1_500);
+    // A budget that the hold below does not spend (the default max_hold is 250 ms).
+    let handoff = Handoff::enabled()
+        .max_hold(Duration::from_secs(20))
+        .linger(linger);
+    let (a, counts) = instance(&prefix, handoff).await;
+    let (b, b_counts) = instance(&prefix, Handoff::enabled()).await;
+    let g = a.lock("k").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let asked = tokio::time::Instant::now();
+        let got = b.lock("k").await.unwrap();
+        let waited = asked.elapsed();
+        got.release().await.unwrap();
+        waited
+    });
+    // B's acquire was answered (busy: B queued and sent its revocation) while A
+    // holds the lease.
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            acquires(&b_counts) >= 1 && b_counts.in_flight.load(Ordering::SeqCst) == 0
+        })
+        .await
+    );
+    let released_at = tokio::time::Instant::now();
+    g.release().await.unwrap();
+    let again = a.lock("k").await.unwrap();
+    assert_eq!(acquires(&counts), 1, "A's next lock took the cached lease");
+    again.release().await.unwrap();
+    let waited = within(Duration::from_secs(15), "B's lock", waiter)
+        .await
+        .unwrap();
+    let after_release = released_at.elapsed();
+    println!("B waited {waited:?}, {after_release:?} after A's release");
+    assert!(
+        after_release >= linger / 2,
+        "B got the key {after_release:?} after A's release: the cached lease was not kept"
+    );
+    assert_eq!(releases(&counts), 1, "one release, at the linger's end");
+    a.shutdown().await;
+}
+
+/// A revocation sent while the caching holder is cut off (paused, partitioned)
+/// does not reach it: the waiter gets the key when the holder's lease runs out at
+/// the backend (its TTL, 1 s), not at the linger (600 s); once the partition
+/// heals, the late revocation changes nothing and the holder's next lock takes a
+/// greater token than the waiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
+    let prefix = unique_prefix("cached-revoke-partition");
+    let proxy = CountingProxy::start(shared()).await;
+    let a = Locker::builder(
+        testkit::subscribed(
+            RedisBackend::builder(proxy.url())
+                .prefix(&prefix)
+                .response_timeout(Duration::from_millis(300))
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .await,
+    )
+    .lease_ttl(Duration::from_secs(1))
+    .renew_every(Duration::from_millis(200))
+    .wait_timeout(Duration::from_secs(10))
+    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+    .build()
+    .unwrap();
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
+    g.release().await.unwrap();
+
+    proxy.blackhole(true);
+    let gb = within(
+        Duration::from_secs(10),
+        "B takes the key (A's lease ends at its TTL)",
+        b.lock("k"),
+    )
+    .await
+    .unwrap();
+    let tb = gb.fencing_token();
+    assert!(tb > ta);
+    gb.release().await.unwrap();
+    proxy.blackhole(false);
+
+    let again = within(
+        Duration::from_secs(15),
+        "A locks after the partition",
+        a.lock("k"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        again.fencing_token() > tb,
+        "A used its cut-off cached lease: {:?} after B's {tb:?}",
+        again.fencing_token()
+    );
+    again.release().await.unwrap();
+    a.shutdown().await;
+}

@@ -336,7 +336,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A fresh token for a lease of this backend ([`LeaseToken::random`] unless the
-    /// backend marks its tokens, as the Redis backend does with its instance id).
+    /// backend marks its tokens, as the Redis backend does with its instance id:
+    /// a revocation of a cached lease is addressed by it). A backend that wraps
+    /// another should forward it.
     fn new_token(&self) -> LeaseToken {
         LeaseToken::random()
     }
@@ -557,12 +559,16 @@ type Tables = [Table; LockKind::ALL.len()];
 #[derive(Clone)]
 pub struct WakeRegistry {
     tables: Arc<Tables>,
+    /// The keys whose mutex lease this instance keeps cached, idle: a revocation
+    /// (another instance queued for the key) ends the caching at once.
+    revocations: Arc<Watchers>,
 }
 
 impl Default for WakeRegistry {
     fn default() -> Self {
         WakeRegistry {
             tables: Arc::new(std::array::from_fn(|_| Table::default())),
+            revocations: Arc::new(DashMap::new()),
         }
     }
 }
@@ -669,6 +675,37 @@ impl WakeRegistry {
         }
     }
 
+    /// Starts watching for revocations of the mutex lease of `key` that this
+    /// instance keeps cached ([`Handoff::linger`](crate::Handoff::linger)): every
+    /// [`revoke`](Self::revoke) of `key` from now on is seen by the handle, also
+    /// one that comes before the handle is awaited.
+    pub fn watch_revocation(&self, key: &LockKey) -> Revocation {
+        let rx = self
+            .revocations
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Revocation {
+            rx: Some(rx),
+            key: key.clone(),
+            map: Arc::clone(&self.revocations),
+        }
+    }
+
+    /// Another instance queued for the mutex of `key` while this instance holds
+    /// its lease: ends the caching of that lease if it is cached here (a backend
+    /// calls it on a revocation message). Returns `false` if no
+    /// [`Revocation`] handle watches `key`.
+    pub fn revoke(&self, key: &[u8]) -> bool {
+        match self.revocations.get(key) {
+            Some(tx) => {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Number of handles currently watching the `kind` lock of `key`.
     pub fn watchers(&self, kind: LockKind, key: &[u8]) -> usize {
         let table = self.table(kind);
@@ -702,6 +739,44 @@ impl WakeRegistry {
         self.tables
             .iter()
             .all(|table| table.watchers.is_empty() && table.ones.is_empty())
+    }
+}
+
+/// Interest in the revocations of one key's cached mutex lease
+/// ([`WakeRegistry::watch_revocation`]); dropping it ends the interest.
+#[derive(Debug)]
+pub struct Revocation {
+    rx: Option<watch::Receiver<u64>>,
+    key: LockKey,
+    map: Arc<Watchers>,
+}
+
+impl Revocation {
+    /// Resolves at the first revocation of the key since this handle was made.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a revocation that came while no call was waiting is seen by
+    /// the next call.
+    pub async fn revoked(&mut self) {
+        match self.rx.as_mut() {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    // The registry's entry is gone (it never is while a handle
+                    // lives): never revoked.
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+impl Drop for Revocation {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        self.map
+            .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
     }
 }
 

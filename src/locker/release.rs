@@ -46,8 +46,17 @@ impl LockerState {
                 }
                 Release::Cached(caching) => {
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
+                    // Watched before the task starts: another instance that queues
+                    // from now on ends the caching at once (a revocation).
+                    let mut revocation = self.backend.wakeups().watch_revocation(slot.key());
                     runtime.expect("checked above").spawn(async move {
-                        tokio::time::sleep(linger).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(linger) => {}
+                            _ = revocation.revoked() => {
+                                tracing::debug!(key = %slot.key(), "cached lease revoked");
+                            }
+                        }
+                        drop(revocation);
                         if let Some((lease, _)) = slot.expire(caching) {
                             let job = ReleaseJob::new(shared, Some(slot), lease);
                             if let Err(e) = job.run().await {

@@ -98,4 +98,7 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     fn fencing(&self) -> bool {
         self.inner.fencing()
     }
+    fn new_token(&self) -> LeaseToken {
+        self.inner.new_token()
+    }
 }

@@ -100,13 +100,20 @@ impl Inner {
             fence_ttl_ms.as_bytes(),
             if queue { b"1" } else { b"0" },
         ];
+        // The channel prefix and the wake-up message: a caller that queues anew
+        // sends the holder's instance a revocation built from them.
+        let message = wake_message(LockKind::Mutex, key);
         let reply = match fair {
-            None => self.invoke_lease(&ACQUIRE, &keys, &args).await,
+            None => {
+                let mut all = Vec::with_capacity(args.len() + 2);
+                all.extend_from_slice(&args);
+                all.extend([self.channel_prefix.as_bytes(), &message]);
+                self.invoke_lease(&ACQUIRE, &keys, &all).await
+            }
             Some(age) => {
                 // The fair arguments: the age (µs), the claim TTL, the channel
                 // prefix and the wake-up message (as `invoke_fair` passes them).
                 let (age_us, claim_ttl_ms) = (age_micros(age), self.claim_ttl_ms.to_string());
-                let message = wake_message(LockKind::Mutex, key);
                 let mut all = Vec::with_capacity(args.len() + 4);
                 all.extend_from_slice(&args);
                 all.extend([

@@ -21,6 +21,11 @@
 //!
 //! * An empty message carries no key: `connect` publishes one to check that it
 //!   may, and it is ignored here.
+//! * A revocation (tag `0xFC`, then the key) says that another instance queued for
+//!   the key's mutex while this instance held its lease: if the lease is cached
+//!   here and idle ([`Handoff::linger`](crate::Handoff::linger)), its caching ends
+//!   and it is released at once ([`WakeRegistry::revoke`](crate::backend::WakeRegistry::revoke));
+//!   otherwise it is ignored.
 //! * A message without a tag (a bare key, as lockflight published it before kinds
 //!   were tagged, e.g. from an older instance during a rolling upgrade) may be for
 //!   any of the key's locks: it wakes the watchers of every kind of that key, a
@@ -124,11 +129,18 @@ pub(super) fn wake_message(kind: LockKind, key: &LockKey) -> Vec<u8> {
     message
 }
 
+/// The tag byte of a revocation: another instance queued for the mutex of the key
+/// that follows while this instance held its lease (`lua/acquire.lua` builds it
+/// from the wake-up message). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
+const REVOKE: u8 = 0xFC;
+
 /// What a message on the instance's channel is about.
 #[derive(Debug, PartialEq, Eq)]
 enum Message<'a> {
     /// The empty probe `connect` publishes.
     Probe,
+    /// A revocation of this instance's lease of the mutex of a key.
+    Revoke(&'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
     /// A bare key without a tag (an older lockflight's message): any of its locks.
@@ -139,6 +151,7 @@ enum Message<'a> {
 fn read_message(raw: &[u8]) -> Message<'_> {
     match raw {
         [] => Message::Probe,
+        [REVOKE, key @ ..] if !key.is_empty() => Message::Revoke(key),
         [first, key @ ..] if !key.is_empty() => LockKind::ALL
             .into_iter()
             .find(|kind| tag(*kind) == *first)
@@ -152,6 +165,11 @@ fn read_message(raw: &[u8]) -> Message<'_> {
 fn deliver(i: Arc<Inner>, raw: &[u8]) {
     let (key, mutex_watched) = match read_message(raw) {
         Message::Probe => return,
+        Message::Revoke(key) => {
+            // Ends a cached lease's linger, if one watches; a lease in use ignores it.
+            i.wakeups.revoke(key);
+            return;
+        }
         Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
         Message::Lock(kind, key) => {
             // Read-write locks and semaphores give no claim: nothing to pass on (a
@@ -403,6 +421,7 @@ mod tests {
         assert_eq!(read_message(b"k"), Message::Untagged(b"k"));
         // A lone tag byte is a one-byte bare key: tagged messages have a key.
         assert_eq!(read_message(b"\xfd"), Message::Untagged(b"\xfd"));
-        assert_eq!(read_message(b"\xfck"), Message::Untagged(b"\xfck"));
+        assert_eq!(read_message(b"\xfck"), Message::Revoke(b"k"));
+        assert_eq!(read_message(b"\xfbk"), Message::Untagged(b"\xfbk"));
     }
 }

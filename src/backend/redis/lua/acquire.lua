@@ -5,9 +5,18 @@
 -- KEYS[6] queue expiry index
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] queue entry ttl ms
 -- ARGV[5] fence ttl ms  ARGV[6] "1" to join the queue when busy, "0" not to (try_lock)
--- Fair mode only (absent otherwise): ARGV[7] the caller's age in µs (how long ago its
--- instance's oldest local waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel
--- prefix  ARGV[10] the wake-up message (a lock-kind tag byte + the key, built in Rust)
+-- Default mode: ARGV[7] channel prefix  ARGV[8] the wake-up message (a lock-kind tag
+-- byte + the key, built in Rust).
+-- Fair mode: ARGV[7] the caller's age in µs (how long ago its instance's oldest local
+-- waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel prefix  ARGV[10] the wake-up
+-- message.
+--
+-- Revocation: a caller that joins the queue anew while the lock is held publishes a
+-- revocation (the wake-up message with the tag byte 0xFC) on the holder's instance
+-- channel; the holder's instance is the first 16 hex digits of its token (see
+-- `LeaseToken::for_instance`). An instance that keeps the lease cached and idle
+-- releases it at once; one that uses it ignores the message. A refused PUBLISH is
+-- ignored (the cached lease ends at its linger anyway).
 --
 -- Fair mode: the queue entry is scored TIME µs − age (the arrival time), rewritten on
 -- every busy ask; a free lock (no holder, no claim for another instance) goes only to
@@ -33,7 +42,11 @@
 local lock, fence, queue, claim, record, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local fair = ARGV[7] ~= nil
+local fair = ARGV[10] ~= nil
+local channel_prefix, message = ARGV[7], ARGV[8]
+if fair then
+  channel_prefix, message = ARGV[9], ARGV[10]
+end
 local join = ARGV[6] == '1'
 
 -- Reads.
@@ -140,6 +153,11 @@ if behind then
   -- release found nobody queued yet): wake the earliest waiter, and ask again after
   -- its claim window at the latest.
   wait_ms = tonumber(ARGV[8])
-  wake(q.head, claim, wait_ms, ARGV[9] .. q.head, ARGV[10])
+  wake(q.head, claim, wait_ms, channel_prefix .. q.head, message)
+end
+if join and current and not q.mine then
+  -- New in the queue of a held lock: ask the holder to let go if it is idle.
+  redis.pcall('PUBLISH', channel_prefix .. string.sub(current, 1, 16),
+    string.char(252) .. string.sub(message, 2))
 end
 return { 0, wait_ms, q.others }
