@@ -19,7 +19,7 @@ const CLUSTER: &str = "LOCKFLIGHT_REDIS_CLUSTER";
 const SENTINELS: &str = "LOCKFLIGHT_REDIS_SENTINELS";
 const MASTER: &str = "LOCKFLIGHT_SENTINEL_MASTER";
 /// The primary's credentials and database, for a Sentinel-managed primary
-/// ([`RedisBackendBuilder::primary_connection_info`]).
+/// (`RedisBackendBuilder::primary_connection_info`).
 const PRIMARY_USERNAME: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME";
 const PRIMARY_PASSWORD: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD";
 const PRIMARY_DB: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_DB";
@@ -261,7 +261,7 @@ impl Locker {
     /// | `LOCKFLIGHT_REDIS_URL` | one server (`redis://…`, `rediss://…`) |
     /// | `LOCKFLIGHT_REDIS_CLUSTER` | a Redis Cluster: node URLs, comma-separated (feature `cluster`) |
     /// | `LOCKFLIGHT_REDIS_SENTINELS`, `LOCKFLIGHT_SENTINEL_MASTER` | sentinel URLs, comma-separated (with the sentinels' own password in them, if any), and the primary's name (feature `sentinel`) |
-    /// | `LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME`, `LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD`, `LOCKFLIGHT_SENTINEL_PRIMARY_DB` | with sentinels only: the primary's username, password and database ([`primary_connection_info`](RedisBackendBuilder::primary_connection_info)); a username needs a password |
+    /// | `LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME`, `LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD`, `LOCKFLIGHT_SENTINEL_PRIMARY_DB` | with sentinels only: the primary's username, password and database (`RedisBackendBuilder::primary_connection_info`, feature `sentinel`); a username needs a password |
     /// | `LOCKFLIGHT_PREFIX` | the key prefix (default `lockflight`) |
     /// | `LOCKFLIGHT_RESPONSE_TIMEOUT`, `LOCKFLIGHT_CONNECTION_TIMEOUT` | the backend's timeouts |
     /// | `LOCKFLIGHT_LEASE_TTL`, `LOCKFLIGHT_WAIT_TIMEOUT`, `LOCKFLIGHT_HOLD_LIMIT` | the locker's settings ([`LockerBuilder`](crate::LockerBuilder)) |
