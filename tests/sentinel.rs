@@ -14,6 +14,13 @@
 //!   write lease and a permit (default 30 s TTL) released on the old primary
 //!   after the promotion, before the backend follows: another instance gets each
 //!   within 10 s of the release (issue 20).
+//! * `a_password_protected_primary_is_reached_with_primary_connection_info`: a
+//!   second set of its own ([`Sentinels::start_with_auth`]: an ACL user on the data
+//!   nodes, a password on the sentinels). Without `primary_connection_info`,
+//!   `connect` fails promptly naming authentication; with it, a mutex, a write lease
+//!   and a permit (with `replica_ack`) work, in the database it names, and after
+//!   `SENTINEL FAILOVER` the backends follow the new primary with the same
+//!   credentials (commands, acknowledged writes, the notification subscription).
 #![cfg(feature = "sentinel")]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockflight::{Error, FencingToken, LockKey, Locker, RedisBackend};
-use testkit::sentinel::{MASTER, Sentinels};
+use testkit::sentinel::{Auth, MASTER, Sentinels};
 use testkit::{AllThree, join_all, subscribed, takes_all_three_after, unique_prefix, wait_until};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
@@ -353,4 +360,176 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     let names = (&mutex, &rw, &sem);
     takes_all_three_after(&other, names, released_at, Duration::from_secs(10)).await;
     t.wait_settled(Duration::from_secs(60)).await;
+}
+
+/// A Sentinel-managed primary that refuses unauthenticated clients: the
+/// sentinels name only its address, so its credentials come from
+/// `primary_connection_info`, on every connection, before and after a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_primary_is_reached_with_primary_connection_info() {
+    let _serial = SERIAL.lock().await;
+    let auth = Auth::default();
+    let bounded = tokio::time::timeout(Duration::from_secs(120), async {
+        let t = Sentinels::start_with_auth(&auth).await;
+        password_protected_primary(&t, &auth).await;
+    });
+    bounded
+        .await
+        .expect("the password-protected Sentinel test took more than 120 s");
+}
+
+async fn password_protected_primary(t: &Sentinels, auth: &Auth) {
+    let sentinels = t.sentinel_urls();
+    assert!(
+        sentinels
+            .iter()
+            .all(|u| u.contains(&auth.sentinel_password))
+    );
+    let fails_naming_auth = |builder: lockflight::backend::RedisBackendBuilder| async move {
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(10),
+            builder.connection_timeout(Duration::from_secs(1)).connect(),
+        )
+        .await
+        .expect("connect hung instead of failing");
+        let e = outcome.expect_err("connected without the credentials");
+        let text = format!("{e} {e:?}");
+        assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+        assert!(text.contains("authentication failed"), "{text}");
+        assert!(
+            !text.contains(&auth.password) && !text.contains(&auth.sentinel_password),
+            "{text}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    };
+    // The primary's credentials missing: the ROLE check on the named primary is
+    // answered NOAUTH.
+    fails_naming_auth(RedisBackend::sentinel(sentinels.clone(), MASTER)).await;
+    // The sentinels' own password missing from their URLs: they answer NOAUTH.
+    let bare: Vec<String> = t
+        .sentinels
+        .iter()
+        .map(|n| format!("redis://{}/", n.hostport()))
+        .collect();
+    let info = redis::RedisConnectionInfo::default()
+        .set_username(&auth.username)
+        .set_password(&auth.password)
+        .set_db(3);
+    fails_naming_auth(RedisBackend::sentinel(bare, MASTER).primary_connection_info(info.clone()))
+        .await;
+
+    // With them: every kind of lease, with replica acknowledgement (its own
+    // connections) on the holder.
+    let prefix = unique_prefix("auth");
+    let connect = |ack: bool| {
+        let mut builder = RedisBackend::sentinel(sentinels.clone(), MASTER)
+            .primary_connection_info(info.clone())
+            .prefix(&prefix);
+        if ack {
+            builder = builder.replica_ack(1, Duration::from_millis(500));
+        }
+        async move {
+            subscribed(
+                builder
+                    .connect()
+                    .await
+                    .expect("connect with the primary's credentials"),
+            )
+            .await
+        }
+    };
+    // The replicas authenticate (masteruser) and are in sync.
+    t.wait_settled(Duration::from_secs(30)).await;
+    let (a, b) = (connect(true).await, connect(false).await);
+    let old = t.primary_addr().await;
+    assert_eq!(a.server(), old);
+    let holder = Locker::builder(a.clone())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let other = Locker::builder(b.clone())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let keys = (
+        LockKey::from("m"),
+        LockKey::from("rw"),
+        LockKey::from("sem"),
+    );
+    let keys = (&keys.0, &keys.1, &keys.2);
+    every_kind(t, (&holder, &a), &other, keys, "before the failover").await;
+
+    // SENTINEL FAILOVER: both backends follow with the same credentials.
+    t.failover().await;
+    let new = t.wait_primary_change(&old, Duration::from_secs(30)).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let all = a.server() == new && b.server() == new;
+            async move { all }
+        })
+        .await,
+        "the backends did not follow {new}: {} {}",
+        a.server(),
+        b.server()
+    );
+    // The old primary keeps its pub/sub clients when demoted: drop them, so the
+    // subscriptions are made again, on the new primary.
+    let before = (a.subscriptions(), b.subscriptions());
+    let _: redis::Value = t
+        .by_addr(&old)
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .await
+        .unwrap();
+    let channels = [a.channel(), b.channel()];
+    let new_node = t.by_addr(&new);
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let listed: Vec<String> = new_node
+                .cmd(&["PUBSUB", "CHANNELS", &format!("{prefix}:inst:*")])
+                .await
+                .unwrap_or_default();
+            a.subscriptions() > before.0
+                && b.subscriptions() > before.1
+                && a.is_subscribed()
+                && b.is_subscribed()
+                && channels.iter().all(|c| listed.contains(c))
+        })
+        .await,
+        "the notification subscriptions did not move to the new primary {new}"
+    );
+    t.wait_settled(Duration::from_secs(60)).await;
+    every_kind(t, (&holder, &a), &other, keys, "after the failover").await;
+}
+
+/// `holder` (over `backend`) takes a mutex, a write lease and a permit, each in
+/// database 3 of the current primary; `other` gets each at once after the release.
+async fn every_kind(
+    t: &Sentinels,
+    (holder, backend): (&Locker, &RedisBackend),
+    other: &Locker,
+    keys: (&LockKey, &LockKey, &LockKey),
+    when: &str,
+) {
+    let held = AllThree::take(holder, backend, keys).await;
+    let primary = t.primary().await;
+    let client = redis::Client::open(format!("{}3", primary.url())).unwrap();
+    let mut db3 = client.get_multiplexed_async_connection().await.unwrap();
+    for name in &held.names {
+        let there: bool = redis::cmd("EXISTS")
+            .arg(name)
+            .query_async(&mut db3)
+            .await
+            .unwrap();
+        assert!(there, "{when}: {name} is not in database 3 of the primary");
+    }
+    let released_at = Instant::now();
+    for outcome in held.release().await {
+        outcome.unwrap_or_else(|e| panic!("{when}: release: {e}"));
+    }
+    takes_all_three_after(other, keys, released_at, Duration::from_secs(5)).await;
 }

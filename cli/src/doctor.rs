@@ -70,8 +70,12 @@ pub(crate) enum Target<'a> {
     /// Any node of a Cluster: every primary is checked.
     Cluster(&'a str),
     /// Sentinels and the master name: the sentinels are asked, then the primary
-    /// they name is checked.
-    Sentinel(&'a [String], &'a str),
+    /// they name is checked (with these credentials, if any).
+    Sentinel(
+        &'a [String],
+        &'a str,
+        Option<&'a crate::sentinel::PrimaryAuth>,
+    ),
 }
 
 /// `lockflight doctor`.
@@ -87,8 +91,8 @@ pub(crate) async fn run(
     let (urls, shown, label_nodes) = match target {
         Target::Server(url) => (vec![url.to_owned()], redact(url), false),
         Target::Cluster(url) => (cluster_primaries(url).await?, redact(url), true),
-        Target::Sentinel(sentinels, master) => {
-            let view = crate::sentinel::inspect(sentinels, master, replica_ack).await;
+        Target::Sentinel(sentinels, master, auth) => {
+            let view = crate::sentinel::inspect(sentinels, master, auth, replica_ack).await;
             checks.extend(view.checks);
             others = view.replicas;
             let shown = format!(

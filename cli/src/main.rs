@@ -67,6 +67,13 @@ enum Command {
         /// primary, the quorum and the replicas, then check the primary.
         #[arg(long, value_name = "MASTER")]
         sentinel: Option<String>,
+        /// With --sentinel: the ACL username of the primary and its replicas
+        /// (`primary_connection_info`); default: the environment's
+        /// LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME. Their password is read from
+        /// LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD, never from the command line. The
+        /// sentinels' own password goes in their URLs.
+        #[arg(long, value_name = "USER", requires = "sentinel")]
+        primary_user: Option<String>,
         /// The replica acknowledgement the backend will ask for
         /// (`replica_ack(n, …)`): check that `n` replicas acknowledge a WAIT.
         #[arg(long, value_name = "N")]
@@ -155,11 +162,21 @@ async fn run(cli: Cli) -> u8 {
             urls,
             cluster,
             sentinel,
+            primary_user,
             replica_ack,
             strict,
         } => {
+            let primary_auth = match sentinel::primary_auth(primary_user) {
+                Ok(auth) => auth,
+                Err(e) => {
+                    eprintln!("lockflight doctor: {e}");
+                    return 2;
+                }
+            };
             let target = match (&sentinel, cluster, urls.as_slice()) {
-                (Some(master), _, sentinels) => doctor::Target::Sentinel(sentinels, master),
+                (Some(master), _, sentinels) => {
+                    doctor::Target::Sentinel(sentinels, master, primary_auth.as_ref())
+                }
                 (None, true, [url]) => doctor::Target::Cluster(url),
                 (None, false, [url]) => doctor::Target::Server(url),
                 (None, _, _) => {

@@ -1,6 +1,10 @@
 //! `lockflight doctor --sentinel`: what the sentinels say about the master (its
 //! address, the quorum, the replicas), before the per-server checks run on the
 //! primary they name.
+//!
+//! The data nodes are reached with the credentials `--primary-user` and
+//! `LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD` give (the sentinels name only their
+//! address), the sentinels with those of their URLs.
 
 use std::collections::HashMap;
 
@@ -19,10 +23,56 @@ pub(crate) struct SentinelView {
     pub(crate) replicas: Vec<String>,
 }
 
+/// The username (none: `default`) and password of the data nodes, as
+/// `RedisBackendBuilder::primary_connection_info` would give them.
+pub(crate) struct PrimaryAuth {
+    username: Option<String>,
+    password: String,
+}
+
+/// The variables `Locker::from_env` reads for the same settings.
+const USERNAME_VAR: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME";
+const PASSWORD_VAR: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD";
+
+/// The data nodes' credentials: the username from `--primary-user` or the
+/// environment, the password from the environment only (a command line is
+/// visible to other users).
+pub(crate) fn primary_auth(user: Option<String>) -> Result<Option<PrimaryAuth>, String> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let username = user.or_else(|| var(USERNAME_VAR).map(|u| u.trim().to_owned()));
+    match (username, var(PASSWORD_VAR)) {
+        (username, Some(password)) => Ok(Some(PrimaryAuth { username, password })),
+        (Some(_), None) => Err(format!(
+            "a primary username needs its password in {PASSWORD_VAR}"
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Percent-encodes the userinfo of a URL (everything but unreserved characters).
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The URL of a data node as `RedisBackend::sentinel` reaches it: the sentinels
-/// give `host:port` only, and the backend connects without credentials.
-fn node_url(host: &str, port: &str) -> String {
-    format!("redis://{host}:{port}/")
+/// give `host:port` only; the credentials are the ones given for the primary
+/// (shown redacted in reports).
+fn node_url(host: &str, port: &str, auth: Option<&PrimaryAuth>) -> String {
+    match auth {
+        Some(a) => format!(
+            "redis://{}:{}@{host}:{port}/",
+            encode(a.username.as_deref().unwrap_or("")),
+            encode(&a.password)
+        ),
+        None => format!("redis://{host}:{port}/"),
+    }
 }
 
 /// Asks each sentinel of `sentinels` about `master`: `SENTINEL
@@ -31,6 +81,7 @@ fn node_url(host: &str, port: &str) -> String {
 pub(crate) async fn inspect(
     sentinels: &[String],
     master: &str,
+    auth: Option<&PrimaryAuth>,
     replica_ack: Option<u32>,
 ) -> SentinelView {
     let mut checks = Vec::new();
@@ -145,7 +196,7 @@ pub(crate) async fn inspect(
                 let linked = r.get("master-link-status").is_none_or(|s| s == "ok");
                 if let (false, true, Some(ip), Some(p)) = (down, linked, r.get("ip"), r.get("port"))
                 {
-                    replicas.push(node_url(ip, p));
+                    replicas.push(node_url(ip, p, auth));
                 }
             }
             let healthy = replicas.len();
@@ -179,7 +230,36 @@ pub(crate) async fn inspect(
     });
     SentinelView {
         checks,
-        primary: Some(node_url(&host, &port)),
+        primary: Some(node_url(&host, &port, auth)),
         replicas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_urls_carry_encoded_credentials_that_reports_hide() {
+        assert_eq!(node_url("h", "1", None), "redis://h:1/");
+        let auth = PrimaryAuth {
+            username: Some("locks".into()),
+            password: "p@ss:w/rd".into(),
+        };
+        let url = node_url("h", "1", Some(&auth));
+        assert_eq!(url, "redis://locks:p%40ss%3Aw%2Frd@h:1/");
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
+        assert_eq!(info.redis_settings().username(), Some("locks"));
+        assert!(
+            !crate::redact(&url).contains("p%40ss"),
+            "{}",
+            crate::redact(&url)
+        );
+        let default_user = PrimaryAuth {
+            username: None,
+            password: "pw".into(),
+        };
+        assert_eq!(node_url("h", "1", Some(&default_user)), "redis://:pw@h:1/");
     }
 }

@@ -18,6 +18,11 @@ const CLUSTER: &str = "LOCKFLIGHT_REDIS_CLUSTER";
 /// primary's name in [`MASTER`].
 const SENTINELS: &str = "LOCKFLIGHT_REDIS_SENTINELS";
 const MASTER: &str = "LOCKFLIGHT_SENTINEL_MASTER";
+/// The primary's credentials and database, for a Sentinel-managed primary
+/// (`RedisBackendBuilder::primary_connection_info`).
+const PRIMARY_USERNAME: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME";
+const PRIMARY_PASSWORD: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD";
+const PRIMARY_DB: &str = "LOCKFLIGHT_SENTINEL_PRIMARY_DB";
 const PREFIX: &str = "LOCKFLIGHT_PREFIX";
 const RESPONSE_TIMEOUT: &str = "LOCKFLIGHT_RESPONSE_TIMEOUT";
 const CONNECTION_TIMEOUT: &str = "LOCKFLIGHT_CONNECTION_TIMEOUT";
@@ -33,10 +38,30 @@ enum Where {
     Sentinel(Vec<String>, String),
 }
 
+/// The credentials and database of a Sentinel-managed primary.
+#[derive(PartialEq, Eq, Default)]
+struct Primary {
+    username: Option<String>,
+    password: Option<String>,
+    db: Option<i64>,
+}
+
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
 /// The settings the variables give.
 #[derive(Debug, PartialEq, Eq)]
 struct FromVars {
     at: Where,
+    /// Set only with sentinels.
+    primary: Option<Primary>,
     prefix: Option<String>,
     response_timeout: Option<Duration>,
     connection_timeout: Option<Duration>,
@@ -110,8 +135,51 @@ impl FromVars {
                 )));
             }
         };
+        let primary = Primary {
+            username: get(PRIMARY_USERNAME).map(|v| v.trim().to_owned()),
+            // Taken as it is: spaces may be part of a password.
+            password: get(PRIMARY_PASSWORD).cloned(),
+            db: get(PRIMARY_DB)
+                .map(|v| {
+                    v.trim()
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|db| *db >= 0)
+                        .ok_or_else(|| {
+                            Error::config(format!(
+                                "{PRIMARY_DB}={v:?}: a database number (0, 1, …)"
+                            ))
+                        })
+                })
+                .transpose()?,
+        };
+        let primary = (primary != Primary::default()).then_some(primary);
+        if let Some(p) = &primary {
+            let set = [
+                (PRIMARY_USERNAME, p.username.is_some()),
+                (PRIMARY_PASSWORD, p.password.is_some()),
+                (PRIMARY_DB, p.db.is_some()),
+            ]
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ");
+            if !matches!(at, Where::Sentinel(..)) {
+                return Err(Error::config(format!(
+                    "{set}: for a Sentinel-managed primary ({SENTINELS}); one server or a \
+                     cluster takes its credentials in its URLs"
+                )));
+            }
+            if p.username.is_some() && p.password.is_none() {
+                return Err(Error::config(format!(
+                    "{PRIMARY_USERNAME} is set: {PRIMARY_PASSWORD} must be set too"
+                )));
+            }
+        }
         Ok(FromVars {
             at,
+            primary,
             prefix: get(PREFIX).map(|p| p.trim().to_owned()),
             response_timeout: time(RESPONSE_TIMEOUT)?,
             connection_timeout: time(CONNECTION_TIMEOUT)?,
@@ -129,7 +197,21 @@ impl FromVars {
             Where::Cluster(nodes) => RedisBackend::cluster(nodes.clone()),
             #[cfg(feature = "sentinel")]
             Where::Sentinel(sentinels, master) => {
-                RedisBackend::sentinel(sentinels.clone(), master.clone())
+                let mut builder = RedisBackend::sentinel(sentinels.clone(), master.clone());
+                if let Some(p) = &self.primary {
+                    let mut info = redis::RedisConnectionInfo::default();
+                    if let Some(username) = &p.username {
+                        info = info.set_username(username);
+                    }
+                    if let Some(password) = &p.password {
+                        info = info.set_password(password);
+                    }
+                    if let Some(db) = p.db {
+                        info = info.set_db(db);
+                    }
+                    builder = builder.primary_connection_info(info);
+                }
+                builder
             }
             #[allow(unreachable_patterns)]
             other => {
@@ -178,7 +260,8 @@ impl Locker {
     /// |---|---|
     /// | `LOCKFLIGHT_REDIS_URL` | one server (`redis://…`, `rediss://…`) |
     /// | `LOCKFLIGHT_REDIS_CLUSTER` | a Redis Cluster: node URLs, comma-separated (feature `cluster`) |
-    /// | `LOCKFLIGHT_REDIS_SENTINELS`, `LOCKFLIGHT_SENTINEL_MASTER` | sentinel URLs, comma-separated, and the primary's name (feature `sentinel`) |
+    /// | `LOCKFLIGHT_REDIS_SENTINELS`, `LOCKFLIGHT_SENTINEL_MASTER` | sentinel URLs, comma-separated (with the sentinels' own password in them, if any), and the primary's name (feature `sentinel`) |
+    /// | `LOCKFLIGHT_SENTINEL_PRIMARY_USERNAME`, `LOCKFLIGHT_SENTINEL_PRIMARY_PASSWORD`, `LOCKFLIGHT_SENTINEL_PRIMARY_DB` | with sentinels only: the primary's username, password and database (`RedisBackendBuilder::primary_connection_info`, feature `sentinel`); a username needs a password |
     /// | `LOCKFLIGHT_PREFIX` | the key prefix (default `lockflight`) |
     /// | `LOCKFLIGHT_RESPONSE_TIMEOUT`, `LOCKFLIGHT_CONNECTION_TIMEOUT` | the backend's timeouts |
     /// | `LOCKFLIGHT_LEASE_TTL`, `LOCKFLIGHT_WAIT_TIMEOUT`, `LOCKFLIGHT_HOLD_LIMIT` | the locker's settings ([`LockerBuilder`](crate::LockerBuilder)) |
@@ -205,7 +288,8 @@ impl Locker {
     ///
     /// [`Error::InvalidConfig`] naming the variable: no topology or more than one,
     /// sentinels without a primary's name, an empty URL in a list, a malformed
-    /// duration, a topology whose feature is off, or a setting the builders refuse;
+    /// duration, primary credentials without sentinels or a username without a
+    /// password, a database that is not a number, a topology whose feature is off, or a setting the builders refuse;
     /// the errors of [`RedisBackendBuilder::connect`].
     ///
     /// # Cancel safety
@@ -283,6 +367,7 @@ mod tests {
             s.at,
             Where::Sentinel(vec!["redis://s:26379".into()], "main".into())
         );
+        assert_eq!(s.primary, None);
         // Empty values count as unset.
         let one = parse(&[(URL, "redis://x"), (CLUSTER, " "), (PREFIX, "")]).unwrap();
         assert_eq!(one.at, Where::One("redis://x".into()));
@@ -306,11 +391,82 @@ mod tests {
                 &[(URL, "redis://a"), (RESPONSE_TIMEOUT, "99999999999ms")],
                 RESPONSE_TIMEOUT,
             ),
+            (
+                &[(URL, "redis://a"), (PRIMARY_PASSWORD, "pw")],
+                PRIMARY_PASSWORD,
+            ),
+            (
+                &[(CLUSTER, "redis://a"), (PRIMARY_USERNAME, "u")],
+                PRIMARY_USERNAME,
+            ),
+            (
+                &[
+                    (SENTINELS, "redis://s"),
+                    (MASTER, "m"),
+                    (PRIMARY_USERNAME, "u"),
+                ],
+                PRIMARY_PASSWORD,
+            ),
+            (
+                &[
+                    (SENTINELS, "redis://s"),
+                    (MASTER, "m"),
+                    (PRIMARY_PASSWORD, "pw"),
+                    (PRIMARY_DB, "two"),
+                ],
+                PRIMARY_DB,
+            ),
         ];
         for (vars, named) in cases {
             let e = parse(vars).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig { .. }), "{vars:?}: {e:?}");
             assert!(e.to_string().contains(named), "{vars:?}: {e}");
+            // A password is never echoed.
+            assert!(!format!("{e} {e:?}").contains("pw"), "{vars:?}: {e:?}");
         }
+    }
+
+    #[test]
+    fn reads_the_sentinel_primarys_credentials_and_hides_the_password() {
+        let s = parse(&[
+            (SENTINELS, "redis://:sentinel-pw@s:26379"),
+            (MASTER, "main"),
+            (PRIMARY_USERNAME, " locks "),
+            (PRIMARY_PASSWORD, "pri mary-pw"),
+            (PRIMARY_DB, "3"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.primary,
+            Some(Primary {
+                username: Some("locks".into()),
+                password: Some("pri mary-pw".into()),
+                db: Some(3),
+            })
+        );
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("mary-pw"), "{shown}");
+        assert!(shown.contains("locks"), "{shown}");
+        // The builder gets them, and its Debug hides the password too.
+        #[cfg(feature = "sentinel")]
+        {
+            let b = format!("{:?}", s.backend().unwrap());
+            assert!(b.contains("locks") && b.contains("db: 3"), "{b}");
+            assert!(!b.contains("mary-pw") && !b.contains("sentinel-pw"), "{b}");
+        }
+        // A password alone (requirepass) is enough.
+        let p = parse(&[
+            (SENTINELS, "redis://s:26379"),
+            (MASTER, "main"),
+            (PRIMARY_PASSWORD, "pw"),
+        ])
+        .unwrap();
+        assert_eq!(
+            p.primary,
+            Some(Primary {
+                password: Some("pw".into()),
+                ..Primary::default()
+            })
+        );
     }
 }

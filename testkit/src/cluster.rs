@@ -19,8 +19,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    SpawnError, Supervised, read_logs, release_port, reserve_port, send_signal, spawn_supervised,
-    stop_supervised, tail, tempdir, wait_for_state,
+    Credentials, SpawnError, Supervised, read_logs, release_port, reserve_port, send_signal,
+    spawn_supervised, stop_supervised, tail, tempdir, wait_for_state,
 };
 
 /// One supervised `redis-server` with extra arguments; killed when dropped.
@@ -30,12 +30,37 @@ pub struct Node {
     args: Vec<String>,
     dir: tempfile::TempDir,
     state: Mutex<(Option<Supervised>, bool)>,
+    /// The username (none: `default`) and password the node requires; its
+    /// [`url`](Self::url) carries them.
+    auth: Option<Credentials>,
 }
 
 impl Node {
     /// Starts `redis-server <config file written from conf> <args>` on a free port;
     /// `args(port)` gives the extra arguments (they may mention the port).
     pub fn start(conf: Option<&str>, args: impl Fn(u16) -> Vec<String>) -> Node {
+        Node::start_inner(conf, args, None)
+    }
+
+    /// As [`start`](Self::start), for a node that `conf` or `args` make require
+    /// `password` (as `username`; none: `default`): its startup check, its
+    /// [`url`](Self::url), [`client`](Self::client) and [`cmd`](Self::cmd)
+    /// authenticate.
+    pub fn start_with_auth(
+        conf: Option<&str>,
+        args: impl Fn(u16) -> Vec<String>,
+        username: Option<&str>,
+        password: &str,
+    ) -> Node {
+        let auth = (username.map(str::to_owned), password.to_owned());
+        Node::start_inner(conf, args, Some(auth))
+    }
+
+    fn start_inner(
+        conf: Option<&str>,
+        args: impl Fn(u16) -> Vec<String>,
+        auth: Option<Credentials>,
+    ) -> Node {
         let binary =
             super::find_redis_server().unwrap_or_else(|| panic!("{}", super::REDIS_NOT_FOUND));
         let dir = tempdir();
@@ -49,7 +74,7 @@ impl Node {
                 all.push(path.display().to_string());
             }
             all.extend(args(port));
-            match spawn_supervised(&binary, dir.path(), port, &all, &[]) {
+            match spawn_supervised(&binary, dir.path(), port, &all, &[], auth.as_ref()) {
                 Ok(running) => {
                     return Node {
                         port,
@@ -57,6 +82,7 @@ impl Node {
                         args: all,
                         dir,
                         state: Mutex::new((Some(running), false)),
+                        auth,
                     };
                 }
                 Err(SpawnError::PortConflict(m)) => {
@@ -77,9 +103,17 @@ impl Node {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT/`
+    /// `redis://[user:password@]127.0.0.1:PORT/` (credentials from
+    /// [`start_with_auth`](Self::start_with_auth)).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match &self.auth {
+            Some((user, password)) => format!(
+                "redis://{}:{password}@127.0.0.1:{}/",
+                user.as_deref().unwrap_or(""),
+                self.port
+            ),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
     }
 
     /// `127.0.0.1:PORT`
@@ -179,7 +213,14 @@ impl Node {
         s.1 = false;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match spawn_supervised(&self.binary, self.dir.path(), self.port, &self.args, &[]) {
+            match spawn_supervised(
+                &self.binary,
+                self.dir.path(),
+                self.port,
+                &self.args,
+                &[],
+                self.auth.as_ref(),
+            ) {
                 Ok(r) => {
                     s.0 = Some(r);
                     return;

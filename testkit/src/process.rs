@@ -93,19 +93,24 @@ pub(crate) fn spawn_redis(binary: &Path, dir: &Path, port: u16) -> Result<Superv
         "--enable-debug-command",
         "yes",
     ];
-    spawn_supervised(binary, dir, port, &[], &standalone)
+    spawn_supervised(binary, dir, port, &[], &standalone, None)
 }
+
+/// The username (none: `default`) and password a started server requires.
+pub(crate) type Credentials = (Option<String>, String);
 
 /// Starts `binary <leading> --bind 127.0.0.1 --port <port> <flags>` under the
 /// supervisor (logging into `dir`) and waits until it answers on `port`.
 /// `leading` comes first because `redis-server` reads a config file (a
-/// sentinel's) only as its first argument.
+/// sentinel's) only as its first argument. A server that requires a password is
+/// asked with `auth`.
 pub(crate) fn spawn_supervised(
     binary: &Path,
     dir: &Path,
     port: u16,
     leading: &[String],
     flags: &[&str],
+    auth: Option<&Credentials>,
 ) -> Result<Supervised, SpawnError> {
     let log_file = dir.join("redis.log");
     let supervisor_err = std::fs::OpenOptions::new()
@@ -166,7 +171,7 @@ pub(crate) fn spawn_supervised(
                 SpawnError::Failed(message)
             });
         }
-        match server_pid(port) {
+        match server_pid(port, auth) {
             Some(answering) if answering == pid => return Ok(running),
             Some(other) => {
                 stop_supervised(running, false);
@@ -187,17 +192,36 @@ pub(crate) fn spawn_supervised(
     }
 }
 
-/// Asks whatever listens on `port` for its pid (`INFO server`); `None` if
-/// nothing answers properly (yet).
-pub(crate) fn server_pid(port: u16) -> Option<u32> {
+/// Asks whatever listens on `port` for its pid (`INFO server`, after `AUTH`
+/// with `auth`); `None` if nothing answers properly (yet).
+pub(crate) fn server_pid(port: u16, auth: Option<&Credentials>) -> Option<u32> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = StdTcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     stream
         .set_write_timeout(Some(Duration::from_secs(1)))
         .ok()?;
+    if let Some((user, password)) = auth {
+        let args: Vec<&str> = ["AUTH"]
+            .into_iter()
+            .chain(user.as_deref())
+            .chain([password.as_str()])
+            .collect();
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        stream.write_all(cmd.as_bytes()).ok()?;
+    }
     stream.write_all(b"INFO server\r\n").ok()?;
     let mut reader = BufReader::new(stream);
+    if auth.is_some() {
+        let mut ok = String::new();
+        reader.read_line(&mut ok).ok()?;
+        if !ok.starts_with("+OK") {
+            return None;
+        }
+    }
     let mut header = String::new();
     reader.read_line(&mut header).ok()?;
     let len: usize = header.strip_prefix('$')?.trim_end().parse().ok()?;

@@ -5,6 +5,11 @@
 //! (same port, same directory). [`Sentinels::failover`] runs `SENTINEL FAILOVER`;
 //! [`Sentinels::wait_primary_change`] waits until the sentinels name another
 //! primary and it answers `ROLE` as master.
+//!
+//! [`Sentinels::start_with_auth`] starts a second kind of set where every data
+//! node refuses unauthenticated clients (an ACL user, the `default` user off;
+//! replicas authenticate with `masteruser`/`masterauth`, sentinels with `sentinel
+//! auth-user`/`auth-pass`) and the sentinels have a password of their own.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +26,27 @@ pub struct Sentinels {
     pub sentinels: Vec<Node>,
 }
 
+/// The credentials of a [`Sentinels::start_with_auth`] set.
+#[derive(Clone, Debug)]
+pub struct Auth {
+    /// The ACL user of the data nodes (the only one: `default` is off).
+    pub username: String,
+    /// Its password.
+    pub password: String,
+    /// The sentinels' `requirepass`.
+    pub sentinel_password: String,
+}
+
+impl Default for Auth {
+    fn default() -> Auth {
+        Auth {
+            username: "locks".into(),
+            password: "primary-secret".into(),
+            sentinel_password: "sentinel-secret".into(),
+        }
+    }
+}
+
 fn data_args(_: u16) -> Vec<String> {
     ["--save", "", "--appendonly", "no"]
         .iter()
@@ -32,25 +58,68 @@ impl Sentinels {
     /// Starts the topology and waits until every sentinel sees both replicas and
     /// the two other sentinels.
     pub async fn start() -> Sentinels {
-        let primary = Node::start(None, data_args);
+        Sentinels::start_inner(None).await
+    }
+
+    /// As [`start`](Self::start), with every node requiring `auth`'s credentials
+    /// (see the module docs). The nodes' [`Node::url`]s carry them.
+    pub async fn start_with_auth(auth: &Auth) -> Sentinels {
+        Sentinels::start_inner(Some(auth)).await
+    }
+
+    async fn start_inner(auth: Option<&Auth>) -> Sentinels {
+        let data_conf = auth.map(|a| {
+            format!(
+                "user default off\n\
+                 user {u} on >{p} ~* &* +@all\n\
+                 masteruser {u}\n\
+                 masterauth {p}\n",
+                u = a.username,
+                p = a.password
+            )
+        });
+        let data_node = |args: &dyn Fn(u16) -> Vec<String>| match auth {
+            Some(a) => {
+                Node::start_with_auth(data_conf.as_deref(), args, Some(&a.username), &a.password)
+            }
+            None => Node::start(None, args),
+        };
+        let primary = data_node(&data_args);
         let pport = primary.port();
         let replicas: Vec<Node> = (0..2)
             .map(|_| {
-                Node::start(None, move |p| {
+                data_node(&move |p| {
                     let mut a = data_args(p);
                     a.extend(["--replicaof".into(), "127.0.0.1".into(), pport.to_string()]);
                     a
                 })
             })
             .collect();
-        let conf = format!(
+        let mut conf = format!(
             "sentinel monitor {MASTER} 127.0.0.1 {pport} 2\n\
              sentinel down-after-milliseconds {MASTER} 1000\n\
              sentinel failover-timeout {MASTER} 5000\n\
              sentinel parallel-syncs {MASTER} 2\n"
         );
+        if let Some(a) = auth {
+            conf.push_str(&format!(
+                "sentinel auth-user {MASTER} {u}\n\
+                 sentinel auth-pass {MASTER} {p}\n\
+                 requirepass {s}\n\
+                 sentinel sentinel-pass {s}\n",
+                u = a.username,
+                p = a.password,
+                s = a.sentinel_password
+            ));
+        }
         let sentinels: Vec<Node> = (0..3)
-            .map(|_| Node::start(Some(&conf), |_| vec!["--sentinel".into()]))
+            .map(|_| {
+                let args = |_| vec!["--sentinel".into()];
+                match auth {
+                    Some(a) => Node::start_with_auth(Some(&conf), args, None, &a.sentinel_password),
+                    None => Node::start(Some(&conf), args),
+                }
+            })
             .collect();
         let mut data = vec![primary];
         data.extend(replicas);
@@ -77,7 +146,8 @@ impl Sentinels {
         }
     }
 
-    /// The sentinels' URLs.
+    /// The sentinels' URLs (with their password, for a
+    /// [`start_with_auth`](Self::start_with_auth) set).
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(Node::url).collect()
     }

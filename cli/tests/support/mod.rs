@@ -9,9 +9,18 @@ use serde_json::Value;
 /// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
 /// (`Value::Null` if it is not JSON).
 pub async fn lockflight(args: Vec<String>) -> (i32, Value) {
+    lockflight_with_env(args, Vec::new()).await.0
+}
+
+/// [`lockflight`] with these environment variables set; also returns stderr.
+pub async fn lockflight_with_env(
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> ((i32, Value), String) {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_lockflight"))
             .args(&args)
+            .envs(env)
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run lockflight")
@@ -22,7 +31,10 @@ pub async fn lockflight(args: Vec<String>) -> (i32, Value) {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json)
+    (
+        (out.status.code().unwrap_or(-1), json),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// `list` as owned arguments.

@@ -30,27 +30,34 @@ pub struct RedisBackendBuilder {
     connection_timeout: Duration,
     claim_ttl: Duration,
     queue_entry_ttl: Duration,
+    /// See [`primary_connection_info`](Self::primary_connection_info).
+    #[cfg(feature = "sentinel")]
+    primary: Option<redis::RedisConnectionInfo>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBackendBuilder")
-            .field(
-                "urls",
-                &self
-                    .topology
-                    .urls()
-                    .into_iter()
-                    .map(redact)
-                    .collect::<Vec<_>>(),
-            )
-            .field("prefix", &self.prefix)
-            .field("replica_ack", &self.replica_ack)
-            .field("response_timeout", &self.response_timeout)
-            .field("connection_timeout", &self.connection_timeout)
-            .field("claim_ttl", &self.claim_ttl)
-            .field("queue_entry_ttl", &self.queue_entry_ttl)
-            .finish()
+        let mut d = f.debug_struct("RedisBackendBuilder");
+        d.field(
+            "urls",
+            &self
+                .topology
+                .urls()
+                .into_iter()
+                .map(redact)
+                .collect::<Vec<_>>(),
+        )
+        .field("prefix", &self.prefix)
+        .field("replica_ack", &self.replica_ack)
+        .field("response_timeout", &self.response_timeout)
+        .field("connection_timeout", &self.connection_timeout)
+        .field("claim_ttl", &self.claim_ttl)
+        .field("queue_entry_ttl", &self.queue_entry_ttl);
+        // `RedisConnectionInfo`'s `Debug` shows the username and the database,
+        // never the password.
+        #[cfg(feature = "sentinel")]
+        d.field("primary_connection_info", &self.primary);
+        d.finish()
     }
 }
 
@@ -160,7 +167,69 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// The username, password and database lockflight uses on every connection
+    /// to the primary that the sentinels name, and to each primary it follows
+    /// after a failover: its commands, its notification subscription, the
+    /// connections of [`replica_ack`](Self::replica_ack), and the `ROLE` check
+    /// that confirms a named node is the primary. The sentinels name only the
+    /// primary's address, so a primary with `requirepass` or ACL users needs
+    /// this; without it lockflight connects as the `default` user with no
+    /// password, to database 0, and [`connect`](Self::connect) fails with
+    /// [`Error::Connect`] saying that authentication failed.
+    ///
+    /// The sentinels' own password, if they have one, goes in their URLs (see
+    /// [`RedisBackend::sentinel`]). The password is never shown in `Debug`
+    /// output nor in error messages. TLS to the primary is not supported.
+    ///
+    /// Sentinel backends only: on any other backend, [`connect`](Self::connect)
+    /// fails with [`Error::InvalidConfig`] (one server takes its credentials in
+    /// its URL or its `redis::Client`, a cluster in its node URLs or its
+    /// `ClusterClient`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, RedisBackend};
+    ///
+    /// let primary = redis::RedisConnectionInfo::default()
+    ///     .set_username("locks")
+    ///     .set_password("primary-secret")
+    ///     .set_db(2);
+    /// let backend = RedisBackend::sentinel(
+    ///     // The sentinels' own password, if they require one.
+    ///     ["redis://:sentinel-secret@10.0.0.1:26379", "redis://:sentinel-secret@10.0.0.2:26379"],
+    ///     "mymaster",
+    /// )
+    /// .primary_connection_info(primary)
+    /// .connect()
+    /// .await?;
+    /// let locker = Locker::builder(backend).build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn primary_connection_info(mut self, info: redis::RedisConnectionInfo) -> Self {
+        self.primary = Some(info);
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
+        #[cfg(feature = "sentinel")]
+        if self.primary.is_some() && !matches!(self.topology, Topology::Sentinel(_)) {
+            return Err(Error::config(
+                "redis primary_connection_info is for a sentinel backend (RedisBackend::sentinel); \
+                 give one server's credentials in its URL or its redis::Client, a cluster's in its node URLs",
+            ));
+        }
+        #[cfg(feature = "sentinel")]
+        if let Some(info) = &self.primary
+            && info.username().is_some()
+            && info.password().is_none()
+        {
+            return Err(Error::config(
+                "redis primary_connection_info has a username but no password: \
+                 the redis crate authenticates only with a password, so it would connect as `default`",
+            ));
+        }
         if let Some((replicas, timeout)) = self.replica_ack
             && (replicas == 0 || timeout < Duration::from_millis(1))
         {
@@ -234,8 +303,13 @@ impl RedisBackendBuilder {
     /// # Cancel safety
     ///
     /// Dropping the future abandons the connection attempt; nothing is left behind.
-    pub async fn connect(self) -> Result<RedisBackend> {
+    #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+    pub async fn connect(mut self) -> Result<RedisBackend> {
         self.validate()?;
+        #[cfg(feature = "sentinel")]
+        if let Topology::Sentinel(settings) = &mut self.topology {
+            settings.primary = self.primary.take();
+        }
         #[cfg(feature = "tls-rustls")]
         {
             // `rediss://` needs a process-wide crypto provider; keep one installed by
@@ -384,6 +458,8 @@ impl RedisBackendBuilder {
             connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
             claim_ttl: RedisBackendBuilder::DEFAULT_CLAIM_TTL,
             queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
+            #[cfg(feature = "sentinel")]
+            primary: None,
         }
     }
 }

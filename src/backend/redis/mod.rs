@@ -411,6 +411,13 @@ impl RedisBackend {
     /// repeated on the new primary once the backend follows it, so the key is not
     /// held until the lease's TTL ends.
     ///
+    /// A sentinel URL may carry the sentinels' own password
+    /// (`redis://:password@host:26379`, for sentinels with `requirepass`): it is
+    /// used for the lookups and the `+switch-master` subscriptions. The primary's
+    /// username, password and database are given separately, with
+    /// [`primary_connection_info`](RedisBackendBuilder::primary_connection_info):
+    /// the sentinels name only its address.
+    ///
     /// ```no_run
     /// # async fn demo() -> lockflight::Result<()> {
     /// use std::time::Duration;
@@ -435,6 +442,7 @@ impl RedisBackend {
         RedisBackendBuilder::new(Topology::Sentinel(sentinel::SentinelSettings {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             master: master.into(),
+            primary: None,
         }))
     }
 }

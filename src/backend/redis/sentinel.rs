@@ -23,6 +23,13 @@
 //! current primary (see `acked`), which follow it the same way: they are made for
 //! one generation of the primary and dropped once it has been replaced.
 //!
+//! Every connection to a data node (the command connection, the notification
+//! subscription, the acknowledged-write pool, the `ROLE` checks of a lookup and of
+//! a `+switch-master`) is made with the settings of
+//! [`primary_connection_info`](super::RedisBackendBuilder::primary_connection_info)
+//! (username, password, database): the sentinels name only `host:port`. The
+//! sentinels themselves are reached with the credentials of their own URLs.
+//!
 //! Fencing epochs are minted by the primary as `max(last + 1, server TIME in µs)`:
 //! they stay increasing across a failover provided the old and new primaries'
 //! clocks agree to better than the failover time.
@@ -32,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use redis::aio::ConnectionManager;
-use redis::sentinel::Sentinel;
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, RedisError, ScriptInvocation, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +52,20 @@ pub(in crate::backend::redis) struct SentinelSettings {
     pub(in crate::backend::redis) sentinels: Vec<String>,
     /// The monitored master's name.
     pub(in crate::backend::redis) master: String,
+    /// Username, password and database for the data nodes (`None`: none, db 0).
+    /// Its `Debug` hides the password.
+    pub(in crate::backend::redis) primary: Option<redis::RedisConnectionInfo>,
+}
+
+impl SentinelSettings {
+    /// How the `redis` crate's `Sentinel` should connect to the nodes it names.
+    fn node_info(&self) -> SentinelNodeConnectionInfo {
+        let info = SentinelNodeConnectionInfo::default();
+        match &self.primary {
+            Some(redis) => info.set_redis_connection_info(redis.clone()),
+            None => info,
+        }
+    }
 }
 
 /// Why connecting failed.
@@ -66,6 +87,8 @@ const RESOLVE_INTERVAL: Duration = Duration::from_millis(50);
 /// The command connection of a sentinel-mode backend.
 pub(in crate::backend::redis) struct SentinelConn {
     settings: SentinelSettings,
+    /// `settings.primary` as the `redis` crate's lookups take it.
+    node_info: SentinelNodeConnectionInfo,
     timeouts: Timeouts,
     sentinel: tokio::sync::Mutex<Sentinel>,
     current: Mutex<Arc<Current>>,
@@ -98,7 +121,8 @@ impl SentinelConn {
         let sentinel = Sentinel::build(settings.sentinels.clone())
             .map_err(|e| ConnectError::Config(format!("sentinel urls: {e}")))?;
         let sentinel = tokio::sync::Mutex::new(sentinel);
-        let client = resolve(&sentinel, &settings.master, timeouts)
+        let node_info = settings.node_info();
+        let client = resolve(&sentinel, &settings.master, &node_info, timeouts)
             .await
             .map_err(ConnectError::Redis)?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(timeouts))
@@ -106,6 +130,7 @@ impl SentinelConn {
             .map_err(ConnectError::Redis)?;
         let this = Arc::new(SentinelConn {
             settings,
+            node_info,
             timeouts,
             sentinel,
             current: Mutex::new(Arc::new(Current {
@@ -171,7 +196,14 @@ impl SentinelConn {
             }
             *last = Some(Instant::now());
         }
-        let client = match resolve(&self.sentinel, &self.settings.master, self.timeouts).await {
+        let client = match resolve(
+            &self.sentinel,
+            &self.settings.master,
+            &self.node_info,
+            self.timeouts,
+        )
+        .await
+        {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(master = %self.settings.master, error = %e, "resolving the primary failed");
@@ -216,7 +248,8 @@ impl SentinelConn {
     /// Switches to the primary at `host:port` that a `+switch-master` announced,
     /// once it answers `ROLE` as master (the sentinel that announces it may be the
     /// only one that knows yet, so asking the sentinels could still name the old
-    /// one). Returns whether the connection is now on that primary.
+    /// one). The connection keeps the current one's credentials and database.
+    /// Returns whether the connection is now on that primary.
     pub(super) async fn switch_to(&self, host: &str, port: u16, seen: u64) -> bool {
         let cur = self.current();
         if cur.generation != seen {
@@ -349,15 +382,17 @@ fn is_readonly(e: &RedisError) -> bool {
     e.code() == Some("READONLY")
 }
 
-/// The current primary's client, from the sentinels, bounded by the timeouts.
+/// The current primary's client, from the sentinels, bounded by the timeouts;
+/// connected (for its `ROLE` check, and afterwards) with `node`'s credentials.
 async fn resolve(
     sentinel: &tokio::sync::Mutex<Sentinel>,
     master: &str,
+    node: &SentinelNodeConnectionInfo,
     t: Timeouts,
 ) -> Result<redis::Client, RedisError> {
     let bound = t.connection + t.response;
     let mut s = sentinel.lock().await;
-    match tokio::time::timeout(bound, s.async_master_for(master, None)).await {
+    match tokio::time::timeout(bound, s.async_master_for(master, Some(node))).await {
         Ok(r) => super::conn::nodelay_client(r?.get_connection_info().clone()),
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,

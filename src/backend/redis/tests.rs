@@ -282,3 +282,46 @@ fn every_client_sets_tcp_nodelay_and_keeps_the_url() {
     let plain = redis::Client::open("redis://127.0.0.1:6390").unwrap();
     assert!(!plain.get_connection_info().tcp_settings().nodelay());
 }
+
+#[cfg(feature = "sentinel")]
+#[test]
+fn primary_connection_info_is_for_sentinel_backends_and_hides_its_password() {
+    let info = || {
+        redis::RedisConnectionInfo::default()
+            .set_username("locks")
+            .set_password("s3cret-pw")
+            .set_db(2)
+    };
+    let sentinel = RedisBackend::sentinel(["redis://:sent-pw@127.0.0.1:26379"], "main")
+        .primary_connection_info(info());
+    sentinel.validate().unwrap();
+    let shown = format!("{sentinel:?}");
+    assert!(
+        shown.contains("locks") && shown.contains("db: 2"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("s3cret-pw") && !shown.contains("sent-pw"),
+        "{shown}"
+    );
+    let e = RedisBackend::builder("redis://x")
+        .primary_connection_info(info())
+        .validate()
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+    assert!(e.to_string().contains("primary_connection_info"), "{e}");
+    assert!(!format!("{e} {e:?}").contains("s3cret-pw"), "{e:?}");
+    let e = RedisBackend::sentinel(["redis://127.0.0.1:26379"], "main")
+        .primary_connection_info(redis::RedisConnectionInfo::default().set_username("locks"))
+        .validate()
+        .unwrap_err();
+    assert!(e.to_string().contains("no password"), "{e}");
+    #[cfg(feature = "cluster")]
+    {
+        let e = RedisBackend::cluster(["redis://x"])
+            .primary_connection_info(info())
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("sentinel"), "{e}");
+    }
+}
