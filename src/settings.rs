@@ -121,24 +121,31 @@ impl Handoff {
     }
 
     /// Lease caching: a holder that releases while no local task waits keeps the
-    /// lease up to `d` (default 2 ms) for the next task of this process that asks
+    /// lease up to `d` (off by default: [`DEFAULT_LINGER`](Self::DEFAULT_LINGER) is
+    /// zero) for the next task of this process that asks
     /// for the key, which then takes it without a backend request — a handoff to a
     /// task that arrives a moment later, within the same budget
     /// (`max_consecutive`, `max_hold`, `min_validity`) and with the same fencing
     /// (the handoff sequence grows). If no local task asks within `d`, the lease
     /// is released at the backend, `d` later than without caching. `Duration::ZERO`
-    /// turns caching off; fair mode never caches. Like handoff, it applies to the
-    /// mutex (`lock`, `with_lock`, `lock_many`), not to read-write leases or
-    /// permits.
+    /// turns caching off; fair mode never caches. It applies to the mutex (`lock`,
+    /// `with_lock`, `lock_many`), not to read-write leases or permits.
+    ///
+    /// **Revocation.** Another instance (Redis backend) that queues for the key
+    /// while the lease is cached here sends this instance a revocation, and the
+    /// idle cached lease is released at once: a long `d` does not make other
+    /// instances wait. One that queues while a local task uses the lease is
+    /// answered by the handoff budget instead (its revocation is ignored; the
+    /// next release may still cache, and the lease goes back at the latest when
+    /// the budget or `d` runs out).
     ///
     /// A process that loops over a key (one task locking it again and again, as
     /// a worker does) then pays one backend round trip pair per budget instead of
-    /// per critical section. What it costs: another instance waiting for the key
-    /// waits up to `d` longer each time the lease goes back to the backend, and a
-    /// process that **exits** within `d` of a release leaves the lease to expire
-    /// at its TTL, as if it had crashed (call
-    /// [`Locker::shutdown`](crate::Locker::shutdown) before exiting, or turn caching
-    /// off in short-lived programs).
+    /// per critical section. What it costs: another instance that was already
+    /// waiting may wait up to `d` longer, and a process that **exits** within `d`
+    /// of a release leaves the lease to expire at its TTL, as if it had crashed
+    /// (call [`Locker::shutdown`](crate::Locker::shutdown) before exiting, or turn
+    /// caching off in short-lived programs).
     pub fn linger(mut self, d: Duration) -> Self {
         self.linger = d;
         self
