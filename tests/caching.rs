@@ -37,6 +37,49 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
+/// A locker behind a proxy that can cut it off (`blackhole`): 1 s leases renewed
+/// every 200 ms, and a linger (600 s) that only a release or a revocation ends.
+async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
+    let proxy = CountingProxy::start(shared()).await;
+    let a = Locker::builder(
+        testkit::subscribed(
+            RedisBackend::builder(proxy.url())
+                .prefix(prefix)
+                .response_timeout(Duration::from_millis(300))
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .await,
+    )
+    .lease_ttl(Duration::from_secs(1))
+    .renew_every(Duration::from_millis(200))
+    .wait_timeout(Duration::from_secs(10))
+    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+    .build()
+    .unwrap();
+    (proxy, a)
+}
+
+/// After the partition healed: A's next lock acquires anew, with a token greater
+/// than `tb` (the other instance's), instead of using its cut-off cached lease.
+async fn locks_anew_after_the_partition(a: &Locker, tb: lockflight::FencingToken) {
+    let again = within(
+        Duration::from_secs(15),
+        "A locks after the partition",
+        a.lock("k"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        again.fencing_token() > tb,
+        "A used its cut-off cached lease: {:?} after B's {tb:?}",
+        again.fencing_token()
+    );
+    again.release().await.unwrap();
+    a.shutdown().await;
+}
+
 /// The next `lock` after a release takes the cached lease without a backend
 /// request, with the next fencing token of the same lease; when the linger ends,
 /// the lease is released at the backend and another instance can take the key.
@@ -225,21 +268,7 @@ async fn fair_mode_never_caches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
     let prefix = unique_prefix("cached-partition");
-    let proxy = CountingProxy::start(shared()).await;
-    let a = Locker::builder(
-        RedisBackend::builder(proxy.url())
-            .prefix(&prefix)
-            .response_timeout(Duration::from_millis(300))
-            .connect()
-            .await
-            .unwrap(),
-    )
-    .lease_ttl(Duration::from_secs(1))
-    .renew_every(Duration::from_millis(200))
-    .wait_timeout(Duration::from_secs(10))
-    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
-    .build()
-    .unwrap();
+    let (proxy, a) = cut_off_able(&prefix).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
@@ -260,21 +289,7 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
     assert!(tb > ta);
     gb.release().await.unwrap();
     proxy.blackhole(false);
-
-    let again = within(
-        Duration::from_secs(15),
-        "A locks after the partition",
-        a.lock("k"),
-    )
-    .await
-    .unwrap();
-    assert!(
-        again.fencing_token() > tb,
-        "A used its cut-off cached lease: {:?} after B's {tb:?}",
-        again.fencing_token()
-    );
-    again.release().await.unwrap();
-    a.shutdown().await;
+    locks_anew_after_the_partition(&a, tb).await;
 }
 
 /// `shutdown` dropped after its first poll (its releases sent, not answered):
@@ -397,24 +412,7 @@ async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
     let prefix = unique_prefix("cached-revoke-partition");
-    let proxy = CountingProxy::start(shared()).await;
-    let a = Locker::builder(
-        testkit::subscribed(
-            RedisBackend::builder(proxy.url())
-                .prefix(&prefix)
-                .response_timeout(Duration::from_millis(300))
-                .connect()
-                .await
-                .unwrap(),
-        )
-        .await,
-    )
-    .lease_ttl(Duration::from_secs(1))
-    .renew_every(Duration::from_millis(200))
-    .wait_timeout(Duration::from_secs(10))
-    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
-    .build()
-    .unwrap();
+    let (proxy, a) = cut_off_able(&prefix).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
@@ -432,19 +430,5 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
     assert!(tb > ta);
     gb.release().await.unwrap();
     proxy.blackhole(false);
-
-    let again = within(
-        Duration::from_secs(15),
-        "A locks after the partition",
-        a.lock("k"),
-    )
-    .await
-    .unwrap();
-    assert!(
-        again.fencing_token() > tb,
-        "A used its cut-off cached lease: {:?} after B's {tb:?}",
-        again.fencing_token()
-    );
-    again.release().await.unwrap();
-    a.shutdown().await;
+    locks_anew_after_the_partition(&a, tb).await;
 }
