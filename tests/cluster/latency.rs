@@ -218,3 +218,37 @@ async fn each_instance_listens_on_every_primary() {
     );
     drop(b);
 }
+
+/// Revocation on a Cluster: for a key on each shard, instance B queues for a key
+/// whose lease instance A keeps cached and idle (linger 60 s), and A lets go at
+/// once: the revocation, published by the key's node on A's instance channel,
+/// reaches A (by its subscription on that node, or over the cluster bus).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard() {
+    let (_serial, _cluster) = cluster_for_this_test().await;
+    let (ab, bb) = two_instances("cluster-revoke").await;
+    let keys = key_per_shard(&ab, "revoke").await;
+    let a = Locker::builder(ab)
+        .handoff(Handoff::enabled().linger(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let b = Locker::builder(bb)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    for (key, node) in keys {
+        let g = a.lock(&key).await.unwrap();
+        let ta = g.fencing_token();
+        g.release().await.unwrap();
+        let got = within(
+            Duration::from_secs(10),
+            &format!("B's lock of {key} on {}, cached by A for 60 s", node.addr),
+            b.lock(&key),
+        )
+        .await
+        .unwrap();
+        assert!(got.fencing_token() > ta);
+        got.release().await.unwrap();
+    }
+    a.shutdown().await;
+}

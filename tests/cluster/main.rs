@@ -15,6 +15,8 @@
 //!   killed primary acknowledged but never replicated are repeated on the
 //!   promoted replica: the keys are free within 10 s, not one 30 s TTL.
 //! * `wakeup_latency_cluster_vs_single`: p50 within one RTT + 1 ms of one server.
+//! * `a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard`: a cached
+//!   lease (60 s linger) is released at once when another instance queues.
 //! * `leases_renew_per_slot_and_a_deleted_one_is_lost_alone`: 480 leases in 12
 //!   slots renew with one script call per slot and scan; deleted ones are lost alone.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
@@ -38,7 +40,7 @@ use redis::cluster_async::ClusterConnection;
 use testkit::cluster::{Cluster, NodeInfo};
 use testkit::{
     AllThree, RedisServer, assert_strictly_increasing, backend_at, counter_value, increment,
-    join_all, subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until,
+    join_all, subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until, within,
 };
 
 use tokio::task::JoinSet;
