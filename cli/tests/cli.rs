@@ -8,9 +8,9 @@ use std::time::Duration;
 mod support;
 
 use lockflight::fence::{Fenced, FencedKey};
-use lockflight::{FencingToken, Locker, RedisBackend};
+use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
-use support::{args, lockflight, verdict};
+use support::{args, force_release, lockflight, verdict};
 use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, subscribed, unique_prefix};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,24 +237,7 @@ async fn release_force_fences_out_the_old_holder() {
     );
 
     let name = String::from_utf8(resource.name().to_vec()).unwrap();
-    let (code, report) = lockflight(args(&[
-        "release",
-        "--force",
-        "--yes",
-        "--json",
-        "--prefix",
-        &prefix,
-        "--fence",
-        &name,
-        &server.url(),
-        "job",
-    ]))
-    .await;
-    assert_eq!(code, 0, "{report:#}");
-    let forced = FencingToken {
-        epoch: report["fence"]["epoch"].as_u64().unwrap(),
-        seq: 0,
-    };
+    let (report, forced) = force_release(&[], &prefix, &name, &server.url(), "job").await;
     assert!(
         forced > old,
         "the forced fence is newer than the old holder's token"
@@ -333,25 +316,8 @@ async fn release_force_frees_a_stuck_permit_holders_semaphore() {
     let resource = FencedKey::new(format!("{prefix}:export-file")).unwrap();
     let name = String::from_utf8(resource.name().to_vec()).unwrap();
 
-    let (code, report) = lockflight(args(&[
-        "release",
-        "--force",
-        "--yes",
-        "--json",
-        "--prefix",
-        &prefix,
-        "--fence",
-        &name,
-        &server.url(),
-        "exports",
-    ]))
-    .await;
-    assert_eq!(code, 0, "{report:#}");
+    let (report, forced) = force_release(&[], &prefix, &name, &server.url(), "exports").await;
     assert_eq!(report["permits"], 1, "{report:#}");
-    let forced = FencingToken {
-        epoch: report["fence"]["epoch"].as_u64().unwrap(),
-        seq: 0,
-    };
     assert!(forced > before);
     // The resource's fence holds the forced token: a write under any token minted
     // before the forced release is refused.

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::inspect::Inspector;
-use lockflight::{FencingToken, Locker, RedisBackend};
+use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
-use support::{args, lockflight, verdicts};
+use support::{args, force_release, lockflight, verdicts};
 use testkit::cluster::Cluster;
 use testkit::{subscribed, unique_prefix};
 
@@ -204,25 +204,7 @@ async fn inspect_list_and_release_force_reach_each_keys_node() {
             .is_applied()
     );
     let name = String::from_utf8(resource.name().to_vec()).unwrap();
-    let (code, report) = lockflight(args(&[
-        "release",
-        "--force",
-        "--yes",
-        "--json",
-        "--cluster",
-        "--prefix",
-        &prefix,
-        "--fence",
-        &name,
-        &url,
-        &key,
-    ]))
-    .await;
-    assert_eq!(code, 0, "{report:#}");
-    let forced = FencingToken {
-        epoch: report["fence"]["epoch"].as_u64().unwrap(),
-        seq: 0,
-    };
+    let (_, forced) = force_release(&["--cluster"], &prefix, &name, &url, &key).await;
     assert!(forced > old);
     assert_eq!(
         resource.set(&mut data, &stuck, "late").await.unwrap(),

@@ -4,12 +4,34 @@
 
 use std::process::Command;
 
+use lockflight::FencingToken;
 use serde_json::Value;
 
 /// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
 /// (`Value::Null` if it is not JSON).
 pub async fn lockflight(args: Vec<String>) -> (i32, Value) {
     lockflight_with_env(args, Vec::new()).await.0
+}
+
+/// `lockflight release --force --yes --json [options…] --prefix P --fence F URL KEY`:
+/// asserts it succeeded; returns its report and the token its fence advanced to.
+pub async fn force_release(
+    options: &[&str],
+    prefix: &str,
+    fence: &str,
+    url: &str,
+    key: &str,
+) -> (Value, FencingToken) {
+    let mut list = vec!["release", "--force", "--yes", "--json"];
+    list.extend_from_slice(options);
+    list.extend(["--prefix", prefix, "--fence", fence, url, key]);
+    let (code, report) = lockflight(args(&list)).await;
+    assert_eq!(code, 0, "{report:#}");
+    let forced = FencingToken {
+        epoch: report["fence"]["epoch"].as_u64().unwrap(),
+        seq: 0,
+    };
+    (report, forced)
 }
 
 /// [`lockflight`] with these environment variables set; also returns stderr.
