@@ -34,7 +34,8 @@ use crate::lease;
 ///   holder per slot), the watchdog keeps renewing the same lease, and the fencing
 ///   token's handoff sequence grows, so tokens still strictly increase per key.
 /// * **Fairness is bounded.** While another instance waits (the backend's queue is not
-///   empty, which every acquire, extend and release reports) a lease serves at most
+///   empty, which every acquire, extend and release of a mutex reports, and a
+///   semaphore's acquire) a lease serves at most
 ///   `max_consecutive / 2` handoffs (32), `max_hold / 2` (125 ms) and two handoffs
 ///   per local task that was waiting when the lease was taken (at least eight),
 ///   before it goes back to Redis, whose release wakes the head of the key's FIFO

@@ -878,6 +878,38 @@ mod tests {
 
     const M: LockKind = LockKind::Mutex;
 
+    /// A revocation before the handle is awaited is kept; a `revoked()` dropped
+    /// before it resolved loses nothing (the next call sees the revocation); other
+    /// keys' revocations are not seen; the entry goes with the last handle.
+    #[tokio::test]
+    async fn revocations_are_kept_across_dropped_waits_and_entries_are_removed() {
+        let short = Duration::from_millis(20);
+        let reg = WakeRegistry::new();
+        let key = LockKey::from("k");
+        assert!(!reg.revoke(b"k"), "nobody watches yet");
+        let mut early = reg.watch_revocation(&key);
+        assert!(reg.revoke(b"k"));
+        tokio::time::timeout(short, early.revoked())
+            .await
+            .expect("a revocation before the first poll is kept");
+
+        let mut late = reg.watch_revocation(&key);
+        assert!(
+            tokio::time::timeout(short, late.revoked()).await.is_err(),
+            "an earlier revocation is not seen by a later handle"
+        );
+        assert!(!reg.revoke(b"other"), "another key");
+        assert!(tokio::time::timeout(short, late.revoked()).await.is_err());
+        // Revoked while no call waits (the previous one was dropped).
+        assert!(reg.revoke(b"k"));
+        tokio::time::timeout(short, late.revoked())
+            .await
+            .expect("seen by the next call");
+
+        drop((early, late));
+        assert!(!reg.revoke(b"k"), "the entry went with the last handle");
+    }
+
     #[tokio::test]
     async fn a_wake_before_waiting_is_kept_and_entries_are_removed() {
         let reg = WakeRegistry::new();
