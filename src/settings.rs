@@ -81,7 +81,7 @@ impl Handoff {
     pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
     /// Default time a lease that no local task wants is kept for the next one
     /// (lease caching; see [`linger`](Self::linger)).
-    pub const DEFAULT_LINGER: Duration = Duration::ZERO;
+    pub const DEFAULT_LINGER: Duration = Duration::from_millis(50);
 
     /// No handoff: every critical section acquires from the backend.
     pub fn disabled() -> Self {
@@ -122,31 +122,44 @@ impl Handoff {
     }
 
     /// Lease caching: a holder that releases while no local task waits keeps the
-    /// lease up to `d` (off by default: [`DEFAULT_LINGER`](Self::DEFAULT_LINGER) is
-    /// zero) for the next task of this process that asks
-    /// for the key, which then takes it without a backend request — a handoff to a
-    /// task that arrives a moment later, within the same budget
-    /// (`max_consecutive`, `max_hold`, `min_validity`) and with the same fencing
-    /// (the handoff sequence grows). If no local task asks within `d`, the lease
-    /// is released at the backend, `d` later than without caching. `Duration::ZERO`
-    /// turns caching off; fair mode never caches. It applies to the mutex (`lock`,
-    /// `with_lock`, `lock_many`), not to read-write leases or permits.
+    /// lease up to `d` (default [`DEFAULT_LINGER`](Self::DEFAULT_LINGER), 50 ms)
+    /// for the next task of this process that asks for the key, which then takes
+    /// it without a backend request — a handoff to a task that arrives a moment
+    /// later, within the same budget (`max_consecutive`, `max_hold`,
+    /// `min_validity`) and with the same fencing (the handoff sequence grows). If
+    /// no local task asks within `d`, the lease is released at the backend, `d`
+    /// later than without caching. `Duration::ZERO` turns caching off; fair mode
+    /// never caches. It applies to the mutex (`lock`, `with_lock`, `lock_many`),
+    /// not to read-write leases or permits.
     ///
-    /// **Revocation.** Another instance (Redis backend) that queues for the key
-    /// while the lease is cached here sends this instance a revocation, and the
+    /// **Only warm keys are cached.** A lease is kept only if this locker released
+    /// the same key at the backend less than a second before the lease was taken
+    /// (a key it locks again and again, as a worker does). A program that takes a
+    /// key once and exits never leaves a cached lease behind, and the first
+    /// release of a key always goes to the backend.
+    ///
+    /// **Revocation.** Another instance (Redis backend) that queues for the key, or
+    /// whose `try_lock` finds it held, sends this instance a revocation, and the
     /// idle cached lease is released at once: a long `d` does not make other
     /// instances wait. One that queues while a local task uses the lease is
     /// answered by the handoff budget instead (its revocation is ignored; the
     /// next release may still cache, and the lease goes back at the latest when
-    /// the budget or `d` runs out).
+    /// the budget or `d` runs out). Redlock and the in-memory backend send no
+    /// revocations: there a cached lease ends with `d` or the budget.
     ///
-    /// A process that loops over a key (one task locking it again and again, as
-    /// a worker does) then pays one backend round trip pair per budget instead of
-    /// per critical section. What it costs: another instance that was already
-    /// waiting may wait up to `d` longer, and a process that **exits** within `d`
-    /// of a release leaves the lease to expire at its TTL, as if it had crashed
-    /// (call [`Locker::shutdown`](crate::Locker::shutdown) before exiting, or turn
-    /// caching off in short-lived programs).
+    /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
+    /// its cached leases: on a multi-thread runtime the drop waits for that (at
+    /// most a second); on a current-thread runtime it starts the releases, which
+    /// finish only if the runtime keeps running. A process that exits within `d`
+    /// of a release without either (a `Locker` kept in a `static`, a
+    /// current-thread runtime that ends with `main`, `std::process::exit`) leaves
+    /// that lease to expire at its TTL, as if it had crashed. Call
+    /// [`Locker::shutdown`](crate::Locker::shutdown) before exiting to be sure.
+    ///
+    /// A process that loops over a key pays one backend round trip pair per
+    /// budget instead of per critical section. What it costs: another instance
+    /// that was already waiting may wait up to `d` longer where no revocation
+    /// reaches this instance.
     pub fn linger(mut self, d: Duration) -> Self {
         self.linger = d;
         self

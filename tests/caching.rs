@@ -37,6 +37,20 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
+/// Makes `key` warm at `a`: caching keeps only a lease of a key that `a` released
+/// at the backend less than a second before taking it, so one lock of a cold key
+/// goes back to the backend at once. With `counts`, it checks that and then
+/// counts afresh.
+async fn warm(a: &Locker, counts: Option<&Counts>, key: &str) {
+    let before = counts.map(releases);
+    a.lock(key).await.unwrap().release().await.unwrap();
+    if let (Some(c), Some(before)) = (counts, before) {
+        assert_eq!(releases(c), before + 1, "a cold key's lease was cached");
+        c.acquire.store(0, Ordering::SeqCst);
+        c.release.store(0, Ordering::SeqCst);
+    }
+}
+
 /// A locker behind a proxy that can cut it off (`blackhole`): 1 s leases renewed
 /// every 200 ms, and a linger (600 s) that only a release or a revocation ends.
 async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
@@ -86,9 +100,10 @@ async fn locks_anew_after_the_partition(a: &Locker, tb: lockflight::FencingToken
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     let prefix = unique_prefix("cached-next");
-    let linger = Duration::from_secs(2);
+    let linger = Duration::from_millis(300);
     let (a, counts) = instance(&prefix, Handoff::enabled().linger(linger)).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, Some(&counts), "k").await;
 
     let first = a.lock("k").await.unwrap();
     let t1 = first.fencing_token();
@@ -104,11 +119,7 @@ async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     assert_eq!(t2.epoch, t1.epoch, "the same lease");
     assert!(t2 > t1, "fencing tokens must increase: {t1:?} then {t2:?}");
     second.release().await.unwrap();
-    assert!(
-        b.try_lock("k").await.unwrap().is_none(),
-        "the key is cached by A, so B finds it held"
-    );
-
+    // Nobody asks for the key: the linger's end releases it.
     assert!(
         wait_until(Duration::from_secs(5), || async { releases(&counts) == 1 }).await,
         "the linger ended without a backend release"
@@ -134,6 +145,7 @@ async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
     )
     .await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
+    warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
     g.release().await.unwrap();
@@ -157,6 +169,7 @@ async fn shutdown_releases_cached_leases_and_stops_caching() {
     let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     for key in ["k1", "k2"] {
+        warm(&a, Some(&counts), key).await;
         a.lock(key).await.unwrap().release().await.unwrap();
     }
     assert_eq!(releases(&counts), 0);
@@ -185,6 +198,7 @@ async fn caching_stays_within_the_handoff_budget() {
         .linger(Duration::from_secs(600));
     let (a, counts) = instance(&prefix, handoff).await;
     let mut last = None;
+    warm(&a, Some(&counts), "k").await;
     for _ in 0..5 {
         let g = a.lock("k").await.unwrap();
         let t = g.fencing_token();
@@ -220,6 +234,7 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
         .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
         .build()
         .unwrap();
+    warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
     let t1 = g.fencing_token();
     g.release().await.unwrap();
@@ -254,6 +269,7 @@ async fn fair_mode_never_caches() {
         .build()
         .unwrap();
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, None, "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
     let g = b.try_lock("k").await.unwrap();
     assert!(g.is_some(), "a fair release left the key held");
@@ -270,6 +286,7 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
     let prefix = unique_prefix("cached-partition");
     let (proxy, a) = cut_off_able(&prefix).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, None, "k").await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
     g.release().await.unwrap();
@@ -301,7 +318,9 @@ async fn a_dropped_shutdown_still_releases_in_the_background() {
     let prefix = unique_prefix("cached-shutdown-dropped");
     let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, Some(&counts), "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 0, "cached");
     assert!(
         a.shutdown().now_or_never().is_none(),
         "shutdown answered at once"
@@ -337,6 +356,7 @@ async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-revoked");
     let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(60))).await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
+    warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
     g.release().await.unwrap();
@@ -370,6 +390,7 @@ async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() 
         .linger(linger);
     let (a, counts) = instance(&prefix, handoff).await;
     let (b, b_counts) = instance(&prefix, Handoff::enabled()).await;
+    warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
     let waiter = tokio::spawn(async move {
         let asked = tokio::time::Instant::now();
@@ -414,6 +435,7 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
     let prefix = unique_prefix("cached-revoke-partition");
     let (proxy, a) = cut_off_able(&prefix).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, None, "k").await;
     let g = a.lock("k").await.unwrap();
     let ta = g.fencing_token();
     g.release().await.unwrap();
@@ -431,4 +453,116 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
     gb.release().await.unwrap();
     proxy.blackhole(false);
     locks_anew_after_the_partition(&a, tb).await;
+}
+
+/// Another instance's `try_lock` that finds a key cached (and idle) at A revokes
+/// it: the try answers "held", and A lets go at once, not when its linger (600 s)
+/// ends, so a try a moment later takes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
+    let prefix = unique_prefix("cached-try-revoked");
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    warm(&a, Some(&counts), "k").await;
+    let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
+    g.release().await.unwrap();
+    assert!(
+        b.try_lock("k").await.unwrap().is_none(),
+        "the key is cached by A, so B's try finds it held"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async { releases(&counts) == 1 }).await,
+        "B's try did not revoke A's idle cached lease"
+    );
+    let got = b
+        .try_lock("k")
+        .await
+        .unwrap()
+        .expect("free after the revocation");
+    assert!(got.fencing_token() > ta);
+    got.release().await.unwrap();
+    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+}
+
+/// Only warm keys are cached: a key this locker takes once (as a short-lived
+/// program does) goes back to the backend at its release, with the default
+/// settings, so another instance takes it at once; the same key locked again
+/// within the warm window is cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
+    let prefix = unique_prefix("cached-cold");
+    let (a, counts) = instance(&prefix, Handoff::enabled()).await;
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 1, "a cold key's lease was cached");
+    b.try_lock("k")
+        .await
+        .unwrap()
+        .expect("a cold key is free after its release")
+        .release()
+        .await
+        .unwrap();
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 1, "a warm key's lease was not cached");
+    a.shutdown().await;
+    assert_eq!(releases(&counts), 2);
+}
+
+/// Not a test: the child process of
+/// [`a_process_that_returns_from_main_leaves_nothing_cached`]. It locks its key
+/// three times with the default settings (the last lease is cached) and returns
+/// from the test function, which drops its `Locker` on a multi-thread runtime,
+/// as `#[tokio::main]` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of a_process_that_returns_from_main_leaves_nothing_cached"]
+async fn looping_child() {
+    let Some((backend, key)) = testkit::holder_child_target(CHILD_ENV).await else {
+        return;
+    };
+    let locker = Locker::builder(testkit::subscribed(backend).await)
+        .lease_ttl(Duration::from_secs(30))
+        .build()
+        .expect("child: build");
+    for _ in 0..3 {
+        locker
+            .lock(key.as_str())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        locker.active_keys(),
+        1,
+        "child: the last lease is not cached"
+    );
+    testkit::tell_parent("LFCHILD CACHED");
+}
+
+const CHILD_ENV: &str = "LOCKFLIGHT_CACHING_CHILD";
+
+/// A process that loops over a key with the default settings and then returns
+/// from `main` (a multi-thread runtime) without calling `Locker::shutdown` leaves
+/// nothing locked: dropping its last `Locker` releases the cached lease. Without
+/// that, the key would stay held for the lease TTL (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_leaves_nothing_cached() {
+    let prefix = unique_prefix("cached-exit");
+    let (mut child, mut lines) =
+        testkit::spawn_holder_child("looping_child", CHILD_ENV, shared().url(), &prefix, "k");
+    testkit::child_line(&mut lines, "LFCHILD CACHED").await;
+    let status = within(Duration::from_secs(20), "the child's exit", child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "the child failed: {status}");
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    b.try_lock("k")
+        .await
+        .unwrap()
+        .expect("the exited process left its cached lease held")
+        .release()
+        .await
+        .unwrap();
 }

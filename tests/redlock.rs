@@ -171,9 +171,8 @@ async fn counter_is_exact_over_five_nodes() {
         counter_over_five_nodes("counter", |b| b, "3 x 40 x 25 critical sections").await;
     assert_eq!(tokens.len(), 3000);
     assert_strictly_increasing(&tokens, "tokens");
-    for l in &lockers {
-        assert_eq!(l.active_keys(), 0);
-    }
+    // Leases cached after the last sections go back when their linger ends.
+    testkit::wait_idle(&lockers, Duration::from_secs(10)).await;
 }
 
 /// The same with handoff: few acquisitions, still exact.

@@ -224,6 +224,6 @@ impl LockerBuilder {
     pub fn build(self) -> Result<Locker> {
         let config = self.settings.validate(&*self.backend)?;
         let shared = LockerState::new(Engine::new(self.backend, config));
-        Ok(Locker { shared })
+        Ok(Locker::from_state(shared))
     }
 }

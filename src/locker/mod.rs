@@ -27,6 +27,7 @@ mod family;
 mod guard;
 mod health;
 mod release;
+mod warm;
 
 pub use crate::settings::{Handoff, LockOptions, LossPolicy};
 use crate::settings::{Settings, validate_ttl};
@@ -64,6 +65,27 @@ pub use guard::LockGuard;
 #[derive(Clone)]
 pub struct Locker {
     shared: Arc<LockerState>,
+    /// Shared by the clones: the last one dropped releases the cached leases.
+    _last: Arc<LastHandle>,
+}
+
+/// Dropped with the last clone of a [`Locker`]: stops lease caching and releases
+/// the leases still cached ([`LockerState::release_cached_at_exit`]).
+struct LastHandle(Arc<LockerState>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.release_cached_at_exit();
+    }
+}
+
+impl Locker {
+    pub(crate) fn from_state(shared: Arc<LockerState>) -> Locker {
+        Locker {
+            _last: Arc::new(LastHandle(Arc::clone(&shared))),
+            shared,
+        }
+    }
 }
 
 impl fmt::Debug for Locker {
@@ -90,8 +112,11 @@ pub(crate) struct LockerState {
     pub(crate) rw: Arc<RwLocks>,
     /// The semaphores' local state.
     pub(crate) semaphores: Arc<Semaphores>,
-    /// Set by [`Locker::shutdown`]: no lease is cached any more.
+    /// Set by [`Locker::shutdown`] and by dropping the last `Locker`: no lease is
+    /// cached any more.
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// The keys whose leases may be cached ([`Handoff::linger`]).
+    pub(crate) warm: warm::WarmKeys,
     /// The backend's health as the edge and the probe saw it.
     pub(crate) health: health::Health,
 }
@@ -103,6 +128,7 @@ impl LockerState {
             me: me.clone(),
             slots: SlotMap::default(),
             closing: Default::default(),
+            warm: Default::default(),
             flights: Flights::default(),
             rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
             semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
@@ -333,6 +359,10 @@ impl Locker {
     /// Takes the lock of `key` if it is free right now: one backend request, no
     /// waiting. Returns `None` when another task of this process or another instance
     /// holds it.
+    ///
+    /// A lease another instance keeps cached ([`Handoff::linger`]) counts as held:
+    /// the try then sends that instance a revocation (Redis backend), so a try a
+    /// round trip later finds the key free if that instance no longer uses it.
     ///
     /// # Errors
     ///

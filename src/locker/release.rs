@@ -31,13 +31,15 @@ impl LockerState {
                 .config
                 .fair
                 .then(|| lease.arrival_bound().unwrap_or(lease.acquired_at));
-            // Caching needs a runtime for its linger timer (a guard may be dropped
-            // outside one); off by default, so the runtime is looked up only then.
+            // Caching: only a warm key's lease, and it needs a runtime for its
+            // linger timer (a guard may be dropped outside one).
             let linger = self.config.handoff.linger;
-            let runtime =
-                (!self.config.fair && !linger.is_zero() && !self.closing.load(Ordering::Relaxed))
-                    .then(|| tokio::runtime::Handle::try_current().ok())
-                    .flatten();
+            let runtime = (!self.config.fair
+                && !linger.is_zero()
+                && !self.closing.load(Ordering::Relaxed)
+                && self.warm.is_warm(&lease))
+            .then(|| tokio::runtime::Handle::try_current().ok())
+            .flatten();
             match slot.release(&lease, seq + 1, handoff, runtime.is_some(), arrived_by) {
                 Release::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +119,41 @@ impl LockerState {
     }
 }
 
+/// How long dropping the last [`Locker`](super::Locker) waits for its cached
+/// leases' release (multi-thread runtime).
+const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl LockerState {
+    /// The last `Locker` is dropped: stop caching, and release the cached leases.
+    ///
+    /// On a multi-thread runtime this waits (in `block_in_place`, at most
+    /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases, so a `main` that
+    /// returns right after leaves nothing locked. The wait uses no Tokio timer and
+    /// polls nothing itself: if the runtime is shutting down, the task is dropped
+    /// unrun and the wait ends at once (the leases expire at their TTL, as before).
+    /// On a current-thread runtime the task is only started (blocking would stop
+    /// the one thread that must run it).
+    pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
+        self.closing.store(true, Ordering::Relaxed);
+        if !self.slots.iter().any(|e| e.value().is_cached()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime here: the linger tasks release on the runtime they run on.
+            return;
+        };
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let shared = Arc::clone(self);
+        runtime.spawn(async move {
+            let _done = done; // dropped when the releases end, or with the task
+            let _ = tokio::time::timeout(EXIT_RELEASE_WAIT, shared.release_cached()).await;
+        });
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            let _ = tokio::task::block_in_place(|| finished.recv_timeout(EXIT_RELEASE_WAIT));
+        }
+    }
+}
+
 impl Forward for LockerState {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
@@ -175,6 +212,8 @@ impl ReleaseJob {
     /// The backend release of `lease`, held by `slot` (none without coalescing),
     /// from its first attempt.
     fn new(shared: Arc<LockerState>, slot: Option<Arc<Slot>>, lease: Arc<Lease>) -> ReleaseJob {
+        // The key's next lease, if taken soon, may be cached.
+        shared.warm.released(&lease.key);
         ReleaseJob {
             shared,
             slot,

@@ -332,6 +332,11 @@ impl Slot {
         Release::Backend
     }
 
+    /// Whether the slot keeps a cached lease.
+    pub(crate) fn is_cached(&self) -> bool {
+        self.lock().mode == Mode::Cached
+    }
+
     /// Takes the cached lease back now, whatever caching kept it (the slot is then
     /// `Releasing`, as after [`expire`](Self::expire)).
     pub(crate) fn uncache(&self) -> Option<(Arc<Lease>, u64)> {

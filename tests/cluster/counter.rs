@@ -60,6 +60,8 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     }
     join_all(tasks).await;
     let elapsed = started.elapsed();
+    // Leases cached after the last sections go back when their linger ends.
+    wait_idle(&lockers, IDLE).await;
     let mut data = data.clone();
     for (i, key) in keys.iter().enumerate() {
         let per_key =

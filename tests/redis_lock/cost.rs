@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// An uncontended lock + release costs exactly two Redis commands (two EVALSHA
-/// round trips), and so does an uncontended try_lock + release.
+/// An uncontended lock + release of a key costs exactly two Redis commands (two
+/// EVALSHA round trips), and so does an uncontended try_lock + release; a key
+/// locked again and again costs two per lease (lease caching).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_lock_and_release_cost_two_round_trips() {
     let server = shared();
@@ -18,7 +19,9 @@ async fn uncontended_lock_and_release_cost_two_round_trips() {
     locker.lock(&key).await.unwrap().release().await.unwrap();
     proxy.reset();
     const ROUNDS: u64 = 10;
+    // A cold key each round (lease caching keeps only a warm key's lease).
     for round in 0..ROUNDS {
+        let key = LockKey::from(format!("cold-{round}"));
         let before = proxy.commands();
         let guard = locker.lock(&key).await.unwrap();
         let after_lock = proxy.commands();
@@ -31,6 +34,7 @@ async fn uncontended_lock_and_release_cost_two_round_trips() {
         );
     }
     for round in 0..ROUNDS {
+        let key = LockKey::from(format!("try-{round}"));
         let before = proxy.commands();
         let guard = locker.try_lock(&key).await.unwrap().expect("free");
         guard.release().await.unwrap();
@@ -41,4 +45,16 @@ async fn uncontended_lock_and_release_cost_two_round_trips() {
         proxy.commands()
     );
     assert_eq!(proxy.commands(), 4 * ROUNDS);
+
+    // A warm key (its lease released at the backend a moment ago): the defaults
+    // cache the lease, so ROUNDS lock + release in a row take one lease, one
+    // acquire and one release (here at shutdown).
+    let key = LockKey::from("warm");
+    locker.lock(&key).await.unwrap().release().await.unwrap();
+    proxy.reset();
+    for _ in 0..ROUNDS {
+        locker.lock(&key).await.unwrap().release().await.unwrap();
+    }
+    locker.shutdown().await;
+    assert_eq!(proxy.commands(), 2, "{ROUNDS} lock + release on a warm key");
 }

@@ -9,7 +9,12 @@ async fn release_with_foreign_token_deletes_nothing() {
     let (server, _log, prefix) = shared_scene("foreign-token");
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
-    let locker = Locker::builder(backend.clone()).build().unwrap();
+    // No caching: every release here is answered by the backend (a cached
+    // lease's release is verified when the lease goes back; see `Handoff::linger`).
+    let locker = Locker::builder(backend.clone())
+        .handoff(Handoff::enabled().linger(Duration::ZERO))
+        .build()
+        .unwrap();
     let name = backend.lock_name(&key);
     let mut con = server.connection().await;
 

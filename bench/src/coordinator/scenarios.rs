@@ -41,10 +41,12 @@ pub(super) async fn measure_uncontended(
 ) -> Result<Uncontended, String> {
     let prefix = run.prefix();
     let (locker, _backend, counts) = counting_locker(&run.url, &prefix, mode).await?;
-    let key = LockKey::from("uncontended");
-    for _ in 0..10 {
+    // A key of its own per pair: the cost of taking a key nobody holds (a key
+    // locked again at once is a cached lease's handoff, with no request at all).
+    let key = |i: usize| LockKey::from(format!("uncontended:{i}"));
+    for i in 0..10 {
         locker
-            .lock(&key)
+            .lock(key(i))
             .await
             .map_err(|e| e.to_string())?
             .release()
@@ -55,10 +57,10 @@ pub(super) async fn measure_uncontended(
     let (mut min, mut max) = (u64::MAX, 0);
     let mut latency = Vec::with_capacity(reps);
     let before = commandstats(&mut run.admin).await?;
-    for _ in 0..reps {
+    for i in 0..reps {
         let n0 = counts.total();
         let t0 = Instant::now();
-        let g = locker.lock(&key).await.map_err(|e| e.to_string())?;
+        let g = locker.lock(key(10 + i)).await.map_err(|e| e.to_string())?;
         g.release().await.map_err(|e| e.to_string())?;
         latency.push(t0.elapsed().as_micros() as i64);
         let n = counts.total() - n0;

@@ -20,6 +20,7 @@ pub(super) fn chart(
         Mode::Handoff => RGBColor(44, 160, 44),
         Mode::Default => RGBColor(44, 160, 44),
         Mode::Cached => RGBColor(148, 103, 189),
+        Mode::Uncached => RGBColor(140, 86, 75),
         Mode::Plain => RGBColor(255, 127, 14),
         Mode::Floor => RGBColor(100, 100, 100),
     };

@@ -11,8 +11,8 @@
 -- waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel prefix  ARGV[10] the wake-up
 -- message.
 --
--- Revocation: a caller that joins the queue anew while the lock is held publishes a
--- revocation (the wake-up message with the tag byte 0xFC) on the holder's instance
+-- Revocation: a caller that joins the queue anew while the lock is held, or a try
+-- (ARGV[6] "0") that finds it held, publishes a revocation (the wake-up message with the tag byte 0xFC) on the holder's instance
 -- channel; the holder's instance is the first 16 hex digits of its token (see
 -- `LeaseToken::for_instance`). An instance that keeps the lease cached and idle
 -- releases it at once; one that uses it ignores the message. A refused PUBLISH is
@@ -155,8 +155,9 @@ if behind then
   wait_ms = tonumber(ARGV[8])
   wake(q.head, claim, wait_ms, channel_prefix .. q.head, message)
 end
-if join and current and not q.mine then
-  -- New in the queue of a held lock: ask the holder to let go if it is idle.
+if current and not (join and q.mine) then
+  -- New in the queue of a held lock, or a try that found it held: ask the holder
+  -- to let go if it is idle.
   redis.pcall('PUBLISH', channel_prefix .. string.sub(current, 1, 16),
     string.char(252) .. string.sub(message, 2))
 end
