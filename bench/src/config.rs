@@ -154,8 +154,8 @@ pub struct Cell {
 
 /// The comparison matrix: the default configuration (and the same without lease
 /// caching) against a
-/// plain Redis lock and the in-process floor at P ∈ {1, 4} × T ∈ {1, 8, 64} (0 ms
-/// hold), 1 × 1, 4 × 1 and 4 × 64 with a 1 ms hold, and the cost of one hot key
+/// plain Redis lock and the in-process floor at P ∈ {1, 4} × T ∈ {1, 8, 64}, with a
+/// 0 ms and a 1 ms hold, and the cost of one hot key
 /// waited on by 4, 16 and 64 instances.
 pub fn compare_cells() -> Vec<Cell> {
     let all = vec![
@@ -175,7 +175,7 @@ pub fn compare_cells() -> Vec<Cell> {
             modes: all.clone(),
         })
         .collect();
-    for (procs, tasks) in [(1, 1), (4, 1), (4, 64)] {
+    for (procs, tasks) in [(1, 1), (1, 8), (1, 64), (4, 1), (4, 8), (4, 64)] {
         cells.push(Cell {
             workload: Workload::HotkeyHold,
             procs,

@@ -259,4 +259,66 @@ pub(super) fn compare_markdown(s: &mut String, r: &Report) {
         );
     }
     s.push('\n');
+    cells_markdown(s, r);
+}
+
+/// The per-cell targets of issue #22: in every cell that ran both, the default
+/// at least the plain lock's throughput (2× at T = 64 with no hold), its wait
+/// p99 no worse where T ≥ 8, and each instance's share within 15–35 % where P = 4.
+fn cells_markdown(s: &mut String, r: &Report) {
+    let mut rows = Vec::new();
+    for w in [Workload::HotkeyRmw, Workload::HotkeyHold] {
+        for (p, t) in [(1, 1), (1, 8), (1, 64), (4, 1), (4, 8), (4, 64)] {
+            let (Some(d), Some(pl)) = (
+                cell(r, w, Mode::Default, p, t),
+                cell(r, w, Mode::Plain, p, t),
+            ) else {
+                continue;
+            };
+            let goal = if t == 64 && w == Workload::HotkeyRmw {
+                2.0
+            } else {
+                1.0
+            };
+            let x = d.throughput / pl.throughput.max(1e-9);
+            let p99_ok = t < 8 || d.wait_p99_us <= pl.wait_p99_us;
+            let shares = d.shares();
+            let fair = p == 1 || shares.iter().all(|s| (0.15..=0.35).contains(s));
+            let uncached = cell(r, w, Mode::Uncached, p, t).map_or("–".to_owned(), |u| {
+                format!("{:.2}×", u.throughput / pl.throughput.max(1e-9))
+            });
+            rows.push(format!(
+                "| {} {p}×{t} | ≥ {goal}× | {x:.2}× | {uncached} | {} vs {} | {} | {} |",
+                w.name(),
+                fmt_us(d.wait_p99_us as i64),
+                fmt_us(pl.wait_p99_us as i64),
+                if p == 1 {
+                    "–".to_owned()
+                } else {
+                    fmt_shares(&shares)
+                },
+                if x >= goal && p99_ok && fair {
+                    "met"
+                } else {
+                    "**not met**"
+                }
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "#### Every cell: the default against the plain lock (issue #22)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| cell | goal | default ÷ plain | uncached ÷ plain | wait p99 default vs plain | shares | met |\n\
+         |---|---|--:|--:|---|---|---|"
+    );
+    for row in rows {
+        let _ = writeln!(s, "{row}");
+    }
+    s.push('\n');
 }
