@@ -81,7 +81,7 @@ impl Handoff {
     pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
     /// Default time a lease that no local task wants is kept for the next one
     /// (lease caching; see [`linger`](Self::linger)).
-    pub const DEFAULT_LINGER: Duration = Duration::from_millis(50);
+    pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
 
     /// No handoff: every critical section acquires from the backend.
     pub fn disabled() -> Self {

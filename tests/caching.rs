@@ -372,18 +372,23 @@ async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     assert!(got.fencing_token() > ta);
     got.release().await.unwrap();
     assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+    // Another instance wanted the key: A does not cache it for a while (its
+    // turns with B would only make B wait for revocations).
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 2, "A cached a key B wanted a moment ago");
     a.shutdown().await;
 }
 
-/// A revocation that comes while A's task uses the lease is ignored (the handoff
-/// budget bounds how long A keeps a key others wait for): A's release still
-/// caches the lease and A's next lock takes it without a request. B, queued
-/// during A's hold, sends no second revocation, so it gets the key when A's
-/// linger ends: a missed revocation costs at most the linger.
+/// A revocation that comes while A's task uses the lease does not end the hold
+/// (the handoff budget bounds how long A keeps a key others wait for), but it is
+/// remembered: A's release caches the lease only for a moment (a task of A that
+/// locks again at once could take it), so B, queued during A's hold and sending
+/// no second revocation, gets the key right after A's release, not when A's
+/// linger (600 s) ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() {
+async fn a_revocation_during_a_hold_shortens_the_linger() {
     let prefix = unique_prefix("cached-revoke-held");
-    let linger = Duration::from_millis(1_500);
+    let linger = Duration::from_secs(600);
     // A budget that the hold below does not spend (the default max_hold is 250 ms).
     let handoff = Handoff::enabled()
         .max_hold(Duration::from_secs(20))
@@ -392,12 +397,12 @@ async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() 
     let (b, b_counts) = instance(&prefix, Handoff::enabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
+    let ta = g.fencing_token();
     let waiter = tokio::spawn(async move {
-        let asked = tokio::time::Instant::now();
         let got = b.lock("k").await.unwrap();
-        let waited = asked.elapsed();
+        let token = got.fencing_token();
         got.release().await.unwrap();
-        waited
+        token
     });
     // B's acquire was answered (busy: B queued and sent its revocation) while A
     // holds the lease.
@@ -407,21 +412,20 @@ async fn a_revocation_during_a_hold_is_ignored_and_the_linger_bounds_the_wait() 
         })
         .await
     );
+    assert!(!g.is_lost(), "the revocation ended A's hold");
     let released_at = tokio::time::Instant::now();
     g.release().await.unwrap();
-    let again = a.lock("k").await.unwrap();
-    assert_eq!(acquires(&counts), 1, "A's next lock took the cached lease");
-    again.release().await.unwrap();
-    let waited = within(Duration::from_secs(15), "B's lock", waiter)
+    let tb = within(Duration::from_secs(15), "B's lock", waiter)
         .await
         .unwrap();
     let after_release = released_at.elapsed();
-    println!("B waited {waited:?}, {after_release:?} after A's release");
+    println!("B got the key {after_release:?} after A's release");
+    assert!(tb > ta);
     assert!(
-        after_release >= linger / 2,
-        "B got the key {after_release:?} after A's release: the cached lease was not kept"
+        after_release < Duration::from_secs(10),
+        "B got the key {after_release:?} after A's release: the revoked lease was cached for the linger"
     );
-    assert_eq!(releases(&counts), 1, "one release, at the linger's end");
+    assert_eq!(releases(&counts), 1, "A's lease went back to the backend");
     a.shutdown().await;
 }
 
@@ -486,34 +490,41 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
 }
 
 /// Only warm keys are cached: a key this locker takes once (as a short-lived
-/// program does) goes back to the backend at its release, with the default
-/// settings, so another instance takes it at once; the same key locked again
-/// within the warm window is cached.
+/// program does) goes back to the backend at its release with the default
+/// settings, so another instance takes it at once; a key asked for again within
+/// the linger of that release is cached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
     let prefix = unique_prefix("cached-cold");
-    let (a, counts) = instance(&prefix, Handoff::enabled()).await;
+    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(10))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
-    a.lock("k").await.unwrap().release().await.unwrap();
-    assert_eq!(releases(&counts), 1, "a cold key's lease was cached");
-    b.try_lock("k")
+    // The defaults: a key locked once is free right after its release.
+    let (d, d_counts) = instance(&prefix, Handoff::enabled()).await;
+    d.lock("once").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&d_counts), 1, "a cold key's lease was cached");
+    b.try_lock("once")
         .await
         .unwrap()
         .expect("a cold key is free after its release")
         .release()
         .await
         .unwrap();
+    // Locked again within the linger: cached.
+    a.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(releases(&counts), 1, "a cold key's lease was cached");
     a.lock("k").await.unwrap().release().await.unwrap();
     assert_eq!(releases(&counts), 1, "a warm key's lease was not cached");
+    assert_eq!(a.active_keys(), 1);
     a.shutdown().await;
     assert_eq!(releases(&counts), 2);
 }
 
 /// Not a test: the child process of
 /// [`a_process_that_returns_from_main_leaves_nothing_cached`]. It locks its key
-/// three times with the default settings (the last lease is cached) and returns
-/// from the test function, which drops its `Locker` on a multi-thread runtime,
-/// as `#[tokio::main]` does.
+/// three times (the last lease is cached; a 10 s linger, so that a busy machine
+/// cannot make the key cold between two locks) and returns from the test
+/// function, which drops its `Locker` on a multi-thread runtime, as
+/// `#[tokio::main]` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "child process of a_process_that_returns_from_main_leaves_nothing_cached"]
 async fn looping_child() {
@@ -522,6 +533,7 @@ async fn looping_child() {
     };
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(30))
+        .handoff(Handoff::enabled().linger(Duration::from_secs(10)))
         .build()
         .expect("child: build");
     for _ in 0..3 {
@@ -543,10 +555,10 @@ async fn looping_child() {
 
 const CHILD_ENV: &str = "LOCKFLIGHT_CACHING_CHILD";
 
-/// A process that loops over a key with the default settings and then returns
-/// from `main` (a multi-thread runtime) without calling `Locker::shutdown` leaves
-/// nothing locked: dropping its last `Locker` releases the cached lease. Without
-/// that, the key would stay held for the lease TTL (30 s).
+/// A process that loops over a key and then returns from `main` (a multi-thread
+/// runtime) without calling `Locker::shutdown` leaves nothing locked: dropping
+/// its last `Locker` releases the cached lease. Without that, the key would stay
+/// held for the lease TTL (30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_returns_from_main_leaves_nothing_cached() {
     let prefix = unique_prefix("cached-exit");
@@ -565,4 +577,201 @@ async fn a_process_that_returns_from_main_leaves_nothing_cached() {
         .release()
         .await
         .unwrap();
+}
+
+const PAUSE_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_PAUSE_CHILD";
+
+/// A fencing token printed by a child as "EPOCH SEQ".
+fn parse_token(s: &str) -> lockflight::FencingToken {
+    let mut parts = s
+        .split_whitespace()
+        .map(|p| p.parse::<u64>().expect("a number"));
+    let (epoch, seq) = (parts.next().expect("epoch"), parts.next().expect("seq"));
+    lockflight::FencingToken { epoch, seq }
+}
+
+/// Not a test: the child process of
+/// [`a_cached_lease_revoked_while_its_process_is_paused_is_not_used_after_it`].
+/// It caches a lease of its key (1 s TTL, a 600 s linger), says so, waits for the
+/// parent's go (a Redis key, polled), then locks the key once more and prints
+/// that section's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of a_cached_lease_revoked_while_its_process_is_paused_is_not_used_after_it"]
+async fn pausable_child() {
+    let Some((backend, key)) = testkit::holder_child_target(PAUSE_CHILD_ENV).await else {
+        return;
+    };
+    let locker = Locker::builder(testkit::subscribed(backend).await)
+        .lease_ttl(Duration::from_secs(1))
+        .wait_timeout(Duration::from_secs(20))
+        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .build()
+        .expect("child: build");
+    warm(&locker, None, &key).await;
+    let g = locker.lock(key.as_str()).await.unwrap();
+    let cached = g.fencing_token();
+    g.release().await.unwrap();
+    assert_eq!(locker.active_keys(), 1, "child: the lease is not cached");
+    // Connected before the parent may pause this process.
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let client = redis::Client::open(var("LOCKFLIGHT_CHILD_URL")).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let go = format!("{}:go", var("LOCKFLIGHT_CHILD_PREFIX"));
+    testkit::tell_parent(&format!("LFCHILD CACHED {} {}", cached.epoch, cached.seq));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        // A GET in flight across the pause may time out: ask again.
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&go)
+            .query_async(&mut con)
+            .await
+            .unwrap_or(None);
+        if v.is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "child: no go");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let g = locker.lock(key.as_str()).await.unwrap();
+    let t = g.fencing_token();
+    testkit::tell_parent(&format!("LFCHILD TOKEN {} {}", t.epoch, t.seq));
+    g.release().await.unwrap();
+    locker.shutdown().await;
+}
+
+/// A process paused (SIGSTOP) while it keeps a lease cached: another instance
+/// queues (its revocation waits unread in the paused process's socket) and takes
+/// the key when the lease's TTL (1 s) runs out at Redis. When the process resumes,
+/// its timers, the stale revocation and its next `lock` race; whichever comes
+/// first, the cached lease is not used again: the next section (which waits for
+/// the other instance's hold) gets a token greater than the other instance's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_lease_revoked_while_its_process_is_paused_is_not_used_after_it() {
+    let prefix = unique_prefix("cached-paused");
+    let (mut child, mut lines) = testkit::spawn_holder_child(
+        "pausable_child",
+        PAUSE_CHILD_ENV,
+        shared().url(),
+        &prefix,
+        "k",
+    );
+    let ta = parse_token(&testkit::child_line(&mut lines, "LFCHILD CACHED").await);
+    let pid = child.id().expect("the child runs");
+    assert!(
+        testkit::nemesis::stop_process(pid),
+        "the child did not stop"
+    );
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let gb = within(
+        Duration::from_secs(10),
+        "B takes the key (the paused child's lease ends at its TTL)",
+        b.lock("k"),
+    )
+    .await
+    .unwrap();
+    let tb = gb.fencing_token();
+    assert!(
+        tb > ta,
+        "B's token {tb} is not greater than the child's {ta}"
+    );
+    testkit::nemesis::continue_process(pid);
+    let mut con = shared().connection().await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}:go"))
+        .arg("1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // The child's next lock runs into B's hold.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gb.release().await.unwrap();
+    let tc = parse_token(&testkit::child_line(&mut lines, "LFCHILD TOKEN").await);
+    assert!(
+        tc > tb,
+        "the resumed child's section has token {tc}, not greater than B's {tb}: it used its cached lease"
+    );
+    let status = within(Duration::from_secs(20), "the child's exit", child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "the child failed: {status}");
+}
+
+const WAITER_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_WAITER_CHILD";
+
+/// Not a test: the child process of
+/// [`a_waiter_that_crashes_after_revoking_strands_nobody`]. It names its instance
+/// and waits for its key until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of a_waiter_that_crashes_after_revoking_strands_nobody"]
+async fn crashing_waiter_child() {
+    let Some((backend, key)) = testkit::holder_child_target(WAITER_CHILD_ENV).await else {
+        return;
+    };
+    let backend = testkit::subscribed(backend).await;
+    testkit::tell_parent(&format!("LFCHILD ID {}", backend.instance_id()));
+    let locker = Locker::builder(backend)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .expect("child: build");
+    let _never = locker.lock(key.as_str()).await;
+    panic!("child: got the key it should have been killed waiting for");
+}
+
+/// A waiter that queued (and sent its revocation) and then crashed, ahead of
+/// another instance's waiter: the holder's release (after its linger, the
+/// revocation having come during its hold) offers the key to the dead waiter,
+/// whose claim window (500 ms) and queue entry (3 s) run out, and the live waiter
+/// gets the key long before the lease TTL (30 s) would have freed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_crashes_after_revoking_strands_nobody() {
+    let prefix = unique_prefix("cached-dead-waiter");
+    let (a, counts) = instance(&prefix, Handoff::enabled()).await;
+    warm(&a, Some(&counts), "k").await;
+    let held = a.lock("k").await.unwrap();
+    let (mut child, mut lines) = testkit::spawn_holder_child(
+        "crashing_waiter_child",
+        WAITER_CHILD_ENV,
+        shared().url(),
+        &prefix,
+        "k",
+    );
+    let child_id = testkit::child_line(&mut lines, "LFCHILD ID").await;
+    let con = shared().connection().await;
+    let queue = format!("{prefix}:{{k}}:wq");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (mut con, queue, id) = (con.clone(), queue.clone(), child_id.clone());
+            async move {
+                let at: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(queue)
+                    .arg(id)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                at.is_some()
+            }
+        })
+        .await,
+        "the child never queued"
+    );
+    child.kill().await.unwrap();
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let waiter = tokio::spawn(async move {
+        let asked = tokio::time::Instant::now();
+        let g = b.lock("k").await.unwrap();
+        let waited = asked.elapsed();
+        g.release().await.unwrap();
+        waited
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let waited = within(Duration::from_secs(20), "B's lock", waiter)
+        .await
+        .unwrap();
+    println!("B waited {waited:?} behind a crashed waiter");
+    assert!(
+        waited < Duration::from_secs(10),
+        "B waited {waited:?}: the crashed waiter stranded the key"
+    );
+    a.shutdown().await;
 }

@@ -751,7 +751,27 @@ pub struct Revocation {
     map: Arc<Watchers>,
 }
 
+impl Clone for Revocation {
+    /// A handle that has seen what this one has: a revocation this one has not
+    /// seen yet is new to the clone too.
+    fn clone(&self) -> Self {
+        Revocation {
+            rx: self.rx.clone(),
+            key: self.key.clone(),
+            map: Arc::clone(&self.map),
+        }
+    }
+}
+
 impl Revocation {
+    /// Whether a revocation came since this handle was made (or since the one
+    /// it was cloned from last awaited [`revoked`](Self::revoked)).
+    pub fn is_revoked(&self) -> bool {
+        self.rx
+            .as_ref()
+            .is_some_and(|rx| rx.has_changed().unwrap_or(false))
+    }
+
     /// Resolves at the first revocation of the key since this handle was made.
     ///
     /// # Cancel safety

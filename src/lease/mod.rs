@@ -85,6 +85,10 @@ pub(crate) struct Lease {
     /// of every other instance, and may be handed the lease (unset: none may while
     /// other instances wait).
     arrival_bound: OnceLock<Instant>,
+    /// A mutex lease that may be cached (its key was warm when it was asked for):
+    /// the revocations of its key since the request that took it (see
+    /// [`Handoff::linger`](crate::Handoff::linger)).
+    revocation: OnceLock<crate::backend::Revocation>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
@@ -118,6 +122,7 @@ impl Lease {
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
             hold_until: OnceLock::new(),
             arrival_bound: OnceLock::new(),
+            revocation: OnceLock::new(),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -152,6 +157,16 @@ impl Lease {
     /// Fair mode: sets who may be handed the lease (see `arrival_bound`), once.
     pub(crate) fn set_arrival_bound(&self, at: Instant) {
         let _ = self.arrival_bound.set(at);
+    }
+
+    /// Keeps the revocations of the lease's key (once).
+    pub(crate) fn set_revocation(&self, revocation: crate::backend::Revocation) {
+        let _ = self.revocation.set(revocation);
+    }
+
+    /// The revocations of the lease's key, if it may be cached.
+    pub(crate) fn revocation(&self) -> Option<&crate::backend::Revocation> {
+        self.revocation.get()
     }
 
     /// Fair mode: local tasks that arrived before this may be handed the lease.

@@ -132,6 +132,14 @@ impl LockerState {
             key,
             !self.config.coalescing,
         );
+        // A lease of a warm key may be cached: the revocations of this key from
+        // before the request on, kept by the lease (another instance that queues
+        // while a local task uses the lease makes its release cache only for a
+        // moment).
+        let linger = self.config.handoff.linger;
+        let mut revocation =
+            (!self.config.fair && !linger.is_zero() && self.warm.is_warm(key, start, linger))
+                .then(|| self.backend.wakeups().watch_revocation(key));
         loop {
             let sent_at = pacer.sending();
             // From here until a definite answer, the acquire may have landed, and may
@@ -207,6 +215,10 @@ impl LockerState {
                         let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
                         lease.found_waiting.store(found, Ordering::Relaxed);
                     }
+                    if let Some(revocation) = revocation.take() {
+                        lease.set_revocation(revocation);
+                    }
+
                     return Ok(Some(LockGuard::new(
                         self.arc(),
                         leading.slot.take(),

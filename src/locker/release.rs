@@ -32,12 +32,18 @@ impl LockerState {
                 .fair
                 .then(|| lease.arrival_bound().unwrap_or(lease.acquired_at));
             // Caching: only a warm key's lease, and it needs a runtime for its
-            // linger timer (a guard may be dropped outside one).
+            // linger timer (a guard may be dropped outside one). Where another
+            // instance is known to wait (it revoked the lease while it was in use,
+            // or the backend said so), only briefly: long enough for a task of
+            // this process that locks again at once, not for one that comes later.
+            let contended = lease.revocation().is_some_and(|r| r.is_revoked())
+                || lease.waiting.load(Ordering::Relaxed) > 0;
             let linger = self.config.handoff.linger;
             let runtime = (!self.config.fair
                 && !linger.is_zero()
                 && !self.closing.load(Ordering::Relaxed)
-                && self.warm.is_warm(&lease))
+                && lease.revocation().is_some()
+                && !self.warm.is_cooled(&lease.key))
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten();
             match slot.release(&lease, seq + 1, handoff, runtime.is_some(), arrived_by) {
@@ -48,18 +54,35 @@ impl LockerState {
                 }
                 Release::Cached(caching) => {
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
-                    // Watched before the task starts: another instance that queues
-                    // from now on ends the caching at once (a revocation).
-                    let mut revocation = self.backend.wakeups().watch_revocation(slot.key());
+                    // Watched since the lease was requested (or from now on): another
+                    // instance that queues ends the caching at once (a revocation).
+                    // One that came earlier made the linger short instead.
+                    let mut revocation = match lease.revocation() {
+                        Some(r) => r.clone(),
+                        None => self.backend.wakeups().watch_revocation(slot.key()),
+                    };
                     runtime.expect("checked above").spawn(async move {
-                        tokio::select! {
-                            _ = tokio::time::sleep(linger) => {}
-                            _ = revocation.revoked() => {
-                                tracing::debug!(key = %slot.key(), "cached lease revoked");
+                        let revoked = if contended {
+                            // Another instance waits: keep the lease only until the
+                            // releasing task yields (this task, just spawned, runs
+                            // then), for a task that locks again at once, as a
+                            // process with one busy task does.
+                            false
+                        } else {
+                            tokio::select! {
+                                _ = tokio::time::sleep(linger) => false,
+                                _ = revocation.revoked() => {
+                                    tracing::debug!(key = %slot.key(), "cached lease revoked");
+                                    true
+                                }
                             }
-                        }
+                        };
                         drop(revocation);
                         if let Some((lease, _)) = slot.expire(caching) {
+                            if revoked || contended {
+                                // Kept for nothing while another instance wanted it.
+                                shared.warm.cool(slot.key());
+                            }
                             let job = ReleaseJob::new(shared, Some(slot), lease);
                             if let Err(e) = job.run().await {
                                 tracing::debug!(error = %e, "releasing a cached lease failed");
