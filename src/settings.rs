@@ -122,7 +122,7 @@ impl Handoff {
     }
 
     /// Lease caching: a holder that releases while no local task waits keeps the
-    /// lease up to `d` (default [`DEFAULT_LINGER`](Self::DEFAULT_LINGER), 50 ms)
+    /// lease up to `d` (default [`DEFAULT_LINGER`](Self::DEFAULT_LINGER), 20 ms)
     /// for the next task of this process that asks for the key, which then takes
     /// it without a backend request — a handoff to a task that arrives a moment
     /// later, within the same budget (`max_consecutive`, `max_hold`,
@@ -132,20 +132,26 @@ impl Handoff {
     /// never caches. It applies to the mutex (`lock`, `with_lock`, `lock_many`),
     /// not to read-write leases or permits.
     ///
-    /// **Only warm keys are cached.** A lease is kept only if this locker released
-    /// the same key at the backend less than a second before the lease was taken
-    /// (a key it locks again and again, as a worker does). A program that takes a
-    /// key once and exits never leaves a cached lease behind, and the first
-    /// release of a key always goes to the backend.
+    /// **Only where it pays.** A lease is kept only if it was asked for within `d`
+    /// of this locker's last backend release of the key (caching that lease would
+    /// have served the request: a key locked again and again, as a worker does). A
+    /// program that takes a key once and exits never leaves a cached lease
+    /// behind, and the first release of a key always goes to the backend. Where
+    /// another instance is known to wait for the key (it queued or sent a
+    /// revocation while the lease was in use, or the backend said so), the lease
+    /// is kept only until the releasing task yields: a task that locks the key
+    /// again at once takes it (within the budget), nobody else waits for it. And
+    /// a key whose cached lease another instance wanted is not cached for a
+    /// second.
     ///
     /// **Revocation.** Another instance (Redis backend) that queues for the key, or
     /// whose `try_lock` finds it held, sends this instance a revocation, and the
     /// idle cached lease is released at once: a long `d` does not make other
-    /// instances wait. One that queues while a local task uses the lease is
-    /// answered by the handoff budget instead (its revocation is ignored; the
-    /// next release may still cache, and the lease goes back at the latest when
-    /// the budget or `d` runs out). Redlock and the in-memory backend send no
-    /// revocations: there a cached lease ends with `d` or the budget.
+    /// instances wait. One that comes while a local task uses the lease does not
+    /// end that use (the handoff budget bounds it), and makes the next release
+    /// keep the lease only until the releasing task yields. Redlock and the
+    /// in-memory backend send no revocations: there a cached lease ends with `d`
+    /// or the budget.
     ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
     /// its cached leases: on a multi-thread runtime the drop waits for that (at

@@ -775,3 +775,37 @@ async fn a_waiter_that_crashes_after_revoking_strands_nobody() {
     );
     a.shutdown().await;
 }
+
+/// `shutdown` waits for the releases already under way in the background (here
+/// a dropped guard's, slowed by a 300 ms proxy delay), so that a program that
+/// exits right after it leaves nothing locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_background_releases() {
+    let prefix = unique_prefix("cached-shutdown-background");
+    let proxy = CountingProxy::start(shared()).await;
+    let a = Locker::builder(
+        testkit::subscribed(
+            RedisBackend::builder(proxy.url())
+                .prefix(&prefix)
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .await,
+    )
+    .build()
+    .unwrap();
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let guard = a.lock("k").await.unwrap();
+    proxy.set_delay(Duration::from_millis(300));
+    drop(guard); // released in a background task
+    within(Duration::from_secs(10), "shutdown", a.shutdown()).await;
+    b.try_lock("k")
+        .await
+        .unwrap()
+        .expect("shutdown returned before the background release ended")
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(a.active_keys(), 0);
+}

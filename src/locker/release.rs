@@ -78,6 +78,9 @@ impl LockerState {
                             }
                         };
                         drop(revocation);
+                        // Counted before the lease leaves the cache, so that a
+                        // `shutdown` that finds it gone waits for its release.
+                        let _under_way = shared.release_under_way();
                         if let Some((lease, _)) = slot.expire(caching) {
                             if revoked || contended {
                                 // Kept for nothing while another instance wanted it.
@@ -126,7 +129,9 @@ impl LockerState {
 }
 
 impl LockerState {
-    /// Stops caching and releases every cached lease at the backend, side by side.
+    /// Stops caching, releases every cached lease at the backend, side by side,
+    /// and waits for the releases already under way in the background (of
+    /// dropped guards, of leases whose linger just ended).
     pub(super) async fn release_cached(&self) {
         self.closing.store(true, Ordering::Relaxed);
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
@@ -139,6 +144,51 @@ impl LockerState {
                 tracing::debug!(error = %e, "releasing a cached lease at shutdown failed");
             }
         }
+        self.background.idle().await;
+    }
+}
+
+/// The backend releases running in background tasks, so that
+/// [`Locker::shutdown`](super::Locker::shutdown) can wait for them.
+#[derive(Default)]
+pub(crate) struct BackgroundReleases {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One background release under way; dropped when its task ends or is dropped.
+pub(crate) struct UnderWay(Arc<LockerState>);
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        let releases = &self.0.background;
+        if releases.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            releases.idle.notify_waiters();
+        }
+    }
+}
+
+impl BackgroundReleases {
+    /// Resolves once no background release is under way.
+    async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a release that ends in between wakes it.
+            notified.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl LockerState {
+    /// Counts a background release of this locker until the result is dropped.
+    pub(crate) fn release_under_way(self: &Arc<Self>) -> UnderWay {
+        self.background.count.fetch_add(1, Ordering::AcqRel);
+        UnderWay(Arc::clone(self))
     }
 }
 
@@ -332,8 +382,11 @@ impl ReleaseJob {
     pub(crate) fn spawn(self) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
+                // Counted until the task ends or is dropped: `shutdown` waits for it.
+                let under_way = self.shared.release_under_way();
                 let mut pending = Background(Some(self));
                 handle.spawn(async move {
+                    let _under_way = under_way;
                     let job = pending.0.take().expect("set above");
                     if let Err(e) = job.run().await {
                         tracing::debug!(error = %e, "background release failed");
