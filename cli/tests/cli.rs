@@ -10,7 +10,7 @@ mod support;
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
-use support::{args, force_release, lockflight, verdict};
+use support::{after_forced_release, args, force_release, lockflight, verdict};
 use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, subscribed, unique_prefix};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,45 +238,13 @@ async fn release_force_fences_out_the_old_holder() {
 
     let name = String::from_utf8(resource.name().to_vec()).unwrap();
     let (report, forced) = force_release(&[], &prefix, &name, &server.url(), "job").await;
-    assert!(
-        forced > old,
-        "the forced fence is newer than the old holder's token"
-    );
     assert_eq!(
         report["holder"].as_str().map(str::len),
         Some(32),
         "{report:#}"
     );
-
-    // The old holder's late write is refused at once, before anyone else writes.
-    assert_eq!(
-        resource
-            .set(&mut data, &stuck, "A's late write")
-            .await
-            .unwrap(),
-        Fenced::Stale {
-            last: forced,
-            offered: old
-        }
-    );
-    // The waiter is woken, gets a newer token, and its write lands.
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter gets the key soon after the forced release")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > forced);
-    assert!(
-        resource
-            .set(&mut data, &next, "B's write")
-            .await
-            .unwrap()
-            .is_applied()
-    );
-    // The old holder learns of its loss at its next renewal; its release is a loss.
-    tokio::time::timeout(Duration::from_secs(15), stuck.lost())
-        .await
-        .expect("the stuck holder is told its lease is lost");
+    let next = after_forced_release(&resource, &mut data, &stuck, (old, forced), waiter).await;
+    // The old holder's release is a loss.
     assert!(stuck.release().await.is_err());
     next.release().await.unwrap();
 }

@@ -12,11 +12,11 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use lockflight::fence::{Fenced, FencedKey};
+use lockflight::fence::FencedKey;
 use lockflight::inspect::Inspector;
 use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
-use support::{args, force_release, lockflight, verdicts};
+use support::{after_forced_release, args, force_release, lockflight, verdicts};
 use testkit::cluster::Cluster;
 use testkit::{subscribed, unique_prefix};
 
@@ -205,30 +205,7 @@ async fn inspect_list_and_release_force_reach_each_keys_node() {
     );
     let name = String::from_utf8(resource.name().to_vec()).unwrap();
     let (_, forced) = force_release(&["--cluster"], &prefix, &name, &url, &key).await;
-    assert!(forced > old);
-    assert_eq!(
-        resource.set(&mut data, &stuck, "late").await.unwrap(),
-        Fenced::Stale {
-            last: forced,
-            offered: old
-        }
-    );
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter gets the key soon after the forced release")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > forced);
-    assert!(
-        resource
-            .set(&mut data, &next, "next")
-            .await
-            .unwrap()
-            .is_applied()
-    );
-    tokio::time::timeout(Duration::from_secs(15), stuck.lost())
-        .await
-        .expect("the stuck holder is told its lease is lost");
+    let next = after_forced_release(&resource, &mut data, &stuck, (old, forced), waiter).await;
     next.release().await.unwrap();
     for guard in held {
         guard.release().await.unwrap();

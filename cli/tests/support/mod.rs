@@ -4,7 +4,10 @@
 
 use std::process::Command;
 
-use lockflight::FencingToken;
+use std::time::Duration;
+
+use lockflight::fence::{Fenced, FencedKey};
+use lockflight::{FencingToken, LockGuard};
 use serde_json::Value;
 
 /// Runs the binary with `args`; returns the exit code and stdout parsed as JSON
@@ -32,6 +35,54 @@ pub async fn force_release(
         seq: 0,
     };
     (report, forced)
+}
+
+/// What a forced release of `stuck`'s key (its fence advanced to `forced`, past
+/// `stuck`'s token `old`) must lead to, on `resource` through `data`: the stuck
+/// holder's late write is refused at once, the `waiter` gets the key with a newer
+/// token and its write lands, and the stuck holder learns of its loss at its next
+/// renewal. Returns the waiter's guard.
+pub async fn after_forced_release<C>(
+    resource: &FencedKey,
+    data: &mut C,
+    stuck: &LockGuard,
+    (old, forced): (FencingToken, FencingToken),
+    waiter: tokio::task::JoinHandle<lockflight::Result<LockGuard>>,
+) -> LockGuard
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    assert!(
+        forced > old,
+        "the forced fence is newer than the old holder's token"
+    );
+    assert_eq!(
+        resource
+            .set(data, stuck, "the stuck holder's late write")
+            .await
+            .unwrap(),
+        Fenced::Stale {
+            last: forced,
+            offered: old
+        }
+    );
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the key soon after the forced release")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > forced);
+    assert!(
+        resource
+            .set(data, &next, "the waiter's write")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    tokio::time::timeout(Duration::from_secs(15), stuck.lost())
+        .await
+        .expect("the stuck holder is told its lease is lost");
+    next
 }
 
 /// [`lockflight`] with these environment variables set; also returns stderr.
