@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use lockflight::rwlock::WriteGuard;
+use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
 use lockflight::{FencingToken, LockGuard, LockKey, Locker, RedisBackend, Result};
 use redis::aio::MultiplexedConnection;
@@ -305,5 +305,49 @@ pub async fn takes_all_three_after(
             at < bound,
             "the {kind} was free again only {at:?} after its release"
         );
+    }
+}
+
+/// A held lease of any kind, for tests that run one step over every kind.
+pub enum Held {
+    /// A mutex guard.
+    Lock(LockGuard),
+    /// A read lease.
+    Read(ReadGuard),
+    /// A write lease.
+    Write(WriteGuard),
+    /// A semaphore permit.
+    Permit(Permit),
+}
+
+impl Held {
+    /// Whether the lease is known to be lost.
+    pub fn is_lost(&self) -> bool {
+        match self {
+            Held::Lock(g) => g.is_lost(),
+            Held::Read(g) => g.is_lost(),
+            Held::Write(g) => g.is_lost(),
+            Held::Permit(p) => p.is_lost(),
+        }
+    }
+
+    /// Resolves when the lease is lost.
+    pub async fn lost(&self) {
+        match self {
+            Held::Lock(g) => g.lost().await,
+            Held::Read(g) => g.lost().await,
+            Held::Write(g) => g.lost().await,
+            Held::Permit(p) => p.lost().await,
+        }
+    }
+
+    /// Releases the lease.
+    pub async fn release(self) -> Result<()> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Read(g) => g.release().await,
+            Held::Write(g) => g.release().await,
+            Held::Permit(p) => p.release().await,
+        }
     }
 }

@@ -4,41 +4,12 @@
 
 use futures::StreamExt;
 use lockflight::backend::{LeaseKind, RenewItem};
-use lockflight::rwlock::{ReadGuard, WriteGuard};
-use lockflight::semaphore::Permit;
+use testkit::Held;
 
 use super::*;
 
 /// Leases per script call (the Redis backend's chunk).
 const CHUNK: u64 = 500;
-
-/// One held lease of any kind.
-enum Held {
-    Lock(LockGuard),
-    Read(ReadGuard),
-    Write(WriteGuard),
-    Permit(Permit),
-}
-
-impl Held {
-    fn is_lost(&self) -> bool {
-        match self {
-            Held::Lock(g) => g.is_lost(),
-            Held::Read(g) => g.is_lost(),
-            Held::Write(g) => g.is_lost(),
-            Held::Permit(p) => p.is_lost(),
-        }
-    }
-
-    async fn release(self) -> lockflight::Result<()> {
-        match self {
-            Held::Lock(g) => g.release().await,
-            Held::Read(g) => g.release().await,
-            Held::Write(g) => g.release().await,
-            Held::Permit(p) => p.release().await,
-        }
-    }
-}
 
 /// The kind of the `i`-th of `n` leases: mostly mutexes, and `n / 20` each of read
 /// leases, write leases and permits.

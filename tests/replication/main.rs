@@ -26,11 +26,9 @@ mod sentinel;
 
 use std::time::{Duration, Instant};
 
-use lockflight::rwlock::{ReadGuard, WriteGuard};
-use lockflight::semaphore::Permit;
-use lockflight::{Error, LockGuard, LockKey, Locker, RedisBackend};
+use lockflight::{Error, LockKey, Locker, RedisBackend};
 use testkit::replication::Replicated;
-use testkit::{backend_at, subscribed, unique_prefix, wait_until, within};
+use testkit::{Held, backend_at, subscribed, unique_prefix, wait_until, within};
 use tokio::sync::OnceCell;
 
 static TOPOLOGY: OnceCell<Replicated> = OnceCell::const_new();
@@ -91,34 +89,6 @@ enum Kind {
     Read,
     Write,
     Permit,
-}
-
-/// A held lease of any kind.
-enum Held {
-    Lock(LockGuard),
-    Read(ReadGuard),
-    Write(WriteGuard),
-    Permit(Permit),
-}
-
-impl Held {
-    async fn lost(&self) {
-        match self {
-            Held::Lock(g) => g.lost().await,
-            Held::Read(g) => g.lost().await,
-            Held::Write(g) => g.lost().await,
-            Held::Permit(p) => p.lost().await,
-        }
-    }
-
-    async fn release(self) -> lockflight::Result<()> {
-        match self {
-            Held::Lock(g) => g.release().await,
-            Held::Read(g) => g.release().await,
-            Held::Write(g) => g.release().await,
-            Held::Permit(p) => p.release().await,
-        }
-    }
 }
 
 impl Kind {
