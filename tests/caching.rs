@@ -134,8 +134,9 @@ async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
 }
 
-/// Another instance that waits for a cached key gets it once the linger ends
-/// (woken by the release), with a greater fencing token.
+/// Another instance that waits for a cached key gets it once A lets it go (at
+/// once, on its revocation; at the latest when the linger ends), woken by A's
+/// release, with a greater fencing token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
     let prefix = unique_prefix("cached-remote");
@@ -642,9 +643,12 @@ async fn pausable_child() {
 /// A process paused (SIGSTOP) while it keeps a lease cached: another instance
 /// queues (its revocation waits unread in the paused process's socket) and takes
 /// the key when the lease's TTL (1 s) runs out at Redis. When the process resumes,
-/// its timers, the stale revocation and its next `lock` race; whichever comes
-/// first, the cached lease is not used again: the next section (which waits for
-/// the other instance's hold) gets a token greater than the other instance's.
+/// its timers, the stale revocation and its next `lock` race: the next section
+/// (which waits for the other instance's hold) must get a token greater than the
+/// other instance's. Its `lock` comes a round trip after the resume (it polls for
+/// the go), so in practice the stale revocation has ended the caching by then;
+/// the validity check that guards a `lock` winning that race is what
+/// `a_cached_lease_cut_off_by_a_partition_is_not_used_after_it` fails without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_lease_revoked_while_its_process_is_paused_is_not_used_after_it() {
     let prefix = unique_prefix("cached-paused");

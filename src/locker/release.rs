@@ -31,37 +31,36 @@ impl LockerState {
                 .config
                 .fair
                 .then(|| lease.arrival_bound().unwrap_or(lease.acquired_at));
-            // Caching: only a warm key's lease, and it needs a runtime for its
-            // linger timer (a guard may be dropped outside one). Where another
-            // instance is known to wait (it revoked the lease while it was in use,
-            // or the backend said so), only briefly: long enough for a task of
-            // this process that locks again at once, not for one that comes later.
-            let contended = lease.revocation().is_some_and(|r| r.is_revoked())
-                || lease.waiting.load(Ordering::Relaxed) > 0;
-            let linger = self.config.handoff.linger;
-            let runtime = (!self.config.fair
-                && !linger.is_zero()
-                && !self.closing.load(Ordering::Relaxed)
-                && lease.revocation().is_some()
-                && !self.warm.is_cooled(&lease.key))
-            .then(|| tokio::runtime::Handle::try_current().ok())
-            .flatten();
-            match slot.release(&lease, seq + 1, handoff, runtime.is_some(), arrived_by) {
+            // Caching: only a lease that keeps its key's revocations (a warm
+            // key's, taken with caching on; see `lead`), while the locker is not
+            // closing and the key not cooled; and it needs a runtime for its linger
+            // timer (a guard may be dropped outside one).
+            let cache = lease
+                .revocation()
+                .filter(|_| {
+                    !self.closing.load(Ordering::Relaxed) && !self.warm.is_cooled(&lease.key)
+                })
+                .and_then(|r| Some((r, tokio::runtime::Handle::try_current().ok()?)));
+            match slot.release(&lease, seq + 1, handoff, cache.is_some(), arrived_by) {
                 Release::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
                     self.stats.handoff();
                     return None;
                 }
                 Release::Cached(caching) => {
+                    let (revocation, runtime) = cache.expect("cached only when asked to");
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
-                    // Watched since the lease was requested (or from now on): another
-                    // instance that queues ends the caching at once (a revocation).
-                    // One that came earlier made the linger short instead.
-                    let mut revocation = match lease.revocation() {
-                        Some(r) => r.clone(),
-                        None => self.backend.wakeups().watch_revocation(slot.key()),
-                    };
-                    runtime.expect("checked above").spawn(async move {
+                    // Where another instance is known to wait (it revoked the lease
+                    // while it was in use, or the backend said so), only until the
+                    // releasing task yields: long enough for a task of this process
+                    // that locks again at once, not for one that comes later.
+                    let contended =
+                        revocation.is_revoked() || lease.waiting.load(Ordering::Relaxed) > 0;
+                    let linger = self.config.handoff.linger;
+                    // Watched since the lease was requested: another instance that
+                    // queues from now on ends the caching at once (a revocation).
+                    let mut revocation = revocation.clone();
+                    runtime.spawn(async move {
                         let revoked = if contended {
                             // Another instance waits: keep the lease only until the
                             // releasing task yields (this task, just spawned, runs

@@ -57,7 +57,7 @@ impl Default for WarmKeys {
 }
 
 impl WarmKeys {
-    /// `key`'s entry (a fresh one if the slot holds another key), and the table.
+    /// Runs `f` on `key`'s entry (a fresh one if the slot holds another key).
     fn with_entry<R>(&self, key: &LockKey, f: impl FnOnce(&mut Entry) -> R) -> R {
         let hash = self.hasher.hash_one(key);
         let mut table: MutexGuard<'_, _> = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,6 +74,17 @@ impl WarmKeys {
             }),
         };
         f(entry)
+    }
+
+    /// `key`'s entry, if the table has one.
+    fn entry(&self, key: &LockKey) -> Option<Entry> {
+        let hash = self.hasher.hash_one(key);
+        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        table
+            .get((hash as usize) % SLOTS)
+            .copied()
+            .flatten()
+            .filter(|e| e.hash == hash)
     }
 
     /// `key`'s lease is being released at the backend now.
@@ -94,7 +105,7 @@ impl WarmKeys {
     /// one that gets it at once), and the key not cooled in the last
     /// [`COOL_DOWN`].
     pub(crate) fn is_warm(&self, key: &LockKey, asked: Instant, linger: Duration) -> bool {
-        self.with_entry(key, |e| {
+        self.entry(key).is_some_and(|e| {
             e.released_at
                 .is_some_and(|at| at <= asked && asked - at <= linger)
                 && !e.is_cooled()
@@ -103,7 +114,7 @@ impl WarmKeys {
 
     /// Whether `key` was cooled in the last [`COOL_DOWN`].
     pub(crate) fn is_cooled(&self, key: &LockKey) -> bool {
-        self.with_entry(key, |e| e.is_cooled())
+        self.entry(key).is_some_and(|e| e.is_cooled())
     }
 }
 
