@@ -25,7 +25,8 @@
 //!   the key's mutex while this instance held its lease: if the lease is cached
 //!   here and idle ([`Handoff::linger`](crate::Handoff::linger)), its caching ends
 //!   and it is released at once ([`WakeRegistry::revoke`](crate::backend::WakeRegistry::revoke));
-//!   otherwise it is ignored.
+//!   if a task uses the lease, its next release keeps it only until that task
+//!   yields.
 //! * A message without a tag (a bare key, as lockflight published it before kinds
 //!   were tagged, e.g. from an older instance during a rolling upgrade) may be for
 //!   any of the key's locks: it wakes the watchers of every kind of that key, a
@@ -166,7 +167,8 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
     let (key, mutex_watched) = match read_message(raw) {
         Message::Probe => return,
         Message::Revoke(key) => {
-            // Ends a cached lease's linger, if one watches; a lease in use ignores it.
+            // Ends an idle cached lease's linger; a lease in use keeps it for its
+            // next release (which then caches only briefly).
             i.wakeups.revoke(key);
             return;
         }
