@@ -29,7 +29,6 @@ mod latency;
 mod migration;
 mod renewal;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -75,6 +75,8 @@ const CONCURRENCY_LIMIT: usize = 1024;
 pub(in crate::backend::redis) struct ClusterConn {
     pub(super) conn: ClusterConnection,
     seeds: Vec<ConnectionInfo>,
+    /// The slot map batched renewal groups leases by (see `owners`).
+    pub(super) owners: std::sync::Arc<super::owners::OwnersCache>,
 }
 
 impl ClusterConn {
@@ -97,7 +99,11 @@ impl ClusterConn {
             .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
             .build()?;
         let conn = client.get_async_connection().await?;
-        Ok(ClusterConn { conn, seeds })
+        Ok(ClusterConn {
+            conn,
+            seeds,
+            owners: Default::default(),
+        })
     }
 
     /// A cluster connection from the application's `client` (its retries, TLS,
@@ -113,7 +119,11 @@ impl ClusterConn {
             .set_connection_timeout(t.connection)
             .set_response_timeout(t.response);
         let conn = client.get_async_connection_with_config(config).await?;
-        Ok(ClusterConn { conn, seeds })
+        Ok(ClusterConn {
+            conn,
+            seeds,
+            owners: Default::default(),
+        })
     }
 
     /// Every node `CLUSTER NODES` lists as reachable (primaries first), else the
@@ -141,7 +151,7 @@ impl ClusterConn {
 
 impl ClusterConn {
     /// `CLUSTER NODES`, asked within 2 s; `None` if it cannot be.
-    async fn cluster_nodes(&self) -> Option<String> {
+    pub(super) async fn cluster_nodes(&self) -> Option<String> {
         let listed = tokio::time::timeout(Duration::from_secs(2), async {
             redis::cmd("CLUSTER")
                 .arg("NODES")

@@ -164,6 +164,15 @@ impl Conn {
         }
     }
 
+    /// The cluster connection, on a cluster.
+    #[cfg(feature = "cluster")]
+    pub(super) fn cluster(&self) -> Option<&super::cluster::ClusterConn> {
+        match self {
+            Conn::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The server commands go to now (see `RedisBackend::server`).
     pub(super) fn server(&self) -> String {
         match self {

@@ -78,6 +78,8 @@ mod cluster;
 mod conn;
 pub(crate) use conn::nodelay_client;
 mod notify;
+#[cfg(feature = "cluster")]
+mod owners;
 mod renew;
 mod replay;
 mod rw;
@@ -101,7 +103,12 @@ fn script(body: &str) -> Script {
 /// A renewal script: the prelude, the semaphore helpers and `lua/renew.lua`, whose
 /// functions the single renewals and the batch renewal share.
 fn renewal_script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW}\n{body}"))
+    Script::new(&renewal_source(body))
+}
+
+/// The source of a renewal script (see [`renewal_script`]).
+fn renewal_source(body: &str) -> String {
+    format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW}\n{body}")
 }
 
 static ACQUIRE: LeaseScript = LeaseScript::grant(

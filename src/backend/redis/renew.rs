@@ -59,6 +59,22 @@ pub(super) static EXTEND_BATCH: LeaseScript = LeaseScript::renewal(
     any_renewed,
 );
 
+/// The source of [`EXTEND_BATCH_CROSS_SLOT`]: the same script, flagged
+/// `allow-cross-slot-keys` (Redis 7), which a node's batch on a cluster runs with
+/// its keys undeclared.
+#[cfg(feature = "cluster")]
+static CROSS_SLOT_SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "#!lua flags=allow-cross-slot-keys\n{}",
+        super::renewal_source(include_str!("lua/extend_batch.lua"))
+    )
+});
+
+/// The batch renewal of a cluster node's leases of several slots.
+#[cfg(feature = "cluster")]
+static EXTEND_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&CROSS_SLOT_SOURCE));
+
 /// Whether a batch reply re-armed at least one lease (then `replica_ack` waits).
 fn any_renewed(reply: &Value) -> bool {
     matches!(reply, Value::Array(items) if items.iter().any(first_is_one))
@@ -87,16 +103,34 @@ fn lease_error(message: &[u8]) -> RedisError {
     }
 }
 
+/// How a group of leases is renewed in one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    /// Leases of one cluster slot (or of the one server): keys declared.
+    Slot(u16),
+    /// Leases of many slots of one cluster primary: keys undeclared, the script
+    /// flagged `allow-cross-slot-keys`.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Node(usize),
+}
+
 impl RedisBackend {
     /// See the module docs.
     pub(super) async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
         if items.len() <= 1 {
             return join_all(items.iter().map(|item| extend_one(self, item))).await;
         }
-        let chunks = self.chunks(items);
-        let replies = join_all(chunks.iter().map(|chunk| self.renew_chunk(items, chunk))).await;
+        let chunks = self.chunks(items).await;
+        let replies = join_all(chunks.iter().map(|(group, chunk)| async move {
+            match group {
+                #[cfg(feature = "cluster")]
+                Group::Node(_) => self.renew_node_chunk(items, chunk).await,
+                _ => self.renew_chunk(items, chunk).await,
+            }
+        }))
+        .await;
         let mut out: Vec<Option<Result<Extend>>> = (0..items.len()).map(|_| None).collect();
-        for (chunk, results) in chunks.iter().zip(replies) {
+        for ((_, chunk), results) in chunks.iter().zip(replies) {
             for (&i, result) in chunk.iter().zip(results) {
                 out[i] = Some(result);
             }
@@ -115,36 +149,50 @@ impl RedisBackend {
             .collect()
     }
 
-    /// The indices of `items`, in groups that one script call may renew: by cluster
-    /// slot on a cluster, then at most [`CHUNK`] each.
-    fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<Vec<usize>> {
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        let by_slot = self.inner.conn.is_cluster();
+    /// The cluster slot of a lease's keys (0 on one server).
+    fn slot_of(&self, item: &RenewItem<'_>) -> u16 {
+        if self.inner.conn.is_cluster() {
+            super::replay::slot(&Names::new(&self.inner.prefix, item.key).lock)
+        } else {
+            0
+        }
+    }
+
+    /// The indices of `items`, in groups that one script call may renew: on a
+    /// cluster by primary where the primary takes cross-slot batches (see
+    /// `owners`), else by slot; then at most [`CHUNK`] each.
+    async fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<(Group, Vec<usize>)> {
+        #[cfg(feature = "cluster")]
+        let owners = match self.inner.conn.cluster() {
+            // An acknowledged write waits on a connection of its own (`acked`),
+            // which a node's batch does not use.
+            Some(c) if self.inner.acks.is_none() => c.owners.get(c).await,
+            _ => None,
+        };
+        let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
-            let slot = if by_slot {
-                super::replay::slot(&Names::new(&self.inner.prefix, item.key).lock)
-            } else {
-                0
-            };
-            groups.entry(slot).or_default().push(i);
+            let slot = self.slot_of(item);
+            #[cfg(feature = "cluster")]
+            if let Some(node) = owners.as_ref().and_then(|o| o.batching_node(slot)) {
+                groups.entry(Group::Node(node)).or_default().push(i);
+                continue;
+            }
+            groups.entry(Group::Slot(slot)).or_default().push(i);
         }
         groups
-            .into_values()
-            .flat_map(|group| {
-                group
+            .into_iter()
+            .flat_map(|(group, indices)| {
+                indices
                     .chunks(CHUNK)
-                    .map(<[usize]>::to_vec)
+                    .map(|chunk| (group, chunk.to_vec()))
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    /// Renews `items[i]` for each `i` of `chunk` (one slot's) in one script call;
-    /// returns their results in the order of `chunk`.
-    async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Extend>> {
-        if let [i] = chunk {
-            return vec![extend_one(self, &items[*i]).await];
-        }
+    /// The keys and the arguments of a batch of `items[i]` for each `i` of
+    /// `chunk`, in the order of `lua/extend_batch.lua`.
+    fn batch_args(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let inner = &*self.inner;
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 4);
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + chunk.len() * 4);
@@ -173,25 +221,28 @@ impl RedisBackend {
                 fence_ttl_ms(item.ttl).to_string().into_bytes(),
             ]);
         }
+        (keys, args)
+    }
+
+    /// Renews `items[i]` for each `i` of `chunk` (one slot's) in one script call;
+    /// returns their results in the order of `chunk`.
+    async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Extend>> {
+        if let [i] = chunk {
+            return vec![extend_one(self, &items[*i]).await];
+        }
+        let (keys, args) = self.batch_args(items, chunk);
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let (reply, too_few) = match inner.invoke_lease_acked(&EXTEND_BATCH, &keys, &args).await {
+        let (reply, too_few) = match self
+            .inner
+            .invoke_lease_acked(&EXTEND_BATCH, &keys, &args)
+            .await
+        {
             Ok(answer) => answer,
-            Err(e) => {
-                return chunk
-                    .iter()
-                    .map(|&i| Err(map_err(items[i].key, Phase::Renewing, e.clone())))
-                    .collect();
-            }
+            Err(e) => return chunk_failed(items, chunk, e),
         };
-        let replies = match &reply {
-            Value::Array(replies) if replies.len() == chunk.len() => replies,
-            _ => {
-                return chunk
-                    .iter()
-                    .map(|&i| Err(unexpected(items[i].key, Phase::Renewing, &reply)))
-                    .collect();
-            }
+        let Some(replies) = per_lease(&reply, chunk.len()) else {
+            return unexpected_for_all(items, chunk, &reply);
         };
         chunk
             .iter()
@@ -199,6 +250,148 @@ impl RedisBackend {
             .map(|(&i, reply)| decode(&items[i], reply, too_few.as_ref()))
             .collect()
     }
+
+    /// Renews `items[i]` for each `i` of `chunk` (leases of several slots of one
+    /// primary, as the slot map said) in one cross-slot script call on the
+    /// primary of the first lease's slot. A lease the node refuses as not local
+    /// (the map was wrong, or its slot is migrating) is renewed on its own, and
+    /// the map forgotten. A call the node refuses as a whole for another reason
+    /// than a loss (`READONLY`) or a transient failure (say `OOM`: a flagged script
+    /// is refused before it runs) is made again per slot, which keeps the
+    /// per-slot answer.
+    #[cfg(feature = "cluster")]
+    async fn renew_node_chunk(
+        &self,
+        items: &[RenewItem<'_>],
+        chunk: &[usize],
+    ) -> Vec<Result<Extend>> {
+        use super::errors::{Class, classify};
+
+        let Some(cluster) = self.inner.conn.cluster() else {
+            return self.renew_chunk(items, chunk).await;
+        };
+        if let [i] = chunk {
+            return vec![extend_one(self, &items[*i]).await];
+        }
+        let (keys, mut args) = self.batch_args(items, chunk);
+        args.extend(keys);
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let slot = self.slot_of(&items[chunk[0]]);
+        let reply = match cluster
+            .invoke_on(&EXTEND_BATCH_CROSS_SLOT, &CROSS_SLOT_SOURCE, slot, &args)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(e) if classify(&e) == Class::Transient || e.code() == Some("READONLY") => {
+                return chunk_failed(items, chunk, e);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a cross-slot renewal was refused; renewing per slot");
+                cluster.owners.forget();
+                return self.renew_per_slot(items, chunk).await;
+            }
+        };
+        let Some(replies) = per_lease(&reply, chunk.len()) else {
+            return unexpected_for_all(items, chunk, &reply);
+        };
+        let mut out = Vec::with_capacity(chunk.len());
+        let mut alone = Vec::new();
+        for (&i, reply) in chunk.iter().zip(replies) {
+            if not_local(reply) {
+                alone.push(out.len());
+                out.push(None);
+            } else {
+                out.push(Some(decode(&items[i], reply, None)));
+            }
+        }
+        if !alone.is_empty() {
+            cluster.owners.forget();
+            let again = join_all(alone.iter().map(|&j| extend_one(self, &items[chunk[j]]))).await;
+            for (j, result) in alone.into_iter().zip(again) {
+                out[j] = Some(result);
+            }
+        }
+        out.into_iter().flatten().collect()
+    }
+
+    /// Renews `items[i]` for each `i` of `chunk` per slot; results in the order of
+    /// `chunk`.
+    #[cfg(feature = "cluster")]
+    async fn renew_per_slot(
+        &self,
+        items: &[RenewItem<'_>],
+        chunk: &[usize],
+    ) -> Vec<Result<Extend>> {
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (j, &i) in chunk.iter().enumerate() {
+            by_slot.entry(self.slot_of(&items[i])).or_default().push(j);
+        }
+        let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
+        let replies = join_all(groups.iter().map(|positions| {
+            let indices: Vec<usize> = positions.iter().map(|&j| chunk[j]).collect();
+            async move { self.renew_chunk(items, &indices).await }
+        }))
+        .await;
+        let mut out: Vec<Option<Result<Extend>>> = (0..chunk.len()).map(|_| None).collect();
+        for (positions, results) in groups.iter().zip(replies) {
+            for (&j, result) in positions.iter().zip(results) {
+                out[j] = Some(result);
+            }
+        }
+        out.into_iter()
+            .zip(chunk)
+            .map(|(result, &i)| {
+                result
+                    .unwrap_or_else(|| Err(unexpected(items[i].key, Phase::Renewing, &Value::Nil)))
+            })
+            .collect()
+    }
+}
+
+/// A batch call's failure, as every lease of its chunk's.
+fn chunk_failed(items: &[RenewItem<'_>], chunk: &[usize], e: RedisError) -> Vec<Result<Extend>> {
+    chunk
+        .iter()
+        .map(|&i| Err(map_err(items[i].key, Phase::Renewing, e.clone())))
+        .collect()
+}
+
+/// A batch reply that is not one reply per lease, as every lease's error.
+fn unexpected_for_all(
+    items: &[RenewItem<'_>],
+    chunk: &[usize],
+    reply: &Value,
+) -> Vec<Result<Extend>> {
+    chunk
+        .iter()
+        .map(|&i| Err(unexpected(items[i].key, Phase::Renewing, reply)))
+        .collect()
+}
+
+/// The per-lease replies of a batch reply of `n` leases.
+fn per_lease(reply: &Value, n: usize) -> Option<&[Value]> {
+    match reply {
+        Value::Array(replies) if replies.len() == n => Some(replies),
+        _ => None,
+    }
+}
+
+/// Whether a lease's part of a cross-slot batch reply says its keys are not
+/// served by the node that ran it (Redis: "… attempted to access a non local key
+/// in a cluster node"; a redirect or a cluster in flux, likewise).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+fn not_local(reply: &Value) -> bool {
+    let Value::Array(parts) = reply else {
+        return false;
+    };
+    let [Value::Int(-1), Value::BulkString(message)] = parts.as_slice() else {
+        return false;
+    };
+    let message = String::from_utf8_lossy(message);
+    message.contains("non local key")
+        || ["MOVED ", "ASK ", "CLUSTERDOWN ", "TRYAGAIN "]
+            .iter()
+            .any(|code| message.starts_with(code))
 }
 
 /// One lease's part of a batch reply.

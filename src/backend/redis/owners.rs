@@ -1,0 +1,276 @@
+//! Which primary serves each cluster slot, and which primaries may run a script
+//! that touches keys of several of their slots: what batched renewal needs to
+//! renew a node's leases in one call (see `renew`).
+//!
+//! The map comes from `CLUSTER NODES` and is kept for [`FRESH_FOR`]; a batch that
+//! finds it wrong (a lease refused as not local) forgets it, and the next scan
+//! asks again. A wrong map never renews a lease on the wrong node: the node checks
+//! every key a script touches and refuses one of a slot it does not serve, and
+//! that lease is renewed on its own. It only costs that lease a second call.
+//!
+//! A primary may take a cross-slot batch when its `redis_version` is 7.0 or later
+//! (the `allow-cross-slot-keys` script flag), except 7.2.0 to 7.2.4, which look a
+//! key of an undeclared slot up in the wrong slot (redis#12906). A server that
+//! reports one of those versions for compatibility (Valkey reports 7.2.4) is
+//! renewed per slot, as is a primary whose version cannot be read.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{RedisError, Script, Value};
+
+use super::cluster::ClusterConn;
+
+/// How long a slot map is used before it is asked for again.
+pub(super) const FRESH_FOR: Duration = Duration::from_secs(30);
+
+/// How long the map, or a primary's version, may take to arrive.
+const ASK_WITHIN: Duration = Duration::from_secs(2);
+
+/// The primaries and the slots each serves, as `CLUSTER NODES` said.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Owners {
+    /// `(first slot, last slot, primary index)`, sorted by first slot.
+    ranges: Vec<(u16, u16, usize)>,
+    /// Per primary: whether it may run a cross-slot batch.
+    cross_slot: Vec<bool>,
+}
+
+impl Owners {
+    /// The primary (its index) that serves `slot` and may run a cross-slot batch.
+    pub(super) fn batching_node(&self, slot: u16) -> Option<usize> {
+        let i = self.ranges.partition_point(|&(first, _, _)| first <= slot);
+        let &(_, last, node) = self.ranges.get(i.checked_sub(1)?)?;
+        (slot <= last && self.cross_slot[node]).then_some(node)
+    }
+}
+
+/// The slot map of a cluster connection, asked for when needed.
+#[derive(Debug, Default)]
+pub(super) struct OwnersCache {
+    /// The map and when it was read; `None` inside: it could not be read then.
+    cached: Mutex<Option<(Instant, Option<std::sync::Arc<Owners>>)>>,
+}
+
+impl OwnersCache {
+    /// The slot map, read anew when older than [`FRESH_FOR`] or forgotten; `None`
+    /// when it cannot be read (then batched renewal goes per slot, and the map is
+    /// asked for again after [`FRESH_FOR`]).
+    pub(super) async fn get(&self, conn: &ClusterConn) -> Option<std::sync::Arc<Owners>> {
+        if let Some((at, owners)) = &*lock(&self.cached)
+            && at.elapsed() < FRESH_FOR
+        {
+            return owners.clone();
+        }
+        let owners = read(conn).await.map(std::sync::Arc::new);
+        *lock(&self.cached) = Some((Instant::now(), owners.clone()));
+        owners
+    }
+
+    /// Forgets the map (a batch found it wrong).
+    pub(super) fn forget(&self) {
+        *lock(&self.cached) = None;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reads `CLUSTER NODES` and each primary's version.
+async fn read(conn: &ClusterConn) -> Option<Owners> {
+    let text = conn.cluster_nodes().await?;
+    let primaries = parse_primaries(&text);
+    if primaries.is_empty() {
+        return None;
+    }
+    let versions = futures::future::join_all(primaries.iter().map(|ranges| {
+        let first = ranges.first().map(|&(a, _)| a);
+        async move {
+            let first = first?;
+            let info = tokio::time::timeout(
+                ASK_WITHIN,
+                conn.route(
+                    redis::cmd("INFO").arg("server").clone(),
+                    Route::new(first, SlotAddr::Master),
+                ),
+            )
+            .await
+            .ok()?
+            .ok()?;
+            let text: String = redis::from_redis_value(info).ok()?;
+            version(&text)
+        }
+    }))
+    .await;
+    let mut ranges: Vec<(u16, u16, usize)> = primaries
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.iter().map(move |&(a, z)| (a, z, i)))
+        .collect();
+    ranges.sort_unstable();
+    Some(Owners {
+        ranges,
+        cross_slot: versions
+            .into_iter()
+            .map(|v| v.is_some_and(cross_slot_ok))
+            .collect(),
+    })
+}
+
+/// The slot ranges of each connected primary of a `CLUSTER NODES` text (a slot
+/// being migrated is listed by its owner as usual; the `[slot->-node]` and
+/// `[slot-<-node]` markers are skipped).
+fn parse_primaries(text: &str) -> Vec<Vec<(u16, u16)>> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(flags), Some(link)) = (fields.get(2), fields.get(7)) else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        if !flags.contains(&"master")
+            || flags
+                .iter()
+                .any(|f| matches!(*f, "fail" | "fail?" | "noaddr" | "handshake"))
+            || *link != "connected"
+        {
+            continue;
+        }
+        let ranges: Vec<(u16, u16)> = fields[8..]
+            .iter()
+            .filter(|r| !r.starts_with('['))
+            .filter_map(|r| match r.split_once('-') {
+                Some((a, z)) => Some((a.parse().ok()?, z.parse().ok()?)),
+                None => r.parse().ok().map(|s| (s, s)),
+            })
+            .collect();
+        if !ranges.is_empty() {
+            out.push(ranges);
+        }
+    }
+    out
+}
+
+/// `redis_version` of an `INFO server` text, as (major, minor, patch).
+fn version(info: &str) -> Option<(u32, u32, u32)> {
+    let v = info
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix("redis_version:"))?;
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// Whether a server of this version runs a cross-slot batch correctly.
+fn cross_slot_ok(v: (u32, u32, u32)) -> bool {
+    v >= (7, 0, 0) && !((7, 2, 0)..=(7, 2, 4)).contains(&v)
+}
+
+impl ClusterConn {
+    /// `cmd` on the primary of the slot in `route`, as the cluster client's slot
+    /// map says (it follows `MOVED`); an error reply as an error.
+    pub(super) async fn route(&self, cmd: redis::Cmd, route: Route) -> Result<Value, RedisError> {
+        let reply = self
+            .conn
+            .clone()
+            .route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .await?;
+        match reply {
+            Value::ServerError(e) => Err(e.into()),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Runs `script` with no declared keys on the primary of `slot` (loading it
+    /// there on `NOSCRIPT`).
+    pub(super) async fn invoke_on(
+        &self,
+        script: &Script,
+        source: &str,
+        slot: u16,
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let route = Route::new(slot, SlotAddr::Master);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(0);
+        for a in args {
+            evalsha.arg(*a);
+        }
+        match self.route(evalsha.clone(), route).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                self.route(redis::cmd("SCRIPT").arg("LOAD").arg(source).clone(), route)
+                    .await?;
+                self.route(evalsha, route).await
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_primaries_and_their_slots() {
+        let text = "\
+a 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [5461-<-c]
+b 127.0.0.1:7004@17004 slave a 0 0 1 connected
+c 127.0.0.1:7002@17002 master - 0 0 2 connected 5461-10922 12000
+d 127.0.0.1:7003@17003 master - 0 0 3 connected 10923-11999 12001-16383
+e 127.0.0.1:7005@17005 master,fail - 0 0 4 disconnected 100-200
+";
+        assert_eq!(
+            parse_primaries(text),
+            vec![
+                vec![(0, 5460)],
+                vec![(5461, 10922), (12000, 12000)],
+                vec![(10923, 11999), (12001, 16383)],
+            ]
+        );
+    }
+
+    #[test]
+    fn finds_the_batching_node_of_a_slot() {
+        let owners = Owners {
+            ranges: vec![(0, 99, 0), (100, 199, 1), (300, 399, 0)],
+            cross_slot: vec![true, false],
+        };
+        assert_eq!(owners.batching_node(0), Some(0));
+        assert_eq!(owners.batching_node(99), Some(0));
+        assert_eq!(owners.batching_node(150), None, "not cross-slot capable");
+        assert_eq!(owners.batching_node(250), None, "no owner");
+        assert_eq!(owners.batching_node(399), Some(0));
+        assert_eq!(owners.batching_node(400), None);
+    }
+
+    #[test]
+    fn batches_across_slots_only_where_the_server_does_it_right() {
+        let v = |text: &str| version(text).unwrap();
+        assert_eq!(
+            v("# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n"),
+            (7, 0, 15)
+        );
+        assert_eq!(version("redis_mode:cluster\n"), None);
+        for (text, ok) in [
+            ("redis_version:6.2.14", false),
+            ("redis_version:7.0.0", true),
+            ("redis_version:7.0.15", true),
+            ("redis_version:7.2.0", false),
+            ("redis_version:7.2.4", false),
+            ("redis_version:7.2.5", true),
+            ("redis_version:7.4.1", true),
+            ("redis_version:8.0.2", true),
+        ] {
+            assert_eq!(cross_slot_ok(v(text)), ok, "{text}");
+        }
+    }
+}
