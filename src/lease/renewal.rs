@@ -7,7 +7,7 @@
 //! renews them with one [`LockBackend::extend_batch`] call. The backend decides how
 //! to group them: the default makes the per-lease calls concurrently (the memory
 //! and Redlock backends); the Redis backend renews up to 500 leases of any kinds per
-//! script call, grouped by cluster slot on a Cluster (`backend/redis/renew.rs`).
+//! script call, grouped by cluster primary on a Cluster (`backend/redis/renew.rs`).
 //! With 10,000 held leases renewed every 200 ms on one server that is 18 script
 //! calls per period instead of 10,000, 2.2 ms of server time per 500-lease call,
 //! and 39 ms of server CPU per period against 51 ms for the 70 % of the

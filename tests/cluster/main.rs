@@ -17,8 +17,12 @@
 //! * `wakeup_latency_cluster_vs_single`: p50 within one RTT + 1 ms of one server.
 //! * `a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard`: a cached
 //!   lease (60 s linger) is released at once when another instance queues.
-//! * `leases_renew_per_slot_and_a_deleted_one_is_lost_alone`: 480 leases in 12
-//!   slots renew with one script call per slot and scan; deleted ones are lost alone.
+//! * `leases_renew_per_primary_and_a_deleted_one_is_lost_alone`: 480 leases in
+//!   some 470 slots renew with about one script call per primary and scan;
+//!   deleted ones are lost alone.
+//! * `a_lease_whose_slot_moves_keeps_being_renewed`, `a_primary_out_of_memory_still_renews_its_leases`:
+//!   a stale slot map, and a primary that refuses the cross-slot script, cost a
+//!   second call, not a lease.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
 //!   pub/sub for wake-ups (printed; both must deliver).
 #![cfg(feature = "cluster")]
