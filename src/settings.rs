@@ -154,8 +154,8 @@ impl Handoff {
     /// or the budget.
     ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
-    /// its cached leases: on a multi-thread runtime the drop waits for that (at
-    /// most a second); on a current-thread runtime it starts the releases, which
+    /// its cached leases: on a multi-thread runtime the drop waits for that, and
+    /// for the releases of dropped guards still under way (at most a second); on a current-thread runtime it starts the releases, which
     /// finish only if the runtime keeps running. A process that exits within `d`
     /// of a release without either (a `Locker` kept in a `static`, a
     /// current-thread runtime that ends with `main`, `std::process::exit`) leaves

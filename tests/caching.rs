@@ -580,6 +580,55 @@ async fn a_process_that_returns_from_main_leaves_nothing_cached() {
         .unwrap();
 }
 
+/// Not a test: the child process of
+/// [`a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked`].
+/// It locks its key once (through the parent's slow proxy), drops the guard (the
+/// release runs in a background task) and returns from `main` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked"]
+async fn dropping_child() {
+    let Some((backend, key)) = testkit::holder_child_target(DROP_CHILD_ENV).await else {
+        return;
+    };
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(30))
+        .build()
+        .expect("child: build");
+    let guard = locker.lock(key.as_str()).await.unwrap();
+    testkit::tell_parent("LFCHILD HELD");
+    drop(guard);
+    // The locker goes here, with the release still on its way (200 ms each way).
+}
+
+const DROP_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_DROP_CHILD";
+
+/// A process that drops a guard and returns from `main` (a multi-thread runtime)
+/// at once, its release still in flight (a proxy delays each way 200 ms), leaves
+/// nothing locked: dropping its last `Locker` waits (at most 1 s) for the release
+/// under way, as `shutdown` does. Without that wait the runtime's shutdown drops
+/// the release task, and the key stays held for the lease TTL (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked() {
+    let prefix = unique_prefix("dropped-exit");
+    let proxy = CountingProxy::start(shared()).await;
+    proxy.set_delay(Duration::from_millis(200));
+    let (mut child, mut lines) =
+        testkit::spawn_holder_child("dropping_child", DROP_CHILD_ENV, proxy.url(), &prefix, "k");
+    testkit::child_line(&mut lines, "LFCHILD HELD").await;
+    let status = within(Duration::from_secs(20), "the child's exit", child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "the child failed: {status}");
+    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    b.try_lock("k")
+        .await
+        .unwrap()
+        .expect("the exited process left its dropped guard's lease held")
+        .release()
+        .await
+        .unwrap();
+}
+
 const PAUSE_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_PAUSE_CHILD";
 
 /// A fencing token printed by a child as "EPOCH SEQ".

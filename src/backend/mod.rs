@@ -675,10 +675,12 @@ impl WakeRegistry {
         }
     }
 
-    /// Starts watching for revocations of the mutex lease of `key` that this
-    /// instance keeps cached ([`Handoff::linger`](crate::Handoff::linger)): every
-    /// [`revoke`](Self::revoke) of `key` from now on is seen by the handle, also
-    /// one that comes before the handle is awaited.
+    /// Starts watching for revocations of this instance's mutex lease of `key`:
+    /// every [`revoke`](Self::revoke) of `key` from now on is seen by the handle,
+    /// also one that comes before the handle is awaited. The locker takes the
+    /// handle before it asks for a lease it may cache
+    /// ([`Handoff::linger`](crate::Handoff::linger)), so a revocation that comes
+    /// while the lease is in use is seen too.
     pub fn watch_revocation(&self, key: &LockKey) -> Revocation {
         let rx = self
             .revocations

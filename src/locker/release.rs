@@ -196,18 +196,21 @@ impl LockerState {
 const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl LockerState {
-    /// The last `Locker` is dropped: stop caching, and release the cached leases.
+    /// The last `Locker` is dropped: stop caching, release the cached leases, and
+    /// let the background releases under way (dropped guards') end.
     ///
     /// On a multi-thread runtime this waits (in `block_in_place`, at most
-    /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases, so a `main` that
-    /// returns right after leaves nothing locked. The wait uses no Tokio timer and
-    /// polls nothing itself: if the runtime is shutting down, the task is dropped
-    /// unrun and the wait ends at once (the leases expire at their TTL, as before).
-    /// On a current-thread runtime the task is only started (blocking would stop
-    /// the one thread that must run it).
+    /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases and waits for the
+    /// others, so a `main` that returns right after leaves nothing locked. The wait
+    /// uses no Tokio timer and polls nothing itself: if the runtime is shutting
+    /// down, the task is dropped unrun and the wait ends at once (the leases expire
+    /// at their TTL, as before). On a current-thread runtime the task is only
+    /// started (blocking would stop the one thread that must run it). With nothing
+    /// cached and no release under way, nothing is started or waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
         self.closing.store(true, Ordering::Relaxed);
-        if !self.slots.iter().any(|e| e.value().is_cached()) {
+        let under_way = self.background.count.load(Ordering::Acquire) > 0;
+        if !under_way && !self.slots.iter().any(|e| e.value().is_cached()) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
