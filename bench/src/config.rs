@@ -232,6 +232,11 @@ pub struct Config {
     pub delay: Duration,
     /// Tokio worker threads of each worker process; 0 = current-thread runtime.
     pub worker_threads: usize,
+    /// Measure the topology table ([`crate::topology`]) after the points: on in a
+    /// full run without a delay proxy (the topologies run on their own loopback
+    /// servers, without it), off in the smoke run; `LOCKFLIGHT_BENCH_TOPOLOGY=1`
+    /// or `0` decides.
+    pub topology: bool,
     /// How to start a worker process.
     pub worker: WorkerCommand,
 }
@@ -274,6 +279,7 @@ impl Config {
             redis_url: None,
             delay: Duration::ZERO,
             worker_threads: 2,
+            topology: true,
             worker,
         }
     }
@@ -292,6 +298,7 @@ impl Config {
             uncontended_reps: 50,
             out_dir: target_dir().join("lockflight-bench").join("smoke"),
             chart: false,
+            topology: false,
             ..Config::full(worker)
         }
     }
@@ -299,7 +306,8 @@ impl Config {
     /// [`full`](Self::full) or [`smoke`](Self::smoke) (`LOCKFLIGHT_BENCH_SMOKE=1`, or
     /// `smoke`), then the env knobs `LOCKFLIGHT_BENCH_SECS`, `LOCKFLIGHT_BENCH_P`,
     /// `LOCKFLIGHT_BENCH_T` (comma list), `LOCKFLIGHT_BENCH_WORKLOADS` and
-    /// `LOCKFLIGHT_BENCH_MODES` (comma lists of names), and `REDIS_URL`.
+    /// `LOCKFLIGHT_BENCH_MODES` (comma lists of names), `LOCKFLIGHT_BENCH_DELAY_US`,
+    /// `LOCKFLIGHT_BENCH_TOPOLOGY` (`0` or `1`), and `REDIS_URL`.
     pub fn from_env(worker: WorkerCommand, smoke: bool) -> Config {
         let smoke = smoke
             || std::env::var("LOCKFLIGHT_BENCH_SMOKE").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -371,6 +379,10 @@ impl Config {
         cfg.redis_url = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
         if let Some(us) = env_parse::<u64>("LOCKFLIGHT_BENCH_DELAY_US") {
             cfg.delay = Duration::from_micros(us);
+        }
+        cfg.topology &= cfg.delay.is_zero();
+        if let Some(on) = env_parse::<u8>("LOCKFLIGHT_BENCH_TOPOLOGY") {
+            cfg.topology = on != 0;
         }
         cfg
     }

@@ -21,7 +21,10 @@
 //! cost of one hot key against the number of waiting instances. Then the
 //! **per-workload matrix**: each of `LOCKFLIGHT_BENCH_WORKLOADS` (default `zipf`) at
 //! P = `LOCKFLIGHT_BENCH_P` × each T of `LOCKFLIGHT_BENCH_T`, in each of
-//! `LOCKFLIGHT_BENCH_MODES`.
+//! `LOCKFLIGHT_BENCH_MODES`. Last, the **topology table** ([`topology`]): the hot
+//! key on one server, a 3-shard Cluster and Sentinel, each started for it (in
+//! a full run without a delay proxy; `cargo bench -p bench --bench topology` runs
+//! it alone).
 //!
 //! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round,
 //! no comparison matrix), `LOCKFLIGHT_BENCH_SECS` (per point, default 2),
@@ -35,7 +38,9 @@
 //! run interleaved and the median round is reported), `LOCKFLIGHT_BENCH_WORKLOADS`
 //! (`hotkey-rmw,hotkey-rmw-hold1ms,zipf`), `LOCKFLIGHT_BENCH_MODES`
 //! (`plain,naive,coalesced,default,cached,handoff,floor`), `LOCKFLIGHT_BENCH_WORKER_THREADS`
-//! (Tokio workers per process, default 2; 0 = current-thread runtime), `REDIS_URL`.
+//! (Tokio workers per process, default 2; 0 = current-thread runtime),
+//! `LOCKFLIGHT_BENCH_TOPOLOGY` (`1`/`0`: measure the topology table or not),
+//! `REDIS_URL`.
 //!
 //! The floor runs one process with P·T tasks. Outputs go to `target/lockflight-bench/`
 //! (`results.jsonl`, `results.md`, `contention.svg`; smoke runs to `…/smoke/`).
@@ -77,13 +82,16 @@
 //! coordinator ↔ worker messages), `worker` (a worker process: the lock modes, the
 //! plain-lock baseline, the critical section), `coordinator` (points, rounds, the start barrier; `verify`: the
 //! correctness oracles; `scenarios`: the uncontended and wake-up measurements),
-//! `report` (the results files, the Markdown tables, the targets, the chart).
+//! `report` (the results files, the Markdown tables, the targets, the chart),
+//! `topology` (the topology table: in-process instances on a Cluster, Sentinel and
+//! one server).
 
 mod config;
 mod coordinator;
 mod delay;
 mod protocol;
 mod report;
+pub mod topology;
 mod worker;
 
 use std::time::Duration;

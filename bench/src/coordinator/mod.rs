@@ -160,6 +160,15 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
     }
     run.pb.finish_and_clear();
     drop(server);
+    let topology = if cfg.topology {
+        eprintln!(
+            "topologies: one server, a Cluster, Sentinel ({:.1} s per row)",
+            cfg.secs
+        );
+        Some(crate::topology::measure(cfg.secs).await?)
+    } else {
+        None
+    };
 
     let total = started.elapsed();
     let mut report = Report {
@@ -167,6 +176,7 @@ async fn coordinate(cfg: &Config) -> Result<Report, String> {
         compare,
         wake,
         uncontended,
+        topology,
         markdown: String::new(),
         chart: None,
         total,

@@ -211,5 +211,9 @@ pub(crate) fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> Strin
             fmt_us(pct(&l, 0.99))
         );
     }
+    if let Some(rows) = &r.topology {
+        let _ = writeln!(s, "\n### Topologies (issue #22 target 3)\n");
+        s.push_str(&crate::topology::markdown(rows, cfg.secs));
+    }
     s
 }

@@ -191,6 +191,8 @@ pub struct Report {
     pub wake: Wake,
     /// The uncontended lock + release, per lockflight mode.
     pub uncontended: Vec<Uncontended>,
+    /// The topology table, when measured ([`Config::topology`](crate::Config::topology)).
+    pub topology: Option<Vec<crate::topology::Row>>,
     /// The Markdown report (also written to `results.md`).
     pub markdown: String,
     /// The SVG chart, when one was drawn.
