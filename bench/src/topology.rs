@@ -7,14 +7,19 @@
 //! connections, instance id and notification channel, in this one process, where
 //! the contention points run worker processes) × T = 64 tasks on one hot key, in
 //! three modes: `naive` (no coalescing), `default` and `uncached` (the default
-//! with lease caching off), interleaved. It reports critical sections per second
+//! with lease caching off). All the topologies are started first; then
+//! [`ROUNDS`] rounds run every topology's rows in turn, and each row reports its
+//! median round (this machine's throughput drifts by tens of percent from one
+//! minute to the next: interleaving keeps the ratios fair). It reports critical sections per second
 //! and Redis requests per critical section: the client-side count (acquire
 //! attempts + releases + renewals) and the server-side `EVALSHA` count (`INFO
 //! commandstats`, summed over the primaries). The critical section GETs a counter
 //! and SETs it + 1; the counter must equal the number of critical sections
 //! afterwards (the run fails otherwise).
 //!
-//! On the cluster it also runs 64 hot keys (task `t` on key `t`) placed on 1, 2
+//! On the cluster the hot key also runs with the critical section's GET and SET on a
+//! plain connection to the counter's primary (the lock's cost without the cluster
+//! data client's). It also runs 64 hot keys (task `t` on key `t`) placed on 1, 2
 //! and 3 shards, in the default mode. After the Sentinel rows, the same primary is
 //! measured as one server (`replicated primary`): the cost of its replication
 //! without the Sentinel client.
@@ -33,6 +38,8 @@ use tokio::task::JoinSet;
 
 const P: usize = 4;
 const T: usize = 64;
+/// Rounds per row (the median is reported).
+pub const ROUNDS: usize = 3;
 
 /// The modes of the one-key rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +151,11 @@ async fn evalsha_calls(primaries: &[redis::Client]) -> Result<u64, String> {
     Ok(total)
 }
 
-/// P instances × T tasks for `secs`; task `t` uses `keys[t % keys.len()]`.
+/// P instances × T tasks for `secs`; task `t` uses `keys[t % keys.len()]`. With
+/// `direct` (one key), the critical sections' GET and SET go over a plain
+/// connection to the primary that owns the counter instead of the topology's
+/// data client (on a cluster: the cluster client), which tells the lock's cost
+/// from the data client's.
 async fn run(
     topo: &Topo,
     mode: Mode,
@@ -152,6 +163,7 @@ async fn run(
     prefix: &str,
     secs: f64,
     workload: String,
+    direct: bool,
 ) -> Result<Row, String> {
     let mut lockers = Vec::new();
     let mut backends = Vec::new();
@@ -170,6 +182,10 @@ async fn run(
         .iter()
         .map(|k| [&backends[0].lock_name(k)[..], b":counter"].concat())
         .collect();
+    let mut data = topo.data.clone();
+    if direct && counters.len() == 1 {
+        data = owner_of(topo, &counters[0]).await?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let sections = Arc::new(AtomicU64::new(0));
     let before = evalsha_calls(&topo.primaries).await?;
@@ -182,7 +198,7 @@ async fn run(
                 l.clone(),
                 keys[i].clone(),
                 counters[i].clone(),
-                topo.data.clone(),
+                data.clone(),
                 stop.clone(),
                 sections.clone(),
             );
@@ -239,16 +255,42 @@ async fn run(
     })
 }
 
-/// The one-key rows of a topology, the modes interleaved.
+/// A plain connection to the primary of `topo` that serves `name` (the one that
+/// answers a GET of it rather than `MOVED`).
+async fn owner_of(topo: &Topo, name: &[u8]) -> Result<Data, String> {
+    for p in &topo.primaries {
+        let mut con = p
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("node connection: {e}"))?;
+        let owned: redis::RedisResult<Option<u64>> =
+            redis::cmd("GET").arg(name).query_async(&mut con).await;
+        if owned.is_ok() {
+            return Ok(Data::Single(con));
+        }
+    }
+    Err(format!("{}: no primary serves the counter", topo.name))
+}
+
+/// The one-key rows of a topology: its modes, and on a cluster the default mode
+/// with its data sent straight to the counter's primary.
 async fn hot_key(topo: &Topo, secs: f64, rows: &mut Vec<Row>) -> Result<(), String> {
     let hot = [LockKey::from("hot")];
     for mode in [Mode::Naive, Mode::Default, Mode::Uncached] {
         let prefix = testkit::unique_prefix(&format!("bench-{}-{}", topo.name, mode.name()));
         let workload = format!("1 hot key, {}", mode.name());
-        rows.push(run(topo, mode, &hot, &prefix, secs, workload).await?);
+        rows.push(run(topo, mode, &hot, &prefix, secs, workload, false).await?);
+    }
+    if matches!(topo.data, Data::Cluster(_)) {
+        let prefix = testkit::unique_prefix(&format!("bench-{}-direct", topo.name));
+        let workload = format!("1 hot key, {}, {DIRECT}", Mode::Default.name());
+        rows.push(run(topo, Mode::Default, &hot, &prefix, secs, workload, true).await?);
     }
     Ok(())
 }
+
+/// The workload suffix of the rows whose data skips the cluster client.
+const DIRECT: &str = "data on a plain connection";
 
 /// 64 keys placed on the first `shards` primaries (by slot), round robin.
 async fn keys_on_shards(c: &Cluster, b: &RedisBackend, shards: usize) -> Vec<LockKey> {
@@ -269,56 +311,78 @@ async fn keys_on_shards(c: &Cluster, b: &RedisBackend, shards: usize) -> Vec<Loc
     keys
 }
 
-/// Measures every topology, `secs` per row.
+/// Measures every topology, `secs` per row and round.
 pub async fn measure(secs: f64) -> Result<Vec<Row>, String> {
-    let mut rows = Vec::new();
-    {
-        let server = RedisServer::start();
-        let url = server.url();
-        let topo = Topo {
-            name: "single",
-            builder: Box::new(move || RedisBackend::builder(url.clone())),
-            data: Data::Single(server.connection().await),
-            primaries: vec![server.client()],
-        };
-        hot_key(&topo, secs, &mut rows).await?;
-    }
-    {
-        let cluster = Cluster::start();
-        let topo = Topo::cluster(&cluster).await?;
-        hot_key(&topo, secs, &mut rows).await?;
-        for shards in 1..=3 {
-            let prefix = testkit::unique_prefix(&format!("bench-64-{shards}"));
-            // Names depend on the prefix: place keys with a backend of that prefix.
-            let probe = topo.connect(&prefix).await?;
-            let keys = keys_on_shards(&cluster, &probe, shards).await;
-            let workload = format!("64 hot keys on {shards} shard(s), default");
-            rows.push(run(&topo, Mode::Default, &keys, &prefix, secs, workload).await?);
+    let server = RedisServer::start();
+    let cluster = Cluster::start();
+    let sentinels = Sentinels::start().await;
+    let url = server.url();
+    let single = Topo {
+        name: "single",
+        builder: Box::new(move || RedisBackend::builder(url.clone())),
+        data: Data::Single(server.connection().await),
+        primaries: vec![server.client()],
+    };
+    let clustered = Topo::cluster(&cluster).await?;
+    let urls = sentinels.sentinel_urls();
+    let primary = sentinels.primary().await;
+    let sentinel = Topo {
+        name: "sentinel",
+        builder: Box::new(move || RedisBackend::sentinel(urls.clone(), MASTER)),
+        data: Data::Single(primary.connection().await),
+        primaries: vec![primary.client()],
+    };
+    // The same primary (with its two replicas) as one server: what the
+    // replication costs the server, without Sentinel on the client side.
+    let url = primary.url();
+    let replicated = Topo {
+        name: "replicated primary",
+        builder: Box::new(move || RedisBackend::builder(url.clone())),
+        data: Data::Single(primary.connection().await),
+        primaries: vec![primary.client()],
+    };
+    let mut rounds: Vec<Vec<Row>> = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut rows = Vec::new();
+        for topo in [&single, &clustered, &sentinel, &replicated] {
+            hot_key(topo, secs, &mut rows).await?;
         }
+        rounds.push(rows);
     }
-    {
-        let s = Sentinels::start().await;
-        let urls = s.sentinel_urls();
-        let primary = s.primary().await;
-        let topo = Topo {
-            name: "sentinel",
-            builder: Box::new(move || RedisBackend::sentinel(urls.clone(), MASTER)),
-            data: Data::Single(primary.connection().await),
-            primaries: vec![primary.client()],
-        };
-        hot_key(&topo, secs, &mut rows).await?;
-        // The same primary (with its two replicas) as one server: what the
-        // replication costs the server, without Sentinel on the client side.
-        let url = primary.url();
-        let topo = Topo {
-            name: "replicated primary",
-            builder: Box::new(move || RedisBackend::builder(url.clone())),
-            data: Data::Single(primary.connection().await),
-            primaries: vec![primary.client()],
-        };
-        hot_key(&topo, secs, &mut rows).await?;
+    let mut rows = median_rows(rounds);
+    for shards in 1..=3 {
+        let prefix = testkit::unique_prefix(&format!("bench-64-{shards}"));
+        // Names depend on the prefix: place keys with a backend of that prefix.
+        let probe = clustered.connect(&prefix).await?;
+        let keys = keys_on_shards(&cluster, &probe, shards).await;
+        let workload = format!("64 hot keys on {shards} shard(s), default");
+        rows.push(
+            run(
+                &clustered,
+                Mode::Default,
+                &keys,
+                &prefix,
+                secs,
+                workload,
+                false,
+            )
+            .await?,
+        );
     }
     Ok(rows)
+}
+
+/// Per row (same position in every round), the round with the median
+/// throughput.
+fn median_rows(rounds: Vec<Vec<Row>>) -> Vec<Row> {
+    let n = rounds.first().map_or(0, Vec::len);
+    (0..n)
+        .map(|i| {
+            let mut same: Vec<Row> = rounds.iter().map(|r| r[i].clone()).collect();
+            same.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
+            same.swap_remove(same.len() / 2)
+        })
+        .collect()
 }
 
 /// The throughput of `topology`'s row `workload`.
@@ -335,8 +399,10 @@ pub fn markdown(rows: &[Row], secs: f64) -> String {
     let _ = writeln!(
         s,
         "P = {P} instances × T = {T} tasks in one process (one `RedisBackend` each), \
-         {secs:.1} s per row, critical section GET + SET of a counter (exact in every \
-         row). EVALSHA/cs is counted by the servers (`INFO commandstats`, primaries).\n"
+         {secs:.1} s per row; the one-key rows of all topologies run interleaved, \
+         {ROUNDS} rounds, the median round shown. Critical section GET + SET of a \
+         counter (exact in every row). EVALSHA/cs is counted by the servers \
+         (`INFO commandstats`, primaries).\n"
     );
     let _ = writeln!(
         s,
@@ -352,6 +418,14 @@ pub fn markdown(rows: &[Row], secs: f64) -> String {
     }
     let hot = "1 hot key, default";
     if let Some(single) = throughput(rows, "single", hot) {
+        if let Some(t) = throughput(rows, "cluster", &format!("{hot}, {DIRECT}")) {
+            let _ = writeln!(
+                s,
+                "\n- cluster with its data on a plain connection ÷ single, hot key, default: \
+                 **{:.3}×** (the lock's share of the gap: the rest is the cluster data client's)",
+                t / single
+            );
+        }
         let _ = writeln!(s);
         for (topology, target) in [
             ("cluster", 0.8),
@@ -369,7 +443,7 @@ pub fn markdown(rows: &[Row], secs: f64) -> String {
                 };
                 let _ = writeln!(
                     s,
-                    "- {topology} ÷ single, hot key, default: **{ratio:.2}×** {verdict}"
+                    "- {topology} ÷ single, hot key, default: **{ratio:.3}×** {verdict}"
                 );
             }
         }
