@@ -563,18 +563,32 @@ const CHILD_ENV: &str = "LOCKFLIGHT_CACHING_CHILD";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_returns_from_main_leaves_nothing_cached() {
     let prefix = unique_prefix("cached-exit");
-    let (mut child, mut lines) =
+    let child =
         testkit::spawn_holder_child("looping_child", CHILD_ENV, shared().url(), &prefix, "k");
-    testkit::child_line(&mut lines, "LFCHILD CACHED").await;
+    exits_leaving_the_key_free(child, "LFCHILD CACHED", &prefix, "its cached lease").await;
+}
+
+/// Waits for the child's `said` line and its successful exit, then takes its key
+/// `k` under `prefix` at once: what it left held (`what`) was released.
+async fn exits_leaving_the_key_free(
+    (mut child, mut lines): (
+        tokio::process::Child,
+        tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    ),
+    said: &str,
+    prefix: &str,
+    what: &str,
+) {
+    testkit::child_line(&mut lines, said).await;
     let status = within(Duration::from_secs(20), "the child's exit", child.wait())
         .await
         .unwrap();
     assert!(status.success(), "the child failed: {status}");
-    let (b, _) = instance(&prefix, Handoff::disabled()).await;
+    let (b, _) = instance(prefix, Handoff::disabled()).await;
     b.try_lock("k")
         .await
         .unwrap()
-        .expect("the exited process left its cached lease held")
+        .unwrap_or_else(|| panic!("the exited process left {what} held"))
         .release()
         .await
         .unwrap();
@@ -612,21 +626,9 @@ async fn a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_lock
     let prefix = unique_prefix("dropped-exit");
     let proxy = CountingProxy::start(shared()).await;
     proxy.set_delay(Duration::from_millis(200));
-    let (mut child, mut lines) =
+    let child =
         testkit::spawn_holder_child("dropping_child", DROP_CHILD_ENV, proxy.url(), &prefix, "k");
-    testkit::child_line(&mut lines, "LFCHILD HELD").await;
-    let status = within(Duration::from_secs(20), "the child's exit", child.wait())
-        .await
-        .unwrap();
-    assert!(status.success(), "the child failed: {status}");
-    let (b, _) = instance(&prefix, Handoff::disabled()).await;
-    b.try_lock("k")
-        .await
-        .unwrap()
-        .expect("the exited process left its dropped guard's lease held")
-        .release()
-        .await
-        .unwrap();
+    exits_leaving_the_key_free(child, "LFCHILD HELD", &prefix, "its dropped guard's lease").await;
 }
 
 const PAUSE_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_PAUSE_CHILD";

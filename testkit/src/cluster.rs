@@ -456,6 +456,18 @@ impl Cluster {
         p
     }
 
+    /// The primary that serves `slot` now, and another primary (where to move it).
+    pub async fn slot_move(&self, slot: u16) -> (NodeInfo, NodeInfo) {
+        let from = self.primary_of_slot(slot).await;
+        let to = self
+            .primaries()
+            .await
+            .into_iter()
+            .find(|p| p.id != from.id)
+            .expect("a cluster has another primary");
+        (from, to)
+    }
+
     /// Moves `slot` (and its keys) from primary `from` to primary `to` the way
     /// `redis-cli --cluster reshard` does: `SETSLOT IMPORTING` on the target,
     /// `SETSLOT MIGRATING` on the source, `MIGRATE` of every key, `SETSLOT NODE`

@@ -14,13 +14,7 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
     let (a, b) = two_instances("migrate").await;
     let key = LockKey::from("hot");
     let slot = Cluster::slot(&a.lock_name(&key));
-    let from = c.primary_of_slot(slot).await;
-    let to = c
-        .primaries()
-        .await
-        .into_iter()
-        .find(|p| p.id != from.id)
-        .unwrap();
+    let (from, to) = c.slot_move(slot).await;
     let lockers: Vec<Locker> = [a.clone(), b.clone()]
         .into_iter()
         .map(|be| {

@@ -26,6 +26,30 @@ async fn evalsha_calls(addr: &str, reset: bool) -> u64 {
     calls
 }
 
+/// A backend under a fresh prefix (`name`) and a locker on it whose leases last
+/// `ttl` and renew every `every`.
+async fn renewing(name: &str, ttl: Duration, every: Duration) -> (RedisBackend, Locker) {
+    let b = backend(&unique_prefix(name)).await;
+    let locker = Locker::builder(b.clone())
+        .lease_ttl(ttl)
+        .renew_every(every)
+        .build()
+        .unwrap();
+    (b, locker)
+}
+
+/// Releases every held lease (none may be lost), then waits for the locker to
+/// go idle.
+async fn release_all(held: Vec<(LockKey, LockGuard)>, locker: Locker) {
+    futures::stream::iter(held)
+        .for_each_concurrent(64, |(key, g)| async move {
+            assert!(!g.is_lost(), "{key}");
+            g.release().await.expect("a renewed lease releases");
+        })
+        .await;
+    wait_idle(&[locker], IDLE).await;
+}
+
 /// Takes the lock of every key, 64 at a time.
 async fn hold_all(locker: &Locker, keys: Vec<LockKey>) -> Vec<(LockKey, LockGuard)> {
     futures::stream::iter(keys)
@@ -50,14 +74,8 @@ async fn hold_all(locker: &Locker, keys: Vec<LockKey>) -> Vec<(LockKey, LockGuar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     let (_serial, c) = cluster_for_this_test().await;
-    let prefix = unique_prefix("batch");
-    let b = backend(&prefix).await;
     let every = Duration::from_millis(300);
-    let locker = Locker::builder(b.clone())
-        .lease_ttl(Duration::from_millis(1_500))
-        .renew_every(every)
-        .build()
-        .unwrap();
+    let (b, locker) = renewing("batch", Duration::from_millis(1_500), every).await;
 
     let keys: Vec<LockKey> = (0..LEASES)
         .map(|i| LockKey::from(format!("r{i}")))
@@ -154,14 +172,8 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_whose_slot_moves_keeps_being_renewed() {
     let (_serial, c) = cluster_for_this_test().await;
-    let prefix = unique_prefix("batch-move");
-    let b = backend(&prefix).await;
     let every = Duration::from_millis(200);
-    let locker = Locker::builder(b.clone())
-        .lease_ttl(Duration::from_millis(1_000))
-        .renew_every(every)
-        .build()
-        .unwrap();
+    let (b, locker) = renewing("batch-move", Duration::from_millis(1_000), every).await;
     let mut keys: Vec<LockKey> = (0..114).map(|i| LockKey::from(format!("m{i}"))).collect();
     let moved = keys[0].clone();
     let slot = Cluster::slot(&b.lock_name(&moved));
@@ -174,13 +186,7 @@ async fn a_lease_whose_slot_moves_keeps_being_renewed() {
     let held = hold_all(&locker, keys).await;
     // Renewed by primary batches first (the slot map is read).
     tokio::time::sleep(2 * every).await;
-    let from = c.primary_of_slot(slot).await;
-    let to = c
-        .primaries()
-        .await
-        .into_iter()
-        .find(|p| p.id != from.id)
-        .unwrap();
+    let (from, to) = c.slot_move(slot).await;
     c.migrate_slot(slot, &from, &to, tokio::time::sleep(2 * every))
         .await;
     assert_eq!(c.primary_of_slot(slot).await.id, to.id);
@@ -194,13 +200,7 @@ async fn a_lease_whose_slot_moves_keeps_being_renewed() {
         to_has_key(c, &to, &b.lock_name(&moved)).await,
         "the moved lock key lives on its new primary"
     );
-    futures::stream::iter(held)
-        .for_each_concurrent(64, |(key, g)| async move {
-            assert!(!g.is_lost(), "{key}");
-            g.release().await.expect("a renewed lease releases");
-        })
-        .await;
-    wait_idle(&[locker], IDLE).await;
+    release_all(held, locker).await;
 }
 
 /// Whether the node of `info` holds the key `name`.
@@ -244,14 +244,8 @@ impl Drop for MaxMemory {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_out_of_memory_still_renews_its_leases() {
     let (_serial, c) = cluster_for_this_test().await;
-    let prefix = unique_prefix("batch-oom");
-    let b = backend(&prefix).await;
     let every = Duration::from_millis(200);
-    let locker = Locker::builder(b.clone())
-        .lease_ttl(Duration::from_millis(1_000))
-        .renew_every(every)
-        .build()
-        .unwrap();
+    let (b, locker) = renewing("batch-oom", Duration::from_millis(1_000), every).await;
     let keys: Vec<LockKey> = (0..120).map(|i| LockKey::from(format!("o{i}"))).collect();
     let full = c.primaries().await.remove(0);
     let on_full = keys
@@ -270,12 +264,6 @@ async fn a_primary_out_of_memory_still_renews_its_leases() {
     let stats = locker.stats() - before;
     assert_eq!(stats.leases_lost, 0, "{stats:?}");
     assert!(stats.renewals >= 120 * 3, "{stats:?}");
-    futures::stream::iter(held)
-        .for_each_concurrent(64, |(key, g)| async move {
-            assert!(!g.is_lost(), "{key}");
-            g.release().await.expect("a renewed lease releases");
-        })
-        .await;
+    release_all(held, locker).await;
     drop(oom);
-    wait_idle(&[locker], IDLE).await;
 }

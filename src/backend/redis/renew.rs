@@ -139,24 +139,8 @@ impl RedisBackend {
             }
         }))
         .await;
-        let mut out: Vec<Option<Result<Extend>>> = (0..items.len()).map(|_| None).collect();
-        for ((_, chunk), results) in chunks.iter().zip(replies) {
-            for (&i, result) in chunk.iter().zip(results) {
-                out[i] = Some(result);
-            }
-        }
-        out.into_iter()
-            .zip(items)
-            .map(|(result, item)| {
-                result.unwrap_or_else(|| {
-                    Err(crate::Error::backend(
-                        item.key,
-                        Phase::Renewing,
-                        "the batch renewal gave no answer for this lease",
-                    ))
-                })
-            })
-            .collect()
+        let positions = chunks.iter().map(|(_, chunk)| chunk.as_slice());
+        scatter(items, (0..items.len()).collect(), positions, replies)
     }
 
     /// The cluster slot of a lease's keys (0 on one server).
@@ -342,20 +326,42 @@ impl RedisBackend {
             async move { self.renew_chunk(items, &indices).await }
         }))
         .await;
-        let mut out: Vec<Option<Result<Extend>>> = (0..chunk.len()).map(|_| None).collect();
-        for (positions, results) in groups.iter().zip(replies) {
-            for (&j, result) in positions.iter().zip(results) {
-                out[j] = Some(result);
-            }
-        }
-        out.into_iter()
-            .zip(chunk)
-            .map(|(result, &i)| {
-                result
-                    .unwrap_or_else(|| Err(unexpected(items[i].key, Phase::Renewing, &Value::Nil)))
-            })
-            .collect()
+        scatter(
+            items,
+            chunk.to_vec(),
+            groups.iter().map(Vec::as_slice),
+            replies,
+        )
     }
+}
+
+/// The results of groups of leases in one list: `leases[j]` is the index in
+/// `items` of the lease at position `j`, each group lists its positions, and its
+/// results come in that order. A position no group answered is an error.
+fn scatter<'a>(
+    items: &[RenewItem<'_>],
+    leases: Vec<usize>,
+    groups: impl Iterator<Item = &'a [usize]>,
+    results: Vec<Vec<Result<Extend>>>,
+) -> Vec<Result<Extend>> {
+    let mut out: Vec<Option<Result<Extend>>> = leases.iter().map(|_| None).collect();
+    for (positions, results) in groups.zip(results) {
+        for (&j, result) in positions.iter().zip(results) {
+            out[j] = Some(result);
+        }
+    }
+    out.into_iter()
+        .zip(leases)
+        .map(|(result, i)| {
+            result.unwrap_or_else(|| {
+                Err(crate::Error::backend(
+                    items[i].key,
+                    Phase::Renewing,
+                    "the batch renewal gave no answer for this lease",
+                ))
+            })
+        })
+        .collect()
 }
 
 /// A batch call's failure, as every lease of its chunk's.
