@@ -23,6 +23,8 @@
 //! * `a_lease_whose_slot_moves_keeps_being_renewed`, `a_primary_out_of_memory_still_renews_its_leases`:
 //!   a stale slot map, and a primary that refuses the cross-slot script, cost a
 //!   second call, not a lease.
+//! * `renewals_do_not_wait_for_the_slot_map`: a primary that answers no client
+//!   delays the slot map's read, never a renewal.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
 //!   pub/sub for wake-ups (printed; both must deliver).
 #![cfg(feature = "cluster")]

@@ -88,6 +88,8 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     let primaries = c.primaries().await;
     let held = hold_all(&locker, keys).await;
     let n = held.len();
+    // The first scans go per slot while the slot map is read in the background.
+    tokio::time::sleep(2 * every).await;
     for p in &primaries {
         evalsha_calls(&p.addr, true).await;
     }
@@ -266,4 +268,39 @@ async fn a_primary_out_of_memory_still_renews_its_leases() {
     assert!(stats.renewals >= 120 * 3, "{stats:?}");
     release_all(held, locker).await;
     drop(oom);
+}
+
+/// 40 leases on two primaries, renewed every 200 ms with a 1 s TTL, while the
+/// third primary answers no client for 2.5 s (`CLIENT PAUSE … ALL`: the cluster
+/// bus goes on, so nothing fails over) from before the first renewal on. Reading
+/// the slot map asks that primary (its version, maybe `CLUSTER NODES`) and waits
+/// up to 2 s per question: the renewals do not wait for it (they go per slot until
+/// the map is there), so nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_do_not_wait_for_the_slot_map() {
+    let (_serial, c) = cluster_for_this_test().await;
+    let every = Duration::from_millis(200);
+    let (b, locker) = renewing("batch-slow-map", Duration::from_millis(1_000), every).await;
+    let slow = c.primaries().await.remove(0);
+    let keys: Vec<LockKey> = (0..)
+        .map(|i| LockKey::from(format!("w{i}")))
+        .filter(|k| {
+            let s = Cluster::slot(&b.lock_name(k));
+            !slow.slots.iter().any(|&(a, z)| a <= s && s <= z)
+        })
+        .take(40)
+        .collect();
+    let _: () = c
+        .by_addr(&slow.addr)
+        .cmd(&["CLIENT", "PAUSE", "2500", "ALL"])
+        .await
+        .expect("CLIENT PAUSE");
+    let held = hold_all(&locker, keys).await;
+    // Beyond the lease TTL, within the pause.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let stats = locker.stats();
+    assert_eq!(stats.leases_lost, 0, "{stats:?}");
+    assert!(stats.renewals >= 40 * 4, "{stats:?}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    release_all(held, locker).await;
 }

@@ -6,8 +6,9 @@
 //! Commands go through the `redis` crate's async cluster client: each script is
 //! routed by its first key (the lock name); all its keys share the key's hash tag, so
 //! every script is single-slot. The one exception is batched renewal, which renews
-//! the leases of many slots of one primary in one call (see `renew` and `owners`). The client follows `MOVED` (and refreshes its slot
-//! map) and `ASK` (with `ASKING`) redirects, reconnects to nodes, and retries a
+//! the leases of many slots of one primary in one call (see `renew` and `owners`).
+//! The client follows `MOVED` (and refreshes its slot map) and `ASK` (with
+//! `ASKING`) redirects, reconnects to nodes, and retries a
 //! request a few times with a short backoff within the response timeout. A
 //! `CLUSTERDOWN` or `TRYAGAIN` that outlasts those retries (a shard failing over, a
 //! slot mid-migration with the key's names split) reaches the caller as a transient

@@ -3,8 +3,11 @@
 //! renew a node's leases in one call (see `renew`).
 //!
 //! The map comes from `CLUSTER NODES` and is kept for [`FRESH_FOR`]; a batch that
-//! finds it wrong (a lease refused as not local) forgets it, and the next scan
-//! asks again. A wrong map never renews a lease on the wrong node: the node checks
+//! finds it wrong (a lease refused as not local) forgets it. It is read in a task
+//! of its own, never on a renewal's way: a renewal that finds no map goes per slot
+//! at once, and one that finds it old uses it while the new one is read (reading
+//! it takes up to two timeouts of [`ASK_WITHIN`] when a node is slow, which a
+//! lease's renewal must not wait out). A wrong map never renews a lease on the wrong node: the node checks
 //! every key a script touches and refuses one of a slot it does not serve, and
 //! that lease is renewed on its own. It only costs that lease a second call.
 //!
@@ -14,7 +17,7 @@
 //! reports one of those versions for compatibility (Valkey reports 7.2.4) is
 //! renewed per slot, as is a primary whose version cannot be read.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -46,31 +49,71 @@ impl Owners {
     }
 }
 
-/// The slot map of a cluster connection, asked for when needed.
+/// The slot map of a cluster connection, read in the background when needed.
 #[derive(Debug, Default)]
 pub(super) struct OwnersCache {
-    /// The map and when it was read; `None` inside: it could not be read then.
-    cached: Mutex<Option<(Instant, Option<std::sync::Arc<Owners>>)>>,
+    state: Mutex<CacheState>,
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    /// The map last read (`None`: none yet, forgotten, or it could not be read).
+    map: Option<Arc<Owners>>,
+    /// When the last read ended; `None`: read at the next [`OwnersCache::get`].
+    read_at: Option<Instant>,
+    /// A read is under way.
+    reading: bool,
 }
 
 impl OwnersCache {
-    /// The slot map, read anew when older than [`FRESH_FOR`] or forgotten; `None`
-    /// when it cannot be read (then batched renewal goes per slot, and the map is
-    /// asked for again after [`FRESH_FOR`]).
-    pub(super) async fn get(&self, conn: &ClusterConn) -> Option<std::sync::Arc<Owners>> {
-        if let Some((at, owners)) = &*lock(&self.cached)
-            && at.elapsed() < FRESH_FOR
-        {
-            return owners.clone();
+    /// The slot map as it is now, without waiting: `None` when there is none
+    /// (then batched renewal goes per slot). Starts a read in a task of its own
+    /// when the map is missing or older than [`FRESH_FOR`] (and none is under
+    /// way); a map that cannot be read is asked for again after [`FRESH_FOR`].
+    pub(super) fn get(&self, conn: &ClusterConn) -> Option<Arc<Owners>> {
+        let (map, start) = {
+            let mut state = lock(&self.state);
+            let stale = state.read_at.is_none_or(|at| at.elapsed() >= FRESH_FOR);
+            let start = stale && !state.reading;
+            state.reading |= start;
+            (state.map.clone(), start)
+        };
+        if start {
+            // Made before the spawn, so a task dropped unrun (a runtime shutting
+            // down) still ends the read; the state's lock is not held here, as
+            // that drop may run inside `spawn`.
+            let reading = Reading(Arc::clone(&conn.owners));
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let conn = conn.clone();
+                    runtime.spawn(async move {
+                        let map = read(&conn).await.map(Arc::new);
+                        let mut state = lock(&reading.0.state);
+                        state.map = map;
+                        state.read_at = Some(Instant::now());
+                    });
+                }
+                Err(_) => drop(reading),
+            }
         }
-        let owners = read(conn).await.map(std::sync::Arc::new);
-        *lock(&self.cached) = Some((Instant::now(), owners.clone()));
-        owners
+        map
     }
 
-    /// Forgets the map (a batch found it wrong).
+    /// Forgets the map (a batch found it wrong): batches go per slot until it is
+    /// read again, which the next [`get`](Self::get) starts.
     pub(super) fn forget(&self) {
-        *lock(&self.cached) = None;
+        let mut state = lock(&self.state);
+        state.map = None;
+        state.read_at = None;
+    }
+}
+
+/// A read of the map under way; ends it when dropped.
+struct Reading(Arc<OwnersCache>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        lock(&self.0.state).reading = false;
     }
 }
 

@@ -23,7 +23,9 @@
 //!   key") before that lease's first write (a lease's keys share one slot), so a
 //!   stale map or a migrating slot costs the leases it misplaced a second call,
 //!   each on its own (routed by its keys, following `MOVED`/`ASK`), and the map is
-//!   read again. A call refused as a whole (say `OOM`: Redis refuses a flagged
+//!   forgotten: batches go per slot until it is read again, in a task of its own
+//!   (a renewal never waits for the map: the first scans after a start or a
+//!   forgotten map go per slot). A call refused as a whole (say `OOM`: Redis refuses a flagged
 //!   script before it runs when out of memory, where an unflagged one runs its
 //!   `PEXPIRE`s) is made again per slot, which gives each lease its per-slot
 //!   answer; `READONLY` and transient failures are every lease's, as per slot. A
@@ -130,7 +132,7 @@ impl RedisBackend {
         if items.len() <= 1 {
             return join_all(items.iter().map(|item| extend_one(self, item))).await;
         }
-        let chunks = self.chunks(items).await;
+        let chunks = self.chunks(items);
         let replies = join_all(chunks.iter().map(|(group, chunk)| async move {
             match group {
                 #[cfg(feature = "cluster")]
@@ -155,12 +157,12 @@ impl RedisBackend {
     /// The indices of `items`, in groups that one script call may renew: on a
     /// cluster by primary where the primary takes cross-slot batches (see
     /// `owners`), else by slot; then at most [`CHUNK`] each.
-    async fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<(Group, Vec<usize>)> {
+    fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<(Group, Vec<usize>)> {
         #[cfg(feature = "cluster")]
         let owners = match self.inner.conn.cluster() {
             // An acknowledged write waits on a connection of its own (`acked`),
             // which a node's batch does not use.
-            Some(c) if self.inner.acks.is_none() => c.owners.get(c).await,
+            Some(c) if self.inner.acks.is_none() => c.owners.get(c),
             _ => None,
         };
         let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
