@@ -186,7 +186,8 @@ impl LockBackend for MemoryBackend {
             expires: now,
         });
         let held = entry.value_mut();
-        // Already ours (a retry, or a new leader reusing the token): re-armed below,
+        // Already ours (a retry, or a new leader inheriting the token of an acquire
+        // that may have landed): re-armed below,
         // with a new epoch like any acquisition.
         if held.token != token && held.epoch != 0 && held.expires > now {
             return Ok(Acquire::Busy {

@@ -268,8 +268,12 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 ///    extended.
 /// 2. `acquire` with the token that already owns the key re-arms the TTL and returns
 ///    `Acquired` with a **newly minted** epoch, greater than the one it replaces (a
-///    retry after a lost reply, or a new leader that reuses the token of a release
-///    that failed: each critical section gets its own, greater fencing epoch).
+///    retry after a lost reply, or a new leader that inherits the token of an
+///    acquire that may have landed: each critical section gets its own, greater
+///    fencing epoch). The lockers never acquire with a token once a release of it
+///    was sent; a backend whose requests can be delayed or re-sent refuses such an
+///    acquire (a late copy) rather than grant a lease nobody holds (the Redis
+///    scripts read the token's release record).
 /// 3. Epochs of one key strictly increase across acquisitions, same-token ones
 ///    included.
 /// 4. `release` and `extend` change nothing unless the token owns the key. A

@@ -45,6 +45,8 @@ pub(crate) mod acquire;
 pub(crate) mod histograms;
 pub(crate) mod release;
 pub(crate) mod renewal;
+#[cfg(test)]
+mod model;
 mod view;
 
 pub(crate) use crate::backend::drift;

@@ -332,23 +332,29 @@ impl ReleaseJob {
             })
             .await;
         let job = rearm.0.take().expect("armed");
-        // A release that failed may still hold the lock at the backend: the next
-        // local leader inherits the token and reconciles it (its acquire finds the
-        // lock already ours) instead of everyone waiting out the TTL.
+        // A release that failed may still hold the lock at the backend, and a copy
+        // of it may still be on the wire. Its token is retired: it is released once
+        // more in the background and never acquired again (a re-grant to the next
+        // local leader could be deleted by that late copy while the leader believes
+        // it holds the lock); the next leader takes a fresh token, and the release's
+        // wake-up (it is queued if the lock was still held) lets it in.
         // A requeued instance is (maybe) in the backend's queue: whoever inherits the
         // lead leaves it if nobody wants the lock any more.
-        let queued = requeue.is_some();
-        let unsettled = match &result {
-            Err(e) if e.is_indeterminate() || matches!(e, Error::Refused { .. }) => Inheritance {
-                token: Some(lease.token),
-                queued,
-            },
-            _ => Inheritance {
-                token: None,
-                queued,
-            },
-        };
-        job.settle(unsettled);
+        if let Err(e) = &result
+            && (e.is_indeterminate() || matches!(e, Error::Refused { .. }))
+        {
+            job.shared.cleanup(
+                &lease.key,
+                Inheritance {
+                    token: Some(lease.token),
+                    queued: false,
+                },
+            );
+        }
+        job.settle(Inheritance {
+            token: None,
+            queued: requeue.is_some(),
+        });
         release::outcome(&lease, result?)
     }
 

@@ -22,8 +22,9 @@
 //! Every other task that joins while the slot is not idle waits in a FIFO of local
 //! waiters, each on its own one-shot channel, with its own deadline (the caller's).
 //! A waiter is *granted* either leadership (it becomes the one task that acquires
-//! from the backend, inheriting the previous leader's token so an acquire that may
-//! have landed is reconciled) or a handed-off lease.
+//! from the backend, inheriting the token of a previous leader's acquire that may
+//! have landed, so that it is reconciled; never the token of a release) or a
+//! handed-off lease.
 //!
 //! All transitions are synchronous steps under one mutex; the async work (backend
 //! calls) happens between steps, outside the lock. That is what makes the machine
@@ -71,7 +72,8 @@ pub(crate) type SlotMap = DashMap<LockKey, Arc<Slot>>;
 /// What a leader inherits from its predecessor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Inheritance {
-    /// Reuse this token: the predecessor's acquire may have landed.
+    /// Acquire with this token: the predecessor's acquire may have landed (never a
+    /// token whose release was sent: a released token is retired).
     pub(crate) token: Option<LeaseToken>,
     /// This instance may be in the backend's queue for the key.
     pub(crate) queued: bool,
@@ -366,9 +368,8 @@ impl Slot {
     }
 
     /// The backend release finished (or was given up): the next waiter leads,
-    /// inheriting `lead` (a token whose release failed, so the new leader reconciles
-    /// it instead of waiting for its TTL). Returns `lead` when nobody took it: the
-    /// slot went idle and the caller cleans up.
+    /// inheriting `lead` (whether this instance may be queued). Returns `lead` when
+    /// nobody took it: the slot went idle and the caller cleans up.
     pub(crate) fn released(
         self: &Arc<Self>,
         map: &SlotMap,

@@ -310,8 +310,8 @@ async fn lost_release_reply_is_not_reported_as_lost() {
 
 /// A release whose **request** never reaches Redis (the first attempt and both
 /// retries) fails with a backend error, and the lock stays held at Redis. The
-/// next local waiter inherits the token to reconcile that lock instead of
-/// waiting out the TTL — and starts a new critical section, whose fencing token
+/// token is released once more in the background, so the next local waiter does
+/// not wait out the TTL — and starts a new critical section, whose fencing token
 /// must be greater than the previous holder's: a fenced resource that accepted
 /// the previous holder's writes would otherwise reject the new, legitimate
 /// holder (guarantee 2: tokens strictly increase across critical sections).

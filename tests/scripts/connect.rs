@@ -85,9 +85,11 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
         .expect("the waiter is woken");
     epoch_of(waiter.acquire(&key, t2, TTL, true).await?);
     assert!(waiter.release(&key, t2).await?.released);
-    epoch_of(holder.acquire(&key, t1, TTL, true).await?);
+    // A released token is never granted again: a new lease takes a new token.
+    let t3 = LeaseToken::random();
+    epoch_of(holder.acquire(&key, t3, TTL, true).await?);
     holder.leave(&key).await?;
-    assert!(holder.release(&key, t1).await?.released);
+    assert!(holder.release(&key, t3).await?.released);
 
     // The read-write lock's scripts: a reader, a writer waiting and woken.
     let (rw_holder, rw_waiter) = (holder.rw().expect("rw"), waiter.rw().expect("rw"));

@@ -25,8 +25,8 @@ async fn command_calls(con: &mut MultiplexedConnection) -> BTreeMap<String, u64>
 }
 
 /// An uncontended acquire and release run exactly the documented fast paths at the
-/// server: acquire GET lock, GET claim, ZCARD queue, TIME, SET fence … GET, SET lock,
-/// DEL release record; release GET lock, ZCARD queue, DEL lock, SET release record —
+/// server: acquire EXISTS release record, GET lock, GET claim, ZCARD queue, TIME, SET
+/// fence … GET, SET lock; release GET lock, ZCARD queue, DEL lock, SET release record —
 /// 11 commands and 2 `EVALSHA` per pair, and the fencing epochs still increase.
 #[tokio::test]
 async fn uncontended_acquire_and_release_run_the_fast_paths() {
@@ -56,7 +56,8 @@ async fn uncontended_acquire_and_release_run_the_fast_paths() {
         ("set", 3),
         ("zcard", 2),
         ("time", 1),
-        ("del", 2),
+        ("exists", 1),
+        ("del", 1),
     ]
     .into_iter()
     .map(|(name, per_pair)| (name.to_string(), per_pair * PAIRS))

@@ -134,13 +134,29 @@ async fn release_replies_and_records() {
     assert_eq!(get_string(&mut con, &lock).await, Some(t2.to_hex()));
     del(&mut con, &lock).await;
 
-    // The token reused by a new leader: acquiring with it clears its record, so a
-    // lease lost afterwards is not reported as released.
-    epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
-    assert!(!exists(&mut con, &record).await);
-    set_for_30s(&mut con, &lock, &t2.to_hex()).await;
-    assert!(!a.release(&key, t1).await.unwrap().released);
-    assert_eq!(get_string(&mut con, &lock).await, Some(t2.to_hex()));
+    // A late copy of an acquire with a released token (-3): refused with nothing
+    // written, even on a free lock; the record keeps speaking for the release.
+    let refused = a.acquire(&key, t1, TTL, true).await;
+    assert!(
+        matches!(refused, Err(Error::LeaseLost { .. })),
+        "an acquire with a released token: {refused:?}"
+    );
+    assert!(!exists(&mut con, &lock).await);
+    assert!(exists(&mut con, &record).await);
+    assert!(a.release(&key, t1).await.unwrap().released);
+
+    // A release that found nothing to delete retires its token all the same (it
+    // may have overtaken the acquire it undoes): not "released", and a later
+    // acquire with that token is refused.
+    let t5 = LeaseToken::random();
+    assert!(!a.release(&key, t5).await.unwrap().released);
+    assert!(!a.release(&key, t5).await.unwrap().released);
+    let refused = a.acquire(&key, t5, TTL, true).await;
+    assert!(
+        matches!(refused, Err(Error::LeaseLost { .. })),
+        "an acquire overtaken by its release: {refused:?}"
+    );
+    assert!(!exists(&mut con, &lock).await);
 }
 
 /// extend: extended (TTL re-armed, waiting count) / not the owner (nothing changed).
@@ -198,4 +214,69 @@ async fn leave_replies() {
     assert!(a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
+}
+
+/// Every kind: a late copy of an acquire (delayed on the wire past its lease's
+/// release, or past the release of an acquire its sender gave up) is refused with
+/// nothing written, so it cannot hold a read lease, the write lease or a permit
+/// for a token nobody holds until its TTL.
+#[tokio::test]
+async fn a_released_token_is_never_granted_again_by_any_kind() {
+    let (server, _log, prefix) = shared_scene("released-tokens");
+    let a = connect(&server.url(), &prefix).await;
+    let (rw, sem) = (a.rw().unwrap(), a.semaphore().unwrap());
+    let late = |what: &str, r: lockflight::Result<Acquire>| {
+        assert!(
+            matches!(r, Err(Error::LeaseLost { .. })),
+            "{what}: a late copy of an acquire was answered {r:?}"
+        );
+    };
+    for (i, released_first) in [true, false].into_iter().enumerate() {
+        let key = LockKey::from(format!("rw{i}"));
+        let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
+        if released_first {
+            // Granted, used and released; the late copy comes after.
+            let Acquire::Acquired { .. } = rw.acquire_read(&key, t1, TTL, true).await.unwrap()
+            else {
+                panic!("a free read lock was refused")
+            };
+            assert!(rw.release_read(&key, t1).await.unwrap().released);
+            epoch_of(rw.acquire_write(&key, t2, TTL, true).await.unwrap());
+            assert!(rw.release_write(&key, t2).await.unwrap().released);
+        } else {
+            // The abandoned acquire's release overtook the acquire itself.
+            assert!(!rw.release_read(&key, t1).await.unwrap().released);
+            assert!(!rw.release_write(&key, t2).await.unwrap().released);
+        }
+        late("read", rw.acquire_read(&key, t1, TTL, true).await);
+        late("write", rw.acquire_write(&key, t2, TTL, true).await);
+        // The key is free for everyone else at once.
+        let t3 = LeaseToken::random();
+        epoch_of(rw.acquire_write(&key, t3, TTL, false).await.unwrap());
+        assert!(rw.release_write(&key, t3).await.unwrap().released);
+
+        let key = LockKey::from(format!("sem{i}"));
+        let tokens = [LeaseToken::random(), LeaseToken::random()];
+        if released_first {
+            let got = sem.acquire_permits(&key, 2, &tokens, TTL, true).await;
+            assert_eq!(got.unwrap().granted, 2);
+            assert!(sem.release_permit(&key, tokens[0]).await.unwrap());
+        } else {
+            assert!(!sem.release_permit(&key, tokens[0]).await.unwrap());
+        }
+        // A copy naming a released token is refused whole, even beside a token
+        // that is still a live permit.
+        let refused = sem.acquire_permits(&key, 2, &tokens, TTL, true).await;
+        assert!(
+            matches!(refused, Err(Error::LeaseLost { .. })),
+            "permits: a late copy of an acquire was answered {refused:?}"
+        );
+        let fresh = [LeaseToken::random(), LeaseToken::random()];
+        let expected = if released_first { 1 } else { 2 };
+        let got = sem.acquire_permits(&key, 2, &fresh, TTL, false).await;
+        assert_eq!(got.unwrap().granted, expected, "permits free for others");
+        for t in tokens.iter().chain(&fresh) {
+            let _ = sem.release_permit(&key, *t).await.unwrap();
+        }
+    }
 }

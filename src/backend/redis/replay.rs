@@ -53,10 +53,10 @@
 //!    and wake waiters when the lock or permits are free (a wake-up only tells an
 //!    instance to try).
 //! 2. A token names one lease: it is 128 random bits, and the lockers never acquire
-//!    with a token again once a release of it has returned `Ok` (a token is reused
-//!    only to reconcile an acquire or a release that returned an error; such a
-//!    release is not logged: only releases that returned "released" are, logged
-//!    after their reply was decoded).
+//!    with a token again once a release of it was sent (a token is reused only to
+//!    repeat an acquire whose answer was lost; the acquire scripts refuse a token
+//!    whose release record exists). Only releases that returned "released" are
+//!    logged, after their reply was decoded.
 //!
 //! So a replayed release either deletes the very lease that was released (still on
 //! the new primary only because the failover lost the release) or changes no lease
@@ -84,9 +84,8 @@
 //!   poll of it) or read from a node that had not yet heard of a promotion is
 //!   replayed only when the map next shows a change for its slot; a slot change
 //!   the map never shows (the old primary comes back as primary) replays nothing.
-//! * A release that failed (no reply) is not logged: the lockers reconcile it
-//!   themselves (the next local leader inherits the token, or a background
-//!   release repeats it); if that also fails, the key waits out its TTL.
+//! * A release that failed (no reply) is not logged: the lockers repeat it in the
+//!   background; if that also fails, the key waits out its TTL.
 //! * Only this backend's own releases are logged: a process that releases and
 //!   exits before the switch leaves its lost releases to the TTL.
 

@@ -62,6 +62,15 @@ pub(super) fn decode_acquire(key: &LockKey, reply: &Value, max_wait: Duration) -
             }),
             [Value::Int(-1)] => Err(foreign("the lock key holds a value that is not a string")),
             [Value::Int(-2)] => Err(foreign("the lock key holds a string without a TTL")),
+            // Only a late copy of an acquire meets its own release record: the
+            // lease's holder had already released it, and nothing was written.
+            [Value::Int(-3)] => Err(Error::LeaseLost {
+                key: key.clone(),
+                phase: Phase::Acquiring,
+                reason: "the lease token was already released; a released token is never \
+                         granted again"
+                    .into(),
+            }),
             _ => Err(unexpected(key, Phase::Acquiring, reply)),
         },
         _ => Err(unexpected(key, Phase::Acquiring, reply)),

@@ -107,12 +107,22 @@ impl RedisBackend {
         }
         inner.note_lease(ttl);
         let n = RwNames::new(&inner.prefix, key);
+        let token = token.to_hex();
+        // A released token is never granted again (its record refuses a late copy).
+        let record = Names::new(&inner.prefix, key).release_record(&token);
         let reply = inner
             .invoke_lease(
                 script,
-                &[&n.readers, &n.writer, &n.writers, &n.fence, &n.waiting],
                 &[
-                    token.to_hex().as_bytes(),
+                    &n.readers,
+                    &n.writer,
+                    &n.writers,
+                    &n.fence,
+                    &n.waiting,
+                    &record,
+                ],
+                &[
+                    token.as_bytes(),
                     millis(ttl).to_string().as_bytes(),
                     inner.instance_id.as_bytes(),
                     inner.entry_ttl_ms.to_string().as_bytes(),

@@ -115,6 +115,17 @@ fn decode_acquire(
                     requested: permits,
                 });
             }
+            [Value::Int(-4)] => {
+                // Only a late copy of a request meets a release record of its own
+                // tokens: their holders had already released them.
+                return Err(Error::LeaseLost {
+                    key: key.clone(),
+                    phase: Phase::Acquiring,
+                    reason: "a permit token was already released; a released token is never \
+                             granted again"
+                        .into(),
+                });
+            }
             [Value::Int(granted), Value::Int(wait_ms), Value::Int(others)] if *granted >= 0 => {
                 let wait = Duration::from_millis(u64::try_from(*wait_ms).unwrap_or(0));
                 return Ok(Permits {
@@ -197,9 +208,20 @@ impl SemaphoreBackend for RedisBackend {
             .map(Vec::as_slice)
             .chain(hex.iter().map(|h| h.as_bytes()))
             .collect();
+        // One release record per token (KEYS[5..]): a released token is never
+        // granted again, so a late copy of this request is refused whole.
+        let n = SemNames::new(&inner.prefix, key);
+        let names = Names::new(&inner.prefix, key);
+        let records: Vec<Vec<u8>> = hex.iter().map(|h| names.release_record(h)).collect();
+        let keys: Vec<&[u8]> = n
+            .keys()
+            .into_iter()
+            .chain(records.iter().map(Vec::as_slice))
+            .collect();
         let reply = inner
-            .sem_invoke_lease(&SEM_ACQUIRE, key, Phase::Acquiring, &args)
-            .await?;
+            .invoke_lease(&SEM_ACQUIRE, &keys, &args)
+            .await
+            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
         decode_acquire(key, permits, &reply, inner.entry_refresh)
     }
 

@@ -27,18 +27,20 @@
 -- Returns:
 --   { 1, epoch, others [, earliest] }
 --                          acquired, or already ours (TTL re-armed); either way with a
---                          fresh epoch max(last + 1, server TIME in µs), because a token
---                          may be reused by a new leader after a failed release; in fair
+--                          fresh epoch max(last + 1, server TIME in µs) (a re-sent acquire
+--                          whose first copy landed re-arms its own grant); in fair
 --                          mode `earliest` is the age in µs of the earliest other live
 --                          entry (its arrival time's distance from now), -1 with none
 --   { 0, wait_ms, others } busy (queued if ARGV[6] is "1"); ask again within wait_ms
 --                          (the lock's or the claim's PTTL)
 --   { -1 }                 the lock key holds a value of another type
 --   { -2 }                 the lock key holds a string without a TTL (not ours)
+--   { -3 }                 this token's release was recorded (KEYS[5] exists): a late
+--                          copy of an acquire; nothing changed
 --
--- Fast path (the lock free, no claim, nobody queued): GET lock, GET claim, ZCARD queue,
--- TIME, SET fence … GET (reads the last epoch and writes the new one in one call), SET
--- lock, DEL record: 7 commands (fair mode: the same).
+-- Fast path (the lock free, no claim, nobody queued): EXISTS record, GET lock, GET
+-- claim, ZCARD queue, TIME, SET fence … GET (reads the last epoch and writes the new one
+-- in one call), SET lock: 7 commands (fair mode: the same).
 local lock, fence, queue, claim, record, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -50,6 +52,13 @@ end
 local join = ARGV[6] == '1'
 
 -- Reads.
+-- A token is never granted again once a release of it was recorded: a request
+-- that finds its record is a late copy of an acquire (delayed on the wire, or
+-- re-sent after a timeout) that must not take the lock for a lease its holder has
+-- already given up.
+if redis.call('EXISTS', record) == 1 then
+  return { -3 }
+end
 local current = redis.pcall('GET', lock)
 if type(current) == 'table' and current.err then
   if string.sub(current.err, 1, 9) == 'WRONGTYPE' then
@@ -105,10 +114,6 @@ if free then
   if claimant == me then
     redis.call('DEL', claim)
   end
-  -- A token is reused when a new local leader inherits it from a release that
-  -- failed (which may have landed): that release's record no longer speaks for it.
-  -- (DEL of a missing key changes nothing and replicates nothing.)
-  redis.call('DEL', record)
   if q.mine then
     dequeue(queue, expiry, me)
   end

@@ -129,8 +129,12 @@ local function wake(head, claim, claim_ttl, channel, raw_key)
   return nil
 end
 
--- The release record of a lease (see release.lua). A retried release whose first
--- attempt's reply was lost finds the record and reports the release, not a loss.
+-- The release record of a lease (see release.lua): the token when a release deleted
+-- the lease, '0' when a release found nothing to delete. A retried release whose
+-- first attempt's reply was lost finds the token and reports the release, not a
+-- loss; and an acquire that finds either value is a late copy, refused (a token is
+-- never granted again once a release of it was sent, even if the release landed
+-- before the acquire it meant to undo).
 --
 -- Reads: whether an earlier attempt of this release deleted the lease; asked only
 -- when the lease is not `held` now.
@@ -138,16 +142,23 @@ local function released_before(held, record)
   if held then
     return false
   end
-  return read('release record', 'GET', record) ~= false
+  local r = read('release record', 'GET', record)
+  return r ~= false and r ~= '0'
 end
 
 -- Writes, after the delete, never before (memory pressure): records the release of a
--- `held` lease for `ttl_ms` ms. Returns 1 when this release or an earlier attempt of
--- it deleted the lease, else 0.
+-- `held` lease for `ttl_ms` ms, or retires a token that holds nothing (best effort:
+-- under memory pressure the retirement is skipped, and a late copy of an acquire
+-- could then hold the lock until its TTL, as before). Returns 1 when this release or
+-- an earlier attempt of it deleted the lease, else 0.
 local function settle_release(held, previous, record, token, ttl_ms)
   if held then
     redis.call('SET', record, token, 'PX', tonumber(ttl_ms))
     return 1
   end
-  return previous and 1 or 0
+  if previous then
+    return 1
+  end
+  redis.pcall('SET', record, '0', 'NX', 'PX', tonumber(ttl_ms))
+  return 0
 end

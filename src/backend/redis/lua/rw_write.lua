@@ -3,6 +3,7 @@
 -- KEYS[1] read leases (zset: token -> expiry ms)   KEYS[2] write lease (string, PX)
 -- KEYS[3] waiting writers (zset: token -> expiry ms)   KEYS[4] write fence
 -- KEYS[5] waiting instances (zset: instance id -> expiry ms)
+-- KEYS[6] the release record of this token (see rw_release.lua)
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] waiting entry ttl ms
 -- ARGV[5] "1" to wait (register as a waiting writer and for the wake-up), "0" not to
 -- ARGV[6] fence ttl ms
@@ -15,11 +16,19 @@
 --                           ARGV[5] "1" the token is (re-)registered as a waiting writer
 --                           until now + ARGV[4], so no new read lease is granted
 --   { -2 }                  the write lease is a string without a TTL (foreign)
+--   { -3 }                      this token's release was recorded: a late copy of an
+--                               acquire; nothing changed
 local readers, writer, writers, fence, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[6])
 
 -- Reads.
+-- A token is never granted again once a release of it was recorded (KEYS[6]): a
+-- request that finds its record is a late copy of an acquire (delayed on the wire,
+-- or re-sent after a timeout) that must not take a lease its holder gave up.
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  return { -3 }
+end
 local holder = read('write lease', 'GET', writer)
 local last = read('write fence', 'GET', fence)
 local entry = read('waiting writers', 'ZSCORE', writers, token)

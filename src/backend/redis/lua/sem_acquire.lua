@@ -1,7 +1,8 @@
 -- semaphore acquire-or-wait: up to k permits in one round trip
 --
 -- KEYS[1] permit set   KEYS[2] count (N)   KEYS[3] waiting set
--- KEYS[4] waiting set expiry index
+-- KEYS[4] waiting set expiry index   KEYS[5..] the release record of each token (see
+-- sem_release.lua), in the order of the tokens
 -- ARGV[1] N   ARGV[2] permit ttl ms   ARGV[3] instance id   ARGV[4] waiting entry ttl ms
 -- ARGV[5] "1" to wait (join the waiting set when not given everything), "0" not to
 -- ARGV[6..] the k tokens, in the order permits are to be granted
@@ -15,6 +16,9 @@
 --                         `others` other instances are in the waiting set (the
 --                         caller's local handoff budget follows it)
 --   { -3, stored }        the key has `stored` permits, not N: nothing changed
+--   { -4 }                a token's release was recorded: a late copy of a request
+--                         (delayed on the wire, or re-sent after a timeout) whose
+--                         permits were released; nothing changed
 --
 -- An instance given fewer than k (with ARGV[5] "1") joins the waiting set, or stays
 -- in it; if it was given some, it moves to the back (the instances take turns). An
@@ -25,6 +29,12 @@ local entry_ttl, join = tonumber(ARGV[4]), ARGV[5] == '1'
 local k = #ARGV - 5
 
 -- Reads.
+-- A token is never granted again once a release of it was recorded.
+for i = 1, k do
+  if KEYS[4 + i] and redis.call('EXISTS', KEYS[4 + i]) == 1 then
+    return { -4 }
+  end
+end
 local stored = read('permit count', 'GET', count)
 if stored and tonumber(stored) ~= n then
   return { -3, tonumber(stored) or 0 }
