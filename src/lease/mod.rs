@@ -43,10 +43,10 @@ use crate::stats::StatsInner;
 
 pub(crate) mod acquire;
 pub(crate) mod histograms;
-pub(crate) mod release;
-pub(crate) mod renewal;
 #[cfg(test)]
 mod model;
+pub(crate) mod release;
+pub(crate) mod renewal;
 mod view;
 
 pub(crate) use crate::backend::drift;

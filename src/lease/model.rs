@@ -126,7 +126,10 @@ enum Phase {
     Ready(Tok),
     Acquiring(Tok),
     /// Holds the lease; `renewed` once its one renewal was sent.
-    Holding { tok: Tok, renewed: bool },
+    Holding {
+        tok: Tok,
+        renewed: bool,
+    },
     /// Told the lease is lost (a renewal found another owner); still releases it.
     Lost(Tok),
     Releasing(Tok),
@@ -198,7 +201,8 @@ impl Model {
         let recorded = |st: &State, t: Tok| st.records & (1 << t) != 0;
         match req {
             Req::Acquire(t) => {
-                if self.design == Design::Retire && (recorded(st, t) || st.retired & (1 << t) != 0) {
+                if self.design == Design::Retire && (recorded(st, t) || st.retired & (1 << t) != 0)
+                {
                     return Reply::Retired;
                 }
                 if st.lock.is_none() || st.lock == Some(t) {
@@ -525,7 +529,10 @@ mod tests {
     fn retired_tokens_keep_every_property_in_every_order() {
         for faults in 0..=max_faults() {
             let (found, states) = explore(Design::Retire, Order::Any, faults);
-            assert!(found.is_empty(), "{faults} faults, {states} states: {found:?}");
+            assert!(
+                found.is_empty(),
+                "{faults} faults, {states} states: {found:?}"
+            );
             eprintln!("{faults} faults: {states} states, no violation");
         }
     }

@@ -16,6 +16,13 @@
 //! the bytes before the matching command are forwarded, the command is not, and
 //! both connections close — the server never runs it.
 //!
+//! And it can **delay** a request past later ones ([`FaultProxy::delay_requests`]):
+//! at the matching command the client's connection ends at once (the client sees
+//! its request fail, indeterminate, and sends later ones on a new connection),
+//! while the command itself reaches the server only after the delay, on the old
+//! server connection, its reply discarded: a request held back on the wire and
+//! overtaken by everything the client sends afterwards.
+//!
 //! Do not put rules on pub/sub connections: in RESP2 their messages cannot be
 //! told apart from replies (rules made with [`evalsha_on`] never match there).
 
@@ -75,6 +82,8 @@ impl std::ops::Deref for FaultProxy {
 enum Lose {
     Reply,
     Request,
+    /// Delivered after this long, unanswered.
+    Delay(std::time::Duration),
 }
 
 struct Rule {
@@ -91,6 +100,8 @@ struct Inner {
     recording: Mutex<Option<Vec<Vec<Vec<u8>>>>>,
     dropped: AtomicU64,
     dropped_requests: AtomicU64,
+    /// Delayed requests the server has answered.
+    delayed_applied: AtomicU64,
 }
 
 impl FaultProxy {
@@ -106,6 +117,7 @@ impl FaultProxy {
             recording: Mutex::new(None),
             dropped: AtomicU64::new(0),
             dropped_requests: AtomicU64::new(0),
+            delayed_applied: AtomicU64::new(0),
         });
         FaultProxy {
             relay: Relay::start(target, Arc::clone(&inner)),
@@ -125,6 +137,19 @@ impl FaultProxy {
     /// before the server sees them: the connection closes instead.
     pub fn drop_requests(&self, matcher: CommandMatcher, n: u64) {
         self.add_rule(matcher, n, Lose::Request);
+    }
+
+    /// Delays the next `n` commands (on any connection) that `matcher` accepts by
+    /// `delay`: the client's connection ends at once, and the command reaches the
+    /// server `delay` later, unanswered; see the [module docs](self).
+    pub fn delay_requests(&self, matcher: CommandMatcher, n: u64, delay: std::time::Duration) {
+        self.add_rule(matcher, n, Lose::Delay(delay));
+    }
+
+    /// How many delayed requests the server has answered so far (applied them,
+    /// or refused them with an error).
+    pub fn delayed_applied(&self) -> u64 {
+        self.inner.delayed_applied.load(Ordering::SeqCst)
     }
 
     fn add_rule(&self, matcher: CommandMatcher, n: u64, lose: Lose) {
@@ -181,8 +206,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Commands of one connection whose replies are to be lost: command index → rule id.
+/// Commands of one connection whose replies are to be lost: command index → rule id
+/// ([`DELAYED`] for the delayed command).
 type Marked = Mutex<HashMap<u64, usize>>;
+
+/// The rule id marking a delayed command, whose answer ends the connection.
+const DELAYED: usize = usize::MAX;
+
+/// A delayed command of one connection: its bytes and its delay.
+type Held = Mutex<Option<(Vec<u8>, std::time::Duration)>>;
+
+/// A command as RESP (an array of bulk strings), as clients send it.
+fn resp(command: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", command.len()).into_bytes();
+    for arg in command {
+        out.extend(format!("${}\r\n", arg.len()).into_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
 
 impl Pumps for Inner {
     fn run<'a>(
@@ -194,9 +237,23 @@ impl Pumps for Inner {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let marked = Marked::default();
+            let held = Held::default();
+            let detach = tokio::sync::Notify::new();
             tokio::select! {
-                _ = requests(from_client, to_server, self, &marked) => {}
-                _ = replies(from_server, to_client, self, &marked) => {}
+                _ = async {
+                    let cut = requests(from_client, to_server, self, &marked, &held).await;
+                    let delayed = lock(&held).take();
+                    if let (Ok(Some(mut to_server)), Some((command, delay))) = (cut, delayed) {
+                        // The client's side ends now; the command lands later,
+                        // and the reply pump waits for its answer.
+                        detach.notify_one();
+                        tokio::time::sleep(delay).await;
+                        if to_server.write_all(&command).await.is_ok() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                } => {}
+                _ = replies(from_server, to_client, self, &marked, &detach) => {}
             }
         })
     }
@@ -234,12 +291,13 @@ where
 /// lost (before forwarding them, so the reply side always knows), forwards; at
 /// a command whose request is to be lost, forwards what came before it and ends
 /// the connection.
-async fn requests(
-    from: ReadHalf<'_>,
-    to: WriteHalf<'_>,
+async fn requests<'a>(
+    from: ReadHalf<'a>,
+    to: WriteHalf<'a>,
     inner: &Inner,
     marked: &Marked,
-) -> std::io::Result<()> {
+    held: &Held,
+) -> std::io::Result<Option<WriteHalf<'a>>> {
     let mut parser = CommandParser::default();
     let mut index = 0u64;
     let cut = forward_until_cut(from, to, |chunk| {
@@ -248,12 +306,18 @@ async fn requests(
                 recorded.push(command.clone());
             }
             let mut rules = lock(&inner.rules);
-            if let Some((id, rule)) = rules
-                .iter_mut()
-                .enumerate()
-                .find(|(_, r)| r.remaining > 0 && (r.matcher)(&command))
-            {
+            if let Some((id, rule)) = rules.iter_mut().enumerate().find(|(_, r)| {
+                // A command that began in an earlier chunk cannot be held back
+                // whole (its head went out): it is not delayed.
+                let whole = start.is_some() || !matches!(r.lose, Lose::Delay(_));
+                r.remaining > 0 && whole && (r.matcher)(&command)
+            }) {
                 rule.remaining -= 1;
+                if let Lose::Delay(delay) = rule.lose {
+                    *lock(held) = Some((resp(&command), delay));
+                    lock(marked).insert(index, DELAYED);
+                    return start;
+                }
                 if rule.lose == Lose::Request {
                     // Started in an earlier chunk: its head went out already;
                     // the server drops a partial command when the connection
@@ -267,26 +331,48 @@ async fn requests(
         None
     })
     .await?;
-    if cut.is_some() {
+    if cut.is_some() && lock(held).is_none() {
         inner.dropped_requests.fetch_add(1, Ordering::SeqCst);
     }
-    Ok(())
+    Ok(cut)
 }
 
 /// Server → client: counts the replies; at the first byte of a marked command's
-/// (non-error) reply, forwards what came before it and ends the connection.
+/// (non-error) reply, forwards what came before it and ends the connection. Once
+/// `detach` is notified (a request is delayed), closes the client's side and only
+/// waits for the delayed command's answer.
 async fn replies(
-    from: ReadHalf<'_>,
-    to: WriteHalf<'_>,
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
     inner: &Inner,
     marked: &Marked,
+    detach: &tokio::sync::Notify,
 ) -> std::io::Result<()> {
     let mut parser = ReplyParser::default();
-    let cut = forward_until_cut(from, to, |chunk| {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut detached = false;
+    loop {
+        let n = tokio::select! {
+            n = from.read(&mut buf) => n?,
+            _ = detach.notified(), if !detached => {
+                detached = true;
+                let _ = to.shutdown().await;
+                continue;
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let chunk = &buf[..n];
+        let mut cut = None;
         for start in parser.feed(chunk) {
             let Some(rule) = lock(marked).remove(&start.index) else {
                 continue;
             };
+            if rule == DELAYED {
+                inner.delayed_applied.fetch_add(1, Ordering::SeqCst);
+                return Ok(());
+            }
             if start.error {
                 // Not applied: give the rule its count back.
                 if let Some(r) = lock(&inner.rules).get_mut(rule)
@@ -296,16 +382,22 @@ async fn replies(
                 }
                 continue;
             }
-            return Some(start.offset);
+            cut = Some(start.offset);
+            break;
         }
-        None
-    })
-    .await?;
-    if let Some(mut to) = cut {
-        // Counted before the client can see its connection end: a test that
-        // asserts the count right after its call failed must find it.
-        inner.dropped.fetch_add(1, Ordering::SeqCst);
-        let _ = to.shutdown().await;
+        if detached {
+            continue;
+        }
+        match cut {
+            None => to.write_all(chunk).await?,
+            Some(offset) => {
+                to.write_all(&chunk[..offset]).await?;
+                // Counted before the client can see its connection end: a test
+                // that asserts the count right after its call failed must find it.
+                inner.dropped.fetch_add(1, Ordering::SeqCst);
+                let _ = to.shutdown().await;
+                return Ok(());
+            }
+        }
     }
-    Ok(())
 }

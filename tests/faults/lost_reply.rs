@@ -20,10 +20,10 @@ const LONG_TTL: Duration = Duration::from_secs(10);
 /// What "at once" means here (a reconnect and a retry or two).
 const QUICKLY: Duration = Duration::from_secs(2);
 
-struct Scripts {
-    acquire: Vec<u8>,
-    extend: Vec<u8>,
-    release: Vec<u8>,
+pub(crate) struct Scripts {
+    pub(crate) acquire: Vec<u8>,
+    pub(crate) extend: Vec<u8>,
+    pub(crate) release: Vec<u8>,
 }
 
 /// The key every test locks.
@@ -106,7 +106,7 @@ async fn b_lock_after(b: &Locker, since: Instant, what: &str) -> Duration {
 /// Watches one acquire, renewal and release through the proxy: the first script
 /// run on the key is the acquire, the last the release, the one in between the
 /// extend.
-async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
+pub(crate) async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
     let backend = backend_at(&proxy.url(), prefix).await;
     let name = backend.lock_name(&LockKey::from("calibrate"));
     let locker = Locker::builder(backend)

@@ -9,6 +9,7 @@
 //! | 5 | `CLIENT KILL TYPE normal` / `pubsub` every 200 ms under load | [`client_kill::killed_connections_keep_the_counter_exact`] |
 //! | 6 | **handoff** while Redis becomes a **black hole** | [`blackhole::handoff_into_a_black_hole_grants_only_valid_leases_and_signals_loss`] |
 //! | 7 | a seeded **nemesis soak** of all of the above | [`soak::nemesis_soak`] |
+//! | 8 | a **request delayed on the wire** past later ones (a release past the next local lease; an acquire past its lease's release), plain and with `replica_ack` | [`delayed`]`::*` (4 tests) |
 //!
 //! The oracle ([`oracle`]): a fenced resource that accepts only increasing
 //! fencing tokens, and a history of critical sections that must never overlap in
@@ -22,6 +23,7 @@
 
 mod blackhole;
 mod client_kill;
+mod delayed;
 mod holder_pause;
 mod lost_reply;
 mod oracle;

@@ -114,12 +114,7 @@ impl RedisBackend {
             .invoke_lease(
                 script,
                 &[
-                    &n.readers,
-                    &n.writer,
-                    &n.writers,
-                    &n.fence,
-                    &n.waiting,
-                    &record,
+                    &n.readers, &n.writer, &n.writers, &n.fence, &n.waiting, &record,
                 ],
                 &[
                     token.as_bytes(),
