@@ -93,8 +93,9 @@ enum Reply {
 
 /// A request on the wire: its task, and whether that task still waits for its
 /// reply (a request its sender timed out on is still delivered, unanswered).
-/// One step of a trace.
+/// One step of a trace (its fields are read through `Debug`, in traces).
 #[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
 enum Step {
     Start,
     /// The backend applies a request and answers.
