@@ -154,7 +154,10 @@ pub enum Error {
     /// The server refused the command for a reason that retrying at once will not
     /// change: out of memory under `noeviction` (`OOM`), a read-only replica
     /// (`READONLY`), a script error. Reported at once, never retried until the
-    /// deadline. A renewal refused with `READONLY` means the lease is lost.
+    /// deadline, except too few replica acknowledgements (`NOREPLICAS`, with
+    /// `replica_ack`): a waiting acquire asks again within its wait, and its wait
+    /// ends with this refusal or with [`Error::Timeout`]. A renewal refused with `READONLY` means the
+    /// lease is lost.
     #[error("lock {key:?}: the server refused the command while {phase} ({code}): {source}")]
     Refused {
         /// The lock key.

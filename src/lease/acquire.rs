@@ -57,14 +57,28 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
-    /// The one classification every kind's acquire loop uses.
+    /// The one classification every kind's acquire loop uses. Too few replica
+    /// acknowledgements (`NOREPLICAS`) is asked again like an indeterminate error:
+    /// the grant was written, unacknowledged, and a replica that catches up within
+    /// the caller's wait acknowledges the re-grant.
     pub(crate) fn of(e: &Error) -> Failure {
-        if e.is_indeterminate() || matches!(e, Error::QuorumNotReached { .. }) {
+        if e.is_indeterminate() || Failure::unavailable(e) {
             Failure::Retry
         } else if matches!(e, Error::Refused { .. } | Error::NoPermission { .. }) {
             Failure::Refused
         } else {
             Failure::Definite
+        }
+    }
+
+    /// Whether `e` says that too few nodes answered (a quorum not reached, too few
+    /// replica acknowledgements): retried by a waiting acquire, reported at once by
+    /// a single attempt (`try_*`).
+    pub(crate) fn unavailable(e: &Error) -> bool {
+        match e {
+            Error::QuorumNotReached { .. } => true,
+            Error::Refused { code, .. } => code == "NOREPLICAS",
+            _ => false,
         }
     }
 
@@ -225,6 +239,14 @@ mod tests {
         };
         assert_eq!(Failure::of(&refused), Failure::Refused);
         assert!(Failure::of(&refused).may_have_written());
+        let unacknowledged = Error::Refused {
+            key: key.clone(),
+            phase: crate::error::Phase::Acquiring,
+            code: "NOREPLICAS".into(),
+            source: Arc::new(std::io::Error::other("too few replicas")),
+        };
+        assert_eq!(Failure::of(&unacknowledged), Failure::Retry);
+        assert!(Failure::unavailable(&unacknowledged));
         let bad = key_error();
         assert_eq!(Failure::of(&bad), Failure::Definite);
         assert!(!Failure::of(&bad).may_have_written());

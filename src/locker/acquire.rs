@@ -242,9 +242,9 @@ impl LockerState {
                     }
                 }
                 Err(e) => match Failure::of(&e) {
-                    // A single attempt (`try_lock`) reports a missing quorum at once:
-                    // the nodes answered, and a majority of them is out of reach.
-                    Failure::Retry if queue || !matches!(e, Error::QuorumNotReached { .. }) => {
+                    // A single attempt (`try_lock`) reports a missing quorum or too
+                    // few replica acknowledgements at once: the nodes answered.
+                    Failure::Retry if queue || !Failure::unavailable(&e) => {
                         // The token stays armed: a retry (or the cleanup) reconciles it.
                         tracing::debug!(%key, error = %e, "acquire failed; retrying");
                         let pause = pacer.backoff();

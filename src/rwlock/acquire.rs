@@ -252,7 +252,8 @@ impl RwLocks {
                     }
                 }
                 Err(e) => match Failure::of(&e) {
-                    Failure::Retry => {
+                    // A single attempt reports too few nodes answering at once.
+                    Failure::Retry if call.wait || !Failure::unavailable(&e) => {
                         tracing::debug!(%key, error = %e, "read-write acquire failed; retrying");
                         let pause = pacer.backoff();
                         if Instant::now() + pause >= call.deadline {

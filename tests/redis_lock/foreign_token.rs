@@ -31,9 +31,16 @@ async fn release_with_foreign_token_deletes_nothing() {
             .unwrap(),
         Extend::NotOwner
     );
+    // The stranger's release retired its token: never granted from now on.
     assert!(matches!(
         backend
             .acquire(&key, stranger, Duration::from_secs(1), false)
+            .await,
+        Err(lockflight::Error::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        backend
+            .acquire(&key, LeaseToken::random(), Duration::from_secs(1), false)
             .await
             .unwrap(),
         Acquire::Busy { .. }

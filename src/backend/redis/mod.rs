@@ -473,6 +473,18 @@ impl RedisBackend {
         self.inner.conn.server()
     }
 
+    /// Releases the mutex lease `token` of `key` without retiring the token (no
+    /// release record: it may be granted again). Only for a Redlock round that
+    /// failed, whose next round asks again with the same token; every release of
+    /// a lease retires its token.
+    pub(crate) async fn release_keeping_token(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+    ) -> Result<Released> {
+        self.inner.release(key, token, None, false).await
+    }
+
     /// The Redis name of the lock of `key`.
     pub fn lock_name(&self, key: &LockKey) -> Vec<u8> {
         Names::new(&self.inner.prefix, key).lock
@@ -538,7 +550,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        self.inner.release(key, token, None).await
+        self.inner.release(key, token, None, true).await
     }
 
     /// The release script with two more arguments: the waiter's age (µs) and the
@@ -549,7 +561,9 @@ impl LockBackend for RedisBackend {
         token: LeaseToken,
         next_waiter_age: Duration,
     ) -> Result<Released> {
-        self.inner.release(key, token, Some(next_waiter_age)).await
+        self.inner
+            .release(key, token, Some(next_waiter_age), true)
+            .await
     }
 
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {

@@ -72,13 +72,16 @@ impl Inner {
     }
 
     /// Releases `token` on the nodes `which`, in parallel, ignoring the outcomes (a
-    /// failed release expires with the TTL).
+    /// failed release expires with the TTL). The token is not retired: the next
+    /// round asks again with it (a copy of this round's acquire that lands late is
+    /// then a re-grant of the same token, released by the lease's final release).
     pub(super) async fn release_on(&self, key: &LockKey, token: LeaseToken, which: &[usize]) {
         let timeout = self.node_timeout;
         join_all(which.iter().map(|&i| {
             let node = &self.nodes[i];
             async move {
-                match tokio::time::timeout(timeout, node.backend.release(key, token)).await {
+                let release = node.backend.release_keeping_token(key, token);
+                match tokio::time::timeout(timeout, release).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => tracing::debug!(%key, error = %e, "redlock: releasing a partial grant failed"),
                     Err(_) => tracing::debug!(%key, "redlock: releasing a partial grant timed out"),
