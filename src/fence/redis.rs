@@ -400,7 +400,12 @@ impl FencedKey {
             _ => None,
         };
         match items.first().and_then(int) {
-            Some(1) => Ok(Fenced::Applied(items.get(1).and_then(int).ok_or_else(bad)?)),
+            Some(1) => {
+                let result = items
+                    .get(1)
+                    .and_then(|v| int(v).or_else(|| text(v).and_then(|t| t.parse().ok())));
+                Ok(Fenced::Applied(result.ok_or_else(bad)?))
+            }
             Some(0) => {
                 let epoch = items.get(1).and_then(text).and_then(|s| s.parse().ok());
                 let seq = items.get(2).and_then(text).and_then(|s| s.parse().ok());

@@ -206,3 +206,16 @@ async fn set_with_ttl_expires_the_value_but_never_the_fence() {
             .is_applied()
     );
 }
+
+#[tokio::test]
+async fn incr_by_reports_values_beyond_2_pow_53_exactly() {
+    let mut data = shared().connection().await;
+    let prefix = unique_prefix("fence-big");
+    let counter = FencedKey::new(format!("{prefix}:big")).unwrap();
+    let t = FencingToken { epoch: 1, seq: 0 };
+    let big = (1_i64 << 53) + 1;
+    assert_eq!(
+        counter.incr_by(&mut data, t, big).await.unwrap(),
+        Fenced::Applied(big)
+    );
+}

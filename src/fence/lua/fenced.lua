@@ -14,8 +14,8 @@
 --   'advance'                               nothing but the fence
 --
 -- Returns:
---   { 1, result }              applied (result: the INCRBY value, else 0); the fence
---                              now holds "epoch:seq"
+--   { 1, result }              applied (result: the value INCRBY made, as a
+--                              string, else '0'); the fence now holds "epoch:seq"
 --   { 0, last_epoch, last_seq } stale: the offered token is older than the last
 --                              accepted one; nothing changed
 --   { -1, role }               the resource or the fence holds a value of another
@@ -62,7 +62,6 @@ if op == 'hset' and kind ~= 'none' and kind ~= 'hash' then
   return { -1, 'resource' }
 end
 
-local result = 0
 local reply
 if op == 'set' then
   reply = redis.pcall('SET', resource, ARGV[4])
@@ -70,9 +69,6 @@ elseif op == 'setpx' then
   reply = redis.pcall('SET', resource, ARGV[4], 'PX', ARGV[5])
 elseif op == 'incrby' then
   reply = redis.pcall('INCRBY', resource, ARGV[4])
-  if type(reply) == 'number' then
-    result = reply
-  end
 elseif op == 'hset' then
   reply = redis.pcall('HSET', resource, unpack(ARGV, 4))
 elseif op == 'del' then
@@ -87,6 +83,11 @@ if type(reply) == 'table' and reply.err then
     return redis.error_reply(reply.err)
   end
   return { -2, reply.err }
+end
+local result = '0'
+if op == 'incrby' then
+  -- The exact decimal: a Lua number would round a value beyond 2^53.
+  result = redis.call('GET', resource)
 end
 redis.call('SET', fence, epoch .. ':' .. seq)
 return { 1, result }
