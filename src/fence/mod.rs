@@ -36,7 +36,8 @@
 //!
 //! Because equal tokens are admitted, the token alone cannot tell a repeated
 //! write from a second one: which writes are safe to repeat after an unknown
-//! outcome is said in [`FencedKey`]'s "Repeating a write".
+//! outcome is said per helper ([`FencedKey`]'s "Repeating a write", and for SQL
+//! `FencedUpdate`'s).
 //!
 //! ```no_run
 //! # async fn demo() -> lockflight::Result<()> {
@@ -102,12 +103,15 @@ pub enum Fenced<T = ()> {
     Applied(T),
     /// The resource had accepted a newer token: nothing was written. The writer's
     /// critical section is over (its lease was lost), whatever it believes.
+    /// (With `FenceColumns::one_write_per_token`, `last == offered` says instead
+    /// that this token has already written the row, e.g. an earlier attempt of a
+    /// repeated write.)
     Stale {
         /// The newest token the resource has accepted.
         last: FencingToken,
         /// The token this write carried: older than `last` (or equal, for SQL
-        /// rows fenced with
-        /// `FenceColumns::one_write_per_token`).
+        /// rows fenced with `FenceColumns::one_write_per_token`: then this token
+        /// has already written the row).
         offered: FencingToken,
     },
 }
