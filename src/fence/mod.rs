@@ -9,7 +9,9 @@
 //! * [`FencedKey`]: a Redis key written only under a token at least as new as the
 //!   last one it accepted (`SET`, `SET … PX`, `INCRBY`, `HSET`, `DEL`, or only the
 //!   fence), in one Lua script on any `redis` connection (one server, a Cluster, a
-//!   `ConnectionManager`): the lock's Redis or the one that holds your data.
+//!   `ConnectionManager`): the lock's Redis or the one that holds your data. A
+//!   write that carries a [`WriteId`] ([`WriteOptions`]) is applied at most once,
+//!   so it is safe to repeat after a lost reply.
 //! * With the feature `sqlx-postgres` or `sqlx-sqlite` (`sqlx` enables both):
 //!   `FenceColumns` and the guarded statements `FencedUpdate` and
 //!   `FencedUpsert`, which turn an `UPDATE` or an `INSERT … ON CONFLICT` on a
@@ -31,6 +33,11 @@
 //! Once a newer holder has written, every older holder's write is refused, however
 //! long it was paused. Fence one resource with the tokens of one lock key and one
 //! lock kind (the mutex and the write lease of a key mint their own sequences).
+//!
+//! Because equal tokens are admitted, the token alone cannot tell a repeated
+//! write from a second one: which writes are safe to repeat after an unknown
+//! outcome is said per helper ([`FencedKey`]'s "Repeating a write", and for SQL
+//! `FencedUpdate`'s).
 //!
 //! ```no_run
 //! # async fn demo() -> lockflight::Result<()> {
@@ -64,9 +71,11 @@ use crate::rwlock::WriteGuard;
 mod redis;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 mod sql;
+mod write;
 
 pub use self::redis::FencedKey;
 pub(crate) use self::redis::redis_error;
+pub use self::write::{WriteId, WriteOptions};
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};
 
@@ -88,16 +97,21 @@ pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fenced<T = ()> {
     /// The token was at least the last accepted one: the write happened and the
-    /// resource now records this token.
+    /// resource now records this token. For a write with a [`WriteId`] that the
+    /// resource had already applied under this token, it happened then, once, and
+    /// `T` is what it returned then.
     Applied(T),
     /// The resource had accepted a newer token: nothing was written. The writer's
     /// critical section is over (its lease was lost), whatever it believes.
+    /// (With `FenceColumns::one_write_per_token`, `last == offered` says instead
+    /// that this token has already written the row, e.g. an earlier attempt of a
+    /// repeated write.)
     Stale {
         /// The newest token the resource has accepted.
         last: FencingToken,
         /// The token this write carried: older than `last` (or equal, for SQL
-        /// rows fenced with
-        /// `FenceColumns::one_write_per_token`).
+        /// rows fenced with `FenceColumns::one_write_per_token`: then this token
+        /// has already written the row).
         offered: FencingToken,
     },
 }

@@ -1,16 +1,20 @@
 //! [`FencedKey`]: a Redis key written only under a fencing token not older than the
-//! last one it accepted (`lua/fenced.lua`).
+//! last one it accepted, and a write with a [`WriteId`](super::WriteId) at most once
+//! (`lua/fenced.lua`).
 //!
 //! # Layout
 //!
 //! The resource keeps its own name and type; the last accepted token lives beside
-//! it in a string `"<epoch>:<seq>"` without a TTL, its *fence*, named so that both
-//! share one cluster slot (the script touches both):
+//! it in a string `"<epoch>:<seq>"` without a TTL, its *fence*, and the write ids
+//! applied under that token in a hash, its *write record* (written only by writes
+//! that carry an id), named so that all three share one cluster slot (the script
+//! touches them together):
 //!
 //! * a resource with a hash tag (`stock:{555}`) keeps it: the fence is
-//!   `stock:{555}:lockflight-fence`;
+//!   `stock:{555}:lockflight-fence`, the record `stock:{555}:lockflight-writes`;
 //! * a resource without one (`stock:555`) is wrapped into a tag, which hashes
-//!   exactly the same bytes: `{stock:555}:lockflight-fence`.
+//!   exactly the same bytes: `{stock:555}:lockflight-fence`,
+//!   `{stock:555}:lockflight-writes`.
 //!
 //! A resource without a hash tag that contains `}` cannot be wrapped (the tag would
 //! end early); it is refused with [`Error::InvalidKey`].
@@ -18,7 +22,9 @@
 //! The fence never expires: a fence that vanished while its resource lived would
 //! let any older holder in. Deleting the resource (even with
 //! [`FencedKey::delete`]) keeps the fence, so a stale holder cannot recreate it;
-//! [`FencedKey::forget`] removes the fence once nobody can write any more.
+//! [`FencedKey::forget`] removes the fence and the record once nobody can write
+//! any more. The record holds the ids of one token only: the first write with an
+//! id under a newer token replaces it.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -27,6 +33,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, ToRedisArgs, Value};
 
 use super::Fenced;
+use super::write::WriteOptions;
 use crate::error::{Error, Phase, Result};
 use crate::guard::FencingToken;
 use crate::key::LockKey;
@@ -35,6 +42,8 @@ static FENCED: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua
 
 /// The suffix of a fence's name.
 const FENCE_SUFFIX: &[u8] = b":lockflight-fence";
+/// The suffix of a write record's name.
+const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 
 /// A Redis key guarded by fencing tokens: every write through it is applied only
 /// if its token is not older than the last token the key accepted, in one script
@@ -43,7 +52,8 @@ const FENCE_SUFFIX: &[u8] = b":lockflight-fence";
 /// It holds only names; the connection is passed to each call, so one
 /// `FencedKey` works with any `redis` async connection: a
 /// `MultiplexedConnection`, a `ConnectionManager`, a cluster connection (feature
-/// `cluster` of `redis`; the resource and its fence share one slot).
+/// `cluster` of `redis`; the resource, its fence and its write record share one
+/// slot).
 ///
 /// ```no_run
 /// # async fn demo(locker: lockflight::Locker, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
@@ -58,21 +68,67 @@ const FENCE_SUFFIX: &[u8] = b":lockflight-fence";
 ///     .await??;
 /// # Ok(()) }
 /// ```
+///
+/// # Repeating a write
+///
+/// A write whose reply did not arrive ([`Error::Backend`]: a timeout, a dropped
+/// connection; or a dropped future) may or may not have been applied. What a
+/// repeat with the same token does:
+///
+/// * **With a write id** (an `*_options` method with [`WriteOptions::write_id`],
+///   the same id in every attempt): safe to repeat, any number of times, even
+///   while an earlier attempt is still on its way. The resource applies an id at
+///   most once per token and answers every later attempt [`Fenced::Applied`] with
+///   the result of the one that applied (for [`incr_by_options`](Self::incr_by_options),
+///   the value it made). It keeps at least the 64 newest ids of its current
+///   token (by id order) and forgets older ones: an attempt with a forgotten id,
+///   or with any id older than one it forgot, is refused, not applied, with
+///   [`Error::Refused`] (code `WRITEID`), since it may have been applied.
+/// * **Without one**: a repeat is a new write. [`incr_by`](Self::incr_by) adds
+///   again: not safe to repeat. [`set`](Self::set), [`set_with_ttl`](Self::set_with_ttl),
+///   [`hset`](Self::hset) and [`delete`](Self::delete) write the same state again:
+///   safe, unless the earlier attempt is still on its way and lands after a later
+///   write of the same critical section. [`advance`](Self::advance) is always safe.
+///
+/// Either way, a repeat answered [`Fenced::Stale`] means a newer holder has
+/// written: the critical section is over, and whether its earlier attempt landed
+/// is not known.
+///
+/// ```no_run
+/// # async fn demo(guard: lockflight::LockGuard, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
+/// use lockflight::fence::{FencedKey, WriteId, WriteOptions};
+///
+/// let counter = FencedKey::new("orders:{eu}:count")?;
+/// let once = WriteOptions::new().write_id(WriteId::next());
+/// let mut outcome = counter.incr_by_options(&mut data, &guard, 1, once).await;
+/// for _ in 0..3 {
+///     if !outcome.as_ref().is_err_and(|e| e.is_transient()) {
+///         break;
+///     }
+///     // The reply was lost: the same write again (the manager reconnects).
+///     outcome = counter.incr_by_options(&mut data, &guard, 1, once).await;
+/// }
+/// let added = outcome?;
+/// # let _ = added;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FencedKey {
     resource: Vec<u8>,
     fence: Vec<u8>,
+    writes: Vec<u8>,
 }
 
 impl FencedKey {
-    /// Names the Redis key `resource` (exactly these bytes, no prefix added) and
-    /// its fence.
+    /// Names the Redis key `resource` (exactly these bytes, no prefix added), its
+    /// fence and its write record.
     ///
     /// ```
     /// use lockflight::fence::FencedKey;
     ///
     /// let plain = FencedKey::new("stock:555")?;
     /// assert_eq!(plain.fence_name(), b"{stock:555}:lockflight-fence");
+    /// assert_eq!(plain.writes_name(), b"{stock:555}:lockflight-writes");
     /// let tagged = FencedKey::new("stock:{555}")?;
     /// assert_eq!(tagged.fence_name(), b"stock:{555}:lockflight-fence");
     /// assert!(FencedKey::new("").is_err());
@@ -100,16 +156,20 @@ impl FencedKey {
                 LockKey::MAX_LEN
             )));
         }
-        let fence = if hash_tag(&resource).is_some() {
-            [&resource[..], FENCE_SUFFIX].concat()
+        let tagged = if hash_tag(&resource).is_some() {
+            resource.clone()
         } else if resource.contains(&b'}') {
             return Err(invalid(
                 "it has no hash tag but contains `}`, so its fence cannot share its cluster slot; give it a hash tag such as {…}",
             ));
         } else {
-            [b"{", &resource[..], b"}", FENCE_SUFFIX].concat()
+            [b"{", &resource[..], b"}"].concat()
         };
-        Ok(FencedKey { resource, fence })
+        Ok(FencedKey {
+            fence: [&tagged[..], FENCE_SUFFIX].concat(),
+            writes: [&tagged[..], WRITES_SUFFIX].concat(),
+            resource,
+        })
     }
 
     /// The resource's Redis name.
@@ -122,6 +182,12 @@ impl FencedKey {
         &self.fence
     }
 
+    /// The Redis name of the hash that holds the write ids applied under the last
+    /// accepted token (see "Repeating a write" above).
+    pub fn writes_name(&self) -> &[u8] {
+        &self.writes
+    }
+
     /// `SET resource value` under `token`.
     ///
     /// # Errors
@@ -132,7 +198,7 @@ impl FencedKey {
     ///
     /// The write is one script: dropping the future before its reply leaves the
     /// write either fully applied (token recorded) or not done at all; which one is
-    /// unknown, and repeating the call with the same token is safe.
+    /// unknown (see "Repeating a write" above).
     pub async fn set<C>(
         &self,
         conn: &mut C,
@@ -142,7 +208,30 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), "set", |s| {
+        self.set_options(conn, token, value, WriteOptions::new())
+            .await
+    }
+
+    /// [`set`](Self::set) with `options`: with a write id, safe to repeat.
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedKey::incr_by_options`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`FencedKey::set`].
+    pub async fn set_options<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        value: impl ToRedisArgs,
+        options: WriteOptions,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), options, "set", |s| {
             s.arg(value);
         })
         .await
@@ -169,6 +258,32 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
+        self.set_with_ttl_options(conn, token, value, ttl, WriteOptions::new())
+            .await
+    }
+
+    /// [`set_with_ttl`](Self::set_with_ttl) with `options`: with a write id, safe
+    /// to repeat (a repeat of an applied write does not reset the TTL).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a TTL under 1 ms; otherwise as
+    /// [`FencedKey::incr_by_options`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`FencedKey::set`].
+    pub async fn set_with_ttl_options<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        value: impl ToRedisArgs,
+        ttl: Duration,
+        options: WriteOptions,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         if ms == 0 {
             return Err(Error::InvalidConfig {
@@ -178,7 +293,7 @@ impl FencedKey {
                 ),
             });
         }
-        self.run(conn, token.into(), "setpx", |s| {
+        self.run(conn, token.into(), options, "setpx", |s| {
             s.arg(value).arg(ms);
         })
         .await
@@ -186,6 +301,8 @@ impl FencedKey {
     }
 
     /// `INCRBY resource delta` under `token`; applied, it carries the new value.
+    /// Not safe to repeat: use [`incr_by_options`](Self::incr_by_options) with a
+    /// write id for that.
     ///
     /// # Errors
     ///
@@ -195,7 +312,7 @@ impl FencedKey {
     /// non-integer value here) and with the server's code for `OOM` and the like,
     /// [`Error::NoPermission`] for an ACL refusal; [`Error::Backend`] (transient)
     /// when the connection failed, in which case the write may or may not have
-    /// happened (repeating it with the same token is safe).
+    /// happened (see "Repeating a write" above).
     ///
     /// # Cancel safety
     ///
@@ -209,7 +326,35 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), "incrby", |s| {
+        self.incr_by_options(conn, token, delta, WriteOptions::new())
+            .await
+    }
+
+    /// [`incr_by`](Self::incr_by) with `options`. With a write id it is safe to
+    /// repeat: the resource adds `delta` at most once under `token`, and a repeat
+    /// of an applied write carries the value that write made.
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedKey::incr_by`]; with a write id also [`Error::ForeignValue`]
+    /// when the write record holds something else, and [`Error::Refused`] with
+    /// code `WRITEID` when the id is too old for the record to tell whether it was
+    /// applied (see "Repeating a write" above; nothing is written now).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`FencedKey::set`].
+    pub async fn incr_by_options<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        delta: i64,
+        options: WriteOptions,
+    ) -> Result<Fenced<i64>>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), options, "incrby", |s| {
             s.arg(delta);
         })
         .await
@@ -236,6 +381,32 @@ impl FencedKey {
         F: ToRedisArgs,
         V: ToRedisArgs,
     {
+        self.hset_options(conn, token, fields, WriteOptions::new())
+            .await
+    }
+
+    /// [`hset`](Self::hset) with `options`: with a write id, safe to repeat.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when `fields` is empty; otherwise as
+    /// [`FencedKey::incr_by_options`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`FencedKey::set`].
+    pub async fn hset_options<C, F, V>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        fields: impl IntoIterator<Item = (F, V)>,
+        options: WriteOptions,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+        F: ToRedisArgs,
+        V: ToRedisArgs,
+    {
         let mut pairs = Vec::new();
         for (field, value) in fields {
             pairs.push((field.to_redis_args(), value.to_redis_args()));
@@ -248,7 +419,7 @@ impl FencedKey {
                 ),
             });
         }
-        self.run(conn, token.into(), "hset", |s| {
+        self.run(conn, token.into(), options, "hset", |s| {
             for (field, value) in &pairs {
                 s.arg(field).arg(value);
             }
@@ -271,14 +442,36 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), "del", |_| {})
+        self.delete_options(conn, token, WriteOptions::new()).await
+    }
+
+    /// [`delete`](Self::delete) with `options`: with a write id, safe to repeat.
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedKey::incr_by_options`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`FencedKey::set`].
+    pub async fn delete_options<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        options: WriteOptions,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), options, "del", |_| {})
             .await
             .map(|f| f.map(drop))
     }
 
     /// Records `token` in the fence without touching the resource, so that every
     /// holder with an older token is refused from now on (what
-    /// `lockflight release --force --fence` does with the token it mints).
+    /// `lockflight release --force --fence` does with the token it mints). Safe to
+    /// repeat: it only ever moves the fence forward.
     ///
     /// # Errors
     ///
@@ -291,7 +484,7 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), "advance", |_| {})
+        self.run(conn, token.into(), WriteOptions::new(), "advance", |_| {})
             .await
             .map(|f| f.map(drop))
     }
@@ -321,8 +514,9 @@ impl FencedKey {
         .transpose()
     }
 
-    /// Deletes the fence (not the resource). Only for a resource nobody will write
-    /// again under the old lock: afterwards any token is accepted.
+    /// Deletes the fence and the write record (not the resource). Only for a
+    /// resource nobody will write again under the old lock: afterwards any token
+    /// is accepted, and no write id is remembered.
     ///
     /// # Errors
     ///
@@ -330,13 +524,14 @@ impl FencedKey {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future leaves the fence deleted or not.
+    /// Dropping the future leaves both deleted or neither (one `DEL`).
     pub async fn forget<C>(&self, conn: &mut C) -> Result<()>
     where
         C: ConnectionLike + Send,
     {
         redis::cmd("DEL")
             .arg(&self.fence)
+            .arg(&self.writes)
             .query_async::<()>(conn)
             .await
             .map_err(|e| redis_error(&self.key(), Phase::Writing, e))
@@ -358,6 +553,7 @@ impl FencedKey {
         &self,
         conn: &mut C,
         token: FencingToken,
+        options: WriteOptions,
         op: &str,
         args: impl FnOnce(&mut redis::ScriptInvocation<'static>),
     ) -> Result<Fenced<i64>>
@@ -365,11 +561,20 @@ impl FencedKey {
         C: ConnectionLike + Send,
     {
         let mut invocation = FENCED.prepare_invoke();
+        invocation.key(&self.resource[..]).key(&self.fence[..]);
+        // The record is named only with an id: a write without one never touches it.
+        if options.write_id.is_some() {
+            invocation.key(&self.writes[..]);
+        }
         invocation
-            .key(&self.resource[..])
-            .key(&self.fence[..])
             .arg(token.epoch)
             .arg(token.seq)
+            .arg(
+                options
+                    .write_id
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+            )
             .arg(op);
         args(&mut invocation);
         let reply: Value = invocation
@@ -399,8 +604,14 @@ impl FencedKey {
             Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
+        // 1 applied now, 2 applied before under this token (a repeated write id).
         match items.first().and_then(int) {
-            Some(1) => Ok(Fenced::Applied(items.get(1).and_then(int).ok_or_else(bad)?)),
+            Some(1 | 2) => {
+                let result = items
+                    .get(1)
+                    .and_then(|v| int(v).or_else(|| text(v).and_then(|t| t.parse().ok())));
+                Ok(Fenced::Applied(result.ok_or_else(bad)?))
+            }
             Some(0) => {
                 let epoch = items.get(1).and_then(text).and_then(|s| s.parse().ok());
                 let seq = items.get(2).and_then(text).and_then(|s| s.parse().ok());

@@ -41,6 +41,9 @@
 //! re-evaluates the guard on the newest row version; SQLite serializes writers)
 //! makes the check and the write one step; run both in the transaction of your
 //! other writes to make them part of it.
+//!
+//! Which statements are safe to repeat after a lost reply: [`FencedUpdate`]'s
+//! "Repeating a statement".
 
 use std::marker::PhantomData;
 
@@ -110,9 +113,12 @@ impl FenceColumns {
     }
 
     /// Allows each token one write per row: a write whose token *equals* the
-    /// row's last one is [`Fenced::Stale`] too (guard `<` instead of `<=`). For a
-    /// resource where a replayed write must not apply twice (each critical section
-    /// writes the row at most once, as the inventory example's reservations).
+    /// row's last one is [`Fenced::Stale`] too (guard `<` instead of `<=`), with
+    /// `last == offered`. For a resource where a replayed write must not apply
+    /// twice (each critical section writes the row at most once, as the inventory
+    /// example's reservations): a write computed from the row is then safe to
+    /// repeat after a lost reply, since the repeat of an applied write is refused
+    /// with that answer (see [`FencedUpdate`]'s "Repeating a statement").
     pub fn one_write_per_token(mut self) -> FenceColumns {
         self.once = true;
         self
@@ -235,6 +241,26 @@ where
 /// # #[cfg(not(feature = "sqlx-sqlite"))]
 /// # fn main() {}
 /// ```
+///
+/// # Repeating a statement
+///
+/// A statement whose reply was lost (the connection dropped before the answer to
+/// it, or to its transaction's `COMMIT`) may or may not have been applied. A
+/// repeat with the same token:
+///
+/// * of an **absolute** write, one that does not read the row (a `set` such as
+///   `qty = 5`, an upsert that copies its values): writes the same row again.
+///   Safe.
+/// * of a write **computed from the row** (`qty = qty - 1`, an `update_set` such
+///   as `qty = lockflight_row.qty + excluded.qty`): applies again under the
+///   default guard `<=`. Not safe: fence such rows with
+///   [`FenceColumns::one_write_per_token`] (guard `<`), where the repeat of a
+///   write that had been applied is refused, with nothing written, as
+///   [`Fenced::Stale`] whose `last` equals `offered`, and the repeat of one that
+///   had not is applied. That is exact as long as each critical section writes
+///   the row at most once.
+///
+/// The same holds for [`FencedUpsert`].
 #[must_use = "a statement does nothing until executed"]
 pub struct FencedUpdate<'a, DB: Database> {
     columns: &'a FenceColumns,

@@ -1,10 +1,10 @@
-//! `FencedKey` on a 3-shard Redis Cluster: the resource and its fence share one
-//! slot, with and without a hash tag of their own.
+//! `FencedKey` on a 3-shard Redis Cluster: the resource, its fence and its write
+//! record share one slot, with and without a hash tag of their own.
 
 use std::time::Duration;
 
 use lockflight::RedisBackend;
-use lockflight::fence::{Fenced, FencedKey};
+use lockflight::fence::{Fenced, FencedKey, WriteId, WriteOptions};
 use testkit::cluster::Cluster;
 use testkit::{subscribed, unique_prefix};
 
@@ -35,6 +35,7 @@ async fn fenced_writes_on_a_cluster_refuse_an_older_holder() {
         let key = FencedKey::new(format!("{prefix}:{name}")).unwrap();
         let resource_slot = Cluster::slot(key.name());
         assert_eq!(resource_slot, Cluster::slot(key.fence_name()), "{name}");
+        assert_eq!(resource_slot, Cluster::slot(key.writes_name()), "{name}");
         let first = locker.lock(name).await.unwrap();
         let old = first.fencing_token();
         assert_eq!(
@@ -51,6 +52,16 @@ async fn fenced_writes_on_a_cluster_refuse_an_older_holder() {
             key.incr_by(&mut data, old, 100).await.unwrap(),
             stale(old, second.fencing_token()).map(|()| 0)
         );
+        // A write with an id, repeated: applied once, answered the same.
+        let once = WriteOptions::new().write_id(WriteId::next());
+        for _ in 0..2 {
+            assert_eq!(
+                key.incr_by_options(&mut data, &second, 10, once)
+                    .await
+                    .unwrap(),
+                Fenced::Applied(15)
+            );
+        }
         second.release().await.unwrap();
     }
 }

@@ -9,6 +9,9 @@
 //!
 //! * `redis`: `FencedKey` with a `LockGuard`, a `WriteGuard` and a `LockInfo`,
 //!   every operation, foreign values and bad input.
+//! * `repeat`: writes with a write id repeated after a lost reply, while the first
+//!   attempt still waits, late, and with too old an id; the write record's
+//!   reads-first order and its behaviour out of memory.
 //! * `cluster` (feature `cluster`): the same on a 3-shard Cluster.
 //! * `sql` (features `sqlx-postgres`, `sqlx-sqlite`): `FencedUpdate` and
 //!   `FencedUpsert` on PostgreSQL and SQLite.
@@ -16,6 +19,7 @@
 #[cfg(feature = "cluster")]
 mod cluster;
 mod redis_key;
+mod repeat;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 mod sql;
 

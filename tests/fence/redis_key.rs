@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockflight::fence::{Fenced, FencedKey};
+use lockflight::fence::{Fenced, FencedKey, WriteId, WriteOptions};
 use lockflight::{Error, FencingToken, RedisBackend};
 use testkit::{shared, unique_prefix};
 
@@ -205,4 +205,27 @@ async fn set_with_ttl_expires_the_value_but_never_the_fence() {
             .unwrap()
             .is_applied()
     );
+}
+
+#[tokio::test]
+async fn incr_by_reports_values_beyond_2_pow_53_exactly() {
+    let mut data = shared().connection().await;
+    let prefix = unique_prefix("fence-big");
+    let counter = FencedKey::new(format!("{prefix}:big")).unwrap();
+    let t = FencingToken { epoch: 1, seq: 0 };
+    let big = (1_i64 << 53) + 1;
+    assert_eq!(
+        counter.incr_by(&mut data, t, big).await.unwrap(),
+        Fenced::Applied(big)
+    );
+    let once = WriteOptions::new().write_id(WriteId::next());
+    for _ in 0..2 {
+        assert_eq!(
+            counter
+                .incr_by_options(&mut data, t, 2, once)
+                .await
+                .unwrap(),
+            Fenced::Applied(big + 2)
+        );
+    }
 }

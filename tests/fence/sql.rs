@@ -218,7 +218,8 @@ mod sqlite {
             .await
             .unwrap();
         assert_eq!(stock, 9);
-        // One write per token: the same token again is stale too.
+        // One write per token: the same token again is stale too, so a repeat of a
+        // write computed from the row (its first attempt applied) subtracts nothing.
         let once = FenceColumns::new("items", "sku")
             .unwrap()
             .one_write_per_token();
@@ -229,6 +230,11 @@ mod sqlite {
             again.execute(&mut db).await.unwrap(),
             stale(tb, tb).map(|()| 0)
         );
+        let stock: i64 = sqlx::query_scalar("SELECT stock FROM items WHERE sku = 's'")
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        assert_eq!(stock, 9);
         db.close().await.unwrap();
         let _ = std::fs::remove_file(&path);
     }
