@@ -153,6 +153,20 @@ impl Handoff {
     /// in-memory backend send no revocations: there a cached lease ends with `d`
     /// or the budget.
     ///
+    /// **Takeovers.** A cached lease stays this process's at the backend and keeps
+    /// being renewed, and it is taken only if it may be handed on: never once it
+    /// is known lost. An operator's forced release tells this instance at once
+    /// (Redis backend), so the next `lock` waits for the new holder instead of
+    /// starting on the deleted lease. A takeover nobody announces (a `FLUSHALL`, a
+    /// failover that lost the key, an eviction) is found by the lease's next
+    /// renewal the backend answers ("not the owner"): until then, at most the
+    /// renewal interval plus a quarter of it (the watchdog's scan) and a round
+    /// trip (or, while the backend does not answer, until the lease's validity
+    /// ends), and never later than `max_hold` after the grant, a local section may
+    /// still start on the lease, as one could by a
+    /// handoff to a waiting task; a resource that checks fencing tokens refuses
+    /// their writes once it has accepted one of the new holder's.
+    ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
     /// its cached leases: on a multi-thread runtime the drop waits for that, and
     /// for the releases of dropped guards still under way (at most a second); on a current-thread runtime it starts the releases, which

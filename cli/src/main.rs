@@ -107,7 +107,11 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
-    /// Frees a stuck key and advances its fences, so the old holder is fenced out.
+    /// Frees a stuck key: deletes its leases (mutex holder, write and read
+    /// leases, permits), advances its fences, and tells each holder's instance
+    /// that its lease is lost. Only the resources named with --fence refuse the
+    /// old holder's late fenced writes at once; another resource refuses them only
+    /// once it has accepted a newer token.
     Release {
         /// Required: this frees a lock that somebody else holds.
         #[arg(long)]
@@ -123,7 +127,9 @@ enum Command {
         #[arg(long)]
         yes: bool,
         /// Also record the new token in the fence of this `FencedKey` resource
-        /// (repeatable), so the old holder's late writes to it are refused now.
+        /// (repeatable), so the old holder's late fenced writes to it are refused
+        /// now, before any new holder writes. Without it, such a write is applied
+        /// if the resource has not seen a newer token yet.
         #[arg(long = "fence", value_name = "REDIS_KEY")]
         fence: Vec<String>,
     },
@@ -207,7 +213,7 @@ async fn run(cli: Cli) -> u8 {
         } => {
             if !force {
                 eprintln!(
-                    "lockflight release: --force is required (it frees a lock that somebody else holds, and fences that holder out)"
+                    "lockflight release: --force is required (it frees a lock that somebody else holds; add --fence for each resource that must refuse that holder's late writes)"
                 );
                 return 2;
             }

@@ -209,7 +209,7 @@ pub(crate) async fn release(
             .map_err(|e| e.to_string())?;
         print_state(&state);
         eprint!(
-            "Force-release {key:?} on {}? Its holders lose their leases and are fenced out. Type the key to confirm: ",
+            "Force-release {key:?} on {}? Its holders lose their leases (their instances are told); only the resources named with --fence refuse their late writes at once. Type the key to confirm: ",
             redact(url)
         );
         let _ = std::io::stderr().flush();
@@ -236,6 +236,8 @@ pub(crate) async fn release(
                 "write_fence": { "epoch": done.write_fence.epoch, "seq": done.write_fence.seq },
                 "woken": done.woken,
                 "permits": done.permits,
+                "told": done.told,
+                "receivers": done.receivers,
                 "fenced_resources": fence,
             })
         );
@@ -250,8 +252,24 @@ pub(crate) async fn release(
             done.write_fence,
             done.woken
         );
+        println!(
+            "told the holders' instances: {} loss messages, received by {} subscribers",
+            done.told, done.receivers
+        );
+        if done.told > done.receivers {
+            println!(
+                "fewer receivers than messages: on a Cluster, subscribers on other nodes are not counted; a holder whose instance gets no message learns of the loss at its next renewal"
+            );
+        }
         for name in fence {
             println!("fenced {name} at {}", done.fence.max(done.write_fence));
+        }
+        let freed =
+            done.holder.is_some() || done.writer.is_some() || done.readers + done.permits > 0;
+        if fence.is_empty() && freed {
+            println!(
+                "no resource fenced: a late fenced write of an old holder is refused only where a newer token was seen (--fence R records one in R now)"
+            );
         }
     }
     Ok(0)

@@ -243,6 +243,11 @@ async fn release_force_fences_out_the_old_holder() {
         Some(32),
         "{report:#}"
     );
+    assert_eq!(
+        (&report["told"], &report["receivers"]),
+        (&Value::from(1), &Value::from(1)),
+        "the holder's instance is told: {report:#}"
+    );
     let next = after_forced_release(&resource, &mut data, &stuck, (old, forced), waiter).await;
     // The old holder's release is a loss.
     assert!(stuck.release().await.is_err());
@@ -286,6 +291,7 @@ async fn release_force_frees_a_stuck_permit_holders_semaphore() {
 
     let (report, forced) = force_release(&[], &prefix, &name, &server.url(), "exports").await;
     assert_eq!(report["permits"], 1, "{report:#}");
+    assert_eq!(report["told"], 1, "{report:#}");
     assert!(forced > before);
     // The resource's fence holds the forced token: a write under any token minted
     // before the forced release is refused.
@@ -302,7 +308,8 @@ async fn release_force_frees_a_stuck_permit_holders_semaphore() {
         .expect("the waiter gets the permit soon after the forced release")
         .unwrap();
     let permit = permit.unwrap();
-    // The stuck holder learns of its loss at its next renewal; its release is a loss.
+    // The stuck holder learns of its loss (its instance is told); its release is a
+    // loss.
     tokio::time::timeout(Duration::from_secs(15), stuck.lost())
         .await
         .expect("the stuck permit holder is told its permit is lost");

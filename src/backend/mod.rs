@@ -26,8 +26,8 @@
 //! ambiguous results are reconciled, never by guessing.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -91,6 +91,23 @@ impl LeaseToken {
     /// The token as 32 lowercase hex digits (what is stored at the lock key).
     pub fn to_hex(self) -> String {
         format!("{:032x}", self.0)
+    }
+
+    /// The token written as 32 hex digits (either case), as
+    /// [`to_hex`](Self::to_hex) writes it; `None` for anything else.
+    ///
+    /// ```
+    /// use lockflight::backend::LeaseToken;
+    ///
+    /// let t = LeaseToken::for_instance(7);
+    /// assert_eq!(LeaseToken::from_hex(&t.to_hex()), Some(t));
+    /// assert_eq!(LeaseToken::from_hex("00c0ffee"), None);
+    /// ```
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u128::from_str_radix(hex, 16).ok().map(LeaseToken)
     }
 }
 
@@ -566,6 +583,22 @@ pub struct WakeRegistry {
     /// The keys whose mutex lease this instance keeps cached, idle: a revocation
     /// (another instance queued for the key) ends the caching at once.
     revocations: Arc<Watchers>,
+    /// The leases this instance holds, by token: a takeover (a forced release
+    /// deleted one) marks that lease lost at once.
+    held: Arc<HeldLeases>,
+}
+
+/// The leases of one instance that a takeover can name, by token.
+type HeldLeases = DashMap<LeaseToken, Weak<dyn Held>>;
+
+/// A lease held by this instance, as the [`WakeRegistry`] knows it: what a
+/// takeover message ([`WakeRegistry::take_over`]) does to it. The locker's leases
+/// implement it (`lease/mod.rs`); the registry keeps only a `Weak` reference, so
+/// it never keeps a lease alive.
+pub(crate) trait Held: Send + Sync {
+    /// The backend deleted this lease behind its holder's back (an operator's
+    /// forced release): it is lost, now.
+    fn taken_over(&self);
 }
 
 impl Default for WakeRegistry {
@@ -573,6 +606,7 @@ impl Default for WakeRegistry {
         WakeRegistry {
             tables: Arc::new(std::array::from_fn(|_| Table::default())),
             revocations: Arc::new(DashMap::new()),
+            held: Arc::new(DashMap::new()),
         }
     }
 }
@@ -712,6 +746,45 @@ impl WakeRegistry {
         }
     }
 
+    /// Registers `lease`, held under `token`, for [`take_over`](Self::take_over)
+    /// until the returned handle is dropped. A later registration of the same
+    /// token (a re-grant: an acquire asked again after an answer that came too
+    /// late) replaces this one, and dropping this handle then leaves it in place.
+    pub(crate) fn hold(&self, token: LeaseToken, lease: Weak<dyn Held>) -> Holding {
+        self.held.insert(token, Weak::clone(&lease));
+        Holding {
+            token,
+            lease,
+            map: Arc::clone(&self.held),
+        }
+    }
+
+    /// The backend deleted the lease `token` of this instance on an operator's
+    /// order (a forced release; a backend calls it on a takeover message): the
+    /// lease registered under `token`, if one is, is marked lost at once, with a
+    /// reason that says so. Other leases, of the same key too, are not touched.
+    /// Returns `false` if no live lease of this instance holds `token` (it was
+    /// released meanwhile, or the token is not this instance's).
+    ///
+    /// A token names one lease at the backend (a token is never granted again
+    /// once a release of it was sent), so a late message never reaches a later
+    /// lease.
+    pub fn take_over(&self, token: LeaseToken) -> bool {
+        // Upgraded outside the map's shard lock: marking a lease lost wakes its
+        // observers.
+        let lease = self
+            .held
+            .get(&token)
+            .map(|entry| Weak::clone(entry.value()));
+        match lease.and_then(|lease| lease.upgrade()) {
+            Some(lease) => {
+                lease.taken_over();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Number of handles currently watching the `kind` lock of `key`.
     pub fn watchers(&self, kind: LockKind, key: &[u8]) -> usize {
         let table = self.table(kind);
@@ -803,6 +876,29 @@ impl Drop for Revocation {
         drop(self.rx.take());
         self.map
             .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+    }
+}
+
+/// A lease's registration for takeovers ([`WakeRegistry::hold`]); dropping it
+/// ends the registration, unless a newer lease of the same token replaced it.
+pub(crate) struct Holding {
+    token: LeaseToken,
+    lease: Weak<dyn Held>,
+    map: Arc<HeldLeases>,
+}
+
+impl fmt::Debug for Holding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Holding")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.map
+            .remove_if(&self.token, |_, lease| Weak::ptr_eq(lease, &self.lease));
     }
 }
 
@@ -934,6 +1030,57 @@ mod tests {
 
         drop((early, late));
         assert!(!reg.revoke(b"k"), "the entry went with the last handle");
+    }
+
+    /// A lease marked by `taken_over`.
+    #[derive(Default)]
+    struct Marked(std::sync::atomic::AtomicBool);
+
+    impl Held for Marked {
+        fn taken_over(&self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl Marked {
+        fn is_marked(&self) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A takeover reaches exactly the lease registered under its token; a newer
+    /// registration of the same token replaces the older one (whose handle then
+    /// leaves it in place); a dropped registration or lease is not reached.
+    #[test]
+    fn a_takeover_marks_exactly_the_lease_of_its_token() {
+        let reg = WakeRegistry::new();
+        let (t1, t2) = (LeaseToken::for_instance(1), LeaseToken::for_instance(1));
+        let (first, other) = (Arc::new(Marked::default()), Arc::new(Marked::default()));
+        let weak = |m: &Arc<Marked>| Arc::downgrade(m) as Weak<dyn Held>;
+        let h1 = reg.hold(t1, weak(&first));
+        let h2 = reg.hold(t2, weak(&other));
+        assert!(
+            !reg.take_over(LeaseToken::for_instance(1)),
+            "nobody's token"
+        );
+        assert!(reg.take_over(t1));
+        assert!(first.is_marked() && !other.is_marked(), "only t1's lease");
+
+        // t1 granted again to a new lease (an inherited token): the old handle's
+        // drop leaves the new registration.
+        let renewed = Arc::new(Marked::default());
+        let h3 = reg.hold(t1, weak(&renewed));
+        drop(h1);
+        assert!(reg.take_over(t1));
+        assert!(renewed.is_marked());
+        drop(h3);
+        assert!(!reg.take_over(t1), "the registration went with its handle");
+
+        // A lease dropped while registered is not reached.
+        drop(other);
+        assert!(!reg.take_over(t2));
+        drop(h2);
+        assert!(reg.held.is_empty());
     }
 
     #[tokio::test]

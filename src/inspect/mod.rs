@@ -171,9 +171,20 @@ pub struct ForcedRelease {
     pub write_fence: FencingToken,
     /// How many waiting instances were woken.
     pub woken: usize,
-    /// How many of the semaphore's permits were dropped (their holders lose them
-    /// at their next renewal; a permit has no fencing token).
+    /// How many of the semaphore's permits were dropped (a permit has no fencing
+    /// token: its holder is kept out by its loss).
     pub permits: usize,
+    /// How many loss messages were published: one per dropped lease (holder,
+    /// write lease, read lease, permit) whose token names an instance, on that
+    /// instance's channel. The instance marks that lease lost when the message
+    /// arrives; a refused `PUBLISH` is not counted.
+    pub told: usize,
+    /// How many subscribers received the loss messages, as `PUBLISH` counts them
+    /// on the server that ran the release (on a Cluster, only the subscribers
+    /// connected to that node; an instance also subscribed there counts). Zero
+    /// with `told` above zero: no holder's instance was listening there; its
+    /// holders learn of the loss at their next renewal.
+    pub receivers: usize,
 }
 
 /// The Redis names of a key; the same as the backend's (`backend/redis`).
@@ -384,22 +395,30 @@ impl Inspector {
 
     /// Frees `key` whatever holds it — the mutex holder, the write lease, every
     /// read lease, every permit of its semaphore — and advances both of its fences
-    /// to `max(last + 1, server time in µs)`, then wakes its waiting instances (of
-    /// the mutex, the read-write lock and the semaphore).
+    /// to `max(last + 1, server time in µs)`, tells each freed lease's instance
+    /// that the lease is lost (a loss message on its channel), then wakes the
+    /// key's waiting instances (of the mutex, the read-write lock and the
+    /// semaphore).
     /// With `fence_resources`, also records the new token in each
     /// [`FencedKey`]'s fence on the same connection, so an old holder's late
     /// writes to them are refused from now on, before any new holder writes.
     ///
     /// Safety: the new epoch is minted by the rule of every grant and written where
     /// every later grant reads it, so tokens of the key stay strictly increasing
-    /// and the new one is newer than the freed holder's. The freed holders' next
-    /// renewal is answered "not the owner" (a loss, signalled at once), and their
-    /// releases report [`Error::LeaseLost`]; that holds for permits too. A permit
-    /// carries no fencing token (permits are not exclusive), so nothing a permit
-    /// holder writes can be fenced by the key's tokens: what keeps it out is its
-    /// loss (`Permit::lost`), and, with `fence_resources`, the new token recorded
-    /// in each resource refuses every write under a token minted before this
-    /// release.
+    /// and the new one is newer than the freed holder's. A freed holder's instance
+    /// marks the lease lost when the loss message arrives (within about a round
+    /// trip; if it is not listening, at the lease's next renewal, answered "not
+    /// the owner"): from then on it starts no new local section on the lease (no
+    /// handoff, no cached lease, no reader joining it), and the holders' releases
+    /// report [`Error::LeaseLost`]; that holds for permits too. What the old
+    /// holder does before it learns of the loss overlaps the next holder: a
+    /// resource refuses its fenced writes only if it has seen a newer token
+    /// (`fence_resources` makes sure of that for the resources named), and its
+    /// unfenced work is not stopped. A permit carries no fencing token (permits are
+    /// not exclusive), so nothing a permit holder writes can be fenced by the key's
+    /// tokens: what keeps it out is its loss (`Permit::lost`), and, with
+    /// `fence_resources`, the new token recorded in each resource refuses every
+    /// write under a token minted before this release.
     ///
     /// On a Redis Cluster, pass a cluster connection: every name of the key and
     /// the script share one slot, and each [`FencedKey`]'s fence shares its
@@ -433,7 +452,8 @@ impl Inspector {
             invocation.key(n.with(suffix));
         }
         // The wake-up messages of the mutex, the read-write lock and the semaphore
-        // (`backend/redis/notify.rs`: a tag byte, then the key).
+        // (`backend/redis/notify.rs`: a tag byte, then the key); the script builds
+        // the loss messages from the mutex's.
         let message = |tag: u8| [&[tag][..], key.as_bytes()].concat();
         invocation
             .arg(format!("{}:inst:", self.prefix))
@@ -466,6 +486,8 @@ impl Inspector {
             write_fence: epoch(reply.get(4)).ok_or_else(bad)?,
             woken: reply.get(5).and_then(int).ok_or_else(bad)? as usize,
             permits: reply.get(6).and_then(int).ok_or_else(bad)? as usize,
+            told: reply.get(7).and_then(int).ok_or_else(bad)? as usize,
+            receivers: reply.get(8).and_then(int).ok_or_else(bad)? as usize,
         };
         let newest = released.fence.max(released.write_fence);
         for resource in fence_resources {

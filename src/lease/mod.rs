@@ -24,20 +24,26 @@
 //!    task woken by the signal sees it counted.
 //! 3. The watchdog stops when the lease is finally released (not when it is handed
 //!    off: one watchdog serves the lease across all its local holders).
+//! 4. From its grant until its final release a lease is registered, by token, with
+//!    its backend's [`WakeRegistry`] (`Renewals::watch`, `Renewals::forget`): a
+//!    takeover message (a forced release deleted that token's lease) marks exactly
+//!    that lease lost, at once, never another lease of the key. A cached lease is
+//!    not finally released, so it stays registered, and renewed.
 //!
 //! # Lock order
 //!
-//! The renewal set's mutex, then a lease's `valid_until` mutex (a leaf). Neither is
-//! held across an `.await`.
+//! The renewal set's mutex, then a lease's `valid_until` mutex (a leaf). A lease's
+//! `holding` mutex is a leaf too: the registry's map is written before it is taken
+//! or after it is let go. None is held across an `.await`.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::LeaseToken;
+use crate::backend::{Held, Holding, LeaseToken, WakeRegistry};
 use crate::key::LockKey;
 use crate::stats::StatsInner;
 
@@ -58,6 +64,9 @@ pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal s
 /// The loss reason of a lease held up to the locker's hold limit.
 pub(crate) const HOLD_LIMIT_REACHED: &str =
     "it was held up to the locker's hold limit, after which it is not renewed";
+/// The loss reason of a lease that a forced release deleted at the backend.
+pub(crate) const TAKEN_OVER: &str =
+    "it was taken over by a forced release (an operator deleted it at the backend)";
 
 /// What a lease holds: how the watchdog renews it.
 pub(crate) use crate::backend::LeaseKind;
@@ -91,6 +100,9 @@ pub(crate) struct Lease {
     /// the revocations of its key since the request that took it (see
     /// [`Handoff::linger`](crate::Handoff::linger)).
     revocation: OnceLock<crate::backend::Revocation>,
+    /// The lease's registration for takeovers, from its grant until its final
+    /// release ([`WakeRegistry::hold`](crate::backend::WakeRegistry)).
+    holding: Mutex<Option<Holding>>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
@@ -125,6 +137,7 @@ impl Lease {
             hold_until: OnceLock::new(),
             arrival_bound: OnceLock::new(),
             revocation: OnceLock::new(),
+            holding: Mutex::new(None),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -164,6 +177,31 @@ impl Lease {
     /// Keeps the revocations of the lease's key (once).
     pub(crate) fn set_revocation(&self, revocation: crate::backend::Revocation) {
         let _ = self.revocation.set(revocation);
+    }
+
+    /// Registers the lease with its backend's takeovers: a forced release that
+    /// deletes it marks it lost at once ([`Held::taken_over`]). Until
+    /// [`unhold`](Self::unhold), or the lease's drop.
+    pub(crate) fn hold(self: &Arc<Self>, wakeups: &WakeRegistry) {
+        let weak: Weak<dyn Held> = Arc::downgrade(self) as Weak<Self>;
+        let holding = wakeups.hold(self.token, weak);
+        let previous = self
+            .holding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(holding);
+        drop(previous);
+    }
+
+    /// Ends the lease's registration with its backend's takeovers (its final
+    /// release is under way).
+    pub(crate) fn unhold(&self) {
+        let holding = self
+            .holding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(holding);
     }
 
     /// The revocations of the lease's key, if it may be cached.
@@ -257,5 +295,17 @@ impl Lease {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.stop.is_cancelled()
+    }
+}
+
+impl Held for Lease {
+    /// Signals the loss at once (see [`WakeRegistry::take_over`]). Every path that
+    /// would start a new local section on the lease (a handoff, a cached lease
+    /// taken, a reader joining a shared read lease) checks [`Lease::is_lost`]
+    /// first, and the release of a lost lease goes to the backend.
+    fn taken_over(&self) {
+        if self.mark_lost(TAKEN_OVER) {
+            tracing::debug!(key = %self.key, kind = ?self.kind, "lease taken over by a forced release");
+        }
     }
 }

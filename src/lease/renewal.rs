@@ -131,9 +131,13 @@ impl Renewals {
         tick(self.every)
     }
 
-    /// Starts watching a lease whose acquire was sent at `sent_at`. Must be called
-    /// within a Tokio runtime (acquisitions are).
+    /// Starts watching a lease whose acquire was sent at `sent_at`: renewing it,
+    /// and registering it with the backend's takeovers
+    /// ([`WakeRegistry::take_over`](crate::backend::WakeRegistry::take_over)),
+    /// until [`forget`](Self::forget). Must be called within a Tokio runtime
+    /// (acquisitions are).
     pub(crate) fn watch(self: &Arc<Self>, lease: &Arc<Lease>, sent_at: Instant) {
+        lease.hold(self.backend.wakeups());
         self.ensure_driver();
         self.schedule(lease, sent_at + self.every);
     }
@@ -171,9 +175,11 @@ impl Renewals {
         lease
     }
 
-    /// The lease is finally released: stop renewing it.
+    /// The lease is finally released: stop renewing it, and end its registration
+    /// for takeovers.
     pub(crate) fn forget(&self, lease: &Lease) {
         lease.stop();
+        lease.unhold();
         let mut held = self.lock();
         let index = lease.renewal_index.load(Ordering::Relaxed);
         if index != NOT_QUEUED {

@@ -470,9 +470,11 @@ impl Locker {
     /// [`LossPolicy::Signal`]), or the release after `work` finds that the lock
     /// was no longer this lease's (it expired or was taken over while `work` ran),
     /// the call returns [`Error::LeaseLost`] and `work`'s output is dropped: the
-    /// work ran past its lease. Other release problems
-    /// (the backend unreachable) are logged, not returned: the work completed within
-    /// its validity, and the lock expires at its TTL.
+    /// work ran past its lease. `Ok` means no loss of the lease was known when
+    /// `work` finished: the release deleted the lease at the backend, or handed it
+    /// on in memory (see [`LockGuard::release`] for what that covers). Other
+    /// release problems (the backend unreachable) are logged, not returned: the
+    /// work completed within its validity, and the lock expires at its TTL.
     ///
     /// # Errors
     ///

@@ -77,9 +77,12 @@ impl ReadGuard {
     /// for the last local reader, if the backend no longer held it (it expired,
     /// was deleted or taken over: the read may have overlapped a write; nothing
     /// was deleted); for a reader that leaves others on the lease, if its loss was
-    /// signalled. `Ok` from the last reader means the release deleted the lease,
-    /// so no write overlapped it. Backend errors of the last reader's release
-    /// after its retries (the lease then expires at its TTL).
+    /// known (signalled, as a forced release's message does at once, or its
+    /// validity over). `Ok` from the last reader means the release deleted the
+    /// lease, so no write overlapped it; `Ok` from a reader that leaves others on
+    /// it means no loss of it was known when that reader left. Backend errors of
+    /// the last reader's release after its retries (the lease then expires at its
+    /// TTL).
     ///
     /// # Cancel safety
     ///

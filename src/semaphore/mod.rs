@@ -27,9 +27,12 @@
 //! `max_consecutive` handoffs and `max_hold` per permit, both halved (and at most
 //! two turns per local waiter when it was granted, eight at least) while the
 //! backend reported other instances waiting; never in fair mode while others wait,
-//! nor with less than `min_validity` left, nor once the permit is lost. A permit
-//! past its budget, or with no local waiter, goes back to the backend: one round
-//! trip, which wakes waiting instances, this one included.
+//! nor with less than `min_validity` left, nor once the permit is lost (a forced
+//! release's message makes it lost at once). A permit past its budget, lost, or
+//! with no local waiter, goes back to the backend: one round trip, which wakes
+//! waiting instances, this one included (the release of a lost one reports the
+//! loss). A waiter that finds the permit it was given already lost (the loss came
+//! between the handoff and the waiter's wake-up) returns it and waits on.
 //!
 //! # Wake-ups
 //!
@@ -198,26 +201,40 @@ impl Semaphore {
             .checked_add(wait)
             .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30));
         let semaphores = &self.semaphores;
-        let (rx, _waiting) = semaphores.enqueue(&self.key, self.permits)?;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(permit))) => {
-                crate::lease::histograms::wait(crate::lease::LeaseKind::Permit, start.elapsed());
-                Ok(permit)
-            }
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(_)) => Err(Error::backend(
-                &self.key,
-                Phase::Acquiring,
-                "the semaphore's request task ended (its runtime shut down)",
-            )),
-            Err(_) => {
-                semaphores.stats.timeout();
-                Err(Error::Timeout {
-                    key: self.key.clone(),
-                    phase: Phase::Acquiring,
-                    waited: start.elapsed(),
-                })
-            }
+        loop {
+            let (rx, _waiting) = semaphores.enqueue(&self.key, self.permits)?;
+            return match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(Ok(permit))) if permit.is_lost() => {
+                    // Lost between its grant or handoff and this task waking up (a
+                    // forced release, its validity): it is not held. Dropping it
+                    // returns it to the backend (a lost permit is never handed on);
+                    // wait again.
+                    tracing::debug!(key = %self.key, "a permit was lost before its holder woke");
+                    drop(permit);
+                    continue;
+                }
+                Ok(Ok(Ok(permit))) => {
+                    crate::lease::histograms::wait(
+                        crate::lease::LeaseKind::Permit,
+                        start.elapsed(),
+                    );
+                    Ok(permit)
+                }
+                Ok(Ok(Err(e))) => Err(e),
+                Ok(Err(_)) => Err(Error::backend(
+                    &self.key,
+                    Phase::Acquiring,
+                    "the semaphore's request task ended (its runtime shut down)",
+                )),
+                Err(_) => {
+                    semaphores.stats.timeout();
+                    Err(Error::Timeout {
+                        key: self.key.clone(),
+                        phase: Phase::Acquiring,
+                        waited: start.elapsed(),
+                    })
+                }
+            };
         }
     }
 
@@ -553,6 +570,33 @@ mod tests {
             assert_eq!(locker.stats().handoffs, 0, "{handoff:?}");
             next.release().await.unwrap();
         }
+    }
+
+    /// A permit handed to a local waiter and lost before the waiter woke (here a
+    /// takeover, as a forced release announces it) is not used: the waiter returns
+    /// it to the backend and waits for a live one.
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_lost_before_its_waiter_woke_is_not_used() {
+        let locker = locker(100);
+        let sem = locker.semaphore("k", 1);
+        let held = sem.acquire().await.unwrap();
+        let token = held.lease.token;
+        let waiter = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire().await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let wakeups = locker.shared().backend.wakeups().clone();
+        // Handed on, then lost, before the waiter runs (one thread, no await).
+        drop(held);
+        assert_eq!(locker.stats().handoffs, 1, "handed on");
+        assert!(wakeups.take_over(token));
+        let next = waiter.await.unwrap();
+        assert_ne!(next.lease.token, token, "the waiter used the lost permit");
+        assert!(!next.is_lost());
+        next.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(locker.active_semaphores(), 0);
     }
 
     /// A runtime that shuts down with a request task and waiters leaves no local

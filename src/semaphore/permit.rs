@@ -109,9 +109,11 @@ impl Permit {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] if the backend no longer had the permit (it expired,
-    /// or was removed; nothing was returned). `Ok` means the release removed it,
-    /// or handed it to the next local holder. Backend errors after its retries
-    /// (the permit then expires at its TTL).
+    /// or was removed; nothing was returned). `Ok` means the release removed it at
+    /// the backend (it was held until then), or handed it to the next local holder
+    /// while no loss of it was known (a permit known lost, as a forced release's
+    /// message makes it at once, is never handed on: it goes back to the backend).
+    /// Backend errors after its retries (the permit then expires at its TTL).
     ///
     /// # Cancel safety
     ///

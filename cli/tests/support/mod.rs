@@ -40,8 +40,9 @@ pub async fn force_release(
 /// What a forced release of `stuck`'s key (its fence advanced to `forced`, past
 /// `stuck`'s token `old`) must lead to, on `resource` through `data`: the stuck
 /// holder's late write is refused at once, the `waiter` gets the key with a newer
-/// token and its write lands, and the stuck holder learns of its loss at its next
-/// renewal. Returns the waiter's guard.
+/// token and its write lands, and the stuck holder learns of its loss (its
+/// instance is told at once; its next renewal would find it too). Returns the
+/// waiter's guard.
 pub async fn after_forced_release<C>(
     resource: &FencedKey,
     data: &mut C,

@@ -27,6 +27,17 @@
 //!   and it is released at once ([`WakeRegistry::revoke`](crate::backend::WakeRegistry::revoke));
 //!   if a task uses the lease, its next release keeps it only until that task
 //!   yields.
+//! * A takeover (tag `0xFB`, then the 32 hex digits of a lease token, then the
+//!   key) says that an operator's forced release (`inspect/lua/force_release.lua`)
+//!   deleted that lease of this instance: the lease registered under the token is
+//!   marked lost at once ([`WakeRegistry::take_over`](crate::backend::WakeRegistry::take_over)),
+//!   whatever its kind, so no new local section starts on it (a handoff, a cached
+//!   lease, a reader joining a shared read lease) and its holders' releases report
+//!   the loss. Nothing else is touched: a newer lease of the key has another token.
+//!   An older instance that does not know the tag reads it as an untagged key that
+//!   nobody watches: nothing is woken, and after the grace period below it leaves
+//!   the queue of that (nonexistent) key, a request that finds no claim and
+//!   changes nothing.
 //! * A message without a tag (a bare key, as lockflight published it before kinds
 //!   were tagged, e.g. from an older instance during a rolling upgrade) may be for
 //!   any of the key's locks: it wakes the watchers of every kind of that key, a
@@ -58,7 +69,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Inner;
 use super::conn::Conn;
-use crate::backend::LockKind;
+use crate::backend::{LeaseToken, LockKind};
 use crate::key::LockKey;
 
 /// The outcome of the task's latest attempt to subscribe.
@@ -135,6 +146,11 @@ pub(super) fn wake_message(kind: LockKind, key: &LockKey) -> Vec<u8> {
 /// from the wake-up message). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
 const REVOKE: u8 = 0xFC;
 
+/// The tag byte of a takeover: a forced release deleted the lease whose token
+/// (32 hex digits) follows, then the key (`inspect/lua/force_release.lua` builds
+/// it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
+const TAKEN_OVER: u8 = 0xFB;
+
 /// What a message on the instance's channel is about.
 #[derive(Debug, PartialEq, Eq)]
 enum Message<'a> {
@@ -142,6 +158,8 @@ enum Message<'a> {
     Probe,
     /// A revocation of this instance's lease of the mutex of a key.
     Revoke(&'a [u8]),
+    /// A forced release deleted this instance's lease `token` of a key.
+    TakenOver(LeaseToken, &'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
     /// A bare key without a tag (an older lockflight's message): any of its locks.
@@ -150,6 +168,11 @@ enum Message<'a> {
 
 /// Reads a message published on the instance's channel (see the module docs).
 fn read_message(raw: &[u8]) -> Message<'_> {
+    if let [TAKEN_OVER, body @ ..] = raw
+        && let Some(token) = taken_token(body)
+    {
+        return Message::TakenOver(token, &body[32..]);
+    }
     match raw {
         [] => Message::Probe,
         [REVOKE, key @ ..] if !key.is_empty() => Message::Revoke(key),
@@ -161,6 +184,12 @@ fn read_message(raw: &[u8]) -> Message<'_> {
     }
 }
 
+/// The token that begins the body of a takeover message: 32 hex digits.
+fn taken_token(body: &[u8]) -> Option<LeaseToken> {
+    let hex = std::str::from_utf8(body.get(..32)?).ok()?;
+    LeaseToken::from_hex(hex)
+}
+
 /// Wakes the watchers of the lock(s) `raw` is about; a mutex message nobody here
 /// waits for may pass an unwanted claim on (see the module docs).
 fn deliver(i: Arc<Inner>, raw: &[u8]) {
@@ -170,6 +199,12 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
             // Ends an idle cached lease's linger; a lease in use keeps it for its
             // next release (which then caches only briefly).
             i.wakeups.revoke(key);
+            return;
+        }
+        Message::TakenOver(token, key) => {
+            // Exactly that lease is lost; a newer one of the key has another token.
+            let held = i.wakeups.take_over(token);
+            tracing::debug!(key = %String::from_utf8_lossy(key), ?token, held, "takeover message");
             return;
         }
         Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
@@ -425,5 +460,29 @@ mod tests {
         assert_eq!(read_message(b"\xfd"), Message::Untagged(b"\xfd"));
         assert_eq!(read_message(b"\xfck"), Message::Revoke(b"k"));
         assert_eq!(read_message(b"\xfbk"), Message::Untagged(b"\xfbk"));
+    }
+
+    #[test]
+    fn a_takeover_names_its_token_and_key() {
+        let token = LeaseToken::for_instance(0x00c0_ffee);
+        let message = [&[TAKEN_OVER][..], token.to_hex().as_bytes(), b"sku:555"].concat();
+        assert_eq!(
+            read_message(&message),
+            Message::TakenOver(token, b"sku:555")
+        );
+        // Upper-case hex is the same token.
+        let upper = [
+            &[TAKEN_OVER][..],
+            token.to_hex().to_uppercase().as_bytes(),
+            b"k",
+        ]
+        .concat();
+        assert_eq!(read_message(&upper), Message::TakenOver(token, b"k"));
+        // Without 32 hex digits it is no takeover: a bare key, as before the tag.
+        let short = [&[TAKEN_OVER][..], &token.to_hex().as_bytes()[..31]].concat();
+        assert_eq!(read_message(&short), Message::Untagged(&short));
+        let not_hex = [&[TAKEN_OVER][..], &[b'g'; 32][..], b"k"].concat();
+        assert_eq!(read_message(&not_hex), Message::Untagged(&not_hex));
+        assert!(std::str::from_utf8(&message).is_err(), "0xFB begins UTF-8");
     }
 }
