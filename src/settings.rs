@@ -155,7 +155,8 @@ impl Handoff {
     ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
     /// its cached leases: on a multi-thread runtime the drop waits for that, and
-    /// for the releases of dropped guards still under way (at most a second); on a current-thread runtime it starts the releases, which
+    /// for the background releases of every lock kind still under way (dropped
+    /// guards' and permits'; at most a second); on a current-thread runtime it starts the releases, which
     /// finish only if the runtime keeps running. A process that exits within `d`
     /// of a release without either (a `Locker` kept in a `static`, a
     /// current-thread runtime that ends with `main`, `std::process::exit`) leaves

@@ -78,8 +78,9 @@ impl LockerState {
                         };
                         drop(revocation);
                         // Counted before the lease leaves the cache, so that a
-                        // `shutdown` that finds it gone waits for its release.
-                        let _under_way = shared.release_under_way();
+                        // `shutdown` that finds it gone waits for its release (and
+                        // not before: a wait for this task would wait out the linger).
+                        let _under_way = shared.background.under_way();
                         if let Some((lease, _)) = slot.expire(caching) {
                             if revoked || contended {
                                 // Kept for nothing while another instance wanted it.
@@ -129,8 +130,8 @@ impl LockerState {
 
 impl LockerState {
     /// Stops caching, releases every cached lease at the backend, side by side,
-    /// and waits for the releases already under way in the background (of
-    /// dropped guards, of leases whose linger just ended).
+    /// and waits for the lease work already under way in the background, of
+    /// every kind ([`BackgroundWork`](crate::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
         self.closing.store(true, Ordering::Relaxed);
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
@@ -147,57 +148,13 @@ impl LockerState {
     }
 }
 
-/// The backend releases running in background tasks, so that
-/// [`Locker::shutdown`](super::Locker::shutdown) can wait for them.
-#[derive(Default)]
-pub(crate) struct BackgroundReleases {
-    count: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
-}
-
-/// One background release under way; dropped when its task ends or is dropped.
-pub(crate) struct UnderWay(Arc<LockerState>);
-
-impl Drop for UnderWay {
-    fn drop(&mut self) {
-        let releases = &self.0.background;
-        if releases.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            releases.idle.notify_waiters();
-        }
-    }
-}
-
-impl BackgroundReleases {
-    /// Resolves once no background release is under way.
-    async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            tokio::pin!(notified);
-            // Registered before the check: a release that ends in between wakes it.
-            notified.as_mut().enable();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl LockerState {
-    /// Counts a background release of this locker until the result is dropped.
-    pub(crate) fn release_under_way(self: &Arc<Self>) -> UnderWay {
-        self.background.count.fetch_add(1, Ordering::AcqRel);
-        UnderWay(Arc::clone(self))
-    }
-}
-
 /// How long dropping the last [`Locker`](super::Locker) waits for its cached
 /// leases' release (multi-thread runtime).
 const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl LockerState {
     /// The last `Locker` is dropped: stop caching, release the cached leases, and
-    /// let the background releases under way (dropped guards') end.
+    /// let the background lease work under way, of every kind, end.
     ///
     /// On a multi-thread runtime this waits (in `block_in_place`, at most
     /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases and waits for the
@@ -209,7 +166,7 @@ impl LockerState {
     /// cached and no release under way, nothing is started or waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
         self.closing.store(true, Ordering::Relaxed);
-        let under_way = self.background.count.load(Ordering::Acquire) > 0;
+        let under_way = !self.background.is_idle();
         if !under_way && !self.slots.iter().any(|e| e.value().is_cached()) {
             return;
         }
@@ -382,20 +339,15 @@ impl ReleaseJob {
     /// is skipped — the lease expires at its TTL — and the next local waiter is
     /// promoted at once.
     pub(crate) fn spawn(self) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                // Counted until the task ends or is dropped: `shutdown` waits for it.
-                let under_way = self.shared.release_under_way();
-                let mut pending = Background(Some(self));
-                handle.spawn(async move {
-                    let _under_way = under_way;
-                    let job = pending.0.take().expect("set above");
-                    if let Err(e) = job.run().await {
-                        tracing::debug!(error = %e, "background release failed");
-                    }
-                });
+        let shared = Arc::clone(&self.shared);
+        // Dropped unrun (no runtime here, or it shuts down first), it settles
+        // the local state.
+        let mut pending = Background(Some(self));
+        shared.spawn_background(async move {
+            let job = pending.0.take().expect("set above");
+            if let Err(e) = job.run().await {
+                tracing::debug!(error = %e, "background release failed");
             }
-            Err(_) => self.settle_locally(),
-        }
+        });
     }
 }
