@@ -434,7 +434,8 @@ impl Locker {
     /// guards and permits and of leases whose linger ended, the cleanups of
     /// abandoned acquires): call it before the program exits, so that no released
     /// key waits for its lease TTL. Locks taken afterwards work as before, without
-    /// caching; guards still held are not affected.
+    /// caching; guards still held are not affected. No lease stays cached once it
+    /// has returned, not even one whose guard was released while it ran.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -48,6 +48,16 @@ impl LockerState {
                     return None;
                 }
                 Release::Cached(caching) => {
+                    // `shutdown` sets `closing` before it scans the slots, and the
+                    // slot's mutex orders that scan with this caching: if `closing`
+                    // is still unset here, the scan comes after and finds the lease;
+                    // if it is set, the scan may have missed it, so the lease is
+                    // taken back at once (unless the scan took it) and released as
+                    // if it had not been cached.
+                    if self.closing.load(Ordering::SeqCst) {
+                        let (lease, _) = slot.expire(caching)?;
+                        return Some(ReleaseJob::new(self.arc(), Some(Arc::clone(slot)), lease));
+                    }
                     let (revocation, runtime) = cache.expect("cached only when asked to");
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
                     // Where another instance is known to wait (it revoked the lease
@@ -133,7 +143,8 @@ impl LockerState {
     /// and waits for the lease work already under way in the background, of
     /// every kind ([`BackgroundWork`](crate::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
-        self.closing.store(true, Ordering::Relaxed);
+        // Before the scan: a lease cached after it sees `closing` (see `finish`).
+        self.closing.store(true, Ordering::SeqCst);
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
         let jobs = slots.into_iter().filter_map(|slot| {
             let (lease, _) = slot.uncache()?;
@@ -165,7 +176,7 @@ impl LockerState {
     /// started (blocking would stop the one thread that must run it). With nothing
     /// cached and no release under way, nothing is started or waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
-        self.closing.store(true, Ordering::Relaxed);
+        self.closing.store(true, Ordering::SeqCst);
         let under_way = !self.background.is_idle();
         if !under_way && !self.slots.iter().any(|e| e.value().is_cached()) {
             return;
@@ -349,5 +360,70 @@ impl ReleaseJob {
                 tracing::debug!(error = %e, "background release failed");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{Handoff, Locker, MemoryBackend};
+
+    /// Busy for about `n` spins: shifts one side of a race against the other.
+    fn spin(n: u32) {
+        for _ in 0..n {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// A guard dropped on one thread while another runs `shutdown`, started
+    /// together and shifted against each other round by round: whatever the
+    /// interleaving, once both have returned and the background work they left
+    /// is done, no lease is cached (a 1 h linger) and the slot map is empty.
+    #[test]
+    fn a_release_racing_shutdown_leaves_nothing_cached() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for round in 0..4_000u32 {
+            let locker = Locker::builder(MemoryBackend::new())
+                .handoff(Handoff::enabled().linger(Duration::from_secs(3600)))
+                .build()
+                .unwrap();
+            let guard = rt.block_on(async {
+                // Released at the backend once: the key is warm, its next lease cached.
+                locker.lock("k").await.unwrap().release().await.unwrap();
+                locker.lock("k").await.unwrap()
+            });
+            let go = AtomicBool::new(false);
+            let (go, rt, closer) = (&go, &rt, &locker);
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    let _runtime = rt.enter();
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    spin(round % 97);
+                    drop(guard);
+                });
+                s.spawn(move || {
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    spin(round % 89);
+                    rt.block_on(closer.shutdown());
+                });
+                go.store(true, Ordering::Release);
+            });
+            rt.block_on(locker.shared().background.idle());
+            assert_eq!(
+                locker.active_keys(),
+                0,
+                "round {round}: a lease stayed cached after shutdown returned"
+            );
+        }
     }
 }
