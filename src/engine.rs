@@ -71,7 +71,14 @@ impl Engine {
             // Fair, others wait, and the backend did not say when they arrived.
             return false;
         }
-        let (max_n, max_hold) = if waiting > 0 {
+        let (max_n, max_hold) = self.budget(lease);
+        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+    }
+
+    /// The most handoffs and the longest hold of `lease`'s budget, as things stand.
+    fn budget(&self, lease: &Lease) -> (u32, Duration) {
+        let h = &self.config.handoff;
+        if lease.waiting.load(Ordering::Relaxed) > 0 {
             // Other instances wait: two turns per local task that was waiting when
             // the lease was taken (at least eight), within half the budget.
             let found = lease.found_waiting.load(Ordering::Relaxed);
@@ -81,8 +88,22 @@ impl Engine {
             (h.max_consecutive.div_ceil(2).min(turns), h.max_hold / 2)
         } else {
             (h.max_consecutive, h.max_hold)
-        };
-        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+        }
+    }
+
+    /// When an idle `lease` stops being one that [`may_hand_off`](Self::may_hand_off)
+    /// by time alone: at the end of its budget's hold, or `min_validity` before the
+    /// hold limit ends its validity. A cached lease is released then at the latest.
+    pub(crate) fn hand_off_ends(&self, lease: &Lease) -> Instant {
+        let (_, max_hold) = self.budget(lease);
+        let budget = deadline_after(lease.acquired_at, max_hold);
+        match lease.hold_until() {
+            Some(end) => budget.min(
+                end.checked_sub(self.config.min_validity)
+                    .unwrap_or(lease.acquired_at),
+            ),
+            None => budget,
+        }
     }
 }
 

@@ -128,7 +128,8 @@ impl Handoff {
     /// later, within the same budget (`max_consecutive`, `max_hold`,
     /// `min_validity`) and with the same fencing (the handoff sequence grows). If
     /// no local task asks within `d`, the lease is released at the backend, `d`
-    /// later than without caching. `Duration::ZERO` turns caching off; fair mode
+    /// later than without caching, or sooner: when the budget would no longer let
+    /// it be handed on. `Duration::ZERO` turns caching off; fair mode
     /// never caches. It applies to the mutex (`lock`, `with_lock`, `lock_many`),
     /// not to read-write leases or permits.
     ///

@@ -37,6 +37,16 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
+/// Lease caching that keeps an idle lease until the linger ends (or a
+/// revocation, a release or `shutdown` ends it): a hold budget (`max_hold`) at
+/// least as long as the linger, since an idle cached lease also ends with its
+/// budget (250 ms by default).
+fn caching(linger: Duration) -> Handoff {
+    Handoff::enabled()
+        .max_hold(linger.max(Handoff::DEFAULT_MAX_HOLD))
+        .linger(linger)
+}
+
 /// Makes `key` warm at `a`: caching keeps only a lease of a key that `a` released
 /// at the backend less than a second before taking it, so one lock of a cold key
 /// goes back to the backend at once. With `counts`, it checks that and then
@@ -52,7 +62,8 @@ async fn warm(a: &Locker, counts: Option<&Counts>, key: &str) {
 }
 
 /// A locker behind a proxy that can cut it off (`blackhole`): 1 s leases renewed
-/// every 200 ms, and a linger (600 s) that only a release or a revocation ends.
+/// every 200 ms, and a linger (600 s) and hold budget that only a release or a
+/// revocation ends.
 async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     let proxy = CountingProxy::start(shared()).await;
     let a = Locker::builder(
@@ -69,7 +80,7 @@ async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     .lease_ttl(Duration::from_secs(1))
     .renew_every(Duration::from_millis(200))
     .wait_timeout(Duration::from_secs(10))
-    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+    .handoff(caching(Duration::from_secs(600)))
     .build()
     .unwrap();
     (proxy, a)
@@ -101,7 +112,7 @@ async fn locks_anew_after_the_partition(a: &Locker, tb: lockflight::FencingToken
 async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     let prefix = unique_prefix("cached-next");
     let linger = Duration::from_millis(300);
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(linger)).await;
+    let (a, counts) = instance(&prefix, caching(linger)).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
 
@@ -167,7 +178,7 @@ async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
 async fn shutdown_releases_cached_leases_and_stops_caching() {
     let prefix = unique_prefix("cached-shutdown");
     // A linger far longer than the test: only shutdown can release.
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     for key in ["k1", "k2"] {
         warm(&a, Some(&counts), key).await;
@@ -194,9 +205,7 @@ async fn shutdown_releases_cached_leases_and_stops_caching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caching_stays_within_the_handoff_budget() {
     let prefix = unique_prefix("cached-budget");
-    let handoff = Handoff::enabled()
-        .max_consecutive(3)
-        .linger(Duration::from_secs(600));
+    let handoff = caching(Duration::from_secs(600)).max_consecutive(3);
     let (a, counts) = instance(&prefix, handoff).await;
     let mut last = None;
     warm(&a, Some(&counts), "k").await;
@@ -232,7 +241,7 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
     let a = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(2))
         .renew_every(Duration::from_millis(200))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .handoff(caching(Duration::from_secs(600)))
         .build()
         .unwrap();
     warm(&a, Some(&counts), "k").await;
@@ -317,7 +326,7 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
 async fn a_dropped_shutdown_still_releases_in_the_background() {
     use futures::FutureExt;
     let prefix = unique_prefix("cached-shutdown-dropped");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
@@ -355,7 +364,7 @@ async fn a_dropped_shutdown_still_releases_in_the_background() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-revoked");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(60))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(60))).await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -466,7 +475,7 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-try-revoked");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -497,7 +506,7 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
     let prefix = unique_prefix("cached-cold");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(10))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(10))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     // The defaults: a key locked once is free right after its release.
     let (d, d_counts) = instance(&prefix, Handoff::enabled()).await;
@@ -534,7 +543,7 @@ async fn looping_child() {
     };
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(30))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(10)))
+        .handoff(caching(Duration::from_secs(10)))
         .build()
         .expect("child: build");
     for _ in 0..3 {
@@ -754,7 +763,7 @@ async fn pausable_child() {
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(20))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .handoff(caching(Duration::from_secs(600)))
         .build()
         .expect("child: build");
     warm(&locker, None, &key).await;

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::{LockGuard, LockerState};
 use crate::backend::LockBackend;
+use crate::engine::deadline_after;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lease::release::{self, Attempts};
@@ -66,7 +67,12 @@ impl LockerState {
                     // that locks again at once, not for one that comes later.
                     let contended =
                         revocation.is_revoked() || lease.waiting.load(Ordering::Relaxed) > 0;
-                    let linger = self.config.handoff.linger;
+                    // No longer than the lease may be handed on: past its budget
+                    // (or near its hold limit) nobody can take it, and without a
+                    // revocation (Redlock, memory) a long linger would keep it from
+                    // other instances for nothing.
+                    let until = deadline_after(Instant::now(), self.config.handoff.linger)
+                        .min(self.hand_off_ends(&lease));
                     // Watched since the lease was requested: another instance that
                     // queues from now on ends the caching at once (a revocation).
                     let mut revocation = revocation.clone();
@@ -79,7 +85,7 @@ impl LockerState {
                             false
                         } else {
                             tokio::select! {
-                                _ = tokio::time::sleep(linger) => false,
+                                _ = tokio::time::sleep_until(until) => false,
                                 _ = revocation.revoked() => {
                                     tracing::debug!(key = %slot.key(), "cached lease revoked");
                                     true
@@ -369,6 +375,54 @@ mod tests {
     use std::time::Duration;
 
     use crate::{Handoff, Locker, MemoryBackend};
+
+    /// With a long linger and no revocation (the memory backend sends none, as
+    /// Redlock), a cached lease is released once it can no longer be handed on,
+    /// not when the linger ends: here at the end of its hold budget (`max_hold`).
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_cached_lease_is_released_at_the_end_of_its_budget() {
+        let backend = MemoryBackend::new();
+        let a = Locker::builder(backend.clone())
+            .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+            .build()
+            .unwrap();
+        let b = Locker::builder(backend).build().unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        assert_eq!(a.active_keys(), 1, "the warm key's lease is not cached");
+        tokio::time::sleep(Handoff::DEFAULT_MAX_HOLD - Duration::from_millis(1)).await;
+        assert_eq!(a.active_keys(), 1, "released before its budget ended");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(a.active_keys(), 0, "kept past its budget");
+        assert!(b.try_lock("k").await.unwrap().is_some());
+    }
+
+    /// As above, with a hold limit and a budget that outlasts it: the cached lease
+    /// is released `min_validity` (a third of the TTL) before the limit, when it
+    /// can no longer be handed on.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_cached_lease_is_released_before_its_hold_limit() {
+        let backend = MemoryBackend::new();
+        let a = Locker::builder(backend.clone())
+            .lease_ttl(Duration::from_secs(3))
+            .hold_limit(Duration::from_secs(5))
+            .handoff(
+                Handoff::enabled()
+                    .max_hold(Duration::from_secs(600))
+                    .linger(Duration::from_secs(600)),
+            )
+            .build()
+            .unwrap();
+        let b = Locker::builder(backend).build().unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        assert_eq!(a.active_keys(), 1, "the warm key's lease is not cached");
+        tokio::time::sleep(Duration::from_millis(3_999)).await;
+        assert_eq!(a.active_keys(), 1, "released while it could be handed on");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(a.active_keys(), 0, "kept past the hold limit's margin");
+        assert!(b.try_lock("k").await.unwrap().is_some());
+    }
 
     /// Busy for about `n` spins: shifts one side of a race against the other.
     fn spin(n: u32) {
