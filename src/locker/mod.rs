@@ -298,7 +298,10 @@ impl Locker {
                 match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Cached(slot, lease, seq) => {
-                        match shared.take_cached(slot, lease, seq).await {
+                        match shared
+                            .take_cached(slot, lease, seq, start, deadline)
+                            .await?
+                        {
                             Some(guard) => return Ok(guard),
                             None => continue,
                         }
@@ -403,7 +406,8 @@ impl Locker {
                 match Slot::try_join(&shared.slots, &key, &fwd) {
                     Join::Leader(slot) => break Some(slot),
                     Join::Cached(slot, lease, seq) => {
-                        if let Some(guard) = shared.take_cached(slot, lease, seq).await {
+                        let taken = shared.take_cached(slot, lease, seq, start, deadline);
+                        if let Some(guard) = taken.await? {
                             return Ok(Some(guard));
                         }
                     }

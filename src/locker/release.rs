@@ -120,27 +120,38 @@ impl LockerState {
 impl LockerState {
     /// A task that joined `slot` found its lease cached (as handoff number `seq`):
     /// the guard, if the lease may still be handed on; otherwise the lease is
-    /// released at the backend (awaited, re-run in the background if this future
-    /// is dropped) and `None` tells the caller to join again.
+    /// released at the backend (awaited until the caller's `deadline`, then, as
+    /// when this future is dropped, finished in the background) and `None` tells
+    /// the caller to join again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `deadline` passes during that release (the call
+    /// started at `start`).
     pub(super) async fn take_cached(
         &self,
         slot: Arc<Slot>,
         lease: Arc<Lease>,
         seq: u64,
-    ) -> Option<LockGuard> {
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<Option<LockGuard>> {
         if self.may_hand_off(&lease) {
             lease.handoffs.fetch_add(1, Ordering::Relaxed);
             self.stats.handoff();
-            return Some(LockGuard::new(self.arc(), Some(slot), lease, seq));
+            return Ok(Some(LockGuard::new(self.arc(), Some(slot), lease, seq)));
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
+        let key = lease.key.clone();
         let release = slot.release(&lease, seq, false, false, None);
         debug_assert_eq!(release, Release::Backend);
         let job = ReleaseJob::new(self.arc(), Some(slot), lease);
-        if let Err(e) = job.run().await {
-            tracing::debug!(error = %e, "releasing a spent cached lease failed");
+        match tokio::time::timeout_at(deadline, job.run()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "releasing a spent cached lease failed"),
+            Err(_) => return Err(self.timed_out(&key, start)),
         }
-        None
+        Ok(None)
     }
 }
 
