@@ -1,5 +1,6 @@
 //! What every lock kind of a [`Locker`](crate::Locker) runs on: the backend, the
-//! validated settings, the counters and the renewal watchdog.
+//! validated settings, the counters, the renewal watchdog and the count of the
+//! lease work running in the background.
 //!
 //! The exclusive lock ([`locker`](crate::locker)), the read-write locks
 //! ([`rwlock`](crate::rwlock)) and the semaphores ([`semaphore`](crate::semaphore))
@@ -9,7 +10,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,6 +27,8 @@ pub(crate) struct Engine {
     pub(crate) config: Config,
     pub(crate) stats: Arc<StatsInner>,
     pub(crate) renewals: Arc<Renewals>,
+    /// The lease work of every kind running in background tasks.
+    pub(crate) background: Arc<BackgroundWork>,
 }
 
 impl Engine {
@@ -42,6 +45,7 @@ impl Engine {
             config,
             stats,
             renewals,
+            background: Arc::default(),
         }
     }
 }
@@ -67,7 +71,14 @@ impl Engine {
             // Fair, others wait, and the backend did not say when they arrived.
             return false;
         }
-        let (max_n, max_hold) = if waiting > 0 {
+        let (max_n, max_hold) = self.budget(lease);
+        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+    }
+
+    /// The most handoffs and the longest hold of `lease`'s budget, as things stand.
+    fn budget(&self, lease: &Lease) -> (u32, Duration) {
+        let h = &self.config.handoff;
+        if lease.waiting.load(Ordering::Relaxed) > 0 {
             // Other instances wait: two turns per local task that was waiting when
             // the lease was taken (at least eight), within half the budget.
             let found = lease.found_waiting.load(Ordering::Relaxed);
@@ -77,8 +88,22 @@ impl Engine {
             (h.max_consecutive.div_ceil(2).min(turns), h.max_hold / 2)
         } else {
             (h.max_consecutive, h.max_hold)
-        };
-        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+        }
+    }
+
+    /// When an idle `lease` stops being one that [`may_hand_off`](Self::may_hand_off)
+    /// by time alone: at the end of its budget's hold, or `min_validity` before the
+    /// hold limit ends its validity. A cached lease is released then at the latest.
+    pub(crate) fn hand_off_ends(&self, lease: &Lease) -> Instant {
+        let (_, max_hold) = self.budget(lease);
+        let budget = deadline_after(lease.acquired_at, max_hold);
+        match lease.hold_until() {
+            Some(end) => budget.min(
+                end.checked_sub(self.config.min_validity)
+                    .unwrap_or(lease.acquired_at),
+            ),
+            None => budget,
+        }
     }
 }
 
@@ -99,12 +124,73 @@ pub(crate) fn deadline_after(start: Instant, wait: Duration) -> Instant {
         .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
 }
 
-/// Spawns `fut` on the current runtime, if there is one.
-pub(crate) fn spawn_detached<F>(fut: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(fut);
+/// The lease work of one locker's lock kinds running in background tasks: the
+/// releases of dropped guards and permits, of cached leases, and the cleanups of
+/// abandoned acquires. [`Locker::shutdown`](crate::Locker::shutdown) and the last
+/// `Locker`'s drop wait for it.
+#[derive(Debug, Default)]
+pub(crate) struct BackgroundWork {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One piece of background work under way; dropped when its task ends or is
+/// dropped.
+pub(crate) struct UnderWay(Arc<BackgroundWork>);
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl BackgroundWork {
+    /// Counts a piece of background work until the result is dropped.
+    pub(crate) fn under_way(self: &Arc<Self>) -> UnderWay {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        UnderWay(Arc::clone(self))
+    }
+
+    /// Whether no background work is under way now.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.count.load(Ordering::Acquire) == 0
+    }
+
+    /// Resolves once no background work is under way.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            // Registered before the check: work that ends in between wakes it.
+            notified.as_mut().enable();
+            if self.is_idle() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Engine {
+    /// Runs lease work (a backend release, an abandoned acquire's cleanup) in a
+    /// task on the current runtime, counted in [`background`](Self::background)
+    /// from now until the task ends or is dropped. Every kind's background
+    /// releases and cleanups go through here, so that the last `Locker` and
+    /// `shutdown` wait for them (a cached lease's linger task counts itself once
+    /// its linger ends). Without a runtime `work` is dropped unrun: what it owns settles in its
+    /// `Drop` (the lease then expires at its TTL).
+    pub(crate) fn spawn_background<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let under_way = self.background.under_way();
+            handle.spawn(async move {
+                let _under_way = under_way;
+                work.await;
+            });
+        }
     }
 }

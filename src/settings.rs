@@ -128,7 +128,8 @@ impl Handoff {
     /// later, within the same budget (`max_consecutive`, `max_hold`,
     /// `min_validity`) and with the same fencing (the handoff sequence grows). If
     /// no local task asks within `d`, the lease is released at the backend, `d`
-    /// later than without caching. `Duration::ZERO` turns caching off; fair mode
+    /// later than without caching, or sooner: when the budget would no longer let
+    /// it be handed on. `Duration::ZERO` turns caching off; fair mode
     /// never caches. It applies to the mutex (`lock`, `with_lock`, `lock_many`),
     /// not to read-write leases or permits.
     ///
@@ -169,7 +170,8 @@ impl Handoff {
     ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
     /// its cached leases: on a multi-thread runtime the drop waits for that, and
-    /// for the releases of dropped guards still under way (at most a second); on a current-thread runtime it starts the releases, which
+    /// for the background releases of every lock kind still under way (dropped
+    /// guards' and permits'; at most a second); on a current-thread runtime it starts the releases, which
     /// finish only if the runtime keeps running. A process that exits within `d`
     /// of a release without either (a `Locker` kept in a `static`, a
     /// current-thread runtime that ends with `main`, `std::process::exit`) leaves

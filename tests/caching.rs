@@ -37,6 +37,16 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
+/// Lease caching that keeps an idle lease until the linger ends (or a
+/// revocation, a release or `shutdown` ends it): a hold budget (`max_hold`) at
+/// least as long as the linger, since an idle cached lease also ends with its
+/// budget (250 ms by default).
+fn caching(linger: Duration) -> Handoff {
+    Handoff::enabled()
+        .max_hold(linger.max(Handoff::DEFAULT_MAX_HOLD))
+        .linger(linger)
+}
+
 /// Makes `key` warm at `a`: caching keeps only a lease of a key that `a` released
 /// at the backend less than a second before taking it, so one lock of a cold key
 /// goes back to the backend at once. With `counts`, it checks that and then
@@ -52,7 +62,8 @@ async fn warm(a: &Locker, counts: Option<&Counts>, key: &str) {
 }
 
 /// A locker behind a proxy that can cut it off (`blackhole`): 1 s leases renewed
-/// every 200 ms, and a linger (600 s) that only a release or a revocation ends.
+/// every 200 ms, and a linger (600 s) and hold budget that only a release or a
+/// revocation ends.
 async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     let proxy = CountingProxy::start(shared()).await;
     let a = Locker::builder(
@@ -69,7 +80,7 @@ async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     .lease_ttl(Duration::from_secs(1))
     .renew_every(Duration::from_millis(200))
     .wait_timeout(Duration::from_secs(10))
-    .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+    .handoff(caching(Duration::from_secs(600)))
     .build()
     .unwrap();
     (proxy, a)
@@ -101,7 +112,7 @@ async fn locks_anew_after_the_partition(a: &Locker, tb: lockflight::FencingToken
 async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     let prefix = unique_prefix("cached-next");
     let linger = Duration::from_millis(300);
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(linger)).await;
+    let (a, counts) = instance(&prefix, caching(linger)).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
 
@@ -167,7 +178,7 @@ async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
 async fn shutdown_releases_cached_leases_and_stops_caching() {
     let prefix = unique_prefix("cached-shutdown");
     // A linger far longer than the test: only shutdown can release.
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     for key in ["k1", "k2"] {
         warm(&a, Some(&counts), key).await;
@@ -194,9 +205,7 @@ async fn shutdown_releases_cached_leases_and_stops_caching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caching_stays_within_the_handoff_budget() {
     let prefix = unique_prefix("cached-budget");
-    let handoff = Handoff::enabled()
-        .max_consecutive(3)
-        .linger(Duration::from_secs(600));
+    let handoff = caching(Duration::from_secs(600)).max_consecutive(3);
     let (a, counts) = instance(&prefix, handoff).await;
     let mut last = None;
     warm(&a, Some(&counts), "k").await;
@@ -232,7 +241,7 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
     let a = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(2))
         .renew_every(Duration::from_millis(200))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .handoff(caching(Duration::from_secs(600)))
         .build()
         .unwrap();
     warm(&a, Some(&counts), "k").await;
@@ -317,7 +326,7 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
 async fn a_dropped_shutdown_still_releases_in_the_background() {
     use futures::FutureExt;
     let prefix = unique_prefix("cached-shutdown-dropped");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
@@ -355,7 +364,7 @@ async fn a_dropped_shutdown_still_releases_in_the_background() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-revoked");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(60))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(60))).await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -466,7 +475,7 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-try-revoked");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(600))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -497,7 +506,7 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
     let prefix = unique_prefix("cached-cold");
-    let (a, counts) = instance(&prefix, Handoff::enabled().linger(Duration::from_secs(10))).await;
+    let (a, counts) = instance(&prefix, caching(Duration::from_secs(10))).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     // The defaults: a key locked once is free right after its release.
     let (d, d_counts) = instance(&prefix, Handoff::enabled()).await;
@@ -534,7 +543,7 @@ async fn looping_child() {
     };
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(30))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(10)))
+        .handoff(caching(Duration::from_secs(10)))
         .build()
         .expect("child: build");
     for _ in 0..3 {
@@ -565,11 +574,57 @@ async fn a_process_that_returns_from_main_leaves_nothing_cached() {
     let prefix = unique_prefix("cached-exit");
     let child =
         testkit::spawn_holder_child("looping_child", CHILD_ENV, shared().url(), &prefix, "k");
-    exits_leaving_the_key_free(child, "LFCHILD CACHED", &prefix, "its cached lease").await;
+    assert!(
+        exits_leaving_the_key_free(child, "LFCHILD CACHED", &prefix, Kind::Mutex, "k").await,
+        "the exited process left its cached lease held"
+    );
 }
 
-/// Waits for the child's `said` line and its successful exit, then takes its key
-/// `k` under `prefix` at once: what it left held (`what`) was released.
+/// A kind of lease a child process takes; as a key, it tells the child which.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Mutex,
+    Read,
+    Write,
+    Permit,
+}
+
+impl Kind {
+    fn key(self) -> &'static str {
+        match self {
+            Kind::Mutex => "mutex",
+            Kind::Read => "read",
+            Kind::Write => "write",
+            Kind::Permit => "permit",
+        }
+    }
+
+    fn of_key(key: &str) -> Kind {
+        [Kind::Mutex, Kind::Read, Kind::Write, Kind::Permit]
+            .into_iter()
+            .find(|k| k.key() == key)
+            .unwrap_or_else(|| panic!("no kind of lease is called {key:?}"))
+    }
+
+    /// Takes a lease of this kind on `key` at once and drops it; `false` if a
+    /// lease that excludes it is held (for a read lease: a write excludes it).
+    async fn take_at_once(self, locker: &Locker, key: &str) -> bool {
+        match self {
+            Kind::Mutex => locker.try_lock(key).await.unwrap().is_some(),
+            Kind::Read | Kind::Write => locker.try_write(key).await.unwrap().is_some(),
+            Kind::Permit => locker
+                .semaphore(key, 1)
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_some(),
+        }
+    }
+}
+
+/// Waits for the child's `said` line and its successful exit, then takes its
+/// `kind` of lease on `key` under `prefix` at once: whether the child left it
+/// free.
 async fn exits_leaving_the_key_free(
     (mut child, mut lines): (
         tokio::process::Child,
@@ -577,29 +632,35 @@ async fn exits_leaving_the_key_free(
     ),
     said: &str,
     prefix: &str,
-    what: &str,
-) {
+    kind: Kind,
+    key: &str,
+) -> bool {
     testkit::child_line(&mut lines, said).await;
     let status = within(Duration::from_secs(20), "the child's exit", child.wait())
         .await
         .unwrap();
     assert!(status.success(), "the child failed: {status}");
-    let (b, _) = instance(prefix, Handoff::disabled()).await;
-    b.try_lock("k")
+    // Not counted: `Counting` wraps only the exclusive lock's calls.
+    let backend = RedisBackend::builder(shared().url())
+        .prefix(prefix)
+        .connect()
         .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("the exited process left {what} held"))
-        .release()
-        .await
-        .unwrap();
+        .expect("connect");
+    let b = Locker::builder(backend)
+        .handoff(Handoff::disabled())
+        .build()
+        .expect("valid settings");
+    let free = kind.take_at_once(&b, key).await;
+    b.shutdown().await;
+    free
 }
 
-/// Not a test: the child process of
-/// [`a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked`].
-/// It locks its key once (through the parent's slow proxy), drops the guard (the
-/// release runs in a background task) and returns from `main` at once.
+/// Not a test: the child process of the
+/// `a_process_that_returns_from_main_right_after_dropping_*` tests. It takes the
+/// lease its key names ([`Kind`]) once (through the parent's slow proxy), drops
+/// it (the release runs in a background task) and returns from `main` at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "child process of a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked"]
+#[ignore = "child process of the a_process_that_returns_from_main_right_after_dropping_* tests"]
 async fn dropping_child() {
     let Some((backend, key)) = testkit::holder_child_target(DROP_CHILD_ENV).await else {
         return;
@@ -608,27 +669,73 @@ async fn dropping_child() {
         .lease_ttl(Duration::from_secs(30))
         .build()
         .expect("child: build");
-    let guard = locker.lock(key.as_str()).await.unwrap();
+    let key = key.as_str();
+    let held: Box<dyn Send> = match Kind::of_key(key) {
+        Kind::Mutex => Box::new(locker.lock(key).await.unwrap()),
+        Kind::Read => Box::new(locker.read(key).await.unwrap()),
+        Kind::Write => Box::new(locker.write(key).await.unwrap()),
+        Kind::Permit => Box::new(locker.semaphore(key, 1).acquire().await.unwrap()),
+    };
     testkit::tell_parent("LFCHILD HELD");
-    drop(guard);
+    drop(held);
     // The locker goes here, with the release still on its way (200 ms each way).
 }
 
 const DROP_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_DROP_CHILD";
 
-/// A process that drops a guard and returns from `main` (a multi-thread runtime)
-/// at once, its release still in flight (a proxy delays each way 200 ms), leaves
-/// nothing locked: dropping its last `Locker` waits (at most 1 s) for the release
-/// under way, as `shutdown` does. Without that wait the runtime's shutdown drops
-/// the release task, and the key stays held for the lease TTL (30 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked() {
-    let prefix = unique_prefix("dropped-exit");
+/// Ten processes (side by side, each under its own prefix) that each take a
+/// `kind` of lease, drop it and return from `main` (a multi-thread runtime) at
+/// once, the release still in flight (a proxy delays each way 200 ms): each
+/// leaves its key free, because dropping the last `Locker` waits (at most 1 s)
+/// for the background releases of every kind, as `shutdown` does. Without that
+/// wait the runtime's shutdown drops the release task, and the key stays held
+/// for the lease TTL (30 s).
+async fn processes_that_return_right_after_a_drop_leave_nothing_locked(kind: Kind) {
+    const RUNS: usize = 10;
     let proxy = CountingProxy::start(shared()).await;
     proxy.set_delay(Duration::from_millis(200));
-    let child =
-        testkit::spawn_holder_child("dropping_child", DROP_CHILD_ENV, proxy.url(), &prefix, "k");
-    exits_leaving_the_key_free(child, "LFCHILD HELD", &prefix, "its dropped guard's lease").await;
+    let runs = (0..RUNS).map(|i| {
+        let prefix = unique_prefix(&format!("dropped-exit-{}-{i}", kind.key()));
+        let url = proxy.url();
+        async move {
+            let child = testkit::spawn_holder_child(
+                "dropping_child",
+                DROP_CHILD_ENV,
+                url,
+                &prefix,
+                kind.key(),
+            );
+            exits_leaving_the_key_free(child, "LFCHILD HELD", &prefix, kind, kind.key()).await
+        }
+    });
+    let free = futures::future::join_all(runs).await;
+    let held = free.iter().filter(|free| !**free).count();
+    assert_eq!(
+        held, 0,
+        "{held} of {RUNS} exited processes left their {kind:?} lease held"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_right_after_a_drop_leaves_nothing_locked() {
+    processes_that_return_right_after_a_drop_leave_nothing_locked(Kind::Mutex).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_right_after_dropping_a_read_guard_leaves_nothing_locked()
+{
+    processes_that_return_right_after_a_drop_leave_nothing_locked(Kind::Read).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_right_after_dropping_a_write_guard_leaves_nothing_locked()
+{
+    processes_that_return_right_after_a_drop_leave_nothing_locked(Kind::Write).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_returns_from_main_right_after_dropping_a_permit_leaves_nothing_locked() {
+    processes_that_return_right_after_a_drop_leave_nothing_locked(Kind::Permit).await;
 }
 
 const PAUSE_CHILD_ENV: &str = "LOCKFLIGHT_CACHING_PAUSE_CHILD";
@@ -656,7 +763,7 @@ async fn pausable_child() {
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(20))
-        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+        .handoff(caching(Duration::from_secs(600)))
         .build()
         .expect("child: build");
     warm(&locker, None, &key).await;

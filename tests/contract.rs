@@ -557,15 +557,60 @@ async fn a_grant_without_an_epoch_is_an_error() {
     let err = locker.lock("k").await.unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
     assert!(err.to_string().contains("epoch"), "{err}");
-    let released = tokio::time::timeout(Duration::from_secs(5), async {
-        while backend.releases.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(
-        released.is_ok(),
+    // The cleanup runs in the background; `shutdown` waits for it.
+    locker.shutdown().await;
+    assert_eq!(
+        backend.releases.load(Ordering::SeqCst),
+        1,
         "the token of a rejected grant is released"
     );
     assert_eq!(locker.active_keys(), 0);
+}
+
+/// Defect: taking a cached lease that could no longer be handed on (under
+/// `min_validity` left while its renewals failed) awaited its backend release
+/// without bound: a `try_lock` or a `lock_within` whose deadline passed meanwhile
+/// waited as long as that release did. It now ends at the deadline with a
+/// timeout, and the release goes on in the background.
+#[tokio::test(start_paused = true)]
+async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
+    let backend = Faulty::default();
+    let wait = Duration::from_secs(1);
+    for call in ["try_lock", "lock_within"] {
+        let key = call;
+        let locker = Locker::builder(backend.clone())
+            .lease_ttl(Duration::from_secs(3))
+            .wait_timeout(wait)
+            .handoff(
+                Handoff::enabled()
+                    .max_hold(Duration::from_secs(600))
+                    .linger(Duration::from_secs(600)),
+            )
+            .build()
+            .unwrap();
+        // Released at the backend once, the key is warm: its next lease is cached.
+        locker.lock(key).await.unwrap().release().await.unwrap();
+        locker.lock(key).await.unwrap().release().await.unwrap();
+        assert_eq!(locker.active_keys(), 1, "{call}: the lease is not cached");
+        // Its renewals fail until less than `min_validity` (1 s) is left.
+        backend.plan().extend_always = Some(Fault::Fail(transient(key, Phase::Renewing)));
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        backend.plan().extend_always = None;
+        backend.plan().release.push_back(Fault::Hang);
+        let start = Instant::now();
+        let taken = tokio::time::timeout(Duration::from_secs(60), async {
+            match call {
+                "try_lock" => locker.try_lock(key).await.map(|_| ()),
+                _ => locker.lock_within(key, wait).await.map(|_| ()),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{call} waited for the spent lease's release"));
+        let err = taken.unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{call}: {err}");
+        assert_eq!(start.elapsed(), wait, "{call}");
+        // The release was re-run in the background, and the slot settled.
+        locker.shutdown().await;
+        assert_eq!(locker.active_keys(), 0, "{call}");
+    }
 }

@@ -214,6 +214,11 @@ impl Lease {
         self.arrival_bound.get().copied()
     }
 
+    /// The hold limit's end, if the locker has one.
+    pub(crate) fn hold_until(&self) -> Option<Instant> {
+        self.hold_until.get().copied()
+    }
+
     /// Whether the hold limit (if any) has been reached.
     pub(crate) fn hold_ended(&self) -> bool {
         self.hold_until

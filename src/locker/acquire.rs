@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{LockGuard, LockerState, spawn_detached};
+use super::{LockGuard, LockerState};
 use crate::backend::{Acquire, LockBackend, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -77,7 +77,7 @@ impl LockerState {
         let key = key.clone();
         let backend = Arc::clone(&self.backend);
         let stats = Arc::clone(&self.stats);
-        spawn_detached(async move {
+        self.spawn_background(async move {
             if let Some(token) = lead.token
                 && let Err(e) = {
                     stats.release();

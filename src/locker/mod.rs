@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::LockBackend;
-use crate::engine::{Engine, deadline_after, spawn_detached};
+use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
@@ -117,8 +117,6 @@ pub(crate) struct LockerState {
     pub(crate) closing: std::sync::atomic::AtomicBool,
     /// The keys whose leases may be cached ([`Handoff::linger`]).
     pub(crate) warm: warm::WarmKeys,
-    /// The backend releases running in background tasks.
-    pub(crate) background: release::BackgroundReleases,
     /// The backend's health as the edge and the probe saw it.
     pub(crate) health: health::Health,
 }
@@ -131,7 +129,6 @@ impl LockerState {
             slots: SlotMap::default(),
             closing: Default::default(),
             warm: Default::default(),
-            background: Default::default(),
             flights: Flights::default(),
             rw: Arc::new(RwLocks::new(Arc::clone(&engine))),
             semaphores: Arc::new(Semaphores::new(Arc::clone(&engine))),
@@ -301,7 +298,10 @@ impl Locker {
                 match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Cached(slot, lease, seq) => {
-                        match shared.take_cached(slot, lease, seq).await {
+                        match shared
+                            .take_cached(slot, lease, seq, start, deadline)
+                            .await?
+                        {
                             Some(guard) => return Ok(guard),
                             None => continue,
                         }
@@ -406,7 +406,8 @@ impl Locker {
                 match Slot::try_join(&shared.slots, &key, &fwd) {
                     Join::Leader(slot) => break Some(slot),
                     Join::Cached(slot, lease, seq) => {
-                        if let Some(guard) = shared.take_cached(slot, lease, seq).await {
+                        let taken = shared.take_cached(slot, lease, seq, start, deadline);
+                        if let Some(guard) = taken.await? {
                             return Ok(Some(guard));
                         }
                     }
@@ -432,11 +433,13 @@ impl Locker {
     }
 
     /// Releases every lease this locker keeps cached for its next local task
-    /// ([`Handoff::linger`]), stops caching, and waits for the releases already
-    /// under way in the background (of dropped guards, of leases whose linger
-    /// ended): call it before the program exits, so that no released key waits
-    /// for its lease TTL. Locks taken afterwards work as before, without caching;
-    /// guards still held are not affected.
+    /// ([`Handoff::linger`]), stops caching, and waits for the lease work already
+    /// under way in the background, of every lock kind (the releases of dropped
+    /// guards and permits and of leases whose linger ended, the cleanups of
+    /// abandoned acquires): call it before the program exits, so that no released
+    /// key waits for its lease TTL. Locks taken afterwards work as before, without
+    /// caching; guards still held are not affected. No lease stays cached once it
+    /// has returned, not even one whose guard was released while it ran.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::{LockGuard, LockerState};
 use crate::backend::LockBackend;
+use crate::engine::deadline_after;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lease::release::{self, Attempts};
@@ -48,6 +49,16 @@ impl LockerState {
                     return None;
                 }
                 Release::Cached(caching) => {
+                    // `shutdown` sets `closing` before it scans the slots, and the
+                    // slot's mutex orders that scan with this caching: if `closing`
+                    // is still unset here, the scan comes after and finds the lease;
+                    // if it is set, the scan may have missed it, so the lease is
+                    // taken back at once (unless the scan took it) and released as
+                    // if it had not been cached.
+                    if self.closing.load(Ordering::SeqCst) {
+                        let (lease, _) = slot.expire(caching)?;
+                        return Some(ReleaseJob::new(self.arc(), Some(Arc::clone(slot)), lease));
+                    }
                     let (revocation, runtime) = cache.expect("cached only when asked to");
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
                     // Where another instance is known to wait (it revoked the lease
@@ -56,7 +67,12 @@ impl LockerState {
                     // that locks again at once, not for one that comes later.
                     let contended =
                         revocation.is_revoked() || lease.waiting.load(Ordering::Relaxed) > 0;
-                    let linger = self.config.handoff.linger;
+                    // No longer than the lease may be handed on: past its budget
+                    // (or near its hold limit) nobody can take it, and without a
+                    // revocation (Redlock, memory) a long linger would keep it from
+                    // other instances for nothing.
+                    let until = deadline_after(Instant::now(), self.config.handoff.linger)
+                        .min(self.hand_off_ends(&lease));
                     // Watched since the lease was requested: another instance that
                     // queues from now on ends the caching at once (a revocation).
                     let mut revocation = revocation.clone();
@@ -69,7 +85,7 @@ impl LockerState {
                             false
                         } else {
                             tokio::select! {
-                                _ = tokio::time::sleep(linger) => false,
+                                _ = tokio::time::sleep_until(until) => false,
                                 _ = revocation.revoked() => {
                                     tracing::debug!(key = %slot.key(), "cached lease revoked");
                                     true
@@ -78,8 +94,9 @@ impl LockerState {
                         };
                         drop(revocation);
                         // Counted before the lease leaves the cache, so that a
-                        // `shutdown` that finds it gone waits for its release.
-                        let _under_way = shared.release_under_way();
+                        // `shutdown` that finds it gone waits for its release (and
+                        // not before: a wait for this task would wait out the linger).
+                        let _under_way = shared.background.under_way();
                         if let Some((lease, _)) = slot.expire(caching) {
                             if revoked || contended {
                                 // Kept for nothing while another instance wanted it.
@@ -103,36 +120,48 @@ impl LockerState {
 impl LockerState {
     /// A task that joined `slot` found its lease cached (as handoff number `seq`):
     /// the guard, if the lease may still be handed on; otherwise the lease is
-    /// released at the backend (awaited, re-run in the background if this future
-    /// is dropped) and `None` tells the caller to join again.
+    /// released at the backend (awaited until the caller's `deadline`, then, as
+    /// when this future is dropped, finished in the background) and `None` tells
+    /// the caller to join again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `deadline` passes during that release (the call
+    /// started at `start`).
     pub(super) async fn take_cached(
         &self,
         slot: Arc<Slot>,
         lease: Arc<Lease>,
         seq: u64,
-    ) -> Option<LockGuard> {
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<Option<LockGuard>> {
         if self.may_hand_off(&lease) {
             lease.handoffs.fetch_add(1, Ordering::Relaxed);
             self.stats.handoff();
-            return Some(LockGuard::new(self.arc(), Some(slot), lease, seq));
+            return Ok(Some(LockGuard::new(self.arc(), Some(slot), lease, seq)));
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
+        let key = lease.key.clone();
         let release = slot.release(&lease, seq, false, false, None);
         debug_assert_eq!(release, Release::Backend);
         let job = ReleaseJob::new(self.arc(), Some(slot), lease);
-        if let Err(e) = job.run().await {
-            tracing::debug!(error = %e, "releasing a spent cached lease failed");
+        match tokio::time::timeout_at(deadline, job.run()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "releasing a spent cached lease failed"),
+            Err(_) => return Err(self.timed_out(&key, start)),
         }
-        None
+        Ok(None)
     }
 }
 
 impl LockerState {
     /// Stops caching, releases every cached lease at the backend, side by side,
-    /// and waits for the releases already under way in the background (of
-    /// dropped guards, of leases whose linger just ended).
+    /// and waits for the lease work already under way in the background, of
+    /// every kind ([`BackgroundWork`](crate::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
-        self.closing.store(true, Ordering::Relaxed);
+        // Before the scan: a lease cached after it sees `closing` (see `finish`).
+        self.closing.store(true, Ordering::SeqCst);
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
         let jobs = slots.into_iter().filter_map(|slot| {
             let (lease, _) = slot.uncache()?;
@@ -147,57 +176,13 @@ impl LockerState {
     }
 }
 
-/// The backend releases running in background tasks, so that
-/// [`Locker::shutdown`](super::Locker::shutdown) can wait for them.
-#[derive(Default)]
-pub(crate) struct BackgroundReleases {
-    count: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
-}
-
-/// One background release under way; dropped when its task ends or is dropped.
-pub(crate) struct UnderWay(Arc<LockerState>);
-
-impl Drop for UnderWay {
-    fn drop(&mut self) {
-        let releases = &self.0.background;
-        if releases.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            releases.idle.notify_waiters();
-        }
-    }
-}
-
-impl BackgroundReleases {
-    /// Resolves once no background release is under way.
-    async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            tokio::pin!(notified);
-            // Registered before the check: a release that ends in between wakes it.
-            notified.as_mut().enable();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl LockerState {
-    /// Counts a background release of this locker until the result is dropped.
-    pub(crate) fn release_under_way(self: &Arc<Self>) -> UnderWay {
-        self.background.count.fetch_add(1, Ordering::AcqRel);
-        UnderWay(Arc::clone(self))
-    }
-}
-
 /// How long dropping the last [`Locker`](super::Locker) waits for its cached
 /// leases' release (multi-thread runtime).
 const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl LockerState {
     /// The last `Locker` is dropped: stop caching, release the cached leases, and
-    /// let the background releases under way (dropped guards') end.
+    /// let the background lease work under way, of every kind, end.
     ///
     /// On a multi-thread runtime this waits (in `block_in_place`, at most
     /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases and waits for the
@@ -208,8 +193,8 @@ impl LockerState {
     /// started (blocking would stop the one thread that must run it). With nothing
     /// cached and no release under way, nothing is started or waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
-        self.closing.store(true, Ordering::Relaxed);
-        let under_way = self.background.count.load(Ordering::Acquire) > 0;
+        self.closing.store(true, Ordering::SeqCst);
+        let under_way = !self.background.is_idle();
         if !under_way && !self.slots.iter().any(|e| e.value().is_cached()) {
             return;
         }
@@ -388,20 +373,128 @@ impl ReleaseJob {
     /// is skipped — the lease expires at its TTL — and the next local waiter is
     /// promoted at once.
     pub(crate) fn spawn(self) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                // Counted until the task ends or is dropped: `shutdown` waits for it.
-                let under_way = self.shared.release_under_way();
-                let mut pending = Background(Some(self));
-                handle.spawn(async move {
-                    let _under_way = under_way;
-                    let job = pending.0.take().expect("set above");
-                    if let Err(e) = job.run().await {
-                        tracing::debug!(error = %e, "background release failed");
-                    }
-                });
+        let shared = Arc::clone(&self.shared);
+        // Dropped unrun (no runtime here, or it shuts down first), it settles
+        // the local state.
+        let mut pending = Background(Some(self));
+        shared.spawn_background(async move {
+            let job = pending.0.take().expect("set above");
+            if let Err(e) = job.run().await {
+                tracing::debug!(error = %e, "background release failed");
             }
-            Err(_) => self.settle_locally(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{Handoff, Locker, MemoryBackend};
+
+    /// With a long linger and no revocation (the memory backend sends none, as
+    /// Redlock), a cached lease is released once it can no longer be handed on,
+    /// not when the linger ends: here at the end of its hold budget (`max_hold`).
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_cached_lease_is_released_at_the_end_of_its_budget() {
+        let backend = MemoryBackend::new();
+        let a = Locker::builder(backend.clone())
+            .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+            .build()
+            .unwrap();
+        let b = Locker::builder(backend).build().unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        assert_eq!(a.active_keys(), 1, "the warm key's lease is not cached");
+        tokio::time::sleep(Handoff::DEFAULT_MAX_HOLD - Duration::from_millis(1)).await;
+        assert_eq!(a.active_keys(), 1, "released before its budget ended");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(a.active_keys(), 0, "kept past its budget");
+        assert!(b.try_lock("k").await.unwrap().is_some());
+    }
+
+    /// As above, with a hold limit and a budget that outlasts it: the cached lease
+    /// is released `min_validity` (a third of the TTL) before the limit, when it
+    /// can no longer be handed on.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_cached_lease_is_released_before_its_hold_limit() {
+        let backend = MemoryBackend::new();
+        let a = Locker::builder(backend.clone())
+            .lease_ttl(Duration::from_secs(3))
+            .hold_limit(Duration::from_secs(5))
+            .handoff(
+                Handoff::enabled()
+                    .max_hold(Duration::from_secs(600))
+                    .linger(Duration::from_secs(600)),
+            )
+            .build()
+            .unwrap();
+        let b = Locker::builder(backend).build().unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        a.lock("k").await.unwrap().release().await.unwrap();
+        assert_eq!(a.active_keys(), 1, "the warm key's lease is not cached");
+        tokio::time::sleep(Duration::from_millis(3_999)).await;
+        assert_eq!(a.active_keys(), 1, "released while it could be handed on");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(a.active_keys(), 0, "kept past the hold limit's margin");
+        assert!(b.try_lock("k").await.unwrap().is_some());
+    }
+
+    /// Busy for about `n` spins: shifts one side of a race against the other.
+    fn spin(n: u32) {
+        for _ in 0..n {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// A guard dropped on one thread while another runs `shutdown`, started
+    /// together and shifted against each other round by round: whatever the
+    /// interleaving, once both have returned and the background work they left
+    /// is done, no lease is cached (a 1 h linger) and the slot map is empty.
+    #[test]
+    fn a_release_racing_shutdown_leaves_nothing_cached() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for round in 0..4_000u32 {
+            let locker = Locker::builder(MemoryBackend::new())
+                .handoff(Handoff::enabled().linger(Duration::from_secs(3600)))
+                .build()
+                .unwrap();
+            let guard = rt.block_on(async {
+                // Released at the backend once: the key is warm, its next lease cached.
+                locker.lock("k").await.unwrap().release().await.unwrap();
+                locker.lock("k").await.unwrap()
+            });
+            let go = AtomicBool::new(false);
+            let (go, rt, closer) = (&go, &rt, &locker);
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    let _runtime = rt.enter();
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    spin(round % 97);
+                    drop(guard);
+                });
+                s.spawn(move || {
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    spin(round % 89);
+                    rt.block_on(closer.shutdown());
+                });
+                go.store(true, Ordering::Release);
+            });
+            rt.block_on(locker.shared().background.idle());
+            assert_eq!(
+                locker.active_keys(),
+                0,
+                "round {round}: a lease stayed cached after shutdown returned"
+            );
         }
     }
 }

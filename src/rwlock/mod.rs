@@ -258,12 +258,10 @@ fn cleanup(
     token: LeaseToken,
     hold: impl Send + 'static,
 ) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
+    let engine: &Engine = locks;
     let locks = Arc::clone(locks);
     let key = key.clone();
-    handle.spawn(async move {
+    engine.spawn_background(async move {
         let _hold = hold;
         if let Some(rw) = locks.backend.rw() {
             let sent = Attempts::default()
@@ -373,14 +371,13 @@ impl ReleaseJob {
     }
 
     fn spawn(self) {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = self.run().await {
-                    tracing::debug!(error = %e, "background read-write release failed");
-                }
-            });
-        }
+        let locks = Arc::clone(&self.entry.locks);
         // Without a runtime the job is dropped: renewal stops, the lease expires.
+        locks.spawn_background(async move {
+            if let Err(e) = self.run().await {
+                tracing::debug!(error = %e, "background read-write release failed");
+            }
+        });
     }
 }
 

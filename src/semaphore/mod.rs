@@ -67,6 +67,7 @@ use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
+use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::acquire::Failure;
@@ -321,12 +322,10 @@ fn spawn_release(
     token: LeaseToken,
     mut attempts: Attempts,
 ) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
+    let engine: &Engine = semaphores;
     let semaphores = Arc::clone(semaphores);
     let key = key.clone();
-    handle.spawn(async move {
+    engine.spawn_background(async move {
         if let Some(backend) = semaphores.backend.semaphore() {
             let sent = attempts
                 .send(&semaphores.stats, || backend.release_permit(&key, token))

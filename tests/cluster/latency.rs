@@ -229,7 +229,12 @@ async fn a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard() {
     let (ab, bb) = two_instances("cluster-revoke").await;
     let keys = key_per_shard(&ab, "revoke").await;
     let a = Locker::builder(ab)
-        .handoff(Handoff::enabled().linger(Duration::from_secs(60)))
+        // A budget as long as the linger: an idle cached lease also ends with it.
+        .handoff(
+            Handoff::enabled()
+                .max_hold(Duration::from_secs(60))
+                .linger(Duration::from_secs(60)),
+        )
         .build()
         .unwrap();
     let b = Locker::builder(bb)
