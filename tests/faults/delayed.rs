@@ -36,7 +36,7 @@ const KEY: &str = "k";
 /// acknowledgement every grant waits for.
 enum Target {
     Plain(RedisServer),
-    Acked(Replicated),
+    Acked(Box<Replicated>),
 }
 
 struct Setup {
@@ -48,7 +48,7 @@ struct Setup {
 impl Setup {
     async fn new(name: &str, acked: bool) -> Setup {
         let target = if acked {
-            Target::Acked(Replicated::start().await)
+            Target::Acked(Box::new(Replicated::start().await))
         } else {
             Target::Plain(RedisServer::start())
         };
@@ -256,15 +256,15 @@ async fn a_late_acquire_copy_cannot_hold_a_released_key(kind: Kind, acked: bool)
     s.delayed_landed(1).await;
 
     let free = match kind {
-        Kind::Mutex => b.try_lock(KEY).await.unwrap().map(|g| drop(g)).is_some(),
+        Kind::Mutex => b.try_lock(KEY).await.unwrap().map(drop).is_some(),
         // A late read lease would not block B's reader: B asks for the write lease.
-        Kind::Read | Kind::Write => b.try_write(KEY).await.unwrap().map(|g| drop(g)).is_some(),
+        Kind::Read | Kind::Write => b.try_write(KEY).await.unwrap().map(drop).is_some(),
         Kind::Permit => b
             .semaphore(KEY, 1)
             .try_acquire()
             .await
             .unwrap()
-            .map(|p| drop(p))
+            .map(drop)
             .is_some(),
     };
     assert!(
