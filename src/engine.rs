@@ -179,18 +179,19 @@ impl Engine {
     /// from now until the task ends or is dropped. Every kind's background
     /// releases and cleanups go through here, so that the last `Locker` and
     /// `shutdown` wait for them (a cached lease's linger task counts itself once
-    /// its linger ends). Without a runtime `work` is dropped unrun: what it owns settles in its
+    /// its linger ends). Without a runtime `work` is dropped unrun
+    /// ([`runtime::spawn`](crate::runtime::spawn)): what it owns settles in its
     /// `Drop` (the lease then expires at its TTL).
     pub(crate) fn spawn_background<F>(&self, work: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let under_way = self.background.under_way();
-            handle.spawn(async move {
-                let _under_way = under_way;
-                work.await;
-            });
-        }
+        // Counted from now (a `shutdown` right after this waits for it); dropped
+        // unrun, the count goes with it.
+        let under_way = self.background.under_way();
+        crate::runtime::spawn(async move {
+            let _under_way = under_way;
+            work.await;
+        });
     }
 }

@@ -104,6 +104,7 @@ mod locker;
 mod multi;
 mod reentry;
 pub mod routing;
+mod runtime;
 pub mod rwlock;
 pub mod semaphore;
 mod settings;

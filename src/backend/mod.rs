@@ -223,6 +223,22 @@ pub enum LeaseKind {
     Permit,
 }
 
+impl LeaseKind {
+    /// The lock this lease is of (its wake-ups and queue).
+    pub(crate) fn lock_kind(self) -> LockKind {
+        match self {
+            LeaseKind::Lock => LockKind::Mutex,
+            LeaseKind::Read | LeaseKind::Write => LockKind::ReadWrite,
+            LeaseKind::Permit => LockKind::Semaphore,
+        }
+    }
+
+    /// Whether its grant mints a fencing epoch (on a backend with fencing).
+    pub(crate) fn is_fenced(self) -> bool {
+        matches!(self, LeaseKind::Lock | LeaseKind::Write)
+    }
+}
+
 /// One lease to renew in a [`LockBackend::extend_batch`] call.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]

@@ -21,13 +21,15 @@
 //! }
 //! ```
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{LeaseToken, LockKind, WakeRegistry, Wakeup};
-use crate::error::Error;
+use crate::backend::{Acquire, LeaseToken, LockKind, WakeRegistry, Wakeup};
+use crate::engine::Engine;
+use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::renewal::Renewals;
 use crate::lease::{Lease, LeaseKind};
@@ -219,6 +221,261 @@ pub(crate) fn grant(
     stats.acquired();
     renewals.watch(&lease, sent_at);
     Some(lease)
+}
+
+/// How an acquire waits: for the lock, until its deadline (joining the backend's
+/// queue when busy), or not at all (one attempt: `try_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Wait for the lock, woken by the backend's messages.
+    Wait,
+    /// One attempt: busy is an answer, and too few nodes answering is reported at
+    /// once.
+    Once,
+}
+
+/// One call's acquire of a lease of `kind` of `key` at the backend: what
+/// [`acquire`] needs besides the request itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ask<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) kind: LeaseKind,
+    pub(crate) token: LeaseToken,
+    pub(crate) ttl: Duration,
+    pub(crate) mode: Mode,
+    /// When the call started (its wait is measured from here).
+    pub(crate) start: Instant,
+    pub(crate) deadline: Instant,
+    /// One wake-up reaches one of the process's loops for the lock, not every one
+    /// (a mutex without coalescing).
+    pub(crate) one_at_a_time: bool,
+}
+
+/// What a request may have left at the backend under the token of an acquire
+/// in flight: the kind keeps it armed for the cleanup of an abandoned acquire.
+pub(crate) trait InFlight {
+    /// A request is about to be sent: it may land, and in [`Mode::Wait`] it may
+    /// queue this instance.
+    fn sending(&mut self, mode: Mode);
+    /// A definite answer: `holds` says whether the token may still hold something
+    /// at the backend (a lease, a waiting writer's registration).
+    fn answered(&mut self, holds: bool);
+}
+
+/// A lease granted by [`acquire`], with what the backend said when it granted it.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) sent_at: Instant,
+    pub(crate) waiting: u32,
+    pub(crate) earliest_other: Option<Duration>,
+}
+
+/// The acquire loop of every kind (its shape is in the module's header): sends
+/// `request(token, mode, sent_at)` until a grant, a busy answer in
+/// [`Mode::Once`] (`Ok(None)`), an error that is not retried, or the deadline
+/// ([`Error::Timeout`]). `in_flight` is told what the token may hold after each
+/// answer. On success the lease is being renewed.
+///
+/// # Cancel safety
+///
+/// Dropping the future leaves the token as `in_flight` last recorded it: armed
+/// from each send until its definite answer.
+pub(crate) async fn acquire<F, Fut>(
+    engine: &Engine,
+    ask: Ask<'_>,
+    in_flight: &mut impl InFlight,
+    mut request: F,
+) -> Result<Option<Granted>>
+where
+    F: FnMut(LeaseToken, Mode, Instant) -> Fut,
+    Fut: Future<Output = Result<Acquire>>,
+{
+    let Ask {
+        key, kind, token, ..
+    } = ask;
+    let timed_out = || {
+        engine.stats.timeout();
+        Error::Timeout {
+            key: key.clone(),
+            phase: Phase::Acquiring,
+            waited: ask.start.elapsed(),
+        }
+    };
+    let mut pacer = Pacer::new(
+        engine.backend.wakeups(),
+        kind.lock_kind(),
+        key,
+        ask.one_at_a_time,
+    );
+    loop {
+        let sent_at = pacer.sending();
+        in_flight.sending(ask.mode);
+        engine.stats.acquire_attempt();
+        let reply = tokio::time::timeout_at(ask.deadline, request(token, ask.mode, sent_at))
+            .await
+            .map_err(|_| timed_out())?;
+        match reply {
+            Ok(Acquire::Acquired {
+                epoch,
+                waiting,
+                earliest_other,
+            }) => {
+                if epoch == 0 && kind.is_fenced() && engine.backend.fencing() {
+                    return Err(Error::backend(
+                        key,
+                        Phase::Acquiring,
+                        "the backend granted the lock without a fencing epoch",
+                    ));
+                }
+                let granted = grant(
+                    &engine.renewals,
+                    &engine.stats,
+                    key,
+                    kind,
+                    token,
+                    epoch,
+                    ask.ttl,
+                    sent_at,
+                    waiting,
+                );
+                let Some(lease) = granted else {
+                    // Not held: ask again with the same token, which re-arms it if
+                    // it still exists.
+                    if Instant::now() >= ask.deadline {
+                        return Err(timed_out());
+                    }
+                    continue;
+                };
+                in_flight.answered(false);
+                return Ok(Some(Granted {
+                    lease,
+                    sent_at,
+                    waiting,
+                    earliest_other,
+                }));
+            }
+            Ok(Acquire::Busy { retry_in }) => {
+                // Busy: nothing held but a waiting writer's registration, which a
+                // write that waits may have left.
+                let registered = kind == LeaseKind::Write && ask.mode == Mode::Wait;
+                in_flight.answered(registered);
+                if ask.mode == Mode::Once {
+                    return Ok(None);
+                }
+                if !pacer.watch() {
+                    continue;
+                }
+                tokio::select! {
+                    _ = pacer.woken_or(Instant::now() + retry_in) => {}
+                    _ = tokio::time::sleep_until(ask.deadline) => return Err(timed_out()),
+                }
+            }
+            Err(e) => match Failure::of(&e) {
+                // A single attempt reports too few nodes answering at once: they
+                // answered.
+                Failure::Retry if ask.mode == Mode::Wait || !Failure::unavailable(&e) => {
+                    // The token stays armed: a retry (or the cleanup) reconciles it.
+                    tracing::debug!(%key, ?kind, error = %e, "acquire failed; retrying");
+                    let pause = pacer.backoff();
+                    if Instant::now() + pause >= ask.deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                failure => {
+                    // A refusal keeps the token armed for the cleanup, which releases
+                    // whatever a partly run script (or an unacknowledged grant)
+                    // wrote; a definite answer wrote nothing.
+                    if !failure.may_have_written() {
+                        in_flight.answered(false);
+                    }
+                    return Err(e);
+                }
+            },
+        }
+    }
+}
+
+/// The tokens of a request in flight that nobody else reconciles (a read-write
+/// leader's, a semaphore request's): released in the background on the shared
+/// schedule if dropped while armed ([`retire`](crate::lease::release::retire)),
+/// keeping `hold` (local state that must outlive the release) until then.
+pub(crate) struct Armed<H: Send + 'static = ()> {
+    engine: Arc<Engine>,
+    kind: LeaseKind,
+    key: LockKey,
+    tokens: Vec<LeaseToken>,
+    armed: bool,
+    hold: Option<H>,
+}
+
+impl<H: Send + 'static> Armed<H> {
+    /// Unarmed tokens of `kind` of `key`, keeping `hold` until they are settled.
+    pub(crate) fn new(
+        engine: &Arc<Engine>,
+        kind: LeaseKind,
+        key: &LockKey,
+        tokens: Vec<LeaseToken>,
+        hold: H,
+    ) -> Armed<H> {
+        Armed {
+            engine: Arc::clone(engine),
+            kind,
+            key: key.clone(),
+            tokens,
+            armed: false,
+            hold: Some(hold),
+        }
+    }
+
+    /// Armed: a request with the tokens may have landed.
+    pub(crate) fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    /// Disarmed: nothing of the tokens remains at the backend, or something else
+    /// owns them now (a grant).
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// What it keeps, taken back (a leader that holds the lease now).
+    pub(crate) fn take_hold(&mut self) -> Option<H> {
+        self.hold.take()
+    }
+
+    /// What it keeps.
+    pub(crate) fn hold(&self) -> Option<&H> {
+        self.hold.as_ref()
+    }
+}
+
+impl<H: Send + 'static> InFlight for Armed<H> {
+    fn sending(&mut self, _: Mode) {
+        self.arm();
+    }
+
+    fn answered(&mut self, holds: bool) {
+        self.armed = holds;
+    }
+}
+
+impl<H: Send + 'static> Drop for Armed<H> {
+    fn drop(&mut self) {
+        let hold = self.hold.take();
+        if !self.armed || self.tokens.is_empty() {
+            return;
+        }
+        let (engine, kind, key) = (Arc::clone(&self.engine), self.kind, self.key.clone());
+        let tokens = std::mem::take(&mut self.tokens);
+        self.engine.spawn_background(async move {
+            let _hold = hold;
+            for token in tokens {
+                crate::lease::release::release_token(&engine, kind, &key, token).await;
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -148,11 +148,9 @@ impl Renewals {
         if driver.as_ref().is_some_and(|d| !d.is_finished()) {
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let task = handle.spawn(drive(Arc::downgrade(self), self.tick()));
-        *driver = Some(task.abort_handle());
+        if let Some(task) = crate::runtime::spawn(drive(Arc::downgrade(self), self.tick())) {
+            *driver = Some(task.abort_handle());
+        }
     }
 
     /// Puts `lease` (back) in the set, due at `due`, unless it was released.

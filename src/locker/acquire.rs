@@ -8,11 +8,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState};
-use crate::backend::{Acquire, LockBackend, LockKind};
+use crate::backend::{LeaseToken, LockBackend, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
-use crate::lease::acquire::{Failure, Pacer, grant};
+use crate::lease::acquire::{Ask, Granted, InFlight, Mode, acquire};
+use crate::lease::release::release_token;
 use crate::slot::{Abandon, Inheritance, Slot};
 
 /// What one call asks of the leader loop.
@@ -20,8 +21,8 @@ use crate::slot::{Abandon, Inheritance, Slot};
 pub(super) struct Call {
     pub(super) start: Instant,
     pub(super) deadline: Instant,
-    /// Join the backend's queue when busy (`false` for a single attempt).
-    pub(super) queue: bool,
+    /// Wait (joining the backend's queue when busy), or one attempt.
+    pub(super) mode: Mode,
     /// The TTL of a lease acquired by this call.
     pub(super) ttl: Duration,
 }
@@ -32,8 +33,22 @@ pub(super) struct Leading {
     shared: Arc<LockerState>,
     key: LockKey,
     slot: Option<Arc<Slot>>,
+    token: LeaseToken,
     lead: Inheritance,
     finished: bool,
+}
+
+impl InFlight for Leading {
+    fn sending(&mut self, mode: Mode) {
+        // From here until a definite answer, the acquire may have landed, and may
+        // have queued this instance.
+        self.lead.token = Some(self.token);
+        self.lead.queued |= mode == Mode::Wait;
+    }
+
+    fn answered(&mut self, holds: bool) {
+        self.lead.token = holds.then_some(self.token);
+    }
 }
 
 impl Drop for Leading {
@@ -59,12 +74,12 @@ impl LockerState {
             .expect("a Locker's shared state is alive while it is used")
     }
 
-    /// Releases a token whose acquire may have landed and leaves the backend queue,
-    /// in the background. The queue entry is this process's (the backend's), so it is
-    /// left only if no other task of the process still waits for the key's mutex
-    /// (without coalescing, or with several lockers on one backend, others may); a
-    /// waiter of the key's read-write lock or semaphore waits for another lock, with
-    /// its own queue.
+    /// Releases a token whose acquire may have landed (on the shared schedule,
+    /// [`release_token`]) and leaves the backend queue, in the background. The
+    /// queue entry is this process's (the backend's), so it is left only if no other
+    /// task of the process still waits for the key's mutex (without coalescing, or
+    /// with several lockers on one backend, others may); a waiter of the key's
+    /// read-write lock or semaphore waits for another lock, with its own queue.
     pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
         let wakeups = self.backend.wakeups();
         let lead = Inheritance {
@@ -75,30 +90,22 @@ impl LockerState {
             return;
         }
         let key = key.clone();
-        let backend = Arc::clone(&self.backend);
-        let stats = Arc::clone(&self.stats);
+        let engine = Arc::clone(&self.engine);
         self.spawn_background(async move {
-            if let Some(token) = lead.token
-                && let Err(e) = {
-                    stats.release();
-                    backend.release(&key, token).await
-                }
-            {
-                tracing::debug!(%key, error = %e, "releasing an abandoned acquire failed");
+            if let Some(token) = lead.token {
+                release_token(&engine, LeaseKind::Lock, &key, token).await;
             }
-            if lead.queued
-                && let Err(e) = {
-                    stats.left();
-                    backend.leave(&key).await
+            if lead.queued {
+                engine.stats.left();
+                if let Err(e) = engine.backend.leave(&key).await {
+                    tracing::debug!(%key, error = %e, "leaving the queue failed");
                 }
-            {
-                tracing::debug!(%key, error = %e, "leaving the queue failed");
             }
         });
     }
 
-    /// Acquires from the backend as the key's leader. `Ok(None)` only when `queue` is
-    /// false and the lock is busy.
+    /// Acquires from the backend as the key's leader. `Ok(None)` only in
+    /// [`Mode::Once`] when the lock is busy.
     pub(super) async fn lead(
         &self,
         key: &LockKey,
@@ -109,7 +116,7 @@ impl LockerState {
         let Call {
             start,
             deadline,
-            queue,
+            mode,
             ttl,
         } = call;
         let token = inherited.token.unwrap_or_else(|| self.backend.new_token());
@@ -117,154 +124,84 @@ impl LockerState {
             shared: self.arc(),
             key: key.clone(),
             slot,
+            token,
             lead: Inheritance {
                 token: Some(token),
                 queued: inherited.queued,
             },
             finished: false,
         };
-        // Without coalescing every task of this process waits on its own: one
-        // wake-up wakes one of them (and a task that stops waiting passes one on),
-        // not all.
-        let mut pacer = Pacer::new(
-            self.backend.wakeups(),
-            LockKind::Mutex,
-            key,
-            !self.config.coalescing,
-        );
         // A lease of a warm key may be cached: the revocations of this key from
         // before the request on, kept by the lease (another instance that queues
         // while a local task uses the lease makes its release cache only for a
         // moment).
         let linger = self.config.handoff.linger;
-        let mut revocation =
+        let revocation =
             (!self.config.fair && !linger.is_zero() && self.warm.is_warm(key, start, linger))
                 .then(|| self.backend.wakeups().watch_revocation(key));
-        loop {
-            let sent_at = pacer.sending();
-            // From here until a definite answer, the acquire may have landed, and may
-            // have queued this instance.
-            leading.lead.token = Some(token);
-            leading.lead.queued |= queue;
-            self.stats.acquire_attempt();
-            let reply = if self.config.fair {
-                // This leader is the instance's oldest waiting task (local FIFO): its
-                // age places the instance in the queue.
+        let ask = Ask {
+            key,
+            kind: LeaseKind::Lock,
+            token,
+            ttl,
+            mode,
+            start,
+            deadline,
+            // Without coalescing every task of this process waits on its own: one
+            // wake-up wakes one of them (and a task that stops waiting passes one
+            // on), not all.
+            one_at_a_time: !self.config.coalescing,
+        };
+        let (backend, fair) = (&self.backend, self.config.fair);
+        let granted = acquire(self, ask, &mut leading, |token, mode, sent_at| async move {
+            let queue = mode == Mode::Wait;
+            if fair {
+                // This leader is the instance's oldest waiting task (local FIFO):
+                // its age places the instance in the queue.
                 let age = sent_at.saturating_duration_since(start);
-                tokio::time::timeout_at(
-                    deadline,
-                    self.backend.acquire_fair(key, token, ttl, queue, age),
-                )
-                .await
+                backend.acquire_fair(key, token, ttl, queue, age).await
             } else {
-                tokio::time::timeout_at(deadline, self.backend.acquire(key, token, ttl, queue))
-                    .await
+                backend.acquire(key, token, ttl, queue).await
+            }
+        })
+        .await?;
+        let Some(Granted {
+            lease,
+            sent_at,
+            waiting,
+            earliest_other,
+        }) = granted
+        else {
+            return Ok(None);
+        };
+        leading.finished = true;
+        if fair {
+            // Who may be handed this lease in fair mode: local tasks that arrived
+            // before the request was sent when nobody else waited (any later remote
+            // waiter arrived after that), or before the earliest other waiter's
+            // arrival.
+            let bound = match earliest_other {
+                _ if waiting == 0 => Some(sent_at),
+                Some(age) => sent_at.checked_sub(age),
+                None => None,
             };
-            let reply = match reply {
-                Ok(reply) => reply,
-                Err(_) => return Err(self.timed_out(key, start)),
-            };
-            match reply {
-                Ok(Acquire::Acquired {
-                    epoch,
-                    waiting,
-                    earliest_other,
-                }) => {
-                    if epoch == 0 && self.backend.fencing() {
-                        return Err(Error::backend(
-                            key,
-                            Phase::Acquiring,
-                            "the backend granted the lock without a fencing epoch",
-                        ));
-                    }
-                    let granted = grant(
-                        &self.renewals,
-                        &self.stats,
-                        key,
-                        LeaseKind::Lock,
-                        token,
-                        epoch,
-                        ttl,
-                        sent_at,
-                        waiting,
-                    );
-                    let Some(lease) = granted else {
-                        // Not held: ask again with the same token, which re-arms it
-                        // if it still exists.
-                        if Instant::now() >= deadline {
-                            return Err(self.timed_out(key, start));
-                        }
-                        continue;
-                    };
-                    leading.finished = true;
-                    if self.config.fair {
-                        // Who may be handed this lease in fair mode: local tasks that
-                        // arrived before the request was sent when nobody else
-                        // waited (any later remote waiter arrived after that), or
-                        // before the earliest other waiter's arrival.
-                        let bound = match earliest_other {
-                            _ if waiting == 0 => Some(sent_at),
-                            Some(age) => sent_at.checked_sub(age),
-                            None => None,
-                        };
-                        if let Some(bound) = bound {
-                            lease.set_arrival_bound(bound);
-                        }
-                    }
-                    if let Some(slot) = &leading.slot {
-                        let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
-                        lease.found_waiting.store(found, Ordering::Relaxed);
-                    }
-                    if let Some(revocation) = revocation.take() {
-                        lease.set_revocation(revocation);
-                    }
-
-                    return Ok(Some(LockGuard::new(
-                        self.arc(),
-                        leading.slot.take(),
-                        lease,
-                        0,
-                    )));
-                }
-                Ok(Acquire::Busy { retry_in }) => {
-                    leading.lead.token = None;
-                    if !queue {
-                        return Ok(None);
-                    }
-                    if !pacer.watch() {
-                        continue;
-                    }
-                    tokio::select! {
-                        _ = pacer.woken_or(Instant::now() + retry_in) => {}
-                        _ = tokio::time::sleep_until(deadline) => {
-                            return Err(self.timed_out(key, start));
-                        }
-                    }
-                }
-                Err(e) => match Failure::of(&e) {
-                    // A single attempt (`try_lock`) reports a missing quorum or too
-                    // few replica acknowledgements at once: the nodes answered.
-                    Failure::Retry if queue || !Failure::unavailable(&e) => {
-                        // The token stays armed: a retry (or the cleanup) reconciles it.
-                        tracing::debug!(%key, error = %e, "acquire failed; retrying");
-                        let pause = pacer.backoff();
-                        if Instant::now() + pause >= deadline {
-                            return Err(e);
-                        }
-                        tokio::time::sleep(pause).await;
-                    }
-                    failure => {
-                        // Refused at once, or a definite answer; a refusal keeps the
-                        // token armed for the cleanup, which releases whatever a
-                        // partly run script (or an unacknowledged grant) wrote.
-                        if !failure.may_have_written() {
-                            leading.lead.token = None;
-                        }
-                        return Err(e);
-                    }
-                },
+            if let Some(bound) = bound {
+                lease.set_arrival_bound(bound);
             }
         }
+        if let Some(slot) = &leading.slot {
+            let found = u32::try_from(slot.acquired()).unwrap_or(u32::MAX);
+            lease.found_waiting.store(found, Ordering::Relaxed);
+        }
+        if let Some(revocation) = revocation {
+            lease.set_revocation(revocation);
+        }
+        Ok(Some(LockGuard::new(
+            self.arc(),
+            leading.slot.take(),
+            lease,
+            0,
+        )))
     }
 
     pub(super) fn timed_out(&self, key: &LockKey, start: Instant) -> Error {

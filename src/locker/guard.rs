@@ -105,13 +105,10 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
-        let job = self
-            .shared
-            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
-        match job {
-            None => Ok(()),
-            Some(job) => job.run().await,
-        }
+        self.shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
+            .outcome(&self.lease)
+            .await
     }
 }
 
@@ -121,11 +118,8 @@ impl Drop for LockGuard {
             return;
         }
         crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
-        if let Some(job) = self
-            .shared
+        self.shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
-        {
-            job.spawn();
-        }
+            .in_background();
     }
 }

@@ -14,6 +14,7 @@ use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
+use crate::lease::acquire::Mode;
 use crate::rwlock::RwLocks;
 use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;
@@ -348,7 +349,7 @@ impl Locker {
                     Call {
                         start,
                         deadline,
-                        queue: true,
+                        mode: Mode::Wait,
                         ttl,
                     },
                 )
@@ -425,7 +426,7 @@ impl Locker {
                 Call {
                     start,
                     deadline,
-                    queue: false,
+                    mode: Mode::Once,
                     ttl,
                 },
             )

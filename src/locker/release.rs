@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::{LockGuard, LockerState};
-use crate::backend::LockBackend;
 use crate::engine::deadline_after;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease::release::{self, Attempts};
+use crate::lease::release::{End, Ran, Release as BackendRelease, Settle};
 use crate::slot::{Abandon, Forward, Grant, Inheritance, Release, Slot};
 
 impl LockerState {
@@ -23,7 +22,7 @@ impl LockerState {
         slot: Option<Arc<Slot>>,
         lease: Arc<Lease>,
         seq: u64,
-    ) -> Option<ReleaseJob> {
+    ) -> End<SlotEnd> {
         if let Some(slot) = &slot {
             let handoff = self.may_hand_off(&lease);
             // Fair: only to a waiter that arrived before every other instance's
@@ -41,12 +40,12 @@ impl LockerState {
                 .filter(|_| {
                     !self.closing.load(Ordering::Relaxed) && !self.warm.is_cooled(&lease.key)
                 })
-                .and_then(|r| Some((r, tokio::runtime::Handle::try_current().ok()?)));
+                .filter(|_| crate::runtime::available());
             match slot.release(&lease, seq + 1, handoff, cache.is_some(), arrived_by) {
                 Release::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
                     self.stats.handoff();
-                    return None;
+                    return End::Kept;
                 }
                 Release::Cached(caching) => {
                     // `shutdown` sets `closing` before it scans the slots, and the
@@ -56,10 +55,14 @@ impl LockerState {
                     // taken back at once (unless the scan took it) and released as
                     // if it had not been cached.
                     if self.closing.load(Ordering::SeqCst) {
-                        let (lease, _) = slot.expire(caching)?;
-                        return Some(ReleaseJob::new(self.arc(), Some(Arc::clone(slot)), lease));
+                        return match slot.expire(caching) {
+                            Some((lease, _)) => {
+                                End::Release(self.release_job(Some(Arc::clone(slot)), lease))
+                            }
+                            None => End::Kept,
+                        };
                     }
-                    let (revocation, runtime) = cache.expect("cached only when asked to");
+                    let revocation = cache.expect("cached only when asked to");
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
                     // Where another instance is known to wait (it revoked the lease
                     // while it was in use, or the backend said so), only until the
@@ -76,7 +79,7 @@ impl LockerState {
                     // Watched since the lease was requested: another instance that
                     // queues from now on ends the caching at once (a revocation).
                     let mut revocation = revocation.clone();
-                    runtime.spawn(async move {
+                    crate::runtime::spawn(async move {
                         let revoked = if contended {
                             // Another instance waits: keep the lease only until the
                             // releasing task yields (this task, just spawned, runs
@@ -102,18 +105,35 @@ impl LockerState {
                                 // Kept for nothing while another instance wanted it.
                                 shared.warm.cool(slot.key());
                             }
-                            let job = ReleaseJob::new(shared, Some(slot), lease);
+                            let job = shared.release_job(Some(slot), lease);
                             if let Err(e) = job.run().await {
                                 tracing::debug!(error = %e, "releasing a cached lease failed");
                             }
                         }
                     });
-                    return None;
+                    return End::Kept;
                 }
                 Release::Backend => {}
             }
         }
-        Some(ReleaseJob::new(self.arc(), slot, lease))
+        End::Release(self.release_job(slot, lease))
+    }
+
+    /// The backend release of `lease`, held by `slot` (none without coalescing),
+    /// from its first attempt.
+    pub(super) fn release_job(
+        &self,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+    ) -> BackendRelease<SlotEnd> {
+        // The key's next lease, if taken soon, may be cached.
+        self.warm.released(&lease.key);
+        let end = SlotEnd {
+            shared: self.arc(),
+            key: lease.key.clone(),
+            slot,
+        };
+        BackendRelease::new(Arc::clone(&self.engine), lease, end)
     }
 }
 
@@ -145,7 +165,7 @@ impl LockerState {
         let key = lease.key.clone();
         let release = slot.release(&lease, seq, false, false, None);
         debug_assert_eq!(release, Release::Backend);
-        let job = ReleaseJob::new(self.arc(), Some(slot), lease);
+        let job = self.release_job(Some(slot), lease);
         match tokio::time::timeout_at(deadline, job.run()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "releasing a spent cached lease failed"),
@@ -165,9 +185,9 @@ impl LockerState {
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
         let jobs = slots.into_iter().filter_map(|slot| {
             let (lease, _) = slot.uncache()?;
-            Some(ReleaseJob::new(self.arc(), Some(slot), lease))
+            Some(self.release_job(Some(slot), lease))
         });
-        for outcome in futures::future::join_all(jobs.map(ReleaseJob::run)).await {
+        for outcome in futures::future::join_all(jobs.map(BackendRelease::run)).await {
             if let Err(e) = outcome {
                 tracing::debug!(error = %e, "releasing a cached lease at shutdown failed");
             }
@@ -225,164 +245,46 @@ impl Forward for LockerState {
             Grant::Lease(lease, seq) => {
                 // The waiter never used it: pass it on as if it had just finished,
                 // without claiming a sequence number it did not use.
-                if let Some(job) = self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1))
-                {
-                    job.spawn();
-                }
+                self.finish(Some(Arc::clone(slot)), lease, seq.saturating_sub(1))
+                    .in_background();
             }
         }
     }
 }
 
-/// A backend release still to be done; it completes even if its caller goes away.
-pub(crate) struct ReleaseJob {
+/// What a mutex release lets go: its slot, whose next waiter leads (inheriting
+/// this instance's place in the backend's queue after a fair release), or which
+/// goes idle.
+pub(crate) struct SlotEnd {
     shared: Arc<LockerState>,
+    key: LockKey,
     slot: Option<Arc<Slot>>,
-    lease: Arc<Lease>,
-    attempts: Attempts,
 }
 
-/// Re-runs a release from scratch in the background if the future running it is
-/// dropped half-way (release is idempotent per token).
-pub(super) struct Rearm(Option<ReleaseJob>);
-
-impl Drop for Rearm {
-    fn drop(&mut self) {
-        if let Some(job) = self.0.take() {
-            job.spawn();
-        }
-    }
-}
-
-/// A release handed to a background task. If the task is dropped before it runs
-/// (its runtime is shutting down), the local state is settled anyway: the lease
-/// stops being renewed and expires at its TTL, and the slot lets its next waiter
-/// lead (or goes idle) instead of staying in `Releasing` forever.
-pub(super) struct Background(Option<ReleaseJob>);
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        if let Some(job) = self.0.take() {
-            job.settle_locally();
-        }
-    }
-}
-
-impl ReleaseJob {
-    /// The backend release of `lease`, held by `slot` (none without coalescing),
-    /// from its first attempt.
-    fn new(shared: Arc<LockerState>, slot: Option<Arc<Slot>>, lease: Arc<Lease>) -> ReleaseJob {
-        // The key's next lease, if taken soon, may be cached.
-        shared.warm.released(&lease.key);
-        ReleaseJob {
-            shared,
-            slot,
-            lease,
-            attempts: Attempts::default(),
-        }
-    }
-
-    /// Releases at the backend (on the shared schedule, [`Attempts`]), then lets the
-    /// next local waiter lead. If this future is dropped before it finishes, the
-    /// release is re-run in the background, continuing the same schedule.
-    pub(crate) async fn run(self) -> Result<()> {
-        let span = tracing::debug_span!("lockflight.release", key = %self.lease.key);
-        self.run_inner().instrument(span).await
-    }
-
-    pub(super) async fn run_inner(self) -> Result<()> {
-        let mut rearm = Rearm(Some(self));
-        let job = rearm.0.as_mut().expect("armed");
-        let (shared, lease) = (Arc::clone(&job.shared), Arc::clone(&job.lease));
-        shared.renewals.forget(&lease);
-        crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
-        // Fair: a local waiter keeps this instance's place in the backend's queue
-        // (its arrival time), so the release wakes whoever arrived first.
-        let requeue = match &job.slot {
-            Some(slot) if shared.config.fair => slot.oldest_waiter(),
+impl Settle for SlotEnd {
+    /// Fair: a local waiter keeps this instance's place in the backend's queue
+    /// (its arrival time), so the release wakes whoever arrived first.
+    fn requeue(&self) -> Option<Instant> {
+        match &self.slot {
+            Some(slot) if self.shared.config.fair => slot.oldest_waiter(),
             _ => None,
-        };
-        let backend = &shared.backend;
-        let result = job
-            .attempts
-            .send(&shared.stats, || async {
-                let reply = match requeue {
-                    None => backend.release(&lease.key, lease.token).await,
-                    Some(at) => {
-                        let age = Instant::now().saturating_duration_since(at);
-                        backend.release_fair(&lease.key, lease.token, age).await
-                    }
-                };
-                reply.map(|r| r.released)
-            })
-            .await;
-        let job = rearm.0.take().expect("armed");
-        // A release that failed may still hold the lock at the backend, and a copy
-        // of it may still be on the wire. Its token is retired: it is released once
-        // more in the background and never acquired again (a re-grant to the next
-        // local leader could be deleted by that late copy while the leader believes
-        // it holds the lock); the next leader takes a fresh token, and the release's
-        // wake-up (it is queued if the lock was still held) lets it in.
-        // A requeued instance is (maybe) in the backend's queue: whoever inherits the
-        // lead leaves it if nobody wants the lock any more.
-        if let Err(e) = &result
-            && (e.is_indeterminate() || matches!(e, Error::Refused { .. }))
-        {
-            job.shared.cleanup(
-                &lease.key,
-                Inheritance {
-                    token: Some(lease.token),
-                    queued: false,
-                },
-            );
         }
-        job.settle(Inheritance {
+    }
+
+    /// Lets the next local waiter lead; with nobody waiting, the slot goes idle
+    /// and a requeued instance leaves the backend's queue (in the background).
+    fn settle(self, how: Ran) {
+        let lead = Inheritance {
             token: None,
-            queued: requeue.is_some(),
-        });
-        release::outcome(&lease, result?)
-    }
-
-    /// Lets the next local waiter lead, inheriting `lead`; with nobody waiting, the
-    /// slot goes idle and `lead`'s token (if any) is released in the background.
-    pub(super) fn settle(self, lead: Inheritance) {
-        let Some(slot) = &self.slot else {
-            self.shared.cleanup(&self.lease.key, lead);
-            return;
+            queued: how == Ran::Sent { requeued: true },
         };
-        if let Some(lead) = slot.released(&self.shared.slots, lead) {
-            self.shared.cleanup(&self.lease.key, lead);
+        let left = match &self.slot {
+            Some(slot) => slot.released(&self.shared.slots, lead),
+            None => Some(lead),
+        };
+        if let Some(lead) = left {
+            self.shared.cleanup(&self.key, lead);
         }
-    }
-
-    /// Settles the local state without a backend release: the lease expires at its
-    /// TTL.
-    pub(super) fn settle_locally(self) {
-        self.shared.renewals.forget(&self.lease);
-        crate::lease::histograms::renewals(
-            self.lease.kind,
-            self.lease.renewed.load(Ordering::Relaxed),
-        );
-        if let Some(slot) = &self.slot {
-            let _ = slot.released(&self.shared.slots, Inheritance::default());
-        }
-    }
-
-    /// Runs in the background. Without a Tokio runtime (a guard dropped outside
-    /// one), or if the runtime shuts down before the task runs, the backend release
-    /// is skipped — the lease expires at its TTL — and the next local waiter is
-    /// promoted at once.
-    pub(crate) fn spawn(self) {
-        let shared = Arc::clone(&self.shared);
-        // Dropped unrun (no runtime here, or it shuts down first), it settles
-        // the local state.
-        let mut pending = Background(Some(self));
-        shared.spawn_background(async move {
-            let job = pending.0.take().expect("set above");
-            if let Err(e) = job.run().await {
-                tracing::debug!(error = %e, "background release failed");
-            }
-        });
     }
 }
 

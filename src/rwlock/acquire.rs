@@ -8,14 +8,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{
-    Call, Entry, Gate, Kind, Leading, ReadGuard, RwLocks, WriteGuard, acquire_call, admit, share,
-    unsupported,
+    Call, Entry, Gate, Leading, ReadGuard, RwLocks, WriteGuard, admit, share, unsupported,
 };
-use crate::backend::{Acquire, LockKind};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::lease::acquire::{Failure, Pacer, grant};
+use crate::lease::acquire::{Ask, Mode, acquire};
+use crate::lease::{Lease, LeaseKind};
 
 impl RwLocks {
     /// [`Locker::read_within`](crate::Locker::read_within).
@@ -25,7 +23,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<ReadGuard> {
         key.validate()?;
-        let call = Call::new(wait, true);
+        let call = Call::new(wait, Mode::Wait);
         let span = tracing::debug_span!("lockflight.read", key = %key);
         let guard = self.read_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting read"))
@@ -34,7 +32,7 @@ impl RwLocks {
     /// [`Locker::try_read`](crate::Locker::try_read).
     pub(crate) async fn try_read(self: &Arc<Self>, key: LockKey) -> Result<Option<ReadGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, false);
+        let call = Call::new(self.config.wait_timeout, Mode::Once);
         self.read_inner(key, call).await
     }
 
@@ -45,7 +43,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<WriteGuard> {
         key.validate()?;
-        let call = Call::new(wait, true);
+        let call = Call::new(wait, Mode::Wait);
         let span = tracing::debug_span!("lockflight.write", key = %key);
         let guard = self.write_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting write"))
@@ -54,7 +52,7 @@ impl RwLocks {
     /// [`Locker::try_write`](crate::Locker::try_write).
     pub(crate) async fn try_write(self: &Arc<Self>, key: LockKey) -> Result<Option<WriteGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, false);
+        let call = Call::new(self.config.wait_timeout, Mode::Once);
         self.write_inner(key, call).await
     }
 
@@ -68,7 +66,7 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.wait {
+        let gate = if call.mode == Mode::Wait {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).read_owned())
                 .await
                 .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
@@ -101,7 +99,7 @@ impl RwLocks {
                     }));
                 }
                 Arrive::Leader => break,
-                Arrive::WaitDrain if !call.wait => return Ok(None),
+                Arrive::WaitDrain if call.mode == Mode::Once => return Ok(None),
                 Arrive::WaitAcquire | Arrive::WaitDrain => {
                     locks.stats.local_wait();
                     tokio::time::timeout_at(call.deadline, notified)
@@ -110,18 +108,11 @@ impl RwLocks {
                 }
             }
         }
-        let leading = Leading {
-            entry: Some(entry),
-            gate: Some(Gate::Read(gate)),
-            kind: Kind::Read,
-            token: self.backend.new_token(),
-            armed: false,
-        };
-        let Some((mut leading, lease)) = self.acquire(leading, call).await? else {
+        let leading = Leading::new(self, LeaseKind::Read, entry, Gate::Read(gate));
+        let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
-        let entry = leading.entry.take().expect("set");
-        let Some(Gate::Read(gate)) = leading.gate.take() else {
+        let Gate::Read(gate) = gate else {
             unreachable!("a read leader holds the read gate")
         };
         entry.rw.share().acquired(Arc::clone(&lease));
@@ -144,7 +135,7 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.wait {
+        let gate = if call.mode == Mode::Wait {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).write_owned())
                 .await
                 .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
@@ -154,18 +145,11 @@ impl RwLocks {
                 Err(_) => return Ok(None),
             }
         };
-        let leading = Leading {
-            entry: Some(entry),
-            gate: Some(Gate::Write(gate)),
-            kind: Kind::Write,
-            token: self.backend.new_token(),
-            armed: false,
-        };
-        let Some((mut leading, lease)) = self.acquire(leading, call).await? else {
+        let leading = Leading::new(self, LeaseKind::Write, entry, Gate::Write(gate));
+        let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
-        let entry = leading.entry.take().expect("set");
-        let Some(Gate::Write(gate)) = leading.gate.take() else {
+        let Gate::Write(gate) = gate else {
             unreachable!("a writer holds the write gate")
         };
         Ok(Some(WriteGuard {
@@ -175,100 +159,42 @@ impl RwLocks {
         }))
     }
 
-    /// Acquires `leading`'s lease at the backend, waiting (by wake-up, with the
-    /// backend's retry time as a fallback) unless `call.wait` is false. On success
-    /// the lease is being renewed, and `leading` is disarmed but still owns the
-    /// entry and gate for the caller to take.
+    /// Acquires `leading`'s lease at the backend ([`acquire`]), waiting unless
+    /// `call.mode` is [`Mode::Once`]. On success the lease is being renewed, and the
+    /// entry and gate `leading` kept are the caller's.
     pub(super) async fn acquire(
         self: &Arc<Self>,
         mut leading: Leading,
         call: Call,
-    ) -> Result<Option<(Leading, Arc<Lease>)>> {
-        let locks = self;
-        let key = leading.entry.as_ref().expect("set").key.clone();
-        let rw = locks.backend.rw().ok_or_else(|| unsupported(&key))?;
-        let ttl = locks.config.lease_ttl;
-        let token = leading.token;
-        let mut pacer = Pacer::new(locks.backend.wakeups(), LockKind::ReadWrite, &key, false);
-        loop {
-            let sent_at = pacer.sending();
-            leading.armed = true;
-            locks.stats.acquire_attempt();
-            let reply = tokio::time::timeout_at(
-                call.deadline,
-                acquire_call(rw, leading.kind, &key, token, ttl, call.wait),
-            )
-            .await
-            .map_err(|_| call.timed_out(locks, &key, Phase::Acquiring))?;
-            match reply {
-                Ok(Acquire::Acquired { epoch, waiting, .. }) => {
-                    if leading.kind == Kind::Write && epoch == 0 && locks.backend.fencing() {
-                        return Err(Error::backend(
-                            &key,
-                            Phase::Acquiring,
-                            "the backend granted the write lock without a fencing epoch",
-                        ));
-                    }
-                    let granted = grant(
-                        &locks.renewals,
-                        &locks.stats,
-                        &key,
-                        leading.kind.lease_kind(),
-                        token,
-                        epoch,
-                        ttl,
-                        sent_at,
-                        waiting,
-                    );
-                    let Some(lease) = granted else {
-                        // Not held: ask again with the same token, which re-arms it.
-                        if Instant::now() >= call.deadline {
-                            return Err(call.timed_out(locks, &key, Phase::Acquiring));
-                        }
-                        continue;
-                    };
-                    crate::lease::histograms::wait(lease.kind, call.start.elapsed());
-                    leading.armed = false;
-                    return Ok(Some((leading, lease)));
-                }
-                Ok(Acquire::Busy { retry_in }) => {
-                    // A busy read registered nothing but the wake-up; a busy write
-                    // may have registered the token as a waiting writer (kept armed).
-                    if !call.wait {
-                        leading.armed = false;
-                        return Ok(None);
-                    }
-                    if leading.kind == Kind::Read {
-                        leading.armed = false;
-                    }
-                    if !pacer.watch() {
-                        continue;
-                    }
-                    tokio::select! {
-                        _ = pacer.woken_or(Instant::now() + retry_in) => {}
-                        _ = tokio::time::sleep_until(call.deadline) => {
-                            return Err(call.timed_out(locks, &key, Phase::Acquiring));
-                        }
-                    }
-                }
-                Err(e) => match Failure::of(&e) {
-                    // A single attempt reports too few nodes answering at once.
-                    Failure::Retry if call.wait || !Failure::unavailable(&e) => {
-                        tracing::debug!(%key, error = %e, "read-write acquire failed; retrying");
-                        let pause = pacer.backoff();
-                        if Instant::now() + pause >= call.deadline {
-                            return Err(e);
-                        }
-                        tokio::time::sleep(pause).await;
-                    }
-                    failure => {
-                        // A refusal keeps the token armed for the cleanup; a definite
-                        // answer wrote nothing (the scripts read before they write).
-                        leading.armed = failure.may_have_written();
-                        return Err(e);
-                    }
-                },
+    ) -> Result<Option<(Entry, Gate, Arc<Lease>)>> {
+        let key = leading.entry().key.clone();
+        let rw = self.backend.rw().ok_or_else(|| unsupported(&key))?;
+        let (kind, ttl) = (leading.kind, self.config.lease_ttl);
+        let ask = Ask {
+            key: &key,
+            kind,
+            token: leading.token,
+            ttl,
+            mode: call.mode,
+            start: call.start,
+            deadline: call.deadline,
+            one_at_a_time: false,
+        };
+        let key = &key;
+        let granted = acquire(self, ask, &mut leading, |token, mode, _| async move {
+            let queue = mode == Mode::Wait;
+            if kind == LeaseKind::Read {
+                rw.acquire_read(key, token, ttl, queue).await
+            } else {
+                rw.acquire_write(key, token, ttl, queue).await
             }
-        }
+        })
+        .await?;
+        let Some(granted) = granted else {
+            return Ok(None);
+        };
+        crate::lease::histograms::wait(kind, call.start.elapsed());
+        let (entry, gate) = leading.armed.take_hold().expect("held until granted");
+        Ok(Some((entry, gate, granted.lease)))
     }
 }

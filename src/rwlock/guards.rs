@@ -6,22 +6,20 @@ use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
 use tokio::time::Instant;
 
-use super::{Entry, Gate, Kind, ReleaseJob};
-use crate::error::{Phase, Result};
+use super::{Entry, Gate, RwHold};
+use crate::error::Result;
 use crate::key::LockKey;
-use crate::lease::release::Attempts;
-use crate::lease::{FencingToken, Lease};
+use crate::lease::release::{End, Release};
+use crate::lease::{FencingToken, Lease, LeaseKind};
 
-/// The end of both guards' `release`: runs the backend release when this holder
-/// was the last, and reports a loss seen before it (`lost`) as the outcome.
-async fn released(lease: &Lease, job: Option<ReleaseJob>) -> Result<()> {
-    match job {
-        Some(job) => job.run().await,
-        // Another local reader still shares the lease: what this reader can say is
-        // whether it was lost while this reader held it.
-        None if lease.is_lost() => Err(lease.lost_error(Phase::Releasing)),
-        None => Ok(()),
-    }
+/// The backend release of `lease`, keeping `entry` and `gate` until it is done.
+fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwHold> {
+    let engine = Arc::clone(&entry.locks.engine);
+    let hold = RwHold {
+        _entry: entry,
+        _gate: gate,
+    };
+    End::Release(Release::new(engine, Arc::clone(lease), hold))
 }
 
 /// A shared read lock of a key: other readers (of this and other instances) may
@@ -89,35 +87,29 @@ impl ReadGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        let job = self.leave();
-        released(&self.lease, job).await
+        self.leave().outcome(&self.lease).await
     }
 
-    /// Leaves the share; the backend release to run when this was the last holder.
-    pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
-        let entry = self.entry.take()?;
-        let gate = self.gate.take()?;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Read, self.granted_at.elapsed());
+    /// Leaves the share; the backend release when this was the last holder.
+    fn leave(&mut self) -> End<RwHold> {
+        let (Some(entry), Some(gate)) = (self.entry.take(), self.gate.take()) else {
+            return End::Kept;
+        };
+        crate::lease::histograms::hold(LeaseKind::Read, self.granted_at.elapsed());
         let last = entry.rw.share().leave(&self.lease);
         if !last {
-            return None;
+            // Others still share it: what this reader learns is whether it was
+            // lost while this reader held it.
+            return End::Kept;
         }
         entry.rw.changed.notify_waiters();
-        Some(ReleaseJob {
-            kind: Kind::Read,
-            lease: Arc::clone(&self.lease),
-            _gate: Gate::Read(gate),
-            entry,
-            attempts: Attempts::default(),
-        })
+        release_job(&self.lease, entry, Gate::Read(gate))
     }
 }
 
 impl Drop for ReadGuard {
     fn drop(&mut self) {
-        if let Some(job) = self.leave() {
-            job.spawn();
-        }
+        self.leave().in_background();
     }
 }
 
@@ -173,27 +165,20 @@ impl WriteGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        let job = self.leave();
-        released(&self.lease, job).await
+        self.leave().outcome(&self.lease).await
     }
 
-    pub(super) fn leave(&mut self) -> Option<ReleaseJob> {
-        let (entry, gate) = self.job.take()?;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Write, self.granted_at.elapsed());
-        Some(ReleaseJob {
-            kind: Kind::Write,
-            lease: Arc::clone(&self.lease),
-            _gate: Gate::Write(gate),
-            entry,
-            attempts: Attempts::default(),
-        })
+    fn leave(&mut self) -> End<RwHold> {
+        let Some((entry, gate)) = self.job.take() else {
+            return End::Kept;
+        };
+        crate::lease::histograms::hold(LeaseKind::Write, self.granted_at.elapsed());
+        release_job(&self.lease, entry, Gate::Write(gate))
     }
 }
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
-        if let Some(job) = self.leave() {
-            job.spawn();
-        }
+        self.leave().in_background();
     }
 }

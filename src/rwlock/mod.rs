@@ -81,14 +81,13 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio::time::Instant;
-use tracing::Instrument;
 
-use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, LeaseToken, Released};
+use crate::backend::LeaseToken;
 use crate::engine::{Engine, deadline_after};
-use crate::error::{Error, Phase, Result};
+use crate::error::{Error, Phase};
 use crate::key::LockKey;
-use crate::lease::release::{self, Attempts};
+use crate::lease::acquire::{Armed, InFlight, Mode};
+use crate::lease::release::{Ran, Settle};
 use crate::lease::{Lease, LeaseKind};
 
 mod acquire;
@@ -208,176 +207,63 @@ fn unsupported(key: &LockKey) -> Error {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Read,
-    Write,
+/// What a read-write acquire or release keeps until it is done: the key's local
+/// state and the gate (the next local user does not meet this lease at the
+/// backend).
+struct RwHold {
+    _entry: Entry,
+    _gate: Gate,
 }
 
-impl Kind {
-    fn lease_kind(self) -> LeaseKind {
-        match self {
-            Kind::Read => LeaseKind::Read,
-            Kind::Write => LeaseKind::Write,
-        }
-    }
-}
-
-async fn acquire_call(
-    rw: &dyn RwBackend,
-    kind: Kind,
-    key: &LockKey,
-    token: LeaseToken,
-    ttl: Duration,
-    queue: bool,
-) -> Result<Acquire> {
-    match kind {
-        Kind::Read => rw.acquire_read(key, token, ttl, queue).await,
-        Kind::Write => rw.acquire_write(key, token, ttl, queue).await,
-    }
-}
-
-async fn release_call(
-    rw: &dyn RwBackend,
-    kind: Kind,
-    key: &LockKey,
-    token: LeaseToken,
-) -> Result<Released> {
-    match kind {
-        Kind::Read => rw.release_read(key, token).await,
-        Kind::Write => rw.release_write(key, token).await,
-    }
-}
-
-/// Releases `token` (an acquire that may have landed, or a writer's registration) in
-/// the background, keeping `hold` (the key's local state and gate) until it is done.
-fn cleanup(
-    locks: &Arc<RwLocks>,
-    kind: Kind,
-    key: &LockKey,
-    token: LeaseToken,
-    hold: impl Send + 'static,
-) {
-    let engine: &Engine = locks;
-    let locks = Arc::clone(locks);
-    let key = key.clone();
-    engine.spawn_background(async move {
-        let _hold = hold;
-        if let Some(rw) = locks.backend.rw() {
-            let sent = Attempts::default()
-                .send(&locks.stats, || async {
-                    release_call(rw, kind, &key, token).await.map(|r| r.released)
-                })
-                .await;
-            if let Err(e) = sent {
-                tracing::debug!(%key, error = %e, "releasing an abandoned read-write acquire failed");
-            }
-        }
-    });
+/// A read-write release lets go of its gate and local state; nothing else.
+impl Settle for RwHold {
+    fn settle(self, _: Ran) {}
 }
 
 /// The one local task acquiring a lease at the backend. Dropped unfinished, it
-/// lets the next local reader lead (for a read) and releases its token in the
-/// background (an acquire that may have landed; a writer's registration).
+/// lets the next local reader lead (for a read), and its token, if a request may
+/// have landed (an acquire, a writer's registration), is released in the
+/// background while the gate stays held ([`Armed`]).
 struct Leading {
-    entry: Option<Entry>,
-    gate: Option<Gate>,
-    kind: Kind,
+    kind: LeaseKind,
     token: LeaseToken,
-    /// A request may have landed (or registered a waiting writer).
-    armed: bool,
+    armed: Armed<(Entry, Gate)>,
+}
+
+impl Leading {
+    fn new(locks: &Arc<RwLocks>, kind: LeaseKind, entry: Entry, gate: Gate) -> Leading {
+        let token = locks.backend.new_token();
+        let key = entry.key.clone();
+        Leading {
+            kind,
+            token,
+            armed: Armed::new(&locks.engine, kind, &key, vec![token], (entry, gate)),
+        }
+    }
+
+    fn entry(&self) -> &Entry {
+        &self.armed.hold().expect("held until granted").0
+    }
+}
+
+impl InFlight for Leading {
+    fn sending(&mut self, mode: Mode) {
+        self.armed.sending(mode);
+    }
+
+    fn answered(&mut self, holds: bool) {
+        self.armed.answered(holds);
+    }
 }
 
 impl Drop for Leading {
     fn drop(&mut self) {
-        let Some(entry) = self.entry.take() else {
-            return;
-        };
-        if self.kind == Kind::Read {
+        if self.kind == LeaseKind::Read
+            && let Some((entry, _)) = self.armed.hold()
+        {
             entry.rw.share().abandoned();
             entry.rw.changed.notify_waiters();
         }
-        if self.armed {
-            let locks = Arc::clone(&entry.locks);
-            let key = entry.key.clone();
-            cleanup(
-                &locks,
-                self.kind,
-                &key,
-                self.token,
-                (entry, self.gate.take()),
-            );
-        }
-    }
-}
-
-/// A backend release still to be done. Dropped (its task never ran, or the release
-/// finished), it stops the lease's renewal; the lease then expires at its TTL if it
-/// was not released.
-struct ReleaseJob {
-    kind: Kind,
-    lease: Arc<Lease>,
-    // Held until the backend release is done, so the next local user does not meet
-    // this lease at the backend.
-    _gate: Gate,
-    entry: Entry,
-    attempts: Attempts,
-}
-
-impl Drop for ReleaseJob {
-    fn drop(&mut self) {
-        self.entry.locks.renewals.forget(&self.lease);
-    }
-}
-
-/// Re-runs a release in the background if the future running it is dropped.
-struct Rearm(Option<ReleaseJob>);
-
-impl Drop for Rearm {
-    fn drop(&mut self) {
-        if let Some(job) = self.0.take() {
-            job.spawn();
-        }
-    }
-}
-
-impl ReleaseJob {
-    async fn run(self) -> Result<()> {
-        let span = tracing::debug_span!("lockflight.rw_release", key = %self.lease.key);
-        let mut rearm = Rearm(Some(self));
-        let job = rearm.0.as_mut().expect("armed");
-        let result = job.release().instrument(span).await;
-        drop(rearm.0.take());
-        result
-    }
-
-    /// Releases on the shared schedule ([`Attempts`]); the backend's release record
-    /// makes a repeated attempt report what the first one did.
-    async fn release(&mut self) -> Result<()> {
-        let locks = Arc::clone(&self.entry.locks);
-        let lease = Arc::clone(&self.lease);
-        locks.renewals.forget(&lease);
-        crate::lease::histograms::renewals(lease.kind, lease.renewed.load(Ordering::Relaxed));
-        let rw = locks.backend.rw().ok_or_else(|| unsupported(&lease.key))?;
-        let kind = self.kind;
-        let released = self
-            .attempts
-            .send(&locks.stats, || async {
-                let reply = release_call(rw, kind, &lease.key, lease.token).await;
-                reply.map(|r| r.released)
-            })
-            .await?;
-        release::outcome(&lease, released)
-    }
-
-    fn spawn(self) {
-        let locks = Arc::clone(&self.entry.locks);
-        // Without a runtime the job is dropped: renewal stops, the lease expires.
-        locks.spawn_background(async move {
-            if let Err(e) = self.run().await {
-                tracing::debug!(error = %e, "background read-write release failed");
-            }
-        });
     }
 }
 
@@ -401,17 +287,17 @@ fn admit(lease: &Lease, waited_for_acquire: bool) -> Admit {
 struct Call {
     start: Instant,
     deadline: Instant,
-    /// Wait when busy (`false`: `try_read` / `try_write`).
-    wait: bool,
+    /// Wait when busy, or one attempt (`try_read` / `try_write`).
+    mode: Mode,
 }
 
 impl Call {
-    fn new(wait: Duration, waits: bool) -> Call {
+    fn new(wait: Duration, mode: Mode) -> Call {
         let start = Instant::now();
         Call {
             start,
             deadline: deadline_after(start, wait),
-            wait: waits,
+            mode,
         }
     }
 

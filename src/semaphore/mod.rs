@@ -65,13 +65,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::LeaseToken;
 use crate::backend::semaphore::SemaphoreBackend;
-use crate::engine::Engine;
+use crate::backend::{Acquire, LeaseToken};
+use crate::engine::deadline_after;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::acquire::Failure;
-use crate::lease::release::Attempts;
+use crate::lease::LeaseKind;
+use crate::lease::acquire::{Armed, Ask, Mode, acquire};
 mod permit;
 mod requests;
 
@@ -198,9 +198,7 @@ impl Semaphore {
     pub async fn acquire_within(&self, wait: Duration) -> Result<Permit> {
         self.check()?;
         let start = Instant::now();
-        let deadline = start
-            .checked_add(wait)
-            .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30));
+        let deadline = deadline_after(start, wait);
         let semaphores = &self.semaphores;
         loop {
             let (rx, _waiting) = semaphores.enqueue(&self.key, self.permits)?;
@@ -239,13 +237,15 @@ impl Semaphore {
         }
     }
 
-    /// One attempt: a permit if one is free now, else `None`. One backend request,
-    /// not coalesced with the waiting tasks and without joining the waiting set.
+    /// One attempt: a permit if one is free now, else `None`. Not coalesced with the
+    /// waiting tasks, and without joining the waiting set.
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire), without the timeout and overload; transient
-    /// backend errors are returned, not retried.
+    /// As [`acquire`](Self::acquire), without the overload, and a full semaphore is
+    /// `Ok(None)`: as [`Locker::try_lock`](crate::Locker::try_lock), a transient
+    /// error is asked again (same token) until the wait timeout, then returned; too
+    /// few nodes answering is returned at once.
     ///
     /// # Cancel safety
     ///
@@ -255,86 +255,47 @@ impl Semaphore {
         let backend = self.check()?;
         let semaphores = &self.semaphores;
         semaphores.check_permits(&self.key, self.permits)?;
-        let ttl = semaphores.config.lease_ttl;
+        let (key, permits, ttl) = (&self.key, self.permits, semaphores.config.lease_ttl);
         let token = semaphores.backend.new_token();
-        let mut pending = Pending::new(semaphores, &self.key, vec![token]);
-        let sent_at = Instant::now();
-        semaphores.stats.acquire_attempt();
-        let reply = backend
-            .acquire_permits(&self.key, self.permits, &[token], ttl, false)
-            .await;
-        match reply {
-            Ok(p) if p.granted >= 1 => {
-                pending.disarm();
-                Ok(Permit::granted(
-                    semaphores, &self.key, token, sent_at, p.waiting,
-                ))
-            }
-            Ok(_) => {
-                pending.disarm();
-                Ok(None)
-            }
-            Err(e) => {
-                if !Failure::of(&e).may_have_written() {
-                    pending.disarm();
+        let mut armed = Armed::new(&semaphores.engine, LeaseKind::Permit, key, vec![token], ());
+        let start = Instant::now();
+        let ask = Ask {
+            key,
+            kind: LeaseKind::Permit,
+            token,
+            ttl,
+            mode: Mode::Once,
+            start,
+            deadline: deadline_after(start, semaphores.config.wait_timeout),
+            one_at_a_time: false,
+        };
+        let granted = acquire(semaphores, ask, &mut armed, |token, _, _| async move {
+            let reply = backend
+                .acquire_permits(key, permits, &[token], ttl, false)
+                .await?;
+            Ok(if reply.granted >= 1 {
+                Acquire::Acquired {
+                    epoch: 0,
+                    waiting: reply.waiting,
+                    earliest_other: None,
                 }
-                Err(e)
-            }
-        }
+            } else {
+                Acquire::Busy {
+                    retry_in: reply.retry_in,
+                }
+            })
+        })
+        .await?;
+        Ok(granted.map(|granted| Permit::new(semaphores, granted.lease)))
     }
 }
 
-/// Tokens of a request in flight: released in the background unless disarmed.
-struct Pending {
-    semaphores: Arc<Semaphores>,
-    key: LockKey,
-    tokens: Vec<LeaseToken>,
-}
-
-impl Pending {
-    fn new(semaphores: &Arc<Semaphores>, key: &LockKey, tokens: Vec<LeaseToken>) -> Pending {
-        Pending {
-            semaphores: Arc::clone(semaphores),
-            key: key.clone(),
-            tokens,
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.tokens.clear();
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        for token in self.tokens.drain(..) {
-            spawn_release(&self.semaphores, &self.key, token, Attempts::default());
-        }
-    }
-}
-
-/// Releases `token` in the background (it may or may not be a permit), on the
-/// shared release schedule from where `attempts` stands. Without a runtime it
-/// expires at its TTL.
-fn spawn_release(
-    semaphores: &Arc<Semaphores>,
-    key: &LockKey,
-    token: LeaseToken,
-    mut attempts: Attempts,
-) {
-    let engine: &Engine = semaphores;
-    let semaphores = Arc::clone(semaphores);
-    let key = key.clone();
-    engine.spawn_background(async move {
-        if let Some(backend) = semaphores.backend.semaphore() {
-            let sent = attempts
-                .send(&semaphores.stats, || backend.release_permit(&key, token))
-                .await;
-            if let Err(e) = sent {
-                tracing::debug!(%key, error = %e, "background permit release failed");
-            }
-        }
-    });
+/// The tokens of a permit request in flight: released in the background (on the
+/// shared schedule) unless disarmed.
+fn pending(semaphores: &Arc<Semaphores>, key: &LockKey, tokens: Vec<LeaseToken>) -> Armed {
+    let mut armed = Armed::new(&semaphores.engine, LeaseKind::Permit, key, tokens, ());
+    armed.arm();
+    armed
 }
 
 #[cfg(test)]

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Semaphores, spawn_release};
+use super::Semaphores;
 use crate::backend::LeaseToken;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::acquire::grant;
-use crate::lease::release::Attempts;
+use crate::lease::release::{End, Release, retire};
 use crate::lease::{Lease, LeaseKind};
 
 /// A held permit of a [`Semaphore`](super::Semaphore).
@@ -67,16 +67,21 @@ impl Permit {
         );
         let Some(lease) = granted else {
             // Not held (the reply came after its validity): give the token back.
-            spawn_release(semaphores, key, token, Attempts::default());
+            retire(&semaphores.engine, LeaseKind::Permit, key, token);
             return None;
         };
-        Some(Permit {
+        Some(Permit::new(semaphores, lease))
+    }
+
+    /// The permit of a granted `lease`.
+    pub(super) fn new(semaphores: &Arc<Semaphores>, lease: Arc<Lease>) -> Permit {
+        Permit {
             semaphores: Arc::clone(semaphores),
             lease,
             done: false,
             granted_at: Instant::now(),
             fair_bound: 0,
-        })
+        }
     }
 
     /// The same permit for its next local holder ([`Semaphores::hand_off`]).
@@ -121,87 +126,26 @@ impl Permit {
     /// to completion in a background task (it is idempotent); only its result is
     /// lost.
     pub async fn release(mut self) -> Result<()> {
-        self.done = true;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
+        self.end().outcome(&self.lease).await
+    }
+
+    /// Ends this holder's use: handed to the next local waiter, or the backend
+    /// release (nothing once ended).
+    fn end(&mut self) -> End<()> {
+        if std::mem::replace(&mut self.done, true) {
+            return End::Kept;
+        }
+        crate::lease::histograms::hold(LeaseKind::Permit, self.granted_at.elapsed());
         if self.semaphores.hand_off(&self.lease, self.fair_bound) {
-            return Ok(());
+            return End::Kept;
         }
-        let mut rearm = Rearm(Some((
-            Arc::clone(&self.semaphores),
-            Arc::clone(&self.lease),
-            Attempts::default(),
-        )));
-        let (semaphores, lease, attempts) = rearm.0.as_mut().expect("armed");
-        let result = release(semaphores, lease, attempts).await;
-        rearm.0 = None;
-        result
+        let engine = Arc::clone(&self.semaphores.engine);
+        End::Release(Release::new(engine, Arc::clone(&self.lease), ()))
     }
-}
-
-/// Re-runs a permit release in the background, continuing its schedule, if the
-/// future running it is dropped.
-pub(super) struct Rearm(Option<(Arc<Semaphores>, Arc<Lease>, Attempts)>);
-
-impl Drop for Rearm {
-    fn drop(&mut self) {
-        if let Some((semaphores, lease, attempts)) = self.0.take() {
-            spawn_release(&semaphores, &lease.key, lease.token, attempts);
-        }
-    }
-}
-
-/// Stops renewing `lease` and returns it to the backend, on the shared release
-/// schedule ([`Attempts`]; `attempts` continues where an earlier run of the same
-/// release stopped).
-pub(super) async fn release(
-    semaphores: &Arc<Semaphores>,
-    lease: &Arc<Lease>,
-    attempts: &mut Attempts,
-) -> Result<()> {
-    semaphores.renewals.forget(lease);
-    crate::lease::histograms::renewals(
-        lease.kind,
-        lease.renewed.load(std::sync::atomic::Ordering::Relaxed),
-    );
-    let Some(backend) = semaphores.backend.semaphore() else {
-        return Err(Error::Unsupported {
-            key: lease.key.clone(),
-            what: "semaphores",
-        });
-    };
-    let released = attempts
-        .send(&semaphores.stats, || {
-            backend.release_permit(&lease.key, lease.token)
-        })
-        .await?;
-    crate::lease::release::outcome(lease, released)
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Permit, self.granted_at.elapsed());
-        if self.semaphores.hand_off(&self.lease, self.fair_bound) {
-            return;
-        }
-        self.semaphores.renewals.forget(&self.lease);
-        crate::lease::histograms::renewals(
-            self.lease.kind,
-            self.lease
-                .renewed
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
-        spawn_release(
-            &self.semaphores,
-            &self.lease.key,
-            self.lease.token,
-            Attempts::default(),
-        );
+        self.end().in_background();
     }
 }
-
-// ---------------------------------------------------------------------------
-// Local state: per key, a FIFO of waiters and one request task.
-// ---------------------------------------------------------------------------

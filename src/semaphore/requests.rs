@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::{MAX_BATCH, Pending, Permit};
+use super::{MAX_BATCH, Permit, pending};
 use crate::backend::{LeaseToken, LockKind};
 use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
@@ -21,7 +21,7 @@ use crate::lease::acquire::{Failure, Pacer};
 /// derefs to).
 #[derive(Debug)]
 pub(crate) struct Semaphores {
-    engine: Arc<Engine>,
+    pub(super) engine: Arc<Engine>,
     pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyState>>>,
 }
 
@@ -116,9 +116,13 @@ impl Semaphores {
         key: &LockKey,
         permits: u32,
     ) -> Result<(oneshot::Receiver<Result<Permit>>, Waiting)> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::backend(key, Phase::Acquiring, "a semaphore needs a Tokio runtime")
-        })?;
+        if !crate::runtime::available() {
+            return Err(Error::backend(
+                key,
+                Phase::Acquiring,
+                "a semaphore needs a Tokio runtime",
+            ));
+        }
         let mut keys = self.lock();
         let state = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
             Arc::new(KeyState {
@@ -153,7 +157,7 @@ impl Semaphores {
                 state: Arc::clone(&state),
                 finished: false,
             };
-            runtime.spawn(driver.run());
+            crate::runtime::spawn(driver.run());
         } else {
             self.stats.local_wait();
         }
@@ -329,7 +333,7 @@ impl Driver {
             let tokens: Vec<LeaseToken> = (0..k).map(|_| semaphores.backend.new_token()).collect();
             // Local waiters queued so far arrived before this request was sent.
             let fair_bound = state.queue().next_id;
-            let mut pending = Pending::new(&semaphores, key, tokens.clone());
+            let mut pending = pending(&semaphores, key, tokens.clone());
             let sent_at = pacer.sending();
             semaphores.stats.acquire_attempt();
             queued = true;

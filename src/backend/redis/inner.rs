@@ -222,20 +222,20 @@ impl Inner {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if !crate::runtime::available() {
             return;
-        };
+        }
         if task.is_some() {
             tracing::debug!(channel = %self.channel, "the notification task ended with its runtime; restarting it");
         }
         self.subscriber.restarting();
-        *task = Some(runtime.spawn(notify::run(
+        *task = crate::runtime::spawn(notify::run(
             self.conn.clone(),
             self.channel.clone(),
             self.connection_timeout,
             Arc::downgrade(self),
             self.stop.clone(),
-        )));
+        ));
     }
 
     /// The checks of `connect`: the scripts load, the extend script runs on the

@@ -83,18 +83,13 @@ impl OwnersCache {
             // down) still ends the read; the state's lock is not held here, as
             // that drop may run inside `spawn`.
             let reading = Reading(Arc::clone(&conn.owners));
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let conn = conn.clone();
-                    runtime.spawn(async move {
-                        let map = read(&conn).await.map(Arc::new);
-                        let mut state = lock(&reading.0.state);
-                        state.map = map;
-                        state.read_at = Some(Instant::now());
-                    });
-                }
-                Err(_) => drop(reading),
-            }
+            let conn = conn.clone();
+            crate::runtime::spawn(async move {
+                let map = read(&conn).await.map(Arc::new);
+                let mut state = lock(&reading.0.state);
+                state.map = map;
+                state.read_at = Some(Instant::now());
+            });
         }
         map
     }

@@ -474,10 +474,11 @@ impl Replays {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        *task = Some(runtime.spawn(run(conn.clone(), Arc::clone(self), stop.clone())));
+        if let Some(started) =
+            crate::runtime::spawn(run(conn.clone(), Arc::clone(self), stop.clone()))
+        {
+            *task = Some(started);
+        }
     }
 }
 

@@ -141,14 +141,12 @@ impl SentinelConn {
             last_resolve: Mutex::new(None),
             stop: CancellationToken::new(),
         });
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            for url in &this.settings.sentinels {
-                rt.spawn(listen_switch_master(
-                    url.clone(),
-                    Arc::downgrade(&this),
-                    this.stop.clone(),
-                ));
-            }
+        for url in &this.settings.sentinels {
+            crate::runtime::spawn(listen_switch_master(
+                url.clone(),
+                Arc::downgrade(&this),
+                this.stop.clone(),
+            ));
         }
         Ok(this)
     }

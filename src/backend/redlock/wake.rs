@@ -51,10 +51,7 @@ impl Inner {
             forwarder.woken.store(0, Ordering::Release);
             self.wakeups.wake(LockKind::Mutex, key.as_bytes());
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(forward(
+        crate::runtime::spawn(forward(
             key.clone(),
             forwarder,
             watches,
