@@ -15,6 +15,10 @@
 //! | `release::truthful_release_after_a_lost_reply` | one server, Cluster, Sentinel | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key); on one server a fault proxy loses the reply, on Cluster and Sentinel (no proxy can stand in front of nodes whose addresses clients discover) the first answer is discarded |
 //! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
+//! | `lifecycle::shutdown_waits_for_a_dropped_holders_release` | all | a holder dropped right before `shutdown` on a current-thread runtime, whose runtime then ends: another instance finds the key free at once |
+//! | `lifecycle::the_last_drop_waits_for_a_dropped_holders_release` | all | the same with the last `Locker` dropped on a multi-thread runtime |
+//! | `lifecycle::a_holder_dropped_without_a_runtime_settles_locally` | all | a holder dropped on a thread without a runtime: no local state stays, renewal stops, another instance gets the key after the TTL |
+//! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
@@ -40,6 +44,7 @@
 
 mod exclusion;
 mod kinds;
+mod lifecycle;
 mod loss;
 mod release;
 
