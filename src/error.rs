@@ -219,7 +219,8 @@ impl LockKey {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when the key is empty or longer than [`LockKey::MAX_LEN`].
+    /// [`Error::InvalidKey`] when the key is empty, whitespace only, or longer
+    /// than [`LockKey::MAX_LEN`].
     pub fn validate(&self) -> Result<()> {
         match self.problem() {
             Some(reason) => Err(Error::InvalidKey {

@@ -1,7 +1,7 @@
 //! Lock keys and the extractors that find a key in a request.
 //!
 //! A [`LockKey`] is an arbitrary, non-empty byte string of at most [`LockKey::MAX_LEN`]
-//! bytes. Conversions from `&str`, `String`, `&[u8]` and `Vec<u8>` are infallible;
+//! bytes that is not whitespace only. Conversions from `&str`, `String`, `&[u8]` and `Vec<u8>` are infallible;
 //! the key is validated when it is used, so a bad key becomes a clear
 //! [`Error::InvalidKey`](crate::Error::InvalidKey) at the call site instead of a panic.
 //!
@@ -13,7 +13,8 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
-/// The name of a lock: a non-empty byte string of at most [`LockKey::MAX_LEN`] bytes.
+/// The name of a lock: a non-empty byte string of at most [`LockKey::MAX_LEN`] bytes,
+/// not whitespace only.
 ///
 /// Cheap to clone (reference counted). Ordering, equality and hashing are those of
 /// the bytes.
@@ -58,12 +59,25 @@ impl LockKey {
         self.0.is_empty()
     }
 
+    /// Why the key names nothing, if it does not: it is empty, or UTF-8 text of
+    /// whitespace only (a key built from a missing or blank value, which would
+    /// make every such request share one lock).
+    pub(crate) fn blank(&self) -> Option<&'static str> {
+        if self.0.is_empty() {
+            Some("the key is empty")
+        } else if self.as_str().is_some_and(|s| s.trim().is_empty()) {
+            Some("the key is blank (whitespace only)")
+        } else {
+            None
+        }
+    }
+
     /// What is wrong with the key for locking, if anything: the reason of the
     /// [`Error::InvalidKey`](crate::Error::InvalidKey) that
     /// [`validate`](LockKey::validate) returns.
     pub(crate) fn problem(&self) -> Option<String> {
-        if self.0.is_empty() {
-            return Some("the key is empty".into());
+        if let Some(blank) = self.blank() {
+            return Some(blank.into());
         }
         if self.0.len() > LockKey::MAX_LEN {
             return Some(format!(
@@ -197,6 +211,16 @@ pub trait KeyExtractor<Req> {
     fn extract_key(&self, req: &mut Req) -> Result<LockKey, NoKey> {
         self.extract(req)
             .ok_or_else(|| NoKey::client("the request carries no lock key"))
+    }
+}
+
+/// An extracted key that names something, before any prefix: an empty or blank
+/// one (an empty path segment, a blank header) is the request's fault, so that
+/// the layers fail closed instead of locking the prefix alone.
+pub(crate) fn named(key: LockKey) -> Result<LockKey, NoKey> {
+    match key.blank() {
+        Some(why) => Err(NoKey::client(why)),
+        None => Ok(key),
     }
 }
 
@@ -354,6 +378,13 @@ mod tests {
     fn validation_names_the_problem() {
         let empty = LockKey::from("").validate().unwrap_err();
         assert!(empty.to_string().contains("empty"), "{empty}");
+        for blank in [" ", "\t\n", "\u{3000}"] {
+            let e = LockKey::from(blank).validate().unwrap_err();
+            assert!(e.to_string().contains("blank"), "{e}");
+        }
+        // Not text: bytes as they are.
+        LockKey::from(&[b' ', 0xff][..]).validate().unwrap();
+        LockKey::from(" sku ").validate().unwrap();
         let long = LockKey::from(vec![b'a'; LockKey::MAX_LEN + 1])
             .validate()
             .unwrap_err();

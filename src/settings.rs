@@ -169,13 +169,13 @@ impl Handoff {
     /// their writes once it has accepted one of the new holder's.
     ///
     /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
-    /// its cached leases: on a multi-thread runtime the drop waits for that, and
-    /// for the background releases of every lock kind still under way (dropped
-    /// guards' and permits'; at most a second); on a current-thread runtime it starts the releases, which
-    /// finish only if the runtime keeps running. A process that exits within `d`
-    /// of a release without either (a `Locker` kept in a `static`, a
-    /// current-thread runtime that ends with `main`, `std::process::exit`) leaves
-    /// that lease to expire at its TTL, as if it had crashed. Call
+    /// its cached leases and waits for that, at most a second, on either runtime
+    /// flavor (on a current-thread runtime, or outside one, from a thread of its
+    /// own); on a multi-thread runtime it also waits for the background releases
+    /// of every lock kind still under way (dropped guards' and permits'). A
+    /// process that exits within `d` of a release without dropping its last
+    /// `Locker` (one kept in a `static`, `std::process::exit`) leaves that lease
+    /// to expire at its TTL, as if it had crashed. Call
     /// [`Locker::shutdown`](crate::Locker::shutdown) before exiting to be sure.
     ///
     /// A process that loops over a key pays one backend round trip pair per

@@ -37,6 +37,7 @@ use tokio::sync::{Notify, watch};
 use crate::error::Result;
 use crate::key::LockKey;
 
+pub(crate) mod detached;
 pub mod memory;
 pub mod redis;
 pub mod redlock;

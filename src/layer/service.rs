@@ -82,8 +82,9 @@ impl<B> WithLockInfo for http::Request<B> {
 /// # Keys
 ///
 /// The key is the extractor's ([`KeyExtractor::extract_key`]), after the layer's
-/// [`key_prefix`](super::LockLayer::key_prefix). A request without one is refused
-/// (see [`MissingKey`]) and logged with its route: at `WARN` when the route cannot
+/// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose
+/// key is empty or whitespace only before the prefix (`/items//reserve`), is
+/// refused (see [`MissingKey`]) and logged with its route: at `WARN` when the route cannot
 /// yield a key (a configuration error), at `INFO` when the request lacks it.
 ///
 /// # Outages
@@ -157,7 +158,7 @@ impl<S, E> LockService<S, E> {
     where
         E: KeyExtractor<Req>,
     {
-        let key = self.extractor.extract_key(req)?;
+        let key = crate::key::named(self.extractor.extract_key(req)?)?;
         Ok(match &self.settings.prefix {
             None => key,
             Some(prefix) => {

@@ -180,6 +180,13 @@ impl LockerState {
     /// and waits for the lease work already under way in the background, of
     /// every kind ([`BackgroundWork`](crate::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
+        self.release_cached_leases().await;
+        self.background.idle().await;
+    }
+
+    /// Stops caching and releases every cached lease at the backend, side by
+    /// side; the first half of [`release_cached`](Self::release_cached).
+    async fn release_cached_leases(&self) {
         // Before the scan: a lease cached after it sees `closing` (see `finish`).
         self.closing.store(true, Ordering::SeqCst);
         let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
@@ -192,43 +199,65 @@ impl LockerState {
                 tracing::debug!(error = %e, "releasing a cached lease at shutdown failed");
             }
         }
-        self.background.idle().await;
     }
 }
 
 /// How long dropping the last [`Locker`](super::Locker) waits for its cached
-/// leases' release (multi-thread runtime).
+/// leases' release and the background lease work under way.
 const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl LockerState {
     /// The last `Locker` is dropped: stop caching, release the cached leases, and
-    /// let the background lease work under way, of every kind, end.
+    /// let the background lease work under way, of every kind, end. The dropping
+    /// thread waits for that, at most [`EXIT_RELEASE_WAIT`], so a `main` that
+    /// returns right after leaves nothing locked, on either runtime flavor.
     ///
-    /// On a multi-thread runtime this waits (in `block_in_place`, at most
-    /// [`EXIT_RELEASE_WAIT`]) for a task that runs the releases and waits for the
-    /// others, so a `main` that returns right after leaves nothing locked. The wait
-    /// uses no Tokio timer and polls nothing itself: if the runtime is shutting
-    /// down, the task is dropped unrun and the wait ends at once (the leases expire
-    /// at their TTL, as before). On a current-thread runtime the task is only
-    /// started (blocking would stop the one thread that must run it). With nothing
-    /// cached and no release under way, nothing is started or waited for.
+    /// * On a multi-thread runtime, a task on it runs the releases and waits for
+    ///   the background work, and the drop waits for the task in `block_in_place`
+    ///   on a `std` channel: no Tokio timer and no polling on the dropping thread,
+    ///   so a runtime that is shutting down (which drops the task unrun) ends the
+    ///   wait at once.
+    /// * On a current-thread runtime, or with no runtime, no task of the locker's
+    ///   runtime can run while the drop waits (the one thread is the dropping
+    ///   one, and `main` returning drops every task unrun right after): the cached
+    ///   leases are released on a thread of their own with its own runtime and
+    ///   connections (`backend::detached`). Background work under way there (a
+    ///   dropped guard's release) is left to its runtime, as before: it runs if
+    ///   the runtime goes on, else the lease expires at its TTL.
+    ///
+    /// With nothing cached and no release under way, nothing is started or
+    /// waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
         let under_way = !self.background.is_idle();
-        if !under_way && !self.slots.iter().any(|e| e.value().is_cached()) {
+        let cached = self.slots.iter().any(|e| e.value().is_cached());
+        if !under_way && !cached {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime here: the linger tasks release on the runtime they run on.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let multi_thread = runtime
+            .as_ref()
+            .is_some_and(|r| r.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if cached && !multi_thread {
+            let shared = Arc::clone(self);
+            let released = crate::backend::detached::run(
+                async move { shared.release_cached_leases().await },
+                EXIT_RELEASE_WAIT,
+            );
+            if !released {
+                tracing::debug!("the cached leases were not released in time at the last drop");
+            }
+        }
+        if runtime.is_none() {
             return;
-        };
+        }
         let (done, finished) = std::sync::mpsc::channel::<()>();
         let shared = Arc::clone(self);
-        runtime.spawn(async move {
+        crate::runtime::spawn(async move {
             let _done = done; // dropped when the releases end, or with the task
             let _ = tokio::time::timeout(EXIT_RELEASE_WAIT, shared.release_cached()).await;
         });
-        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        if multi_thread {
             let _ = tokio::task::block_in_place(|| finished.recv_timeout(EXIT_RELEASE_WAIT));
         }
     }

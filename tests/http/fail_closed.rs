@@ -143,3 +143,78 @@ async fn an_in_handler_route_without_locked_is_logged_once() {
     assert_eq!(logs.count("WARN", "ran UNLOCKED"), 1, "{}", logs.text());
     assert!(logs.text().contains("POST /items/{sku}"), "{}", logs.text());
 }
+
+/// An empty or blank path segment is no key: `/items//reserve` is refused with
+/// `400 invalid_key`, with and without a `key_prefix` (where the key would
+/// otherwise be the prefix alone, one lock for every such request), before and
+/// in the handler (`Locked`), and nothing reaches the backend or the handler.
+#[tokio::test]
+async fn an_empty_or_blank_key_segment_is_refused_with_400() {
+    let locker = redis_locker("http-blank", Duration::from_secs(5)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let in_handler = {
+        let runs = Arc::clone(&runs);
+        post(
+            move |lockflight::layer::Locked(_, _): lockflight::layer::Locked<String>| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    "locked"
+                }
+            },
+        )
+    };
+    let sku = || PathParam::new("sku");
+    let app = Router::new()
+        .route("/plain/{sku}/reserve", counted(&runs))
+        .route_layer(LockLayer::new(locker.clone(), sku()).handle_errors())
+        .merge(
+            Router::new()
+                .route("/prefixed/{sku}/reserve", counted(&runs))
+                .route_layer(
+                    LockLayer::new(locker.clone(), sku())
+                        .key_prefix("sku:")
+                        .handle_errors(),
+                ),
+        )
+        .merge(
+            Router::new()
+                .route("/body/{sku}/reserve", in_handler)
+                .route_layer(
+                    LockLayer::new(locker.clone(), sku())
+                        .key_prefix("sku:")
+                        .lock_in_handler()
+                        .handle_errors(),
+                ),
+        );
+    let served = serve(app).await;
+    let before = locker.stats();
+    for route in ["plain", "prefixed", "body"] {
+        for segment in ["", "%20", "%20%09", "%E3%80%80"] {
+            let path = format!("/{route}/{segment}/reserve");
+            let reply = served.post(&path, "{}").await;
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{path}: {}",
+                reply.text()
+            );
+            assert_eq!(reply.problem_code(), "invalid_key", "{path}");
+        }
+        // A key that names something still locks.
+        let path = format!("/{route}/7/reserve");
+        let reply = served.post(&path, "{}").await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text());
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "a handler ran without a key"
+    );
+    assert_eq!(
+        (locker.stats() - before).acquire_attempts,
+        3,
+        "a request without a key reached the backend"
+    );
+    locker.shutdown().await;
+}

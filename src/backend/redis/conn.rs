@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, Script, Value};
 
 use super::acked::{Acked, LeaseScript, Pool};
+use crate::backend::detached;
 
 /// How a backend reaches Redis.
 #[derive(Clone, Debug)]
@@ -77,6 +78,15 @@ pub(super) struct Single {
     pub(super) client: redis::Client,
 }
 
+impl Single {
+    /// A connection of its own, driven by the current runtime: what a request on
+    /// a detached thread uses (`backend::detached`), because `conn`'s task runs on
+    /// the runtime that made it, which may be blocked or gone by then.
+    async fn own_connection(&self) -> Result<redis::aio::MultiplexedConnection, RedisError> {
+        self.client.get_multiplexed_async_connection().await
+    }
+}
+
 /// The command connection of a backend. Cheap to clone.
 #[derive(Clone)]
 pub(super) enum Conn {
@@ -112,6 +122,9 @@ impl Conn {
             call.arg(*a);
         }
         match self {
+            Conn::Single(single) if detached::is_detached() => {
+                call.invoke_async(&mut single.own_connection().await?).await
+            }
             Conn::Single(single) => call.invoke_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => call.invoke_async(&mut c.conn.clone()).await,
@@ -200,6 +213,9 @@ impl Conn {
     /// goes to any node, `SCRIPT LOAD` to every primary).
     pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
+            Conn::Single(single) if detached::is_detached() => {
+                cmd.query_async(&mut single.own_connection().await?).await
+            }
             Conn::Single(single) => cmd.query_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.conn.clone()).await,

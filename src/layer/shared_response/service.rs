@@ -106,7 +106,11 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqB>) -> Self::Future {
         let mut service = self.inner.clone();
-        let Ok(key) = self.extractor.extract_key(&mut req) else {
+        let Ok(key) = self
+            .extractor
+            .extract_key(&mut req)
+            .and_then(crate::key::named)
+        else {
             return Box::pin(async move {
                 let res = service.oneshot(req).await.map_err(Into::into)?;
                 Ok(res.map(SharedBody::Original))
