@@ -92,7 +92,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
-mod engine;
 pub mod error;
 pub mod fence;
 pub mod guard;

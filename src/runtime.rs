@@ -3,7 +3,7 @@
 //!
 //! Guards may be dropped, and lockers built, outside any Tokio runtime; the work a
 //! task would do then is dropped unrun, and whatever it owns settles in its
-//! `Drop` (see [`Engine::spawn_background`](crate::engine::Engine::spawn_background)
+//! `Drop` (see [`Engine::spawn_background`](crate::lease::engine::Engine::spawn_background)
 //! for the lease work, counted so that `shutdown` waits for it).
 
 use std::future::Future;

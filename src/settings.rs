@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use crate::backend::LockBackend;
 use crate::error::{Error, Result};
-use crate::lease;
 
 /// Local lease handoff settings; see [`LockerBuilder::handoff`](crate::LockerBuilder::handoff). **On by default**
 /// ([`Handoff::enabled`] with the default budget).
@@ -323,7 +322,7 @@ impl Settings {
             ));
         }
         let renew_every = self.renew_every.unwrap_or(ttl / 3);
-        let usable = ttl.saturating_sub(lease::drift(ttl));
+        let usable = ttl.saturating_sub(crate::backend::drift(ttl));
         validate_ttl(ttl, renew_every).map_err(Error::config)?;
         if self.max_waiters == 0 {
             return Err(Error::config("max_waiters is zero"));
@@ -409,8 +408,8 @@ pub(crate) fn validate_ttl(
     renew_every: Duration,
 ) -> std::result::Result<(), String> {
     ttl_in_bounds(ttl)?;
-    let usable = ttl.saturating_sub(lease::drift(ttl));
-    let latest_start = renew_every.saturating_add(crate::lease::renewal::tick(renew_every));
+    let usable = ttl.saturating_sub(crate::backend::drift(ttl));
+    let latest_start = renew_every.saturating_add(crate::backend::schedule::tick(renew_every));
     if renew_every.is_zero() || latest_start > usable / 2 {
         return Err(format!(
             "renew_every is {renew_every:?}; a renewal may then start {latest_start:?} \

@@ -1,4 +1,5 @@
-//! The release schedule every lock kind follows, and what it asks of a backend.
+//! The release schedule every lock kind follows, and what it asks of a backend;
+//! the renewal watchdog's scan interval ([`tick`]).
 //!
 //! A release whose outcome is unknown (an I/O error, a reply that did not come
 //! back in time: [`Error::is_indeterminate`](crate::Error)) is sent again with the
@@ -34,6 +35,14 @@ const RECORD_MARGIN: Duration = Duration::from_secs(1);
 /// takes at most `request_bound` from being sent to being answered or abandoned.
 pub(crate) fn release_record_ttl(request_bound: Duration) -> Duration {
     RELEASE_WINDOW + request_bound + RECORD_MARGIN
+}
+
+/// The scan interval for a renewal interval of `every`: a renewal starts at most
+/// this late. [`LockerBuilder::build`](crate::LockerBuilder::build) requires
+/// `every + tick(every)` to leave half of the lease's validity for the renewal's
+/// round trip and retries.
+pub(crate) fn tick(every: Duration) -> Duration {
+    (every / 4).max(Duration::from_millis(1))
 }
 
 #[cfg(test)]

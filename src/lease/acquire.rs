@@ -28,9 +28,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Acquire, LeaseToken, LockKind, WakeRegistry, Wakeup};
-use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
+use crate::lease::engine::Engine;
+use crate::lease::failure::Failure;
 use crate::lease::renewal::Renewals;
 use crate::lease::{Lease, LeaseKind};
 use crate::stats::StatsInner;
@@ -39,56 +40,6 @@ use crate::stats::StatsInner;
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 /// The longest pause after an indeterminate error.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
-
-/// What an error answering an acquire means for its token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// The request may or may not have landed (I/O, a timeout, a quorum not
-    /// reached): ask again with the same token, which the backend recognises as
-    /// its own; until a definite answer the token stays armed for the cleanup.
-    Retry,
-    /// The server refused at once (out of memory, a read-only replica, too few
-    /// replica acknowledgements, an ACL refusal): give up, but a partly run script
-    /// (or an unacknowledged grant) may have written, so the token is released by
-    /// the cleanup.
-    Refused,
-    /// A definite answer with nothing written (a foreign value, bad input, a
-    /// mismatched semaphore): give up; there is nothing to clean up, because every
-    /// script reads what can fail before it writes.
-    Definite,
-}
-
-impl Failure {
-    /// The one classification every kind's acquire loop uses. Too few replica
-    /// acknowledgements (`NOREPLICAS`) is asked again like an indeterminate error:
-    /// the grant was written, unacknowledged, and a replica that catches up within
-    /// the caller's wait acknowledges the re-grant.
-    pub(crate) fn of(e: &Error) -> Failure {
-        if e.is_indeterminate() || Failure::unavailable(e) {
-            Failure::Retry
-        } else if matches!(e, Error::Refused { .. } | Error::NoPermission { .. }) {
-            Failure::Refused
-        } else {
-            Failure::Definite
-        }
-    }
-
-    /// Whether `e` says that too few nodes answered (a quorum not reached, too few
-    /// replica acknowledgements): retried by a waiting acquire, reported at once by
-    /// a single attempt (`try_*`).
-    pub(crate) fn unavailable(e: &Error) -> bool {
-        match e {
-            Error::QuorumNotReached { .. } => true,
-            Error::Refused { code, .. } => code == "NOREPLICAS",
-            _ => false,
-        }
-    }
-
-    /// Whether the token may hold something at the backend after this error.
-    pub(crate) fn may_have_written(self) -> bool {
-        self != Failure::Definite
-    }
-}
 
 /// The pacing of one acquire loop for the `kind` lock of `key`: the wake-up watch
 /// (registered only once the loop has to wait, so an acquire that succeeds at once
@@ -482,36 +433,6 @@ impl<H: Send + 'static> Drop for Armed<H> {
 mod tests {
     use super::*;
     use crate::key::LockKey;
-
-    #[test]
-    fn one_classification_of_acquire_errors() {
-        let key = LockKey::from("k");
-        let io = Error::backend(&key, crate::error::Phase::Acquiring, "reset");
-        assert_eq!(Failure::of(&io), Failure::Retry);
-        let refused = Error::Refused {
-            key: key.clone(),
-            phase: crate::error::Phase::Acquiring,
-            code: "OOM".into(),
-            source: Arc::new(std::io::Error::other("oom")),
-        };
-        assert_eq!(Failure::of(&refused), Failure::Refused);
-        assert!(Failure::of(&refused).may_have_written());
-        let unacknowledged = Error::Refused {
-            key: key.clone(),
-            phase: crate::error::Phase::Acquiring,
-            code: "NOREPLICAS".into(),
-            source: Arc::new(std::io::Error::other("too few replicas")),
-        };
-        assert_eq!(Failure::of(&unacknowledged), Failure::Retry);
-        assert!(Failure::unavailable(&unacknowledged));
-        let bad = key_error();
-        assert_eq!(Failure::of(&bad), Failure::Definite);
-        assert!(!Failure::of(&bad).may_have_written());
-    }
-
-    fn key_error() -> Error {
-        LockKey::from("").validate().unwrap_err()
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_wake_up_between_the_request_and_the_watch_is_not_missed() {

@@ -48,6 +48,8 @@ use crate::key::LockKey;
 use crate::stats::StatsInner;
 
 pub(crate) mod acquire;
+pub(crate) mod engine;
+pub(crate) mod failure;
 pub(crate) mod histograms;
 #[cfg(test)]
 mod model;

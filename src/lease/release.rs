@@ -22,7 +22,7 @@
 //!    in the background); no kind acquires a token again after a release of it
 //!    was sent.
 //! 4. Every job and retirement in the background is counted in the engine's
-//!    [`BackgroundWork`](crate::engine::BackgroundWork) (via
+//!    [`BackgroundWork`](crate::lease::engine::BackgroundWork) (via
 //!    [`Engine::spawn_background`]), so `shutdown` and the last `Locker` wait for
 //!    them, whatever the kind.
 
@@ -35,10 +35,10 @@ use tracing::Instrument;
 
 use crate::backend::schedule::{RELEASE_ATTEMPTS, RELEASE_BACKOFF, RELEASE_WINDOW};
 use crate::backend::{LeaseToken, LockBackend};
-use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::acquire::Failure;
+use crate::lease::engine::Engine;
+use crate::lease::failure::Failure;
 use crate::lease::{Lease, LeaseKind};
 use crate::stats::StatsInner;
 

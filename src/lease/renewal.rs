@@ -7,14 +7,10 @@
 //! renews them with one [`LockBackend::extend_batch`] call. The backend decides how
 //! to group them: the default makes the per-lease calls concurrently (the memory
 //! and Redlock backends); the Redis backend renews up to 500 leases of any kinds per
-//! script call, grouped by cluster primary on a Cluster (`backend/redis/renew.rs`).
-//! With 10,000 held leases renewed every 200 ms on one server that is 18 script
-//! calls per period instead of 10,000, 2.2 ms of server time per 500-lease call,
-//! and 39 ms of server CPU per period against 51 ms for the 70 % of the
-//! renewals the per-lease watchdog managed to send (`measure_batched_renewal` in
-//! `tests/redis_lock/renewal_batch.rs`).
+//! script call, grouped by cluster primary on a Cluster (`backend/redis/renew.rs`;
+//! its cost is measured in BENCHMARKS.md).
 //!
-//! # Why batching keeps every guarantee of the per-lease watchdog
+//! # Why batching keeps every guarantee of a lease renewed alone
 //!
 //! * **Each lease gets its own answer.** `extend_batch` returns one result per
 //!   lease, the one its own renewal would return (the Redis batch script runs the
@@ -26,28 +22,28 @@
 //!   made, so it is never later than the moment any of its scripts ran.
 //! * **Loss at `valid_until`, not when a slow reply comes.** While a call is in
 //!   flight, the batch task wakes at the earliest validity end among its leases and
-//!   signals each lease whose validity ended (`await_batch`), as the per-lease task
-//!   did with its own timer; a reply that comes back later cannot revive a lease
-//!   (`is_lost` is checked before the validity moves). The hold limit is checked
-//!   before every attempt, as before.
+//!   signals each lease whose validity ended (`await_batch`); a reply that comes
+//!   back later cannot revive a lease (`is_lost` is checked before the validity
+//!   moves). The hold limit is checked before every attempt.
 //! * **Retries are per lease.** A lease whose renewal failed (a connection error
-//!   fails every lease of its call) is retried after the same delay as before
-//!   (`every / 4`, 5–250 ms) or at once when its validity ends, until it ends;
+//!   fails every lease of its call) is retried after `every / 4` (5–250 ms) or at
+//!   once when its validity ends, until it ends;
 //!   only the leases that failed are in the retry call.
 //! * **A released lease is never renewed.** `forget` stops the lease; a stopped
 //!   lease is dropped before each attempt, its answer ignored, and `schedule`
-//!   refuses to put it back, under the set's mutex as before. A renewal sent just
-//!   before the release is harmless as it always was: the renewal and release
+//!   refuses to put it back, under the set's mutex. A renewal sent just before the
+//!   release is harmless: the renewal and release
 //!   scripts compare the token, so whichever runs second changes nothing or
 //!   deletes.
 //! * **A slow batch does not delay the next scan.** The batch runs on its own task;
 //!   its leases are out of the set meanwhile (never renewed twice at once), and
-//!   leases due later go into later batches, as they went into later tasks.
+//!   leases due later go into later batches.
 //! * **Runtime shutdown.** A batch task dropped before it settled its leases puts
 //!   them back in the set, due at once (`Requeue`), for the next driver.
 //!
-//! What changes: the leases of one call share its fate (a call that times out is
-//! retried for all of them), and one task and one timer serve a whole scan.
+//! The cost: the leases of one call share its fate (a call that times out is
+//! retried for all of them); in exchange one task and one timer serve a whole
+//! scan.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -57,6 +53,7 @@ use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{HOLD_LIMIT_REACHED, Lease, drift};
+use crate::backend::schedule::tick;
 use crate::backend::{Extend, LockBackend, RenewItem};
 use crate::error::{Error, Result};
 use crate::stats::StatsInner;
@@ -199,14 +196,6 @@ impl Renewals {
         }
         due
     }
-}
-
-/// The scan interval for a renewal interval of `every`: a renewal starts at most
-/// this late. [`LockerBuilder::build`](crate::LockerBuilder::build) requires
-/// `every + tick(every)` to leave half of the lease's validity for the renewal's
-/// round trip and retries.
-pub(crate) fn tick(every: Duration) -> Duration {
-    (every / 4).max(Duration::from_millis(1))
 }
 
 /// Scans the set every `tick` and hands the leases due in each scan to one batch

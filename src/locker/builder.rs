@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::{Locker, LockerState};
 use crate::backend::LockBackend;
-use crate::engine::Engine;
 use crate::error::Result;
+use crate::lease::engine::Engine;
 use crate::settings::{self, Handoff, LossPolicy, Settings};
 
 /// Settings of a [`Locker`]; see [`Locker::builder`].

@@ -10,11 +10,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::LockBackend;
-use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
 use crate::lease::acquire::Mode;
+use crate::lease::engine::{Engine, deadline_after};
 use crate::rwlock::RwLocks;
 use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState};
-use crate::engine::deadline_after;
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::lease::engine::deadline_after;
 use crate::lease::release::{End, Ran, Release as BackendRelease, Settle};
 use crate::slot::{Abandon, Forward, Grant, Inheritance, Release, Slot};
 
@@ -178,7 +178,7 @@ impl LockerState {
 impl LockerState {
     /// Stops caching, releases every cached lease at the backend, side by side,
     /// and waits for the lease work already under way in the background, of
-    /// every kind ([`BackgroundWork`](crate::engine::BackgroundWork)).
+    /// every kind ([`BackgroundWork`](crate::lease::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
         self.release_cached_leases().await;
         self.background.idle().await;
@@ -222,8 +222,8 @@ impl LockerState {
     ///   one, and `main` returning drops every task unrun right after): the cached
     ///   leases are released on a thread of their own with its own runtime and
     ///   connections (`backend::detached`). Background work under way there (a
-    ///   dropped guard's release) is left to its runtime, as before: it runs if
-    ///   the runtime goes on, else the lease expires at its TTL.
+    ///   dropped guard's release) is left to its runtime: it runs if the runtime
+    ///   goes on, else the lease expires at its TTL.
     ///
     /// With nothing cached and no release under way, nothing is started or
     /// waited for.

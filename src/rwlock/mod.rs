@@ -83,10 +83,10 @@ use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
-use crate::engine::{Engine, deadline_after};
 use crate::error::{Error, Phase};
 use crate::key::LockKey;
 use crate::lease::acquire::{Armed, InFlight, Mode};
+use crate::lease::engine::{Engine, deadline_after};
 use crate::lease::release::{Ran, Settle};
 use crate::lease::{Lease, LeaseKind};
 

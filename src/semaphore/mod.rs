@@ -67,11 +67,11 @@ use tokio::time::Instant;
 
 use crate::backend::semaphore::SemaphoreBackend;
 use crate::backend::{Acquire, LeaseToken};
-use crate::engine::deadline_after;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
 use crate::lease::acquire::{Armed, Ask, Mode, acquire};
+use crate::lease::engine::deadline_after;
 mod permit;
 mod requests;
 

@@ -113,7 +113,7 @@ impl Permit {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the backend no longer had the permit (it expired,
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the backend no longer had the permit (it expired,
     /// or was removed; nothing was returned). `Ok` means the release removed it at
     /// the backend (it was held until then), or handed it to the next local holder
     /// while no loss of it was known (a permit known lost, as a forced release's

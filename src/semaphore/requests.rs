@@ -11,11 +11,12 @@ use tokio::time::Instant;
 
 use super::{MAX_BATCH, Permit, pending};
 use crate::backend::{LeaseToken, LockKind};
-use crate::engine::Engine;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease::acquire::{Failure, Pacer};
+use crate::lease::acquire::Pacer;
+use crate::lease::engine::Engine;
+use crate::lease::failure::Failure;
 
 /// The semaphores of one locker, per key, over the locker's engine (which it
 /// derefs to).

@@ -12,12 +12,6 @@
 //! Cluster (feature `cluster`, see `RedisBackend::cluster`) and on a primary found
 //! through sentinels (feature `sentinel`, see `RedisBackend::sentinel`).
 //!
-//! The queue had been a hash at `<prefix>:{<key>}:q` before; the sorted sets have
-//! new names so that instances of both versions never meet a value of the wrong
-//! type during a rolling upgrade: they still exclude each other through the same
-//! lock, fence and claim, but do not see each other's queue entries
-//! (waiters of the other version fall back to their retry timers).
-//!
 //! Each backend has a random instance id and **one** notification channel
 //! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
 //! publishes the key, tagged with the kind of lock (see `notify`), on the channel of

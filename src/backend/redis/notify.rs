@@ -34,16 +34,8 @@
 //!   whatever its kind, so no new local section starts on it (a handoff, a cached
 //!   lease, a reader joining a shared read lease) and its holders' releases report
 //!   the loss. Nothing else is touched: a newer lease of the key has another token.
-//!   An older instance that does not know the tag reads it as an untagged key that
-//!   nobody watches: nothing is woken, and after the grace period below it leaves
-//!   the queue of that (nonexistent) key, a request that finds no claim and
-//!   changes nothing.
-//! * A message without a tag (a bare key, as lockflight published it before kinds
-//!   were tagged, e.g. from an older instance during a rolling upgrade) may be for
-//!   any of the key's locks: it wakes the watchers of every kind of that key, a
-//!   spurious wake-up at worst. (A binary key that itself begins with a tag byte
-//!   and is published bare by such an instance is read as tagged: that wake-up may
-//!   be missed, and its waiter falls back to its timer.)
+//! * A message without a tag (a bare key) may be for any of the key's locks: it
+//!   wakes the watchers of every kind of that key, a spurious wake-up at worst.
 //!
 //! A mutex message (tagged, or untagged) for a key whose mutex nobody here waits
 //! for any more (still nobody after a short grace period) means this instance may
@@ -162,7 +154,7 @@ enum Message<'a> {
     TakenOver(LeaseToken, &'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
-    /// A bare key without a tag (an older lockflight's message): any of its locks.
+    /// A bare key without a tag: any of its locks.
     Untagged(&'a [u8]),
 }
 

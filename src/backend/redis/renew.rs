@@ -60,10 +60,9 @@ use super::{Names, RedisBackend, decode_extend, map_err, millis, renewal_script,
 use crate::backend::{Extend, LeaseKind, RenewItem, extend_one};
 use crate::error::{Phase, Result};
 
-/// At most this many leases per script call: measured at 2.2 ms of server time per
-/// call (about 4.4 µs per lease, mixed kinds; `measure_batched_renewal` in
-/// `tests/redis_lock/renewal_batch.rs`), so a call holds Redis no longer than a
-/// few milliseconds.
+/// At most this many leases per script call, so that one call holds Redis for a
+/// few milliseconds at most (measured by `measure_batched_renewal` in
+/// `tests/redis_lock/renewal_batch.rs`; figures in BENCHMARKS.md).
 pub(super) const CHUNK: usize = 500;
 
 pub(super) static EXTEND_BATCH: LeaseScript = LeaseScript::renewal(
