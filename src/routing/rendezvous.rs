@@ -7,18 +7,13 @@ use super::{RoutingError, key_hash, pair_hash};
 /// Weighted rendezvous hashing (highest random weight, Thaler & Ravishankar) over
 /// named nodes.
 ///
-/// Every node scores every key; the key goes to the node with the highest score. A
-/// node's identity is its bytes (`N: AsRef<[u8]>`: `String`, `&str`, `Vec<u8>`,
-/// [`LockKey`](crate::LockKey), or your own type), so two processes that hold the
-/// same nodes with the same weights route every key the same way, whatever order
-/// the nodes were added in.
-///
-/// Because each key's choice depends only on the scores, a membership change moves
-/// only the keys it must: a removed node's keys spread over the others in proportion
-/// to their weights, an added node takes about `w / (W + w)` of the keys (`W` the old
-/// total weight), all from the others and all to itself, and no other key moves.
-/// Picking costs one key hash plus one 64-bit mix per node (`O(n)`), which for the
-/// tens of members a router has is cheaper than a ring lookup's cache misses.
+/// Every node scores every key; the key goes to the highest score. A node's identity is
+/// its bytes (`N: AsRef<[u8]>`: `String`, `&str`, `Vec<u8>`,
+/// [`LockKey`](crate::LockKey), or your own type), so processes holding the same nodes
+/// and weights route every key the same way, whatever order the nodes were added in. A
+/// removed node's keys spread over the others in proportion to their weights; an added
+/// node takes about `w / (W + w)` of the keys (`W` the old total weight), all to itself;
+/// no other key moves. [`pick`](Self::pick) is `O(n)` in the nodes.
 ///
 /// # The score, exactly
 ///
@@ -27,14 +22,11 @@ use super::{RoutingError, key_hash, pair_hash};
 /// * `h = fmix64(key_hash(k) ^ key_hash(x))`, with [`key_hash`](super::key_hash)
 ///   (XXH3-64, seed 0) and `fmix64` MurmurHash3's 64-bit finalizer;
 /// * `u = ((h >> 12) + 0.5) / 2^52`, which lies strictly inside (0, 1);
-/// * `score = -w / ln(u)` (the logarithmic method of Schindelhauer & Schomaker, as
-///   popularised for weighted HRW), which gives node `x` a share `w / Σw` of the keys.
+/// * `score = -w / ln(u)`, which gives node `x` a share `w / Σw` of the keys.
 ///
 /// The highest score wins; ties go to the higher `h`, then to the greater node bytes.
-/// When all weights are equal this is simply the highest `h`, and `pick` then skips
-/// the logarithms. (`ln` comes from the platform's math library, which may differ in
-/// the last bit between platforms; that can only flip a key whose two best scores are
-/// within one rounding error of each other, a chance of about 1e-16 per key.)
+/// `ln` may differ in the last bit between platforms, which can flip only a key whose
+/// two best scores are within one rounding error of each other.
 ///
 /// ```
 /// use lockflight::routing::Rendezvous;

@@ -20,32 +20,22 @@ pub const DEFAULT_VNODES: u32 = 160;
 /// XXH3-64 hashes of its bytes with seeds `0, 1, …, vnodes - 1`. A key `k` lands on
 /// [`key_hash`](super::key_hash)`(k)` and belongs to the node of the first point at or
 /// after that position, wrapping around; points at the same position are ordered by
-/// node bytes. So every process holding the same nodes and `vnodes` places every key
-/// the same way, whatever order the nodes were added in. Adding a node takes about
-/// `1/(n + 1)` of the keys, all to itself; removing one moves only its keys.
+/// node bytes. Placement depends only on the nodes and `vnodes`, never on the order of
+/// adds. Adding a node takes about `1/(n + 1)` of the keys, all to itself; removing one
+/// moves only its keys.
 ///
 /// # Two ways to look up
 ///
-/// * [`pick`](Self::pick) is plain consistent hashing: stateless, loads ignored.
-/// * [`assign`](Self::assign) / [`release`](Self::release) track loads. A node's
-///   *load* is the number of distinct keys currently assigned to it. `assign` of a
-///   key that is already assigned returns the same node and counts one more hold on
-///   it (a held key never moves while it is held, which is what lock routing wants);
-///   a new key takes the first node, walking clockwise from its position, whose load
-///   is below the capacity. `release` drops one hold; the last one frees the key.
-///
-/// With bounded loads (factor `c > 1`, see
-/// [`with_bounded_loads`](Self::with_bounded_loads)) the capacity for a new key is
-/// `ceil(c * (m + 1) / n)`, where `m` keys are assigned and `n` nodes present, so as
-/// keys are assigned no node ever holds more than `ceil(c * m / n)` of them: at most
-/// `c` times the average, rounding aside. Without bounded loads the capacity is
-/// unlimited and `assign` always agrees with `pick` for new keys. Existing
-/// assignments are never moved: after releases or a node added, loads can sit above
-/// the current capacity until their keys are released. Removing a node forgets the
-/// keys assigned to it (they are placed afresh by their next `assign`).
-///
-/// The assignment table is an ordinary `HashMap` from key bytes; it only remembers
-/// decisions, so its hasher plays no part in where keys go.
+/// [`pick`](Self::pick) is plain consistent hashing, loads ignored.
+/// [`assign`](Self::assign) counts one more hold on the key's node (a node's *load* is
+/// its number of distinct assigned keys): an assigned key keeps its node while held; a
+/// new key takes the first node clockwise whose load is below the capacity.
+/// [`release`](Self::release) drops one hold; the last frees the key. With
+/// [`with_bounded_loads`](Self::with_bounded_loads)`(c)` the capacity is
+/// `ceil(c * (m + 1) / n)` for `m` assigned keys and `n` nodes, so no node holds more
+/// than `ceil(c * m / n)`; without, it is unlimited and `assign` agrees with `pick`.
+/// Assignments never move (loads may sit above the capacity until released); removing a
+/// node forgets its keys.
 ///
 /// ```
 /// use lockflight::routing::HashRing;

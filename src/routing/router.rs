@@ -19,57 +19,35 @@ use crate::key::{KeyExtractor, LockKey};
 /// Routes each request to one of several inner services by the request's
 /// [`LockKey`], so that all requests for one key meet on one instance.
 ///
-/// The key comes from a [`KeyExtractor`] — the same extractors as the lock layer: a
-/// closure `Fn(&Req) -> Option<LockKey>`, [`HeaderKey`](crate::layer::HeaderKey) or
-/// [`PathSegment`](crate::layer::PathSegment). Members are chosen by weighted
-/// [`Rendezvous`] hashing over their names, so every router holding the same members
-/// sends every key to the same member, and a membership change moves only the keys
-/// it must: the keys of a member that is removed or marked down spread over the
-/// others, a member that is added or marked up takes back its share, and no other
-/// key moves. Routing never replaces the lock: see the [module
+/// The key comes from a [`KeyExtractor`]: a closure `Fn(&Req) -> Option<LockKey>`,
+/// [`HeaderKey`](crate::layer::HeaderKey) or [`PathSegment`](crate::layer::PathSegment).
+/// Members are chosen by weighted [`Rendezvous`] hashing over their names: every router
+/// holding the same members sends every key to the same member, and a membership change
+/// moves only the keys of the member removed, marked down, added or marked up. Routing
+/// never replaces the lock: see the [module
 /// documentation](super#routing-makes-the-lock-cheap-it-never-replaces-it).
 ///
-/// Membership lives behind a [`RouterHandle`] shared by the router and all its
-/// clones; change it at any time, also while requests are in flight. A request is
-/// routed by the membership at the moment [`call`](Service::call) runs; it then
-/// stays with the member it was given.
-///
-/// # Requests without a key
-///
-/// By default a request whose extractor returns `None` goes to the up members in
-/// turn (round robin): it needs no lock, so any instance will do and spreading them
-/// is what a gateway wants. [`reject_keyless`](Self::reject_keyless) makes such
-/// requests fail with [`RoutingError::NoKey`] instead.
-///
-/// # Errors
-///
-/// The error type is [`BoxError`]: the inner service's errors, boxed, or a
-/// [`RoutingError`] — [`NoMembers`](RoutingError::NoMembers) when no member is up,
-/// [`NoKey`](RoutingError::NoKey) for a rejected keyless request. Recover either with
-/// `downcast_ref`. A missing key or member is an error, never a panic.
+/// Membership lives behind a [`RouterHandle`] shared by all clones and may change at any
+/// time; a request is routed by the membership when [`call`](Service::call) runs and
+/// stays with that member. A request without a key goes to the up members in turn, or
+/// fails with [`RoutingError::NoKey`] after [`reject_keyless`](Self::reject_keyless).
 ///
 /// # Readiness
 ///
-/// `poll_ready` cannot know which member the next request goes to, so it always
-/// returns `Ready(Ok(()))`, and readiness is handled per call instead: `call` clones
-/// the chosen member's service (hence `S: Clone`) and the returned
-/// [`ResponseFuture`] drives that clone through `poll_ready` and then `call`
-/// ([`ServiceExt::oneshot`]). This is the clone-and-call pattern tower's documentation
-/// recommends when a service must be called from a future. A member that is not
-/// ready therefore delays only the requests routed to it; its back-pressure shows up
-/// as a pending response future, not as a pending router. Make the inner services
-/// cheap to clone (a `tower::buffer::Buffer`, a client handle) and put any
-/// concurrency limit *inside* them, where all clones share it.
+/// `poll_ready` always returns `Ready(Ok(()))`. `call` clones the chosen member's service
+/// (hence `S: Clone`) and the [`ResponseFuture`] drives the clone through `poll_ready` and
+/// `call` ([`ServiceExt::oneshot`]), so a member that is not ready delays only its own
+/// requests. Make the inner services cheap to clone and put concurrency limits inside them.
 ///
-/// # A compiler limitation to know about
+/// # Errors
 ///
-/// When the inner services' error type is exactly [`BoxError`] and the router's
-/// future is awaited directly inside a `Send` async block (`tokio::spawn(async move {
-/// router.oneshot(req).await })`), rustc may reject the block with "implementation of
-/// `From` is not general enough" (rust-lang/rust#110338; tower's own middleware hits
-/// it too). Either give the inner services a concrete error type, or box the future
-/// in a plain function (`fn call(r, req) -> BoxFuture<..> { r.oneshot(req).boxed() }`)
-/// and await that.
+/// [`BoxError`]: the inner service's errors, or a [`RoutingError`] —
+/// [`NoMembers`](RoutingError::NoMembers) when no member is up, [`NoKey`](RoutingError::NoKey)
+/// for a rejected keyless request (recover with `downcast_ref`). Never a panic.
+///
+/// When the inner error type is exactly [`BoxError`], awaiting the router's future
+/// directly in a `Send` async block may not compile (rust-lang/rust#110338): use a
+/// concrete error type, or box the future in a plain function.
 ///
 /// ```
 /// use std::convert::Infallible;
