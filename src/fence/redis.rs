@@ -49,11 +49,9 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 /// if its token is not older than the last token the key accepted, in one script
 /// (see the [module docs](crate::fence) for the rule).
 ///
-/// It holds only names; the connection is passed to each call, so one
-/// `FencedKey` works with any `redis` async connection: a
-/// `MultiplexedConnection`, a `ConnectionManager`, a cluster connection (feature
-/// `cluster` of `redis`; the resource, its fence and its write record share one
-/// slot).
+/// It holds only names; each call takes any `redis` async connection (a
+/// `MultiplexedConnection`, a `ConnectionManager`, a cluster connection: the
+/// resource, its fence and its write record share one slot).
 ///
 /// ```no_run
 /// # async fn demo(locker: lockflight::Locker, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
@@ -71,28 +69,22 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 ///
 /// # Repeating a write
 ///
-/// A write whose reply did not arrive ([`Error::Backend`]: a timeout, a dropped
-/// connection; or a dropped future) may or may not have been applied. What a
-/// repeat with the same token does:
+/// A write whose reply did not arrive ([`Error::Backend`], or a dropped future) may or
+/// may not have been applied. A repeat with the same token:
 ///
-/// * **With a write id** (an `*_options` method with [`WriteOptions::write_id`],
-///   the same id in every attempt): safe to repeat, any number of times, even
-///   while an earlier attempt is still on its way. The resource applies an id at
-///   most once per token and answers every later attempt [`Fenced::Applied`] with
-///   the result of the one that applied (for [`incr_by_options`](Self::incr_by_options),
-///   the value it made). It keeps at least the 64 newest ids of its current
-///   token (by id order) and forgets older ones: an attempt with a forgotten id,
-///   or with any id older than one it forgot, is refused, not applied, with
-///   [`Error::Refused`] (code `WRITEID`), since it may have been applied.
-/// * **Without one**: a repeat is a new write. [`incr_by`](Self::incr_by) adds
-///   again: not safe to repeat. [`set`](Self::set), [`set_with_ttl`](Self::set_with_ttl),
-///   [`hset`](Self::hset) and [`delete`](Self::delete) write the same state again:
-///   safe, unless the earlier attempt is still on its way and lands after a later
-///   write of the same critical section. [`advance`](Self::advance) is always safe.
+/// * **with a write id** ([`WriteOptions::write_id`] in an `*_options` method, the same
+///   id in every attempt) is safe, even while an earlier attempt is on its way: the id
+///   is applied at most once per token, and every later attempt gets [`Fenced::Applied`]
+///   with the result of the one that applied. At least the 64 newest ids of the current
+///   token are kept; an id older than one forgotten is refused with [`Error::Refused`]
+///   (code `WRITEID`), never applied;
+/// * **without one** is a new write: [`incr_by`](Self::incr_by) adds again;
+///   [`set`](Self::set), [`set_with_ttl`](Self::set_with_ttl), [`hset`](Self::hset) and
+///   [`delete`](Self::delete) are safe unless the earlier attempt lands after a later
+///   write of the same section; [`advance`](Self::advance) is always safe.
 ///
-/// Either way, a repeat answered [`Fenced::Stale`] means a newer holder has
-/// written: the critical section is over, and whether its earlier attempt landed
-/// is not known.
+/// A repeat answered [`Fenced::Stale`] means a newer holder has written; whether the
+/// earlier attempt landed is not known.
 ///
 /// ```no_run
 /// # async fn demo(guard: lockflight::LockGuard, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
