@@ -18,16 +18,13 @@ const MAX_DETAIL: usize = 1024;
 /// handler's **last** argument on a route behind
 /// [`LockLayer::lock_in_handler`](super::LockLayer::lock_in_handler).
 ///
-/// The order is the point. The body is received and `T` validates it (a
-/// `Json<Debit>` parses, a `Form<_>` decodes) while no lock is held, so a client
-/// that uploads slowly holds nothing, and a request that `T` refuses takes no lock
-/// at all. Only then is the lock taken (the layer's key, prefix and
-/// [`LockOptions`](crate::LockOptions)); the handler's body runs holding it, and
-/// receives its [`LockInfo`] (key, fencing token, loss signal) as the second field.
-///
-/// The layer keeps the guard until the response future ends, and under
-/// [`LossPolicy::Abort`](crate::LossPolicy::Abort) drops the handler when the lease
-/// is lost, as in the layer's own form.
+/// `T` receives and validates the body (a `Json<Debit>` parses, a `Form<_>` decodes)
+/// while no lock is held; a request that `T` refuses takes no lock. Then the lock is
+/// taken (the layer's key, prefix and [`LockOptions`](crate::LockOptions)), and the
+/// handler runs holding it, with its [`LockInfo`] (key, fencing token, loss signal) as
+/// the second field. The layer keeps the guard until the response future ends, and
+/// under [`LossPolicy::Abort`](crate::LossPolicy::Abort) drops the handler when the
+/// lease is lost.
 ///
 /// ```
 /// use axum::{Json, Router, routing::post};
@@ -57,13 +54,12 @@ const MAX_DETAIL: usize = 1024;
 ///
 /// # Rejections
 ///
-/// Every rejection is a [`Problem`] response: the layer's errors as in the table
-/// on `IntoResponse for Error`; a request `T` refuses keeps `T`'s status, with the
-/// code `invalid_request` and `T`'s own message as `detail` (a rejection that is
-/// already `application/problem+json` is passed on as it is, so `T` may give its
-/// own codes). Without
-/// `lock_in_handler` on the route, `Locked` refuses every request with
-/// `500 invalid_config` (it never runs the handler unlocked).
+/// Every rejection is a [`Problem`] response: the layer's errors as in the table on
+/// `IntoResponse for Error`; a request `T` refuses keeps `T`'s status, with the code
+/// `invalid_request` and `T`'s message as `detail` (a rejection that is already
+/// `application/problem+json` passes unchanged). Without `lock_in_handler` on the
+/// route, `Locked` refuses every request with `500 invalid_config`: it never runs the
+/// handler unlocked.
 #[derive(Debug)]
 pub struct Locked<T>(pub T, pub LockInfo);
 

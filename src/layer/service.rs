@@ -66,49 +66,35 @@ impl<B> WithLockInfo for http::Request<B> {
 ///
 /// # Readiness
 ///
-/// `poll_ready` is always ready at once and does not poll the inner service. The key
-/// comes from the request, so all per-key work happens in the future that `call`
-/// returns, in this order: acquire the lock, then drive a clone of the inner service
-/// to readiness, then call it (as [`tower::util::Oneshot`] does). Readiness is never
-/// held while waiting for a lock: with a `ConcurrencyLimit` or a `Buffer` inside, a
-/// request waiting for a hot key holds no permit or slot, so requests for other keys
-/// are not stuck behind it. If the lock is not obtained, the inner service is not
-/// touched at all. That is why the inner service must be `Clone`.
-///
-/// The inner service's backpressure therefore applies once the lock is held: put
-/// load shedding or a concurrency limit *outside* this layer to bound how many
-/// requests wait for locks (the locker's `max_waiters` bounds it per key).
+/// `poll_ready` is ready at once and does not poll the inner service. The future that
+/// `call` returns does all per-key work: acquire the lock, then drive a clone of the
+/// inner service to readiness (hence `S: Clone`), then call it. A request waiting for a
+/// lock holds no inner capacity, and one that gets no lock never touches the inner
+/// service. Put load shedding or a concurrency limit *outside* this layer to bound how
+/// many requests wait (the locker's `max_waiters` bounds it per key).
 ///
 /// # Keys
 ///
-/// The key is the extractor's ([`KeyExtractor::extract_key`]), after the layer's
-/// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose
-/// key is empty or whitespace only before the prefix (`/items//reserve`), is
-/// refused (see [`MissingKey`]) and logged with its route: at `WARN` when the route cannot
-/// yield a key (a configuration error), at `INFO` when the request lacks it.
+/// The key is the extractor's ([`KeyExtractor::extract_key`]) after the layer's
+/// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose key is
+/// empty or whitespace only before the prefix, is refused (see [`MissingKey`]) and
+/// logged with its route: at `WARN` when the route cannot yield a key, at `INFO` when
+/// the request lacks it.
 ///
 /// # Outages
 ///
-/// A backend that cannot be reached is not reported as a busy lock: a call that
-/// fails with a backend error, or times out while the backend does not answer a
-/// probe ([`Locker::check_backend`], at most one per locker per second), fails
-/// with [`Error::Backend`] (`503 lock_backend_unavailable` under the `axum`
-/// feature). The first such failure and the recovery are logged at `WARN`. A
-/// timed-out request waits for that probe's answer (at most 1 s, shared with the
-/// requests that time out meanwhile) before it answers.
+/// A backend error, or a wait timeout while the backend does not answer a probe
+/// ([`Locker::check_backend`]), fails with [`Error::Backend`]
+/// (`503 lock_backend_unavailable` under the `axum` feature), not as a busy lock.
 ///
-/// # Guard lifetime
+/// # Guard lifetime and lease loss
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
-/// future completes or is dropped — not when a streamed response body ends.
-///
-/// # Lease loss
-///
-/// With [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the inner
-/// future is dropped as soon as the lease is lost, and the call fails with
-/// [`Error::LeaseLost`]. With [`LossPolicy::Signal`](crate::LossPolicy::Signal) it
-/// runs on, and watches the [`LockInfo::loss`] it finds in the request; see the
-/// [module docs](super#lease-loss).
+/// future completes or is dropped, not when a streamed response body ends. With
+/// [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the inner future is
+/// dropped when the lease is lost and the call fails with [`Error::LeaseLost`]; with
+/// [`LossPolicy::Signal`](crate::LossPolicy::Signal) it runs on and watches the
+/// [`LockInfo::loss`] it finds in the request (see the [module docs](super#lease-loss)).
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
