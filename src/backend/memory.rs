@@ -18,29 +18,21 @@ mod semaphore;
 
 /// Locks held in this process's memory, with TTLs, fencing epochs and release
 /// notifications, and the [`LockBackend`] semantics the [`Locker`](crate::Locker)
-/// relies on.
-///
-/// Use it for a single-instance service, for development, and wherever the locked
-/// resource lives in one process. Clones share the same locks, so several
+/// relies on: for a single-instance service, development, and resources that live in
+/// one process. Clones share the same locks (each clone is one instance), so
 /// [`Locker`](crate::Locker)s built on clones exclude each other.
 ///
 /// How it differs from [`RedisBackend`](crate::RedisBackend):
 ///
-/// * **No queue** by default: waiters are not ordered and hold no claim. In fair mode
-///   ([`LockerBuilder::fair`](crate::LockerBuilder::fair)) waiting instances (each
-///   clone of the backend is one instance) are ordered by arrival, in memory, as
-///   Redis orders them: a free lock goes only to the earliest live entry; entries
-///   are refreshed by each ask, expire after 3 s without one, and `leave` removes
-///   them.
-/// * **Every watcher is woken** on a release (Redis wakes one waiting instance); the
-///   others find the lock taken and wait again.
-/// * **Epochs are floored by this process's wall clock**, not a server's: one
-///   counter per backend, at least the wall-clock time in microseconds. They
-///   strictly increase per key (and across keys) while the process runs, including
-///   a same-token acquire, which mints a new epoch as Redis does; a clock set back
-///   across a restart of the process can repeat them.
-/// * Replies cannot be lost, so there is no release record: releasing a token
-///   twice reports `released: false` the second time.
+/// * **No queue** by default: waiters are not ordered. In fair mode
+///   ([`LockerBuilder::fair`](crate::LockerBuilder::fair)) waiting instances are
+///   ordered by arrival as Redis orders them; an entry expires 3 s after its last ask.
+/// * **Every watcher is woken** on a release; the others find the lock taken and wait.
+/// * **Epochs are floored by this process's wall clock** (µs), one counter per
+///   backend: they strictly increase per key while the process runs, a same-token
+///   acquire included; a clock set back across a restart can repeat them.
+/// * **No release record**: releasing a token twice reports `released: false` the
+///   second time.
 ///
 /// Expiry follows Tokio's clock ([`tokio::time::Instant`]), so tests can drive it
 /// with `tokio::time::pause`.

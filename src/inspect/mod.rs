@@ -394,35 +394,23 @@ impl Inspector {
     }
 
     /// Frees `key` whatever holds it — the mutex holder, the write lease, every
-    /// read lease, every permit of its semaphore — and advances both of its fences
-    /// to `max(last + 1, server time in µs)`, tells each freed lease's instance
-    /// that the lease is lost (a loss message on its channel), then wakes the
-    /// key's waiting instances (of the mutex, the read-write lock and the
-    /// semaphore).
-    /// With `fence_resources`, also records the new token in each
-    /// [`FencedKey`]'s fence on the same connection, so an old holder's late
-    /// writes to them are refused from now on, before any new holder writes.
+    /// read lease, every permit of its semaphore — advances both of its fences to
+    /// `max(last + 1, server time in µs)`, tells each freed lease's instance that the
+    /// lease is lost (a loss message on its channel), then wakes the key's waiting
+    /// instances (of the mutex, the read-write lock and the semaphore). With
+    /// `fence_resources`, also records the new token in each [`FencedKey`]'s fence on the
+    /// same connection, so an old holder's late writes to them are refused from now on.
     ///
-    /// Safety: the new epoch is minted by the rule of every grant and written where
-    /// every later grant reads it, so tokens of the key stay strictly increasing
-    /// and the new one is newer than the freed holder's. A freed holder's instance
-    /// marks the lease lost when the loss message arrives (within about a round
-    /// trip; if it is not listening, at the lease's next renewal, answered "not
-    /// the owner"): from then on it starts no new local section on the lease (no
-    /// handoff, no cached lease, no reader joining it), and the holders' releases
-    /// report [`Error::LeaseLost`]; that holds for permits too. What the old
-    /// holder does before it learns of the loss overlaps the next holder: a
-    /// resource refuses its fenced writes only if it has seen a newer token
-    /// (`fence_resources` makes sure of that for the resources named), and its
-    /// unfenced work is not stopped. A permit carries no fencing token (permits are
-    /// not exclusive), so nothing a permit holder writes can be fenced by the key's
-    /// tokens: what keeps it out is its loss (`Permit::lost`), and, with
-    /// `fence_resources`, the new token recorded in each resource refuses every
-    /// write under a token minted before this release.
+    /// Tokens of the key stay strictly increasing, and the new one is newer than the freed
+    /// holder's. A freed holder's instance marks the lease lost when the loss message
+    /// arrives (or, if it was not listening, at its next renewal): it then starts no new
+    /// local section on the lease, and its releases report [`Error::LeaseLost`]. What the
+    /// old holder does before then overlaps the next holder: only resources that have seen
+    /// a newer token refuse its writes, and a permit holder, which has no token, is kept
+    /// out only by its loss (`Permit::lost`) and by `fence_resources`.
     ///
-    /// On a Redis Cluster, pass a cluster connection: every name of the key and
-    /// the script share one slot, and each [`FencedKey`]'s fence shares its
-    /// resource's slot.
+    /// On a Redis Cluster, pass a cluster connection: every name of the key and the script
+    /// share one slot, and each [`FencedKey`]'s fence shares its resource's slot.
     ///
     /// # Errors
     ///

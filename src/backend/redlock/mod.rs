@@ -35,18 +35,10 @@
 //! lock** (`lua/fence.lua`). The lock is granted only if a majority confirms the
 //! write-back, and still with half its validity left.
 //!
-//! Why it is monotonic (model-checked in `model.rs`, with expiry, message loss and
-//! restarts): two grants' write-back majorities share a node; there both tokens
-//! owned the lock at their write-back, at disjoint times, so the later one's acquire
-//! on that node read a fence of at least the earlier token and minted more. A grant
-//! also requires validity left, so a token whose lock expired on that node cannot be
-//! granted after the other. If every shared node lost its data (a restart without
-//! persistence, or the fence key's own TTL ran out), the server-TIME floor takes
-//! over: with the delayed-restart rule the later acquire happens at least one TTL
-//! after the restart, so its epoch exceeds the earlier token **provided the nodes'
-//! clocks agree to within much less than one TTL and never step back** (and fewer
-//! than one grant per µs, so counters do not run ahead of the clocks). That is the
-//! same clock assumption as the single-node backend's across data loss.
+//! Tokens then strictly increase per key (model-checked in `model.rs`, with expiry,
+//! message loss and restarts), also across a node's data loss, **provided the nodes'
+//! clocks agree to within much less than one TTL and never step back**: the same
+//! clock assumption as the single-node backend's across data loss.
 //!
 //! # Wake-ups
 //!
@@ -65,13 +57,6 @@
 //! read-write locks nor semaphores, and only the nodes' mutex wake-ups are
 //! forwarded.
 //!
-//! Why not queue on every node: each node's queue orders the instances by its own
-//! arrival times, so after one release the nodes wake *different* instances and
-//! give each a claim on a minority; nobody reaches a majority until the claims
-//! expire (measured: ~100 critical sections/s over 5 nodes at P = 4, T = 64). One
-//! ordering node keeps the notify-one property and costs one request per release
-//! more in latency (the wake node's release is sent after the others' replies).
-
 //! # Restarts without persistence: the delayed-restart rule
 //!
 //! A node that restarts with an empty dataset has forgotten the locks it granted.
