@@ -127,41 +127,25 @@ impl RedisBackendBuilder {
     /// Replica acknowledgement: after a script grants or renews a lease, wait
     /// (`WAIT replicas timeout`) until at least `replicas` replicas have the write.
     ///
-    /// **What is acknowledged:** every grant and every renewal of every kind of
-    /// lease: a lock (plain and [fair](crate::LockerBuilder::fair)), a read lease, a
-    /// write lease, and a semaphore's permits (a request granted at least one
-    /// permit). A reply that wrote no lease (busy, not the owner any more) is not
-    /// waited for; releases, queue entries and wake-ups are never acknowledged.
+    /// Every grant and renewal of every kind of lease is acknowledged (a lock, plain or
+    /// [fair](crate::LockerBuilder::fair), a read lease, a write lease, a semaphore
+    /// request granted at least one permit); a reply that wrote no lease, releases, queue
+    /// entries and wake-ups are not. A grant that too few replicas acknowledged fails with
+    /// [`Error::Refused`] with code `NOREPLICAS`, and what it wrote is released in the
+    /// background; such a renewal counts as failed and is retried until the lease's
+    /// validity ends, then the lease is lost.
     ///
-    /// **What a refusal looks like:** a grant that fewer replicas acknowledged is
-    /// not granted: the acquire fails with [`Error::Refused`] with code
-    /// `NOREPLICAS`, and the locker releases what it wrote in the background. A
-    /// renewal that fewer replicas acknowledged counts as failed (the same
-    /// `NOREPLICAS` refusal): it is retried until the lease's validity ends, then
-    /// the lease is lost. So with the replicas gone, held leases are lost within
-    /// one validity window and new ones are refused.
+    /// A granted lease (and each renewal that counted) was on at least `replicas`
+    /// replicas when it was granted. Replication stays asynchronous: a failover may still
+    /// promote a replica that missed the write; this narrows the window, it does not close
+    /// it.
     ///
-    /// **What it guarantees:** a granted lease (and each renewal that counted) was
-    /// on at least `replicas` replicas when it was granted. What it does not: Redis
-    /// replication stays asynchronous, and a failover may still promote a replica
-    /// that missed the write (Sentinel does not promote the most up-to-date replica
-    /// by the writes *you* care about, and the replica may lose the write on restart
-    /// without persistence); it narrows the failover window, it does not close it.
+    /// Each grant and renewal takes one more round trip (at most `timeout`), on a pooled
+    /// connection of its own (at most 16 in use; more wait), never delaying the process's
+    /// other lock commands.
     ///
-    /// **What it costs:** `WAIT` counts the writes of the connection it is sent on,
-    /// so the script and its `WAIT` run on one connection, but not the backend's
-    /// shared one: each acknowledged write borrows a connection of its own from a
-    /// small pool (created on demand, at most 16 in use at once, dropped on error;
-    /// in sentinel mode, connections to a former primary are dropped). Waiting for
-    /// replicas therefore delays only the lease that asked for it, never the
-    /// process's other lock commands; beyond 16 acknowledged writes in flight, the
-    /// next one waits for a connection. Each grant and renewal takes one more round
-    /// trip, as long as the slowest of the `replicas` fastest replicas takes (at
-    /// most `timeout`).
-    ///
-    /// **Where:** for one server and for sentinel mode. A cluster backend refuses
-    /// it: [`connect`](Self::connect) fails with [`Error::InvalidConfig`] (its
-    /// `WAIT` would not follow the key's slot).
+    /// One server and sentinel mode only: on a cluster backend
+    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_ack = Some((replicas, timeout));
         self
@@ -281,13 +265,12 @@ impl RedisBackendBuilder {
         Ok(())
     }
 
-    /// Connects, then checks that the server lets this backend do its work: loads
-    /// the scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
-    /// `<prefix>:{lockflight-probe}` (with a random token, so it writes nothing),
-    /// waits for the notification subscription (`SUBSCRIBE`) and publishes one empty
-    /// message on this instance's channel (`PUBLISH`). A backend that connects is
-    /// one whose password and ACL rules work; see [`RedisBackend`] for the minimal
-    /// ACL rules.
+    /// Connects, then checks that the server lets this backend do its work: loads the
+    /// scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
+    /// `<prefix>:{lockflight-probe}` (a random token: it writes nothing), waits for the
+    /// notification subscription and publishes one empty message on this instance's
+    /// channel. A backend that connects is one whose password and ACL rules work; see
+    /// [`RedisBackend`] for the minimal ACL rules.
     ///
     /// # Errors
     ///
