@@ -21,18 +21,15 @@
 //! # Local handoff
 //!
 //! A released permit goes to the next local waiter of the key in memory, like the
-//! exclusive lock's lease ([`Handoff`](crate::Handoff), on by default): the same
-//! token, still one of the key's `N` permits, renewed by the same watchdog entry,
-//! no backend request. The handoff budget bounds it as for the mutex: at most
-//! `max_consecutive` handoffs and `max_hold` per permit, both halved (and at most
-//! two turns per local waiter when it was granted, eight at least) while the
-//! backend reported other instances waiting; never in fair mode while others wait,
-//! nor with less than `min_validity` left, nor once the permit is lost (a forced
-//! release's message makes it lost at once). A permit past its budget, lost, or
-//! with no local waiter, goes back to the backend: one round trip, which wakes
-//! waiting instances, this one included (the release of a lost one reports the
-//! loss). A waiter that finds the permit it was given already lost (the loss came
-//! between the handoff and the waiter's wake-up) returns it and waits on.
+//! exclusive lock's lease: the same token, still one of the key's `N` permits,
+//! renewed by the same watchdog entry, no backend request. It is bounded by the
+//! handoff budget of [`Handoff`](crate::Handoff) (on by default), per permit, and
+//! never happens in fair mode while others wait, with less than `min_validity` left,
+//! or once the permit is lost (a forced release's message makes it lost at once). A
+//! permit past its budget, lost, or with no local waiter goes back to the backend:
+//! one round trip, which wakes waiting instances, this one included (the release of
+//! a lost one reports the loss). A waiter that finds the permit it was given already
+//! lost returns it and waits on.
 //!
 //! # Wake-ups
 //!
