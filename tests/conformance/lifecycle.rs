@@ -61,13 +61,24 @@ async fn a_program_that_ends(kind: Kind, topology: Topology, exit: Exit) {
     })
     .await
     .expect("A's program");
+    free_at_once(
+        kind,
+        &b,
+        &format!("A's dropped holder was not released before its program ended ({exit:?})"),
+    )
+    .await;
+}
+
+/// Instance `b` takes the key that A held, at once (one attempt), and releases
+/// it; `else_what` says what a failure means.
+async fn free_at_once(kind: Kind, b: &Locker, else_what: &str) {
     let next = kind
         .rival()
-        .try_acquire(&b, "k")
+        .try_acquire(b, "k")
         .await
         .unwrap_or_else(|e| panic!("{kind:?}: B's attempt failed: {e}"));
     let Some(next) = next else {
-        panic!("{kind:?} ({exit:?}): A's dropped holder was not released before its program ended");
+        panic!("{kind:?}: {else_what}");
     };
     next.release().await.expect("B's release");
 }
@@ -198,14 +209,11 @@ async fn an_abandoned_acquire_is_released_with_retries(kind: Kind, topology: Top
     );
     within(Duration::from_secs(20), "A's shutdown", a.shutdown()).await;
     proxy.clear_rules();
-    let next = kind
-        .rival()
-        .try_acquire(&b, "k")
-        .await
-        .unwrap_or_else(|e| panic!("{kind:?}: B's attempt failed: {e}"));
-    let Some(next) = next else {
-        panic!("{kind:?}: the abandoned acquire's lease was left to its TTL");
-    };
-    next.release().await.expect("B's release");
+    free_at_once(
+        kind,
+        &b,
+        "the abandoned acquire's lease was left to its TTL",
+    )
+    .await;
 }
 matrix!(an_abandoned_acquire_is_released_with_retries: one_server => OneServer);
