@@ -138,8 +138,8 @@ pub enum LockKind {
     /// The exclusive lock: [`LockBackend`], [`Locker::lock`](crate::Locker::lock).
     Mutex,
     /// The read-write lock, its readers and writers alike:
-    /// [`RwBackend`], [`Locker::read`](crate::Locker::read) and
-    /// [`Locker::write`](crate::Locker::write).
+    /// [`RwBackend`], [`RwLock::read`](crate::rwlock::RwLock::read) and
+    /// [`RwLock::write`](crate::rwlock::RwLock::write).
     ReadWrite,
     /// The semaphore: [`SemaphoreBackend`],
     /// [`Locker::semaphore`](crate::Locker::semaphore).
@@ -213,8 +213,8 @@ pub enum Extend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LeaseKind {
-    /// The exclusive lock: [`LockBackend::extend`].
-    Lock,
+    /// The exclusive lock (a mutex): [`LockBackend::extend`].
+    Mutex,
     /// A shared read lease of a read-write lock: [`RwBackend::extend_read`].
     Read,
     /// The write lease of a read-write lock: [`RwBackend::extend_write`].
@@ -257,7 +257,7 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 ) -> Result<Extend> {
     let (key, token, ttl) = (item.key, item.token, item.ttl);
     match item.kind {
-        LeaseKind::Lock => backend.extend(key, token, ttl).await,
+        LeaseKind::Mutex => backend.extend(key, token, ttl).await,
         LeaseKind::Read | LeaseKind::Write => match backend.rw() {
             Some(rw) if item.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
             Some(rw) => rw.extend_write(key, token, ttl).await,

@@ -181,7 +181,7 @@ impl LockerState {
                         &self.renewals,
                         &self.stats,
                         key,
-                        LeaseKind::Lock,
+                        LeaseKind::Mutex,
                         token,
                         epoch,
                         ttl,

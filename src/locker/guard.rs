@@ -104,7 +104,7 @@ impl LockGuard {
     /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
         let job = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
@@ -120,7 +120,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
         if let Some(job) = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
