@@ -116,12 +116,12 @@ async fn operation(
         Row::ReadsExclusive | Row::ReadsRw => {
             let write = rng.random_bool(WRITE_SHARE);
             if row == Row::ReadsRw && !write {
-                let g = locker.read("hot").await.expect("read");
+                let g = locker.rwlock("hot").read().await.expect("read");
                 shared.waits.lock().unwrap().push(start.elapsed());
                 let _ = counter_value(con, shared.counter.as_bytes()).await;
                 g.release().await.expect("release read");
             } else if row == Row::ReadsRw {
-                let g = locker.write("hot").await.expect("write");
+                let g = locker.rwlock("hot").write().await.expect("write");
                 shared.waits.lock().unwrap().push(start.elapsed());
                 shared.tokens.lock().unwrap().push(g.fencing_token());
                 increment(con, shared.counter.as_bytes(), ready(())).await;

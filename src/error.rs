@@ -49,7 +49,7 @@ pub(crate) type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// The lock was not obtained within the wait timeout.
-    #[error("lock {key:?}: timed out after {waited:?} while {phase}")]
+    #[error("lock {key}: timed out after {waited:?} while {phase}")]
     Timeout {
         /// The lock key.
         key: LockKey,
@@ -60,7 +60,7 @@ pub enum Error {
     },
     /// The lease was lost (expired, taken over, or deleted) while it was held or
     /// being released; the guarded work must be assumed to have run unprotected.
-    #[error("lock {key:?}: lease lost while {phase}: {reason}")]
+    #[error("lock {key}: lease lost while {phase}: {reason}")]
     LeaseLost {
         /// The lock key.
         key: LockKey,
@@ -71,13 +71,13 @@ pub enum Error {
     },
     /// The lock is held and the call asked not to wait
     /// ([`LockOptions::try_only`](crate::LockOptions::try_only)).
-    #[error("lock {key:?}: busy, and the call does not wait")]
+    #[error("lock {key}: busy, and the call does not wait")]
     Busy {
         /// The lock key.
         key: LockKey,
     },
     /// Too many tasks are already waiting locally for this key.
-    #[error("lock {key:?}: overloaded, {waiters} tasks already wait locally (max_waiters)")]
+    #[error("lock {key}: overloaded, {waiters} tasks already wait locally (max_waiters)")]
     Overloaded {
         /// The lock key.
         key: LockKey,
@@ -88,7 +88,7 @@ pub enum Error {
     /// [`Locker::with_lock`](crate::Locker::with_lock) or behind the lock layer for
     /// the same key): asking again would wait behind itself. Answered at once.
     #[error(
-        "lock {key:?}: already held by the running future (inside with_lock or the lock layer); locking it again would wait behind itself"
+        "lock {key}: already held by the running future (inside with_lock or the lock layer); locking it again would wait behind itself"
     )]
     Reentrant {
         /// The lock key.
@@ -96,7 +96,7 @@ pub enum Error {
     },
     /// The backend does not store this kind of lock (a read-write lock or a
     /// semaphore on a backend without them). Answered at once.
-    #[error("lock {key:?}: the backend has no {what}")]
+    #[error("lock {key}: the backend has no {what}")]
     Unsupported {
         /// The lock key.
         key: LockKey,
@@ -107,7 +107,7 @@ pub enum Error {
     /// for its key at first use, which holds while any permit or waiter of the key
     /// lives ([`Semaphore`](crate::semaphore::Semaphore)). Answered at once, with
     /// nothing changed.
-    #[error("semaphore {key:?}: it has {permits} permits, asked for with {requested}")]
+    #[error("semaphore {key}: it has {permits} permits, asked for with {requested}")]
     PermitMismatch {
         /// The semaphore key.
         key: LockKey,
@@ -117,7 +117,7 @@ pub enum Error {
         requested: u32,
     },
     /// The key cannot be used as a lock key.
-    #[error("invalid lock key {key:?}: {reason}")]
+    #[error("invalid lock key {key}: {reason}")]
     InvalidKey {
         /// The rejected key.
         key: LockKey,
@@ -132,7 +132,7 @@ pub enum Error {
     },
     /// The lock key holds a value lockflight did not write: a value of another type,
     /// or a string without a TTL. lockflight never overwrites it.
-    #[error("lock {key:?}: the Redis key holds a foreign value while {phase}: {detail}")]
+    #[error("lock {key}: the Redis key holds a foreign value while {phase}: {detail}")]
     ForeignValue {
         /// The lock key.
         key: LockKey,
@@ -142,7 +142,7 @@ pub enum Error {
         detail: String,
     },
     /// The server refused the command for lack of permission (ACL `NOPERM`).
-    #[error("lock {key:?}: no permission while {phase}: {source}")]
+    #[error("lock {key}: no permission while {phase}: {source}")]
     NoPermission {
         /// The lock key.
         key: LockKey,
@@ -158,7 +158,7 @@ pub enum Error {
     /// `replica_ack`): a waiting acquire asks again within its wait, and its wait
     /// ends with this refusal or with [`Error::Timeout`]. A renewal refused with `READONLY` means the
     /// lease is lost.
-    #[error("lock {key:?}: the server refused the command while {phase} ({code}): {source}")]
+    #[error("lock {key}: the server refused the command while {phase} ({code}): {source}")]
     Refused {
         /// The lock key.
         key: LockKey,
@@ -171,7 +171,7 @@ pub enum Error {
     },
     /// The shared computation of [`Locker::singleflight`](crate::Locker::singleflight) (or the
     /// guarded work of another caller) panicked.
-    #[error("lock {key:?}: the shared singleflight computation panicked")]
+    #[error("lock {key}: the shared singleflight computation panicked")]
     Panicked {
         /// The lock key.
         key: LockKey,
@@ -182,7 +182,7 @@ pub enum Error {
     /// released before this error was returned. Transient: a retry may succeed once
     /// enough nodes are back.
     #[error(
-        "lock {key:?}: quorum not reached while {phase}: {granted} of the {needed} nodes needed agreed"
+        "lock {key}: quorum not reached while {phase}: {granted} of the {needed} nodes needed agreed"
     )]
     QuorumNotReached {
         /// The lock key.
@@ -203,7 +203,7 @@ pub enum Error {
         source: Source,
     },
     /// The backend failed: I/O, a protocol error, an unexpected reply.
-    #[error("lock {key:?}: backend error while {phase}: {source}")]
+    #[error("lock {key}: backend error while {phase}: {source}")]
     Backend {
         /// The lock key (empty for connection set-up).
         key: LockKey,
@@ -333,3 +333,31 @@ impl Error {
 
 /// `Result<T, lockflight::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Error, Phase};
+
+    #[test]
+    fn messages_show_the_key_as_written() {
+        let busy = Error::Busy {
+            key: "sku:1".into(),
+        };
+        assert_eq!(
+            busy.to_string(),
+            "lock sku:1: busy, and the call does not wait"
+        );
+        let timeout = Error::Timeout {
+            key: "sku:1".into(),
+            phase: Phase::WaitingLocally,
+            waited: Duration::from_secs(5),
+        };
+        assert!(
+            timeout.to_string().starts_with("lock sku:1: timed out"),
+            "{timeout}"
+        );
+        assert!(!timeout.to_string().contains("LockKey"), "{timeout}");
+    }
+}

@@ -69,7 +69,7 @@
 //! * [`Locker`]: `lock`, `lock_with_options` (per-call [`LockOptions`]), `try_lock`,
 //!   `with_lock`, `lock_many` (a [`MultiGuard`](guard::MultiGuard) over several
 //!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock
-//!   family: [`read`/`write`](rwlock) and [`semaphore`]; fair mode
+//!   family: [`rwlock`](Locker::rwlock) (read and write) and [`semaphore`](Locker::semaphore); fair mode
 //!   ([`LockerBuilder::fair`]).
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
 //!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum

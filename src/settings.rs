@@ -421,3 +421,22 @@ pub(crate) fn validate_ttl(
     }
     Ok(())
 }
+
+impl LockOptions {
+    /// The wait of a call of a kind whose leases take the locker's TTL (read-write
+    /// locks, semaphores): `None` for a single attempt; [`Error::InvalidConfig`]
+    /// for a per-call lease TTL, which only the exclusive lock takes.
+    pub(crate) fn wait_at_locker_ttl(
+        &self,
+        call: &str,
+        key: &crate::key::LockKey,
+        default_wait: Duration,
+    ) -> crate::Result<Option<Duration>> {
+        if self.lease_ttl.is_some() {
+            return Err(crate::Error::config(format!(
+                "{call}({key}): a per-call lease TTL is for the exclusive lock only"
+            )));
+        }
+        Ok((!self.try_only).then(|| self.wait_timeout.unwrap_or(default_wait)))
+    }
+}

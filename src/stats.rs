@@ -1,8 +1,9 @@
-//! Cheap, monotonic counters.
+//! Cheap, monotonic counters, and the number of keys in use.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A snapshot of a [`Locker`](crate::Locker)'s counters (monotonic since it was built).
+/// A snapshot of a [`Locker`](crate::Locker)'s counters (monotonic since it was
+/// built) and of its keys in use.
 ///
 /// Backend requests (one round trip each) are `acquire_attempts + releases +
 /// renew_attempts + leaves`.
@@ -21,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// | `lockflight_hold_seconds` | seconds | when a holder releases (or drops) its guard: time since its grant |
 /// | `lockflight_lease_renewals` | renewals | when a lease is finally released: how often it was renewed |
 ///
-/// Subtract two snapshots to measure an interval:
+/// Subtract two snapshots to measure an interval (`later - earlier`; the
+/// subtraction saturates, so snapshots in the wrong order give zeros, never a
+/// panic):
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -58,22 +61,35 @@ pub struct Stats {
     pub leases_lost: u64,
     /// Calls that ended in [`Error::Timeout`](crate::Error::Timeout).
     pub timeouts: u64,
+    /// Keys with local state in this process when the snapshot was taken, of
+    /// every kind (a holder, a leader, waiters, a cached lease, a semaphore
+    /// handle's state). Not a counter: zero once every task is done with its keys,
+    /// since per-key state never outlives its use. A difference of snapshots keeps
+    /// the later value.
+    pub keys_in_use: u64,
 }
 
 impl std::ops::Sub for Stats {
     type Output = Stats;
-    fn sub(self, o: Stats) -> Stats {
+
+    /// The counts between two snapshots: `later - earlier`, each saturating at
+    /// zero (snapshots subtracted in the wrong order give zeros, never a panic);
+    /// [`keys_in_use`](Stats::keys_in_use) is the later snapshot's.
+    fn sub(self, earlier: Stats) -> Stats {
         Stats {
-            acquire_attempts: self.acquire_attempts - o.acquire_attempts,
-            acquired: self.acquired - o.acquired,
-            local_waits: self.local_waits - o.local_waits,
-            handoffs: self.handoffs - o.handoffs,
-            releases: self.releases - o.releases,
-            renew_attempts: self.renew_attempts - o.renew_attempts,
-            renewals: self.renewals - o.renewals,
-            leaves: self.leaves - o.leaves,
-            leases_lost: self.leases_lost - o.leases_lost,
-            timeouts: self.timeouts - o.timeouts,
+            acquire_attempts: self
+                .acquire_attempts
+                .saturating_sub(earlier.acquire_attempts),
+            acquired: self.acquired.saturating_sub(earlier.acquired),
+            local_waits: self.local_waits.saturating_sub(earlier.local_waits),
+            handoffs: self.handoffs.saturating_sub(earlier.handoffs),
+            releases: self.releases.saturating_sub(earlier.releases),
+            renew_attempts: self.renew_attempts.saturating_sub(earlier.renew_attempts),
+            renewals: self.renewals.saturating_sub(earlier.renewals),
+            leaves: self.leaves.saturating_sub(earlier.leaves),
+            leases_lost: self.leases_lost.saturating_sub(earlier.leases_lost),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            keys_in_use: self.keys_in_use,
         }
     }
 }
@@ -104,7 +120,7 @@ macro_rules! counter {
             )*
 
             pub(crate) fn snapshot(&self) -> Stats {
-                Stats { $($field: self.$field.load(Ordering::Relaxed),)* }
+                Stats { $($field: self.$field.load(Ordering::Relaxed),)* keys_in_use: 0 }
             }
         }
     };
@@ -121,4 +137,41 @@ counter! {
     left => leaves, "lockflight_leaves_total";
     lost => leases_lost, "lockflight_leases_lost_total";
     timeout => timeouts, "lockflight_timeouts_total";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+
+    #[test]
+    fn subtraction_is_total_and_keeps_the_later_keys_in_use() {
+        let earlier = Stats {
+            acquired: 3,
+            timeouts: 1,
+            keys_in_use: 5,
+            ..Stats::default()
+        };
+        let later = Stats {
+            acquired: 7,
+            timeouts: 1,
+            keys_in_use: 2,
+            ..Stats::default()
+        };
+        let delta = later - earlier;
+        assert_eq!(
+            (delta.acquired, delta.timeouts, delta.keys_in_use),
+            (4, 0, 2)
+        );
+        // The wrong order gives zeros, not a panic.
+        let reversed = earlier - later;
+        assert_eq!((reversed.acquired, reversed.keys_in_use), (0, 5));
+        assert_eq!(
+            Stats::default()
+                - Stats {
+                    releases: u64::MAX,
+                    ..Stats::default()
+                },
+            Stats::default()
+        );
+    }
 }

@@ -152,7 +152,7 @@ async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     assert_eq!(releases(&counts), 1, "A released the lease more than once");
     assert!(g.fencing_token() > t2);
     g.release().await.unwrap();
-    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+    assert_eq!(a.stats().keys_in_use, 0, "A keeps nothing for the key");
 }
 
 /// Another instance that waits for a cached key gets it once A lets it go (at
@@ -293,7 +293,7 @@ async fn fair_mode_never_caches() {
     a.lock("k").await.unwrap().release().await.unwrap();
     let g = b.try_lock("k").await.unwrap();
     assert!(g.is_some(), "a fair release left the key held");
-    assert_eq!(a.active_keys(), 0);
+    assert_eq!(a.stats().keys_in_use, 0);
 }
 
 /// A partition while the lease is cached (the holder cannot renew: a paused or
@@ -391,7 +391,7 @@ async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     assert_eq!(releases(&counts), 1, "A released the revoked lease");
     assert!(got.fencing_token() > ta);
     got.release().await.unwrap();
-    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+    assert_eq!(a.stats().keys_in_use, 0, "A keeps nothing for the key");
     // Another instance wanted the key: A does not cache it for a while (its
     // turns with B would only make B wait for revocations).
     a.lock("k").await.unwrap().release().await.unwrap();
@@ -506,7 +506,7 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
         .expect("free after the revocation");
     assert!(got.fencing_token() > ta);
     got.release().await.unwrap();
-    assert_eq!(a.active_keys(), 0, "A keeps nothing for the key");
+    assert_eq!(a.stats().keys_in_use, 0, "A keeps nothing for the key");
 }
 
 /// Only warm keys are cached: a key this locker takes once (as a short-lived
@@ -534,7 +534,7 @@ async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
     assert_eq!(releases(&counts), 1, "a cold key's lease was cached");
     a.lock("k").await.unwrap().release().await.unwrap();
     assert_eq!(releases(&counts), 1, "a warm key's lease was not cached");
-    assert_eq!(a.active_keys(), 1);
+    assert_eq!(a.stats().keys_in_use, 1);
     a.shutdown().await;
     assert_eq!(releases(&counts), 2);
 }
@@ -566,7 +566,7 @@ async fn looping_child() {
             .unwrap();
     }
     assert_eq!(
-        locker.active_keys(),
+        locker.stats().keys_in_use,
         1,
         "child: the last lease is not cached"
     );
@@ -621,7 +621,7 @@ impl Kind {
     async fn take_at_once(self, locker: &Locker, key: &str) -> bool {
         match self {
             Kind::Mutex => locker.try_lock(key).await.unwrap().is_some(),
-            Kind::Read | Kind::Write => locker.try_write(key).await.unwrap().is_some(),
+            Kind::Read | Kind::Write => locker.rwlock(key).try_write().await.unwrap().is_some(),
             Kind::Permit => locker
                 .semaphore(key, 1)
                 .try_acquire()
@@ -682,8 +682,8 @@ async fn dropping_child() {
     let key = key.as_str();
     let held: Box<dyn Send> = match Kind::of_key(key) {
         Kind::Mutex => Box::new(locker.lock(key).await.unwrap()),
-        Kind::Read => Box::new(locker.read(key).await.unwrap()),
-        Kind::Write => Box::new(locker.write(key).await.unwrap()),
+        Kind::Read => Box::new(locker.rwlock(key).read().await.unwrap()),
+        Kind::Write => Box::new(locker.rwlock(key).write().await.unwrap()),
         Kind::Permit => Box::new(locker.semaphore(key, 1).acquire().await.unwrap()),
     };
     testkit::tell_parent("LFCHILD HELD");
@@ -780,7 +780,11 @@ async fn pausable_child() {
     let g = locker.lock(key.as_str()).await.unwrap();
     let cached = g.fencing_token();
     g.release().await.unwrap();
-    assert_eq!(locker.active_keys(), 1, "child: the lease is not cached");
+    assert_eq!(
+        locker.stats().keys_in_use,
+        1,
+        "child: the lease is not cached"
+    );
     // Connected before the parent may pause this process.
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
     let client = redis::Client::open(var("LOCKFLIGHT_CHILD_URL")).unwrap();
@@ -979,5 +983,5 @@ async fn shutdown_waits_for_background_releases() {
         .release()
         .await
         .unwrap();
-    assert_eq!(a.active_keys(), 0);
+    assert_eq!(a.stats().keys_in_use, 0);
 }

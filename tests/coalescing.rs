@@ -62,7 +62,7 @@ async fn two_hundred_local_tasks_never_have_two_acquires_in_flight() {
     assert!(counts.acquire.load(Ordering::Relaxed) >= 150);
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            locker.active_keys() == 0
+            locker.stats().keys_in_use == 0
         })
         .await
     );
@@ -147,7 +147,7 @@ async fn hot_key(
     for (locker, _) in &lockers {
         assert!(
             wait_until(Duration::from_secs(5), || async {
-                locker.active_keys() == 0
+                locker.stats().keys_in_use == 0
             })
             .await
         );
@@ -236,7 +236,7 @@ async fn a_million_distinct_keys_leave_the_slot_map_empty() {
         t.await.unwrap();
     }
     assert_eq!(locker.stats().acquired, 1_000_000);
-    assert_eq!(locker.active_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use, 0);
     assert!(backend.is_empty());
 }
 
@@ -281,7 +281,7 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
     assert_eq!(later, "generation 2");
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            locker.active_keys() == 0
+            locker.stats().keys_in_use == 0
         })
         .await
     );
@@ -375,7 +375,7 @@ async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
     }
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            locker.active_keys() == 0
+            locker.stats().keys_in_use == 0
         })
         .await
     );
@@ -438,7 +438,10 @@ async fn cancellation_storm(handoff: Handoff) {
     // Aborted tasks finished one way or another; wait for background releases.
     for l in &lockers {
         assert!(
-            wait_until(Duration::from_secs(10), || async { l.active_keys() == 0 }).await,
+            wait_until(Duration::from_secs(10), || async {
+                l.stats().keys_in_use == 0
+            })
+            .await,
             "slots left behind"
         );
     }

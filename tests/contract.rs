@@ -301,7 +301,7 @@ fn a_locker_outlives_the_runtime_that_first_used_it() {
         );
         guard.release().await.unwrap();
     });
-    assert_eq!(locker.active_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use, 0);
 }
 
 /// Defect: at runtime shutdown, background releases were spawned but never ran,
@@ -331,7 +331,7 @@ fn a_runtime_shutdown_leaves_no_stuck_slot() {
         tokio::task::yield_now().await;
     });
     drop(first);
-    assert_eq!(locker.active_keys(), 0, "a slot outlived its runtime");
+    assert_eq!(locker.stats().keys_in_use, 0, "a slot outlived its runtime");
     let second = tokio::runtime::Runtime::new().unwrap();
     second.block_on(async {
         let started = Instant::now();
@@ -415,7 +415,14 @@ async fn extreme_durations_are_rejected_or_saturate() {
     assert!(locker.try_lock("k").await.unwrap().is_none());
     let waiter = tokio::spawn({
         let locker = locker.clone();
-        async move { locker.lock_within("k", Duration::MAX).await }
+        async move {
+            locker
+                .lock_with_options(
+                    "k",
+                    lockflight::LockOptions::new().wait_timeout(Duration::MAX),
+                )
+                .await
+        }
     });
     tokio::task::yield_now().await;
     drop(guard);
@@ -564,7 +571,7 @@ async fn a_grant_without_an_epoch_is_an_error() {
         1,
         "the token of a rejected grant is released"
     );
-    assert_eq!(locker.active_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use, 0);
 }
 
 /// Defect: taking a cached lease that could no longer be handed on (under
@@ -591,7 +598,11 @@ async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
         // Released at the backend once, the key is warm: its next lease is cached.
         locker.lock(key).await.unwrap().release().await.unwrap();
         locker.lock(key).await.unwrap().release().await.unwrap();
-        assert_eq!(locker.active_keys(), 1, "{call}: the lease is not cached");
+        assert_eq!(
+            locker.stats().keys_in_use,
+            1,
+            "{call}: the lease is not cached"
+        );
         // Its renewals fail until less than `min_validity` (1 s) is left.
         backend.plan().extend_always = Some(Fault::Fail(transient(key, Phase::Renewing)));
         tokio::time::sleep(Duration::from_millis(2_500)).await;
@@ -601,7 +612,10 @@ async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
         let taken = tokio::time::timeout(Duration::from_secs(60), async {
             match call {
                 "try_lock" => locker.try_lock(key).await.map(|_| ()),
-                _ => locker.lock_within(key, wait).await.map(|_| ()),
+                _ => locker
+                    .lock_with_options(key, lockflight::LockOptions::new().wait_timeout(wait))
+                    .await
+                    .map(|_| ()),
             }
         })
         .await
@@ -611,6 +625,6 @@ async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
         assert_eq!(start.elapsed(), wait, "{call}");
         // The release was re-run in the background, and the slot settled.
         locker.shutdown().await;
-        assert_eq!(locker.active_keys(), 0, "{call}");
+        assert_eq!(locker.stats().keys_in_use, 0, "{call}");
     }
 }

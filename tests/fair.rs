@@ -428,8 +428,8 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
         .expect("the later instance waited behind the cancelled one")
         .unwrap()
         .unwrap();
-    assert_eq!(early.active_keys(), 0);
-    assert_eq!(holder.active_keys(), 0);
+    assert_eq!(early.stats().keys_in_use, 0);
+    assert_eq!(holder.stats().keys_in_use, 0);
 }
 
 /// Redlock has no common queue: a fair locker over it does not build.

@@ -89,8 +89,22 @@ async fn wait_hold_and_renewals_are_recorded() {
     assert_eq!(counters["lockflight_releases_total"], stats.releases);
 
     // Every member of the family records under its own `kind`.
-    locker.read("rw").await.unwrap().release().await.unwrap();
-    locker.write("rw").await.unwrap().release().await.unwrap();
+    locker
+        .rwlock("rw")
+        .read()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    locker
+        .rwlock("rw")
+        .write()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     locker
         .semaphore("sem", 2)
         .acquire()

@@ -243,8 +243,8 @@ async fn the_hold_limit_ends_a_runaway_with_lock() {
 async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
     let (limited, other) = limited_pair("hold-limit-stuck", Duration::from_secs(1)).await;
     let mutex = limited.lock("m").await.unwrap();
-    let write = limited.write("rw").await.unwrap();
-    let read = limited.read("rd").await.unwrap();
+    let write = limited.rwlock("rw").write().await.unwrap();
+    let read = limited.rwlock("rd").read().await.unwrap();
     let permit = limited.semaphore("sem", 1).acquire().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), async {
         mutex.lost().await;
@@ -267,8 +267,8 @@ async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
     let sem = other.semaphore("sem", 1);
     let (m, w, r, p) = tokio::join!(
         other.lock("m"),
-        other.write("rw"),
-        other.write("rd"),
+        other.rwlock("rw").write(),
+        other.rwlock("rd").write(),
         sem.acquire()
     );
     let taken = (

@@ -96,7 +96,7 @@ impl Program {
                 mutex("sku:2").await
             }
             Program::Family => {
-                match other.try_write("stock:9").await.unwrap() {
+                match other.rwlock("stock:9").try_write().await.unwrap() {
                     Some(w) => w.release().await.unwrap(),
                     None => return Err("the read-write lock of stock:9 is held".into()),
                 }
@@ -175,14 +175,15 @@ async fn more_shapes(backend: RedisBackend) -> lockflight::Result<()> {
 async fn family(backend: RedisBackend) -> lockflight::Result<()> {
     let locker = Locker::builder(backend).build()?;
 
-    let r1 = locker.read("stock:9").await?;
-    let r2 = locker.read("stock:9").await?; // joins r1's lease, no backend call
-    assert!(locker.try_write("stock:9").await?.is_none());
+    let stock = locker.rwlock("stock:9");
+    let r1 = stock.read().await?;
+    let r2 = stock.read().await?; // joins r1's lease, no backend call
+    assert!(stock.try_write().await?.is_none());
     drop((r1, r2));
-    let w = locker.write("stock:9").await?; // fencing token > every earlier write's
+    let w = stock.write().await?; // fencing token > every earlier write's
     let token = w.fencing_token();
     w.release().await?;
-    assert_eq!(locker.read("stock:9").await?.last_write(), token);
+    assert_eq!(stock.read().await?.last_write(), token);
 
     let tenant = locker.semaphore("tenant:acme", 4);
     let permit = tenant.acquire().await?;

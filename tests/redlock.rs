@@ -323,7 +323,13 @@ async fn a_key_lost_on_one_node_keeps_the_quorum() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    match lb.lock_within(key.clone(), ttl).await {
+    match lb
+        .lock_with_options(
+            key.clone(),
+            lockflight::LockOptions::new().wait_timeout(ttl),
+        )
+        .await
+    {
         Err(Error::Timeout { .. }) => {}
         other => panic!("the second instance must time out, got {other:?}"),
     }

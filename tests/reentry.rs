@@ -79,7 +79,12 @@ async fn every_entry_point_answers_at_once_inside_with_lock() {
     locker
         .with_lock("k", |_| async move {
             assert_reentrant(inner.lock("k").await, "k");
-            assert_reentrant(inner.lock_within("k", WAIT).await, "k");
+            assert_reentrant(
+                inner
+                    .lock_with_options("k", lockflight::LockOptions::new().wait_timeout(WAIT))
+                    .await,
+                "k",
+            );
             assert_reentrant(inner.try_lock("k").await, "k");
             assert_reentrant(inner.with_lock("k", |_| async {}).await, "k");
             assert_reentrant(inner.singleflight("k", || async { 1u8 }).await, "k");

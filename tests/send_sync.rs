@@ -30,7 +30,10 @@ async fn every_public_future_is_send() {
     let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
     send_future(RedisBackend::connect("redis://127.0.0.1:1"));
     send_future(locker.lock("k"));
-    send_future(locker.lock_within("k", std::time::Duration::from_secs(1)));
+    send_future(locker.lock_with_options(
+        "k",
+        lockflight::LockOptions::new().wait_timeout(std::time::Duration::from_secs(1)),
+    ));
     send_future(locker.try_lock("k"));
     send_future(locker.with_lock("k", |_info| async { 1 }));
     send_future(locker.singleflight("k", || async { 1 }));

@@ -138,7 +138,7 @@ async fn a_forced_release_of_an_idle_cached_lease_is_felt_at_once() {
     let last = a.lock("k").await.unwrap();
     let loss = last.loss_signal();
     last.release().await.unwrap();
-    assert_eq!(a.active_keys(), 1, "the lease is cached");
+    assert_eq!(a.stats().keys_in_use, 1, "the lease is cached");
 
     force(&prefix, "k").await;
     within(TOLD, "A learns of the takeover", loss.lost()).await;
@@ -271,9 +271,9 @@ async fn a_forced_release_tells_every_holder_of_every_kind() {
     let mutex = a.lock("k").await.unwrap();
     // Two local readers on one read lease: the second arrives while the first
     // acquires, and joins it.
-    let (r1, r2) = tokio::join!(a.read("k"), a.read("k"));
+    let (r1, r2) = tokio::join!(a.rwlock("k").read(), a.rwlock("k").read());
     let (r1, r2) = (r1.unwrap(), r2.unwrap());
-    let rb = b.read("k").await.unwrap();
+    let rb = b.rwlock("k").read().await.unwrap();
     let pa = a.semaphore("k", 3).acquire().await.unwrap();
     let pb1 = b.semaphore("k", 3).acquire().await.unwrap();
     let pb2 = b.semaphore("k", 3).acquire().await.unwrap();
@@ -304,7 +304,9 @@ async fn a_forced_release_tells_every_holder_of_every_kind() {
     assert!(!untouched.is_lost(), "another key's lease was marked lost");
 
     // A newcomer does not join the dead read lease: a new one, from the backend.
-    let r3 = within(TOLD, "a new reader", a.read("k")).await.unwrap();
+    let r3 = within(TOLD, "a new reader", a.rwlock("k").read())
+        .await
+        .unwrap();
     assert!(!r3.is_lost());
     assert_eq!(r3.last_write(), forced.write_fence);
     for (what, released) in [
@@ -324,7 +326,7 @@ async fn a_forced_release_tells_every_holder_of_every_kind() {
     r3.release().await.unwrap();
     untouched.release().await.unwrap();
 
-    let w = a.write("w").await.unwrap();
+    let w = a.rwlock("w").write().await.unwrap();
     let forced = force(&prefix, "w").await;
     assert_eq!((forced.told, forced.receivers), (1, 1), "{forced:?}");
     within(TOLD, "the writer learns of the takeover", w.lost()).await;

@@ -334,7 +334,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
         .unwrap();
     let key = LockKey::from("k");
     let permit = holder.semaphore(&key, 1).acquire().await.unwrap();
-    let write = holder.write(&key).await.unwrap();
+    let write = holder.rwlock(&key).write().await.unwrap();
     let waiters = [
         tokio::spawn({
             let (locker, key) = (locker.clone(), key.clone());
@@ -342,7 +342,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
         }),
         tokio::spawn({
             let (locker, key) = (locker.clone(), key.clone());
-            async move { drop(locker.read(&key).await.expect("read")) }
+            async move { drop(locker.rwlock(&key).read().await.expect("read")) }
         }),
     ];
     // Both wait (each has asked the backend and was told to wait).

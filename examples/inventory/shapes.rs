@@ -142,7 +142,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
     if !valid_sku(&sku) {
         return error_response(StatusCode::BAD_REQUEST, json!({ "error": "invalid_sku" }));
     }
-    let read = match st.locker.read(sku.as_str()).await {
+    let read = match st.locker.rwlock(sku.as_str()).read().await {
         Ok(read) => read,
         Err(e) => return e.into_response(),
     };
@@ -172,7 +172,7 @@ async fn stock(State(st): State<AppState>, UrlPath(sku): UrlPath<String>) -> Res
 /// then the restock log with the write's fencing token); the hook's pause sits
 /// between them, where a reader without the read lock would see half a restock.
 async fn restock(State(st): State<AppState>, SkuQty(sku, req): SkuQty) -> Response {
-    let write = match st.locker.write(sku.as_str()).await {
+    let write = match st.locker.rwlock(sku.as_str()).write().await {
         Ok(write) => write,
         Err(e) => return e.into_response(),
     };

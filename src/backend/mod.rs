@@ -139,8 +139,8 @@ pub enum LockKind {
     /// The exclusive lock: [`LockBackend`], [`Locker::lock`](crate::Locker::lock).
     Mutex,
     /// The read-write lock, its readers and writers alike:
-    /// [`RwBackend`], [`Locker::read`](crate::Locker::read) and
-    /// [`Locker::write`](crate::Locker::write).
+    /// [`RwBackend`], [`RwLock::read`](crate::rwlock::RwLock::read) and
+    /// [`RwLock::write`](crate::rwlock::RwLock::write).
     ReadWrite,
     /// The semaphore: [`SemaphoreBackend`],
     /// [`Locker::semaphore`](crate::Locker::semaphore).
@@ -214,8 +214,8 @@ pub enum Extend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LeaseKind {
-    /// The exclusive lock: [`LockBackend::extend`].
-    Lock,
+    /// The exclusive lock (a mutex): [`LockBackend::extend`].
+    Mutex,
     /// A shared read lease of a read-write lock: [`RwBackend::extend_read`].
     Read,
     /// The write lease of a read-write lock: [`RwBackend::extend_write`].
@@ -228,7 +228,7 @@ impl LeaseKind {
     /// The lock this lease is of (its wake-ups and queue).
     pub(crate) fn lock_kind(self) -> LockKind {
         match self {
-            LeaseKind::Lock => LockKind::Mutex,
+            LeaseKind::Mutex => LockKind::Mutex,
             LeaseKind::Read | LeaseKind::Write => LockKind::ReadWrite,
             LeaseKind::Permit => LockKind::Semaphore,
         }
@@ -236,7 +236,7 @@ impl LeaseKind {
 
     /// Whether its grant mints a fencing epoch (on a backend with fencing).
     pub(crate) fn is_fenced(self) -> bool {
-        matches!(self, LeaseKind::Lock | LeaseKind::Write)
+        matches!(self, LeaseKind::Mutex | LeaseKind::Write)
     }
 }
 
@@ -274,7 +274,7 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 ) -> Result<Extend> {
     let (key, token, ttl) = (item.key, item.token, item.ttl);
     match item.kind {
-        LeaseKind::Lock => backend.extend(key, token, ttl).await,
+        LeaseKind::Mutex => backend.extend(key, token, ttl).await,
         LeaseKind::Read | LeaseKind::Write => match backend.rw() {
             Some(rw) if item.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
             Some(rw) => rw.extend_write(key, token, ttl).await,

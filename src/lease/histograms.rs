@@ -10,7 +10,7 @@ use super::LeaseKind;
 #[cfg(feature = "metrics")]
 fn label(kind: LeaseKind) -> &'static str {
     match kind {
-        LeaseKind::Lock => "lock",
+        LeaseKind::Mutex => "lock",
         LeaseKind::Read => "read",
         LeaseKind::Write => "write",
         LeaseKind::Permit => "permit",

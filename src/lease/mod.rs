@@ -126,7 +126,7 @@ impl Lease {
     ) -> Lease {
         Lease {
             key,
-            kind: LeaseKind::Lock,
+            kind: LeaseKind::Mutex,
             token,
             epoch,
             ttl,

@@ -96,7 +96,7 @@ pub(crate) async fn send(
         what,
     };
     match kind {
-        LeaseKind::Lock => {
+        LeaseKind::Mutex => {
             let reply = match requeue {
                 None => backend.release(key, token).await,
                 Some(at) => {

@@ -93,7 +93,7 @@ impl LockerState {
         let engine = Arc::clone(&self.engine);
         self.spawn_background(async move {
             if let Some(token) = lead.token {
-                release_token(&engine, LeaseKind::Lock, &key, token).await;
+                release_token(&engine, LeaseKind::Mutex, &key, token).await;
             }
             if lead.queued {
                 engine.stats.left();
@@ -141,7 +141,7 @@ impl LockerState {
                 .then(|| self.backend.wakeups().watch_revocation(key));
         let ask = Ask {
             key,
-            kind: LeaseKind::Lock,
+            kind: LeaseKind::Mutex,
             token,
             ttl,
             mode,

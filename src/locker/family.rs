@@ -1,30 +1,26 @@
-//! The lock family on [`Locker`]: read-write locks ([`rwlock`](crate::rwlock)),
+//! The lock family on [`Locker`]: read-write locks ([`RwLock`] handles),
 //! semaphores ([`semaphore`](crate::semaphore)) and singleflight. Each kind keeps
 //! its per-key state in its own module, below the locker; these calls are the
 //! handle's doors to them.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::rwlock::{ReadGuard, WriteGuard};
 use crate::semaphore::Semaphore;
 
 #[allow(unused_imports)] // intra-doc links
 use crate::error::Error;
 
 use super::Locker;
+use super::rwlock::RwLock;
 
 /// Read-write locks.
 impl Locker {
-    /// Takes a shared read lock of `key`, waiting up to the configured wait timeout.
-    ///
-    /// Overlapping readers of this process share one read lease (one backend acquire
-    /// and one release for all of them, see the [module docs](crate::rwlock)); a
-    /// reader that arrives after the shared lease's admission window, or while a
-    /// writer waits, waits for the lease to drain and for the writers.
+    /// A handle on the read-write lock of `key`: [`RwLock::read`],
+    /// [`RwLock::write`] and their variants. Cheap: the key is checked and
+    /// nothing is sent until a lock is asked for.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -32,128 +28,18 @@ impl Locker {
     /// use lockflight::{Locker, MemoryBackend};
     ///
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let a = locker.read("catalog").await?;
-    /// let b = locker.read("catalog").await?; // shares a's lease
-    /// a.release().await?;
-    /// b.release().await?; // the last reader releases the lease
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Unsupported`]
-    /// at once on a backend without read-write locks (Redlock); [`Error::Timeout`]
-    /// when the wait timeout passes; [`Error::ForeignValue`],
-    /// [`Error::NoPermission`], [`Error::Refused`] and [`Error::Backend`] from the
-    /// backend (transient errors are retried until the deadline).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe. A dropped waiter leaves nothing behind; a dropped reader that was
-    /// acquiring for the others lets the next local reader lead, and releases its
-    /// request (which may have landed) in the background.
-    pub async fn read(&self, key: impl Into<LockKey>) -> Result<ReadGuard> {
-        self.read_within(key, self.shared.config.wait_timeout).await
-    }
-
-    /// Like [`read`](Self::read) with an explicit wait timeout (`Duration::MAX`:
-    /// as long as it takes).
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub async fn read_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<ReadGuard> {
-        self.shared.rw.read_within(key.into(), wait).await
-    }
-
-    /// Takes a shared read lock of `key` if that needs no waiting: `None` when a
-    /// writer holds the key or waits for it (here or in another instance), or when
-    /// this process's shared read lease no longer admits readers. At most one backend
-    /// request; it waits only for another local reader's acquire in flight.
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read), except that a busy lock is `Ok(None)`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub async fn try_read(&self, key: impl Into<LockKey>) -> Result<Option<ReadGuard>> {
-        self.shared.rw.try_read(key.into()).await
-    }
-
-    /// Takes the exclusive write lock of `key`, waiting up to the configured wait
-    /// timeout.
-    ///
-    /// While it waits at the backend it is registered as a waiting writer: no new
-    /// read lease is granted to any instance, so a stream of readers cannot starve
-    /// it (see the [module docs](crate::rwlock) for the bound).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lockflight::Result<()> {
-    /// use lockflight::{Locker, MemoryBackend};
-    ///
-    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let first = locker.write("catalog").await?.fencing_token();
-    /// let second = locker.write("catalog").await?;
+    /// let first = locker.rwlock("catalog").write().await?.fencing_token();
+    /// let second = locker.rwlock("catalog").write().await?;
     /// assert!(second.fencing_token() > first);
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe. A dropped writer leaves the local queue; if it was talking to
-    /// the backend, its registration as a waiting writer and any request that may
-    /// have landed are released in the background (readers blocked by it are woken).
-    pub async fn write(&self, key: impl Into<LockKey>) -> Result<WriteGuard> {
-        self.write_within(key, self.shared.config.wait_timeout)
-            .await
-    }
-
-    /// Like [`write`](Self::write) with an explicit wait timeout.
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`write`](Self::write).
-    pub async fn write_within(
-        &self,
-        key: impl Into<LockKey>,
-        wait: Duration,
-    ) -> Result<WriteGuard> {
-        self.shared.rw.write_within(key.into(), wait).await
-    }
-
-    /// Takes the write lock of `key` if it is free right now: `None` when a local
-    /// task holds or waits for the key's gate, or the backend reports readers or a
-    /// writer. One backend request at most; it does not register as a waiting writer.
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write), except that a busy lock is `Ok(None)`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`write`](Self::write).
-    pub async fn try_write(&self, key: impl Into<LockKey>) -> Result<Option<WriteGuard>> {
-        self.shared.rw.try_write(key.into()).await
+    pub fn rwlock(&self, key: impl Into<LockKey>) -> RwLock {
+        RwLock::new(self.clone(), key.into())
     }
 
     /// Number of keys with local read-write activity (a reader, a writer, a waiter
     /// or a release in flight). Zero when every task is done.
-    pub fn active_rw_keys(&self) -> usize {
+    pub(crate) fn active_rw_keys(&self) -> usize {
         self.shared.rw.len()
     }
 }
@@ -189,7 +75,7 @@ impl Locker {
 
     /// Number of semaphore keys with local waiters (and a request task). Zero when
     /// nobody waits: the per-key state never outlives its use.
-    pub fn active_semaphores(&self) -> usize {
+    pub(crate) fn active_semaphores(&self) -> usize {
         self.shared.semaphores.len()
     }
 }

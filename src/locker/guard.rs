@@ -104,7 +104,7 @@ impl LockGuard {
     /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
         self.shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
             .outcome(&self.lease)
@@ -117,7 +117,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Lock, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
         self.shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
             .in_background();

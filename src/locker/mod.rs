@@ -28,6 +28,7 @@ mod family;
 mod guard;
 mod health;
 mod release;
+mod rwlock;
 mod warm;
 
 pub use crate::settings::{Handoff, LockOptions, LossPolicy};
@@ -35,6 +36,7 @@ use crate::settings::{Settings, validate_ttl};
 use acquire::Call;
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
+pub use rwlock::RwLock;
 
 /// The handle a service uses to take distributed locks.
 ///
@@ -192,16 +194,13 @@ impl Locker {
         self.lock_within(key, self.shared.config.wait_timeout).await
     }
 
-    /// Like [`lock`](Self::lock) with an explicit wait timeout.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`lock`](Self::lock).
-    pub async fn lock_within(&self, key: impl Into<LockKey>, wait: Duration) -> Result<LockGuard> {
+    /// [`lock`](Self::lock) with an explicit wait timeout (what the lock layer and
+    /// `lock_many` call).
+    pub(crate) async fn lock_within(
+        &self,
+        key: impl Into<LockKey>,
+        wait: Duration,
+    ) -> Result<LockGuard> {
         let key = key.into();
         key.validate()?;
         self.check_reentry(&key)?;
@@ -213,7 +212,7 @@ impl Locker {
     /// Records the wait of a granted call.
     fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
         if result.is_ok() {
-            crate::lease::histograms::wait(crate::lease::LeaseKind::Lock, start.elapsed());
+            crate::lease::histograms::wait(crate::lease::LeaseKind::Mutex, start.elapsed());
         }
         result
     }
@@ -521,14 +520,19 @@ impl Locker {
         }
     }
 
-    /// Counters since the locker was built.
+    /// Counters since the locker was built, and the keys in use now
+    /// ([`Stats::keys_in_use`]).
     pub fn stats(&self) -> Stats {
-        self.shared.stats.snapshot()
+        let mut stats = self.shared.stats.snapshot();
+        let keys = self.active_keys() + self.active_rw_keys() + self.active_semaphores();
+        stats.keys_in_use = keys as u64;
+        stats
     }
 
-    /// Number of keys with local activity (a holder, a leader or waiters). Zero when
-    /// every task is done: slots never outlive their use.
-    pub fn active_keys(&self) -> usize {
+    /// Number of exclusive-lock keys with local activity (a holder, a leader,
+    /// waiters or a cached lease). Zero when every task is done: slots never
+    /// outlive their use.
+    pub(crate) fn active_keys(&self) -> usize {
         self.shared.slots.len()
     }
 

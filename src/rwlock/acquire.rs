@@ -1,4 +1,4 @@
-//! The calls behind `Locker::read` and `Locker::write`, and the acquire loop.
+//! The calls behind `RwLock::read` and `RwLock::write`, and the acquire loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use crate::lease::acquire::{Ask, Mode, acquire};
 use crate::lease::{Lease, LeaseKind};
 
 impl RwLocks {
-    /// [`Locker::read_within`](crate::Locker::read_within).
+    /// [`RwLock::read_with_options`](crate::rwlock::RwLock::read_with_options).
     pub(crate) async fn read_within(
         self: &Arc<Self>,
         key: LockKey,
@@ -29,14 +29,14 @@ impl RwLocks {
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting read"))
     }
 
-    /// [`Locker::try_read`](crate::Locker::try_read).
+    /// [`RwLock::try_read`](crate::rwlock::RwLock::try_read).
     pub(crate) async fn try_read(self: &Arc<Self>, key: LockKey) -> Result<Option<ReadGuard>> {
         key.validate()?;
         let call = Call::new(self.config.wait_timeout, Mode::Once);
         self.read_inner(key, call).await
     }
 
-    /// [`Locker::write_within`](crate::Locker::write_within).
+    /// [`RwLock::write_with_options`](crate::rwlock::RwLock::write_with_options).
     pub(crate) async fn write_within(
         self: &Arc<Self>,
         key: LockKey,
@@ -49,7 +49,7 @@ impl RwLocks {
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting write"))
     }
 
-    /// [`Locker::try_write`](crate::Locker::try_write).
+    /// [`RwLock::try_write`](crate::rwlock::RwLock::try_write).
     pub(crate) async fn try_write(self: &Arc<Self>, key: LockKey) -> Result<Option<WriteGuard>> {
         key.validate()?;
         let call = Call::new(self.config.wait_timeout, Mode::Once);

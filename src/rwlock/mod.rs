@@ -1,5 +1,5 @@
-//! Read-write locks: [`Locker::read`](crate::Locker::read) and
-//! [`Locker::write`](crate::Locker::write), with [`ReadGuard`] and [`WriteGuard`].
+//! Read-write locks: [`RwLock::read`](crate::rwlock::RwLock::read) and
+//! [`RwLock::write`](crate::rwlock::RwLock::write), with [`ReadGuard`] and [`WriteGuard`].
 //!
 //! Many readers or one writer per key, across every instance that shares the
 //! backend. The read-write lock of a key is its own lock: it neither excludes nor
@@ -62,13 +62,13 @@
 //! use lockflight::{Locker, MemoryBackend};
 //!
 //! let locker = Locker::builder(MemoryBackend::new()).build()?;
-//! let w = locker.write("catalog").await?;
+//! let w = locker.rwlock("catalog").write().await?;
 //! let version = w.fencing_token();
 //! w.release().await?;
 //!
-//! let (a, b) = (locker.read("catalog").await?, locker.read("catalog").await?);
+//! let (a, b) = (locker.rwlock("catalog").read().await?, locker.rwlock("catalog").read().await?);
 //! assert_eq!(a.last_write(), version);
-//! assert!(locker.try_write("catalog").await?.is_none()); // readers hold it
+//! assert!(locker.rwlock("catalog").try_write().await?.is_none()); // readers hold it
 //! drop((a, b));
 //! # Ok(()) }
 //! ```
@@ -79,7 +79,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as TokioRwLock};
 use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
@@ -96,6 +96,7 @@ mod share;
 
 use share::{Admit, SameLease, Share};
 
+pub use crate::locker::RwLock;
 pub use guards::{ReadGuard, WriteGuard};
 
 /// How long a shared read lease admits new local readers after it was acquired.
@@ -150,7 +151,7 @@ impl RwLocks {
 /// One key's local state: the gate, the shared read lease, and its wake-ups.
 #[derive(Debug, Default)]
 struct KeyRw {
-    gate: Arc<RwLock<()>>,
+    gate: Arc<TokioRwLock<()>>,
     share: Mutex<Share<Arc<Lease>>>,
     changed: Notify,
 }

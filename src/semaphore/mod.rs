@@ -88,11 +88,12 @@ const MAX_BATCH: usize = 256;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockflight::Result<()> {
 /// use std::time::Duration;
-/// use lockflight::{Locker, MemoryBackend};
+/// use lockflight::{LockOptions, Locker, MemoryBackend};
 ///
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
 /// let exports = locker.semaphore("exports", 3); // at most 3 exports at once
-/// let permit = exports.acquire_within(Duration::from_secs(1)).await?;
+/// let wait = LockOptions::new().wait_timeout(Duration::from_secs(1));
+/// let permit = exports.acquire_with_options(wait).await?;
 /// let finished = tokio::select! {
 ///     _ = permit.lost() => false, // stop: the permit no longer protects us
 ///     _ = async { /* the export */ } => true,
@@ -142,7 +143,7 @@ impl Semaphore {
         self.key.validate()?;
         if self.permits == 0 || self.permits > MAX_PERMITS {
             return Err(Error::config(format!(
-                "semaphore {:?}: permits is {}, it must be between 1 and {MAX_PERMITS}",
+                "semaphore {}: permits is {}, it must be between 1 and {MAX_PERMITS}",
                 self.key, self.permits
             )));
         }
@@ -182,17 +183,32 @@ impl Semaphore {
             .await
     }
 
-    /// Like [`acquire`](Self::acquire), waiting at most `wait` (`Duration::MAX`: as
-    /// long as it takes).
+    /// Like [`acquire`](Self::acquire) with per-call settings: a wait timeout
+    /// (`Duration::MAX`: as long as it takes), or no waiting at all
+    /// ([`LockOptions::try_only`](crate::LockOptions::try_only): [`Error::Busy`]
+    /// when no permit is free).
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire).
+    /// As [`acquire`](Self::acquire); [`Error::Busy`] under `try_only`;
+    /// [`Error::InvalidConfig`] for a per-call lease TTL (permits take the
+    /// locker's).
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
-    pub async fn acquire_within(&self, wait: Duration) -> Result<Permit> {
+    pub async fn acquire_with_options(&self, options: crate::LockOptions) -> Result<Permit> {
+        let default_wait = self.semaphores.config.wait_timeout;
+        match options.wait_at_locker_ttl("acquire_with_options", &self.key, default_wait)? {
+            Some(wait) => self.acquire_within(wait).await,
+            None => self.try_acquire().await?.ok_or_else(|| Error::Busy {
+                key: self.key.clone(),
+            }),
+        }
+    }
+
+    /// [`acquire`](Self::acquire), waiting at most `wait`.
+    pub(crate) async fn acquire_within(&self, wait: Duration) -> Result<Permit> {
         self.check()?;
         let start = Instant::now();
         let deadline = deadline_after(start, wait);
@@ -353,7 +369,7 @@ mod tests {
         for n in [0, MAX_PERMITS + 1] {
             let e = locker.semaphore("k", n).acquire().await.unwrap_err();
             assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
-            assert!(e.to_string().contains("\"k\""), "names the key: {e}");
+            assert!(e.to_string().contains("semaphore k:"), "names the key: {e}");
         }
         assert!(matches!(
             locker.semaphore("", 1).acquire().await,

@@ -71,19 +71,24 @@ pub async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
     .await
 }
 
+/// The keys `locker` has local state for, of every kind ([`Stats::keys_in_use`](lockflight::stats::Stats::keys_in_use)).
+pub fn keys_in_use(locker: &Locker) -> usize {
+    locker.stats().keys_in_use as usize
+}
+
 /// Waits (up to `limit`) until none of `lockers` has local activity left.
 pub async fn wait_idle(lockers: &[Locker], limit: Duration) {
     wait_zero(
         lockers,
         limit,
-        Locker::active_keys,
-        "slots left behind: active_keys per locker",
+        keys_in_use,
+        "per-key state left behind: keys_in_use per locker",
     )
     .await;
 }
 
 /// Waits (up to `limit`) until `count` is 0 for every one of `lockers` (e.g.
-/// [`Locker::active_rw_keys`]); panics with `what` and the counts otherwise.
+/// [`keys_in_use`]); panics with `what` and the counts otherwise.
 pub async fn wait_zero(
     lockers: &[Locker],
     limit: Duration,
@@ -238,7 +243,8 @@ impl AllThree {
                 .await
                 .expect("the holder takes the mutex"),
             write: holder
-                .write(rw)
+                .rwlock(rw)
+                .write()
                 .await
                 .expect("the holder takes the write lease"),
             permit: holder
@@ -279,17 +285,24 @@ pub async fn takes_all_three_after(
     let other_sem = other.semaphore(sem, 1);
     let (m, w, p) = tokio::join!(
         async {
-            let g = other.lock_within(mutex, wait).await?;
+            let g = other
+                .lock_with_options(mutex, lockflight::LockOptions::new().wait_timeout(wait))
+                .await?;
             let at = released_at.elapsed();
             g.release().await.map(|()| at)
         },
         async {
-            let g = other.write_within(rw, wait).await?;
+            let g = other
+                .rwlock(rw)
+                .write_with_options(lockflight::LockOptions::new().wait_timeout(wait))
+                .await?;
             let at = released_at.elapsed();
             g.release().await.map(|()| at)
         },
         async {
-            let g = other_sem.acquire_within(wait).await?;
+            let g = other_sem
+                .acquire_with_options(lockflight::LockOptions::new().wait_timeout(wait))
+                .await?;
             let at = released_at.elapsed();
             g.release().await.map(|()| at)
         },

@@ -212,12 +212,29 @@ impl Kind {
     /// Takes `key` through `locker`, waiting up to `wait`.
     pub(crate) async fn acquire(self, locker: &Locker, key: &str, wait: Duration) -> Result<Held> {
         Ok(match self {
-            Kind::Mutex => Held::Lock(locker.lock_within(key, wait).await?),
-            Kind::Read => Held::Read(locker.read_within(key, wait).await?),
-            Kind::Write => Held::Write(locker.write_within(key, wait).await?),
-            Kind::Permit => {
-                Held::Permit(locker.semaphore(key, PERMITS).acquire_within(wait).await?)
-            }
+            Kind::Mutex => Held::Lock(
+                locker
+                    .lock_with_options(key, lockflight::LockOptions::new().wait_timeout(wait))
+                    .await?,
+            ),
+            Kind::Read => Held::Read(
+                locker
+                    .rwlock(key)
+                    .read_with_options(lockflight::LockOptions::new().wait_timeout(wait))
+                    .await?,
+            ),
+            Kind::Write => Held::Write(
+                locker
+                    .rwlock(key)
+                    .write_with_options(lockflight::LockOptions::new().wait_timeout(wait))
+                    .await?,
+            ),
+            Kind::Permit => Held::Permit(
+                locker
+                    .semaphore(key, PERMITS)
+                    .acquire_with_options(lockflight::LockOptions::new().wait_timeout(wait))
+                    .await?,
+            ),
             // lock_many waits up to the locker's wait timeout.
             Kind::Many => Held::Many(locker.lock_many(Self::many_keys(key)).await?),
         })
@@ -227,8 +244,8 @@ impl Kind {
     pub(crate) async fn try_acquire(self, locker: &Locker, key: &str) -> Result<Option<Held>> {
         Ok(match self {
             Kind::Mutex => locker.try_lock(key).await?.map(Held::Lock),
-            Kind::Read => locker.try_read(key).await?.map(Held::Read),
-            Kind::Write => locker.try_write(key).await?.map(Held::Write),
+            Kind::Read => locker.rwlock(key).try_read().await?.map(Held::Read),
+            Kind::Write => locker.rwlock(key).try_write().await?.map(Held::Write),
             Kind::Permit => locker
                 .semaphore(key, PERMITS)
                 .try_acquire()
@@ -257,9 +274,9 @@ impl Kind {
     /// Whether the key is idle in `locker`'s memory for this kind (no local state).
     pub(crate) fn idle_in(self, locker: &Locker) -> bool {
         match self {
-            Kind::Mutex | Kind::Many => locker.active_keys() == 0,
-            Kind::Read | Kind::Write => locker.active_rw_keys() == 0,
-            Kind::Permit => locker.active_semaphores() == 0,
+            Kind::Mutex | Kind::Many => locker.stats().keys_in_use == 0,
+            Kind::Read | Kind::Write => locker.stats().keys_in_use == 0,
+            Kind::Permit => locker.stats().keys_in_use == 0,
         }
     }
 

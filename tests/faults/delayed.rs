@@ -230,14 +230,14 @@ async fn a_late_acquire_copy_cannot_hold_a_released_key(kind: Kind, acked: bool)
                 .await
         }
         Kind::Read => {
-            within(Duration::from_secs(15), &what, a.read(KEY))
+            within(Duration::from_secs(15), &what, a.rwlock(KEY).read())
                 .await
                 .unwrap()
                 .release()
                 .await
         }
         Kind::Write => {
-            within(Duration::from_secs(15), &what, a.write(KEY))
+            within(Duration::from_secs(15), &what, a.rwlock(KEY).write())
                 .await
                 .unwrap()
                 .release()
@@ -258,7 +258,7 @@ async fn a_late_acquire_copy_cannot_hold_a_released_key(kind: Kind, acked: bool)
     let free = match kind {
         Kind::Mutex => b.try_lock(KEY).await.unwrap().map(drop).is_some(),
         // A late read lease would not block B's reader: B asks for the write lease.
-        Kind::Read | Kind::Write => b.try_write(KEY).await.unwrap().map(drop).is_some(),
+        Kind::Read | Kind::Write => b.rwlock(KEY).try_write().await.unwrap().map(drop).is_some(),
         Kind::Permit => b
             .semaphore(KEY, 1)
             .try_acquire()

@@ -178,8 +178,10 @@ async fn run_child(ctx: Arc<Ctx>, i: usize, at: PauseAt) -> Outcome {
     let guard = within(
         Duration::from_secs(15),
         "the parent's lock",
-        ctx.locker
-            .lock_within(key.as_str(), Duration::from_secs(10)),
+        ctx.locker.lock_with_options(
+            key.as_str(),
+            lockflight::LockOptions::new().wait_timeout(Duration::from_secs(10)),
+        ),
     )
     .await
     .expect("the lock of a stopped holder frees up");

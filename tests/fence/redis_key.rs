@@ -65,7 +65,7 @@ async fn write_guards_and_lock_infos_fence_too() {
     let mut data = server.connection().await;
     let doc = FencedKey::new(format!("{prefix}:doc")).unwrap();
 
-    let first = locker.write("doc").await.unwrap();
+    let first = locker.rwlock("doc").write().await.unwrap();
     let old = first.fencing_token();
     assert!(
         doc.hset(&mut data, &first, [("title", "one")])
@@ -74,7 +74,7 @@ async fn write_guards_and_lock_infos_fence_too() {
             .is_applied()
     );
     first.release().await.unwrap();
-    let second = locker.write("doc").await.unwrap();
+    let second = locker.rwlock("doc").write().await.unwrap();
     assert!(
         doc.hset(&mut data, &second, [("title", "two")])
             .await

@@ -66,7 +66,7 @@ async fn becomes_free(locker: &Locker, key: &str) -> bool {
 /// background release that follows a request is done.
 async fn no_active_keys(locker: &Locker) -> bool {
     wait_until(Duration::from_secs(2), || async {
-        locker.active_keys() == 0
+        locker.stats().keys_in_use == 0
     })
     .await
 }

@@ -51,7 +51,7 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
     );
     // ...and nobody of this instance waits any more, so it must leave the queue.
     let left = wait_queued(&con, &backend, &key, false, Duration::from_secs(3)).await;
-    assert_eq!(waiter.active_keys(), 0);
+    assert_eq!(waiter.stats().keys_in_use, 0);
     held.release().await.unwrap();
     assert!(
         left,

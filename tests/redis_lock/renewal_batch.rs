@@ -22,7 +22,7 @@ fn kind_of(i: usize, n: usize) -> LeaseKind {
     } else if i < 3 * few {
         LeaseKind::Permit
     } else {
-        LeaseKind::Lock
+        LeaseKind::Mutex
     }
 }
 
@@ -34,8 +34,8 @@ async fn take(locker: &Locker, n: usize) -> Vec<(LeaseKind, LockKey, Held)> {
             let key = LockKey::from(format!("b{i}"));
             let kind = kind_of(i, n);
             let held = match kind {
-                LeaseKind::Read => Held::Read(locker.read(&key).await.unwrap()),
-                LeaseKind::Write => Held::Write(locker.write(&key).await.unwrap()),
+                LeaseKind::Read => Held::Read(locker.rwlock(&key).read().await.unwrap()),
+                LeaseKind::Write => Held::Write(locker.rwlock(&key).write().await.unwrap()),
                 LeaseKind::Permit => {
                     Held::Permit(locker.semaphore(&key, 1).acquire().await.unwrap())
                 }
@@ -165,8 +165,8 @@ async fn ten_thousand_leases_renew_with_a_few_script_calls_per_period() {
     let other = plain_locker(&server.url(), &prefix).await;
     for (kind, key, _) in held.iter().step_by(97) {
         let free = match kind {
-            LeaseKind::Read => other.try_write(key).await.unwrap().is_some(),
-            LeaseKind::Write => other.try_read(key).await.unwrap().is_some(),
+            LeaseKind::Read => other.rwlock(key).try_write().await.unwrap().is_some(),
+            LeaseKind::Write => other.rwlock(key).try_read().await.unwrap().is_some(),
             LeaseKind::Permit => other
                 .semaphore(key, 1)
                 .try_acquire()
@@ -297,11 +297,11 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     .await;
     let stranger = LeaseToken::random();
     let items = [
-        RenewItem::new(LeaseKind::Lock, &m, tokens[0], ttl),
+        RenewItem::new(LeaseKind::Mutex, &m, tokens[0], ttl),
         RenewItem::new(LeaseKind::Read, &r, tokens[1], ttl),
         RenewItem::new(LeaseKind::Write, &w, tokens[2], ttl),
         RenewItem::new(LeaseKind::Permit, &p, tokens[3], ttl),
-        RenewItem::new(LeaseKind::Lock, &m, stranger, ttl),
+        RenewItem::new(LeaseKind::Mutex, &m, stranger, ttl),
         RenewItem::new(LeaseKind::Read, &foreign, stranger, ttl),
         RenewItem::new(LeaseKind::Write, &r, stranger, ttl),
         RenewItem::new(LeaseKind::Permit, &p, stranger, ttl),
@@ -310,7 +310,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     assert_eq!(batch.len(), items.len());
     for (item, answer) in items.iter().zip(&batch) {
         let alone = match item.kind {
-            LeaseKind::Lock => backend.extend(item.key, item.token, ttl).await,
+            LeaseKind::Mutex => backend.extend(item.key, item.token, ttl).await,
             LeaseKind::Read => rw.extend_read(item.key, item.token, ttl).await,
             LeaseKind::Write => rw.extend_write(item.key, item.token, ttl).await,
             _ => sem.extend_permit(item.key, item.token, ttl).await,

@@ -339,7 +339,7 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
             Box::new(a.semaphore(&key, 1).acquire().await.unwrap()),
             ":semq",
         ),
-        Beside::Read => (Box::new(a.write(&key).await.unwrap()), ":rwq"),
+        Beside::Read => (Box::new(a.rwlock(&key).write().await.unwrap()), ":rwq"),
     };
     // B waits for the `beside` lock (and keeps waiting throughout).
     let b_beside = tokio::spawn({
@@ -347,7 +347,7 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
         async move {
             match beside {
                 Beside::Semaphore => drop(b.semaphore(&key, 1).acquire().await.expect("permit")),
-                Beside::Read => drop(b.read(&key).await.expect("read")),
+                Beside::Read => drop(b.rwlock(&key).read().await.expect("read")),
             }
         }
     });
@@ -365,9 +365,12 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
     let b_gives_up = tokio::spawn({
         let (b, key) = (b.clone(), key.clone());
         async move {
-            b.lock_within(&key, Duration::from_millis(400))
-                .await
-                .map(drop)
+            b.lock_with_options(
+                &key,
+                lockflight::LockOptions::new().wait_timeout(Duration::from_millis(400)),
+            )
+            .await
+            .map(drop)
         }
     });
     assert!(

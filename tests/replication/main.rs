@@ -105,8 +105,8 @@ impl Kind {
     async fn acquire(self, locker: &Locker, key: &str) -> lockflight::Result<Held> {
         match self {
             Kind::Mutex | Kind::FairMutex => locker.lock(key).await.map(Held::Lock),
-            Kind::Read => locker.read(key).await.map(Held::Read),
-            Kind::Write => locker.write(key).await.map(Held::Write),
+            Kind::Read => locker.rwlock(key).read().await.map(Held::Read),
+            Kind::Write => locker.rwlock(key).write().await.map(Held::Write),
             Kind::Permit => locker.semaphore(key, 2).acquire().await.map(Held::Permit),
         }
     }

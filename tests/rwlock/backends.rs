@@ -11,23 +11,23 @@ async fn memory_backend_read_write_semantics() {
     let a = Locker::builder(backend.clone()).build().unwrap();
     let b = Locker::builder(backend.clone()).build().unwrap();
     let c = Locker::builder(backend).build().unwrap();
-    let r1 = a.read("k").await.unwrap();
-    let r2 = b.read("k").await.unwrap();
-    assert!(a.try_write("k").await.unwrap().is_none());
-    assert!(b.try_write("k").await.unwrap().is_none());
+    let r1 = a.rwlock("k").read().await.unwrap();
+    let r2 = b.rwlock("k").read().await.unwrap();
+    assert!(a.rwlock("k").try_write().await.unwrap().is_none());
+    assert!(b.rwlock("k").try_write().await.unwrap().is_none());
     let waiting = tokio::spawn({
         let c = c.clone();
-        async move { c.write("k").await }
+        async move { c.rwlock("k").write().await }
     });
     // The waiting writer (registered at the backend) refuses new read leases of
     // the other locker.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(a.try_read("other-key").await.unwrap().is_some());
+    assert!(a.rwlock("other-key").try_read().await.unwrap().is_some());
     let late = Arc::new(Mutex::new(None));
     r1.release().await.unwrap();
     let (a2, late2) = (a.clone(), Arc::clone(&late));
     let late_reader = tokio::spawn(async move {
-        let g = a2.read("k").await.unwrap();
+        let g = a2.rwlock("k").read().await.unwrap();
         *late2.lock().unwrap() = Some(Instant::now());
         g
     });
@@ -43,7 +43,7 @@ async fn memory_backend_read_write_semantics() {
     let g = late_reader.await.unwrap();
     assert_eq!(g.last_write(), t1);
     g.release().await.unwrap();
-    let t2 = a.write("k").await.unwrap().fencing_token();
+    let t2 = a.rwlock("k").write().await.unwrap().fencing_token();
     assert!(t2 > t1);
     wait_idle(&[a, b, c]).await;
 }
@@ -98,10 +98,10 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
 
     let locker = Locker::builder(MutexOnly::default()).build().unwrap();
     let unsupported = [
-        ("read", locker.read("k").await.map(drop)),
-        ("write", locker.write("k").await.map(drop)),
-        ("try_read", locker.try_read("k").await.map(drop)),
-        ("try_write", locker.try_write("k").await.map(drop)),
+        ("read", locker.rwlock("k").read().await.map(drop)),
+        ("write", locker.rwlock("k").write().await.map(drop)),
+        ("try_read", locker.rwlock("k").try_read().await.map(drop)),
+        ("try_write", locker.rwlock("k").try_write().await.map(drop)),
     ];
     for (call, result) in unsupported {
         assert!(
@@ -111,15 +111,15 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     }
     let memory = Locker::builder(MemoryBackend::new()).build().unwrap();
     for (call, result) in [
-        ("read", memory.read("").await.map(drop)),
-        ("write", memory.write("").await.map(drop)),
+        ("read", memory.rwlock("").read().await.map(drop)),
+        ("write", memory.rwlock("").write().await.map(drop)),
     ] {
         assert!(
             matches!(result, Err(Error::InvalidKey { .. })),
             "{call}: {result:?}"
         );
     }
-    assert_eq!(locker.active_rw_keys() + memory.active_rw_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use + memory.stats().keys_in_use, 0);
 }
 
 /// Guards that outlive their runtime are dropped without a panic and leave no
@@ -137,23 +137,25 @@ fn guards_dropped_after_their_runtime_leave_nothing_behind() {
             .unwrap()
     };
     let rt = runtime();
-    let read = rt.block_on(locker.read("r")).unwrap();
-    let write = rt.block_on(locker.write("w")).unwrap();
+    let read = rt.block_on(locker.rwlock("r").read()).unwrap();
+    let write = rt.block_on(locker.rwlock("w").write()).unwrap();
     drop(rt);
     drop((read, write));
-    assert_eq!(locker.active_rw_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use, 0);
     let rt = runtime();
     rt.block_on(async {
         let w = locker
-            .write_within("r", Duration::from_secs(5))
+            .rwlock("r")
+            .write_with_options(lockflight::LockOptions::new().wait_timeout(Duration::from_secs(5)))
             .await
             .unwrap();
         w.release().await.unwrap();
         let r = locker
-            .read_within("w", Duration::from_secs(5))
+            .rwlock("w")
+            .read_with_options(lockflight::LockOptions::new().wait_timeout(Duration::from_secs(5)))
             .await
             .unwrap();
         r.release().await.unwrap();
     });
-    assert_eq!(locker.active_rw_keys(), 0);
+    assert_eq!(locker.stats().keys_in_use, 0);
 }

@@ -30,7 +30,7 @@ async fn writers_exclude_readers_and_writers_across_instances() {
             let (locker, d) = (locker.clone(), Arc::clone(&d));
             tasks.spawn(async move {
                 for n in 0..READS {
-                    let guard = locker.read("k").await.unwrap();
+                    let guard = locker.rwlock("k").read().await.unwrap();
                     d.readers.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(d.writers.load(Ordering::SeqCst), 0, "a reader met a writer");
                     assert_eq!(
@@ -49,7 +49,7 @@ async fn writers_exclude_readers_and_writers_across_instances() {
         let (locker, d) = (locker.clone(), Arc::clone(&d));
         tasks.spawn(async move {
             for _ in 0..WRITES {
-                let guard = locker.write("k").await.unwrap();
+                let guard = locker.rwlock("k").write().await.unwrap();
                 assert_eq!(d.writers.fetch_add(1, Ordering::SeqCst), 0, "two writers");
                 assert_eq!(d.readers.load(Ordering::SeqCst), 0, "a writer met a reader");
                 let token = guard.fencing_token();
@@ -96,7 +96,7 @@ async fn a_stream_of_readers_cannot_starve_a_waiting_writer() {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
-                    let guard = locker.read("k").await.unwrap();
+                    let guard = locker.rwlock("k").read().await.unwrap();
                     tokio::time::sleep(HOLD).await;
                     reads.fetch_add(1, Ordering::SeqCst);
                     guard.release().await.unwrap();
@@ -115,7 +115,10 @@ async fn a_stream_of_readers_cannot_starve_a_waiting_writer() {
     for _ in 0..3 {
         let start = Instant::now();
         let guard = lockers[2]
-            .write_within("k", Duration::from_secs(20))
+            .rwlock("k")
+            .write_with_options(
+                lockflight::LockOptions::new().wait_timeout(Duration::from_secs(20)),
+            )
             .await
             .expect("the writer was starved past its wait timeout");
         waits.push(start.elapsed());
@@ -140,17 +143,17 @@ async fn a_stream_of_readers_cannot_starve_a_waiting_writer() {
 async fn write_tokens_increase_and_readers_see_the_last_write() {
     let (server, _log, prefix) = shared_scene("rw-fencing");
     let lockers = instances(&server.url(), &prefix, 2).await;
-    let first = lockers[0].read("k").await.unwrap();
+    let first = lockers[0].rwlock("k").read().await.unwrap();
     assert_eq!(first.last_write(), FencingToken::default(), "no write yet");
     first.release().await.unwrap();
     let mut last = FencingToken::default();
     for round in 0..6 {
-        let w = lockers[round % 2].write("k").await.unwrap();
+        let w = lockers[round % 2].rwlock("k").write().await.unwrap();
         let token = w.fencing_token();
         assert!(token > last, "round {round}: {token} after {last}");
         last = token;
         w.release().await.unwrap();
-        let r = lockers[(round + 1) % 2].read("k").await.unwrap();
+        let r = lockers[(round + 1) % 2].rwlock("k").read().await.unwrap();
         assert_eq!(r.last_write(), token, "round {round}");
         r.release().await.unwrap();
     }

@@ -15,18 +15,18 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     let mut con = server.connection().await;
 
     // A writer of instance 0 holds the key.
-    let held = lockers[0].write("k").await.unwrap();
+    let held = lockers[0].rwlock("k").write().await.unwrap();
     // Instance 1: three readers wait (one of them at Redis for the others), then
     // are dropped. Instance 2: a writer waits at Redis (registered), and a second
     // writer waits locally behind it; both are dropped.
     let mut waiting = JoinSet::new();
     for _ in 0..3 {
         let l = lockers[1].clone();
-        waiting.spawn(async move { l.read("k").await.map(drop) });
+        waiting.spawn(async move { l.rwlock("k").read().await.map(drop) });
     }
     for _ in 0..2 {
         let l = lockers[2].clone();
-        waiting.spawn(async move { l.write("k").await.map(drop) });
+        waiting.spawn(async move { l.rwlock("k").write().await.map(drop) });
     }
     let registered = wait_until(Duration::from_secs(10), || {
         let name = rw_name(&backend, &key, ":ww");
@@ -50,22 +50,23 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     held.release().await.unwrap();
 
     // Readers of instance 1 and then a writer of instance 2 get in.
-    let r = lockers[1].read("k").await.unwrap();
+    let r = lockers[1].rwlock("k").read().await.unwrap();
     r.release().await.unwrap();
     let w = lockers[2]
-        .write_within("k", Duration::from_secs(5))
+        .rwlock("k")
+        .write_with_options(lockflight::LockOptions::new().wait_timeout(Duration::from_secs(5)))
         .await
         .unwrap();
     w.release().await.unwrap();
 
     // A reader that leads at Redis (the key write-locked) is dropped while another
     // local reader waits for it: the waiter takes over and gets the lock.
-    let held = lockers[0].write("k").await.unwrap();
+    let held = lockers[0].rwlock("k").write().await.unwrap();
     let l = lockers[1].clone();
-    let leader = tokio::spawn(async move { l.read("k").await.map(drop) });
+    let leader = tokio::spawn(async move { l.rwlock("k").read().await.map(drop) });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let l = lockers[1].clone();
-    let follower = tokio::spawn(async move { l.read("k").await });
+    let follower = tokio::spawn(async move { l.rwlock("k").read().await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     leader.abort();
     let _ = leader.await;
@@ -101,7 +102,7 @@ async fn a_lost_read_lease_signals_every_local_reader() {
         .unwrap();
     let mut guards = Vec::new();
     for _ in 0..4 {
-        guards.push(locker.read("k").await.unwrap());
+        guards.push(locker.rwlock("k").read().await.unwrap());
     }
     let mut con = server.connection().await;
     let deleted_at = Instant::now();
@@ -128,7 +129,7 @@ async fn a_lost_read_lease_signals_every_local_reader() {
         assert!(matches!(g.release().await, Err(Error::LeaseLost { .. })));
     }
     // A new reader gets a fresh lease.
-    let fresh = locker.read("k").await.unwrap();
+    let fresh = locker.rwlock("k").read().await.unwrap();
     assert!(!fresh.is_lost());
     fresh.release().await.unwrap();
     wait_idle(&[locker]).await;
@@ -175,11 +176,12 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
         "{granted:?}"
     );
     assert!(
-        locker.try_write("k").await.unwrap().is_none(),
+        locker.rwlock("k").try_write().await.unwrap().is_none(),
         "the reader holds it"
     );
     let w = locker
-        .write_within("k", Duration::from_secs(10))
+        .rwlock("k")
+        .write_with_options(lockflight::LockOptions::new().wait_timeout(Duration::from_secs(10)))
         .await
         .unwrap();
     assert!(
@@ -190,7 +192,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     w.release().await.unwrap();
 
     // A writer registered as waiting (behind a live reader), then gone.
-    let reader = locker.read("k").await.unwrap();
+    let reader = locker.rwlock("k").read().await.unwrap();
     let busy = rw
         .acquire_write(&key, LeaseToken::random(), ttl, true)
         .await;
@@ -198,11 +200,12 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     reader.release().await.unwrap();
     let start = Instant::now();
     assert!(
-        locker.try_read("k").await.unwrap().is_none(),
+        locker.rwlock("k").try_read().await.unwrap().is_none(),
         "a registered waiting writer refuses new read leases"
     );
     let r = locker
-        .read_within("k", Duration::from_secs(10))
+        .rwlock("k")
+        .read_with_options(lockflight::LockOptions::new().wait_timeout(Duration::from_secs(10)))
         .await
         .unwrap();
     let waited = start.elapsed();
@@ -221,11 +224,11 @@ async fn held_read_and_write_leases_are_renewed_past_their_ttl() {
         .renew_every(Duration::from_millis(100))
         .build()
         .unwrap();
-    let r = locker.read("k").await.unwrap();
+    let r = locker.rwlock("k").read().await.unwrap();
     tokio::time::sleep(ttl * 3).await;
     assert!(!r.is_lost(), "{:?}", r.loss_signal().reason());
     r.release().await.unwrap();
-    let w = locker.write("k").await.unwrap();
+    let w = locker.rwlock("k").write().await.unwrap();
     tokio::time::sleep(ttl * 3).await;
     assert!(!w.is_lost(), "{:?}", w.loss_signal().reason());
     w.release().await.unwrap();

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use lockflight::rwlock::READ_ADMISSION_WINDOW;
 use lockflight::{Error, FencingToken, LockKey, Locker, MemoryBackend, RedisBackend};
 use testkit::{
-    CountingProxy, backend_at, exists, join_all, shared, shared_scene, suffixed, unique_prefix,
-    wait_until, wait_zero, zcard,
+    CountingProxy, backend_at, exists, join_all, keys_in_use, shared, shared_scene, suffixed,
+    unique_prefix, wait_until, wait_zero, zcard,
 };
 use tokio::task::JoinSet;
 
@@ -46,5 +46,5 @@ fn rw_name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
 /// Waits until none of `lockers` has read-write activity left.
 async fn wait_idle(lockers: &[Locker]) {
     let what = "read-write state left behind";
-    wait_zero(lockers, IDLE, Locker::active_rw_keys, what).await;
+    wait_zero(lockers, IDLE, keys_in_use, what).await;
 }

@@ -18,7 +18,7 @@ async fn readers_of_three_instances_overlap() {
                 Arc::clone(&max_instances),
             );
             tasks.spawn(async move {
-                let guard = locker.read("k").await.unwrap();
+                let guard = locker.rwlock("k").read().await.unwrap();
                 inside[i].fetch_add(1, Ordering::SeqCst);
                 let together = inside
                     .iter()
@@ -54,11 +54,32 @@ async fn local_readers_share_one_acquire_and_one_release() {
     let backend = backend_at(&proxy.url(), &prefix).await;
     let locker = Locker::builder(backend).build().unwrap();
     // Loads the scripts (NOSCRIPT, SCRIPT LOAD) once.
-    locker.read("k").await.unwrap().release().await.unwrap();
-    locker.write("k").await.unwrap().release().await.unwrap();
+    locker
+        .rwlock("k")
+        .read()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    locker
+        .rwlock("k")
+        .write()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 
     proxy.reset();
-    locker.read("k").await.unwrap().release().await.unwrap();
+    locker
+        .rwlock("k")
+        .read()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let one = proxy.commands();
 
     const N: usize = 32;
@@ -72,7 +93,7 @@ async fn local_readers_share_one_acquire_and_one_release() {
     for _ in 0..N {
         let (locker, all_in) = (locker.clone(), Arc::clone(&all_in));
         tasks.spawn(async move {
-            let guard = locker.read("k").await.unwrap();
+            let guard = locker.rwlock("k").read().await.unwrap();
             // Everyone holds at once before anyone leaves.
             all_in.wait().await;
             guard.release().await.unwrap();
@@ -95,7 +116,14 @@ async fn local_readers_share_one_acquire_and_one_release() {
     );
 
     proxy.reset();
-    locker.write("k").await.unwrap().release().await.unwrap();
+    locker
+        .rwlock("k")
+        .write()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     println!("Redis commands: write + release = {}", proxy.commands());
     assert_eq!(proxy.commands(), 2);
     wait_idle(&[locker]).await;

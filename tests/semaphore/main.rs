@@ -18,8 +18,8 @@ use lockflight::semaphore::Permit;
 use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
 use testkit::{
     CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, holder_child_target, join_all,
-    key_count, set_acl_user, shared, shared_scene, spawn_holder_child, subscribed, suffixed,
-    tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,
+    key_count, keys_in_use, set_acl_user, shared, shared_scene, spawn_holder_child, subscribed,
+    suffixed, tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,
 };
 use tokio::task::JoinSet;
 
@@ -49,7 +49,7 @@ async fn instances(url: &str, prefix: &str, n: usize) -> Vec<Locker> {
 /// Waits until none of `lockers` has semaphore state left.
 async fn wait_idle(lockers: &[Locker]) {
     let what = "semaphore state left behind";
-    wait_zero(lockers, IDLE, Locker::active_semaphores, what).await;
+    wait_zero(lockers, IDLE, keys_in_use, what).await;
 }
 
 /// Counts holders inside a critical section and records the maximum.

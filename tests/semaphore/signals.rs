@@ -39,7 +39,9 @@ fn futures_are_send() {
     fn send<T: Send>(_: &T) {}
     fn check(sem: lockflight::semaphore::Semaphore, permit: Permit) {
         send(&sem.acquire());
-        send(&sem.acquire_within(Duration::from_secs(1)));
+        send(&sem.acquire_with_options(
+            lockflight::LockOptions::new().wait_timeout(Duration::from_secs(1)),
+        ));
         send(&sem.try_acquire());
         send(&permit.lost());
         send(&permit.release());
@@ -69,7 +71,9 @@ async fn the_documented_acl_rules_suffice() {
     // b waits, gives up (leave), then waits again and is woken by the release.
     let gave_up = b
         .semaphore("k", 1)
-        .acquire_within(Duration::from_millis(200))
+        .acquire_with_options(
+            lockflight::LockOptions::new().wait_timeout(Duration::from_millis(200)),
+        )
         .await;
     assert!(matches!(gave_up, Err(Error::Timeout { .. })), "{gave_up:?}");
     wait_idle(std::slice::from_ref(&b)).await;

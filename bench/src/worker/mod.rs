@@ -200,7 +200,7 @@ async fn worker(spec: WorkerSpec) -> Result<WorkerResult, String> {
                 renewals: s.renewals,
                 leases_lost: s.leases_lost,
                 timeouts: s.timeouts,
-                active_keys: l.active_keys() as u64,
+                active_keys: l.stats().keys_in_use,
             })
         }
         _ => None,

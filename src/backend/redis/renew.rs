@@ -94,7 +94,7 @@ fn any_renewed(reply: &Value) -> bool {
 /// The script's argument for a lease kind.
 fn kind_arg(kind: LeaseKind) -> &'static [u8] {
     match kind {
-        LeaseKind::Lock => b"m",
+        LeaseKind::Mutex => b"m",
         LeaseKind::Read => b"r",
         LeaseKind::Write => b"w",
         LeaseKind::Permit => b"p",
@@ -196,7 +196,7 @@ impl RedisBackend {
         for &i in chunk {
             let item = &items[i];
             match item.kind {
-                LeaseKind::Lock => {
+                LeaseKind::Mutex => {
                     let n = Names::new(&inner.prefix, item.key);
                     keys.extend([n.lock, n.fence, n.queue, n.queue_expiry]);
                 }
