@@ -2,7 +2,7 @@
 //! kind ([`send`]), the attempts of the schedule in
 //! [`backend::schedule`](crate::backend), the job that runs them to completion
 //! even when its caller goes away ([`Release`]), and what a holder learns
-//! ([`End::outcome`]).
+//! ([`End::into_release`], [`outcome`]).
 //!
 //! A kind supplies only what it does once the backend answered ([`Settle`]: the
 //! mutex lets its slot's next waiter lead, the read-write lock lets go of its
@@ -221,46 +221,41 @@ impl<S: Settle> Release<S> {
     /// [`outcome`]). If this future is dropped before it finishes, the release is
     /// re-run in the background, continuing the same schedule.
     pub(crate) async fn run(self) -> Result<()> {
-        let span = tracing::debug_span!(
-            "lockflight.release",
-            key = %self.lease.key,
-            kind = ?self.lease.kind
-        );
+        // One async layer, the span only around the backend calls: this future is
+        // moved whole into its caller's, so each layer costs a copy of it.
         let mut rearm = Rearm(Some(self));
-        async move {
-            let job = rearm.0.as_mut().expect("armed");
-            job.forget();
-            let requeue = job.settle.as_ref().and_then(S::requeue);
-            let (engine, lease) = (Arc::clone(&job.engine), Arc::clone(&job.lease));
-            let result = job
-                .attempts
-                .send(&engine.stats, || {
-                    send(
-                        &*engine.backend,
-                        lease.kind,
-                        &lease.key,
-                        lease.token,
-                        requeue,
-                    )
-                })
-                .await;
-            let mut job = rearm.0.take().expect("armed");
-            if let Err(e) = &result
-                && Failure::of(e).may_have_written()
-            {
-                // Invariant 3: the lock may still be held, and a copy of the release
-                // may still be on the wire; the token is never acquired again.
-                retire(&engine, lease.kind, &lease.key, lease.token);
-            }
-            if let Some(settle) = job.settle.take() {
-                settle.settle(Ran::Sent {
-                    requeued: requeue.is_some(),
-                });
-            }
-            outcome(&lease, result?)
+        let job = rearm.0.as_mut().expect("armed");
+        job.forget();
+        let requeue = job.settle.as_ref().and_then(S::requeue);
+        let (engine, lease) = (Arc::clone(&job.engine), Arc::clone(&job.lease));
+        let span = tracing::debug_span!("lockflight.release", key = %lease.key, kind = ?lease.kind);
+        let result = job
+            .attempts
+            .send(&engine.stats, || {
+                send(
+                    &*engine.backend,
+                    lease.kind,
+                    &lease.key,
+                    lease.token,
+                    requeue,
+                )
+            })
+            .instrument(span)
+            .await;
+        let mut job = rearm.0.take().expect("armed");
+        if let Err(e) = &result
+            && Failure::of(e).may_have_written()
+        {
+            // Invariant 3: the lock may still be held, and a copy of the release may
+            // still be on the wire; the token is never acquired again.
+            retire(&engine, lease.kind, &lease.key, lease.token);
         }
-        .instrument(span)
-        .await
+        if let Some(settle) = job.settle.take() {
+            settle.settle(Ran::Sent {
+                requeued: requeue.is_some(),
+            });
+        }
+        outcome(&lease, result?)
     }
 
     /// Runs in a background task ([`Engine::spawn_background`]). Dropped unrun
@@ -306,13 +301,17 @@ pub(crate) enum End<S: Settle> {
 }
 
 impl<S: Settle> End<S> {
-    /// What the holder learns: the backend release's [`outcome`], or, when the lease
-    /// stays here, whether a loss of it was known as this holder let go.
-    pub(crate) async fn outcome(self, lease: &Lease) -> Result<()> {
+    /// The backend release to run ([`Release::run`] gives the holder its
+    /// [`outcome`]), or, when the lease stays here, what the holder learns now:
+    /// whether a loss of it was known as it let go. A guard's `release` is
+    /// `match end.into_release(&lease)? { Some(job) => job.run().await, None =>
+    /// Ok(()) }`: awaiting the job itself, not a future around it, spares a copy
+    /// of the release's future.
+    pub(crate) fn into_release(self, lease: &Lease) -> Result<Option<Release<S>>> {
         match self {
-            End::Release(job) => job.run().await,
+            End::Release(job) => Ok(Some(job)),
             End::Kept if lease.is_lost() => Err(lease.lost_error(Phase::Releasing)),
-            End::Kept => Ok(()),
+            End::Kept => Ok(None),
         }
     }
 

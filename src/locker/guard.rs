@@ -105,10 +105,13 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
-        self.shared
-            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
-            .outcome(&self.lease)
-            .await
+        let end = self
+            .shared
+            .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
+        match end.into_release(&self.lease)? {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        }
     }
 }
 

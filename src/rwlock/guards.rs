@@ -87,7 +87,10 @@ impl ReadGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        self.leave().outcome(&self.lease).await
+        match self.leave().into_release(&self.lease)? {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        }
     }
 
     /// Leaves the share; the backend release when this was the last holder.
@@ -165,7 +168,10 @@ impl WriteGuard {
     /// If this future is dropped before the backend answered, the release is re-run
     /// to completion in a background task; only its result is lost.
     pub async fn release(mut self) -> Result<()> {
-        self.leave().outcome(&self.lease).await
+        match self.leave().into_release(&self.lease)? {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        }
     }
 
     fn leave(&mut self) -> End<RwHold> {

@@ -126,7 +126,10 @@ impl Permit {
     /// to completion in a background task (it is idempotent); only its result is
     /// lost.
     pub async fn release(mut self) -> Result<()> {
-        self.end().outcome(&self.lease).await
+        match self.end().into_release(&self.lease)? {
+            Some(job) => job.run().await,
+            None => Ok(()),
+        }
     }
 
     /// Ends this holder's use: handed to the next local waiter, or the backend
