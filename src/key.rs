@@ -65,7 +65,14 @@ impl LockKey {
     pub(crate) fn blank(&self) -> Option<&'static str> {
         if self.0.is_empty() {
             Some("the key is empty")
-        } else if self.as_str().is_some_and(|s| s.trim().is_empty()) {
+        } else if self
+            .0
+            .first()
+            .is_some_and(|&b| !b.is_ascii() || char::from(b).is_whitespace())
+            && self.as_str().is_some_and(|s| s.trim().is_empty())
+        {
+            // A blank key starts with whitespace: an ASCII first byte that is not
+            // whitespace settles it without decoding the key.
             Some("the key is blank (whitespace only)")
         } else {
             None
