@@ -385,7 +385,7 @@ mod tests {
     fn validation_names_the_problem() {
         let empty = LockKey::from("").validate().unwrap_err();
         assert!(empty.to_string().contains("empty"), "{empty}");
-        for blank in [" ", "\t\n", "\u{3000}"] {
+        for blank in [" ", "\t\n", "\u{000B}", "\u{3000}", " \u{3000}"] {
             let e = LockKey::from(blank).validate().unwrap_err();
             assert!(e.to_string().contains("blank"), "{e}");
         }
