@@ -20,8 +20,8 @@ pub enum Phase {
     Releasing,
     /// Writing to a resource under a fencing token ([`fence`](crate::fence)).
     Writing,
-    /// Reading a key's lock state, or force-releasing it
-    /// ([`inspect`](crate::inspect)).
+    /// Reading a key's lock state, or force-releasing it (the `inspect` module,
+    /// feature `inspect`).
     Inspecting,
 }
 

@@ -368,6 +368,13 @@ impl<B> KeyExtractor<http::Request<B>> for PathSegment {
     }
 }
 
+/// The stable 64-bit hash of a key's bytes: XXH3-64 with seed 0, the same on every
+/// platform and process. The backends' striping and Redlock's wake node use it
+/// whatever the features; `routing::key_hash` (feature `routing`) is this function.
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

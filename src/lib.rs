@@ -95,6 +95,7 @@ pub mod backend;
 pub mod error;
 pub mod fence;
 pub mod guard;
+#[cfg(feature = "inspect")]
 pub mod inspect;
 mod key;
 pub mod layer;
@@ -102,6 +103,7 @@ mod lease;
 mod locker;
 mod multi;
 mod reentry;
+#[cfg(feature = "routing")]
 pub mod routing;
 mod runtime;
 pub mod rwlock;
@@ -113,7 +115,7 @@ pub mod stats;
 
 // The root names: what almost every user needs. Everything else lives in the
 // module named for its concept: `backend`, `guard`, `error`, `layer`, `rwlock`,
-// `semaphore`, `routing`, `stats`.
+// `semaphore`, `stats`; and, behind their features, `routing` and `inspect`.
 pub use backend::{MemoryBackend, RedisBackend};
 pub use error::{Error, Result};
 pub use guard::{FencingToken, LockGuard};

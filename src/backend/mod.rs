@@ -543,7 +543,7 @@ impl Default for Table {
 
 impl Table {
     fn stripe(&self, key: &[u8]) -> &AtomicU64 {
-        &self.generations[crate::routing::key_hash(key) as usize % STRIPES]
+        &self.generations[crate::key::key_hash(key) as usize % STRIPES]
     }
 
     fn is_watched(&self, key: &[u8]) -> bool {

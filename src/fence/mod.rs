@@ -74,6 +74,7 @@ mod sql;
 mod write;
 
 pub use self::redis::FencedKey;
+#[cfg(feature = "inspect")]
 pub(crate) use self::redis::redis_error;
 pub use self::write::{WriteId, WriteOptions};
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]

@@ -80,7 +80,7 @@ pub use router::{KeyRouter, ResponseFuture, RouterHandle};
 /// assert_eq!(key_hash(b"sku:555"), key_hash("sku:555".as_bytes()));
 /// ```
 pub fn key_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+    crate::key::key_hash(key)
 }
 
 /// Mixes two 64-bit hashes into one, for scoring a (node, key) pair.

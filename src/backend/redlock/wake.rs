@@ -20,7 +20,7 @@ impl Inner {
     /// release wakes the next one: chosen by the key's hash, so every instance
     /// agrees.
     pub(super) fn wake_node(&self, key: &LockKey) -> usize {
-        (crate::routing::key_hash(key.as_bytes()) % self.nodes.len() as u64) as usize
+        (crate::key::key_hash(key.as_bytes()) % self.nodes.len() as u64) as usize
     }
 
     /// Starts forwarding the wake-ups of `key` from its wake node unless that is
