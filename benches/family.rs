@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockflight::{FencingToken, Locker, RedisBackend};
+use lockflight::{Contention, FencingToken, Locker, RedisBackend};
 use rand::{RngExt as _, SeedableRng as _};
 use redis::aio::MultiplexedConnection;
 use testkit::{RedisServer, counter_value, evalsha_count, increment};
@@ -187,7 +187,7 @@ async fn run_row(server: &RedisServer, row: Row, p: usize, t: usize, secs: f64) 
             .wait_timeout(Duration::from_secs(60))
             .max_waiters(1 << 16);
         let builder = if row == Row::Fair {
-            builder.fair(true)
+            builder.contention(Contention::Fair)
         } else {
             builder
         };

@@ -70,7 +70,7 @@
 //!   `with_lock`, `lock_many` (a [`MultiGuard`](guard::MultiGuard) over several
 //!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock
 //!   family: [`rwlock`](Locker::rwlock) (read and write) and [`semaphore`](Locker::semaphore); fair mode
-//!   ([`LockerBuilder::fair`]).
+//!   ([`Contention::Fair`]).
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
 //!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum
 //!   of independent primaries; [`MemoryBackend`] for a single process.
@@ -120,7 +120,7 @@ pub use backend::{MemoryBackend, RedisBackend};
 pub use error::{Error, Result};
 pub use guard::{FencingToken, LockGuard};
 pub use key::LockKey;
-pub use locker::{Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
+pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 
 // README's examples are complete programs (no hidden lines), using every feature.
 #[cfg(all(doctest, feature = "axum", feature = "cluster", feature = "sentinel"))]

@@ -1,5 +1,5 @@
 //! Every setting of a [`Locker`](crate::Locker), in one place: the public parts
-//! users build ([`Handoff`], [`LossPolicy`], per-call [`LockOptions`]; re-exported
+//! users build ([`Handoff`], [`Contention`], [`LossPolicy`], per-call [`LockOptions`]; re-exported
 //! at the crate root), their defaults and bounds, the raw [`Settings`] a
 //! [`LockerBuilder`](crate::LockerBuilder) collects, and the one validation that
 //! turns them into the [`Config`] every lock kind reads. The builder itself is only
@@ -11,49 +11,25 @@ use std::time::Duration;
 use crate::backend::LockBackend;
 use crate::error::{Error, Result};
 
-/// Local lease handoff settings; see [`LockerBuilder::handoff`](crate::LockerBuilder::handoff). **On by default**
-/// ([`Handoff::enabled`] with the default budget).
+/// The local handoff budget; see [`LockerBuilder::handoff`](crate::LockerBuilder::handoff).
+/// **On by default** ([`Handoff::enabled`] with the default budget).
 ///
 /// With handoff on, a holder that releases while another local task waits for the
-/// same key passes the still-valid lease to that task in memory: no backend request
-/// at all. It applies to the exclusive lock and to semaphore permits (a released
-/// permit goes to the next local waiter of its semaphore, on the same budget). The budget bounds how long one process keeps a lease this way, so other
-/// instances are not starved: at most `max_consecutive` handoffs and `max_hold` of
-/// total hold time per lease. While the backend reports other instances waiting for
-/// the key, both are **halved**, and a lease also serves at most **two handoffs per
-/// local task that was waiting when it was taken** (at least eight). A lease with
-/// less than `min_validity` left, or whose loss is being signalled, is never handed
-/// on.
+/// same key passes the still-valid lease to that task in memory, without a backend
+/// request: for the exclusive lock and for semaphore permits. The budget bounds how
+/// long one process keeps a lease this way:
 ///
-/// # Why it is on by default
+/// * at most `max_consecutive` handoffs and `max_hold` of total hold time per lease;
+/// * while the backend reports other instances waiting for the key, both are
+///   halved, and a lease serves at most two handoffs per local task that was
+///   waiting when it was taken (at least eight);
+/// * a lease with less than `min_validity` left, or whose loss is being signalled,
+///   is never handed on.
 ///
-/// * **Safety does not change.** A handoff passes a lease that this process holds
-///   and that is still valid for at least `min_validity` (default a third of the
-///   TTL); the holder's critical section has ended before the next one starts (one
-///   holder per slot), the watchdog keeps renewing the same lease, and the fencing
-///   token's handoff sequence grows, so tokens still strictly increase per key.
-/// * **Fairness is bounded.** While another instance waits (the backend's queue is not
-///   empty, which every acquire, extend and release of a mutex reports, and a
-///   semaphore's acquire) a lease serves at most
-///   `max_consecutive / 2` handoffs (32), `max_hold / 2` (125 ms) and two handoffs
-///   per local task that was waiting when the lease was taken (at least eight),
-///   before it goes back to Redis, whose release wakes the head of the key's FIFO
-///   queue of instances and gives it the claim window: the instances take turns. A
-///   turn is about as long as the local queue it serves (each waiting task runs
-///   about twice; eight sections at least, so a process with one or two busy tasks
-///   still pays a backend round trip pair per eight sections, not per two), and a
-///   remote task waits roughly one turn per instance ahead of it in the queue. With nobody waiting elsewhere, the full budget only delays this
-///   process's own tasks, which get the lease in local FIFO order. Measured on the
-///   contention benchmark (BENCHMARKS.md): 4 processes × 8 or 64 tasks on one hot
-///   key each get 15–35 % of the critical sections.
-/// * **Cost.** One backend round trip pair per lease instead of per critical
-///   section: on a hot key the default runs a few times faster than a plain Redis
-///   lock with a fraction of the server commands.
-///
-/// Turn it off ([`Handoff::disabled`]) when strict cross-instance FIFO order per
-/// critical section matters more than throughput; lower the budget
-/// ([`max_consecutive`](Self::max_consecutive), [`max_hold`](Self::max_hold)) to
-/// shorten the turns.
+/// A handoff keeps every guarantee (exclusion, renewal, strictly increasing fencing
+/// tokens); ARCHITECTURE.md explains why. [`Handoff::disabled`] sends every critical
+/// section to the backend, and turns the default lease caching off
+/// ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
 ///
 /// ```
 /// use std::time::Duration;
@@ -70,7 +46,6 @@ pub struct Handoff {
     pub(crate) max_consecutive: u32,
     pub(crate) max_hold: Duration,
     pub(crate) min_validity: Option<Duration>,
-    pub(crate) linger: Duration,
 }
 
 impl Handoff {
@@ -78,9 +53,6 @@ impl Handoff {
     pub const DEFAULT_MAX_CONSECUTIVE: u32 = 64;
     /// Default bound on the total hold time of one lease across handoffs.
     pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(250);
-    /// Default time a lease that no local task wants is kept for the next one
-    /// (lease caching; see [`linger`](Self::linger)).
-    pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
 
     /// No handoff: every critical section acquires from the backend.
     pub fn disabled() -> Self {
@@ -97,7 +69,6 @@ impl Handoff {
             max_consecutive: Self::DEFAULT_MAX_CONSECUTIVE,
             max_hold: Self::DEFAULT_MAX_HOLD,
             min_validity: None,
-            linger: Self::DEFAULT_LINGER,
         }
     }
 
@@ -117,72 +88,6 @@ impl Handoff {
     /// of the lease TTL).
     pub fn min_validity(mut self, d: Duration) -> Self {
         self.min_validity = Some(d);
-        self
-    }
-
-    /// Lease caching: a holder that releases while no local task waits keeps the
-    /// lease up to `d` (default [`DEFAULT_LINGER`](Self::DEFAULT_LINGER), 20 ms)
-    /// for the next task of this process that asks for the key, which then takes
-    /// it without a backend request — a handoff to a task that arrives a moment
-    /// later, within the same budget (`max_consecutive`, `max_hold`,
-    /// `min_validity`) and with the same fencing (the handoff sequence grows). If
-    /// no local task asks within `d`, the lease is released at the backend, `d`
-    /// later than without caching, or sooner: when the budget would no longer let
-    /// it be handed on. `Duration::ZERO` turns caching off; fair mode
-    /// never caches. It applies to the mutex (`lock`, `with_lock`, `lock_many`),
-    /// not to read-write leases or permits.
-    ///
-    /// **Only where it pays.** A lease is kept only if it was asked for within `d`
-    /// of this locker's last backend release of the key (caching that lease would
-    /// have served the request: a key locked again and again, as a worker does). A
-    /// program that takes a key once and exits never leaves a cached lease
-    /// behind, and the first release of a key always goes to the backend. Where
-    /// another instance is known to wait for the key (it queued or sent a
-    /// revocation while the lease was in use, or the backend said so), the lease
-    /// is kept only until the releasing task yields: a task that locks the key
-    /// again at once takes it (within the budget), nobody else waits for it. And
-    /// a key whose cached lease another instance wanted is not cached for a
-    /// second.
-    ///
-    /// **Revocation.** Another instance (Redis backend) that queues for the key, or
-    /// whose `try_lock` finds it held, sends this instance a revocation, and the
-    /// idle cached lease is released at once: a long `d` does not make other
-    /// instances wait. One that comes while a local task uses the lease does not
-    /// end that use (the handoff budget bounds it), and makes the next release
-    /// keep the lease only until the releasing task yields. Redlock and the
-    /// in-memory backend send no revocations: there a cached lease ends with `d`
-    /// or the budget.
-    ///
-    /// **Takeovers.** A cached lease stays this process's at the backend and keeps
-    /// being renewed, and it is taken only if it may be handed on: never once it
-    /// is known lost. An operator's forced release tells this instance at once
-    /// (Redis backend), so the next `lock` waits for the new holder instead of
-    /// starting on the deleted lease. A takeover nobody announces (a `FLUSHALL`, a
-    /// failover that lost the key, an eviction) is found by the lease's next
-    /// renewal the backend answers ("not the owner"): until then, at most the
-    /// renewal interval plus a quarter of it (the watchdog's scan) and a round
-    /// trip (or, while the backend does not answer, until the lease's validity
-    /// ends), and never later than `max_hold` after the grant, a local section may
-    /// still start on the lease, as one could by a
-    /// handoff to a waiting task; a resource that checks fencing tokens refuses
-    /// their writes once it has accepted one of the new holder's.
-    ///
-    /// **Exit.** Dropping the last clone of the [`Locker`](crate::Locker) releases
-    /// its cached leases and waits for that, at most a second, on either runtime
-    /// flavor (on a current-thread runtime, or outside one, from a thread of its
-    /// own); on a multi-thread runtime it also waits for the background releases
-    /// of every lock kind still under way (dropped guards' and permits'). A
-    /// process that exits within `d` of a release without dropping its last
-    /// `Locker` (one kept in a `static`, `std::process::exit`) leaves that lease
-    /// to expire at its TTL, as if it had crashed. Call
-    /// [`Locker::shutdown`](crate::Locker::shutdown) before exiting to be sure.
-    ///
-    /// A process that loops over a key pays one backend round trip pair per
-    /// budget instead of per critical section. What it costs: another instance
-    /// that was already waiting may wait up to `d` longer where no revocation
-    /// reaches this instance.
-    pub fn linger(mut self, d: Duration) -> Self {
-        self.linger = d;
         self
     }
 
@@ -209,6 +114,24 @@ pub enum LossPolicy {
     Abort,
     /// Only signal: the work runs on; it can watch [`LockGuard::lost`](crate::LockGuard::lost).
     Signal,
+}
+
+/// How the tasks of one process contend for a key's exclusive lock; see
+/// [`LockerBuilder::contention`](crate::LockerBuilder::contention).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Contention {
+    /// One backend contender per key per process (the default): one task asks the
+    /// backend, the others wait in a local FIFO and get the lease by handoff.
+    #[default]
+    Coalesced,
+    /// [`Coalesced`](Self::Coalesced), and the lock granted in order of arrival
+    /// across instances. Needs a backend that can order waiting instances
+    /// ([`LockBackend::supports_fair`](crate::backend::LockBackend::supports_fair)).
+    Fair,
+    /// Every task asks the backend on its own, as a separate client would: no
+    /// local queue, no handoff, no lease caching.
+    PerTask,
 }
 
 /// Per-call settings of [`Locker::lock_with_options`](crate::Locker::lock_with_options) (and per route, of
@@ -265,6 +188,8 @@ impl LockOptions {
     }
 }
 
+/// Default of [`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for).
+pub(crate) const DEFAULT_LEASE_CACHE: Duration = Duration::from_millis(20);
 /// Default lease TTL.
 pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// Default bound on [`Locker::lock`](crate::Locker::lock).
@@ -285,10 +210,11 @@ pub(crate) struct Settings {
     /// `None`: a third of the lease TTL.
     pub(crate) renew_every: Option<Duration>,
     pub(crate) handoff: Handoff,
+    /// `None`: [`DEFAULT_LEASE_CACHE`] where caching applies, else zero.
+    pub(crate) lease_cache: Option<Duration>,
     pub(crate) max_waiters: usize,
-    pub(crate) coalescing: bool,
+    pub(crate) contention: Contention,
     pub(crate) on_loss: LossPolicy,
-    pub(crate) fair: bool,
     pub(crate) hold_limit: Option<Duration>,
 }
 
@@ -299,10 +225,10 @@ impl Default for Settings {
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             renew_every: None,
             handoff: Handoff::enabled(),
+            lease_cache: None,
             max_waiters: DEFAULT_MAX_WAITERS,
-            coalescing: true,
+            contention: Contention::Coalesced,
             on_loss: LossPolicy::Abort,
-            fair: false,
             hold_limit: None,
         }
     }
@@ -341,11 +267,12 @@ impl Settings {
                 )));
             }
         }
-        if self.fair && !backend.supports_fair() {
+        let fair = self.contention == Contention::Fair;
+        if fair && !backend.supports_fair() {
             return Err(Error::config(format!(
                 "fair mode is not supported by the backend {:?}: it cannot order waiting \
                  instances (Redlock's independent nodes share no queue); use a Redis or \
-                 memory backend, or fair(false)",
+                 memory backend, or Contention::Coalesced",
                 backend
             )));
         }
@@ -354,23 +281,44 @@ impl Settings {
                 "hold_limit is zero; leave it unset for no limit",
             ));
         }
-        if self.fair && !self.coalescing {
-            return Err(Error::config(
-                "fair mode needs coalescing: an instance queues once per key, for its oldest task",
-            ));
-        }
+        let lease_cache = self.lease_cache(fair)?;
         Ok(Config {
-            fair: self.fair,
+            fair,
             lease_ttl: ttl,
             wait_timeout: self.wait_timeout,
             renew_every,
             handoff: self.handoff,
             min_validity,
             max_waiters: self.max_waiters,
-            coalescing: self.coalescing,
+            coalescing: self.contention != Contention::PerTask,
+            lease_cache,
             on_loss: self.on_loss,
             hold_limit: self.hold_limit,
         })
+    }
+
+    /// How long a released lease is cached: the setting, or its default where
+    /// caching applies (handoff on, [`Contention::Coalesced`]) and zero elsewhere;
+    /// an error for a non-zero setting where caching does not apply.
+    fn lease_cache(&self, fair: bool) -> Result<Duration> {
+        let applies = self.handoff.enabled && self.contention == Contention::Coalesced;
+        match self.lease_cache {
+            None if applies => Ok(DEFAULT_LEASE_CACHE),
+            None => Ok(Duration::ZERO),
+            Some(d) if d.is_zero() || applies => Ok(d),
+            Some(d) => {
+                let why = if !self.handoff.enabled {
+                    "a cached lease is taken under the handoff budget, and handoff is disabled"
+                } else if fair {
+                    "fair mode grants in arrival order, a cached lease would jump the queue"
+                } else {
+                    "Contention::PerTask has no local slot to keep a lease in"
+                };
+                Err(Error::config(format!(
+                    "cache_leases_for({d:?}): {why}; use Duration::ZERO or leave it unset"
+                )))
+            }
+        }
     }
 }
 
@@ -383,8 +331,12 @@ pub(crate) struct Config {
     pub(crate) handoff: Handoff,
     pub(crate) min_validity: Duration,
     pub(crate) max_waiters: usize,
+    /// Derived from [`Contention`]: not [`Contention::PerTask`].
     pub(crate) coalescing: bool,
+    /// How long a released lease no local task wants is kept (zero: never).
+    pub(crate) lease_cache: Duration,
     pub(crate) on_loss: LossPolicy,
+    /// Derived from [`Contention`]: [`Contention::Fair`].
     pub(crate) fair: bool,
     /// No lease of this locker is valid longer than this after its grant.
     pub(crate) hold_limit: Option<Duration>,

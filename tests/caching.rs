@@ -1,4 +1,4 @@
-//! Lease caching (`Handoff::linger`) against a real Redis: a released lease that no
+//! Lease caching (`LockerBuilder::cache_leases_for`) against a real Redis: a released lease that no
 //! local task wants is kept for the next local `lock` of the key, within the
 //! handoff budget, and released at the backend when the linger ends, when the
 //! budget is spent, or at `Locker::shutdown`. Each instance is its own
@@ -8,12 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lockflight::{Handoff, Locker, RedisBackend};
+use lockflight::{Contention, Error, Handoff, Locker, RedisBackend};
 use testkit::{Counting, CountingProxy, Counts, shared, unique_prefix, wait_until, within};
 
-/// A locker on the shared server under `prefix`, with `handoff`, its backend
-/// requests counted.
+/// A locker on the shared server under `prefix`, with `handoff` and the default
+/// lease caching, its backend requests counted.
 async fn instance(prefix: &str, handoff: Handoff) -> (Locker, Arc<Counts>) {
+    instance_with(prefix, handoff, None).await
+}
+
+/// [`instance`], caching leases for `cache` (`None`: the default).
+async fn instance_with(
+    prefix: &str,
+    handoff: Handoff,
+    cache: Option<Duration>,
+) -> (Locker, Arc<Counts>) {
     let backend = RedisBackend::builder(shared().url())
         .prefix(prefix)
         .connect()
@@ -23,9 +32,13 @@ async fn instance(prefix: &str, handoff: Handoff) -> (Locker, Arc<Counts>) {
     let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(20))
-        .handoff(handoff)
-        .build()
-        .expect("valid settings");
+        .handoff(handoff);
+    let locker = match cache {
+        Some(d) => locker.cache_leases_for(d),
+        None => locker,
+    }
+    .build()
+    .expect("valid settings");
     (locker, counts)
 }
 
@@ -37,14 +50,12 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
-/// Lease caching that keeps an idle lease until the linger ends (or a
-/// revocation, a release or `shutdown` ends it): a hold budget (`max_hold`) at
-/// least as long as the linger, since an idle cached lease also ends with its
-/// budget (250 ms by default).
-fn caching(linger: Duration) -> Handoff {
-    Handoff::enabled()
-        .max_hold(linger.max(Handoff::DEFAULT_MAX_HOLD))
-        .linger(linger)
+/// The handoff budget under which a lease cached for `linger` is kept until the
+/// linger ends (or a revocation, a release or `shutdown` ends it): a hold budget
+/// (`max_hold`) at least as long as the linger, since an idle cached lease also
+/// ends with its budget (250 ms by default).
+fn budget(linger: Duration) -> Handoff {
+    Handoff::enabled().max_hold(linger.max(Handoff::DEFAULT_MAX_HOLD))
 }
 
 /// Makes `key` warm at `a`: caching keeps only a lease of a key that `a` released
@@ -80,7 +91,8 @@ async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     .lease_ttl(Duration::from_secs(1))
     .renew_every(Duration::from_millis(200))
     .wait_timeout(Duration::from_secs(10))
-    .handoff(caching(Duration::from_secs(600)))
+    .handoff(budget(Duration::from_secs(600)))
+    .cache_leases_for(Duration::from_secs(600))
     .build()
     .unwrap();
     (proxy, a)
@@ -112,7 +124,7 @@ async fn locks_anew_after_the_partition(a: &Locker, tb: lockflight::FencingToken
 async fn the_next_lock_takes_the_cached_lease_without_a_request() {
     let prefix = unique_prefix("cached-next");
     let linger = Duration::from_millis(300);
-    let (a, counts) = instance(&prefix, caching(linger)).await;
+    let (a, counts) = instance_with(&prefix, budget(linger), Some(linger)).await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
 
@@ -161,9 +173,10 @@ async fn the_next_lock_takes_the_cached_lease_without_a_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
     let prefix = unique_prefix("cached-remote");
-    let (a, counts) = instance(
+    let (a, counts) = instance_with(
         &prefix,
-        Handoff::enabled().linger(Duration::from_millis(200)),
+        Handoff::enabled(),
+        Some(Duration::from_millis(200)),
     )
     .await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
@@ -188,7 +201,12 @@ async fn a_remote_waiter_gets_the_key_when_the_linger_ends() {
 async fn shutdown_releases_cached_leases_and_stops_caching() {
     let prefix = unique_prefix("cached-shutdown");
     // A linger far longer than the test: only shutdown can release.
-    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
+    let (a, counts) = instance_with(
+        &prefix,
+        budget(Duration::from_secs(600)),
+        Some(Duration::from_secs(600)),
+    )
+    .await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     for key in ["k1", "k2"] {
         warm(&a, Some(&counts), key).await;
@@ -215,8 +233,8 @@ async fn shutdown_releases_cached_leases_and_stops_caching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caching_stays_within_the_handoff_budget() {
     let prefix = unique_prefix("cached-budget");
-    let handoff = caching(Duration::from_secs(600)).max_consecutive(3);
-    let (a, counts) = instance(&prefix, handoff).await;
+    let handoff = budget(Duration::from_secs(600)).max_consecutive(3);
+    let (a, counts) = instance_with(&prefix, handoff, Some(Duration::from_secs(600))).await;
     let mut last = None;
     warm(&a, Some(&counts), "k").await;
     for _ in 0..5 {
@@ -251,7 +269,8 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
     let a = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(2))
         .renew_every(Duration::from_millis(200))
-        .handoff(caching(Duration::from_secs(600)))
+        .handoff(budget(Duration::from_secs(600)))
+        .cache_leases_for(Duration::from_secs(600))
         .build()
         .unwrap();
     warm(&a, Some(&counts), "k").await;
@@ -279,15 +298,22 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
     a.shutdown().await;
 }
 
-/// Fair mode never caches: a release frees the key at once for another instance.
+/// Fair mode never caches: a release frees the key at once for another instance,
+/// and a cache set with it is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_mode_never_caches() {
     let prefix = unique_prefix("cached-fair");
-    let a = Locker::builder(testkit::backend_at(&shared().url(), &prefix).await)
-        .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
-        .fair(true)
+    let fair = || async {
+        Locker::builder(testkit::backend_at(&shared().url(), &prefix).await)
+            .contention(Contention::Fair)
+    };
+    let e = fair()
+        .await
+        .cache_leases_for(Duration::from_secs(600))
         .build()
-        .unwrap();
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+    let a = fair().await.build().unwrap();
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, None, "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
@@ -336,7 +362,12 @@ async fn a_cached_lease_cut_off_by_a_partition_is_not_used_after_it() {
 async fn a_dropped_shutdown_still_releases_in_the_background() {
     use futures::FutureExt;
     let prefix = unique_prefix("cached-shutdown-dropped");
-    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
+    let (a, counts) = instance_with(
+        &prefix,
+        budget(Duration::from_secs(600)),
+        Some(Duration::from_secs(600)),
+    )
+    .await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     a.lock("k").await.unwrap().release().await.unwrap();
@@ -374,7 +405,12 @@ async fn a_dropped_shutdown_still_releases_in_the_background() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-revoked");
-    let (a, counts) = instance(&prefix, caching(Duration::from_secs(60))).await;
+    let (a, counts) = instance_with(
+        &prefix,
+        budget(Duration::from_secs(60)),
+        Some(Duration::from_secs(60)),
+    )
+    .await;
     let (b, _) = instance(&prefix, Handoff::enabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -410,10 +446,8 @@ async fn a_revocation_during_a_hold_shortens_the_linger() {
     let prefix = unique_prefix("cached-revoke-held");
     let linger = Duration::from_secs(600);
     // A budget that the hold below does not spend (the default max_hold is 250 ms).
-    let handoff = Handoff::enabled()
-        .max_hold(Duration::from_secs(20))
-        .linger(linger);
-    let (a, counts) = instance(&prefix, handoff).await;
+    let handoff = Handoff::enabled().max_hold(Duration::from_secs(20));
+    let (a, counts) = instance_with(&prefix, handoff, Some(linger)).await;
     let (b, b_counts) = instance(&prefix, Handoff::enabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -485,7 +519,12 @@ async fn a_revocation_lost_in_a_partition_costs_at_most_the_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
     let prefix = unique_prefix("cached-try-revoked");
-    let (a, counts) = instance(&prefix, caching(Duration::from_secs(600))).await;
+    let (a, counts) = instance_with(
+        &prefix,
+        budget(Duration::from_secs(600)),
+        Some(Duration::from_secs(600)),
+    )
+    .await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     warm(&a, Some(&counts), "k").await;
     let g = a.lock("k").await.unwrap();
@@ -516,7 +555,12 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_locked_once_is_released_at_once_and_a_warm_one_is_cached() {
     let prefix = unique_prefix("cached-cold");
-    let (a, counts) = instance(&prefix, caching(Duration::from_secs(10))).await;
+    let (a, counts) = instance_with(
+        &prefix,
+        budget(Duration::from_secs(10)),
+        Some(Duration::from_secs(10)),
+    )
+    .await;
     let (b, _) = instance(&prefix, Handoff::disabled()).await;
     // The defaults: a key locked once is free right after its release.
     let (d, d_counts) = instance(&prefix, Handoff::enabled()).await;
@@ -553,7 +597,8 @@ async fn looping_child() {
     };
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(30))
-        .handoff(caching(Duration::from_secs(10)))
+        .handoff(budget(Duration::from_secs(10)))
+        .cache_leases_for(Duration::from_secs(10))
         .build()
         .expect("child: build");
     for _ in 0..3 {
@@ -773,7 +818,8 @@ async fn pausable_child() {
     let locker = Locker::builder(testkit::subscribed(backend).await)
         .lease_ttl(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(20))
-        .handoff(caching(Duration::from_secs(600)))
+        .handoff(budget(Duration::from_secs(600)))
+        .cache_leases_for(Duration::from_secs(600))
         .build()
         .expect("child: build");
     warm(&locker, None, &key).await;

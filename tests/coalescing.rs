@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockflight::{Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend};
+use lockflight::{
+    Contention, Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
+};
 use testkit::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
 
 async fn redis_locker(
@@ -25,7 +27,11 @@ async fn redis_locker(
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_secs(60))
         .handoff(handoff)
-        .coalescing(coalescing)
+        .contention(if coalescing {
+            Contention::Coalesced
+        } else {
+            Contention::PerTask
+        })
         .build()
         .expect("valid settings");
     (locker, counts)

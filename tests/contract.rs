@@ -588,11 +588,8 @@ async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
         let locker = Locker::builder(backend.clone())
             .lease_ttl(Duration::from_secs(3))
             .wait_timeout(wait)
-            .handoff(
-                Handoff::enabled()
-                    .max_hold(Duration::from_secs(600))
-                    .linger(Duration::from_secs(600)),
-            )
+            .handoff(Handoff::enabled().max_hold(Duration::from_secs(600)))
+            .cache_leases_for(Duration::from_secs(600))
             .build()
             .unwrap();
         // Released at the backend once, the key is warm: its next lease is cached.

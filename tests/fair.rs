@@ -1,4 +1,4 @@
-//! Fair mode ([`LockerBuilder::fair`]) against a real Redis: grants in order of
+//! Fair mode ([`Contention::Fair`]) against a real Redis: grants in order of
 //! arrival across instances (several tasks per instance, interleaved), no barging
 //! after a TTL expiry, local handoff only in order, `try_lock` busy while an earlier
 //! instance waits, a cancelled waiter leaving the queue, and what fair mode costs in
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lockflight::backend::{Acquire, LeaseToken, LockKind};
 use lockflight::{
-    Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
+    Contention, Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
 };
 use testkit::{CountingProxy, RedisServer, backend_at, shared, unique_prefix, wait_until};
@@ -24,7 +24,11 @@ const GAP: Duration = Duration::from_millis(25);
 
 fn locker(backend: RedisBackend, fair: bool) -> Locker {
     Locker::builder(backend)
-        .fair(fair)
+        .contention(if fair {
+            Contention::Fair
+        } else {
+            Contention::Coalesced
+        })
         .wait_timeout(Duration::from_secs(30))
         .build()
         .expect("valid settings")
@@ -441,7 +445,10 @@ async fn redlock_refuses_fair_mode() {
         .connect()
         .await
         .unwrap();
-    let e = Locker::builder(redlock).fair(true).build().unwrap_err();
+    let e = Locker::builder(redlock)
+        .contention(Contention::Fair)
+        .build()
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
     assert!(e.to_string().contains("fair mode"), "{e}");
 }

@@ -280,6 +280,36 @@ async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
     drop((mutex, write, read, permit, taken));
 }
 
+/// Lease caching needs handoff and coalescing: a non-zero cache where a lease
+/// cannot be cached is refused, the default is off there, and zero is accepted.
+#[test]
+fn lease_caching_where_it_cannot_apply_is_a_clear_error() {
+    use lockflight::{Contention, Handoff, MemoryBackend};
+    let builder = || Locker::builder(MemoryBackend::new());
+    let cache = Duration::from_millis(20);
+    for (what, b) in [
+        ("handoff", builder().handoff(Handoff::disabled())),
+        ("fair", builder().contention(Contention::Fair)),
+        ("PerTask", builder().contention(Contention::PerTask)),
+    ] {
+        let e = b.cache_leases_for(cache).build().unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+        assert!(e.to_string().contains("cache_leases_for"), "{e}");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+    builder().handoff(Handoff::disabled()).build().unwrap();
+    builder().contention(Contention::Fair).build().unwrap();
+    builder()
+        .contention(Contention::PerTask)
+        .cache_leases_for(Duration::ZERO)
+        .build()
+        .unwrap();
+    builder()
+        .cache_leases_for(Duration::from_secs(1))
+        .build()
+        .unwrap();
+}
+
 #[test]
 fn a_zero_hold_limit_is_a_clear_error() {
     let e = Locker::builder(lockflight::MemoryBackend::new())

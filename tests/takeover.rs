@@ -32,11 +32,8 @@ async fn instance(prefix: &str) -> Locker {
         .lease_ttl(Duration::from_secs(60))
         .renew_every(Duration::from_secs(20))
         .wait_timeout(Duration::from_secs(20))
-        .handoff(
-            Handoff::enabled()
-                .max_hold(Duration::from_secs(60))
-                .linger(Duration::from_secs(600)),
-        )
+        .handoff(Handoff::enabled().max_hold(Duration::from_secs(60)))
+        .cache_leases_for(Duration::from_secs(600))
         .build()
         .expect("valid settings")
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry};
-use lockflight::{LockKey, Locker, backend::LockBackend};
+use lockflight::{Contention, LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
 /// key as a release by another instance would at that very moment; grants the next.
@@ -67,7 +67,11 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
         let backend = Arc::new(RacingRelease::default());
         let locker = Locker::builder(Arc::clone(&backend))
             .wait_timeout(Duration::from_secs(30))
-            .coalescing(coalescing)
+            .contention(if coalescing {
+                Contention::Coalesced
+            } else {
+                Contention::PerTask
+            })
             .build()
             .unwrap();
         let started = Instant::now();
@@ -386,7 +390,7 @@ async fn naive_waiting_for_a_holder(
     let prefix = testkit::unique_prefix(name);
     let a = backend(&server.url(), &prefix).await;
     let naive = Locker::builder(a.clone())
-        .coalescing(false)
+        .contention(Contention::PerTask)
         .wait_timeout(Duration::from_secs(60))
         .build()
         .unwrap();

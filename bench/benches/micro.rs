@@ -32,7 +32,9 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use dashmap::DashMap;
 use lockflight::backend::LeaseToken;
 use lockflight::routing::key_hash;
-use lockflight::{FencingToken, Handoff, LockKey, Locker, MemoryBackend, backend::LockBackend};
+use lockflight::{
+    Contention, FencingToken, Handoff, LockKey, Locker, MemoryBackend, backend::LockBackend,
+};
 use tokio::runtime::Runtime;
 
 fn runtime() -> Runtime {
@@ -45,7 +47,11 @@ fn runtime() -> Runtime {
 fn locker(coalescing: bool, handoff: bool) -> Locker {
     Locker::builder(MemoryBackend::new())
         .wait_timeout(Duration::from_secs(60))
-        .coalescing(coalescing)
+        .contention(if coalescing {
+            Contention::Coalesced
+        } else {
+            Contention::PerTask
+        })
         .handoff(if handoff {
             Handoff::enabled()
         } else {

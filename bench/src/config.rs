@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lockflight::{Handoff, LockKey, Locker, backend::LockBackend};
+use lockflight::{Contention, Handoff, LockKey, Locker, backend::LockBackend};
 use serde::{Deserialize, Serialize};
 
 /// Never reached in a normal run: a timeout is a failure, not a data point.
@@ -66,17 +66,17 @@ pub enum Mode {
     /// A plain Redis lock, no lockflight: `SET key token NX PX 30000`, retried every
     /// 1 ms while busy, released by a Lua compare-and-delete (see `PlainLock`).
     Plain,
-    /// `coalescing(false)`: every task competes at Redis.
+    /// `Contention::PerTask`: every task competes at Redis.
     Naive,
     /// Coalescing on, handoff off.
     Coalesced,
     /// `Locker::builder(backend).build()`: the default configuration (coalescing and
     /// handoff with the default budget).
     Default,
-    /// The default with a 2 ms linger (`Handoff::enabled().linger(2 ms)`): lease
+    /// The default with a 2 ms linger (`cache_leases_for(2 ms)`): lease
     /// caching as measured before it was on by default.
     Cached,
-    /// The default without lease caching (`Handoff::enabled().linger(0)`): the
+    /// The default without lease caching (`cache_leases_for(Duration::ZERO)`): the
     /// default configuration before lease caching was on by default.
     Uncached,
     /// Coalescing and an explicit `Handoff::enabled()` (the same settings as the
@@ -125,14 +125,14 @@ impl Mode {
     pub(crate) fn locker(self, backend: impl LockBackend) -> lockflight::Result<Locker> {
         let b = Locker::builder(backend).wait_timeout(WAIT_TIMEOUT);
         match self {
-            Mode::Naive => b.coalescing(false).handoff(Handoff::disabled()),
-            Mode::Coalesced | Mode::Floor | Mode::Plain => {
-                b.coalescing(true).handoff(Handoff::disabled())
-            }
+            Mode::Naive => b
+                .contention(Contention::PerTask)
+                .handoff(Handoff::disabled()),
+            Mode::Coalesced | Mode::Floor | Mode::Plain => b.handoff(Handoff::disabled()),
             Mode::Default => b,
-            Mode::Cached => b.handoff(Handoff::enabled().linger(Duration::from_millis(2))),
-            Mode::Uncached => b.handoff(Handoff::enabled().linger(Duration::ZERO)),
-            Mode::Handoff => b.coalescing(true).handoff(Handoff::enabled()),
+            Mode::Cached => b.cache_leases_for(Duration::from_millis(2)),
+            Mode::Uncached => b.cache_leases_for(Duration::ZERO),
+            Mode::Handoff => b.handoff(Handoff::enabled()),
         }
         .build()
     }

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::backend::RedisBackendBuilder;
-use lockflight::{Handoff, LockKey, Locker, RedisBackend};
+use lockflight::{Contention, LockKey, Locker, RedisBackend};
 use testkit::RedisServer;
 use testkit::cluster::Cluster;
 use testkit::sentinel::{MASTER, Sentinels};
@@ -171,9 +171,9 @@ async fn run(
         let b = topo.connect(prefix).await?;
         let builder = Locker::builder(b.clone()).wait_timeout(Duration::from_secs(120));
         let builder = match mode {
-            Mode::Naive => builder.coalescing(false),
+            Mode::Naive => builder.contention(Contention::PerTask),
             Mode::Default => builder,
-            Mode::Uncached => builder.handoff(Handoff::enabled().linger(Duration::ZERO)),
+            Mode::Uncached => builder.cache_leases_for(Duration::ZERO),
         };
         lockers.push(builder.build().map_err(|e| e.to_string())?);
         backends.push(b);

@@ -25,7 +25,7 @@ mod semaphore;
 /// How it differs from [`RedisBackend`](crate::RedisBackend):
 ///
 /// * **No queue** by default: waiters are not ordered. In fair mode
-///   ([`LockerBuilder::fair`](crate::LockerBuilder::fair)) waiting instances are
+///   ([`Contention::Fair`](crate::Contention::Fair)) waiting instances are
 ///   ordered by arrival as Redis orders them; an entry expires 3 s after its last ask.
 /// * **Every watcher is woken** on a release; the others find the lock taken and wait.
 /// * **Epochs are floored by this process's wall clock** (µs), one counter per

@@ -335,7 +335,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         queue: bool,
     ) -> Result<Acquire>;
 
-    /// Fair-mode acquire-or-enqueue (see [`LockerBuilder::fair`](crate::LockerBuilder::fair)):
+    /// Fair-mode acquire-or-enqueue (see [`Contention::Fair`](crate::Contention::Fair)):
     /// like [`acquire`](LockBackend::acquire), but the caller speaks for a local
     /// waiter that arrived `age` ago (the oldest one of this instance), and the lock
     /// goes in order of arrival:
@@ -734,7 +734,7 @@ impl WakeRegistry {
     /// every [`revoke`](Self::revoke) of `key` from now on is seen by the handle,
     /// also one that comes before the handle is awaited. The locker takes the
     /// handle before it asks for a lease it may cache
-    /// ([`Handoff::linger`](crate::Handoff::linger)), so a revocation that comes
+    /// ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)), so a revocation that comes
     /// while the lease is in use is seen too.
     pub fn watch_revocation(&self, key: &LockKey) -> Revocation {
         let rx = self

@@ -100,7 +100,7 @@ pub(crate) struct Lease {
     arrival_bound: OnceLock<Instant>,
     /// A mutex lease that may be cached (its key was warm when it was asked for):
     /// the revocations of its key since the request that took it (see
-    /// [`Handoff::linger`](crate::Handoff::linger)).
+    /// [`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
     revocation: OnceLock<crate::backend::Revocation>,
     /// The lease's registration for takeovers, from its grant until its final
     /// release ([`WakeRegistry::hold`](crate::backend::WakeRegistry)).

@@ -135,7 +135,7 @@ impl LockerState {
         // before the request on, kept by the lease (another instance that queues
         // while a local task uses the lease makes its release cache only for a
         // moment).
-        let linger = self.config.handoff.linger;
+        let linger = self.config.lease_cache;
         let revocation =
             (!self.config.fair && !linger.is_zero() && self.warm.is_warm(key, start, linger))
                 .then(|| self.backend.wakeups().watch_revocation(key));

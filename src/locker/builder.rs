@@ -10,7 +10,7 @@ use super::{Locker, LockerState};
 use crate::backend::LockBackend;
 use crate::error::Result;
 use crate::lease::engine::Engine;
-use crate::settings::{self, Handoff, LossPolicy, Settings};
+use crate::settings::{self, Contention, Handoff, LossPolicy, Settings};
 
 /// Settings of a [`Locker`]; see [`Locker::builder`].
 #[must_use]
@@ -40,6 +40,8 @@ impl LockerBuilder {
     /// The longest lease TTL accepted (30 days): longer ones overflow clocks and
     /// Redis expiry arithmetic, and a lock nobody can take for a month is a bug.
     pub const MAX_LEASE_TTL: Duration = settings::MAX_LEASE_TTL;
+    /// Default of [`cache_leases_for`](Self::cache_leases_for) where caching applies.
+    pub const DEFAULT_LEASE_CACHE: Duration = settings::DEFAULT_LEASE_CACHE;
 
     /// How long a lease lives without renewal (default 30 s, at least 100 ms). The
     /// watchdog renews it every third of that while it is held.
@@ -61,10 +63,10 @@ impl LockerBuilder {
         self
     }
 
-    /// Local lease handoff (default [`Handoff::enabled`] with the default budget:
-    /// 64 handoffs or 250 ms per lease; while other instances wait, half of that
-    /// and at most two handoffs per local task that was waiting when the lease was
-    /// taken (at least eight); see [`Handoff`] for why this is safe and fair).
+    /// The local handoff budget (default [`Handoff::enabled`]: 64 handoffs or
+    /// 250 ms per lease, halved while other instances wait; see [`Handoff`]).
+    /// [`Handoff::disabled`] also makes the default lease caching zero
+    /// ([`cache_leases_for`](Self::cache_leases_for)).
     pub fn handoff(mut self, handoff: Handoff) -> Self {
         self.settings.handoff = handoff;
         self
@@ -77,104 +79,66 @@ impl LockerBuilder {
         self
     }
 
-    /// Per-process coalescing (default **on**).
+    /// How the tasks of this process contend for a key's exclusive lock (default
+    /// [`Contention::Coalesced`]).
     ///
-    /// On, one task per key and process talks to the backend and the others wait
-    /// in a local FIFO (and get the lease by handoff). Off, every task of the
-    /// process asks the backend on its own, as a separate client would: there is
-    /// no local queue and no handoff; a wake-up for the instance wakes one of its
-    /// tasks waiting for the key, and a task that stops waiting passes the wake-up
-    /// on, so the process does not stampede the backend at each release (about two
-    /// acquire requests per critical section when its tasks take turns, against
-    /// about 0.1 with coalescing and handoff on a hot key).
+    /// * [`Coalesced`](Contention::Coalesced): one task per key and process asks
+    ///   the backend; the others wait in a local FIFO and get the lease by handoff.
+    /// * [`Fair`](Contention::Fair): coalesced, and the lock granted in order of
+    ///   arrival across the fair lockers of a key (FIFO within an instance, across
+    ///   instances up to about one network round trip); no barging after a TTL
+    ///   expiry; [`try_lock`](Locker::try_lock) answers busy while an earlier task
+    ///   of another instance waits; handoff only to a local task that arrived
+    ///   before every other instance's waiting task; no lease caching.
+    /// * [`PerTask`](Contention::PerTask): every task asks the backend on its own,
+    ///   as a separate client would; no local queue, handoff or caching. A wake-up
+    ///   for the instance wakes one of its waiting tasks, not all.
     ///
-    /// Every guarantee is the same either way (exclusion, fencing, loss, truthful
-    /// releases, cancel safety; the conformance tests run both); what changes is
-    /// the cost and the order: off, the backend decides which of the process's
-    /// tasks goes next. Keep it on unless a process has at most one task per key at
-    /// a time, or its tasks must compete at the backend independently (for example
-    /// to measure what coalescing saves, as the benchmarks do). Fair mode needs it
-    /// on.
+    /// Exclusion, fencing, loss signals, truthful releases and cancel safety are the
+    /// same in every mode; what changes is the cost and the order (ARCHITECTURE.md).
+    ///
+    /// # Errors
+    ///
+    /// [`build`](Self::build) fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
+    /// [`Contention::Fair`] over a backend that cannot order waiting instances
+    /// ([`LockBackend::supports_fair`]: Redis and memory can, Redlock cannot).
     ///
     /// ```
-    /// use lockflight::{Locker, MemoryBackend};
+    /// use lockflight::{Contention, Locker, MemoryBackend};
     ///
-    /// let locker = Locker::builder(MemoryBackend::new()).coalescing(false).build()?;
+    /// let locker = Locker::builder(MemoryBackend::new()).contention(Contention::Fair).build()?;
     /// # let _ = locker;
     /// # Ok::<(), lockflight::Error>(())
     /// ```
-    pub fn coalescing(mut self, on: bool) -> Self {
-        self.settings.coalescing = on;
+    pub fn contention(mut self, contention: Contention) -> Self {
+        self.settings.contention = contention;
         self
     }
 
-    /// Fair mode (default off): the lock is granted in order of arrival across
-    /// instances, not only within one.
+    /// Lease caching for the exclusive lock: a holder that releases while no local
+    /// task waits keeps the lease up to `d` for the next task of this process that
+    /// asks for the key, which takes it without a backend request.
     ///
-    /// By default a free lock goes to whoever asks first: after a TTL expiry (or
-    /// while the head of the queue has not yet been told) a newcomer can take it
-    /// ahead of instances that have been waiting, and a holder hands the lease to
-    /// its own local waiters (within the [`Handoff`] budget) while other instances
-    /// wait. That is the cheap, high-throughput behaviour. In fair mode:
+    /// Default [`DEFAULT_LEASE_CACHE`](Self::DEFAULT_LEASE_CACHE) (20 ms) with
+    /// handoff on and [`Contention::Coalesced`]; zero (off) otherwise.
+    /// `Duration::ZERO` turns it off.
     ///
-    /// * **Queue position = arrival.** An instance's place in the key's queue is the
-    ///   arrival time of its oldest waiting task (the acquire carries that task's
-    ///   age; the backend scores the entry *its clock − age*). When that task is
-    ///   granted, the next local waiter asks with its own age, so it takes its own
-    ///   place: behind remote tasks that arrived before it, ahead of those after.
-    /// * **No barging.** A free lock goes only to the earliest live entry of the
-    ///   queue (or to anyone when nobody else waits), also after a TTL expiry
-    ///   without release: a later caller is queued and the earliest one is woken.
-    ///   [`try_lock`](Locker::try_lock) and [`LockOptions::try_only`](crate::LockOptions::try_only) answer busy
-    ///   when an earlier task of another instance waits.
-    /// * **Handoff only in order.** A lease is handed to a local waiter (within the
-    ///   [`Handoff`] budget) only if that waiter arrived before every waiting task
-    ///   of every other instance: the acquire's reply says how long ago the
-    ///   earliest of them arrived (Redis; with nobody else waiting, any task that
-    ///   arrived before the acquire was sent qualifies, since later remote tasks
-    ///   come after it). A backend that does not report it (memory) hands off
-    ///   only while no other instance waits. Otherwise the lease is released
-    ///   through the backend, which wakes the earliest instance (maybe this one
-    ///   again). Within an instance tasks are served FIFO.
+    /// Invariants: a cached lease is taken as a handoff, under the [`Handoff`]
+    /// budget and with growing fencing tokens; it stays this process's at the
+    /// backend and is renewed; it is kept only for a key locked again within `d`
+    /// of its last backend release; it is released at the backend when `d` ends,
+    /// when its budget would no longer let it be handed on, when another instance
+    /// asks for the key (Redis backend: a revocation), on [`Locker::shutdown`], or
+    /// when the last clone of the `Locker` is dropped (waiting at most a second).
+    /// A process that exits without either leaves a cached lease to its TTL.
     ///
-    /// **The guarantee.** Among the fair lockers of a key, tasks get the lock in
-    /// the order in which they started waiting (called `lock`), across instances,
-    /// and FIFO within an instance, up to the resolution of the measurement: a
-    /// task's arrival is taken on its own machine and placed on the server's clock
-    /// (*TIME − age*) when its instance asks, so two tasks of different instances
-    /// that arrive within about one network round trip (plus scheduling jitter) of
-    /// each other may be served in either order. A release through the backend
-    /// requeues the releasing instance at its next local task's arrival before it
-    /// picks whom to wake, so that task keeps its true place too. Limits: an
-    /// instance that stops asking (crashed, frozen) keeps its place until its queue
-    /// entry expires (the backend's queue entry TTL, 3 s by default; meanwhile
-    /// later tasks wait, none barges); a task that gives up leaves the order;
-    /// non-fair lockers of the same key ignore it.
+    /// # Errors
     ///
-    /// **Cost.** A critical section goes through the backend (an acquire and a
-    /// release, plus the re-asks of waiting instances) whenever a task of another
-    /// instance arrived before the next local one: with one task per instance,
-    /// about 3 backend round trips per critical section in both modes; with 4
-    /// instances × 64 tasks on one hot key, each instance serves the tasks that
-    /// arrived before the other instances' earliest by handoff, about 0.08 round
-    /// trips per critical section (the default mode: 0.09). Inside the scripts fair mode adds a few O(log n) sorted
-    /// set commands when the queue is not empty; an uncontended lock costs exactly
-    /// what it costs in the default mode.
-    ///
-    /// The backend must support it ([`LockBackend::supports_fair`]): Redis and
-    /// memory do; [`Locker::builder`] over Redlock (whose independent nodes have no
-    /// common queue to order by) fails to build with [`Error::InvalidConfig`](crate::Error::InvalidConfig).
-    ///
-    /// ```
-    /// # fn main() -> lockflight::Result<()> {
-    /// use lockflight::{Locker, MemoryBackend};
-    ///
-    /// let locker = Locker::builder(MemoryBackend::new()).fair(true).build()?;
-    /// # let _ = locker;
-    /// # Ok(()) }
-    /// ```
-    pub fn fair(mut self, on: bool) -> Self {
-        self.settings.fair = on;
+    /// [`build`](Self::build) fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig)
+    /// for a non-zero `d` with [`Handoff::disabled`], [`Contention::Fair`] or
+    /// [`Contention::PerTask`], where a lease cannot be cached.
+    pub fn cache_leases_for(mut self, d: Duration) -> Self {
+        self.settings.lease_cache = Some(d);
         self
     }
 
@@ -219,8 +183,9 @@ impl LockerBuilder {
     /// watchdog's scan delay must leave at least half of the lease's validity for
     /// the renewal itself), zero `max_waiters`, a handoff budget of zero, or a
     /// handoff `min_validity` not shorter than the lease's validity, a zero
-    /// `hold_limit`, or fair mode over a backend without it (Redlock) or without
-    /// coalescing.
+    /// `hold_limit`, [`Contention::Fair`] over a backend without it (Redlock), or a
+    /// non-zero [`cache_leases_for`](Self::cache_leases_for) where leases cannot be
+    /// cached (handoff disabled, [`Contention::Fair`] or [`Contention::PerTask`]).
     pub fn build(self) -> Result<Locker> {
         let config = self.settings.validate(&*self.backend)?;
         let shared = LockerState::new(Engine::new(self.backend, config));

@@ -31,7 +31,7 @@ mod release;
 mod rwlock;
 mod warm;
 
-pub use crate::settings::{Handoff, LockOptions, LossPolicy};
+pub use crate::settings::{Contention, Handoff, LockOptions, LossPolicy};
 use crate::settings::{Settings, validate_ttl};
 use acquire::Call;
 pub use builder::LockerBuilder;
@@ -118,7 +118,7 @@ pub(crate) struct LockerState {
     /// Set by [`Locker::shutdown`] and by dropping the last `Locker`: no lease is
     /// cached any more.
     pub(crate) closing: std::sync::atomic::AtomicBool,
-    /// The keys whose leases may be cached ([`Handoff::linger`]).
+    /// The keys whose leases may be cached ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
     pub(crate) warm: warm::WarmKeys,
     /// The backend's health as the edge and the probe saw it.
     pub(crate) health: health::Health,
@@ -363,7 +363,7 @@ impl Locker {
     /// waiting. Returns `None` when another task of this process or another instance
     /// holds it.
     ///
-    /// A lease another instance keeps cached ([`Handoff::linger`]) counts as held:
+    /// A lease another instance keeps cached ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)) counts as held:
     /// the try then sends that instance a revocation (Redis backend), so a try a
     /// round trip later finds the key free if that instance no longer uses it.
     ///
@@ -433,7 +433,7 @@ impl Locker {
     }
 
     /// Releases every lease this locker keeps cached for its next local task
-    /// ([`Handoff::linger`]), stops caching, and waits for the lease work already
+    /// ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)), stops caching, and waits for the lease work already
     /// under way in the background, of every lock kind (the releases of dropped
     /// guards and permits and of leases whose linger ended, the cleanups of
     /// abandoned acquires): call it before the program exits, so that no released

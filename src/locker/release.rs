@@ -74,7 +74,7 @@ impl LockerState {
                     // (or near its hold limit) nobody can take it, and without a
                     // revocation (Redlock, memory) a long linger would keep it from
                     // other instances for nothing.
-                    let until = deadline_after(Instant::now(), self.config.handoff.linger)
+                    let until = deadline_after(Instant::now(), self.config.lease_cache)
                         .min(self.hand_off_ends(&lease));
                     // Watched since the lease was requested: another instance that
                     // queues from now on ends the caching at once (a revocation).
@@ -331,7 +331,7 @@ mod tests {
     async fn an_idle_cached_lease_is_released_at_the_end_of_its_budget() {
         let backend = MemoryBackend::new();
         let a = Locker::builder(backend.clone())
-            .handoff(Handoff::enabled().linger(Duration::from_secs(600)))
+            .cache_leases_for(Duration::from_secs(600))
             .build()
             .unwrap();
         let b = Locker::builder(backend).build().unwrap();
@@ -354,11 +354,8 @@ mod tests {
         let a = Locker::builder(backend.clone())
             .lease_ttl(Duration::from_secs(3))
             .hold_limit(Duration::from_secs(5))
-            .handoff(
-                Handoff::enabled()
-                    .max_hold(Duration::from_secs(600))
-                    .linger(Duration::from_secs(600)),
-            )
+            .handoff(Handoff::enabled().max_hold(Duration::from_secs(600)))
+            .cache_leases_for(Duration::from_secs(600))
             .build()
             .unwrap();
         let b = Locker::builder(backend).build().unwrap();
@@ -392,7 +389,7 @@ mod tests {
             .unwrap();
         for round in 0..4_000u32 {
             let locker = Locker::builder(MemoryBackend::new())
-                .handoff(Handoff::enabled().linger(Duration::from_secs(3600)))
+                .cache_leases_for(Duration::from_secs(3600))
                 .build()
                 .unwrap();
             let guard = rt.block_on(async {

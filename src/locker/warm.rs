@@ -1,4 +1,4 @@
-//! Which keys are *warm*: lease caching ([`Handoff::linger`](crate::Handoff::linger))
+//! Which keys are *warm*: lease caching ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for))
 //! keeps only a lease that was asked for within the linger of its key's last
 //! backend release by this locker (caching that lease would have served this
 //! request), so a key locked once (a short-lived program's) or now and then is

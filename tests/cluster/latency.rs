@@ -230,11 +230,8 @@ async fn a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard() {
     let keys = key_per_shard(&ab, "revoke").await;
     let a = Locker::builder(ab)
         // A budget as long as the linger: an idle cached lease also ends with it.
-        .handoff(
-            Handoff::enabled()
-                .max_hold(Duration::from_secs(60))
-                .linger(Duration::from_secs(60)),
-        )
+        .handoff(Handoff::enabled().max_hold(Duration::from_secs(60)))
+        .cache_leases_for(Duration::from_secs(60))
         .build()
         .unwrap();
     let b = Locker::builder(bb)

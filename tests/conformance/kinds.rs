@@ -13,7 +13,8 @@ use lockflight::guard::MultiGuard;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
 use lockflight::{
-    Error, FencingToken, LockGuard, LockKey, Locker, MemoryBackend, RedisBackend, Result,
+    Contention, Error, FencingToken, LockGuard, LockKey, Locker, MemoryBackend, RedisBackend,
+    Result,
 };
 use tokio::sync::OnceCell;
 
@@ -37,7 +38,7 @@ pub(crate) enum Topology {
     /// Redlock over three independent primaries.
     Redlock,
     /// One Redis server, with per-process coalescing off
-    /// (`LockerBuilder::coalescing(false)`: every task asks the backend itself).
+    /// (`Contention::PerTask`: every task asks the backend itself).
     Uncoalesced,
 }
 
@@ -74,7 +75,8 @@ impl Topology {
                 Topology::Memory => Locker::builder(memory.clone()),
                 Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
                 Topology::Uncoalesced => {
-                    Locker::builder(backend_at(&shared().url(), &prefix).await).coalescing(false)
+                    Locker::builder(backend_at(&shared().url(), &prefix).await)
+                        .contention(Contention::PerTask)
                 }
                 Topology::Cluster | Topology::Sentinel => {
                     Locker::builder(self.redis_backend(&prefix).await)

@@ -17,7 +17,7 @@ async fn uncontended_lock_and_release_cost_two_round_trips() {
     // machine (a lease is cached only if asked for within the linger of the
     // key's last release).
     let locker = Locker::builder(backend)
-        .handoff(Handoff::enabled().linger(Duration::from_secs(10)))
+        .cache_leases_for(Duration::from_secs(10))
         .build()
         .unwrap();
 

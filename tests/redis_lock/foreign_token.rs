@@ -10,9 +10,9 @@ async fn release_with_foreign_token_deletes_nothing() {
     let key = LockKey::from("k");
     let backend = backend_at(&server.url(), &prefix).await;
     // No caching: every release here is answered by the backend (a cached
-    // lease's release is verified when the lease goes back; see `Handoff::linger`).
+    // lease's release is verified when the lease goes back; see `LockerBuilder::cache_leases_for`).
     let locker = Locker::builder(backend.clone())
-        .handoff(Handoff::enabled().linger(Duration::ZERO))
+        .cache_leases_for(Duration::ZERO)
         .build()
         .unwrap();
     let name = backend.lock_name(&key);

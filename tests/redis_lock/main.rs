@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use lockflight::backend::{Acquire, Extend, LeaseToken};
 use lockflight::{
-    Error, FencingToken, Handoff, LockGuard, LockKey, Locker, LockerBuilder, MemoryBackend,
-    RedisBackend, backend::LockBackend, error::Phase,
+    Contention, Error, FencingToken, Handoff, LockGuard, LockKey, Locker, LockerBuilder,
+    MemoryBackend, RedisBackend, backend::LockBackend, error::Phase,
 };
 use redis::aio::MultiplexedConnection;
 use testkit::{
@@ -151,7 +151,7 @@ fn configure(builder: LockerBuilder, mode: Mode) -> LockerBuilder {
     let builder = builder.wait_timeout(Duration::from_secs(60));
     match mode {
         Mode::Coalescing => builder.handoff(Handoff::disabled()),
-        Mode::Naive => builder.coalescing(false),
+        Mode::Naive => builder.contention(Contention::PerTask),
         Mode::Handoff => builder.handoff(Handoff::enabled()),
     }
 }

@@ -318,7 +318,11 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
     let key = LockKey::from("k");
     let build = |backend: RedisBackend| {
         Locker::builder(backend)
-            .fair(fair)
+            .contention(if fair {
+                Contention::Fair
+            } else {
+                Contention::Coalesced
+            })
             .wait_timeout(Duration::from_secs(30))
             .build()
             .unwrap()

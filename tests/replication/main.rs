@@ -27,7 +27,7 @@ mod sentinel;
 
 use std::time::{Duration, Instant};
 
-use lockflight::{Error, LockKey, Locker, RedisBackend};
+use lockflight::{Contention, Error, LockKey, Locker, RedisBackend};
 use testkit::replication::Replicated;
 use testkit::{Held, backend_at, subscribed, unique_prefix, wait_until, within};
 use tokio::sync::OnceCell;
@@ -97,7 +97,11 @@ impl Kind {
         Locker::builder(backend)
             .lease_ttl(TTL)
             .wait_timeout(Duration::from_secs(5))
-            .fair(self == Kind::FairMutex)
+            .contention(if self == Kind::FairMutex {
+                Contention::Fair
+            } else {
+                Contention::Coalesced
+            })
             .build()
             .expect("locker")
     }

@@ -165,7 +165,7 @@ async fn fair_mode_returns_a_permit_while_another_instance_waits() {
     let a = Locker::builder(bb)
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(60))
-        .fair(true)
+        .contention(Contention::Fair)
         .build()
         .unwrap();
     let c = locker(backend().await, Duration::from_secs(30));

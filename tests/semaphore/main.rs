@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::semaphore::Permit;
-use lockflight::{Error, LockKey, Locker, RedisBackend, error::Phase};
+use lockflight::{Contention, Error, LockKey, Locker, RedisBackend, error::Phase};
 use testkit::{
     CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, holder_child_target, join_all,
     key_count, keys_in_use, set_acl_user, shared, shared_scene, spawn_holder_child, subscribed,

@@ -37,7 +37,7 @@ pub(super) fn compare_markdown(s: &mut String, r: &Report) {
         s,
         "cs/s of the median round (range over the rounds), `plain` = `SET NX PX` + 1 ms \
          retry + Lua compare-and-delete on redis-rs; `default` = \
-         `Locker::builder(backend).build()`; `naive` = `coalescing(false)`; `floor` = one \
+         `Locker::builder(backend).build()`; `naive` = `Contention::PerTask`; `floor` = one \
          process, P·T tasks, a `tokio::sync::Mutex`. ×plain = default / plain.\n"
     );
     let _ = writeln!(
@@ -208,7 +208,7 @@ pub(super) fn compare_markdown(s: &mut String, r: &Report) {
         let (cmds, plain_cmds) = (server_per_cs(n), server_per_cs(pl));
         let (reqs, plain_reqs) = (n.requests_per_cs(), pl.requests_per_cs());
         t.push(Target {
-            name: "5. `coalescing(false)` vs plain lock, 4×64".into(),
+            name: "5. `Contention::PerTask` vs plain lock, 4×64".into(),
             goal: "no worse; or out of the public API (it is `#[doc(hidden)]`, a baseline) and no herd (lock requests/cs and wait p99 ≤ plain's)".into(),
             measured: format!(
                 "{:.2}× throughput ({} vs {}); lock requests/cs {reqs:.2} vs {plain_reqs:.2}; server cmds/cs {cmds:.1} vs {plain_cmds:.1}; wait p99 {} vs {}",

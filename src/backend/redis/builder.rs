@@ -128,7 +128,7 @@ impl RedisBackendBuilder {
     /// (`WAIT replicas timeout`) until at least `replicas` replicas have the write.
     ///
     /// Every grant and renewal of every kind of lease is acknowledged (a lock, plain or
-    /// [fair](crate::LockerBuilder::fair), a read lease, a write lease, a semaphore
+    /// [fair](crate::Contention::Fair), a read lease, a write lease, a semaphore
     /// request granted at least one permit); a reply that wrote no lease, releases, queue
     /// entries and wake-ups are not. A grant that too few replicas acknowledged fails with
     /// [`Error::Refused`] with code `NOREPLICAS`, and what it wrote is released in the

@@ -23,7 +23,7 @@
 //!   may, and it is ignored here.
 //! * A revocation (tag `0xFC`, then the key) says that another instance queued for
 //!   the key's mutex while this instance held its lease: if the lease is cached
-//!   here and idle ([`Handoff::linger`](crate::Handoff::linger)), its caching ends
+//!   here and idle ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)), its caching ends
 //!   and it is released at once ([`WakeRegistry::revoke`](crate::backend::WakeRegistry::revoke));
 //!   if a task uses the lease, its next release keeps it only until that task
 //!   yields.
