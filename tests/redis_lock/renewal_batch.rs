@@ -177,7 +177,10 @@ async fn ten_thousand_leases_renew_with_a_few_script_calls_per_period() {
         };
         assert!(!free, "another instance took the {kind:?} lease of {key}");
     }
-    within(Duration::from_secs(60), "releasing", release_all(held)).await;
+    // A hang guard, not a speed bound: beside three test runs and a CPU hog the
+    // 10,000 releases (64 at a time, while the watchdog renews the rest) took
+    // more than 60 s.
+    within(Duration::from_secs(600), "releasing", release_all(held)).await;
     wait_idle(&[locker, other], IDLE).await;
 }
 
