@@ -12,22 +12,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend, backend::LockBackend};
+use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let backend: Arc<dyn LockBackend> = match std::env::var("REDIS_URL") {
+    let builder = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("locking in Redis at {url}");
-            Arc::new(RedisBackend::connect(&url).await?)
+            Locker::builder(RedisBackend::connect(&url).await?)
         }
         Err(_) => {
             println!("REDIS_URL is not set: running single-instance on the in-process backend");
-            Arc::new(MemoryBackend::new())
+            Locker::builder(MemoryBackend::new())
         }
     };
     for handoff in [Handoff::disabled(), Handoff::enabled()] {
-        let locker = Locker::builder(Arc::clone(&backend))
+        let locker = builder
+            .clone()
             .wait_timeout(Duration::from_secs(30))
             .handoff(handoff)
             .build()?;

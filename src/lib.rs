@@ -37,7 +37,7 @@
 //! ## Guarantees
 //!
 //! 1. No two holders of one key whose validity windows overlap, across processes,
-//!    while the backend keeps its semantics (see [`LockBackend`](backend::LockBackend)) and keeps its
+//!    while the backend keeps its semantics (ARCHITECTURE.md, "The lease protocol") and keeps its
 //!    data: a Redis restart without persistence ends every lease early, and only
 //!    fencing (2) protects the resource then.
 //! 2. [`FencingToken`]s of a key strictly increase in acquisition order, handoffs
@@ -74,8 +74,8 @@
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
 //!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum
 //!   of independent primaries; [`MemoryBackend`] for a single process.
-//! * [`layer`] for tower and axum; [`backend`] for the protocol and the
-//!   [`LockBackend`](backend::LockBackend) trait; [`guard`] for what a holder
+//! * [`layer`] for tower and axum; [`backend`] for the backends (and, with the
+//!   feature `unstable-backend-api`, the backend interface); [`guard`] for what a holder
 //!   sees ([`LossSignal`](guard::LossSignal), the [`Loss`](guard::Loss) future,
 //!   [`LockInfo`](guard::LockInfo)); [`error`] for [`Phase`](error::Phase).
 //!

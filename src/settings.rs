@@ -127,7 +127,7 @@ pub enum Contention {
     Coalesced,
     /// [`Coalesced`](Self::Coalesced), and the lock granted in order of arrival
     /// across instances. Needs a backend that can order waiting instances
-    /// ([`LockBackend::supports_fair`](crate::backend::LockBackend::supports_fair)).
+    /// (Redis and memory can, Redlock cannot).
     Fair,
     /// Every task asks the backend on its own, as a separate client would: no
     /// local queue, no handoff, no lease caching.

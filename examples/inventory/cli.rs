@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockflight::{Handoff, Locker, MemoryBackend, RedisBackend, backend::LockBackend};
+use lockflight::{Handoff, Locker, LockerBuilder, MemoryBackend, RedisBackend};
 
 use crate::app::plain_lock::{self, PlainLock};
 use crate::app::{self, AppState};
@@ -230,8 +230,7 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         Locking::Plain => Some(plain_lock(&cluster_urls, redis_url.as_deref(), wait_ms).await?),
         _ => None,
     };
-    let (backend, kind): (Arc<dyn LockBackend>, &str) = match (!cluster_urls.is_empty(), redis_url)
-    {
+    let (builder, kind): (LockerBuilder, &str) = match (!cluster_urls.is_empty(), redis_url) {
         (true, _) => (
             cluster_backend(&name, &cluster_urls).await?,
             "redis-cluster",
@@ -239,20 +238,20 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         (false, Some(url)) => {
             let backend = RedisBackend::connect(&url).await?;
             println!("[{name}] locking in Redis at {}", redact(&url));
-            (Arc::new(backend), "redis")
+            (Locker::builder(backend), "redis")
         }
         (false, None) => {
             println!(
                 "[{name}] REDIS_URL is not set: running single-instance on the in-process \
                  backend (locks are not shared with other processes)"
             );
-            (Arc::new(MemoryBackend::new()), "memory")
+            (Locker::builder(MemoryBackend::new()), "memory")
         }
     };
     // In the plain mode this locker serves only the other routes (the shared
     // reads, the checkout, the read-write lock), with lockflight's defaults
     // (handoff on); `coalesced` turns handoff off.
-    let locker = Locker::builder(backend)
+    let locker = builder
         .wait_timeout(Duration::from_millis(wait_ms))
         .handoff(if locking == Locking::Handoff {
             Handoff::enabled()
@@ -374,7 +373,7 @@ pub(crate) async fn shutdown_signal(watch_stdin: bool) {
 
 /// A backend on the Redis Cluster whose nodes are `urls` (comma-separated).
 #[cfg(feature = "cluster")]
-async fn cluster_backend(name: &str, nodes: &[String]) -> Result<Arc<dyn LockBackend>, BoxError> {
+async fn cluster_backend(name: &str, nodes: &[String]) -> Result<LockerBuilder, BoxError> {
     let backend = RedisBackend::cluster(nodes.iter().cloned())
         .connect()
         .await?;
@@ -382,11 +381,11 @@ async fn cluster_backend(name: &str, nodes: &[String]) -> Result<Arc<dyn LockBac
         "[{name}] locking in a Redis Cluster of {} seed node(s)",
         nodes.len()
     );
-    Ok(Arc::new(backend))
+    Ok(Locker::builder(backend))
 }
 
 #[cfg(not(feature = "cluster"))]
-async fn cluster_backend(_name: &str, _nodes: &[String]) -> Result<Arc<dyn LockBackend>, BoxError> {
+async fn cluster_backend(_name: &str, _nodes: &[String]) -> Result<LockerBuilder, BoxError> {
     Err(
         "REDIS_CLUSTER_URLS is set, but this build has no Redis Cluster support: \
          build with --features cluster"

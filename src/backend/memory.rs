@@ -17,7 +17,7 @@ mod rw;
 mod semaphore;
 
 /// Locks held in this process's memory, with TTLs, fencing epochs and release
-/// notifications, and the [`LockBackend`] semantics the [`Locker`](crate::Locker)
+/// notifications, and the backend semantics the [`Locker`](crate::Locker)
 /// relies on: for a single-instance service, development, and resources that live in
 /// one process. Clones share the same locks (each clone is one instance), so
 /// [`Locker`](crate::Locker)s built on clones exclude each other.

@@ -12,8 +12,10 @@ use crate::error::Result;
 use crate::lease::engine::Engine;
 use crate::settings::{self, Contention, Handoff, LossPolicy, Settings};
 
-/// Settings of a [`Locker`]; see [`Locker::builder`].
+/// Settings of a [`Locker`]; see [`Locker::builder`]. A clone shares the backend
+/// (lockers built from clones are one instance of it) and copies the settings.
 #[must_use]
+#[derive(Clone)]
 pub struct LockerBuilder {
     pub(super) backend: Arc<dyn LockBackend>,
     pub(super) settings: Settings,
@@ -101,7 +103,7 @@ impl LockerBuilder {
     ///
     /// [`build`](Self::build) fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
     /// [`Contention::Fair`] over a backend that cannot order waiting instances
-    /// ([`LockBackend::supports_fair`]: Redis and memory can, Redlock cannot).
+    /// (Redis and memory can, Redlock cannot).
     ///
     /// ```
     /// use lockflight::{Contention, Locker, MemoryBackend};

@@ -502,7 +502,7 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// As [`LockBackend::leave`].
+    /// As the backend's `leave`.
     pub async fn leave_if_claimed(&self, key: &LockKey) -> Result<bool> {
         self.inner.leave(key, true).await
     }

@@ -11,12 +11,12 @@
 //!   `ttl − elapsed − drift` of at least half the TTL, the fence write-back round
 //!   runs (below). Otherwise the lock is released on every node that granted it or
 //!   whose reply was lost or late (a node that answered "busy" did not write), and
-//!   the caller is told [`Acquire::Busy`](crate::backend::Acquire::Busy) (the nodes that answered are enough for a
+//!   the caller is told the key is busy (the nodes that answered are enough for a
 //!   majority: contention or a split vote, retry after a randomized delay) or
 //!   [`Error::QuorumNotReached`] (too few nodes answered for a majority to be
 //!   possible). The elapsed time counts from when the requests were sent.
 //! * **extend**: on every node; extended when a majority re-armed it, lost
-//!   ([`Extend::NotOwner`](crate::backend::Extend::NotOwner)) when too many nodes say "not yours" for a majority to be
+//!   (not the owner) when too many nodes say "not yours" for a majority to be
 //!   possible, else [`Error::QuorumNotReached`] (the watchdog retries it until the
 //!   lease's validity ends).
 //! * **release**: on every node (the key's wake node last, see below); `released`
@@ -52,8 +52,7 @@
 //! instance's locker simply retries the acquire; a wake-up that turns out spurious
 //! only causes a retry. Without a wake-up (the wake node down, a lost message) the
 //! waiters fall back to their retry timers (the nodes' remaining TTL, at most the
-//! queue-entry refresh interval). Every wake-up here is the mutex's
-//! ([`LockKind::Mutex`](crate::backend::LockKind::Mutex)): Redlock has neither
+//! queue-entry refresh interval). Every wake-up here is the mutex's: Redlock has neither
 //! read-write locks nor semaphores, and only the nodes' mutex wake-ups are
 //! forwarded.
 //!
