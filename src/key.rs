@@ -187,8 +187,9 @@ impl fmt::Debug for LockKey {
 
 /// Finds the lock key of a request.
 ///
-/// Implemented for closures `Fn(&Req) -> Option<LockKey>` and for the ready-made
-/// extractors [`HeaderKey`], [`PathSegment`] and (feature `axum`) `PathParam`.
+/// Implemented for closures `Fn(&Req) -> Option<LockKey>` and for
+/// [`KeyFrom`](crate::layer::KeyFrom) (a header, a path segment, an axum path
+/// parameter).
 /// `None` means the request has no key; what happens then is the caller's policy
 /// (the lock layer rejects it unless told to run it unlocked).
 ///
@@ -292,79 +293,6 @@ where
 {
     fn extract(&self, req: &Req) -> Option<LockKey> {
         self(req)
-    }
-}
-
-/// Takes the key from an HTTP header's raw bytes.
-///
-/// ```
-/// use lockflight::{LockKey, layer::HeaderKey, layer::KeyExtractor};
-///
-/// let extract = HeaderKey::new(http::header::HeaderName::from_static("x-sku"));
-/// let req = http::Request::builder().header("x-sku", "555").body(()).unwrap();
-/// assert_eq!(extract.extract(&req), Some(LockKey::from("555")));
-/// ```
-#[derive(Clone, Debug)]
-pub struct HeaderKey {
-    name: http::header::HeaderName,
-}
-
-impl HeaderKey {
-    /// Uses the header `name`; requests without it have no key.
-    pub fn new(name: http::header::HeaderName) -> Self {
-        HeaderKey { name }
-    }
-}
-
-impl<B> KeyExtractor<http::Request<B>> for HeaderKey {
-    fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
-        req.headers()
-            .get(&self.name)
-            .map(|v| LockKey::from(v.as_bytes()))
-    }
-
-    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
-        self.extract(req)
-            .ok_or_else(|| NoKey::client(format!("no `{}` header", self.name)))
-    }
-}
-
-/// Takes the key from one segment of the URI path (0-based, after the leading `/`),
-/// as it appears in the URI (percent-encoded).
-///
-/// ```
-/// use lockflight::{LockKey, layer::KeyExtractor, layer::PathSegment};
-///
-/// let req = http::Request::builder().uri("/items/555/reserve").body(()).unwrap();
-/// assert_eq!(PathSegment::new(1).extract(&req), Some(LockKey::from("555")));
-/// assert_eq!(PathSegment::new(7).extract(&req), None);
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct PathSegment {
-    index: usize,
-}
-
-impl PathSegment {
-    /// Uses path segment number `index` (`/items/{sku}` has `sku` at index 1).
-    pub fn new(index: usize) -> Self {
-        PathSegment { index }
-    }
-}
-
-impl<B> KeyExtractor<http::Request<B>> for PathSegment {
-    fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
-        req.uri()
-            .path()
-            .trim_start_matches('/')
-            .split('/')
-            .nth(self.index)
-            .filter(|s| !s.is_empty())
-            .map(LockKey::from)
-    }
-
-    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
-        self.extract(req)
-            .ok_or_else(|| NoKey::client(format!("the path has no segment {}", self.index)))
     }
 }
 

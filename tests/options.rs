@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
-use lockflight::{Error, LockKey, LockOptions, Locker, RedisBackend, layer::HeaderKey};
+use lockflight::{Error, LockKey, LockOptions, Locker, RedisBackend, layer::KeyFrom};
 use testkit::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -138,7 +138,7 @@ async fn a_per_call_lease_ttl_is_what_redis_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_fast_route_answers_at_once_when_busy() {
     let (locker, _) = redis_locker("options-route").await;
-    let sku = || HeaderKey::new(http::HeaderName::from_static("x-sku"));
+    let sku = || KeyFrom::header(http::HeaderName::from_static("x-sku"));
     let handler =
         service_fn(|_req: Request<()>| async { Ok::<_, std::convert::Infallible>("done") });
     let fail_fast = LockLayer::new(locker.clone(), sku())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use lockflight::layer::LockLayer;
-use lockflight::{Error, LockKey, Locker, RedisBackend, layer::HeaderKey};
+use lockflight::{Error, LockKey, Locker, RedisBackend, layer::KeyFrom};
 use testkit::{shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -49,7 +49,7 @@ async fn the_layer_and_with_lock_on_the_same_key_fail_at_once() {
     });
     let svc = LockLayer::new(
         locker.clone(),
-        HeaderKey::new(http::HeaderName::from_static("x-sku")),
+        KeyFrom::header(http::HeaderName::from_static("x-sku")),
     )
     .layer(handler);
     let req = Request::builder()

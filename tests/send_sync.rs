@@ -5,10 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 
 use lockflight::layer::{LockLayer, SharedResponseLayer};
-use lockflight::{
-    LockGuard, Locker, MemoryBackend, RedisBackend, layer::HeaderKey, layer::PathSegment,
-    stats::Stats,
-};
+use lockflight::{LockGuard, Locker, MemoryBackend, RedisBackend, layer::KeyFrom, stats::Stats};
 use tower::{Layer, Service, service_fn};
 
 fn send<T: Send>(_: &T) {}
@@ -48,10 +45,10 @@ async fn every_public_future_is_send() {
     });
     let mut lock_svc = LockLayer::new(
         locker.clone(),
-        HeaderKey::new(http::HeaderName::from_static("x")),
+        KeyFrom::header(http::HeaderName::from_static("x")),
     )
     .layer(inner);
     send_future(lock_svc.call(http::Request::new(())));
-    let mut coalesce_svc = SharedResponseLayer::new(locker, PathSegment::new(0)).layer(inner);
+    let mut coalesce_svc = SharedResponseLayer::new(locker, KeyFrom::path_segment(0)).layer(inner);
     send_future(coalesce_svc.call(http::Request::new(())));
 }

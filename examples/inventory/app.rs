@@ -17,7 +17,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockflight::layer::{LockLayer, PROBLEM_JSON, PathParam, SharedResponseLayer};
+use lockflight::layer::{KeyFrom, LockLayer, PROBLEM_JSON, SharedResponseLayer};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
 use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
@@ -400,7 +400,7 @@ pub(crate) fn app(state: AppState) -> Router {
         None => Router::new()
             .route("/items/{sku}/reserve", post(reserve::reserve))
             .route_layer(
-                LockLayer::new(locker.clone(), PathParam::new("sku"))
+                LockLayer::new(locker.clone(), KeyFrom::path_param("sku"))
                     .lock_in_handler()
                     .handle_errors(),
             ),
@@ -409,7 +409,7 @@ pub(crate) fn app(state: AppState) -> Router {
     // read never overlaps a reservation of the same SKU).
     let read_one = Router::new()
         .route("/items/{sku}", get(get_item))
-        .route_layer(SharedResponseLayer::new(locker, PathParam::new("sku")).handle_errors());
+        .route_layer(SharedResponseLayer::new(locker, KeyFrom::path_param("sku")).handle_errors());
     Router::new()
         .route("/items", get(list_items).post(create_item))
         .route("/stats", get(stats))

@@ -25,7 +25,7 @@ use axum::response::IntoResponse;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use lockflight::layer::PathSegment;
+use lockflight::layer::KeyFrom;
 use lockflight::routing::{KeyRouter, RouterHandle};
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;
@@ -87,12 +87,12 @@ fn bad_gateway(message: String) -> Response<Body> {
 ///
 /// Keys are the second path segment, the SKU of `/items/{sku}` and
 /// `/items/{sku}/reserve` — as it appears in the URI, exactly like the instances'
-/// lock key (`PathParam`).
+/// lock key (`KeyFrom`).
 pub(crate) fn gateway(upstreams: &[(String, String)]) -> (Router, RouterHandle<Upstream>) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client = Client::builder(TokioExecutor::new()).build(connector);
-    let router: KeyRouter<Upstream, PathSegment> = KeyRouter::new(PathSegment::new(1));
+    let router: KeyRouter<Upstream, KeyFrom> = KeyRouter::new(KeyFrom::path_segment(1));
     let members = router.handle();
     for (name, base) in upstreams {
         members.add(name.clone(), Upstream::new(client.clone(), base));

@@ -1,15 +1,16 @@
 //! axum integration (feature `axum`): problem responses for lockflight's errors,
 //! and a key extractor for a route's path parameter.
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 
-use super::BoxError;
 use super::problem::Problem;
 use crate::error::Error;
-use crate::key::{KeyExtractor, LockKey, NoKey};
+use crate::key::{LockKey, NoKey};
+use tower::BoxError;
 
 /// The status of `e`: the table in the docs of `IntoResponse for Error`.
 /// Exhaustive on purpose: a new variant does not compile until it has a status.
@@ -133,15 +134,23 @@ impl IntoResponse for Error {
 /// their [`IntoResponse`] (see the table there), anything else as a 500 whose
 /// `code` is `internal`. The full error goes to `tracing`, never to the client.
 ///
-/// [`LockLayer::handle_errors`](super::LockLayer::handle_errors) does this for you;
-/// the function is for `axum::error_handling::HandleErrorLayer::new(handle_error)`
-/// around services of your own.
+/// [`LockLayer::handle_errors`](super::LockLayer::handle_errors) puts it in front
+/// of lockflight's layers; for services of your own, use
+/// `axum::error_handling::HandleErrorLayer::new(handle_error)`.
 ///
 /// # Cancel safety
 ///
 /// Cancel safe: it completes on its first poll and holds nothing.
 pub async fn handle_error(err: BoxError) -> Response {
     error_response(err)
+}
+
+/// What `handle_errors()` puts in front of a lockflight layer: axum's
+/// `HandleErrorLayer` with [`handle_error`], as a nameable function.
+pub(crate) type ErrorHandler = fn(BoxError) -> std::future::Ready<Response>;
+
+pub(crate) fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
+    HandleErrorLayer::new(|err| std::future::ready(error_response(err)))
 }
 
 /// [`handle_error`], without the future.
@@ -157,49 +166,22 @@ pub(crate) fn error_response(err: BoxError) -> Response {
     }
 }
 
-/// Takes the key from a named parameter of the matched axum route: the value the
-/// router extracted for this request (axum's [`RawPathParams`]), percent-decoded.
-///
-/// So the key is right wherever the route sits: under `Router::nest` (at any
-/// depth, with parameters in the nest's own path too), in a wildcard
-/// (`/files/{*path}` gives `a/b.txt`), and one resource has one key however the
-/// client spells it: `/accounts/alice`, `/accounts/%61lice` and
-/// `/accounts/%61%6C%69%63%65` all lock `alice`, as they all reach the handler as
-/// `Path("alice")`.
-///
-/// The parameters exist only once the router has matched the route: install the
-/// lock layer on the routes with `Router::route_layer` (`Router::layer` would also
-/// wrap the fallback, whose requests have no parameters), not around the router
-/// as a service. Without them, or without the parameter, the
-/// route cannot yield a key ([`NoKey::route`], a `500 invalid_config`); a value
-/// that is not UTF-8 once decoded is the request's fault ([`NoKey::client`], a
-/// `400 invalid_key`).
-///
-/// ```
-/// use lockflight::layer::PathParam;
-/// use lockflight::{LockKey, layer::KeyExtractor};
-///
-/// let sku = PathParam::new("sku");
-/// // Outside a router there are no path parameters, hence no key.
-/// let mut req = http::Request::builder().uri("/items/555").body(()).unwrap();
-/// assert_eq!(sku.extract(&req), None);
-/// assert!(!sku.extract_key(&mut req).unwrap_err().is_client_error());
-/// ```
+/// The key in a named parameter of the matched axum route (see
+/// [`KeyFrom::path_param`](super::KeyFrom::path_param)).
 #[derive(Clone, Debug)]
-pub struct PathParam {
+pub(crate) struct PathParam {
     name: String,
 }
 
 impl PathParam {
-    /// Uses the parameter `name` (`{name}` or `{*name}` in the route).
-    pub fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         PathParam {
             name: name.to_owned(),
         }
     }
 
     /// The parameter's value from the router's parameters in `extensions`.
-    fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
+    pub(crate) fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
         let mut parts = http::Request::new(()).into_parts().0;
         std::mem::swap(&mut parts.extensions, extensions);
         let params = RawPathParams::from_request_parts(&mut parts, &()).now_or_never();
@@ -244,20 +226,6 @@ impl PathParam {
                 }))
             }
         }
-    }
-}
-
-impl<B> KeyExtractor<http::Request<B>> for PathParam {
-    /// As [`extract_key`](KeyExtractor::extract_key), through a copy of the
-    /// request's extensions (the lock layers use `extract_key`, which copies
-    /// nothing).
-    fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
-        let mut extensions = req.extensions().clone();
-        self.value_in(&mut extensions).ok()
-    }
-
-    fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
-        self.value_in(req.extensions_mut())
     }
 }
 

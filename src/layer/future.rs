@@ -12,7 +12,6 @@ use tokio::task::futures::TaskLocalFuture;
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use super::BoxError;
 use super::edge;
 use super::service::WithLockInfo;
 use super::ticket::Ticket;
@@ -21,6 +20,7 @@ use crate::guard::{LockGuard, Loss};
 use crate::key::LockKey;
 use crate::locker::{LockOptions, Locker, LossPolicy};
 use crate::reentry::{self, Held};
+use tower::BoxError;
 
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
 

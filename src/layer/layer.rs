@@ -63,11 +63,11 @@ pub(crate) struct Settings {
 ///
 /// ```
 /// use lockflight::layer::{LockLayer, MissingKey};
-/// use lockflight::{Locker, MemoryBackend, layer::HeaderKey};
+/// use lockflight::{Locker, MemoryBackend, layer::KeyFrom};
 ///
 /// # fn main() -> lockflight::Result<()> {
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-/// let layer = LockLayer::new(locker, HeaderKey::new(http::HeaderName::from_static("x-sku")))
+/// let layer = LockLayer::new(locker, KeyFrom::header(http::HeaderName::from_static("x-sku")))
 ///     .key_prefix("sku:");
 /// # let _ = layer;
 /// # Ok(()) }
@@ -102,11 +102,11 @@ impl<E> LockLayer<E> {
     ///
     /// ```
     /// use lockflight::layer::LockLayer;
-    /// use lockflight::{LockOptions, Locker, MemoryBackend, layer::HeaderKey};
+    /// use lockflight::{LockOptions, Locker, MemoryBackend, layer::KeyFrom};
     ///
     /// # fn main() -> lockflight::Result<()> {
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let sku = HeaderKey::new(http::HeaderName::from_static("x-sku"));
+    /// let sku = KeyFrom::header(http::HeaderName::from_static("x-sku"));
     /// let fail_fast = LockLayer::new(locker, sku).options(LockOptions::new().try_only());
     /// # let _ = fail_fast;
     /// # Ok(()) }
@@ -129,12 +129,12 @@ impl<E> LockLayer<E> {
     /// `/carts/{id}`) lock different keys, or so that they share one on purpose.
     ///
     /// ```
-    /// use lockflight::layer::{HeaderKey, LockLayer};
+    /// use lockflight::layer::{KeyFrom, LockLayer};
     /// use lockflight::{Locker, MemoryBackend};
     ///
     /// # fn main() -> lockflight::Result<()> {
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let id = HeaderKey::new(http::HeaderName::from_static("x-account"));
+    /// let id = KeyFrom::header(http::HeaderName::from_static("x-account"));
     /// // Requests with `x-account: 7` lock the key `account:7`.
     /// let layer = LockLayer::new(locker, id).key_prefix("account:");
     /// # let _ = layer;
@@ -168,25 +168,32 @@ impl<E> LockLayer<E> {
 }
 
 #[cfg(feature = "axum")]
+use axum::error_handling::HandleErrorLayer;
+
+#[cfg(feature = "axum")]
+use super::axum::ErrorHandler;
+
+#[cfg(feature = "axum")]
 impl<E> LockLayer<E> {
-    /// This layer with its errors turned into problem responses (feature `axum`),
-    /// for `Router::route_layer` in one call: no `HandleErrorLayer` to forget.
+    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`](super::handle_error)
+    /// (feature `axum`): its errors become problem responses, and the pair goes
+    /// into `Router::route_layer` in one call.
     ///
     /// ```
     /// use axum::{Router, routing::delete};
-    /// use lockflight::layer::{LockLayer, PathParam};
+    /// use lockflight::layer::{LockLayer, KeyFrom};
     /// use lockflight::{Locker, MemoryBackend};
     ///
     /// # fn main() -> lockflight::Result<()> {
     /// let locker = Locker::builder(MemoryBackend::new()).build()?;
     /// let app: Router = Router::new()
     ///     .route("/items/{sku}", delete(|| async { "deleted" }))
-    ///     .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors());
+    ///     .route_layer(LockLayer::new(locker, KeyFrom::path_param("sku")).handle_errors());
     /// # let _ = app;
     /// # Ok(()) }
     /// ```
-    pub fn handle_errors(self) -> super::HandleErrors<Self> {
-        super::HandleErrors::new(self)
+    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
+        (super::axum::error_handler(), self)
     }
 }
 

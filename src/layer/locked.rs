@@ -28,7 +28,7 @@ const MAX_DETAIL: usize = 1024;
 ///
 /// ```
 /// use axum::{Json, Router, routing::post};
-/// use lockflight::layer::{LockLayer, Locked, PathParam};
+/// use lockflight::layer::{LockLayer, Locked, KeyFrom};
 /// use lockflight::Locker;
 ///
 /// #[derive(serde::Deserialize)]
@@ -43,7 +43,7 @@ const MAX_DETAIL: usize = 1024;
 ///
 /// fn app(locker: Locker) -> Router {
 ///     Router::new().route("/accounts/{id}/debit", post(debit)).route_layer(
-///         LockLayer::new(locker, PathParam::new("id"))
+///         LockLayer::new(locker, KeyFrom::path_param("id"))
 ///             .key_prefix("account:")
 ///             .lock_in_handler()
 ///             .handle_errors(),

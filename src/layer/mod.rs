@@ -2,7 +2,7 @@
 //! identical reads.
 //!
 //! * [`LockLayer`] wraps a service so that each request runs while holding the lock
-//!   of its key (found by a [`KeyExtractor`]; with axum, [`PathParam`] takes it
+//!   of its key (found by a [`KeyExtractor`]; with axum, [`KeyFrom`] takes it
 //!   from the router's own path parameters). A request without a key is refused
 //!   ([`MissingKey`]). What happens when the lease is lost while the handler runs
 //!   depends on the locker's [`LossPolicy`](crate::LossPolicy), see
@@ -16,7 +16,7 @@
 //!
 //! **Handlers without a body**: the layer takes the lock before the handler runs.
 //! Install it with `route_layer`, not `layer` (only matched routes lock, and
-//! [`PathParam`] sees the router's parameters), and finish it with
+//! [`KeyFrom`] sees the router's parameters), and finish it with
 //! [`handle_errors`](LockLayer::handle_errors), which turns lockflight's errors
 //! into `application/problem+json` responses ([`Problem`]):
 //!
@@ -25,7 +25,7 @@
 //! # fn app(locker: lockflight::Locker) -> axum::Router {
 //! use axum::{Extension, Router, routing::delete};
 //! use lockflight::guard::LockInfo;
-//! use lockflight::layer::{LockLayer, PathParam};
+//! use lockflight::layer::{LockLayer, KeyFrom};
 //!
 //! async fn cancel(Extension(lock): Extension<LockInfo>) -> String {
 //!     format!("cancelled {} under {}", lock.key, lock.fencing_token)
@@ -33,7 +33,7 @@
 //!
 //! Router::new()
 //!     .route("/orders/{id}", delete(cancel))
-//!     .route_layer(LockLayer::new(locker, PathParam::new("id")).handle_errors())
+//!     .route_layer(LockLayer::new(locker, KeyFrom::path_param("id")).handle_errors())
 //! # }
 //! ```
 //!
@@ -46,7 +46,7 @@
 //! # #[cfg(feature = "axum")]
 //! # fn app(locker: lockflight::Locker) -> axum::Router {
 //! use axum::{Json, Router, routing::post};
-//! use lockflight::layer::{LockLayer, Locked, PathParam};
+//! use lockflight::layer::{LockLayer, Locked, KeyFrom};
 //!
 //! async fn debit(Locked(Json(body), lock): Locked<Json<serde_json::Value>>) -> String {
 //!     format!("debit {body} under {}", lock.fencing_token)
@@ -55,7 +55,7 @@
 //! Router::new()
 //!     .route("/accounts/{id}/debit", post(debit))
 //!     .route_layer(
-//!         LockLayer::new(locker, PathParam::new("id"))
+//!         LockLayer::new(locker, KeyFrom::path_param("id"))
 //!             .key_prefix("account:")
 //!             .lock_in_handler()
 //!             .handle_errors(),
@@ -91,7 +91,7 @@
 //! # #[cfg(feature = "axum")]
 //! # fn app() -> lockflight::Result<axum::Router> {
 //! use axum::{http::StatusCode, routing::post, Extension, Router};
-//! use lockflight::layer::{LockLayer, PathParam};
+//! use lockflight::layer::{LockLayer, KeyFrom};
 //! use lockflight::{FencingToken, Locker, LossPolicy, MemoryBackend, guard::LockInfo};
 //!
 //! async fn reserve(Extension(info): Extension<LockInfo>) -> (StatusCode, &'static str) {
@@ -111,7 +111,7 @@
 //!     .build()?;
 //! Ok(Router::new()
 //!     .route("/items/{sku}/reserve", post(reserve))
-//!     .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors()))
+//!     .route_layer(LockLayer::new(locker, KeyFrom::path_param("sku")).handle_errors()))
 //! # }
 //! ```
 
@@ -122,8 +122,7 @@
 mod axum;
 mod edge;
 pub mod future;
-#[cfg(feature = "axum")]
-mod handle_errors;
+mod key_from;
 #[allow(clippy::module_inception)]
 mod layer;
 #[cfg(feature = "axum")]
@@ -135,19 +134,14 @@ mod shared_response;
 mod ticket;
 
 #[cfg(feature = "axum")]
-pub use self::axum::{PathParam, handle_error};
-#[cfg(feature = "axum")]
-pub use handle_errors::{HandleErrors, HandleErrorsFuture, HandleErrorsService};
+pub use self::axum::handle_error;
 #[cfg(feature = "axum")]
 pub use locked::Locked;
 #[cfg(feature = "axum")]
 pub use problem::{PROBLEM_JSON, Problem};
 
-pub use crate::key::{HeaderKey, KeyExtractor, NoKey, PathSegment};
+pub use crate::key::{KeyExtractor, NoKey};
+pub use key_from::KeyFrom;
 pub use layer::{LockLayer, MissingKey};
 pub use service::{LockService, WithLockInfo};
 pub use shared_response::{SharedBody, SharedResponseLayer, SharedResponseService};
-
-/// The error type of lockflight's services: inner errors and [`crate::Error`]s,
-/// boxed (downcast to [`crate::Error`] to tell them apart).
-pub type BoxError = tower::BoxError;

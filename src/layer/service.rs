@@ -4,7 +4,6 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::BoxError;
 use super::future::ResponseFuture;
 use super::layer::{Acquire, MissingKey, Settings};
 use super::ticket::Ticket;
@@ -12,6 +11,7 @@ use crate::error::Error;
 use crate::guard::LockInfo;
 use crate::key::{KeyExtractor, LockKey, NoKey};
 use crate::locker::{LockOptions, Locker};
+use tower::BoxError;
 
 /// A request type that can carry the [`LockInfo`] of the lock it runs under.
 ///

@@ -20,7 +20,7 @@ use crate::key::{KeyExtractor, LockKey};
 /// [`LockKey`], so that all requests for one key meet on one instance.
 ///
 /// The key comes from a [`KeyExtractor`]: a closure `Fn(&Req) -> Option<LockKey>`,
-/// [`HeaderKey`](crate::layer::HeaderKey) or [`PathSegment`](crate::layer::PathSegment).
+/// [`KeyFrom`](crate::layer::KeyFrom) or [`KeyFrom`](crate::layer::KeyFrom).
 /// Members are chosen by weighted [`Rendezvous`] hashing over their names: every router
 /// holding the same members sends every key to the same member, and a membership change
 /// moves only the keys of the member removed, marked down, added or marked up. Routing

@@ -8,7 +8,7 @@ use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use http::StatusCode;
 use lockflight::guard::LockInfo;
-use lockflight::layer::{LockLayer, Locked, PathParam};
+use lockflight::layer::{KeyFrom, LockLayer, Locked};
 use lockflight::{Error, Locker};
 use serde::Deserialize;
 
@@ -28,7 +28,7 @@ fn in_handler(locker: &Locker) -> Router {
     Router::new()
         .route("/accounts/{id}/debit", post(debit_in_handler))
         .route_layer(
-            LockLayer::new(locker.clone(), PathParam::new("id"))
+            LockLayer::new(locker.clone(), KeyFrom::path_param("id"))
                 .key_prefix("account:")
                 .lock_in_handler()
                 .handle_errors(),
@@ -43,7 +43,7 @@ fn before_handler(locker: &Locker) -> Router {
     Router::new()
         .route("/accounts/{id}/debit", post(debit))
         .route_layer(
-            LockLayer::new(locker.clone(), PathParam::new("id"))
+            LockLayer::new(locker.clone(), KeyFrom::path_param("id"))
                 .key_prefix("account:")
                 .handle_errors(),
         )
@@ -149,7 +149,7 @@ async fn locked_without_lock_in_handler_refuses_and_never_runs_unlocked() {
     let locker = redis_locker("http-nolayer", Duration::from_secs(5)).await;
     let app = Router::new()
         .route("/accounts/{id}/debit", post(debit_in_handler))
-        .route_layer(LockLayer::new(locker, PathParam::new("id")).handle_errors());
+        .route_layer(LockLayer::new(locker, KeyFrom::path_param("id")).handle_errors());
     let served = serve(app).await;
     let reply = served.post("/accounts/alice/debit", r#"{"cents":1}"#).await;
     assert_eq!(
@@ -180,7 +180,7 @@ async fn locking_the_same_key_inside_a_locked_handler_is_reentrant() {
     let app = Router::new()
         .route("/accounts/{id}/debit", post(handler))
         .route_layer(
-            LockLayer::new(locker, PathParam::new("id"))
+            LockLayer::new(locker, KeyFrom::path_param("id"))
                 .lock_in_handler()
                 .handle_errors(),
         );
@@ -222,7 +222,7 @@ async fn a_lease_lost_in_a_locked_handler_drops_it() {
     let app = Router::new()
         .route("/accounts/{id}/debit", post(handler))
         .route_layer(
-            LockLayer::new(locker, PathParam::new("id"))
+            LockLayer::new(locker, KeyFrom::path_param("id"))
                 .key_prefix("account:")
                 .lock_in_handler()
                 .handle_errors(),

@@ -10,7 +10,7 @@ use axum::routing::post;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockflight::guard::LockInfo;
-use lockflight::layer::{HeaderKey, LockLayer, MissingKey, PathParam};
+use lockflight::layer::{KeyFrom, LockLayer, MissingKey};
 
 use super::support::{Logs, redis_locker, serve};
 
@@ -38,13 +38,13 @@ async fn a_route_that_yields_no_key_is_refused_with_500_and_logged_with_its_rout
     let app = Router::new()
         // The parameter is `{id}`, the layer asks for `sku`.
         .route("/items/{id}/reserve", counted(&runs))
-        .route_layer(LockLayer::new(locker.clone(), PathParam::new("sku")).handle_errors())
+        .route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("sku")).handle_errors())
         // Around the router as a service, the layer runs before routing: no
         // parameters there.
         .nest_service(
             "/carts",
             tower::Layer::layer(
-                &LockLayer::new(locker.clone(), PathParam::new("sku")).handle_errors(),
+                &LockLayer::new(locker.clone(), KeyFrom::path_param("sku")).handle_errors(),
                 Router::new().route("/{sku}", counted(&runs)),
             ),
         );
@@ -82,7 +82,7 @@ async fn a_request_without_its_key_is_refused_with_400_unless_unlocked_is_asked_
     let (logs, _guard) = Logs::capture();
     let locker = redis_locker("http-noheader", Duration::from_secs(5)).await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let header = || HeaderKey::new(http::HeaderName::from_static("x-account"));
+    let header = || KeyFrom::header(http::HeaderName::from_static("x-account"));
     let app = Router::new()
         .route("/strict", counted(&runs))
         .route_layer(LockLayer::new(locker.clone(), header()).handle_errors())
@@ -132,7 +132,7 @@ async fn an_in_handler_route_without_locked_is_logged_once() {
     let app = Router::new()
         .route("/items/{sku}", counted(&runs))
         .route_layer(
-            LockLayer::new(locker.clone(), PathParam::new("sku"))
+            LockLayer::new(locker.clone(), KeyFrom::path_param("sku"))
                 .lock_in_handler()
                 .handle_errors(),
         );
@@ -164,7 +164,7 @@ async fn an_empty_or_blank_key_segment_is_refused_with_400() {
             },
         )
     };
-    let sku = || PathParam::new("sku");
+    let sku = || KeyFrom::path_param("sku");
     let app = Router::new()
         .route("/plain/{sku}/reserve", counted(&runs))
         .route_layer(LockLayer::new(locker.clone(), sku()).handle_errors())

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::StatusCode;
 use lockflight::guard::LockInfo;
-use lockflight::layer::{LockLayer, PathParam};
+use lockflight::layer::{KeyFrom, LockLayer};
 
 use super::support::{redis_locker, serve};
 
@@ -25,18 +25,18 @@ async fn nests_at_any_depth_and_wildcards_lock_the_routers_value() {
     let accounts = Router::new()
         .route("/accounts/{id}/debit", post(key_of))
         .route_layer(
-            LockLayer::new(locker.clone(), PathParam::new("id"))
+            LockLayer::new(locker.clone(), KeyFrom::path_param("id"))
                 .key_prefix("account:")
                 .handle_errors(),
         );
     // A parameter in the nest's own path.
     let tenants = Router::new()
         .route("/orders/{order}", post(key_of))
-        .route_layer(LockLayer::new(locker.clone(), PathParam::new("tenant")).handle_errors());
+        .route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("tenant")).handle_errors());
     let files = Router::new()
         .route("/files/{*path}", post(key_of))
         .route_layer(
-            LockLayer::new(locker.clone(), PathParam::new("path"))
+            LockLayer::new(locker.clone(), KeyFrom::path_param("path"))
                 .key_prefix("file:")
                 .handle_errors(),
         );
@@ -68,7 +68,7 @@ async fn percent_encoded_and_utf8_spellings_of_one_resource_lock_one_key() {
     let locker = redis_locker("http-alias", Duration::from_secs(5)).await;
     let app = Router::new()
         .route("/accounts/{id}", post(key_of))
-        .route_layer(LockLayer::new(locker, PathParam::new("id")).handle_errors());
+        .route_layer(LockLayer::new(locker, KeyFrom::path_param("id")).handle_errors());
     let served = serve(app).await;
     for (path, key) in [
         ("/accounts/alice", "alice"),
@@ -109,7 +109,7 @@ async fn concurrent_updates_through_aliases_are_serialised() {
     };
     let app = Router::new()
         .route("/accounts/{id}/credit", post(handler))
-        .route_layer(LockLayer::new(locker, PathParam::new("id")).handle_errors());
+        .route_layer(LockLayer::new(locker, KeyFrom::path_param("id")).handle_errors());
     let served = Arc::new(serve(app).await);
     let spellings = ["alice", "%61lice", "%61%6C%69%63%65", "al%69ce"];
     let mut tasks = tokio::task::JoinSet::new();
@@ -131,7 +131,7 @@ async fn a_trailing_slash_is_another_route_and_locks_nothing() {
     let locker = redis_locker("http-slash", Duration::from_secs(5)).await;
     let app = Router::new()
         .route("/accounts/{id}", get(key_of))
-        .route_layer(LockLayer::new(locker.clone(), PathParam::new("id")).handle_errors());
+        .route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("id")).handle_errors());
     let served = serve(app).await;
     let before = locker.stats();
     assert_eq!(

@@ -10,7 +10,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use lockflight::Error;
 use lockflight::guard::LockInfo;
-use lockflight::layer::{LockLayer, PathParam};
+use lockflight::layer::{KeyFrom, LockLayer};
 use testkit::{CountingProxy, RedisServer};
 
 use super::support::{Logs, locker_at, serve};
@@ -22,7 +22,7 @@ async fn key_of(Extension(lock): Extension<LockInfo>) -> String {
 fn app(locker: &lockflight::Locker) -> Router {
     Router::new()
         .route("/accounts/{id}", post(key_of))
-        .route_layer(LockLayer::new(locker.clone(), PathParam::new("id")).handle_errors())
+        .route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("id")).handle_errors())
 }
 
 /// A partition (the proxy black-holes every byte): 503 lock_backend_unavailable,

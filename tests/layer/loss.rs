@@ -78,7 +78,7 @@ async fn loss_app(
     Arc<AtomicBool>,
 ) {
     use axum::Extension;
-    use lockflight::layer::PathParam;
+    use lockflight::layer::KeyFrom;
 
     let (locker, lock_name) = short_lease("layer-signal").await;
     let locker = locker.on_loss(policy).build().unwrap();
@@ -102,7 +102,7 @@ async fn loss_app(
     };
     let app = axum::Router::new()
         .route("/items/{sku}", axum::routing::post(handler))
-        .route_layer(LockLayer::new(locker, PathParam::new("sku")).handle_errors());
+        .route_layer(LockLayer::new(locker, KeyFrom::path_param("sku")).handle_errors());
     (app, lock_name, started, dropped, finished)
 }
 

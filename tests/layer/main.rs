@@ -21,8 +21,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockflight::layer::{LockLayer, MissingKey, SharedResponseLayer};
 use lockflight::{
-    Error, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo, layer::HeaderKey,
-    layer::PathSegment,
+    Error, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo, layer::KeyFrom,
 };
 use testkit::{is_free, wait_until};
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -41,8 +40,8 @@ fn memory_locker() -> Locker {
         .unwrap()
 }
 
-fn sku_header() -> HeaderKey {
-    HeaderKey::new(http::HeaderName::from_static("x-sku"))
+fn sku_header() -> KeyFrom {
+    KeyFrom::header(http::HeaderName::from_static("x-sku"))
 }
 
 fn request(sku: Option<&str>) -> Request<()> {

@@ -34,7 +34,7 @@ async fn coalesce_layer_gives_identical_gets_one_execution() {
             }
         })
     };
-    let svc = SharedResponseLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+    let svc = SharedResponseLayer::new(locker.clone(), KeyFrom::path_segment(1)).layer(inner);
     let mut calls: Vec<_> = (0..100)
         .map(|_| Box::pin(svc.clone().oneshot(get("555"))))
         .collect();
@@ -70,7 +70,7 @@ async fn coalesce_layer_does_not_share_bodies_over_the_limit() {
             }
         })
     };
-    let svc = SharedResponseLayer::new(locker, PathSegment::new(1))
+    let svc = SharedResponseLayer::new(locker, KeyFrom::path_segment(1))
         .max_body(1024)
         .layer(inner);
     let mut calls = Vec::new();
@@ -108,7 +108,7 @@ async fn a_coalesced_read_waiting_for_its_lock_holds_no_inner_readiness() {
             req.uri().path().to_owned(),
         ))))
     }));
-    let svc = SharedResponseLayer::new(locker.clone(), PathSegment::new(1)).layer(inner);
+    let svc = SharedResponseLayer::new(locker.clone(), KeyFrom::path_segment(1)).layer(inner);
 
     let held = locker.lock("a").await.unwrap();
     let waits = locker.stats().local_waits;

@@ -18,7 +18,7 @@ use futures::future::{BoxFuture, FutureExt};
 use lockflight::routing::{
     HashRing, KeyRouter, Rendezvous, RoutingError, jump_bucket, jump_hash, key_hash,
 };
-use lockflight::{LockKey, layer::HeaderKey, layer::PathSegment};
+use lockflight::{LockKey, layer::KeyFrom};
 use proptest::prelude::*;
 use tower::{BoxError, Service, ServiceExt, service_fn};
 

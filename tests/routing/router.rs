@@ -305,8 +305,8 @@ async fn http_extractors() {
     let reply = |name: &'static str| {
         service_fn(move |_req: http::Request<()>| async move { Ok::<_, Infallible>(name) })
     };
-    let by_header = KeyRouter::new(HeaderKey::new(http::HeaderName::from_static("x-sku")));
-    let by_path = by_header.handle().router(PathSegment::new(1));
+    let by_header = KeyRouter::new(KeyFrom::header(http::HeaderName::from_static("x-sku")));
+    let by_path = by_header.handle().router(KeyFrom::path_segment(1));
     for n in ["a", "b", "c"] {
         by_header.handle().add(n, reply(n));
     }

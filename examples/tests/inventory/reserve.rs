@@ -303,7 +303,7 @@ async fn missing_key_follows_the_policy() {
                 }),
             )
             .route_layer(
-                LockLayer::new(locker.clone(), PathParam::new("sku"))
+                LockLayer::new(locker.clone(), KeyFrom::path_param("sku"))
                     .missing_key(policy)
                     .handle_errors(),
             )

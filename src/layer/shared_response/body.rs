@@ -6,7 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
-use crate::layer::BoxError;
+use tower::BoxError;
 
 /// The body of a [`SharedResponseService`](super::SharedResponseService) response: a shared,
 /// buffered copy, or the inner service's own body.

@@ -21,11 +21,11 @@ use crate::locker::Locker;
 ///
 /// ```
 /// use lockflight::layer::SharedResponseLayer;
-/// use lockflight::{Locker, MemoryBackend, layer::PathSegment};
+/// use lockflight::{Locker, MemoryBackend, layer::KeyFrom};
 ///
 /// # fn main() -> lockflight::Result<()> {
 /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-/// let layer = SharedResponseLayer::new(locker, PathSegment::new(1)).max_body(256 * 1024);
+/// let layer = SharedResponseLayer::new(locker, KeyFrom::path_segment(1)).max_body(256 * 1024);
 /// # let _ = layer;
 /// # Ok(()) }
 /// ```
@@ -61,10 +61,16 @@ impl<E> SharedResponseLayer<E> {
 
 #[cfg(feature = "axum")]
 impl<E> SharedResponseLayer<E> {
-    /// This layer with its errors turned into problem responses (feature `axum`),
-    /// for `Router::route_layer` in one call.
-    pub fn handle_errors(self) -> super::HandleErrors<Self> {
-        super::HandleErrors::new(self)
+    /// This layer behind axum's `HandleErrorLayer` with
+    /// [`handle_error`](super::handle_error) (feature `axum`), as
+    /// [`LockLayer::handle_errors`](super::LockLayer::handle_errors).
+    pub fn handle_errors(
+        self,
+    ) -> (
+        axum::error_handling::HandleErrorLayer<super::axum::ErrorHandler, ()>,
+        Self,
+    ) {
+        (super::axum::error_handler(), self)
     }
 }
 

@@ -11,8 +11,8 @@ use tower_service::Service;
 
 use super::body::SharedBody;
 use crate::key::KeyExtractor;
-use crate::layer::BoxError;
 use crate::locker::Locker;
+use tower::BoxError;
 
 /// Shares one response among concurrent identical requests; see
 /// [`SharedResponseLayer`](super::SharedResponseLayer).
