@@ -143,5 +143,5 @@ pub use problem::{PROBLEM_JSON, Problem};
 pub use crate::key::{KeyExtractor, NoKey};
 pub use key_from::KeyFrom;
 pub use layer::{LockLayer, MissingKey};
-pub use service::{LockService, WithLockInfo};
+pub use service::LockService;
 pub use shared_response::{SharedBody, SharedResponseLayer, SharedResponseService};

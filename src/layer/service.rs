@@ -13,11 +13,9 @@ use crate::key::{KeyExtractor, LockKey, NoKey};
 use crate::locker::{LockOptions, Locker};
 use tower::BoxError;
 
-/// A request type that can carry the [`LockInfo`] of the lock it runs under.
-///
-/// Implemented for `http::Request<B>` (the info goes into its extensions). Implement
-/// it for your own request type to use [`LockService`] outside HTTP; a no-op is fine
-/// if the handler needs neither the fencing token nor the loss signal.
+/// A request that can carry the [`LockInfo`] of the lock it runs under:
+/// `http::Request<B>` (the info goes into its extensions). Public but unnameable
+/// outside the crate: the layers serve HTTP requests.
 pub trait WithLockInfo {
     /// Attaches `info` to the request.
     fn set_lock_info(&mut self, info: LockInfo);
