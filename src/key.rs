@@ -297,8 +297,9 @@ where
 }
 
 /// The stable 64-bit hash of a key's bytes: XXH3-64 with seed 0, the same on every
-/// platform and process. The backends' striping and Redlock's wake node use it
-/// whatever the features; `routing::key_hash` (feature `routing`) is this function.
+/// platform and process. The backends' striping and Redlock's wake node use it.
+/// `lockflight_routing::key_hash` is a copy of this function (both pin the same
+/// known answers in their tests).
 pub(crate) fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
 }
@@ -334,5 +335,16 @@ mod tests {
         LockKey::from(vec![b'a'; LockKey::MAX_LEN])
             .validate()
             .unwrap();
+    }
+
+    /// The same known answers as `lockflight_routing::key_hash` pins
+    /// (routing/tests/routing/vectors.rs): the two copies hash alike.
+    #[test]
+    fn key_hash_is_routings_key_hash() {
+        assert_eq!(key_hash(b""), 0x2D06_8005_38D3_94C2);
+        assert_eq!(key_hash(b"a"), 0xE6C6_32B6_1E96_4E1F);
+        assert_eq!(key_hash(b"abc"), 0x78AF_5F94_892F_3950);
+        assert_eq!(key_hash(b"sku:555"), 0x4c94_58a0_6b04_d9b3);
+        assert_eq!(key_hash(b"lockflight"), 0x266a_a90b_72c9_e8b0);
     }
 }

@@ -103,8 +103,6 @@ mod lease;
 mod locker;
 mod multi;
 mod reentry;
-#[cfg(feature = "routing")]
-pub mod routing;
 mod runtime;
 pub mod rwlock;
 pub mod semaphore;
@@ -115,7 +113,7 @@ pub mod stats;
 
 // The root names: what almost every user needs. Everything else lives in the
 // module named for its concept: `backend`, `guard`, `error`, `layer`, `rwlock`,
-// `semaphore`, `stats`; and, behind their features, `routing` and `inspect`.
+// `semaphore`, `stats`; and, behind its feature, `inspect`.
 pub use backend::{MemoryBackend, RedisBackend};
 pub use error::{Error, Result};
 pub use guard::{FencingToken, LockGuard};

@@ -11,8 +11,9 @@
 //!   baseline. Slot-map + lease overhead = `locker_*` − `memory_backend_trait`.
 //! * `coalesce/*`: uncontended `Locker::coalesce` and `with_lock` on `MemoryBackend`.
 //! * `fencing/*`: `FencingToken` comparison and sorting.
-//! * `key/*`: `routing::key_hash`, `LockKey::from`, and the SipHash (`RandomState`)
-//!   hashing and lookup that the slot map (a `DashMap<LockKey, _>`) does per call.
+//! * `key/*`: `lockflight_routing::key_hash` (the same XXH3-64 lockflight gives
+//!   keys), `LockKey::from`, and the SipHash (`RandomState`) hashing and lookup that
+//!   the slot map (a `DashMap<LockKey, _>`) does per call.
 //!
 //! Before the benchmarks, 1,000,000 distinct keys are locked and released once and
 //! the slot map must be empty afterwards (a `cargo bench` run only).
@@ -31,10 +32,10 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use dashmap::DashMap;
 use lockflight::backend::LeaseToken;
-use lockflight::routing::key_hash;
 use lockflight::{
     Contention, FencingToken, Handoff, LockKey, Locker, MemoryBackend, backend::LockBackend,
 };
+use lockflight_routing::key_hash;
 use tokio::runtime::Runtime;
 
 fn runtime() -> Runtime {

@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures::FutureExt;
 use lockflight::LockKey;
-use lockflight::routing::{HashRing, KeyRouter, Rendezvous, jump_bucket, jump_hash, key_hash};
+use lockflight_routing::{HashRing, KeyRouter, Rendezvous, jump_bucket, jump_hash, key_hash};
 use tower::{Service, service_fn};
 
 /// Keys shaped like real lock keys ("sku:123456", 10 bytes).

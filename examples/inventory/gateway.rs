@@ -26,7 +26,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use lockflight::layer::KeyFrom;
-use lockflight::routing::{KeyRouter, RouterHandle};
+use lockflight_routing::{KeyRouter, RouterHandle};
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;
 

@@ -38,7 +38,7 @@ pub const DEFAULT_VNODES: u32 = 160;
 /// node forgets its keys.
 ///
 /// ```
-/// use lockflight::routing::HashRing;
+/// use lockflight_routing::HashRing;
 ///
 /// let mut ring = HashRing::new(160).with_bounded_loads(1.25)?;
 /// for node in ["a", "b", "c"] {
@@ -55,7 +55,7 @@ pub const DEFAULT_VNODES: u32 = 160;
 /// ring.release(b"sku:555");
 /// ring.release(b"sku:555");
 /// assert_eq!(ring.load(first), Some(0));
-/// # Ok::<(), lockflight::routing::RoutingError>(())
+/// # Ok::<(), lockflight_routing::RoutingError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct HashRing<N> {

@@ -9,7 +9,7 @@ use super::{RoutingError, key_hash, pair_hash};
 ///
 /// Every node scores every key; the key goes to the highest score. A node's identity is
 /// its bytes (`N: AsRef<[u8]>`: `String`, `&str`, `Vec<u8>`,
-/// [`LockKey`](crate::LockKey), or your own type), so processes holding the same nodes
+/// [`LockKey`](lockflight::LockKey), or your own type), so processes holding the same nodes
 /// and weights route every key the same way, whatever order the nodes were added in. A
 /// removed node's keys spread over the others in proportion to their weights; an added
 /// node takes about `w / (W + w)` of the keys (`W` the old total weight), all to itself;
@@ -29,7 +29,7 @@ use super::{RoutingError, key_hash, pair_hash};
 /// two best scores are within one rounding error of each other.
 ///
 /// ```
-/// use lockflight::routing::Rendezvous;
+/// use lockflight_routing::Rendezvous;
 ///
 /// let mut hrw = Rendezvous::new();
 /// hrw.add("node-a", 1.0)?;
@@ -43,7 +43,7 @@ use super::{RoutingError, key_hash, pair_hash};
 /// let other = ["node-a", "node-b", "node-c"].into_iter().find(|n| *n != owner).unwrap();
 /// hrw.remove(other);
 /// assert_eq!(hrw.pick(b"sku:555"), Some(&owner));
-/// # Ok::<(), lockflight::routing::RoutingError>(())
+/// # Ok::<(), lockflight_routing::RoutingError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Rendezvous<N> {

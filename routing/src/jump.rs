@@ -25,7 +25,7 @@ use super::key_hash;
 ///
 /// ```
 /// use std::num::NonZeroU32;
-/// use lockflight::routing::jump_hash;
+/// use lockflight_routing::jump_hash;
 ///
 /// let hundred = NonZeroU32::new(100).unwrap();
 /// assert_eq!(jump_hash(1, hundred), 55); // Guava's golden value
@@ -50,7 +50,7 @@ pub fn jump_hash(mut key: u64, buckets: NonZeroU32) -> u32 {
 /// Returns `None` when `buckets` is 0.
 ///
 /// ```
-/// use lockflight::routing::jump_bucket;
+/// use lockflight_routing::jump_bucket;
 ///
 /// let shard = jump_bucket(b"sku:555", 16).unwrap();
 /// assert!(shard < 16);

@@ -1,4 +1,4 @@
-//! Tests of `lockflight::routing`: known-answer vectors, balance, minimal movement,
+//! Tests of `lockflight_routing`: known-answer vectors, balance, minimal movement,
 //! determinism, and the `KeyRouter` tower service.
 
 mod properties;
@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use futures::future::{BoxFuture, FutureExt};
-use lockflight::routing::{
+use lockflight::{LockKey, layer::KeyFrom};
+use lockflight_routing::{
     HashRing, KeyRouter, Rendezvous, RoutingError, jump_bucket, jump_hash, key_hash,
 };
-use lockflight::{LockKey, layer::KeyFrom};
 use proptest::prelude::*;
 use tower::{BoxError, Service, ServiceExt, service_fn};
 

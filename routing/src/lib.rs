@@ -1,11 +1,12 @@
-//! Key-affine routing: send every request for one key to the same instance.
+//! Key-affine routing for [lockflight]: send every request for one key
+//! to the same instance.
 //!
 //! The cheapest distributed lock is the one never contended across instances. If a
 //! gateway or client routes every request for a key to the same instance,
 //! lockflight's per-process coalescing absorbs nearly all contention locally and
 //! Redis stays the safety net for rebalancing and failover.
 //!
-//! This module holds the pieces for that:
+//! This crate holds the pieces for that:
 //!
 //! * [`key_hash`]: the one stable hash every method here starts from.
 //! * [`jump_hash`] / [`jump_bucket`]: Lamping & Veach's jump consistent hash, for a
@@ -16,7 +17,7 @@
 //!   loads (Mirrokni, Thorup & Zadimoghaddam).
 //! * [`KeyRouter`]: a tower [`Service`](tower_service::Service) that sends each
 //!   request to one of several inner services by the request's
-//!   [`LockKey`](crate::LockKey), with membership that changes at run time through a
+//!   [`LockKey`](lockflight::LockKey), with membership that changes at run time through a
 //!   [`RouterHandle`].
 //!
 //! # Routing makes the lock cheap; it never replaces it
@@ -32,7 +33,7 @@
 //! * a client retries against another instance after a timeout;
 //! * a client bypasses the gateway, or two gateways hold different membership views
 //!   for a while (membership is never updated atomically everywhere);
-//! * keyless requests or a [`KeyExtractor`](crate::layer::KeyExtractor) that disagrees with
+//! * keyless requests or a [`KeyExtractor`](lockflight::layer::KeyExtractor) that disagrees with
 //!   the lock's own key extraction.
 //!
 //! So keep the Redis lock on every path. Routing only decides where the contention
@@ -47,6 +48,9 @@
 //! on fixed arithmetic documented on each item; nothing uses the standard library's
 //! randomly seeded hasher for a routing decision. A change to any of these outputs is
 //! a breaking change, and the test suite pins them with known-answer vectors.
+//!
+//! This crate depends on lockflight only for [`LockKey`](lockflight::LockKey) and
+//! [`KeyExtractor`](lockflight::layer::KeyExtractor); it takes no lock.
 
 mod error;
 mod jump;
@@ -64,23 +68,24 @@ pub use router::{KeyRouter, ResponseFuture, RouterHandle};
 ///
 /// XXH3-64 is the 64-bit variant of xxHash's XXH3 algorithm (Yann Collet), as
 /// specified by the reference implementation; with seed 0 and the default secret the
-/// result is the same on every platform, endianness, process and release of
-/// lockflight. For example the empty input hashes to `0x2D06800538D394C2`, the
-/// reference value.
+/// result is the same on every platform, endianness, process and release of this
+/// crate, and it is the hash lockflight itself gives a key's bytes (its lock
+/// striping, Redlock's wake node). For example the empty input hashes to
+/// `0x2D06800538D394C2`, the reference value.
 ///
-/// Every routing method in this module hashes keys (and node names) with this
+/// Every routing method in this crate hashes keys (and node names) with this
 /// function, so anything else that needs to agree with lockflight's routing — a
 /// gateway written in another language, say — can reproduce it with any conforming
 /// XXH3 implementation.
 ///
 /// ```
-/// use lockflight::routing::key_hash;
+/// use lockflight_routing::key_hash;
 ///
 /// assert_eq!(key_hash(b""), 0x2D06800538D394C2);
 /// assert_eq!(key_hash(b"sku:555"), key_hash("sku:555".as_bytes()));
 /// ```
 pub fn key_hash(key: &[u8]) -> u64 {
-    crate::key::key_hash(key)
+    xxhash_rust::xxh3::xxh3_64(key)
 }
 
 /// Mixes two 64-bit hashes into one, for scoring a (node, key) pair.

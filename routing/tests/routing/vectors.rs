@@ -61,6 +61,8 @@ fn key_hash_matches_published_xxh3_64_vectors() {
 #[test]
 fn key_hash_pins_lockflight_keys() {
     // Computed once with this crate; a change here changes every routing decision.
+    // lockflight's own key hash (src/key.rs, `key_hash_is_routings_key_hash`) pins
+    // the same values: the two copies hash alike.
     assert_eq!(key_hash(b"sku:555"), 0x4c94_58a0_6b04_d9b3);
     assert_eq!(key_hash(b"lockflight"), 0x266a_a90b_72c9_e8b0);
     assert_eq!(

@@ -8,19 +8,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll};
 
+use lockflight::LockKey;
+use lockflight::layer::KeyExtractor;
 use pin_project::pin_project;
 use tower::BoxError;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use super::{Rendezvous, RoutingError};
-use crate::key::{KeyExtractor, LockKey};
 
 /// Routes each request to one of several inner services by the request's
 /// [`LockKey`], so that all requests for one key meet on one instance.
 ///
 /// The key comes from a [`KeyExtractor`]: a closure `Fn(&Req) -> Option<LockKey>`,
-/// [`KeyFrom`](crate::layer::KeyFrom) or [`KeyFrom`](crate::layer::KeyFrom).
+/// [`KeyFrom`](lockflight::layer::KeyFrom).
 /// Members are chosen by weighted [`Rendezvous`] hashing over their names: every router
 /// holding the same members sends every key to the same member, and a membership change
 /// moves only the keys of the member removed, marked down, added or marked up. Routing
@@ -52,7 +53,7 @@ use crate::key::{KeyExtractor, LockKey};
 /// ```
 /// use std::convert::Infallible;
 /// use lockflight::LockKey;
-/// use lockflight::routing::KeyRouter;
+/// use lockflight_routing::KeyRouter;
 /// use tower::{service_fn, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
