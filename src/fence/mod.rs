@@ -10,7 +10,7 @@
 //!   last one it accepted (`SET`, `SET … PX`, `INCRBY`, `HSET`, `DEL`, or only the
 //!   fence), in one Lua script on any `redis` connection (one server, a Cluster, a
 //!   `ConnectionManager`): the lock's Redis or the one that holds your data. A
-//!   write that carries a [`WriteId`] ([`WriteOptions`]) is applied at most once,
+//!   write that carries a [`WriteId`] (the `*_once` methods) is applied at most once,
 //!   so it is safe to repeat after a lost reply.
 //! * With the feature `sqlx-postgres` or `sqlx-sqlite` (`sqlx` enables both):
 //!   `FenceColumns` and the guarded statements `FencedUpdate` and
@@ -76,7 +76,7 @@ mod write;
 pub use self::redis::FencedKey;
 #[cfg(feature = "inspect")]
 pub(crate) use self::redis::redis_error;
-pub use self::write::{WriteId, WriteOptions};
+pub use self::write::WriteId;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};
 

@@ -33,7 +33,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, ToRedisArgs, Value};
 
 use super::Fenced;
-use super::write::WriteOptions;
+use super::write::WriteId;
 use crate::error::{Error, Phase, Result};
 use crate::guard::FencingToken;
 use crate::key::LockKey;
@@ -72,8 +72,8 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 /// A write whose reply did not arrive ([`Error::Backend`], or a dropped future) may or
 /// may not have been applied. A repeat with the same token:
 ///
-/// * **with a write id** ([`WriteOptions::write_id`] in an `*_options` method, the same
-///   id in every attempt) is safe, even while an earlier attempt is on its way: the id
+/// * **with a write id** (a [`WriteId`] in an `*_once` method, the same id in every
+///   attempt) is safe, even while an earlier attempt is on its way: the id
 ///   is applied at most once per token, and every later attempt gets [`Fenced::Applied`]
 ///   with the result of the one that applied. At least the 64 newest ids of the current
 ///   token are kept; an id older than one forgotten is refused with [`Error::Refused`]
@@ -88,17 +88,17 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 ///
 /// ```no_run
 /// # async fn demo(guard: lockflight::LockGuard, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
-/// use lockflight::fence::{FencedKey, WriteId, WriteOptions};
+/// use lockflight::fence::{FencedKey, WriteId};
 ///
 /// let counter = FencedKey::new("orders:{eu}:count")?;
-/// let once = WriteOptions::new().write_id(WriteId::next());
-/// let mut outcome = counter.incr_by_options(&mut data, &guard, 1, once).await;
+/// let once = WriteId::next();
+/// let mut outcome = counter.incr_by_once(&mut data, &guard, 1, once).await;
 /// for _ in 0..3 {
 ///     if !outcome.as_ref().is_err_and(|e| e.is_transient()) {
 ///         break;
 ///     }
 ///     // The reply was lost: the same write again (the manager reconnects).
-///     outcome = counter.incr_by_options(&mut data, &guard, 1, once).await;
+///     outcome = counter.incr_by_once(&mut data, &guard, 1, once).await;
 /// }
 /// let added = outcome?;
 /// # let _ = added;
@@ -200,30 +200,42 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.set_options(conn, token, value, WriteOptions::new())
-            .await
+        self.set_with(conn, token, value, None).await
     }
 
-    /// [`set`](Self::set) with `options`: with a write id, safe to repeat.
+    /// [`set`](Self::set) with the write id `id`: safe to repeat with the same id.
     ///
     /// # Errors
     ///
-    /// As [`FencedKey::incr_by_options`].
+    /// As [`FencedKey::incr_by_once`].
     ///
     /// # Cancel safety
     ///
     /// As [`FencedKey::set`].
-    pub async fn set_options<C>(
+    pub async fn set_once<C>(
         &self,
         conn: &mut C,
         token: impl Into<FencingToken>,
         value: impl ToRedisArgs,
-        options: WriteOptions,
+        id: WriteId,
     ) -> Result<Fenced>
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), options, "set", |s| {
+        self.set_with(conn, token, value, Some(id)).await
+    }
+
+    async fn set_with<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        value: impl ToRedisArgs,
+        write_id: Option<WriteId>,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), write_id, "set", |s| {
             s.arg(value);
         })
         .await
@@ -250,28 +262,42 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.set_with_ttl_options(conn, token, value, ttl, WriteOptions::new())
-            .await
+        self.set_with_ttl_with(conn, token, value, ttl, None).await
     }
 
-    /// [`set_with_ttl`](Self::set_with_ttl) with `options`: with a write id, safe
-    /// to repeat (a repeat of an applied write does not reset the TTL).
+    /// [`set_with_ttl`](Self::set_with_ttl) with the write id `id`: safe to repeat with
+    /// the same id (a repeat of an applied write does not reset the TTL).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a TTL under 1 ms; otherwise as
-    /// [`FencedKey::incr_by_options`].
+    /// [`FencedKey::incr_by_once`].
     ///
     /// # Cancel safety
     ///
     /// As [`FencedKey::set`].
-    pub async fn set_with_ttl_options<C>(
+    pub async fn set_with_ttl_once<C>(
         &self,
         conn: &mut C,
         token: impl Into<FencingToken>,
         value: impl ToRedisArgs,
         ttl: Duration,
-        options: WriteOptions,
+        id: WriteId,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.set_with_ttl_with(conn, token, value, ttl, Some(id))
+            .await
+    }
+
+    async fn set_with_ttl_with<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        value: impl ToRedisArgs,
+        ttl: Duration,
+        write_id: Option<WriteId>,
     ) -> Result<Fenced>
     where
         C: ConnectionLike + Send,
@@ -285,7 +311,7 @@ impl FencedKey {
                 ),
             });
         }
-        self.run(conn, token.into(), options, "setpx", |s| {
+        self.run(conn, token.into(), write_id, "setpx", |s| {
             s.arg(value).arg(ms);
         })
         .await
@@ -293,7 +319,7 @@ impl FencedKey {
     }
 
     /// `INCRBY resource delta` under `token`; applied, it carries the new value.
-    /// Not safe to repeat: use [`incr_by_options`](Self::incr_by_options) with a
+    /// Not safe to repeat: use [`incr_by_once`](Self::incr_by_once) with a
     /// write id for that.
     ///
     /// # Errors
@@ -318,12 +344,11 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.incr_by_options(conn, token, delta, WriteOptions::new())
-            .await
+        self.incr_by_with(conn, token, delta, None).await
     }
 
-    /// [`incr_by`](Self::incr_by) with `options`. With a write id it is safe to
-    /// repeat: the resource adds `delta` at most once under `token`, and a repeat
+    /// [`incr_by`](Self::incr_by) with the write id `id`, safe to repeat with the same
+    /// id: the resource adds `delta` at most once under `token`, and a repeat
     /// of an applied write carries the value that write made.
     ///
     /// # Errors
@@ -336,17 +361,30 @@ impl FencedKey {
     /// # Cancel safety
     ///
     /// As [`FencedKey::set`].
-    pub async fn incr_by_options<C>(
+    pub async fn incr_by_once<C>(
         &self,
         conn: &mut C,
         token: impl Into<FencingToken>,
         delta: i64,
-        options: WriteOptions,
+        id: WriteId,
     ) -> Result<Fenced<i64>>
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), options, "incrby", |s| {
+        self.incr_by_with(conn, token, delta, Some(id)).await
+    }
+
+    async fn incr_by_with<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        delta: i64,
+        write_id: Option<WriteId>,
+    ) -> Result<Fenced<i64>>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), write_id, "incrby", |s| {
             s.arg(delta);
         })
         .await
@@ -373,26 +411,40 @@ impl FencedKey {
         F: ToRedisArgs,
         V: ToRedisArgs,
     {
-        self.hset_options(conn, token, fields, WriteOptions::new())
-            .await
+        self.hset_with(conn, token, fields, None).await
     }
 
-    /// [`hset`](Self::hset) with `options`: with a write id, safe to repeat.
+    /// [`hset`](Self::hset) with the write id `id`: safe to repeat with the same id.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] when `fields` is empty; otherwise as
-    /// [`FencedKey::incr_by_options`].
+    /// [`FencedKey::incr_by_once`].
     ///
     /// # Cancel safety
     ///
     /// As [`FencedKey::set`].
-    pub async fn hset_options<C, F, V>(
+    pub async fn hset_once<C, F, V>(
         &self,
         conn: &mut C,
         token: impl Into<FencingToken>,
         fields: impl IntoIterator<Item = (F, V)>,
-        options: WriteOptions,
+        id: WriteId,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+        F: ToRedisArgs,
+        V: ToRedisArgs,
+    {
+        self.hset_with(conn, token, fields, Some(id)).await
+    }
+
+    async fn hset_with<C, F, V>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        fields: impl IntoIterator<Item = (F, V)>,
+        write_id: Option<WriteId>,
     ) -> Result<Fenced>
     where
         C: ConnectionLike + Send,
@@ -411,7 +463,7 @@ impl FencedKey {
                 ),
             });
         }
-        self.run(conn, token.into(), options, "hset", |s| {
+        self.run(conn, token.into(), write_id, "hset", |s| {
             for (field, value) in &pairs {
                 s.arg(field).arg(value);
             }
@@ -434,28 +486,40 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.delete_options(conn, token, WriteOptions::new()).await
+        self.delete_with(conn, token, None).await
     }
 
-    /// [`delete`](Self::delete) with `options`: with a write id, safe to repeat.
+    /// [`delete`](Self::delete) with the write id `id`: safe to repeat with the same id.
     ///
     /// # Errors
     ///
-    /// As [`FencedKey::incr_by_options`].
+    /// As [`FencedKey::incr_by_once`].
     ///
     /// # Cancel safety
     ///
     /// As [`FencedKey::set`].
-    pub async fn delete_options<C>(
+    pub async fn delete_once<C>(
         &self,
         conn: &mut C,
         token: impl Into<FencingToken>,
-        options: WriteOptions,
+        id: WriteId,
     ) -> Result<Fenced>
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), options, "del", |_| {})
+        self.delete_with(conn, token, Some(id)).await
+    }
+
+    async fn delete_with<C>(
+        &self,
+        conn: &mut C,
+        token: impl Into<FencingToken>,
+        write_id: Option<WriteId>,
+    ) -> Result<Fenced>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.run(conn, token.into(), write_id, "del", |_| {})
             .await
             .map(|f| f.map(drop))
     }
@@ -476,7 +540,7 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        self.run(conn, token.into(), WriteOptions::new(), "advance", |_| {})
+        self.run(conn, token.into(), None, "advance", |_| {})
             .await
             .map(|f| f.map(drop))
     }
@@ -545,7 +609,7 @@ impl FencedKey {
         &self,
         conn: &mut C,
         token: FencingToken,
-        options: WriteOptions,
+        write_id: Option<WriteId>,
         op: &str,
         args: impl FnOnce(&mut redis::ScriptInvocation<'static>),
     ) -> Result<Fenced<i64>>
@@ -555,18 +619,13 @@ impl FencedKey {
         let mut invocation = FENCED.prepare_invoke();
         invocation.key(&self.resource[..]).key(&self.fence[..]);
         // The record is named only with an id: a write without one never touches it.
-        if options.write_id.is_some() {
+        if write_id.is_some() {
             invocation.key(&self.writes[..]);
         }
         invocation
             .arg(token.epoch)
             .arg(token.seq)
-            .arg(
-                options
-                    .write_id
-                    .map(|id| id.to_string())
-                    .unwrap_or_default(),
-            )
+            .arg(write_id.map(|id| id.to_string()).unwrap_or_default())
             .arg(op);
         args(&mut invocation);
         let reply: Value = invocation

@@ -1,4 +1,4 @@
-//! [`WriteId`] and [`WriteOptions`]: what makes a fenced write safe to repeat.
+//! [`WriteId`]: what makes a fenced write safe to repeat.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,7 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Names one logical write, so that the resource applies it at most once however
 /// often it is sent: make one with [`WriteId::next`] before the first attempt and
-/// send the same id with every repeat (through [`WriteOptions::write_id`]).
+/// send the same id with every repeat (the `*_once` methods of
+/// [`FencedKey`](crate::fence::FencedKey)).
 ///
 /// The resource keeps, per fencing token, the ids it has applied (the newest 64
 /// by id order; see [`FencedKey`](crate::fence::FencedKey)'s "Repeating a write"),
@@ -62,37 +63,6 @@ impl fmt::Display for WriteId {
     /// 16 lowercase hex digits, as the resource records it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}", self.0)
-    }
-}
-
-/// Options of one fenced write (the `*_options` methods of
-/// [`FencedKey`](crate::fence::FencedKey)); the default is a write without a
-/// write id, as the plain methods make.
-///
-/// ```
-/// use lockflight::fence::{WriteId, WriteOptions};
-///
-/// // Chosen once per logical write, sent with every attempt.
-/// let once = WriteOptions::new().write_id(WriteId::next());
-/// # let _ = once;
-/// ```
-#[must_use]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct WriteOptions {
-    pub(crate) write_id: Option<WriteId>,
-}
-
-impl WriteOptions {
-    /// No options: a write without a write id.
-    pub fn new() -> WriteOptions {
-        WriteOptions::default()
-    }
-
-    /// Sends `id` with the write: the resource applies a write with this id at most
-    /// once under a token, and answers a repeat with the first outcome.
-    pub fn write_id(mut self, id: WriteId) -> WriteOptions {
-        self.write_id = Some(id);
-        self
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lockflight::RedisBackend;
-use lockflight::fence::{Fenced, FencedKey, WriteId, WriteOptions};
+use lockflight::fence::{Fenced, FencedKey, WriteId};
 use testkit::cluster::Cluster;
 use testkit::{subscribed, unique_prefix};
 
@@ -53,10 +53,10 @@ async fn fenced_writes_on_a_cluster_refuse_an_older_holder() {
             stale(old, second.fencing_token()).map(|()| 0)
         );
         // A write with an id, repeated: applied once, answered the same.
-        let once = WriteOptions::new().write_id(WriteId::next());
+        let once = WriteId::next();
         for _ in 0..2 {
             assert_eq!(
-                key.incr_by_options(&mut data, &second, 10, once)
+                key.incr_by_once(&mut data, &second, 10, once)
                     .await
                     .unwrap(),
                 Fenced::Applied(15)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockflight::fence::{Fenced, FencedKey, WriteId, WriteOptions};
+use lockflight::fence::{Fenced, FencedKey, WriteId};
 use lockflight::{Error, FencingToken, RedisBackend};
 use testkit::{shared, unique_prefix};
 
@@ -218,13 +218,10 @@ async fn incr_by_reports_values_beyond_2_pow_53_exactly() {
         counter.incr_by(&mut data, t, big).await.unwrap(),
         Fenced::Applied(big)
     );
-    let once = WriteOptions::new().write_id(WriteId::next());
+    let once = WriteId::next();
     for _ in 0..2 {
         assert_eq!(
-            counter
-                .incr_by_options(&mut data, t, 2, once)
-                .await
-                .unwrap(),
+            counter.incr_by_once(&mut data, t, 2, once).await.unwrap(),
             Fenced::Applied(big + 2)
         );
     }

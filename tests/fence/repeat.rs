@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockflight::fence::{Fenced, FencedKey, WriteId, WriteOptions};
+use lockflight::fence::{Fenced, FencedKey, WriteId};
 use lockflight::{Error, FencingToken};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy};
@@ -14,8 +14,8 @@ use testkit::{RedisServer, shared, unique_prefix};
 use crate::stale;
 
 /// The write `id` (a small number, so that the record's fields read plainly).
-fn with_id(id: u64) -> WriteOptions {
-    WriteOptions::new().write_id(WriteId::from(id))
+fn with_id(id: u64) -> WriteId {
+    WriteId::from(id)
 }
 
 /// Matches the fenced-write script run on `resource` (its first key).
@@ -41,16 +41,16 @@ async fn record(con: &mut MultiplexedConnection, key: &FencedKey) -> Vec<(String
     fields
 }
 
-/// `incr_by_options` until it is answered with something other than a transient
+/// `incr_by_once` until it is answered with something other than a transient
 /// error (the connection is re-made meanwhile), at most 100 times.
 async fn incr_until_answered<C: ConnectionLike + Send>(
     key: &FencedKey,
     conn: &mut C,
     token: FencingToken,
-    options: WriteOptions,
+    options: WriteId,
 ) -> lockflight::Result<Fenced<i64>> {
     for _ in 0..100 {
-        match key.incr_by_options(conn, token, 1, options).await {
+        match key.incr_by_once(conn, token, 1, options).await {
             Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
             outcome => return outcome,
         }
@@ -69,9 +69,9 @@ async fn a_repeated_incr_by_after_a_lost_reply_applies_once() {
     let mut data = redis::aio::ConnectionManager::new(client).await.unwrap();
 
     // The server applies the write; its reply is lost with the connection.
-    let once = WriteOptions::new().write_id(WriteId::next());
+    let once = WriteId::next();
     proxy.drop_replies(script_on(counter.name()), 1);
-    let first = counter.incr_by_options(&mut data, token, 1, once).await;
+    let first = counter.incr_by_once(&mut data, token, 1, once).await;
     assert!(matches!(&first, Err(e) if e.is_transient()), "{first:?}");
     assert_eq!(proxy.dropped(), 1);
 
@@ -112,16 +112,14 @@ async fn a_repeat_sent_while_the_first_attempt_waits_applies_once() {
             .is_applied()
     );
 
-    let once = WriteOptions::new().write_id(WriteId::next());
+    let once = WriteId::next();
     server.pause();
     let mut first_conn = impatient.clone();
-    let first = counter
-        .incr_by_options(&mut first_conn, token, 1, once)
-        .await;
+    let first = counter.incr_by_once(&mut first_conn, token, 1, once).await;
     assert!(matches!(&first, Err(e) if e.is_transient()), "{first:?}");
     let repeat = tokio::spawn({
         let (counter, mut patient) = (counter.clone(), patient.clone());
-        async move { counter.incr_by_options(&mut patient, token, 1, once).await }
+        async move { counter.incr_by_once(&mut patient, token, 1, once).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.resume();
@@ -137,21 +135,18 @@ async fn writes_with_different_ids_in_one_section_both_apply() {
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
     let t = FencingToken { epoch: 9, seq: 2 };
 
-    let (a, b) = (
-        WriteOptions::new().write_id(WriteId::next()),
-        WriteOptions::new().write_id(WriteId::next()),
-    );
+    let (a, b) = (WriteId::next(), WriteId::next());
     assert_eq!(
-        counter.incr_by_options(&mut con, t, 1, a).await.unwrap(),
+        counter.incr_by_once(&mut con, t, 1, a).await.unwrap(),
         Fenced::Applied(1)
     );
     assert_eq!(
-        counter.incr_by_options(&mut con, t, 5, b).await.unwrap(),
+        counter.incr_by_once(&mut con, t, 5, b).await.unwrap(),
         Fenced::Applied(6)
     );
     // A late repeat of the first is answered as the first was, and adds nothing.
     assert_eq!(
-        counter.incr_by_options(&mut con, t, 1, a).await.unwrap(),
+        counter.incr_by_once(&mut con, t, 1, a).await.unwrap(),
         Fenced::Applied(1)
     );
     // A write without an id is a new write, and leaves the record alone.
@@ -169,32 +164,32 @@ async fn writes_with_different_ids_in_one_section_both_apply() {
     let doc = FencedKey::new(format!("{prefix}:doc")).unwrap();
     let (first, second) = (with_id(10), with_id(11));
     for (options, value) in [(first, "one"), (second, "two"), (first, "one")] {
-        let outcome = doc.set_options(&mut con, t, value, options).await.unwrap();
+        let outcome = doc.set_once(&mut con, t, value, options).await.unwrap();
         assert_eq!(outcome, Fenced::Applied(()));
     }
     assert_eq!(get::<String>(&mut con, doc.name()).await, "two");
     let fields = [("f", "v")];
     assert!(
-        doc.delete_options(&mut con, t, with_id(12))
+        doc.delete_once(&mut con, t, with_id(12))
             .await
             .unwrap()
             .is_applied()
     );
     assert!(
-        doc.hset_options(&mut con, t, fields, with_id(13))
+        doc.hset_once(&mut con, t, fields, with_id(13))
             .await
             .unwrap()
             .is_applied()
     );
     assert!(
-        doc.delete_options(&mut con, t, with_id(12))
+        doc.delete_once(&mut con, t, with_id(12))
             .await
             .unwrap()
             .is_applied()
     );
     let ttl = Duration::from_secs(60);
     let late = doc
-        .set_with_ttl_options(&mut con, t, "late", ttl, with_id(11))
+        .set_with_ttl_once(&mut con, t, "late", ttl, with_id(11))
         .await;
     assert_eq!(late.unwrap(), Fenced::Applied(()));
     let kind: String = redis::cmd("TYPE")
@@ -221,14 +216,14 @@ async fn a_newer_tokens_write_replaces_the_record_and_an_older_token_is_stale() 
 
     assert!(
         counter
-            .incr_by_options(&mut con, t1, 1, with_id(1))
+            .incr_by_once(&mut con, t1, 1, with_id(1))
             .await
             .unwrap()
             .is_applied()
     );
     assert!(
         counter
-            .incr_by_options(&mut con, t2, 1, with_id(2))
+            .incr_by_once(&mut con, t2, 1, with_id(2))
             .await
             .unwrap()
             .is_applied()
@@ -251,7 +246,7 @@ async fn a_newer_tokens_write_replaces_the_record_and_an_older_token_is_stale() 
     for id in [1, 3] {
         assert_eq!(
             counter
-                .incr_by_options(&mut con, t1, 1, with_id(id))
+                .incr_by_once(&mut con, t1, 1, with_id(id))
                 .await
                 .unwrap(),
             stale(t1, t2).map(|()| 0)
@@ -269,7 +264,7 @@ async fn a_newer_tokens_write_replaces_the_record_and_an_older_token_is_stale() 
     );
     assert_eq!(
         counter
-            .incr_by_options(&mut con, t3, 1, with_id(2))
+            .incr_by_once(&mut con, t3, 1, with_id(2))
             .await
             .unwrap(),
         Fenced::Applied(4)
@@ -292,7 +287,7 @@ async fn ids_older_than_the_record_keeps_are_refused_never_applied() {
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
     let t = FencingToken { epoch: 4, seq: 0 };
     for id in 1..=97 {
-        let outcome = counter.incr_by_options(&mut con, t, 1, with_id(id)).await;
+        let outcome = counter.incr_by_once(&mut con, t, 1, with_id(id)).await;
         assert_eq!(outcome.unwrap(), Fenced::Applied(id as i64));
     }
     // 97 ids are more than the record holds: it keeps the 64 newest (34..=97).
@@ -303,7 +298,7 @@ async fn ids_older_than_the_record_keeps_are_refused_never_applied() {
     // An applied id that was dropped, and an id never seen below the mark: refused.
     for id in [10, 33] {
         let e = counter
-            .incr_by_options(&mut con, t, 1, with_id(id))
+            .incr_by_once(&mut con, t, 1, with_id(id))
             .await
             .unwrap_err();
         assert!(
@@ -320,14 +315,14 @@ async fn ids_older_than_the_record_keeps_are_refused_never_applied() {
     // The kept ones are still answered; newer ones apply.
     assert_eq!(
         counter
-            .incr_by_options(&mut con, t, 1, with_id(34))
+            .incr_by_once(&mut con, t, 1, with_id(34))
             .await
             .unwrap(),
         Fenced::Applied(34)
     );
     assert_eq!(
         counter
-            .incr_by_options(&mut con, t, 1, with_id(98))
+            .incr_by_once(&mut con, t, 1, with_id(98))
             .await
             .unwrap(),
         Fenced::Applied(98)
@@ -350,7 +345,7 @@ async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
         .await
         .unwrap();
     let e = key
-        .set_options(&mut con, t, "v", with_id(1))
+        .set_once(&mut con, t, "v", with_id(1))
         .await
         .unwrap_err();
     assert!(matches!(&e, Error::ForeignValue { .. }), "{e}");
@@ -371,7 +366,7 @@ async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
         .await
         .unwrap();
     let e = text
-        .incr_by_options(&mut con, t, 1, with_id(1))
+        .incr_by_once(&mut con, t, 1, with_id(1))
         .await
         .unwrap_err();
     assert!(
@@ -381,15 +376,13 @@ async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
     assert!(record(&mut con, &text).await.is_empty());
     assert_eq!(text.last_token(&mut con).await.unwrap(), None);
     assert!(
-        text.set_options(&mut con, t, 41, with_id(2))
+        text.set_once(&mut con, t, 41, with_id(2))
             .await
             .unwrap()
             .is_applied()
     );
     assert_eq!(
-        text.incr_by_options(&mut con, t, 1, with_id(1))
-            .await
-            .unwrap(),
+        text.incr_by_once(&mut con, t, 1, with_id(1)).await.unwrap(),
         Fenced::Applied(42)
     );
 
@@ -402,7 +395,7 @@ async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
         .await
         .unwrap();
     let e = list
-        .incr_by_options(&mut con, t, 1, with_id(1))
+        .incr_by_once(&mut con, t, 1, with_id(1))
         .await
         .unwrap_err();
     assert!(matches!(&e, Error::ForeignValue { .. }), "{e}");
@@ -421,7 +414,7 @@ async fn out_of_memory_refuses_the_whole_write_and_repeats_are_still_answered() 
     let applied = with_id(1);
     assert!(
         counter
-            .incr_by_options(&mut con, t, 1, applied)
+            .incr_by_once(&mut con, t, 1, applied)
             .await
             .unwrap()
             .is_applied()
@@ -438,7 +431,7 @@ async fn out_of_memory_refuses_the_whole_write_and_repeats_are_still_answered() 
     }
     let fresh = FencedKey::new("fresh").unwrap();
     let e = fresh
-        .incr_by_options(&mut con, t, 1, with_id(2))
+        .incr_by_once(&mut con, t, 1, with_id(2))
         .await
         .unwrap_err();
     assert!(
@@ -446,7 +439,7 @@ async fn out_of_memory_refuses_the_whole_write_and_repeats_are_still_answered() 
         "{e}"
     );
     let e = counter
-        .incr_by_options(&mut con, t, 1, with_id(2))
+        .incr_by_once(&mut con, t, 1, with_id(2))
         .await
         .unwrap_err();
     assert!(
@@ -454,10 +447,7 @@ async fn out_of_memory_refuses_the_whole_write_and_repeats_are_still_answered() 
         "{e}"
     );
     assert_eq!(
-        counter
-            .incr_by_options(&mut con, t, 1, applied)
-            .await
-            .unwrap(),
+        counter.incr_by_once(&mut con, t, 1, applied).await.unwrap(),
         Fenced::Applied(1)
     );
     let _: () = redis::cmd("CONFIG")
