@@ -144,4 +144,4 @@ pub use crate::key::{KeyExtractor, NoKey};
 pub use key_from::KeyFrom;
 pub use layer::{LockLayer, MissingKey};
 pub use service::LockService;
-pub use shared_response::{SharedBody, SharedResponseLayer, SharedResponseService};
+pub use shared_response::{SharedResponseLayer, SharedResponseService};

@@ -1,9 +1,7 @@
 //! [`SharedResponseLayer`]: concurrent identical reads share one response.
 
-mod body;
 mod service;
 
-pub use body::SharedBody;
 pub use service::SharedResponseService;
 
 use tower_layer::Layer;

@@ -9,13 +9,15 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::body::SharedBody;
 use crate::key::KeyExtractor;
 use crate::locker::Locker;
+use http_body_util::Either;
 use tower::BoxError;
 
 /// Shares one response among concurrent identical requests; see
-/// [`SharedResponseLayer`](super::SharedResponseLayer).
+/// [`SharedResponseLayer`](super::SharedResponseLayer). A response's body is
+/// `Either::Left` (a copy of the shared, buffered body) or `Either::Right` (the
+/// inner service's own body, untouched), `http_body_util::Either`.
 ///
 /// # Readiness
 ///
@@ -94,7 +96,7 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    type Response = http::Response<SharedBody<ResB>>;
+    type Response = http::Response<Either<Full<Bytes>, ResB>>;
     type Error = BoxError;
     type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
 
@@ -113,7 +115,7 @@ where
         else {
             return Box::pin(async move {
                 let res = service.oneshot(req).await.map_err(Into::into)?;
-                Ok(res.map(SharedBody::Original))
+                Ok(res.map(Either::Right))
             });
         };
         let locker = self.locker.clone();
@@ -165,7 +167,7 @@ where
                     headers,
                     body,
                 } => {
-                    let mut res = http::Response::new(SharedBody::Shared(Full::new(body)));
+                    let mut res = http::Response::new(Either::Left(Full::new(body)));
                     *res.status_mut() = status;
                     *res.version_mut() = version;
                     *res.headers_mut() = headers;
@@ -174,7 +176,7 @@ where
                 FlightOutcome::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
                 FlightOutcome::Bypass => {
                     if let Some(res) = own {
-                        return Ok(res.map(SharedBody::Original));
+                        return Ok(res.map(Either::Right));
                     }
                     // Our closure never ran: run our own request, under the lock
                     // like every read of this layer.
@@ -186,7 +188,7 @@ where
                             service.oneshot(req).await.map_err(Into::into)
                         })
                         .await??;
-                    Ok(res.map(SharedBody::Original))
+                    Ok(res.map(Either::Right))
                 }
             }
         })
