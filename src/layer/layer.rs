@@ -7,17 +7,9 @@ use crate::locker::{LockOptions, Locker};
 
 /// What [`LockService`] does with a request whose key extractor finds no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Refuse the request without calling the handler (the default): the layer
-    /// fails with [`Error::InvalidKey`](crate::Error::InvalidKey) when the request
-    /// lacks what the key is made of (`400 invalid_key` with the `axum` feature),
-    /// or [`Error::InvalidConfig`](crate::Error::InvalidConfig) when the route
-    /// cannot yield a key at all (`500 invalid_config`), and logs which route.
+pub(crate) enum MissingKey {
     #[default]
     Reject,
-    /// Run the handler **without any lock**. Only for routes where the lock is an
-    /// optimisation, never where it protects a write.
     RunUnlocked,
 }
 
@@ -118,9 +110,17 @@ impl<E> LockLayer<E> {
         self
     }
 
-    /// What to do with requests that have no key (default: [`MissingKey::Reject`]).
-    pub fn missing_key(mut self, policy: MissingKey) -> Self {
-        self.settings.missing = policy;
+    /// Runs a request whose key is missing **without any lock**, instead of
+    /// refusing it. Only for routes where the lock is an optimisation, never
+    /// where it protects a write.
+    ///
+    /// By default such a request is refused without calling the handler: the
+    /// layer fails with [`Error::InvalidKey`](crate::Error::InvalidKey) when the
+    /// request lacks what the key is made of (`400 invalid_key` with the `axum`
+    /// feature), or [`Error::InvalidConfig`](crate::Error::InvalidConfig) when the
+    /// route cannot yield a key at all (`500 invalid_config`), and logs which route.
+    pub fn run_unlocked_without_key(mut self) -> Self {
+        self.settings.missing = MissingKey::RunUnlocked;
         self
     }
 

@@ -4,7 +4,7 @@
 //! * [`LockLayer`] wraps a service so that each request runs while holding the lock
 //!   of its key (found by a [`KeyExtractor`]; with axum, [`KeyFrom`] takes it
 //!   from the router's own path parameters). A request without a key is refused
-//!   ([`MissingKey`]). What happens when the lease is lost while the handler runs
+//!   (unless [`run_unlocked_without_key`](LockLayer::run_unlocked_without_key)). What happens when the lease is lost while the handler runs
 //!   depends on the locker's [`LossPolicy`](crate::LossPolicy), see
 //!   [Lease loss](#lease-loss).
 //! * [`Locked`] (feature `axum`), with [`LockLayer::lock_in_handler`], takes the
@@ -142,6 +142,6 @@ pub use problem::{PROBLEM_JSON, Problem};
 
 pub use crate::key::{KeyExtractor, NoKey};
 pub use key_from::KeyFrom;
-pub use layer::{LockLayer, MissingKey};
+pub use layer::LockLayer;
 pub use service::LockService;
 pub use shared_response::{SharedResponseLayer, SharedResponseService};

@@ -75,7 +75,7 @@ impl<B> WithLockInfo for http::Request<B> {
 ///
 /// The key is the extractor's ([`KeyExtractor::extract_key`]) after the layer's
 /// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose key is
-/// empty or whitespace only before the prefix, is refused (see [`MissingKey`]) and
+/// empty or whitespace only before the prefix, is refused (see [`LockLayer::run_unlocked_without_key`](super::LockLayer::run_unlocked_without_key)) and
 /// logged with its route: at `WARN` when the route cannot yield a key, at `INFO` when
 /// the request lacks it.
 ///
@@ -104,12 +104,13 @@ pub struct LockService<S, E> {
 }
 
 impl<S, E> LockService<S, E> {
-    /// Wraps `inner`: its requests lock with `locker`, keyed by `extractor`, and
-    /// requests without a key follow `missing`.
-    pub fn new(inner: S, locker: Locker, extractor: E, missing: MissingKey) -> Self {
+    /// Wraps `inner`: its requests lock with `locker`, keyed by `extractor`;
+    /// requests without a key are refused (as [`LockLayer`](super::LockLayer)
+    /// makes it by default).
+    pub fn new(inner: S, locker: Locker, extractor: E) -> Self {
         let settings = Settings {
             locker,
-            missing,
+            missing: MissingKey::Reject,
             options: LockOptions::default(),
             prefix: None,
             acquire: Acquire::default(),
@@ -197,7 +198,7 @@ where
                 let route = req.route();
                 return match settings.missing {
                     MissingKey::RunUnlocked => {
-                        tracing::debug!(route, reason = %no_key, "lockflight: no lock key; running unlocked (MissingKey::RunUnlocked)");
+                        tracing::debug!(route, reason = %no_key, "lockflight: no lock key; running unlocked (run_unlocked_without_key)");
                         ResponseFuture::passing(inner, req)
                     }
                     MissingKey::Reject => ResponseFuture::failed(refusal(&no_key, &route)),

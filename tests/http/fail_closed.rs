@@ -10,7 +10,7 @@ use axum::routing::post;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockflight::guard::LockInfo;
-use lockflight::layer::{KeyFrom, LockLayer, MissingKey};
+use lockflight::layer::{KeyFrom, LockLayer};
 
 use super::support::{Logs, redis_locker, serve};
 
@@ -89,7 +89,7 @@ async fn a_request_without_its_key_is_refused_with_400_unless_unlocked_is_asked_
         .merge(
             Router::new().route("/lenient", counted(&runs)).route_layer(
                 LockLayer::new(locker.clone(), header())
-                    .missing_key(MissingKey::RunUnlocked)
+                    .run_unlocked_without_key()
                     .handle_errors(),
             ),
         );

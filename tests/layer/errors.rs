@@ -64,7 +64,7 @@ async fn requests_without_a_key_follow_the_policy() {
 
     // Unlocked only when asked for.
     let pass = LockLayer::new(locker.clone(), sku_header())
-        .missing_key(MissingKey::RunUnlocked)
+        .run_unlocked_without_key()
         .layer(inner);
     assert!(
         !pass.oneshot(request(None)).await.unwrap(),

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use lockflight::layer::{LockLayer, MissingKey, SharedResponseLayer};
+use lockflight::layer::{LockLayer, SharedResponseLayer};
 use lockflight::{
     Error, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo, layer::KeyFrom,
 };

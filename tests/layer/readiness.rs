@@ -33,7 +33,7 @@ async fn an_inner_readiness_error_fails_the_call_and_releases_the_lock() {
     assert!(becomes_free(&locker, "k").await, "lock still held");
     // Run unlocked (an explicit opt-in), the inner service is still driven ready.
     let unlocked = LockLayer::new(locker.clone(), sku_header())
-        .missing_key(MissingKey::RunUnlocked)
+        .run_unlocked_without_key()
         .layer(Broken);
     let err = unlocked.oneshot(request(None)).await.unwrap_err();
     assert_eq!(err.to_string(), "inner not ready");

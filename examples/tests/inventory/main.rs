@@ -31,7 +31,7 @@ use axum::routing::post;
 use client::Http;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use lockflight::layer::{KeyFrom, LockLayer, MissingKey};
+use lockflight::layer::{KeyFrom, LockLayer};
 use lockflight::{FencingToken, LockKey, Locker, MemoryBackend, RedisBackend, guard::LockInfo};
 use serde_json::json;
 use tower::ServiceExt;

@@ -292,7 +292,7 @@ async fn missing_key_follows_the_policy() {
         .build()
         .expect("locker");
     let runs = Arc::new(AtomicU64::new(0));
-    let router = |policy| {
+    let router = |layer: LockLayer<KeyFrom>| {
         let runs = Arc::clone(&runs);
         Router::new()
             .route(
@@ -302,12 +302,9 @@ async fn missing_key_follows_the_policy() {
                     if info.is_some() { "locked" } else { "unlocked" }
                 }),
             )
-            .route_layer(
-                LockLayer::new(locker.clone(), KeyFrom::path_param("sku"))
-                    .missing_key(policy)
-                    .handle_errors(),
-            )
+            .route_layer(layer.handle_errors())
     };
+    let layer = || LockLayer::new(locker.clone(), KeyFrom::path_param("sku"));
     let request = || {
         Request::post("/restock")
             .body(Body::empty())
@@ -315,14 +312,14 @@ async fn missing_key_follows_the_policy() {
     };
 
     // The default: refused. The route has no `{sku}`, so it is the route's fault.
-    let res = router(MissingKey::Reject)
+    let res = router(layer())
         .oneshot(request())
         .await
         .expect("infallible");
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::Relaxed), 0, "the handler must not run");
 
-    let res = router(MissingKey::RunUnlocked)
+    let res = router(layer().run_unlocked_without_key())
         .oneshot(request())
         .await
         .expect("infallible");
