@@ -32,7 +32,7 @@ type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
 /// background. If the lock is not obtained, the inner service is never polled.
 #[pin_project]
 #[must_use = "futures do nothing unless polled"]
-pub struct ResponseFuture<S, Req>
+pub(super) struct ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {

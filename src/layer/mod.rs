@@ -121,7 +121,7 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod edge;
-pub mod future;
+mod future;
 mod key_from;
 #[allow(clippy::module_inception)]
 mod layer;

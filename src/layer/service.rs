@@ -1,3 +1,5 @@
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll};
@@ -69,7 +71,8 @@ impl<B> WithLockInfo for http::Request<B> {
 /// inner service to readiness (hence `S: Clone`), then call it. A request waiting for a
 /// lock holds no inner capacity, and one that gets no lock never touches the inner
 /// service. Put load shedding or a concurrency limit *outside* this layer to bound how
-/// many requests wait (the locker's `max_waiters` bounds it per key).
+/// many requests wait (the locker's `max_waiters` bounds it per key). The future is
+/// boxed (one allocation per request, beside a lock round trip).
 ///
 /// # Keys
 ///
@@ -175,13 +178,14 @@ pub(crate) fn refusal(no_key: &NoKey, route: &str) -> Error {
 impl<S, E, Req> Service<Req> for LockService<S, E>
 where
     S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     E: KeyExtractor<Req>,
     Req: WithLockInfo + Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req>;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
 
     /// Always ready: the inner service is polled ready in the response future,
     /// once the lock is held (see [Readiness](LockService#readiness)).
@@ -189,7 +193,19 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Req) -> Self::Future {
+    fn call(&mut self, req: Req) -> Self::Future {
+        Box::pin(self.start(req))
+    }
+}
+
+impl<S, E> LockService<S, E> {
+    /// The response future of `req`, unboxed.
+    fn start<Req>(&mut self, mut req: Req) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req> + Clone + Send + 'static,
+        E: KeyExtractor<Req>,
+        Req: WithLockInfo + Send + 'static,
+    {
         let inner = self.inner.clone();
         let settings = &self.settings;
         let key = match self.key_of(&mut req) {
