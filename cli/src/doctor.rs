@@ -131,17 +131,17 @@ pub(crate) async fn run(
     let worst = print_checks("doctor", &shown, &checks, json);
     Ok(match worst {
         Verdict::Fail => EXIT_FAILED,
-        Verdict::Warn if strict => EXIT_FAILED,
+        Verdict::Warn | Verdict::Unknown if strict => EXIT_FAILED,
         _ => 0,
     })
 }
 
 /// `n` `TIME` calls: their round trips, sorted, and the server clock's offset
 /// from this machine's (µs, corrected by half the round trip) at the last one
-/// that answered.
-async fn clock_offset(conn: &mut MultiplexedConnection, n: usize) -> (Vec<Duration>, i64) {
+/// that answered; `None` when none answered (no `+time`).
+async fn clock_offset(conn: &mut MultiplexedConnection, n: usize) -> (Vec<Duration>, Option<i64>) {
     let mut rtts = Vec::new();
-    let mut offset = 0i64;
+    let mut offset = None;
     for _ in 0..n {
         let before = SystemTime::now();
         let sent = Instant::now();
@@ -155,7 +155,7 @@ async fn clock_offset(conn: &mut MultiplexedConnection, n: usize) -> (Vec<Durati
                 .map(|d| d.as_micros() as i64)
                 .unwrap_or(0)
                 + rtt.as_micros() as i64 / 2;
-            offset = server - local;
+            offset = Some(server - local);
         }
     }
     rtts.sort();
@@ -170,7 +170,7 @@ async fn check_server(
     replica_ack: Option<u32>,
     single: bool,
     json: bool,
-) -> Result<(Vec<Check>, i64), String> {
+) -> Result<(Vec<Check>, Option<i64>), String> {
     let bar = progress(9, json);
     bar.set_message(format!("connecting to {}", redact(url)));
     // Connecting authenticates; no command is needed (the minimal user may lack PING).
@@ -336,14 +336,14 @@ async fn check_server(
                     "noeviction: lock keys are never evicted (a full server refuses new locks, releases still work)",
                 )
             } else {
-                Check::warn(
+                Check::fail(
                     "maxmemory-policy",
                     format!("{policy} (maxmemory {limit}): an evicting policy can drop lock keys, and two holders then hold one key"),
                     "CONFIG SET maxmemory-policy noeviction (or a Redis of its own for the locks)",
                 )
             }
         }
-        Err(e) => Check::warn(
+        Err(e) => Check::unknown(
             "maxmemory-policy",
             format!("cannot read INFO memory: {e}"),
             "grant +info, or make sure maxmemory-policy is noeviction",
@@ -380,7 +380,7 @@ async fn check_server(
                 "CONFIG SET appendonly yes",
             ),
         },
-        Err(e) => Check::warn(
+        Err(e) => Check::unknown(
             "persistence",
             format!("cannot read INFO persistence: {e}"),
             "grant +info, or check persistence by hand",
@@ -521,13 +521,33 @@ fn latency_check(p50: Duration, max: Duration) -> Check {
 /// from the server's, so what matters is that the servers agree with each other
 /// (a failover to a node whose clock is behind can mint smaller epochs) and do not
 /// step; a large offset from this machine only hints at an unsynchronized clock.
-pub(crate) fn clock_check(offsets: &[(String, i64)]) -> Check {
-    let (Some(min), Some(max)) = (
-        offsets.iter().map(|(_, o)| *o).min(),
-        offsets.iter().map(|(_, o)| *o).max(),
-    ) else {
-        return Check::warn("clock", "no server clock was read", "grant +time");
-    };
+///
+/// A server whose clock could not be read (`None`: `TIME` refused) makes the
+/// verdict unknown: its clock may be anywhere.
+pub(crate) fn clock_check(offsets: &[(String, Option<i64>)]) -> Check {
+    let unread: Vec<&str> = offsets
+        .iter()
+        .filter(|(_, o)| o.is_none())
+        .map(|(node, _)| node.as_str())
+        .collect();
+    if !unread.is_empty() || offsets.is_empty() {
+        let which = if unread.is_empty() {
+            "no server".to_owned()
+        } else {
+            unread.join(", ")
+        };
+        return Check::unknown(
+            "clock",
+            format!("the clock of {which} could not be read (TIME was refused or failed)"),
+            "grant +time",
+        );
+    }
+    let offsets: Vec<(String, i64)> = offsets
+        .iter()
+        .filter_map(|(node, o)| o.map(|o| (node.clone(), o)))
+        .collect();
+    let min = offsets.iter().map(|(_, o)| *o).min().unwrap_or(0);
+    let max = offsets.iter().map(|(_, o)| *o).max().unwrap_or(0);
     let spread_ms = (max - min) / 1000;
     let worst_ms = offsets.iter().map(|(_, o)| o.abs()).max().unwrap_or(0) / 1000;
     let listing = offsets
@@ -563,7 +583,7 @@ mod tests {
     /// is tested with injected offsets.
     #[test]
     fn injected_clock_skews_get_their_verdicts() {
-        let node = |o: i64| ("n".to_owned(), o);
+        let node = |o: i64| ("n".to_owned(), Some(o));
         assert_eq!(
             clock_check(&[node(2_000), node(-3_000)]).verdict,
             Verdict::Pass
@@ -573,6 +593,11 @@ mod tests {
             Verdict::Fail
         );
         assert_eq!(clock_check(&[node(5_000_000)]).verdict, Verdict::Warn);
-        assert_eq!(clock_check(&[]).verdict, Verdict::Warn);
+        assert_eq!(clock_check(&[]).verdict, Verdict::Unknown);
+        // A clock that could not be read (no +time) is never a pass.
+        assert_eq!(
+            clock_check(&[node(0), ("m".to_owned(), None)]).verdict,
+            Verdict::Unknown
+        );
     }
 }

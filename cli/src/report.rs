@@ -2,10 +2,12 @@
 
 use serde_json::{Value, json};
 
-/// Pass, warn or fail.
+/// Pass, unknown (the data could not be read), warn or fail; in that order of
+/// severity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Verdict {
     Pass,
+    Unknown,
     Warn,
     Fail,
 }
@@ -14,6 +16,7 @@ impl Verdict {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
+            Verdict::Unknown => "unknown",
             Verdict::Warn => "warn",
             Verdict::Fail => "fail",
         }
@@ -47,6 +50,20 @@ impl Check {
         Check {
             id,
             verdict: Verdict::Warn,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    /// The data of the check could not be read; `fix` names what is missing.
+    pub(crate) fn unknown(
+        id: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check {
+            id,
+            verdict: Verdict::Unknown,
             detail: detail.into(),
             fix: Some(fix.into()),
         }
@@ -90,6 +107,7 @@ pub(crate) fn print_checks(title: &str, target: &str, checks: &[Check], json: bo
             "checks": checks.iter().map(Check::json).collect::<Vec<_>>(),
             "summary": {
                 "pass": count(Verdict::Pass),
+                "unknown": count(Verdict::Unknown),
                 "warn": count(Verdict::Warn),
                 "fail": count(Verdict::Fail),
                 "verdict": worst.as_str(),
@@ -99,14 +117,15 @@ pub(crate) fn print_checks(title: &str, target: &str, checks: &[Check], json: bo
     } else {
         println!("lockflight {title} {target}");
         for c in checks {
-            println!("  [{:<4}] {:<20} {}", c.verdict.as_str(), c.id, c.detail);
+            println!("  [{:<7}] {:<20} {}", c.verdict.as_str(), c.id, c.detail);
             if let Some(fix) = &c.fix {
-                println!("         {:<20} fix: {fix}", "");
+                println!("            {:<20} fix: {fix}", "");
             }
         }
         println!(
-            "{} passed, {} warnings, {} failed",
+            "{} passed, {} unknown, {} warnings, {} failed",
             count(Verdict::Pass),
+            count(Verdict::Unknown),
             count(Verdict::Warn),
             count(Verdict::Fail)
         );
