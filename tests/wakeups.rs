@@ -94,15 +94,13 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
 use lockflight::RedisBackend;
 
 async fn backend(url: &str, prefix: &str) -> RedisBackend {
-    let b = RedisBackend::builder(url)
+    RedisBackend::builder(url)
         .prefix(prefix)
         .claim_ttl(Duration::from_secs(30))
         .queue_entry_ttl(Duration::from_secs(30))
         .connect()
         .await
-        .unwrap();
-    assert!(testkit::wait_until(Duration::from_secs(5), || async { b.is_subscribed() }).await);
-    b
+        .unwrap()
 }
 
 /// The key of the claim tests and the TTL of their leases.
@@ -197,7 +195,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // queue entry.
     let mut con = server.connection().await;
     let entry: Option<String> = redis::cmd("ZSCORE")
-        .arg(testkit::queue_name(&b, &key))
+        .arg(testkit::names::queue(&prefix, &key))
         .arg(b.instance_id())
         .query_async(&mut con)
         .await
@@ -236,7 +234,7 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
         let (b_locker, key) = (b_locker.clone(), key.clone());
         async move { drop(b_locker.semaphore(&key, 1).acquire().await.expect("permit")) }
     });
-    let semaphore_queue = testkit::suffixed(&b.lock_name(&key), ":semq");
+    let semaphore_queue = testkit::suffixed(&testkit::names::lock(&prefix, &key), ":semq");
     let con = server.connection().await;
     assert!(
         testkit::wait_until(Duration::from_secs(10), || {
@@ -298,7 +296,7 @@ async fn channel_messages_wake_the_kind_they_name() {
     let short = Duration::from_millis(100);
     let mut publish = async |message: &[u8]| {
         let receivers: u32 = redis::cmd("PUBLISH")
-            .arg(b.channel())
+            .arg(testkit::names::channel(&prefix, b.instance_id()))
             .arg(message)
             .query_async(&mut con)
             .await
@@ -382,11 +380,11 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
 }
 
 /// Instance A's locker without coalescing (its backend too), and the key "herd",
-/// held by another instance.
+/// held by another instance, and the prefix.
 async fn naive_waiting_for_a_holder(
     server: &testkit::RedisServer,
     name: &str,
-) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard) {
+) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard, String) {
     let prefix = testkit::unique_prefix(name);
     let a = backend(&server.url(), &prefix).await;
     let naive = Locker::builder(a.clone())
@@ -399,7 +397,7 @@ async fn naive_waiting_for_a_holder(
         .unwrap();
     let key = LockKey::from("herd");
     let held = holder.lock(&key).await.unwrap();
-    (a, naive, key, held)
+    (a, naive, key, held, prefix)
 }
 
 /// Without coalescing every task of an instance competes at Redis on its own; a
@@ -412,7 +410,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
     const TASKS: u64 = 16;
     let server = testkit::shared();
     let _log = server.log_on_panic();
-    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one").await;
+    let (a, naive, key, held, _) = naive_waiting_for_a_holder(server, "wake-one").await;
     let inside = Arc::new(AtomicU32::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..TASKS {
@@ -467,7 +465,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     const TASKS: usize = 12;
     let server = testkit::shared();
     let _log = server.log_on_panic();
-    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
+    let (a, naive, key, held, prefix) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
     let mut waiters = Vec::new();
     for _ in 0..TASKS {
         let (naive, key) = (naive.clone(), key.clone());
@@ -500,7 +498,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     );
     let mut con = server.connection().await;
     let queued: Option<f64> = redis::cmd("ZSCORE")
-        .arg(testkit::queue_name(&a, &key))
+        .arg(testkit::names::queue(&prefix, &key))
         .arg(a.instance_id())
         .query_async(&mut con)
         .await

@@ -20,7 +20,7 @@ use tokio::sync::OnceCell;
 
 use testkit::cluster::Cluster;
 use testkit::sentinel::{MASTER, Sentinels};
-use testkit::{RedisServer, backend_at, shared, subscribed, unique_prefix};
+use testkit::{RedisServer, backend_at, shared, unique_prefix};
 
 /// Where the lockers of a cell keep their locks. The Redis topologies are started
 /// once per test binary, on first use, and shared by the cells (each under its own
@@ -113,12 +113,11 @@ impl Topology {
             Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
             Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
         };
-        let backend = builder
+        builder
             .prefix(prefix)
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"));
-        subscribed(backend).await
+            .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"))
     }
 
     /// Deletes the Redis `names` (all of one hash slot) behind the lockers' backs,

@@ -15,7 +15,7 @@ async fn release_with_foreign_token_deletes_nothing() {
         .cache_leases_for(Duration::ZERO)
         .build()
         .unwrap();
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     let mut con = server.connection().await;
 
     // Directly through the trait.

@@ -206,11 +206,11 @@ async fn a_batch_loses_exactly_the_leases_deleted_behind_the_holders_back() {
         if !doomed(i) {
             continue;
         }
-        let lock = backend.lock_name(key);
+        let lock = testkit::names::lock(&prefix, key);
         let name = match kind {
             LeaseKind::Read => [&lock[..], b":rd"].concat(),
             LeaseKind::Write => [&lock[..], b":wr"].concat(),
-            LeaseKind::Permit => backend.permits_name(key),
+            LeaseKind::Permit => testkit::names::permits(&prefix, key),
             _ => lock,
         };
         del(&mut con, &name).await;
@@ -294,7 +294,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     let mut con = server.connection().await;
     set_for_30s(
         &mut con,
-        &[&backend.lock_name(&foreign)[..], b":rd"].concat(),
+        &[&testkit::names::lock(&prefix, &foreign)[..], b":rd"].concat(),
         "x",
     )
     .await;
@@ -339,7 +339,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     assert!(matches!(batch[7], Ok(Extend::NotOwner)));
     del(
         &mut con,
-        &[&backend.lock_name(&foreign)[..], b":rd"].concat(),
+        &[&testkit::names::lock(&prefix, &foreign)[..], b":rd"].concat(),
     )
     .await;
     assert!(backend.release(&m, tokens[0]).await.unwrap().released);

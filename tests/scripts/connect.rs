@@ -60,7 +60,12 @@ async fn connect_checks_the_password() {
     let b = RedisBackend::connect(&format!("redis://:secretpw@127.0.0.1:{port}/"))
         .await
         .expect("the right password");
-    assert!(b.is_subscribed());
+    // connect() returns once its subscription is up.
+    let channel = testkit::names::channel(
+        lockflight::backend::RedisBackendBuilder::DEFAULT_PREFIX,
+        b.instance_id(),
+    );
+    assert_eq!(testkit::numsub(&mut admin, &channel).await, 1);
 }
 
 /// Every operation, with a second instance waiting and woken: holder and waiter

@@ -72,9 +72,9 @@ async fn uncontended_acquire_and_release_run_the_fast_paths() {
 /// clock stepped back) is continued from, a fence behind it jumps to the clock.
 #[tokio::test]
 async fn the_epoch_continues_a_fence_ahead_of_the_clock() {
-    let (_log, a, mut con) = one_instance("fence-ahead").await;
+    let (_log, a, mut con, prefix) = one_instance("fence-ahead").await;
     let key = LockKey::from("ahead");
-    let fence = name(&a, &key, ":fence");
+    let fence = name(&prefix, &key, ":fence");
     let (secs, micros): (u64, u64) = query(&mut con, &redis::cmd("TIME")).await;
     let ahead = (secs + 1_000) * 1_000_000 + micros;
     query::<()>(&mut con, redis::cmd("SET").arg(&fence).arg(ahead)).await;

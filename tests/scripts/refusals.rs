@@ -23,14 +23,17 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
         &mut admin,
         redis::cmd("ACL")
             .arg(&["SETUSER", "u", "resetchannels"])
-            .arg(format!("&{}", u.channel())),
+            .arg(format!(
+                "&{}",
+                testkit::names::channel(prefix, u.instance_id())
+            )),
     )
     .await;
     let key = LockKey::from("k");
     let (lock, queue, claim) = (
-        u.lock_name(&key),
-        name(&u, &key, ":wq"),
-        name(&u, &key, ":claim"),
+        testkit::names::lock(prefix, &key),
+        name(prefix, &key, ":wq"),
+        name(prefix, &key, ":claim"),
     );
 
     // Release.
@@ -92,7 +95,7 @@ async fn out_of_memory_is_refused_at_once() {
         other => panic!("expected Refused(OOM), got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(1));
-    assert!(!exists(&mut admin, &a.lock_name(&key)).await);
+    assert!(!exists(&mut admin, &testkit::names::lock("lfoom", &key)).await);
 }
 
 /// A read-only replica: acquire and extend answer `Refused { code: "READONLY" }`.
@@ -138,7 +141,7 @@ async fn a_read_only_replica_is_refused() {
     assert!(
         wait_until(Duration::from_secs(10), || {
             let mut admin = admin.clone();
-            let lock = r.lock_name(&key);
+            let lock = testkit::names::lock("lfro", &key);
             async move { exists(&mut admin, &lock).await }
         })
         .await,

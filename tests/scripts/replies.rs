@@ -12,7 +12,7 @@ async fn acquire_replies() {
     let b = connect(&server.url(), &prefix).await;
     let mut con = server.connection().await;
     let key = LockKey::from("k");
-    let lock = a.lock_name(&key);
+    let lock = testkit::names::lock(&prefix, &key);
     let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
 
     // Acquired.
@@ -35,7 +35,7 @@ async fn acquire_replies() {
         Acquire::Busy { retry_in } => assert!(retry_in <= Duration::from_secs(1), "{retry_in:?}"),
         other => panic!("expected Busy, got {other:?}"),
     }
-    let queue = name(&a, &key, ":wq");
+    let queue = name(&prefix, &key, ":wq");
     assert!(queued(&mut con, &queue, b.instance_id()).await);
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
@@ -54,14 +54,14 @@ async fn acquire_replies() {
 
     // Another type at the lock key (-1): reported, left alone.
     let key = LockKey::from("hash");
-    let lock = a.lock_name(&key);
+    let lock = testkit::names::lock(&prefix, &key);
     hset(&mut con, &lock, "f", "v").await;
     assert_foreign("acquire on a hash", a.acquire(&key, t1, TTL, true).await);
     assert!(hexists(&mut con, &lock, "f").await);
 
     // A string without a TTL (-2): reported, left alone.
     let key = LockKey::from("no-ttl");
-    let lock = a.lock_name(&key);
+    let lock = testkit::names::lock(&prefix, &key);
     query::<()>(&mut con, redis::cmd("SET").arg(&lock).arg("x")).await;
     assert_foreign(
         "acquire on a string without TTL",
@@ -86,13 +86,13 @@ async fn release_replies_and_records() {
         .unwrap();
     let mut con = server.connection().await;
     let key = LockKey::from("k");
-    let lock = a.lock_name(&key);
+    let lock = testkit::names::lock(&prefix, &key);
     let (t1, t2, t3) = (
         LeaseToken::random(),
         LeaseToken::random(),
         LeaseToken::random(),
     );
-    let record = name(&a, &key, &format!(":rel:{}", t1.to_hex()));
+    let record = name(&prefix, &key, &format!(":rel:{}", t1.to_hex()));
 
     epoch_of(a.acquire(&key, t1, TTL, true).await.unwrap());
     // Not ours: nothing deleted.
@@ -124,7 +124,7 @@ async fn release_replies_and_records() {
     // A foreign value at the record of a lease that is not held: refused, nothing
     // deleted.
     let t4 = LeaseToken::random();
-    let foreign = name(&a, &key, &format!(":rel:{}", t4.to_hex()));
+    let foreign = name(&prefix, &key, &format!(":rel:{}", t4.to_hex()));
     hset(&mut con, &foreign, "f", "v").await;
     set_for_30s(&mut con, &lock, &t2.to_hex()).await;
     assert_foreign(
@@ -162,9 +162,9 @@ async fn release_replies_and_records() {
 /// extend: extended (TTL re-armed, waiting count) / not the owner (nothing changed).
 #[tokio::test]
 async fn extend_replies() {
-    let (_log, a, mut con) = one_instance("extend-replies").await;
+    let (_log, a, mut con, prefix) = one_instance("extend-replies").await;
     let key = LockKey::from("k");
-    let lock = a.lock_name(&key);
+    let lock = testkit::names::lock(&prefix, &key);
     let t1 = LeaseToken::random();
 
     epoch_of(
@@ -172,7 +172,14 @@ async fn extend_replies() {
             .await
             .unwrap(),
     );
-    enqueue(&mut con, &name(&a, &key, ":wq"), "other", 1, LIVE_ENTRY).await;
+    enqueue(
+        &mut con,
+        &name(&prefix, &key, ":wq"),
+        "other",
+        1,
+        LIVE_ENTRY,
+    )
+    .await;
     assert_eq!(
         a.extend(&key, t1, TTL).await.unwrap(),
         Extend::Extended { waiting: 1 }
@@ -187,13 +194,20 @@ async fn extend_replies() {
     assert!(pttl(&mut con, &lock).await <= 30_000);
 }
 
-/// leave: the normal path removes the entry and passes a claim on; the
-/// only-if-claimed path changes nothing when the claim is not this instance's.
+/// leave: the normal path removes the entry and passes a claim on. The
+/// only-if-claimed path, which the notification task takes for a wake-up nobody at
+/// the instance waits for, changes nothing when the claim is not the instance's, and
+/// leaves, passing the claim on, when it is.
 #[tokio::test]
 async fn leave_replies() {
-    let (_log, a, mut con) = one_instance("leave-replies").await;
+    // A server of its own: its EVALSHA count is this instance's.
+    let server = RedisServer::start();
+    let _log = server.log_on_panic();
+    let prefix = testkit::unique_prefix("leave-replies");
+    let a = connect(&server.url(), &prefix).await;
+    let mut con = server.connection().await;
     let key = LockKey::from("k");
-    let (queue, claim) = (name(&a, &key, ":wq"), name(&a, &key, ":claim"));
+    let (queue, claim) = (name(&prefix, &key, ":wq"), name(&prefix, &key, ":claim"));
 
     // Normal: a queued instance holding the claim leaves; the claim passes on.
     enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
@@ -203,16 +217,40 @@ async fn leave_replies() {
     assert!(!queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 
-    // Only if claimed, and the claim is someone else's: nothing changes.
+    // A mutex wake-up for `k` on A's channel, where nobody waits for it.
+    let channel = testkit::names::channel(&prefix, a.instance_id());
+    let wake = async |con: &mut MultiplexedConnection| {
+        let receivers: i64 = query(con, redis::cmd("PUBLISH").arg(&channel).arg(b"\xFDk")).await;
+        assert_eq!(receivers, 1, "A is subscribed");
+    };
+
+    // Only if claimed, and the claim is someone else's: the leave script runs and
+    // changes nothing.
     enqueue(&mut con, &queue, a.instance_id(), 0, LIVE_ENTRY).await;
-    assert!(!a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
+    let scripts = testkit::evalsha_count(&mut con).await;
+    wake(&mut con).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let mut con = con.clone();
+            async move { testkit::evalsha_count(&mut con).await > scripts }
+        })
+        .await,
+        "the unwanted wake-up ran no script"
+    );
     assert!(queued(&mut con, &queue, a.instance_id()).await);
     assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 
-    // Only if claimed, and the claim is ours: left.
+    // Only if claimed, and the claim is ours: left, the claim passed on.
     set_for_30s(&mut con, &claim, a.instance_id()).await;
-    assert!(a.leave_if_claimed(&key).await.expect("leave_if_claimed"));
-    assert!(!queued(&mut con, &queue, a.instance_id()).await);
+    wake(&mut con).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (mut con, queue, id) = (con.clone(), &queue, a.instance_id());
+            async move { !queued(&mut con, queue, id).await }
+        })
+        .await,
+        "A kept its entry with an unwanted claim"
+    );
     assert_eq!(get_string(&mut con, &claim).await.as_deref(), Some("next"));
 }
 

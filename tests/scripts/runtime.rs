@@ -37,7 +37,7 @@ fn the_notifier_restarts_on_a_new_runtime() {
             .unwrap();
         let task = tokio::spawn(async move { locker.lock("k").await.map(drop) });
         let con = server.connection().await;
-        let queue = name(&holder, &key, ":wq");
+        let queue = name(&prefix, &key, ":wq");
         let id = waiter.instance_id().to_owned();
         assert!(
             wait_until(Duration::from_secs(10), || {

@@ -91,14 +91,6 @@ impl SemNames {
     }
 }
 
-impl RedisBackend {
-    /// The Redis name of the permit set of semaphore `key` (a sorted set: token →
-    /// expiry in ms); the count and waiting set are this name + `n`, `q`, `qx`.
-    pub fn permits_name(&self, key: &LockKey) -> Vec<u8> {
-        SemNames::new(&self.inner.prefix, key).permits
-    }
-}
-
 /// The reply of `lua/sem_acquire.lua`; `max_wait` bounds the retry delay.
 fn decode_acquire(
     key: &LockKey,
