@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockflight::backend::{Acquire, LeaseToken, LockKind};
+use lockflight::backend::{Acquire, LeaseToken, LockKind, WhenBusy};
 use lockflight::{
     Contention, Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
@@ -168,7 +168,7 @@ async fn no_barging_after_a_ttl_expiry() {
     let probe = testkit::names::lock(&prefix, &key);
     let ttl = Duration::from_millis(400);
     let Acquire::Acquired { .. } = frozen
-        .acquire(&key, LeaseToken::random(), ttl, false)
+        .acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
         .await
         .unwrap()
     else {
@@ -237,7 +237,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
         let probe = testkit::names::lock(&prefix, &key);
         assert!(matches!(
             frozen
-                .acquire(&key, LeaseToken::random(), ttl, false)
+                .acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -245,7 +245,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
         let token = LeaseToken::random();
         assert!(matches!(
             queued
-                .acquire_fair(&key, token, long, true, Duration::ZERO)
+                .acquire_fair(&key, token, long, WhenBusy::Queue, Duration::ZERO)
                 .await
                 .unwrap(),
             Acquire::Busy { .. }
@@ -283,7 +283,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
             "the queued instance was not woken"
         );
         let Acquire::Acquired { .. } = queued
-            .acquire_fair(&key, token, long, true, Duration::ZERO)
+            .acquire_fair(&key, token, long, WhenBusy::Queue, Duration::ZERO)
             .await
             .unwrap()
         else {

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry};
+use lockflight::backend::{
+    Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry, WhenBusy,
+};
 use lockflight::{Contention, LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
@@ -25,7 +27,7 @@ impl LockBackend for RacingRelease {
         key: &LockKey,
         _token: LeaseToken,
         _ttl: Duration,
-        _queue: bool,
+        _when_busy: WhenBusy,
     ) -> lockflight::Result<Acquire> {
         if self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
             self.wakeups.wake(LockKind::Mutex, key.as_bytes());
@@ -113,12 +115,14 @@ async fn claim_for_b(a: &RedisBackend, b: &RedisBackend) -> LeaseToken {
     let key = LockKey::from(CLAIMED);
     let held = LeaseToken::random();
     assert!(matches!(
-        a.acquire(&key, held, CLAIM_TEST_TTL, true).await.unwrap(),
+        a.acquire(&key, held, CLAIM_TEST_TTL, WhenBusy::Queue)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let b_token = LeaseToken::random();
     assert!(matches!(
-        b.acquire(&key, b_token, CLAIM_TEST_TTL, true)
+        b.acquire(&key, b_token, CLAIM_TEST_TTL, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -144,7 +148,7 @@ async fn an_unwanted_claim_is_passed_on() {
     let started = Instant::now();
     let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
-            c.acquire(&key, LeaseToken::random(), ttl, false)
+            c.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -172,12 +176,14 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // leader whose reply is in flight, so its notifier schedules an unwanted-claim
     // check) and A, which waits properly, queues for the key again.
     assert!(matches!(
-        b.acquire(&key, b_token, ttl, true).await.unwrap(),
+        b.acquire(&key, b_token, ttl, WhenBusy::Queue)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let _a_waits = a.wakeups().watch(LockKind::Mutex, &key);
     assert!(matches!(
-        a.acquire(&key, LeaseToken::random(), ttl, true)
+        a.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -185,7 +191,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // B releases (A gets the claim) and B queues again, not yet watching.
     assert!(b.release(&key, b_token).await.unwrap().released);
     assert!(matches!(
-        b.acquire(&key, LeaseToken::random(), ttl, true)
+        b.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -258,7 +264,7 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
     let started = Instant::now();
     let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
-            c.acquire(&key, LeaseToken::random(), ttl, false)
+            c.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -359,7 +365,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let token = LeaseToken::random();
     match backend
-        .acquire(&key, token, Duration::from_secs(30), true)
+        .acquire(&key, token, Duration::from_secs(30), WhenBusy::Queue)
         .await
         .unwrap()
     {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend};
+use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend, WhenBusy};
 use lockflight::guard::MultiGuard;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
@@ -304,13 +304,21 @@ impl Kind {
         Ok(match self {
             // `lock_many` is the mutex of each key at the backend.
             Kind::Mutex | Kind::Many => {
-                granted(LockBackend::acquire(backend, key, token, ttl, false).await?)
+                granted(LockBackend::acquire(backend, key, token, ttl, WhenBusy::Return).await?)
             }
-            Kind::Read => granted(backend.acquire_read(key, token, ttl, false).await?),
-            Kind::Write => granted(backend.acquire_write(key, token, ttl, false).await?),
+            Kind::Read => granted(
+                backend
+                    .acquire_read(key, token, ttl, WhenBusy::Return)
+                    .await?,
+            ),
+            Kind::Write => granted(
+                backend
+                    .acquire_write(key, token, ttl, WhenBusy::Return)
+                    .await?,
+            ),
             Kind::Permit => {
                 backend
-                    .acquire_permits(key, PERMITS, &[token], ttl, false)
+                    .acquire_permits(key, PERMITS, &[token], ttl, WhenBusy::Return)
                     .await?
                     .granted
                     == 1

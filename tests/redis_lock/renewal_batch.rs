@@ -3,7 +3,7 @@
 //! the answer its own renewal would get.
 
 use futures::StreamExt;
-use lockflight::backend::{LeaseKind, RenewItem};
+use lockflight::backend::{LeaseKind, RenewItem, WhenBusy};
 use testkit::Held;
 
 use super::*;
@@ -271,21 +271,28 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     );
     let tokens: Vec<LeaseToken> = (0..4).map(|_| LeaseToken::random()).collect();
     assert!(matches!(
-        backend.acquire(&m, tokens[0], ttl, false).await.unwrap(),
+        backend
+            .acquire(&m, tokens[0], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let rw = backend.rw().unwrap();
     assert!(matches!(
-        rw.acquire_read(&r, tokens[1], ttl, false).await.unwrap(),
+        rw.acquire_read(&r, tokens[1], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     assert!(matches!(
-        rw.acquire_write(&w, tokens[2], ttl, false).await.unwrap(),
+        rw.acquire_write(&w, tokens[2], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let sem = backend.semaphore().unwrap();
     assert_eq!(
-        sem.acquire_permits(&p, 2, &tokens[3..4], ttl, false)
+        sem.acquire_permits(&p, 2, &tokens[3..4], ttl, WhenBusy::Return)
             .await
             .unwrap()
             .granted,
@@ -361,9 +368,9 @@ impl LockBackend for PerLease {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> lockflight::Result<Acquire> {
-        self.0.acquire(key, token, ttl, queue).await
+        self.0.acquire(key, token, ttl, when_busy).await
     }
     async fn release(
         &self,

@@ -140,7 +140,7 @@ async fn a_lost_read_lease_signals_every_local_reader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     use lockflight::backend::LockBackend;
-    use lockflight::backend::{Acquire, LeaseToken};
+    use lockflight::backend::{Acquire, LeaseToken, WhenBusy};
 
     let (server, _log, prefix) = shared_scene("rw-crash");
     let entry_ttl = Duration::from_millis(600);
@@ -161,7 +161,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     let ttl = Duration::from_millis(400);
     let start = Instant::now();
     let granted = rw
-        .acquire_read(&key, LeaseToken::random(), ttl, false)
+        .acquire_read(&key, LeaseToken::random(), ttl, WhenBusy::Return)
         .await;
     assert!(
         matches!(granted, Ok(Acquire::Acquired { .. })),
@@ -186,7 +186,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     // A writer registered as waiting (behind a live reader), then gone.
     let reader = locker.rwlock("k").read().await.unwrap();
     let busy = rw
-        .acquire_write(&key, LeaseToken::random(), ttl, true)
+        .acquire_write(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
         .await;
     assert!(matches!(busy, Ok(Acquire::Busy { .. })), "{busy:?}");
     reader.release().await.unwrap();

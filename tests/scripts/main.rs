@@ -18,7 +18,7 @@ mod runtime;
 
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
+use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use testkit::{

@@ -30,7 +30,8 @@ async fn foreign_values_stop_acquire_before_any_write() {
         put_foreign(&mut con, &name(&prefix, &key, suffix), suffix).await;
         assert_foreign(
             &format!("acquire with a foreign value at {suffix}"),
-            a.acquire(&key, LeaseToken::random(), TTL, true).await,
+            a.acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+                .await,
         );
         assert!(
             !exists(&mut con, &testkit::names::lock(&prefix, &key)).await,
@@ -57,7 +58,7 @@ async fn foreign_values_stop_release_before_any_write() {
     for suffix in [":wq", ":wqx", ":claim"] {
         let key = LockKey::from(format!("release{suffix}"));
         let token = LeaseToken::random();
-        epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+        epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
         queue_beside_foreign_index(&mut con, &prefix, &key, suffix).await;
         put_foreign(&mut con, &name(&prefix, &key, suffix), suffix).await;
         assert_foreign(
@@ -78,7 +79,7 @@ async fn foreign_values_stop_extend_before_any_write() {
     let (_log, a, mut con, prefix) = one_instance("reads-first-extend").await;
     let key = LockKey::from("extend");
     let token = LeaseToken::random();
-    epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     put_foreign(&mut con, &name(&prefix, &key, ":wq"), ":wq").await;
     assert_foreign(
         "extend with a list at :wq",

@@ -38,7 +38,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
 
     // Release.
     let token = LeaseToken::random();
-    epoch_of(u.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(u.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     enqueue(&mut admin, &queue, "waiter", 1, LIVE_ENTRY).await;
     assert_eq!(
         u.release(&key, token).await.expect("release"),
@@ -63,7 +63,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     // The default user may publish anywhere: the claim is given.
     let d = connect(&server.url(), prefix).await;
     let token = LeaseToken::random();
-    epoch_of(d.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(d.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     assert!(d.release(&key, token).await.unwrap().released);
     assert_eq!(
         get_string(&mut admin, &claim).await.as_deref(),
@@ -90,7 +90,10 @@ async fn out_of_memory_is_refused_at_once() {
     .await;
     let key = LockKey::from("k");
     let started = Instant::now();
-    match a.acquire(&key, LeaseToken::random(), TTL, true).await {
+    match a
+        .acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+        .await
+    {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "OOM"),
         other => panic!("expected Refused(OOM), got {other:?}"),
     }
@@ -131,13 +134,16 @@ async fn a_read_only_replica_is_refused() {
     let key = LockKey::from("k");
     let token = LeaseToken::random();
 
-    match r.acquire(&key, LeaseToken::random(), TTL, true).await {
+    match r
+        .acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+        .await
+    {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "READONLY"),
         other => panic!("acquire: expected Refused(READONLY), got {other:?}"),
     }
 
     // A lease taken on the primary and replicated: renewing it on the replica.
-    epoch_of(p.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(p.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     assert!(
         wait_until(Duration::from_secs(10), || {
             let mut admin = admin.clone();

@@ -30,7 +30,12 @@ fn the_notifier_restarts_on_a_new_runtime() {
         let holder = connect(&server.url(), &prefix).await;
         let key = LockKey::from("k");
         let token = LeaseToken::random();
-        epoch_of(holder.acquire(&key, token, TTL, true).await.unwrap());
+        epoch_of(
+            holder
+                .acquire(&key, token, TTL, WhenBusy::Queue)
+                .await
+                .unwrap(),
+        );
         let locker = Locker::builder(waiter.clone())
             .wait_timeout(Duration::from_secs(60))
             .build()

@@ -62,7 +62,9 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry};
+use super::{
+    Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry, WhenBusy,
+};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -487,9 +489,9 @@ impl LockBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        self.inner.acquire(key, token, ttl, queue, None).await
+        self.inner.acquire(key, token, ttl, when_busy, None).await
     }
 
     /// The same script as [`acquire`](Self::acquire) with four more arguments: the
@@ -500,10 +502,12 @@ impl LockBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
-        self.inner.acquire(key, token, ttl, queue, Some(age)).await
+        self.inner
+            .acquire(key, token, ttl, when_busy, Some(age))
+            .await
     }
 
     fn supports_fair(&self) -> bool {
