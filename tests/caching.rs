@@ -28,7 +28,7 @@ async fn instance_with(
         .connect()
         .await
         .expect("connect");
-    let (backend, counts) = Counting::new(testkit::subscribed(backend).await);
+    let (backend, counts) = Counting::new(backend);
     let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(20))
@@ -78,15 +78,12 @@ async fn warm(a: &Locker, counts: Option<&Counts>, key: &str) {
 async fn cut_off_able(prefix: &str) -> (CountingProxy, Locker) {
     let proxy = CountingProxy::start(shared()).await;
     let a = Locker::builder(
-        testkit::subscribed(
-            RedisBackend::builder(proxy.url())
-                .prefix(prefix)
-                .response_timeout(Duration::from_millis(300))
-                .connect()
-                .await
-                .unwrap(),
-        )
-        .await,
+        RedisBackend::builder(proxy.url())
+            .prefix(prefix)
+            .response_timeout(Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
     )
     .lease_ttl(Duration::from_secs(1))
     .renew_every(Duration::from_millis(200))
@@ -265,7 +262,7 @@ async fn a_cached_lease_lost_meanwhile_is_not_handed_on() {
         .connect()
         .await
         .unwrap();
-    let (backend, counts) = Counting::new(testkit::subscribed(backend).await);
+    let (backend, counts) = Counting::new(backend);
     let a = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(2))
         .renew_every(Duration::from_millis(200))
@@ -595,7 +592,7 @@ async fn looping_child() {
     let Some((backend, key)) = testkit::holder_child_target(CHILD_ENV).await else {
         return;
     };
-    let locker = Locker::builder(testkit::subscribed(backend).await)
+    let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(30))
         .handoff(budget(Duration::from_secs(10)))
         .cache_leases_for(Duration::from_secs(10))
@@ -815,7 +812,7 @@ async fn pausable_child() {
     let Some((backend, key)) = testkit::holder_child_target(PAUSE_CHILD_ENV).await else {
         return;
     };
-    let locker = Locker::builder(testkit::subscribed(backend).await)
+    let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(20))
         .handoff(budget(Duration::from_secs(600)))
@@ -929,7 +926,7 @@ async fn crashing_waiter_child() {
     let Some((backend, key)) = testkit::holder_child_target(WAITER_CHILD_ENV).await else {
         return;
     };
-    let backend = testkit::subscribed(backend).await;
+    let backend = backend;
     testkit::tell_parent(&format!("LFCHILD ID {}", backend.instance_id()));
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_secs(60))
@@ -1006,14 +1003,11 @@ async fn shutdown_waits_for_background_releases() {
     let prefix = unique_prefix("cached-shutdown-background");
     let proxy = CountingProxy::start(shared()).await;
     let a = Locker::builder(
-        testkit::subscribed(
-            RedisBackend::builder(proxy.url())
-                .prefix(&prefix)
-                .connect()
-                .await
-                .unwrap(),
-        )
-        .await,
+        RedisBackend::builder(proxy.url())
+            .prefix(&prefix)
+            .connect()
+            .await
+            .unwrap(),
     )
     .build()
     .unwrap();

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
 use lockflight::{
     Error, Handoff, LockKey, Locker, LossPolicy, MemoryBackend, Result, backend::LockBackend,
     error::Phase,
@@ -88,12 +88,12 @@ impl LockBackend for Faulty {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         match self.next(|p| p.acquire.pop_front()) {
             Some(Fault::Acquire(reply)) => Ok(reply),
-            fault => apply(fault, self.inner.acquire(key, token, ttl, queue)).await,
+            fault => apply(fault, self.inner.acquire(key, token, ttl, when_busy)).await,
         }
     }
 

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockflight::backend::{Acquire, LeaseToken, LockKind};
+use lockflight::backend::{Acquire, LeaseToken, LockKind, WhenBusy};
 use lockflight::{
     Contention, Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
@@ -53,9 +53,8 @@ async fn redis_exists(name: &[u8]) -> bool {
         == 1
 }
 
-async fn queue_len(backend: &RedisBackend, key: &LockKey) -> i64 {
-    let mut name = backend.lock_name(key);
-    name.extend_from_slice(b":wq");
+async fn queue_len(prefix: &str, key: &LockKey) -> i64 {
+    let name = testkit::names::queue(prefix, key);
     let mut con = shared().connection().await;
     redis::cmd("ZCARD")
         .arg(name)
@@ -69,7 +68,7 @@ async fn queue_len(backend: &RedisBackend, key: &LockKey) -> i64 {
 /// previous one has called `lock`), then releases; every task holds for a few ms.
 /// Returns the order in which the tasks were granted the lock.
 async fn grant_order(
-    names: &RedisBackend,
+    prefix: &str,
     holder: &Locker,
     lockers: &[Locker],
     key: &LockKey,
@@ -99,7 +98,7 @@ async fn grant_order(
         .len();
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            queue_len(names, key).await == instances as i64
+            queue_len(prefix, key).await == instances as i64
         })
         .await,
         "the waiting instances never all queued"
@@ -121,8 +120,7 @@ async fn grants_follow_arrival_order_across_four_instances() {
     let url = server.url();
     let prefix = unique_prefix("fair-order");
     let key = LockKey::from("k");
-    let names = backend_at(&url, &prefix).await;
-    let holder = locker(names.clone(), true);
+    let holder = locker(backend_at(&url, &prefix).await, true);
     let fair = instances(&url, &prefix, 4, true).await;
     let patterns: [&[usize]; 4] = [
         &[0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3],
@@ -132,7 +130,7 @@ async fn grants_follow_arrival_order_across_four_instances() {
     ];
     for round in 0..3 {
         for (p, pattern) in patterns.iter().enumerate() {
-            let order = grant_order(&names, &holder, &fair, &key, pattern, GAP).await;
+            let order = grant_order(&prefix, &holder, &fair, &key, pattern, GAP).await;
             let arrival: Vec<usize> = (0..pattern.len()).collect();
             assert_eq!(
                 order, arrival,
@@ -144,10 +142,9 @@ async fn grants_follow_arrival_order_across_four_instances() {
     // The default mode, same scenario: instance 0's first task hands the lease to
     // its later tasks (4 and 8) ahead of the other instances' earlier ones.
     let prefix = unique_prefix("default-order");
-    let names = backend_at(&url, &prefix).await;
-    let holder = locker(names.clone(), false);
+    let holder = locker(backend_at(&url, &prefix).await, false);
     let default = instances(&url, &prefix, 4, false).await;
-    let order = grant_order(&names, &holder, &default, &key, patterns[0], GAP).await;
+    let order = grant_order(&prefix, &holder, &default, &key, patterns[0], GAP).await;
     println!("default mode grant order: {order:?}");
     assert_ne!(
         order,
@@ -168,10 +165,10 @@ async fn no_barging_after_a_ttl_expiry() {
     let key = LockKey::from("k");
     let frozen = backend_at(&url, &prefix).await;
     let waiting = backend_at(&url, &prefix).await;
-    let probe = frozen.lock_name(&key);
+    let probe = testkit::names::lock(&prefix, &key);
     let ttl = Duration::from_millis(400);
     let Acquire::Acquired { .. } = frozen
-        .acquire(&key, LeaseToken::random(), ttl, false)
+        .acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
         .await
         .unwrap()
     else {
@@ -193,7 +190,7 @@ async fn no_barging_after_a_ttl_expiry() {
     };
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            queue_len(&waiting, &key).await == 1
+            queue_len(&prefix, &key).await == 1
         })
         .await,
         "the waiting instance never queued"
@@ -237,10 +234,10 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
 
     for (name, fair_mode) in [("default", false), ("fair", true)] {
         let key = LockKey::from(name);
-        let probe = frozen.lock_name(&key);
+        let probe = testkit::names::lock(&prefix, &key);
         assert!(matches!(
             frozen
-                .acquire(&key, LeaseToken::random(), ttl, false)
+                .acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -248,7 +245,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
         let token = LeaseToken::random();
         assert!(matches!(
             queued
-                .acquire_fair(&key, token, long, true, Duration::ZERO)
+                .acquire_fair(&key, token, long, WhenBusy::Queue, Duration::ZERO)
                 .await
                 .unwrap(),
             Acquire::Busy { .. }
@@ -286,7 +283,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
             "the queued instance was not woken"
         );
         let Acquire::Acquired { .. } = queued
-            .acquire_fair(&key, token, long, true, Duration::ZERO)
+            .acquire_fair(&key, token, long, WhenBusy::Queue, Duration::ZERO)
             .await
             .unwrap()
         else {
@@ -313,7 +310,6 @@ async fn handoff_respects_arrival_order() {
     for (fair_mode, local_first) in [(true, false), (true, true), (false, false)] {
         let prefix = unique_prefix("fair-handoff");
         let key = LockKey::from("k");
-        let names = backend_at(&url, &prefix).await;
         let lockers = instances(&url, &prefix, 2, fair_mode).await;
         let (home, remote) = (&lockers[0], &lockers[1]);
         let guard = home.lock(&key).await.unwrap();
@@ -339,7 +335,7 @@ async fn handoff_respects_arrival_order() {
                 // Its request has landed: the arrival order is unambiguous.
                 assert!(
                     wait_until(Duration::from_secs(10), || async {
-                        queue_len(&names, &key).await == 1
+                        queue_len(&prefix, &key).await == 1
                     })
                     .await,
                     "the remote instance never queued"
@@ -375,19 +371,15 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
     let url = server.url();
     let prefix = unique_prefix("fair-cancel");
     let key = LockKey::from("k");
-    let names = backend_at(&url, &prefix).await;
     let holder = locker(backend_at(&url, &prefix).await, true);
     let guard = holder.lock(&key).await.unwrap();
 
-    let early = testkit::subscribed(
-        RedisBackend::builder(url.as_str())
-            .prefix(prefix.as_str())
-            .queue_entry_ttl(Duration::from_secs(30))
-            .connect()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let early = RedisBackend::builder(url.as_str())
+        .prefix(prefix.as_str())
+        .queue_entry_ttl(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
     let early = locker(early, true);
     let cancelled = tokio::spawn({
         let (early, key) = (early.clone(), key.clone());
@@ -395,7 +387,7 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
     });
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            queue_len(&names, &key).await == 1
+            queue_len(&prefix, &key).await == 1
         })
         .await,
         "the early instance never queued"
@@ -411,7 +403,7 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
     });
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            queue_len(&names, &key).await == 2
+            queue_len(&prefix, &key).await == 2
         })
         .await,
         "the later instance never queued"
@@ -421,7 +413,7 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
     assert!(cancelled.await.unwrap_err().is_cancelled());
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            queue_len(&names, &key).await == 1
+            queue_len(&prefix, &key).await == 1
         })
         .await,
         "the cancelled waiter's instance is still queued"
@@ -550,12 +542,11 @@ async fn fair_handoff_serves_local_tasks_that_arrived_before_every_other_waiter(
     let url = server.url();
     let prefix = unique_prefix("fair-handoff-earlier");
     let key = LockKey::from("k");
-    let names = backend_at(&url, &prefix).await;
-    let holder = locker(names.clone(), true);
+    let holder = locker(backend_at(&url, &prefix).await, true);
     let fair = instances(&url, &prefix, 2, true).await;
     let before = fair[0].stats();
     // Instance 0: two tasks, then instance 1, then instance 0 again.
-    let order = grant_order(&names, &holder, &fair, &key, &[0, 0, 1, 0], GAP).await;
+    let order = grant_order(&prefix, &holder, &fair, &key, &[0, 0, 1, 0], GAP).await;
     assert_eq!(order, [0, 1, 2, 3], "arrival order");
     let after = fair[0].stats();
     assert_eq!(

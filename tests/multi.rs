@@ -82,7 +82,8 @@ async fn opposite_orders_never_deadlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_lost_midway_signals_the_whole_guard() {
     let ttl = Duration::from_millis(900);
-    let (lockers, backend) = lockers("multi-loss", 1, ttl).await;
+    let prefix = unique_prefix("multi-loss");
+    let (lockers, _) = lockers_at(&prefix, 1, ttl).await;
     let locker = &lockers[0];
     let guard = locker.lock_many(["x", "y", "z"]).await.unwrap();
     assert!(!guard.is_lost());
@@ -90,7 +91,7 @@ async fn a_key_lost_midway_signals_the_whole_guard() {
     assert_eq!(tokens.len(), 3);
     let mut con = shared().connection().await;
     redis::cmd("DEL")
-        .arg(backend.lock_name(&LockKey::from("y")))
+        .arg(testkit::names::lock(&prefix, &LockKey::from("y")))
         .query_async::<()>(&mut con)
         .await
         .unwrap();

@@ -12,17 +12,18 @@ use tower::{Layer, ServiceExt, service_fn};
 
 const LOCKER_WAIT: Duration = Duration::from_secs(30);
 
-async fn redis_locker(name: &str) -> (Locker, RedisBackend) {
+async fn redis_locker(name: &str) -> (Locker, String) {
+    let prefix = unique_prefix(name);
     let backend = RedisBackend::builder(shared().url())
-        .prefix(unique_prefix(name))
+        .prefix(&prefix)
         .connect()
         .await
         .unwrap();
-    let locker = Locker::builder(backend.clone())
+    let locker = Locker::builder(backend)
         .wait_timeout(LOCKER_WAIT)
         .build()
         .unwrap();
-    (locker, backend)
+    (locker, prefix)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +97,7 @@ async fn try_only_fails_fast_with_busy_and_one_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_call_lease_ttl_is_what_redis_holds() {
-    let (locker, backend) = redis_locker("options-ttl").await;
+    let (locker, prefix) = redis_locker("options-ttl").await;
     let key = LockKey::from("k");
     let con = shared().connection().await;
     let pttl = |mut con: redis::aio::MultiplexedConnection, name: Vec<u8>| async move {
@@ -110,7 +111,7 @@ async fn a_per_call_lease_ttl_is_what_redis_holds() {
         .lock_with_options(&key, LockOptions::new().lease_ttl(Duration::from_secs(90)))
         .await
         .unwrap();
-    let left = pttl(con.clone(), backend.lock_name(&key)).await;
+    let left = pttl(con.clone(), testkit::names::lock(&prefix, &key)).await;
     assert!(
         (60_000..=90_000).contains(&left),
         "PTTL {left} ms, the call asked for 90 s (the locker's TTL is 30 s)"

@@ -115,8 +115,8 @@ async fn counter_over_five_nodes(
 }
 
 /// Whether the lock of `key` exists on node `i`.
-async fn locked_on(servers: &[RedisServer], b: &RedlockBackend, i: usize, key: &LockKey) -> bool {
-    let name = b.node_backends().nth(i).expect("node").lock_name(key);
+async fn locked_on(servers: &[RedisServer], prefix: &str, i: usize, key: &LockKey) -> bool {
+    let name = testkit::names::lock(prefix, key);
     let mut con = servers[i].connection().await;
     redis::cmd("EXISTS")
         .arg(name)
@@ -242,7 +242,7 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
             }
             for &i in &up {
                 assert!(
-                    !locked_on(servers, &b, i, &key).await,
+                    !locked_on(servers, &prefix, i, &key).await,
                     "down = {down:05b}: node {i} is left locked"
                 );
             }
@@ -255,7 +255,7 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
         // The paused nodes now run the acquire and the release queued for them.
         let settled = wait_until(Duration::from_secs(5), || async {
             for i in 0..NODES {
-                if locked_on(servers, &b, i, &key).await {
+                if locked_on(servers, &prefix, i, &key).await {
                     return false;
                 }
             }
@@ -285,7 +285,7 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
         other => panic!("expected QuorumNotReached, got {other:?}"),
     }
     for i in 3..NODES {
-        assert!(!locked_on(servers, &b, i, &key).await);
+        assert!(!locked_on(servers, &prefix, i, &key).await);
     }
     calm_down(servers).await;
 }
@@ -299,13 +299,14 @@ async fn acquire_succeeds_iff_a_majority_is_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_lost_on_one_node_keeps_the_quorum() {
     let servers = calm();
-    let [a, b]: [RedlockBackend; 2] = calm_instances("clock-jump", 2).await.1.try_into().unwrap();
+    let (prefix, instances) = calm_instances("clock-jump", 2).await;
+    let [a, b]: [RedlockBackend; 2] = instances.try_into().unwrap();
     let ttl = Duration::from_millis(600);
     let la = Locker::builder(a.clone()).lease_ttl(ttl).build().unwrap();
     let lb = Locker::builder(b).lease_ttl(ttl).build().unwrap();
     let key = LockKey::from("k");
     let guard = la.lock(key.clone()).await.unwrap();
-    let name = a.node_backends().next().unwrap().lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     let mut con = servers[0].connection().await;
     let _: () = redis::cmd("DEL")
         .arg(&name)
@@ -366,11 +367,11 @@ async fn restart_after_grant(delayed: bool) -> bool {
     let la = Locker::builder(a.clone()).lease_ttl(ttl).build().unwrap();
     let lb = Locker::builder(b).lease_ttl(ttl).build().unwrap();
     let key = LockKey::from("k");
-    let names: Vec<Vec<u8>> = a.node_backends().map(|n| n.lock_name(&key)).collect();
+    let name = testkit::names::lock(&prefix, &key);
     for i in [3, 4] {
         let mut con = servers[i].connection().await;
         let _: () = redis::cmd("SET")
-            .arg(&names[i])
+            .arg(&name)
             .arg("somebody-else")
             .arg("PX")
             .arg(10_000)
@@ -382,7 +383,7 @@ async fn restart_after_grant(delayed: bool) -> bool {
     for i in [3, 4] {
         let mut con = servers[i].connection().await;
         let _: () = redis::cmd("DEL")
-            .arg(&names[i])
+            .arg(&name)
             .query_async(&mut con)
             .await
             .unwrap();
@@ -464,7 +465,7 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
     let a = backend(&faulty, &prefix, Duration::from_millis(500)).await;
     let b = backend(&urls(servers), &prefix, Duration::from_millis(500)).await;
     let key = LockKey::from("k");
-    let name = a.node_backends().next().unwrap().lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     for p in [&p0, &p1] {
         p.drop_replies(evalsha_first_key(name.clone()), 6);
     }
@@ -494,7 +495,7 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
     tokio::time::sleep_until(Instant::now() + ttl + Duration::from_millis(200)).await;
     let mut held = Vec::new();
     for i in 0..NODES {
-        if locked_on(servers, &a, i, &key).await {
+        if locked_on(servers, &prefix, i, &key).await {
             held.push(i);
         }
     }
@@ -564,7 +565,8 @@ async fn fencing_tokens_increase_across_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiting_instance_at_once() {
     let servers = calm();
-    let [a, b]: [RedlockBackend; 2] = calm_instances("wake", 2).await.1.try_into().unwrap();
+    let (prefix, instances) = calm_instances("wake", 2).await;
+    let [a, b]: [RedlockBackend; 2] = instances.try_into().unwrap();
     let la = Locker::builder(a.clone()).build().unwrap();
     let lb = Locker::builder(b.clone()).build().unwrap();
     let key = LockKey::from("k");
@@ -583,10 +585,9 @@ async fn a_release_wakes_the_waiting_instance_at_once() {
         // B is queued: exactly one node holds a queue entry for it.
         let queued = wait_until(Duration::from_secs(5), || async {
             let mut entries = 0;
-            for (i, node) in b.node_backends().enumerate() {
-                let mut q = node.lock_name(&key);
-                q.extend_from_slice(b":wq");
-                let mut con = servers[i].connection().await;
+            for server in servers {
+                let q = testkit::names::queue(&prefix, &key);
+                let mut con = server.connection().await;
                 let n: i64 = redis::cmd("ZCARD")
                     .arg(&q)
                     .query_async(&mut con)

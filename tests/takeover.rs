@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lockflight::inspect::{ForcedRelease, Inspector};
 use lockflight::{Error, Handoff, Locker, RedisBackend};
-use testkit::{shared_scene, subscribed, wait_until, within};
+use testkit::{shared_scene, wait_until, within};
 
 /// How long a loss message may take here: far less than a renewal (20 s).
 const TOLD: Duration = Duration::from_secs(10);
@@ -28,7 +28,7 @@ async fn instance(prefix: &str) -> Locker {
         .connect()
         .await
         .expect("connect");
-    Locker::builder(subscribed(backend).await)
+    Locker::builder(backend)
         .lease_ttl(Duration::from_secs(60))
         .renew_every(Duration::from_secs(20))
         .wait_timeout(Duration::from_secs(20))

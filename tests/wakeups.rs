@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry};
+use lockflight::backend::{
+    Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry, WhenBusy,
+};
 use lockflight::{Contention, LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
@@ -25,7 +27,7 @@ impl LockBackend for RacingRelease {
         key: &LockKey,
         _token: LeaseToken,
         _ttl: Duration,
-        _queue: bool,
+        _when_busy: WhenBusy,
     ) -> lockflight::Result<Acquire> {
         if self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
             self.wakeups.wake(LockKind::Mutex, key.as_bytes());
@@ -94,15 +96,13 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
 use lockflight::RedisBackend;
 
 async fn backend(url: &str, prefix: &str) -> RedisBackend {
-    let b = RedisBackend::builder(url)
+    RedisBackend::builder(url)
         .prefix(prefix)
         .claim_ttl(Duration::from_secs(30))
         .queue_entry_ttl(Duration::from_secs(30))
         .connect()
         .await
-        .unwrap();
-    assert!(testkit::wait_until(Duration::from_secs(5), || async { b.is_subscribed() }).await);
-    b
+        .unwrap()
 }
 
 /// The key of the claim tests and the TTL of their leases.
@@ -115,12 +115,14 @@ async fn claim_for_b(a: &RedisBackend, b: &RedisBackend) -> LeaseToken {
     let key = LockKey::from(CLAIMED);
     let held = LeaseToken::random();
     assert!(matches!(
-        a.acquire(&key, held, CLAIM_TEST_TTL, true).await.unwrap(),
+        a.acquire(&key, held, CLAIM_TEST_TTL, WhenBusy::Queue)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let b_token = LeaseToken::random();
     assert!(matches!(
-        b.acquire(&key, b_token, CLAIM_TEST_TTL, true)
+        b.acquire(&key, b_token, CLAIM_TEST_TTL, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -146,7 +148,7 @@ async fn an_unwanted_claim_is_passed_on() {
     let started = Instant::now();
     let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
-            c.acquire(&key, LeaseToken::random(), ttl, false)
+            c.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -174,12 +176,14 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // leader whose reply is in flight, so its notifier schedules an unwanted-claim
     // check) and A, which waits properly, queues for the key again.
     assert!(matches!(
-        b.acquire(&key, b_token, ttl, true).await.unwrap(),
+        b.acquire(&key, b_token, ttl, WhenBusy::Queue)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let _a_waits = a.wakeups().watch(LockKind::Mutex, &key);
     assert!(matches!(
-        a.acquire(&key, LeaseToken::random(), ttl, true)
+        a.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -187,7 +191,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // B releases (A gets the claim) and B queues again, not yet watching.
     assert!(b.release(&key, b_token).await.unwrap().released);
     assert!(matches!(
-        b.acquire(&key, LeaseToken::random(), ttl, true)
+        b.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
             .await
             .unwrap(),
         Acquire::Busy { .. }
@@ -197,7 +201,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
     // queue entry.
     let mut con = server.connection().await;
     let entry: Option<String> = redis::cmd("ZSCORE")
-        .arg(testkit::queue_name(&b, &key))
+        .arg(testkit::names::queue(&prefix, &key))
         .arg(b.instance_id())
         .query_async(&mut con)
         .await
@@ -236,7 +240,7 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
         let (b_locker, key) = (b_locker.clone(), key.clone());
         async move { drop(b_locker.semaphore(&key, 1).acquire().await.expect("permit")) }
     });
-    let semaphore_queue = testkit::suffixed(&b.lock_name(&key), ":semq");
+    let semaphore_queue = testkit::suffixed(&testkit::names::lock(&prefix, &key), ":semq");
     let con = server.connection().await;
     assert!(
         testkit::wait_until(Duration::from_secs(10), || {
@@ -260,7 +264,7 @@ async fn an_unwanted_claim_is_passed_on_while_a_semaphore_of_the_key_string_is_w
     let started = Instant::now();
     let got = testkit::wait_until(Duration::from_secs(10), || async {
         matches!(
-            c.acquire(&key, LeaseToken::random(), ttl, false)
+            c.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Return)
                 .await
                 .unwrap(),
             Acquire::Acquired { .. }
@@ -298,7 +302,7 @@ async fn channel_messages_wake_the_kind_they_name() {
     let short = Duration::from_millis(100);
     let mut publish = async |message: &[u8]| {
         let receivers: u32 = redis::cmd("PUBLISH")
-            .arg(b.channel())
+            .arg(testkit::names::channel(&prefix, b.instance_id()))
             .arg(message)
             .query_async(&mut con)
             .await
@@ -361,7 +365,7 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let token = LeaseToken::random();
     match backend
-        .acquire(&key, token, Duration::from_secs(30), true)
+        .acquire(&key, token, Duration::from_secs(30), WhenBusy::Queue)
         .await
         .unwrap()
     {
@@ -382,11 +386,11 @@ async fn the_memory_backend_counts_only_waiters_of_the_same_lock() {
 }
 
 /// Instance A's locker without coalescing (its backend too), and the key "herd",
-/// held by another instance.
+/// held by another instance, and the prefix.
 async fn naive_waiting_for_a_holder(
     server: &testkit::RedisServer,
     name: &str,
-) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard) {
+) -> (RedisBackend, Locker, LockKey, lockflight::LockGuard, String) {
     let prefix = testkit::unique_prefix(name);
     let a = backend(&server.url(), &prefix).await;
     let naive = Locker::builder(a.clone())
@@ -399,7 +403,7 @@ async fn naive_waiting_for_a_holder(
         .unwrap();
     let key = LockKey::from("herd");
     let held = holder.lock(&key).await.unwrap();
-    (a, naive, key, held)
+    (a, naive, key, held, prefix)
 }
 
 /// Without coalescing every task of an instance competes at Redis on its own; a
@@ -412,7 +416,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
     const TASKS: u64 = 16;
     let server = testkit::shared();
     let _log = server.log_on_panic();
-    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one").await;
+    let (a, naive, key, held, _) = naive_waiting_for_a_holder(server, "wake-one").await;
     let inside = Arc::new(AtomicU32::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..TASKS {
@@ -467,7 +471,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     const TASKS: usize = 12;
     let server = testkit::shared();
     let _log = server.log_on_panic();
-    let (a, naive, key, held) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
+    let (a, naive, key, held, prefix) = naive_waiting_for_a_holder(server, "wake-one-cancel").await;
     let mut waiters = Vec::new();
     for _ in 0..TASKS {
         let (naive, key) = (naive.clone(), key.clone());
@@ -500,7 +504,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     );
     let mut con = server.connection().await;
     let queued: Option<f64> = redis::cmd("ZSCORE")
-        .arg(testkit::queue_name(&a, &key))
+        .arg(testkit::names::queue(&prefix, &key))
         .arg(a.instance_id())
         .query_async(&mut con)
         .await

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use dashmap::DashMap;
-use lockflight::backend::LeaseToken;
+use lockflight::backend::{LeaseToken, WhenBusy};
 use lockflight::{
     Contention, FencingToken, Handoff, LockKey, Locker, MemoryBackend, backend::LockBackend,
 };
@@ -102,7 +102,10 @@ fn uncontended(c: &mut Criterion) {
         b.iter_custom(|iters| {
             timed!(rt, iters, {
                 let token = LeaseToken::random();
-                let r = backend.acquire(&key, token, ttl, true).await.unwrap();
+                let r = backend
+                    .acquire(&key, token, ttl, WhenBusy::Queue)
+                    .await
+                    .unwrap();
                 black_box(r);
                 let r = backend.release(&key, token).await.unwrap();
                 black_box(r);
@@ -315,7 +318,12 @@ fn profile_only() -> bool {
     let took = if baseline {
         timed!(rt, n, {
             let token = LeaseToken::random();
-            black_box(backend.acquire(&key, token, ttl, true).await.unwrap());
+            black_box(
+                backend
+                    .acquire(&key, token, ttl, WhenBusy::Queue)
+                    .await
+                    .unwrap(),
+            );
             black_box(backend.release(&key, token).await.unwrap());
         })
     } else {

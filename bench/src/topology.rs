@@ -110,7 +110,7 @@ impl Topo {
             .connect()
             .await
             .map_err(|e| format!("{}: connect: {e}", self.name))?;
-        Ok(testkit::subscribed(b).await)
+        Ok(b)
     }
 
     async fn cluster(cluster: &Cluster) -> Result<Topo, String> {
@@ -180,7 +180,7 @@ async fn run(
     }
     let counters: Vec<Vec<u8>> = keys
         .iter()
-        .map(|k| [&backends[0].lock_name(k)[..], b":counter"].concat())
+        .map(|k| [&testkit::names::lock(prefix, k)[..], b":counter"].concat())
         .collect();
     let mut data = topo.data.clone();
     if direct && counters.len() == 1 {
@@ -292,15 +292,16 @@ async fn hot_key(topo: &Topo, secs: f64, rows: &mut Vec<Row>) -> Result<(), Stri
 /// The workload suffix of the rows whose data skips the cluster client.
 const DIRECT: &str = "data on a plain connection";
 
-/// 64 keys placed on the first `shards` primaries (by slot), round robin.
-async fn keys_on_shards(c: &Cluster, b: &RedisBackend, shards: usize) -> Vec<LockKey> {
+/// 64 keys placed on the first `shards` primaries (by the slot of their names under
+/// `prefix`), round robin.
+async fn keys_on_shards(c: &Cluster, prefix: &str, shards: usize) -> Vec<LockKey> {
     let primaries = c.primaries().await;
     let mut keys = Vec::new();
     let mut i = 0u64;
     while keys.len() < 64 {
         let key = LockKey::from(format!("k{i}"));
         i += 1;
-        let slot = Cluster::slot(&b.lock_name(&key));
+        let slot = Cluster::slot(&testkit::names::lock(prefix, &key));
         let owner = primaries
             .iter()
             .position(|p| p.slots.iter().any(|&(a, z)| a <= slot && slot <= z));
@@ -352,9 +353,7 @@ pub async fn measure(secs: f64) -> Result<Vec<Row>, String> {
     let mut rows = median_rows(rounds);
     for shards in 1..=3 {
         let prefix = testkit::unique_prefix(&format!("bench-64-{shards}"));
-        // Names depend on the prefix: place keys with a backend of that prefix.
-        let probe = clustered.connect(&prefix).await?;
-        let keys = keys_on_shards(&cluster, &probe, shards).await;
+        let keys = keys_on_shards(&cluster, &prefix, shards).await;
         let workload = format!("64 hot keys on {shards} shard(s), default");
         rows.push(
             run(

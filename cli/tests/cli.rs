@@ -11,7 +11,7 @@ use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
 use support::{after_forced_release, args, force_release, lockflight, verdict};
-use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, subscribed, unique_prefix};
+use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, unique_prefix};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_warns_on_an_evicting_policy() {
@@ -135,14 +135,11 @@ async fn locker(url: &str, prefix: &str, ttl: Duration) -> Locker {
 
 /// A locker and its backend's instance id.
 async fn locker_and_instance(url: &str, prefix: &str, ttl: Duration) -> (Locker, String) {
-    let backend = subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let backend = RedisBackend::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .unwrap();
     let instance = backend.instance_id().to_owned();
     let locker = Locker::builder(backend)
         .lease_ttl(ttl)
@@ -345,16 +342,34 @@ async fn selfcheck_finds_no_violation_on_lockflight() {
     }
 }
 
+/// The inspector names a key's lock as the backend writes it (and as the test
+/// harness computes it): each held lock exists in Redis under that name.
 #[tokio::test]
 async fn the_inspector_names_keys_as_the_backend_does() {
+    let prefix = unique_prefix("inspector-names");
     let backend = RedisBackend::builder(shared().url())
-        .prefix("p")
+        .prefix(&prefix)
         .connect()
         .await
         .unwrap();
-    let inspector = lockflight::inspect::Inspector::new("p");
+    let locker = Locker::builder(backend).build().unwrap();
+    let inspector = lockflight::inspect::Inspector::new(&prefix);
+    let mut con = shared().connection().await;
     for key in ["a", "a{b}", "100%", "x}"] {
         let key = lockflight::LockKey::from(key);
-        assert_eq!(inspector.lock_name(&key), backend.lock_name(&key));
+        let guard = locker.lock(&key).await.unwrap();
+        let name = inspector.lock_name(&key);
+        assert_eq!(name, testkit::names::lock(&prefix, &key));
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(
+            exists,
+            "no lock of {key} at {}",
+            String::from_utf8_lossy(&name)
+        );
+        guard.release().await.unwrap();
     }
 }

@@ -18,7 +18,7 @@ use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
 use support::{after_forced_release, args, force_release, lockflight, verdicts};
 use testkit::cluster::Cluster;
-use testkit::{subscribed, unique_prefix};
+use testkit::unique_prefix;
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -77,14 +77,11 @@ async fn doctor_checks_every_primary_and_names_a_misconfigured_one() {
 }
 
 async fn locker(c: &Cluster, prefix: &str) -> Locker {
-    let backend = subscribed(
-        RedisBackend::cluster(c.urls())
-            .prefix(prefix)
-            .connect()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let backend = RedisBackend::cluster(c.urls())
+        .prefix(prefix)
+        .connect()
+        .await
+        .unwrap();
     Locker::builder(backend)
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(20))

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry};
+use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -169,7 +169,7 @@ impl LockBackend for MemoryBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        _queue: bool,
+        _when_busy: WhenBusy,
     ) -> Result<Acquire> {
         let now = Instant::now();
         let mut entry = self.inner.locks.entry(key.clone()).or_insert(Held {
@@ -205,7 +205,7 @@ impl LockBackend for MemoryBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
         let now = Instant::now();
@@ -254,7 +254,7 @@ impl LockBackend for MemoryBackend {
                     self.inner.wakeups.wake(LockKind::Mutex, key.as_bytes());
                 }
             }
-            if queue {
+            if when_busy == WhenBusy::Queue {
                 let mine = Waiting {
                     id: me,
                     arrived,
@@ -368,13 +368,15 @@ mod tests {
         let k = LockKey::from("k");
         let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
         let ttl = Duration::from_secs(1);
-        let Acquire::Acquired { epoch: e1, .. } = b.acquire(&k, t1, ttl, true).await.unwrap()
+        let Acquire::Acquired { epoch: e1, .. } =
+            b.acquire(&k, t1, ttl, WhenBusy::Queue).await.unwrap()
         else {
             panic!("free lock not acquired")
         };
         // Already ours: re-armed, with a new and greater epoch.
         tokio::time::advance(Duration::from_millis(600)).await;
-        let Acquire::Acquired { epoch: e1b, .. } = b.acquire(&k, t1, ttl, true).await.unwrap()
+        let Acquire::Acquired { epoch: e1b, .. } =
+            b.acquire(&k, t1, ttl, WhenBusy::Queue).await.unwrap()
         else {
             panic!("own lock not re-acquired")
         };
@@ -386,14 +388,15 @@ mod tests {
         );
         let e1 = e1b;
         assert!(matches!(
-            b.acquire(&k, t2, ttl, true).await.unwrap(),
+            b.acquire(&k, t2, ttl, WhenBusy::Queue).await.unwrap(),
             Acquire::Busy { .. }
         ));
         assert_eq!(b.extend(&k, t2, ttl).await.unwrap(), Extend::NotOwner);
         assert!(!b.release(&k, t2).await.unwrap().released);
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(b.extend(&k, t1, ttl).await.unwrap(), Extend::NotOwner);
-        let Acquire::Acquired { epoch: e2, .. } = b.acquire(&k, t2, ttl, true).await.unwrap()
+        let Acquire::Acquired { epoch: e2, .. } =
+            b.acquire(&k, t2, ttl, WhenBusy::Queue).await.unwrap()
         else {
             panic!("expired lock not acquired")
         };
@@ -409,9 +412,14 @@ mod tests {
         let (b, c, d) = (a.clone(), a.clone(), a.clone());
         let k = LockKey::from("k");
         let ms = Duration::from_millis;
-        async fn fair(m: &MemoryBackend, t: LeaseToken, queue: bool, age: Duration) -> Acquire {
+        async fn fair(
+            m: &MemoryBackend,
+            t: LeaseToken,
+            when_busy: WhenBusy,
+            age: Duration,
+        ) -> Acquire {
             let (k, ttl) = (LockKey::from("k"), Duration::from_secs(1));
-            m.acquire_fair(&k, t, ttl, queue, age).await.unwrap()
+            m.acquire_fair(&k, t, ttl, when_busy, age).await.unwrap()
         }
         let (ta, tb, tc, td) = (
             LeaseToken::random(),
@@ -420,49 +428,49 @@ mod tests {
             LeaseToken::random(),
         );
         assert!(matches!(
-            fair(&a, ta, true, ms(0)).await,
+            fair(&a, ta, WhenBusy::Queue, ms(0)).await,
             Acquire::Acquired { .. }
         ));
         // c's waiter arrived before b's (older age), although c asks later.
         assert!(matches!(
-            fair(&b, tb, true, ms(5)).await,
+            fair(&b, tb, WhenBusy::Queue, ms(5)).await,
             Acquire::Busy { .. }
         ));
         assert!(matches!(
-            fair(&c, tc, true, ms(50)).await,
+            fair(&c, tc, WhenBusy::Queue, ms(50)).await,
             Acquire::Busy { .. }
         ));
         // a's lease expires without a release: d, a newcomer, may not take it.
         tokio::time::advance(ms(1001)).await;
         assert!(matches!(
-            fair(&d, td, false, ms(0)).await,
+            fair(&d, td, WhenBusy::Return, ms(0)).await,
             Acquire::Busy { .. }
         ));
         assert!(matches!(
-            fair(&b, tb, true, ms(5)).await,
+            fair(&b, tb, WhenBusy::Queue, ms(5)).await,
             Acquire::Busy { .. }
         ));
-        let Acquire::Acquired { waiting, .. } = fair(&c, tc, true, ms(60)).await else {
+        let Acquire::Acquired { waiting, .. } = fair(&c, tc, WhenBusy::Queue, ms(60)).await else {
             panic!("the earliest arrival did not get the free lock")
         };
         assert_eq!(waiting, 1, "b still waits");
         assert!(c.release(&k, tc).await.unwrap().released);
         assert!(matches!(
-            fair(&d, td, false, ms(0)).await,
+            fair(&d, td, WhenBusy::Return, ms(0)).await,
             Acquire::Busy { .. }
         ));
         assert!(matches!(
-            fair(&b, tb, true, ms(10)).await,
+            fair(&b, tb, WhenBusy::Queue, ms(10)).await,
             Acquire::Acquired { .. }
         ));
         assert!(b.release(&k, tb).await.unwrap().released);
         // Nobody waits: anyone takes it; a leaver's entry is gone.
         assert!(matches!(
-            fair(&c, tc, true, ms(0)).await,
+            fair(&c, tc, WhenBusy::Queue, ms(0)).await,
             Acquire::Acquired { .. }
         ));
         assert!(matches!(
-            fair(&d, td, true, ms(0)).await,
+            fair(&d, td, WhenBusy::Queue, ms(0)).await,
             Acquire::Busy { .. }
         ));
         d.leave(&k).await.unwrap();

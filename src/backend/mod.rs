@@ -29,11 +29,11 @@ pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]
 pub use spi::{
     Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
-    WakeRegistry, Wakeup,
+    WakeRegistry, Wakeup, WhenBusy,
 };
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) use spi::{
     Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
-    WakeRegistry, Wakeup,
+    WakeRegistry, Wakeup, WhenBusy,
 };
 pub(crate) use spi::{Held, Holding, drift, extend_one};

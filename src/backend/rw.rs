@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Acquire, Extend, LeaseToken, Released};
+use super::{Acquire, Extend, LeaseToken, Released, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -44,26 +44,26 @@ use crate::key::LockKey;
 pub trait RwBackend: Send + Sync + fmt::Debug {
     /// Acquire a read lease of `key` for `token` (one per process, shared by its local
     /// readers). `Acquired.epoch` is the last write epoch of the key (0 if none is
-    /// recorded), `Acquired.waiting` the live waiting writers (0). With `queue`, a busy
-    /// answer registers this instance for the wake-up.
+    /// recorded), `Acquired.waiting` the live waiting writers (0). With
+    /// [`WhenBusy::Queue`], a busy answer registers this instance for the wake-up.
     async fn acquire_read(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire>;
 
     /// Acquire the write lease of `key` for `token`. `Acquired.epoch` is the new
-    /// write epoch, `Acquired.waiting` the other live waiting writers. With `queue`,
-    /// a busy answer registers `token` as a waiting writer (refusing new read leases)
+    /// write epoch, `Acquired.waiting` the other live waiting writers. With
+    /// [`WhenBusy::Queue`], a busy answer registers `token` as a waiting writer (refusing new read leases)
     /// and this instance for the wake-up.
     async fn acquire_write(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire>;
 
     /// Release the read lease `token`. `released` is false if it was no longer live.

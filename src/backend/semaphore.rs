@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Extend, LeaseToken};
+use super::{Extend, LeaseToken, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -42,10 +42,11 @@ pub struct Permits {
 ///    with nothing changed.
 /// 3. Acquiring with tokens that are already permits re-arms them (a retry after a
 ///    lost reply is safe).
-/// 4. A waiting instance (one that asked with `queue` and was not given all it asked
-///    for) is registered in the key's waiting set (entries expire); a release or a
-///    leave that leaves `k` permits free wakes up to `k` waiting instances, oldest
-///    first, through their [`wakeups`](super::LockBackend::wakeups), as
+/// 4. A waiting instance (one that asked with [`WhenBusy::Queue`] and was not
+///    given all it asked for) is registered in the key's waiting set (entries
+///    expire); a release or a leave that leaves `k` permits free wakes up to `k`
+///    waiting instances, oldest first, through their
+///    [`wakeups`](super::LockBackend::wakeups), as
 ///    [`LockKind::Semaphore`](super::LockKind::Semaphore).
 ///
 /// # Cancel safety
@@ -57,15 +58,16 @@ pub struct Permits {
 pub trait SemaphoreBackend: Send + Sync + fmt::Debug {
     /// Asks for up to `tokens.len()` permits of `key`, which has `permits` permits,
     /// each with a TTL of `ttl`: grants as many as are free, one token each, in the
-    /// order of `tokens`. With `queue`, an instance given fewer than it asked for
-    /// joins (or stays in) the key's waiting set; one given everything leaves it.
+    /// order of `tokens`. With [`WhenBusy::Queue`], an instance given fewer than it
+    /// asked for joins (or stays in) the key's waiting set; one given everything
+    /// leaves it.
     async fn acquire_permits(
         &self,
         key: &LockKey,
         permits: u32,
         tokens: &[LeaseToken],
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Permits>;
 
     /// Returns the permit `token` of `key` and wakes as many waiting instances as

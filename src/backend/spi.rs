@@ -150,6 +150,19 @@ impl LockKind {
     }
 }
 
+/// What an acquire asks of the backend when the key is busy: to queue this instance
+/// for the key (it is woken when the key frees; fair mode serves the queue in
+/// arrival order), or only to answer `Busy`. A call that waits for the lock sends
+/// `Queue`; a single attempt (`try_*`) sends `Return`, and its busy answer leaves no
+/// queue entry behind. Either way a free key is granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WhenBusy {
+    /// Join the key's wait queue (a call that waits).
+    Queue,
+    /// Answer `Busy` and queue nothing (a single attempt).
+    Return,
+}
+
 /// The answer to [`LockBackend::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquire {
@@ -314,14 +327,15 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 /// reconcile.
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
-    /// Acquire-or-enqueue `key` for `token` with a TTL of `ttl`. With `queue` false
-    /// a busy lock is reported without joining the key's queue (`try_lock`).
+    /// Acquire-or-enqueue `key` for `token` with a TTL of `ttl`. With
+    /// [`WhenBusy::Return`] a busy lock is reported without joining the key's queue
+    /// (`try_lock`).
     async fn acquire(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire>;
 
     /// Fair-mode acquire-or-enqueue (see [`Contention::Fair`](crate::Contention::Fair)):
@@ -334,7 +348,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   takes its own place, not its predecessor's);
     /// * a free lock (no holder, no claim given to another instance) is taken only
     ///   if no other live queue entry arrived earlier; otherwise the answer is
-    ///   `Busy` (and, with `queue`, the instance is queued), even after a TTL
+    ///   `Busy` (and, with [`WhenBusy::Queue`], the instance is queued), even after a TTL
     ///   expiry: no barging;
     /// * the token that owns the key re-arms it, as with `acquire`.
     ///
@@ -347,10 +361,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
-        let _ = (token, ttl, queue, age);
+        let _ = (token, ttl, when_busy, age);
         Err(crate::Error::Unsupported {
             key: key.clone(),
             what: "fair mode",
@@ -450,19 +464,19 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        (**self).acquire(key, token, ttl, queue).await
+        (**self).acquire(key, token, ttl, when_busy).await
     }
     async fn acquire_fair(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
-        (**self).acquire_fair(key, token, ttl, queue, age).await
+        (**self).acquire_fair(key, token, ttl, when_busy, age).await
     }
     fn supports_fair(&self) -> bool {
         (**self).supports_fair()

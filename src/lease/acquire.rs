@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, LeaseToken, LockKind, WakeRegistry, Wakeup};
+use crate::backend::{Acquire, LeaseToken, LockKind, WakeRegistry, Wakeup, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::engine::Engine;
@@ -174,17 +174,6 @@ pub(crate) fn grant(
     Some(lease)
 }
 
-/// How an acquire waits: for the lock, until its deadline (joining the backend's
-/// queue when busy), or not at all (one attempt: `try_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Wait for the lock, woken by the backend's messages.
-    Wait,
-    /// One attempt: busy is an answer, and too few nodes answering is reported at
-    /// once.
-    Once,
-}
-
 /// One call's acquire of a lease of `kind` of `key` at the backend: what
 /// [`acquire`] needs besides the request itself.
 #[derive(Clone, Copy, Debug)]
@@ -193,7 +182,10 @@ pub(crate) struct Ask<'a> {
     pub(crate) kind: LeaseKind,
     pub(crate) token: LeaseToken,
     pub(crate) ttl: Duration,
-    pub(crate) mode: Mode,
+    /// `Queue`: the call waits for the lock until its deadline, woken by the
+    /// backend's messages. `Return`: one attempt; busy is an answer, and too few
+    /// nodes answering is reported at once.
+    pub(crate) mode: WhenBusy,
     /// When the call started (its wait is measured from here).
     pub(crate) start: Instant,
     pub(crate) deadline: Instant,
@@ -205,9 +197,9 @@ pub(crate) struct Ask<'a> {
 /// What a request may have left at the backend under the token of an acquire
 /// in flight: the kind keeps it armed for the cleanup of an abandoned acquire.
 pub(crate) trait InFlight {
-    /// A request is about to be sent: it may land, and in [`Mode::Wait`] it may
+    /// A request is about to be sent: it may land, and in [`WhenBusy::Queue`] it may
     /// queue this instance.
-    fn sending(&mut self, mode: Mode);
+    fn sending(&mut self, mode: WhenBusy);
     /// A definite answer: `holds` says whether the token may still hold something
     /// at the backend (a lease, a waiting writer's registration).
     fn answered(&mut self, holds: bool);
@@ -224,7 +216,7 @@ pub(crate) struct Granted {
 
 /// The acquire loop of every kind (its shape is in the module's header): sends
 /// `request(token, mode, sent_at)` until a grant, a busy answer in
-/// [`Mode::Once`] (`Ok(None)`), an error that is not retried, or the deadline
+/// [`WhenBusy::Return`] (`Ok(None)`), an error that is not retried, or the deadline
 /// ([`Error::Timeout`]). `in_flight` is told what the token may hold after each
 /// answer. On success the lease is being renewed.
 ///
@@ -239,7 +231,7 @@ pub(crate) async fn acquire<F, Fut>(
     mut request: F,
 ) -> Result<Option<Granted>>
 where
-    F: FnMut(LeaseToken, Mode, Instant) -> Fut,
+    F: FnMut(LeaseToken, WhenBusy, Instant) -> Fut,
     Fut: Future<Output = Result<Acquire>>,
 {
     let Ask {
@@ -309,9 +301,9 @@ where
             Ok(Acquire::Busy { retry_in }) => {
                 // Busy: nothing held but a waiting writer's registration, which a
                 // write that waits may have left.
-                let registered = kind == LeaseKind::Write && ask.mode == Mode::Wait;
+                let registered = kind == LeaseKind::Write && ask.mode == WhenBusy::Queue;
                 in_flight.answered(registered);
-                if ask.mode == Mode::Once {
+                if ask.mode == WhenBusy::Return {
                     return Ok(None);
                 }
                 if !pacer.watch() {
@@ -325,7 +317,7 @@ where
             Err(e) => match Failure::of(&e) {
                 // A single attempt reports too few nodes answering at once: they
                 // answered.
-                Failure::Retry if ask.mode == Mode::Wait || !Failure::unavailable(&e) => {
+                Failure::Retry if ask.mode == WhenBusy::Queue || !Failure::unavailable(&e) => {
                     // The token stays armed: a retry (or the cleanup) reconciles it.
                     tracing::debug!(%key, ?kind, error = %e, "acquire failed; retrying");
                     let pause = pacer.backoff();
@@ -403,7 +395,7 @@ impl<H: Send + 'static> Armed<H> {
 }
 
 impl<H: Send + 'static> InFlight for Armed<H> {
-    fn sending(&mut self, _: Mode) {
+    fn sending(&mut self, _: WhenBusy) {
         self.arm();
     }
 

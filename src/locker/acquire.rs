@@ -8,11 +8,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState};
-use crate::backend::{LeaseToken, LockBackend, LockKind};
+use crate::backend::{LeaseToken, LockBackend, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
-use crate::lease::acquire::{Ask, Granted, InFlight, Mode, acquire};
+use crate::lease::acquire::{Ask, Granted, InFlight, acquire};
 use crate::lease::release::release_token;
 use crate::slot::{Abandon, Inheritance, Slot};
 
@@ -22,7 +22,7 @@ pub(super) struct Call {
     pub(super) start: Instant,
     pub(super) deadline: Instant,
     /// Wait (joining the backend's queue when busy), or one attempt.
-    pub(super) mode: Mode,
+    pub(super) mode: WhenBusy,
     /// The TTL of a lease acquired by this call.
     pub(super) ttl: Duration,
 }
@@ -39,11 +39,11 @@ pub(super) struct Leading {
 }
 
 impl InFlight for Leading {
-    fn sending(&mut self, mode: Mode) {
+    fn sending(&mut self, mode: WhenBusy) {
         // From here until a definite answer, the acquire may have landed, and may
         // have queued this instance.
         self.lead.token = Some(self.token);
-        self.lead.queued |= mode == Mode::Wait;
+        self.lead.queued |= mode == WhenBusy::Queue;
     }
 
     fn answered(&mut self, holds: bool) {
@@ -105,7 +105,7 @@ impl LockerState {
     }
 
     /// Acquires from the backend as the key's leader. `Ok(None)` only in
-    /// [`Mode::Once`] when the lock is busy.
+    /// [`WhenBusy::Return`] when the lock is busy.
     pub(super) async fn lead(
         &self,
         key: &LockKey,
@@ -154,14 +154,13 @@ impl LockerState {
         };
         let (backend, fair) = (&self.backend, self.config.fair);
         let granted = acquire(self, ask, &mut leading, |token, mode, sent_at| async move {
-            let queue = mode == Mode::Wait;
             if fair {
                 // This leader is the instance's oldest waiting task (local FIFO):
                 // its age places the instance in the queue.
                 let age = sent_at.saturating_duration_since(start);
-                backend.acquire_fair(key, token, ttl, queue, age).await
+                backend.acquire_fair(key, token, ttl, mode, age).await
             } else {
-                backend.acquire(key, token, ttl, queue).await
+                backend.acquire(key, token, ttl, mode).await
             }
         })
         .await?;

@@ -9,11 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::LockBackend;
+use crate::backend::{LockBackend, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
-use crate::lease::acquire::Mode;
 use crate::lease::engine::{Engine, deadline_after};
 use crate::rwlock::RwLocks;
 use crate::semaphore::Semaphores;
@@ -348,7 +347,7 @@ impl Locker {
                     Call {
                         start,
                         deadline,
-                        mode: Mode::Wait,
+                        mode: WhenBusy::Queue,
                         ttl,
                     },
                 )
@@ -425,7 +424,7 @@ impl Locker {
                 Call {
                     start,
                     deadline,
-                    mode: Mode::Once,
+                    mode: WhenBusy::Return,
                     ttl,
                 },
             )

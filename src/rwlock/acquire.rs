@@ -10,9 +10,10 @@ use tracing::Instrument;
 use super::{
     Call, Entry, Gate, Leading, ReadGuard, RwLocks, WriteGuard, admit, share, unsupported,
 };
+use crate::backend::WhenBusy;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::acquire::{Ask, Mode, acquire};
+use crate::lease::acquire::{Ask, acquire};
 use crate::lease::{Lease, LeaseKind};
 
 impl RwLocks {
@@ -23,7 +24,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<ReadGuard> {
         key.validate()?;
-        let call = Call::new(wait, Mode::Wait);
+        let call = Call::new(wait, WhenBusy::Queue);
         let span = tracing::debug_span!("lockflight.read", key = %key);
         let guard = self.read_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting read"))
@@ -32,7 +33,7 @@ impl RwLocks {
     /// [`RwLock::try_read`](crate::rwlock::RwLock::try_read).
     pub(crate) async fn try_read(self: &Arc<Self>, key: LockKey) -> Result<Option<ReadGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, Mode::Once);
+        let call = Call::new(self.config.wait_timeout, WhenBusy::Return);
         self.read_inner(key, call).await
     }
 
@@ -43,7 +44,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<WriteGuard> {
         key.validate()?;
-        let call = Call::new(wait, Mode::Wait);
+        let call = Call::new(wait, WhenBusy::Queue);
         let span = tracing::debug_span!("lockflight.write", key = %key);
         let guard = self.write_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting write"))
@@ -52,7 +53,7 @@ impl RwLocks {
     /// [`RwLock::try_write`](crate::rwlock::RwLock::try_write).
     pub(crate) async fn try_write(self: &Arc<Self>, key: LockKey) -> Result<Option<WriteGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, Mode::Once);
+        let call = Call::new(self.config.wait_timeout, WhenBusy::Return);
         self.write_inner(key, call).await
     }
 
@@ -66,7 +67,7 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.mode == Mode::Wait {
+        let gate = if call.mode == WhenBusy::Queue {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).read_owned())
                 .await
                 .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
@@ -99,7 +100,7 @@ impl RwLocks {
                     }));
                 }
                 Arrive::Leader => break,
-                Arrive::WaitDrain if call.mode == Mode::Once => return Ok(None),
+                Arrive::WaitDrain if call.mode == WhenBusy::Return => return Ok(None),
                 Arrive::WaitAcquire | Arrive::WaitDrain => {
                     locks.stats.local_wait();
                     tokio::time::timeout_at(call.deadline, notified)
@@ -135,7 +136,7 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.mode == Mode::Wait {
+        let gate = if call.mode == WhenBusy::Queue {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).write_owned())
                 .await
                 .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
@@ -160,7 +161,7 @@ impl RwLocks {
     }
 
     /// Acquires `leading`'s lease at the backend ([`acquire`]), waiting unless
-    /// `call.mode` is [`Mode::Once`]. On success the lease is being renewed, and the
+    /// `call.mode` is [`WhenBusy::Return`]. On success the lease is being renewed, and the
     /// entry and gate `leading` kept are the caller's.
     pub(super) async fn acquire(
         self: &Arc<Self>,
@@ -182,11 +183,10 @@ impl RwLocks {
         };
         let key = &key;
         let granted = acquire(self, ask, &mut leading, |token, mode, _| async move {
-            let queue = mode == Mode::Wait;
             if kind == LeaseKind::Read {
-                rw.acquire_read(key, token, ttl, queue).await
+                rw.acquire_read(key, token, ttl, mode).await
             } else {
-                rw.acquire_write(key, token, ttl, queue).await
+                rw.acquire_write(key, token, ttl, mode).await
             }
         })
         .await?;

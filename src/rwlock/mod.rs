@@ -82,10 +82,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as TokioRwLock};
 use tokio::time::Instant;
 
-use crate::backend::LeaseToken;
+use crate::backend::{LeaseToken, WhenBusy};
 use crate::error::{Error, Phase};
 use crate::key::LockKey;
-use crate::lease::acquire::{Armed, InFlight, Mode};
+use crate::lease::acquire::{Armed, InFlight};
 use crate::lease::engine::{Engine, deadline_after};
 use crate::lease::release::{Ran, Settle};
 use crate::lease::{Lease, LeaseKind};
@@ -248,7 +248,7 @@ impl Leading {
 }
 
 impl InFlight for Leading {
-    fn sending(&mut self, mode: Mode) {
+    fn sending(&mut self, mode: WhenBusy) {
         self.armed.sending(mode);
     }
 
@@ -289,11 +289,11 @@ struct Call {
     start: Instant,
     deadline: Instant,
     /// Wait when busy, or one attempt (`try_read` / `try_write`).
-    mode: Mode,
+    mode: WhenBusy,
 }
 
 impl Call {
-    fn new(wait: Duration, mode: Mode) -> Call {
+    fn new(wait: Duration, mode: WhenBusy) -> Call {
         let start = Instant::now();
         Call {
             start,

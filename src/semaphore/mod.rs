@@ -63,11 +63,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::semaphore::SemaphoreBackend;
-use crate::backend::{Acquire, LeaseToken};
+use crate::backend::{Acquire, LeaseToken, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
-use crate::lease::acquire::{Armed, Ask, Mode, acquire};
+use crate::lease::acquire::{Armed, Ask, acquire};
 use crate::lease::engine::deadline_after;
 mod permit;
 mod requests;
@@ -277,14 +277,14 @@ impl Semaphore {
             kind: LeaseKind::Permit,
             token,
             ttl,
-            mode: Mode::Once,
+            mode: WhenBusy::Return,
             start,
             deadline: deadline_after(start, semaphores.config.wait_timeout),
             one_at_a_time: false,
         };
-        let granted = acquire(semaphores, ask, &mut armed, |token, _, _| async move {
+        let granted = acquire(semaphores, ask, &mut armed, |token, mode, _| async move {
             let reply = backend
-                .acquire_permits(key, permits, &[token], ttl, false)
+                .acquire_permits(key, permits, &[token], ttl, mode)
                 .await?;
             Ok(if reply.granted >= 1 {
                 Acquire::Acquired {

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::{MAX_BATCH, Permit, pending};
-use crate::backend::{LeaseToken, LockKind};
+use crate::backend::{LeaseToken, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -339,7 +339,7 @@ impl Driver {
             semaphores.stats.acquire_attempt();
             queued = true;
             let reply = backend
-                .acquire_permits(key, state.permits, &tokens, ttl, true)
+                .acquire_permits(key, state.permits, &tokens, ttl, WhenBusy::Queue)
                 .await;
             let retry_in = match reply {
                 Ok(granted) => {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
 use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
@@ -66,12 +66,12 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> lockflight::Result<Acquire> {
         self.counts.acquire.fetch_add(1, Ordering::Relaxed);
         let now = self.counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.counts.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let out = self.inner.acquire(key, token, ttl, queue).await;
+        let out = self.inner.acquire(key, token, ttl, when_busy).await;
         self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
         out
     }

@@ -57,7 +57,8 @@
 //! `counting` (a backend wrapper that counts lockflight's requests),
 //! `cluster`, `sentinel`, `nemesis`.
 //! Everything a test needs is re-exported at the crate root; `cluster`,
-//! `sentinel`, `replication`, `fault_proxy` and `nemesis` are public modules.
+//! `sentinel`, `replication`, `fault_proxy`, `nemesis` and `names` (the Redis names of
+//! a key's records and of an instance's channel) are public modules.
 //!
 //! # Things to know about redis-rs 1.8
 //!
@@ -78,6 +79,7 @@
 //!   on I/O, so every response timeout fires at once.
 pub mod cluster;
 pub mod fault_proxy;
+pub mod names;
 pub mod nemesis;
 pub mod replication;
 pub mod sentinel;

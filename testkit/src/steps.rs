@@ -1,5 +1,5 @@
 //! Small steps every test binary needs: bounded waits, joining test tasks,
-//! lockflight-side checks (a subscribed backend, a free key, idle lockers,
+//! lockflight-side checks (a channel's subscribers, a free key, idle lockers,
 //! increasing fencing tokens) and reading lock keys in Redis.
 
 use std::future::Future;
@@ -34,17 +34,34 @@ pub async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
     out
 }
 
-/// `backend` once its notification subscription is established (up to 10 s).
-pub async fn subscribed(backend: RedisBackend) -> RedisBackend {
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let up = backend.is_subscribed();
-            async move { up }
-        })
-        .await,
-        "the notification subscription of {backend:?} never came up"
-    );
-    backend
+/// Waits until `channel` has at least `at_least` subscribers on the server behind
+/// `con`, as `PUBSUB NUMSUB` counts them: that server's own clients only (on a
+/// Cluster, ask each node the backend subscribes on). `limit` only guards against a
+/// hang; `false` if the count did not come within it.
+///
+/// `RedisBackend::connect` returns once its first subscription is up; this observes
+/// a subscription made again (after `CLIENT KILL`, a restart or a failover). A
+/// backend's channel is [`names::channel`](crate::names::channel).
+pub async fn channel_subscribed<C>(con: &C, channel: &str, at_least: i64, limit: Duration) -> bool
+where
+    C: redis::aio::ConnectionLike + Clone,
+{
+    wait_until(limit, || {
+        let mut con = con.clone();
+        async move { numsub(&mut con, channel).await >= at_least }
+    })
+    .await
+}
+
+/// The subscribers of `channel` on the server behind `con` (`PUBSUB NUMSUB`); 0 if
+/// the command fails (a server restarting).
+pub async fn numsub<C: redis::aio::ConnectionLike>(con: &mut C, channel: &str) -> i64 {
+    let reply: redis::RedisResult<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(con)
+        .await;
+    reply.map_or(0, |(_, n)| n)
 }
 
 /// Whether `key` is free for `locker` right now (taken and released at once if so).
@@ -58,17 +75,15 @@ pub async fn is_free(locker: &Locker, key: &str) -> bool {
     }
 }
 
-/// A backend on `url` under `prefix` whose notification subscription is up (so
-/// that no wake-up published by a test is lost to a subscription still starting).
+/// A backend on `url` under `prefix`; its notification subscription is up (connect
+/// waits for it), so no wake-up published by a test is lost to a subscription still
+/// starting.
 pub async fn backend_at(url: &str, prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect the backend")
 }
 
 /// The keys `locker` has local state for, of every kind ([`Stats::keys_in_use`](lockflight::stats::Stats::keys_in_use)).
@@ -115,11 +130,6 @@ pub fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
             tokens.len()
         );
     }
-}
-
-/// The Redis name of `key`'s queue of waiting instances (a sorted set).
-pub fn queue_name(backend: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    suffixed(&backend.lock_name(key), ":wq")
 }
 
 /// The Redis name `name` + `suffix` (one of a key's companion names: `:rd`, `n`, …).
@@ -229,11 +239,11 @@ pub struct AllThree {
 }
 
 impl AllThree {
-    /// `holder` (a locker over `backend`) takes the mutex `mutex`, the write lease
-    /// of `rw` and the only permit of semaphore `sem`.
+    /// `holder` (a locker over a Redis backend under `prefix`) takes the mutex
+    /// `mutex`, the write lease of `rw` and the only permit of semaphore `sem`.
     pub async fn take(
         holder: &Locker,
-        backend: &RedisBackend,
+        prefix: &str,
         (mutex, rw, sem): (&LockKey, &LockKey, &LockKey),
     ) -> AllThree {
         let name = |bytes: Vec<u8>| String::from_utf8(bytes).expect("a UTF-8 name");
@@ -253,9 +263,9 @@ impl AllThree {
                 .await
                 .expect("the holder takes the permit"),
             names: [
-                name(backend.lock_name(mutex)),
-                format!("{}:wr", name(backend.lock_name(rw))),
-                name(backend.permits_name(sem)),
+                name(crate::names::lock(prefix, mutex)),
+                format!("{}:wr", name(crate::names::lock(prefix, rw))),
+                name(crate::names::permits(prefix, sem)),
             ],
         }
     }

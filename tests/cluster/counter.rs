@@ -27,7 +27,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
         backends.push(b);
     }
     let keys: Vec<LockKey> = if spread {
-        key_per_shard(&backends[0], "k")
+        key_per_shard("k")
             .await
             .into_iter()
             .map(|(k, _)| k)
@@ -38,7 +38,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     let data = data_conn().await;
     let sections: Vec<CounterSection> = keys
         .iter()
-        .map(|key| CounterSection::new(counter_name(&backends[0], key), data.clone()))
+        .map(|key| CounterSection::new(counter_name(key), data.clone()))
         .collect();
     let started = Instant::now();
     let mut tasks = JoinSet::new();
@@ -66,10 +66,10 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     for (i, key) in keys.iter().enumerate() {
         let per_key =
             (INSTANCES * (0..TASKS).filter(|t| t % keys.len() == i).count() * ITERATIONS) as u64;
-        let v = counter_value(&mut data, &counter_name(&backends[0], key)).await;
+        let v = counter_value(&mut data, &counter_name(key)).await;
         assert_eq!(v, per_key, "lost updates on {key}");
         let left: bool = redis::cmd("EXISTS")
-            .arg(backends[0].lock_name(key))
+            .arg(testkit::names::lock(&prefix, key))
             .query_async(&mut data)
             .await
             .unwrap();

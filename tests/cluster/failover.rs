@@ -9,8 +9,8 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primary_while_held() {
     let (_serial, c) = cluster_for_this_test().await;
-    let (a, b) = two_instances("failover").await;
-    let shards = key_per_shard(&a, "f").await;
+    let (prefix, a, b) = two_instances("failover").await;
+    let shards = key_per_shard("f").await;
     let (key, victim) = shards[0].clone();
     let others: Vec<LockKey> = shards[1..].iter().map(|(k, _)| k.clone()).collect();
     let ttl = Duration::from_secs(4);
@@ -74,7 +74,7 @@ async fn killed_primary_while_held() {
     assert_eq!(replica.len(), 1, "one replica per primary");
     let replica = replica[0].clone();
     // Replication is asynchronous: wait until the replica has the lock too.
-    let lock_name = a.lock_name(&key);
+    let lock_name = testkit::names::lock(&prefix, &key);
     let rnode = c.by_addr(&replica.addr);
     let lock_name = String::from_utf8_lossy(&lock_name).into_owned();
     assert!(wait_until(Duration::from_secs(5), || rnode.has_key(&lock_name)).await);
@@ -148,14 +148,14 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
     let (_serial, c) = cluster_for_this_test().await;
-    let (a, b) = two_instances("replay").await;
-    let (_, victim) = key_per_shard(&a, "r").await.remove(0);
+    let (prefix, a, b) = two_instances("replay").await;
+    let (_, victim) = key_per_shard("r").await.remove(0);
     // Three keys on the victim's shard.
     let on_victim = |stem: &str| {
         (0..)
             .map(|i| LockKey::from(format!("{stem}{i}")))
             .find(|k| {
-                let slot = Cluster::slot(&a.lock_name(k));
+                let slot = slot_of(k);
                 victim.slots.iter().any(|&(x, y)| x <= slot && slot <= y)
             })
             .unwrap()
@@ -164,7 +164,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     // The default lease TTL (30 s).
     let holder = Locker::builder(a.clone()).build().unwrap();
     let other = Locker::builder(b.clone()).build().unwrap();
-    let held = AllThree::take(&holder, &a, (&mutex, &rw, &sem)).await;
+    let held = AllThree::take(&holder, &prefix, (&mutex, &rw, &sem)).await;
     let replica = c.replicas_of(&victim.id).await;
     assert_eq!(replica.len(), 1, "one replica per primary");
     let replica = replica[0].clone();

@@ -203,8 +203,9 @@ async fn pubsub_classic_vs_sharded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_instance_listens_on_every_primary() {
     let (_serial, c) = cluster_for_this_test().await;
-    let b = backend(&unique_prefix("mirrors")).await;
-    let channel = b.channel();
+    let prefix = unique_prefix("mirrors");
+    let b = backend(&prefix).await;
+    let channel = testkit::names::channel(&prefix, b.instance_id());
     let primaries = c.primaries().await;
     assert_eq!(primaries.len(), 3);
     assert!(
@@ -233,8 +234,8 @@ async fn each_instance_listens_on_every_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_instance_revokes_an_idle_cached_lease_on_each_shard() {
     let (_serial, _cluster) = cluster_for_this_test().await;
-    let (ab, bb) = two_instances("cluster-revoke").await;
-    let keys = key_per_shard(&ab, "revoke").await;
+    let (_, ab, bb) = two_instances("cluster-revoke").await;
+    let keys = key_per_shard("revoke").await;
     let a = Locker::builder(ab)
         // A budget as long as the linger: an idle cached lease also ends with it.
         .handoff(Handoff::enabled().max_hold(Duration::from_secs(60)))

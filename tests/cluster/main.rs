@@ -45,7 +45,7 @@ use redis::cluster_async::ClusterConnection;
 use testkit::cluster::{Cluster, NodeInfo};
 use testkit::{
     AllThree, RedisServer, assert_strictly_increasing, backend_at, counter_value, increment,
-    join_all, subscribed, takes_all_three_after, unique_prefix, wait_idle, wait_until, within,
+    join_all, takes_all_three_after, unique_prefix, wait_idle, wait_until, within,
 };
 
 use tokio::task::JoinSet;
@@ -69,20 +69,18 @@ async fn cluster_for_this_test() -> (tokio::sync::MutexGuard<'static, ()>, &'sta
 }
 
 async fn backend(prefix: &str) -> RedisBackend {
-    subscribed(
-        RedisBackend::cluster(cluster().urls())
-            .prefix(prefix)
-            .connect()
-            .await
-            .expect("connect to the cluster"),
-    )
-    .await
+    RedisBackend::cluster(cluster().urls())
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect to the cluster")
 }
 
-/// Two instances on the cluster under a new prefix (from `name`).
-async fn two_instances(name: &str) -> (RedisBackend, RedisBackend) {
+/// A new prefix (from `name`) and two instances on the cluster under it.
+async fn two_instances(name: &str) -> (String, RedisBackend, RedisBackend) {
     let prefix = unique_prefix(name);
-    (backend(&prefix).await, backend(&prefix).await)
+    let (a, b) = (backend(&prefix).await, backend(&prefix).await);
+    (prefix, a, b)
 }
 
 async fn data_conn() -> ClusterConnection {
@@ -101,12 +99,12 @@ async fn data_conn() -> ClusterConnection {
 
 /// Keys whose lock names land on each current primary (one per primary, in the
 /// primaries' slot order), found by trying `<stem>0`, `<stem>1`, …
-async fn key_per_shard(b: &RedisBackend, stem: &str) -> Vec<(LockKey, NodeInfo)> {
+async fn key_per_shard(stem: &str) -> Vec<(LockKey, NodeInfo)> {
     let primaries = cluster().primaries().await;
     let mut out: Vec<Option<LockKey>> = vec![None; primaries.len()];
     for i in 0.. {
         let key = LockKey::from(format!("{stem}{i}"));
-        let slot = Cluster::slot(&b.lock_name(&key));
+        let slot = slot_of(&key);
         let owner = primaries
             .iter()
             .position(|p| p.slots.iter().any(|&(a, z)| a <= slot && slot <= z))
@@ -125,8 +123,14 @@ async fn key_per_shard(b: &RedisBackend, stem: &str) -> Vec<(LockKey, NodeInfo)>
 }
 
 /// The counter's name, in the key's hash tag (so on the key's shard).
-fn counter_name(b: &RedisBackend, key: &LockKey) -> Vec<u8> {
-    [&b.lock_name(key)[..], b":counter"].concat()
+fn counter_name(key: &LockKey) -> Vec<u8> {
+    testkit::names::lock("counter", key)
+}
+
+/// The Cluster slot of every Redis name of `key`: they share the key's hash tag,
+/// whatever the prefix.
+fn slot_of(key: &LockKey) -> u16 {
+    Cluster::slot(&testkit::names::lock("any", key))
 }
 
 struct Exclusive(Arc<AtomicUsize>);
@@ -211,21 +215,18 @@ async fn a_cluster_client_of_the_application_carries_the_locks() {
             .expect("cluster client")
     };
     let prefix = unique_prefix("cluster-client");
-    let backend = subscribed(
-        RedisBackend::from_cluster_client(client("pw"), with_credentials.clone())
-            .prefix(&prefix)
-            .connect()
-            .await
-            .expect("connect through the application's cluster client"),
-    )
-    .await;
+    let backend = RedisBackend::from_cluster_client(client("pw"), with_credentials.clone())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .expect("connect through the application's cluster client");
     let locker = Locker::builder(backend.clone())
         .lease_ttl(Duration::from_secs(10))
         .build()
         .unwrap();
     let key = LockKey::from("invoice:7");
     let guard = locker.lock(key.clone()).await.unwrap();
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     assert!(name.starts_with(format!("{prefix}:").as_bytes()));
     let owner = c.primary_of_slot(Cluster::slot(&name)).await;
     let node = c.by_addr(&owner.addr);

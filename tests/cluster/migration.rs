@@ -11,9 +11,9 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_slot_migrates_while_held_and_waited_on() {
     let (_serial, c) = cluster_for_this_test().await;
-    let (a, b) = two_instances("migrate").await;
+    let (_, a, b) = two_instances("migrate").await;
     let key = LockKey::from("hot");
-    let slot = Cluster::slot(&a.lock_name(&key));
+    let slot = slot_of(&key);
     let (from, to) = c.slot_move(slot).await;
     let lockers: Vec<Locker> = [a.clone(), b.clone()]
         .into_iter()
@@ -25,7 +25,7 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
                 .unwrap()
         })
         .collect();
-    let counter = counter_name(&a, &key);
+    let counter = counter_name(&key);
     let data = data_conn().await;
     let done = Arc::new(AtomicU64::new(0));
     let release_errors = Arc::new(AtomicU64::new(0));

@@ -28,14 +28,14 @@ async fn evalsha_calls(addr: &str, reset: bool) -> u64 {
 
 /// A backend under a fresh prefix (`name`) and a locker on it whose leases last
 /// `ttl` and renew every `every`.
-async fn renewing(name: &str, ttl: Duration, every: Duration) -> (RedisBackend, Locker) {
-    let b = backend(&unique_prefix(name)).await;
-    let locker = Locker::builder(b.clone())
+async fn renewing(name: &str, ttl: Duration, every: Duration) -> (String, Locker) {
+    let prefix = unique_prefix(name);
+    let locker = Locker::builder(backend(&prefix).await)
         .lease_ttl(ttl)
         .renew_every(every)
         .build()
         .unwrap();
-    (b, locker)
+    (prefix, locker)
 }
 
 /// Releases every held lease (none may be lost), then waits for the locker to
@@ -75,15 +75,12 @@ async fn hold_all(locker: &Locker, keys: Vec<LockKey>) -> Vec<(LockKey, LockGuar
 async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     let (_serial, c) = cluster_for_this_test().await;
     let every = Duration::from_millis(300);
-    let (b, locker) = renewing("batch", Duration::from_millis(1_500), every).await;
+    let (prefix, locker) = renewing("batch", Duration::from_millis(1_500), every).await;
 
     let keys: Vec<LockKey> = (0..LEASES)
         .map(|i| LockKey::from(format!("r{i}")))
         .collect();
-    let slots: std::collections::BTreeSet<u16> = keys
-        .iter()
-        .map(|k| Cluster::slot(&b.lock_name(k)))
-        .collect();
+    let slots: std::collections::BTreeSet<u16> = keys.iter().map(slot_of).collect();
     assert!(slots.len() > LEASES * 9 / 10, "{} slots", slots.len());
     let primaries = c.primaries().await;
     let held = hold_all(&locker, keys).await;
@@ -132,7 +129,7 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     for (i, (key, _)) in held.iter().enumerate() {
         if doomed(i) {
             redis::cmd("DEL")
-                .arg(b.lock_name(key))
+                .arg(testkit::names::lock(&prefix, key))
                 .query_async::<()>(&mut data)
                 .await
                 .unwrap();
@@ -175,14 +172,14 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
 async fn a_lease_whose_slot_moves_keeps_being_renewed() {
     let (_serial, c) = cluster_for_this_test().await;
     let every = Duration::from_millis(200);
-    let (b, locker) = renewing("batch-move", Duration::from_millis(1_000), every).await;
+    let (prefix, locker) = renewing("batch-move", Duration::from_millis(1_000), every).await;
     let mut keys: Vec<LockKey> = (0..114).map(|i| LockKey::from(format!("m{i}"))).collect();
     let moved = keys[0].clone();
-    let slot = Cluster::slot(&b.lock_name(&moved));
+    let slot = slot_of(&moved);
     keys.extend(
         (0..)
             .map(|i| LockKey::from(format!("m0-{i}")))
-            .filter(|k| Cluster::slot(&b.lock_name(k)) == slot)
+            .filter(|k| slot_of(k) == slot)
             .take(5),
     );
     let held = hold_all(&locker, keys).await;
@@ -199,7 +196,7 @@ async fn a_lease_whose_slot_moves_keeps_being_renewed() {
     assert_eq!(stats.leases_lost, 0, "{stats:?}");
     assert!(stats.renewals >= 119 * 3, "{stats:?}");
     assert!(
-        to_has_key(c, &to, &b.lock_name(&moved)).await,
+        to_has_key(c, &to, &testkit::names::lock(&prefix, &moved)).await,
         "the moved lock key lives on its new primary"
     );
     release_all(held, locker).await;
@@ -247,13 +244,13 @@ impl Drop for MaxMemory {
 async fn a_primary_out_of_memory_still_renews_its_leases() {
     let (_serial, c) = cluster_for_this_test().await;
     let every = Duration::from_millis(200);
-    let (b, locker) = renewing("batch-oom", Duration::from_millis(1_000), every).await;
+    let (_, locker) = renewing("batch-oom", Duration::from_millis(1_000), every).await;
     let keys: Vec<LockKey> = (0..120).map(|i| LockKey::from(format!("o{i}"))).collect();
     let full = c.primaries().await.remove(0);
     let on_full = keys
         .iter()
         .filter(|k| {
-            let s = Cluster::slot(&b.lock_name(k));
+            let s = slot_of(k);
             full.slots.iter().any(|&(a, z)| a <= s && s <= z)
         })
         .count();
@@ -280,12 +277,12 @@ async fn a_primary_out_of_memory_still_renews_its_leases() {
 async fn renewals_do_not_wait_for_the_slot_map() {
     let (_serial, c) = cluster_for_this_test().await;
     let every = Duration::from_millis(200);
-    let (b, locker) = renewing("batch-slow-map", Duration::from_millis(1_000), every).await;
+    let (_, locker) = renewing("batch-slow-map", Duration::from_millis(1_000), every).await;
     let slow = c.primaries().await.remove(0);
     let keys: Vec<LockKey> = (0..)
         .map(|i| LockKey::from(format!("w{i}")))
         .filter(|k| {
-            let s = Cluster::slot(&b.lock_name(k));
+            let s = slot_of(k);
             !slow.slots.iter().any(|&(a, z)| a <= s && s <= z)
         })
         .take(40)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend};
+use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend, WhenBusy};
 use lockflight::guard::MultiGuard;
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
@@ -20,7 +20,7 @@ use tokio::sync::OnceCell;
 
 use testkit::cluster::Cluster;
 use testkit::sentinel::{MASTER, Sentinels};
-use testkit::{RedisServer, backend_at, shared, subscribed, unique_prefix};
+use testkit::{RedisServer, backend_at, shared, unique_prefix};
 
 /// Where the lockers of a cell keep their locks. The Redis topologies are started
 /// once per test binary, on first use, and shared by the cells (each under its own
@@ -113,12 +113,11 @@ impl Topology {
             Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
             Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
         };
-        let backend = builder
+        builder
             .prefix(prefix)
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"));
-        subscribed(backend).await
+            .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"))
     }
 
     /// Deletes the Redis `names` (all of one hash slot) behind the lockers' backs,
@@ -305,13 +304,21 @@ impl Kind {
         Ok(match self {
             // `lock_many` is the mutex of each key at the backend.
             Kind::Mutex | Kind::Many => {
-                granted(LockBackend::acquire(backend, key, token, ttl, false).await?)
+                granted(LockBackend::acquire(backend, key, token, ttl, WhenBusy::Return).await?)
             }
-            Kind::Read => granted(backend.acquire_read(key, token, ttl, false).await?),
-            Kind::Write => granted(backend.acquire_write(key, token, ttl, false).await?),
+            Kind::Read => granted(
+                backend
+                    .acquire_read(key, token, ttl, WhenBusy::Return)
+                    .await?,
+            ),
+            Kind::Write => granted(
+                backend
+                    .acquire_write(key, token, ttl, WhenBusy::Return)
+                    .await?,
+            ),
             Kind::Permit => {
                 backend
-                    .acquire_permits(key, PERMITS, &[token], ttl, false)
+                    .acquire_permits(key, PERMITS, &[token], ttl, WhenBusy::Return)
                     .await?
                     .granted
                     == 1

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockflight::backend::LeaseToken;
-use lockflight::{Error, LockKey, Locker, RedisBackend, Result};
+use lockflight::{Error, LockKey, Locker, Result};
 
 use crate::{Held, Kind, Topology, matrix};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy};
@@ -52,10 +52,10 @@ fn carrying(name: Vec<u8>) -> CommandMatcher {
     Arc::new(move |args: &[Vec<u8>]| args.contains(&name))
 }
 
-/// The Redis name of the release record of `token`'s lease of `key`.
-fn record_name(backend: &RedisBackend, key: &LockKey, token: LeaseToken) -> Vec<u8> {
+/// The Redis name of the release record of `token`'s lease of `key` under `prefix`.
+fn record_name(prefix: &str, key: &LockKey, token: LeaseToken) -> Vec<u8> {
     [
-        backend.lock_name(key),
+        testkit::names::lock(prefix, key),
         b":rel:".to_vec(),
         token.to_hex().into_bytes(),
     ]
@@ -76,19 +76,19 @@ fn record_name(backend: &RedisBackend, key: &LockKey, token: LeaseToken) -> Vec<
 /// the repeat is routed), which is the same script on every topology.
 async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
     let cell = format!("truthful-release-{kind:?}");
-    let (a, b, proxy, _log) = match topology {
+    let (prefix, a, b, proxy, _log) = match topology {
         Topology::OneServer => {
             let (server, log, prefix) = shared_scene(&cell);
             let proxy = FaultProxy::start(server).await;
             let a = backend_at(&proxy.url(), &prefix).await;
             let b = backend_at(&server.url(), &prefix).await;
-            (a, b, Some(proxy), Some(log))
+            (prefix, a, b, Some(proxy), Some(log))
         }
         Topology::Cluster | Topology::Sentinel => {
             let prefix = unique_prefix(&cell);
             let a = topology.redis_backend(&prefix).await;
             let b = topology.redis_backend(&prefix).await;
-            (a, b, None, None)
+            (prefix, a, b, None, None)
         }
         other => panic!("{other:?}: a cell of the Redis backend's single-keyspace topologies"),
     };
@@ -99,7 +99,7 @@ async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
     match &proxy {
         Some(proxy) => {
             // Only A's release carries A's record name from here on.
-            proxy.drop_replies(carrying(record_name(&a, &key, ta)), 1);
+            proxy.drop_replies(carrying(record_name(&prefix, &key, ta)), 1);
             let first = kind.backend_release(&a, &key, ta).await;
             assert_eq!(proxy.dropped(), 1, "the release's reply was lost once");
             assert!(

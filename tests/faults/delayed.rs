@@ -20,7 +20,7 @@ use std::time::Duration;
 use lockflight::{Handoff, LockKey, Locker, RedisBackend};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy, evalsha_on};
 use testkit::replication::Replicated;
-use testkit::{RedisServer, subscribed, unique_prefix, wait_until};
+use testkit::{RedisServer, unique_prefix, wait_until};
 
 use crate::lost_reply::learn_scripts;
 use crate::{serial, within};
@@ -65,7 +65,7 @@ impl Setup {
         if matches!(self.target, Target::Acked(_)) {
             builder = builder.replica_ack(1, Duration::from_secs(2));
         }
-        subscribed(builder.connect().await.expect("connect the backend")).await
+        builder.connect().await.expect("connect the backend")
     }
 
     /// Instance A, through the proxy; without handoff, so that a release goes to
@@ -89,10 +89,7 @@ impl Setup {
 
     /// The Redis name of `KEY`'s lock, plus `suffix`.
     async fn name(&self, suffix: &str) -> Vec<u8> {
-        let lock = self
-            .backend(&self.target.url())
-            .await
-            .lock_name(&LockKey::from(KEY));
+        let lock = testkit::names::lock(&self.prefix, &LockKey::from(KEY));
         [&lock[..], suffix.as_bytes()].concat()
     }
 

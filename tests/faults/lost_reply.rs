@@ -44,9 +44,7 @@ impl Setup {
         let proxy = FaultProxy::start(&server).await;
         let prefix = unique_prefix(name);
         let scripts = learn_scripts(&proxy, &prefix).await;
-        let name = backend_at(&server.url(), &prefix)
-            .await
-            .lock_name(&LockKey::from(KEY));
+        let name = testkit::names::lock(&prefix, &LockKey::from(KEY));
         Setup {
             server,
             proxy,
@@ -108,7 +106,7 @@ async fn b_lock_after(b: &Locker, since: Instant, what: &str) -> Duration {
 /// extend.
 pub(crate) async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
     let backend = backend_at(&proxy.url(), prefix).await;
-    let name = backend.lock_name(&LockKey::from("calibrate"));
+    let name = testkit::names::lock(prefix, &LockKey::from("calibrate"));
     let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_millis(300))
         .build()

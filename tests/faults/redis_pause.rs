@@ -46,12 +46,7 @@ async fn paused_redis_signals_loss_in_time_and_never_overlaps() {
             Handoff::disabled(),
         ),
     ];
-    let queue = {
-        let backend = backend_at(&server.url(), &prefix).await;
-        let mut name = backend.lock_name(&key.into());
-        name.extend_from_slice(b":wq");
-        name
-    };
+    let queue = testkit::names::queue(&prefix, &key.into());
 
     let call = Instant::now();
     let guard = holder_locker.lock(key).await.unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lockflight::RedisBackend;
 use lockflight::fence::{Fenced, FencedKey, WriteId};
 use testkit::cluster::Cluster;
-use testkit::{subscribed, unique_prefix};
+use testkit::unique_prefix;
 
 use crate::{locker, stale};
 
@@ -15,14 +15,11 @@ async fn fenced_writes_on_a_cluster_refuse_an_older_holder() {
     let cluster = Cluster::start();
     cluster.wait_ok(Duration::from_secs(30)).await;
     let prefix = unique_prefix("fence-cluster");
-    let backend = subscribed(
-        RedisBackend::cluster(cluster.urls())
-            .prefix(&prefix)
-            .connect()
-            .await
-            .expect("connect to the cluster"),
-    )
-    .await;
+    let backend = RedisBackend::cluster(cluster.urls())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .expect("connect to the cluster");
     let locker = locker(backend);
     let mut data = redis::cluster::ClusterClientBuilder::new(cluster.urls())
         .response_timeout(Duration::from_secs(5))

@@ -26,7 +26,7 @@ mod sql;
 use std::time::Duration;
 
 use lockflight::{FencingToken, LockGuard, Locker, RedisBackend};
-use testkit::{CountingProxy, RedisServer, subscribed};
+use testkit::{CountingProxy, RedisServer};
 
 /// The lease TTL of both holders: short, so that A's lease ends soon.
 pub(crate) const TTL: Duration = Duration::from_millis(800);
@@ -51,14 +51,11 @@ pub(crate) async fn paused_then_successor(
 ) -> (LockGuard, LockGuard, CountingProxy) {
     let proxy = CountingProxy::start(server).await;
     let a = locker(
-        subscribed(
-            RedisBackend::builder(proxy.url())
-                .prefix(prefix)
-                .connect()
-                .await
-                .expect("A connects"),
-        )
-        .await,
+        RedisBackend::builder(proxy.url())
+            .prefix(prefix)
+            .connect()
+            .await
+            .expect("A connects"),
     );
     let b = locker(
         RedisBackend::builder(server.url())

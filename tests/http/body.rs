@@ -196,12 +196,13 @@ async fn a_lease_lost_in_a_locked_handler_drops_it() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    let prefix = testkit::unique_prefix("http-locked-loss");
     let backend = lockflight::RedisBackend::builder(testkit::shared().url())
-        .prefix(testkit::unique_prefix("http-locked-loss"))
+        .prefix(&prefix)
         .connect()
         .await
         .unwrap();
-    let lock_name = backend.lock_name(&lockflight::LockKey::from("account:alice"));
+    let lock_name = testkit::names::lock(&prefix, &lockflight::LockKey::from("account:alice"));
     let locker = Locker::builder(backend)
         .lease_ttl(Duration::from_millis(300))
         .build()

@@ -158,7 +158,7 @@ pub(crate) async fn locker_at(url: &str, wait: Duration) -> Locker {
         .connect()
         .await
         .unwrap();
-    let backend = testkit::subscribed(backend).await;
+    let backend = backend;
     Locker::builder(backend).wait_timeout(wait).build().unwrap()
 }
 

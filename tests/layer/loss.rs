@@ -7,12 +7,13 @@ use super::*;
 /// A locker builder on the shared Redis under a new prefix (from `name`) with a
 /// 300 ms lease, and the Redis name of its lock `k`.
 async fn short_lease(name: &str) -> (LockerBuilder, Vec<u8>) {
+    let prefix = testkit::unique_prefix(name);
     let backend = RedisBackend::builder(testkit::shared().url())
-        .prefix(testkit::unique_prefix(name))
+        .prefix(&prefix)
         .connect()
         .await
         .unwrap();
-    let lock_name = backend.lock_name(&LockKey::from("k"));
+    let lock_name = testkit::names::lock(&prefix, &LockKey::from("k"));
     let builder = Locker::builder(backend).lease_ttl(Duration::from_millis(300));
     (builder, lock_name)
 }

@@ -192,7 +192,7 @@ async fn foreign_values_at_the_lock_key_are_reported() {
 
     // A list at the lock key.
     let key = LockKey::from("list");
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     redis::cmd("LPUSH")
         .arg(&name)
         .arg("item")
@@ -216,7 +216,7 @@ async fn foreign_values_at_the_lock_key_are_reported() {
 
     // A string without a TTL.
     let key = LockKey::from("no-ttl");
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     redis::cmd("SET")
         .arg(&name)
         .arg("mine")

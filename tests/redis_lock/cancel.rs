@@ -82,7 +82,7 @@ async fn cancelled_lock_calls_leave_nothing_behind() {
 
     wait_idle(&lockers, IDLE).await;
     let mut con = server.connection().await;
-    let lock_name = backends[0].lock_name(&key);
+    let lock_name = testkit::names::lock(&prefix, &key);
     assert!(
         wait_until(Duration::from_secs(5), || {
             let (mut con, lock_name) = (con.clone(), &lock_name);

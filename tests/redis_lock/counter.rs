@@ -60,7 +60,7 @@ async fn redis_counter(mode: Mode) {
     );
 
     wait_idle(&lockers, IDLE).await;
-    let lock_name = backends[0].lock_name(&key);
+    let lock_name = testkit::names::lock(&prefix, &key);
     assert!(
         !exists(&mut con, &lock_name).await,
         "the lock key is left in Redis after every task released"

@@ -41,7 +41,7 @@ async fn killed_holder_blocks_at_most_lease_ttl() {
         .expect("HELD <epoch>");
 
     let backend = backend_at(&server.url(), &prefix).await;
-    let lock_name = backend.lock_name(&LockKey::from(key));
+    let lock_name = testkit::names::lock(&prefix, &LockKey::from(key));
     let locker = Locker::builder(backend)
         .wait_timeout(Duration::from_secs(20))
         .build()

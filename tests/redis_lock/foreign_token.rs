@@ -15,7 +15,7 @@ async fn release_with_foreign_token_deletes_nothing() {
         .cache_leases_for(Duration::ZERO)
         .build()
         .unwrap();
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     let mut con = server.connection().await;
 
     // Directly through the trait.
@@ -34,13 +34,18 @@ async fn release_with_foreign_token_deletes_nothing() {
     // The stranger's release retired its token: never granted from now on.
     assert!(matches!(
         backend
-            .acquire(&key, stranger, Duration::from_secs(1), false)
+            .acquire(&key, stranger, Duration::from_secs(1), WhenBusy::Return)
             .await,
         Err(lockflight::Error::LeaseLost { .. })
     ));
     assert!(matches!(
         backend
-            .acquire(&key, LeaseToken::random(), Duration::from_secs(1), false)
+            .acquire(
+                &key,
+                LeaseToken::random(),
+                Duration::from_secs(1),
+                WhenBusy::Return
+            )
             .await
             .unwrap(),
         Acquire::Busy { .. }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken};
+use lockflight::backend::{Acquire, Extend, LeaseToken, WhenBusy};
 use lockflight::{
     Contention, Error, FencingToken, Handoff, LockGuard, LockKey, Locker, LockerBuilder,
     MemoryBackend, RedisBackend, backend::LockBackend, error::Phase,
@@ -21,9 +21,9 @@ use lockflight::{
 use redis::aio::MultiplexedConnection;
 use testkit::{
     CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
-    del, exists, get_string, holder_child_target, increment, join_all, pttl, queue_name,
-    set_for_30s, shared, shared_scene, spawn_holder_child, subscribed, tell_parent, unique_prefix,
-    wait_idle, wait_until, within, zcard,
+    del, exists, get_string, holder_child_target, increment, join_all, pttl, set_for_30s, shared,
+    shared_scene, spawn_holder_child, tell_parent, unique_prefix, wait_idle, wait_until, within,
+    zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;
@@ -33,6 +33,7 @@ mod counter;
 mod crash;
 mod fencing;
 mod foreign_token;
+mod names;
 mod regressions;
 mod renewal;
 mod renewal_batch;
@@ -64,16 +65,18 @@ async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> b
         .is_some()
 }
 
-/// Waits up to `limit` until `backend`'s instance has an entry in the Redis queue
-/// of `key` (`queued`), or has none (`!queued`); returns whether it came to that.
+/// Waits up to `limit` until `backend`'s instance (under `prefix`) has an entry in
+/// the Redis queue of `key` (`queued`), or has none (`!queued`); returns whether it
+/// came to that.
 async fn wait_queued(
     con: &MultiplexedConnection,
+    prefix: &str,
     backend: &RedisBackend,
     key: &LockKey,
     queued: bool,
     limit: Duration,
 ) -> bool {
-    let queue = queue_name(backend, key);
+    let queue = testkit::names::queue(prefix, key);
     let instance = backend.instance_id().to_owned();
     wait_until(limit, || {
         let (mut con, queue, instance) = (con.clone(), &queue, &instance);

@@ -25,15 +25,12 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
     // the wire when the caller gives up. Long queue entries make a stale entry
     // obvious.
     let proxy = CountingProxy::start(server).await;
-    let backend = subscribed(
-        RedisBackend::builder(proxy.url())
-            .prefix(&prefix)
-            .queue_entry_ttl(Duration::from_secs(30))
-            .connect()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let backend = RedisBackend::builder(proxy.url())
+        .prefix(&prefix)
+        .queue_entry_ttl(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
     let waiter = Locker::builder(backend.clone()).build().unwrap();
     proxy.set_delay(Duration::from_millis(300));
     let cancelled = tokio::time::timeout(Duration::from_millis(100), waiter.lock(&key)).await;
@@ -43,14 +40,14 @@ async fn leader_cancelled_during_first_acquire_leaves_the_queue() {
     );
 
     let mut con = server.connection().await;
-    let queue = queue_name(&backend, &key);
+    let queue = testkit::names::queue(&prefix, &key);
     // The acquire landed after the cancellation and queued this instance...
     assert!(
-        wait_queued(&con, &backend, &key, true, Duration::from_secs(5)).await,
+        wait_queued(&con, &prefix, &backend, &key, true, Duration::from_secs(5)).await,
         "the in-flight acquire never reached Redis"
     );
     // ...and nobody of this instance waits any more, so it must leave the queue.
-    let left = wait_queued(&con, &backend, &key, false, Duration::from_secs(3)).await;
+    let left = wait_queued(&con, &prefix, &backend, &key, false, Duration::from_secs(3)).await;
     assert_eq!(waiter.stats().keys_in_use, 0);
     held.release().await.unwrap();
     assert!(
@@ -78,7 +75,7 @@ async fn lost_guard_has_no_validity_left() {
         .unwrap();
     let guard = locker.lock(&key).await.unwrap();
     let mut con = server.connection().await;
-    del(&mut con, &backend.lock_name(&key)).await;
+    del(&mut con, &testkit::names::lock(&prefix, &key)).await;
     within(Duration::from_secs(3), "lost() after DEL", guard.lost()).await;
     assert!(guard.is_lost());
     let left = guard.valid_for();

@@ -76,13 +76,13 @@ async fn deleted_or_overwritten_lock_is_lost() {
     // Deleted.
     let key = LockKey::from("deleted");
     let guard = locker.lock(&key).await.unwrap();
-    del(&mut con, &backend.lock_name(&key)).await;
+    del(&mut con, &testkit::names::lock(&prefix, &key)).await;
     let noticed = expect_loss(guard, bound, "DEL").await;
     println!("loss after DEL noticed after {noticed:?}");
 
     // Overwritten by another value (with a TTL, so it looks like another holder).
     let key = LockKey::from("overwritten");
-    let name = backend.lock_name(&key);
+    let name = testkit::names::lock(&prefix, &key);
     let guard = locker.lock(&key).await.unwrap();
     set_for_30s(&mut con, &name, "someone-else").await;
     let noticed = expect_loss(guard, bound, "SET").await;
@@ -133,7 +133,7 @@ async fn with_lock_aborts_work_on_loss() {
         .unwrap();
     assert_eq!(info.key, key);
     let mut con = server.connection().await;
-    del(&mut con, &backend.lock_name(&key)).await;
+    del(&mut con, &testkit::names::lock(&prefix, &key)).await;
     let deleted = Instant::now();
     let result = within(Duration::from_secs(5), "with_lock", work)
         .await

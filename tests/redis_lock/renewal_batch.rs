@@ -3,7 +3,7 @@
 //! the answer its own renewal would get.
 
 use futures::StreamExt;
-use lockflight::backend::{LeaseKind, RenewItem};
+use lockflight::backend::{LeaseKind, RenewItem, WhenBusy};
 use testkit::Held;
 
 use super::*;
@@ -206,11 +206,11 @@ async fn a_batch_loses_exactly_the_leases_deleted_behind_the_holders_back() {
         if !doomed(i) {
             continue;
         }
-        let lock = backend.lock_name(key);
+        let lock = testkit::names::lock(&prefix, key);
         let name = match kind {
             LeaseKind::Read => [&lock[..], b":rd"].concat(),
             LeaseKind::Write => [&lock[..], b":wr"].concat(),
-            LeaseKind::Permit => backend.permits_name(key),
+            LeaseKind::Permit => testkit::names::permits(&prefix, key),
             _ => lock,
         };
         del(&mut con, &name).await;
@@ -271,21 +271,28 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     );
     let tokens: Vec<LeaseToken> = (0..4).map(|_| LeaseToken::random()).collect();
     assert!(matches!(
-        backend.acquire(&m, tokens[0], ttl, false).await.unwrap(),
+        backend
+            .acquire(&m, tokens[0], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let rw = backend.rw().unwrap();
     assert!(matches!(
-        rw.acquire_read(&r, tokens[1], ttl, false).await.unwrap(),
+        rw.acquire_read(&r, tokens[1], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     assert!(matches!(
-        rw.acquire_write(&w, tokens[2], ttl, false).await.unwrap(),
+        rw.acquire_write(&w, tokens[2], ttl, WhenBusy::Return)
+            .await
+            .unwrap(),
         Acquire::Acquired { .. }
     ));
     let sem = backend.semaphore().unwrap();
     assert_eq!(
-        sem.acquire_permits(&p, 2, &tokens[3..4], ttl, false)
+        sem.acquire_permits(&p, 2, &tokens[3..4], ttl, WhenBusy::Return)
             .await
             .unwrap()
             .granted,
@@ -294,7 +301,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     let mut con = server.connection().await;
     set_for_30s(
         &mut con,
-        &[&backend.lock_name(&foreign)[..], b":rd"].concat(),
+        &[&testkit::names::lock(&prefix, &foreign)[..], b":rd"].concat(),
         "x",
     )
     .await;
@@ -339,7 +346,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     assert!(matches!(batch[7], Ok(Extend::NotOwner)));
     del(
         &mut con,
-        &[&backend.lock_name(&foreign)[..], b":rd"].concat(),
+        &[&testkit::names::lock(&prefix, &foreign)[..], b":rd"].concat(),
     )
     .await;
     assert!(backend.release(&m, tokens[0]).await.unwrap().released);
@@ -361,9 +368,9 @@ impl LockBackend for PerLease {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> lockflight::Result<Acquire> {
-        self.0.acquire(key, token, ttl, queue).await
+        self.0.acquire(key, token, ttl, when_busy).await
     }
     async fn release(
         &self,

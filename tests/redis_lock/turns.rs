@@ -38,7 +38,15 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
     }
     // A's leader is queued at Redis and its other tasks wait locally...
     assert!(
-        wait_queued(&con, &a_backend, &key, true, Duration::from_secs(5)).await,
+        wait_queued(
+            &con,
+            &prefix,
+            &a_backend,
+            &key,
+            true,
+            Duration::from_secs(5)
+        )
+        .await,
         "A never queued"
     );
     assert!(
@@ -58,7 +66,15 @@ async fn a_lease_serves_two_turns_per_local_waiter_while_others_wait() {
         }
     });
     assert!(
-        wait_queued(&con, &c_backend, &key, true, Duration::from_secs(5)).await,
+        wait_queued(
+            &con,
+            &prefix,
+            &c_backend,
+            &key,
+            true,
+            Duration::from_secs(5)
+        )
+        .await,
         "C never queued"
     );
     held.release().await.unwrap();

@@ -8,15 +8,12 @@ const LONG_FALLBACK: Duration = Duration::from_secs(10);
 /// A backend whose waiters ask again only every [`LONG_FALLBACK`] unless woken:
 /// one that gets the lock well before that was woken, however slow the machine.
 async fn slow_polling_backend_at(url: &str, prefix: &str) -> RedisBackend {
-    testkit::subscribed(
-        RedisBackend::builder(url)
-            .prefix(prefix)
-            .queue_entry_ttl(3 * LONG_FALLBACK)
-            .connect()
-            .await
-            .expect("connect the backend"),
-    )
-    .await
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .queue_entry_ttl(3 * LONG_FALLBACK)
+        .connect()
+        .await
+        .expect("connect the backend")
 }
 
 /// A waiting instance is woken by the release (pub/sub), not by polling: with a
@@ -52,7 +49,15 @@ async fn waiter_is_woken_by_release() {
         // The waiter has been told "busy" and is queued in Redis: it now sleeps on
         // its wake-up (or, failing that, its 10 s fallback timer).
         assert!(
-            wait_queued(&con, &waiter_backend, &key, true, Duration::from_secs(10)).await,
+            wait_queued(
+                &con,
+                &prefix,
+                &waiter_backend,
+                &key,
+                true,
+                Duration::from_secs(10)
+            )
+            .await,
             "the waiter never queued"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -90,15 +95,12 @@ async fn release_wakes_one_waiting_instance_not_all() {
     // Long queue entries and leases make every fallback timer 20 s: within this
     // test, an acquire attempt can only come from a wake-up.
     let connect = || async {
-        subscribed(
-            RedisBackend::builder(server.url())
-                .prefix(&prefix)
-                .queue_entry_ttl(Duration::from_secs(60))
-                .connect()
-                .await
-                .unwrap(),
-        )
-        .await
+        RedisBackend::builder(server.url())
+            .prefix(&prefix)
+            .queue_entry_ttl(Duration::from_secs(60))
+            .connect()
+            .await
+            .unwrap()
     };
     let build = |backend: RedisBackend| {
         Locker::builder(backend)
@@ -109,13 +111,10 @@ async fn release_wakes_one_waiting_instance_not_all() {
     };
     let holder = build(connect().await);
     let mut waiters = Vec::new();
-    let mut probe = None;
     for _ in 0..WAITERS {
-        let backend = connect().await;
-        probe.get_or_insert_with(|| backend.clone());
-        waiters.push(build(backend));
+        waiters.push(build(connect().await));
     }
-    let queue = queue_name(probe.as_ref().unwrap(), &key);
+    let queue = testkit::names::queue(&prefix, &key);
     let con = server.connection().await;
 
     let mut current = holder.lock(&key).await.unwrap();
@@ -197,8 +196,7 @@ async fn waiters_survive_killed_pubsub_connection() {
         );
         backends.push(backend);
     }
-    let subscriptions_before: Vec<u64> = backends.iter().map(|b| b.subscriptions()).collect();
-    let queue = queue_name(&holder_backend, &key);
+    let queue = testkit::names::queue(&prefix, &key);
     let mut con = server.connection().await;
 
     let held = holder.lock(&key).await.unwrap();
@@ -248,26 +246,12 @@ async fn waiters_survive_killed_pubsub_connection() {
         "waiters took {slowest:?} after a lost wake-up"
     );
 
-    for (backend, before) in backends.iter().zip(&subscriptions_before) {
-        let channel = backend.channel();
-        let resubscribed = wait_until(Duration::from_secs(10), || {
-            let again = backend.subscriptions() > *before && backend.is_subscribed();
-            let (mut con, channel) = (con.clone(), &channel);
-            async move {
-                let numsub: (String, i64) = redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg(channel)
-                    .query_async(&mut con)
-                    .await
-                    .expect("PUBSUB NUMSUB");
-                again && numsub.1 == 1
-            }
-        })
-        .await;
+    // CLIENT KILL dropped every subscriber: one on a channel now is a new one.
+    for backend in &backends {
+        let channel = testkit::names::channel(&prefix, backend.instance_id());
         assert!(
-            resubscribed,
-            "{backend:?} did not resubscribe: subscriptions {} (before {before})",
-            backend.subscriptions()
+            testkit::channel_subscribed(&con, &channel, 1, Duration::from_secs(10)).await,
+            "{backend:?} did not resubscribe to {channel}"
         );
     }
 
@@ -280,7 +264,17 @@ async fn waiters_survive_killed_pubsub_connection() {
             (guard, Instant::now())
         })
     };
-    assert!(wait_queued(&con, &backends[0], &key, true, Duration::from_secs(10)).await);
+    assert!(
+        wait_queued(
+            &con,
+            &prefix,
+            &backends[0],
+            &key,
+            true,
+            Duration::from_secs(10)
+        )
+        .await
+    );
     held.release().await.unwrap();
     let released = Instant::now();
     let (guard, acquired) = within(Duration::from_secs(10), "waiter", task)
@@ -355,7 +349,7 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
             }
         }
     });
-    let beside_queue = testkit::suffixed(&b_backend.lock_name(&key), beside_queue);
+    let beside_queue = testkit::suffixed(&testkit::names::lock(&prefix, &key), beside_queue);
     let b_id = b_backend.instance_id().to_owned();
     assert!(
         wait_until(Duration::from_secs(10), || {
@@ -378,7 +372,15 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
         }
     });
     assert!(
-        wait_queued(&con, &b_backend, &key, true, Duration::from_secs(10)).await,
+        wait_queued(
+            &con,
+            &prefix,
+            &b_backend,
+            &key,
+            true,
+            Duration::from_secs(10)
+        )
+        .await,
         "B's mutex waiter never queued"
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -390,7 +392,15 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
         }
     });
     assert!(
-        wait_queued(&con, &c_backend, &key, true, Duration::from_secs(10)).await,
+        wait_queued(
+            &con,
+            &prefix,
+            &c_backend,
+            &key,
+            true,
+            Duration::from_secs(10)
+        )
+        .await,
         "C never queued"
     );
     let gave_up = within(Duration::from_secs(10), "B's mutex waiter", b_gives_up)
@@ -399,7 +409,15 @@ async fn a_mutex_waiter_that_gives_up_leaves_the_queue(beside: Beside, fair: boo
     assert!(matches!(gave_up, Err(Error::Timeout { .. })), "{gave_up:?}");
     // B's mutex entry goes at once: B's `beside` waiter does not wait for the mutex.
     assert!(
-        wait_queued(&con, &b_backend, &key, false, Duration::from_millis(500)).await,
+        wait_queued(
+            &con,
+            &prefix,
+            &b_backend,
+            &key,
+            false,
+            Duration::from_millis(500)
+        )
+        .await,
         "B's mutex waiter gave up but B stayed in the mutex queue, kept there by its \
          {beside:?} waiter of the same key string"
     );

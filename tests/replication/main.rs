@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use lockflight::{Contention, Error, LockKey, Locker, RedisBackend};
 use testkit::replication::Replicated;
-use testkit::{Held, backend_at, subscribed, unique_prefix, wait_until, within};
+use testkit::{Held, backend_at, unique_prefix, wait_until, within};
 use tokio::sync::OnceCell;
 
 static TOPOLOGY: OnceCell<Replicated> = OnceCell::const_new();
@@ -63,15 +63,12 @@ async fn exclusive() -> (tokio::sync::MutexGuard<'static, ()>, &'static Replicat
 
 /// A backend on the primary that waits for 1 replica, at most `wait`.
 async fn acked_backend(t: &Replicated, prefix: &str, wait: Duration) -> RedisBackend {
-    subscribed(
-        RedisBackend::builder(t.primary.url())
-            .prefix(prefix)
-            .replica_ack(1, wait)
-            .connect()
-            .await
-            .expect("connect with replica_ack"),
-    )
-    .await
+    RedisBackend::builder(t.primary.url())
+        .prefix(prefix)
+        .replica_ack(1, wait)
+        .connect()
+        .await
+        .expect("connect with replica_ack")
 }
 
 /// Whether `name` exists on the primary.
@@ -115,15 +112,15 @@ impl Kind {
         }
     }
 
-    /// The Redis name that holds this kind's lease of `key`.
-    fn lease_name(self, backend: &RedisBackend, key: &str) -> Vec<u8> {
+    /// The Redis name that holds this kind's lease of `key` under `prefix`.
+    fn lease_name(self, prefix: &str, key: &str) -> Vec<u8> {
         let key = LockKey::from(key);
-        let lock = backend.lock_name(&key);
+        let lock = testkit::names::lock(prefix, &key);
         match self {
             Kind::Mutex | Kind::FairMutex => lock,
             Kind::Read => [&lock[..], b":rd"].concat(),
             Kind::Write => [&lock[..], b":wr"].concat(),
-            Kind::Permit => backend.permits_name(&key),
+            Kind::Permit => testkit::names::permits(prefix, &key),
         }
     }
 }
@@ -143,7 +140,7 @@ async fn acknowledged_or_lost_and_refused(kind: Kind) {
     )
     .await
     .unwrap_or_else(|e| panic!("{kind:?}: not granted with the replica running: {e}"));
-    assert!(exists(t, &kind.lease_name(&backend, "held")).await);
+    assert!(exists(t, &kind.lease_name(&prefix, "held")).await);
 
     // The replica stops acknowledging: the held lease is lost within about one
     // validity window (its renewals are refused), and not later than that.
@@ -175,7 +172,7 @@ async fn acknowledged_or_lost_and_refused(kind: Kind) {
         Err(e) => panic!("{kind:?}: expected Refused(NOREPLICAS) or Timeout, got {e:?}"),
         Ok(_) => panic!("{kind:?}: granted although no replica acknowledged it"),
     }
-    let name = kind.lease_name(&backend, "new");
+    let name = kind.lease_name(&prefix, "new");
     assert!(
         wait_until(Duration::from_secs(5), || async { !exists(t, &name).await }).await,
         "{kind:?}: the unacknowledged grant was not released"
@@ -188,7 +185,7 @@ async fn acknowledged_or_lost_and_refused(kind: Kind) {
         let locker = locker.clone();
         async move { kind.acquire(&locker, "waits").await }
     });
-    let name = kind.lease_name(&backend, "waits");
+    let name = kind.lease_name(&prefix, "waits");
     assert!(
         wait_until(Duration::from_secs(5), || async { exists(t, &name).await }).await,
         "{kind:?}: the waiting acquire never wrote its grant"
@@ -296,7 +293,7 @@ async fn waiting_for_replicas_stalls_nothing_else() {
         .collect();
     let names: Vec<Vec<u8>> = ["stuck-1", "stuck-2"]
         .into_iter()
-        .map(|key| backend.lock_name(&LockKey::from(key)))
+        .map(|key| testkit::names::lock(&prefix, &LockKey::from(key)))
         .collect();
     assert!(
         wait_until(Duration::from_secs(1), || async {

@@ -12,15 +12,12 @@ async fn acknowledged_writes_follow_a_failover() {
     let t = Sentinels::start().await;
     t.wait_settled(Duration::from_secs(60)).await;
     let prefix = unique_prefix("ack-sentinel");
-    let backend = subscribed(
-        RedisBackend::sentinel(t.sentinel_urls(), MASTER)
-            .prefix(&prefix)
-            .replica_ack(1, Duration::from_secs(1))
-            .connect()
-            .await
-            .expect("connect through the sentinels"),
-    )
-    .await;
+    let backend = RedisBackend::sentinel(t.sentinel_urls(), MASTER)
+        .prefix(&prefix)
+        .replica_ack(1, Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect through the sentinels");
     let locker = Locker::builder(backend.clone())
         .wait_timeout(Duration::from_secs(10))
         .build()
@@ -54,7 +51,7 @@ async fn acknowledged_writes_follow_a_failover() {
     )
     .await
     .expect("granted on the new primary");
-    let name = String::from_utf8(backend.lock_name(&LockKey::from("after"))).unwrap();
+    let name = String::from_utf8(testkit::names::lock(&prefix, &LockKey::from("after"))).unwrap();
     assert!(
         t.by_addr(&new)
             .cmd::<bool>(&["EXISTS", &name])

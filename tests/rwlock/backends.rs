@@ -54,7 +54,7 @@ async fn memory_backend_read_write_semantics() {
 async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     use async_trait::async_trait;
     use lockflight::backend::LockBackend;
-    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry};
+    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
 
     #[derive(Debug, Default)]
     struct MutexOnly(WakeRegistry);
@@ -66,7 +66,7 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
             _: &LockKey,
             _: LeaseToken,
             _: Duration,
-            _: bool,
+            _: WhenBusy,
         ) -> lockflight::Result<Acquire> {
             Ok(Acquire::Acquired {
                 epoch: 1,

@@ -10,7 +10,6 @@ use super::*;
 async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     let (server, _log, prefix) = shared_scene("rw-cancel");
     let lockers = instances(&server.url(), &prefix, 3).await;
-    let backend = backend_at(&server.url(), &prefix).await;
     let key = LockKey::from("k");
     let mut con = server.connection().await;
 
@@ -29,7 +28,7 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
         waiting.spawn(async move { l.rwlock("k").write().await.map(drop) });
     }
     let registered = wait_until(Duration::from_secs(10), || {
-        let name = rw_name(&backend, &key, ":ww");
+        let name = rw_name(&prefix, &key, ":ww");
         let mut con = con.clone();
         async move { zcard(&mut con, &name).await == 1 }
     })
@@ -40,7 +39,7 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     while waiting.join_next().await.is_some() {}
     // The dropped writer's entry is withdrawn in the background.
     let withdrawn = wait_until(Duration::from_secs(5), || {
-        let name = rw_name(&backend, &key, ":ww");
+        let name = rw_name(&prefix, &key, ":ww");
         let mut con = con.clone();
         async move { zcard(&mut con, &name).await == 0 }
     })
@@ -75,9 +74,9 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     guard.release().await.unwrap();
 
     wait_idle(&lockers).await;
-    assert!(!exists(&mut con, &rw_name(&backend, &key, ":wr")).await);
+    assert!(!exists(&mut con, &rw_name(&prefix, &key, ":wr")).await);
     let no_readers = wait_until(Duration::from_secs(5), || {
-        let name = rw_name(&backend, &key, ":rd");
+        let name = rw_name(&prefix, &key, ":rd");
         let mut con = con.clone();
         async move { zcard(&mut con, &name).await == 0 }
     })
@@ -93,7 +92,7 @@ async fn a_lost_read_lease_signals_every_local_reader() {
     let (server, _log, prefix) = shared_scene("rw-lost");
     let backend = backend_at(&server.url(), &prefix).await;
     let key = LockKey::from("k");
-    let readers_key = rw_name(&backend, &key, ":rd");
+    let readers_key = rw_name(&prefix, &key, ":rd");
     let ttl = Duration::from_secs(10);
     let locker = Locker::builder(backend)
         .lease_ttl(ttl)
@@ -141,24 +140,17 @@ async fn a_lost_read_lease_signals_every_local_reader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     use lockflight::backend::LockBackend;
-    use lockflight::backend::{Acquire, LeaseToken};
+    use lockflight::backend::{Acquire, LeaseToken, WhenBusy};
 
     let (server, _log, prefix) = shared_scene("rw-crash");
     let entry_ttl = Duration::from_millis(600);
     let connect = || async {
-        let b = RedisBackend::builder(server.url())
+        RedisBackend::builder(server.url())
             .prefix(&prefix)
             .queue_entry_ttl(entry_ttl)
             .connect()
             .await
-            .unwrap();
-        let up = wait_until(Duration::from_secs(10), || {
-            let up = b.is_subscribed();
-            async move { up }
-        })
-        .await;
-        assert!(up);
-        b
+            .unwrap()
     };
     let crashed = connect().await;
     let locker = Locker::builder(connect().await).build().unwrap();
@@ -169,7 +161,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     let ttl = Duration::from_millis(400);
     let start = Instant::now();
     let granted = rw
-        .acquire_read(&key, LeaseToken::random(), ttl, false)
+        .acquire_read(&key, LeaseToken::random(), ttl, WhenBusy::Return)
         .await;
     assert!(
         matches!(granted, Ok(Acquire::Acquired { .. })),
@@ -194,7 +186,7 @@ async fn a_crashed_readers_lease_and_a_crashed_writers_entry_expire() {
     // A writer registered as waiting (behind a live reader), then gone.
     let reader = locker.rwlock("k").read().await.unwrap();
     let busy = rw
-        .acquire_write(&key, LeaseToken::random(), ttl, true)
+        .acquire_write(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
         .await;
     assert!(matches!(busy, Ok(Acquire::Busy { .. })), "{busy:?}");
     reader.release().await.unwrap();

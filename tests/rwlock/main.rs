@@ -38,9 +38,10 @@ async fn instances(url: &str, prefix: &str, n: usize) -> Vec<Locker> {
     out
 }
 
-/// The Redis name of one of `key`'s read-write keys (`suffix`: `:rd`, `:wr`, …).
-fn rw_name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
-    suffixed(&backend.lock_name(key), suffix)
+/// The Redis name of one of `key`'s read-write keys under `prefix` (`suffix`: `:rd`,
+/// `:wr`, …).
+fn rw_name(prefix: &str, key: &LockKey, suffix: &str) -> Vec<u8> {
+    suffixed(&testkit::names::lock(prefix, key), suffix)
 }
 
 /// Waits until none of `lockers` has read-write activity left.

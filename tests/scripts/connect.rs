@@ -60,7 +60,12 @@ async fn connect_checks_the_password() {
     let b = RedisBackend::connect(&format!("redis://:secretpw@127.0.0.1:{port}/"))
         .await
         .expect("the right password");
-    assert!(b.is_subscribed());
+    // connect() returns once its subscription is up.
+    let channel = testkit::names::channel(
+        lockflight::backend::RedisBackendBuilder::DEFAULT_PREFIX,
+        b.instance_id(),
+    );
+    assert_eq!(testkit::numsub(&mut admin, &channel).await, 1);
 }
 
 /// Every operation, with a second instance waiting and woken: holder and waiter
@@ -70,8 +75,8 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     let waiter = RedisBackend::builder(url).prefix("lfacl").connect().await?;
     let key = LockKey::from(LeaseToken::random().to_hex());
     let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
-    epoch_of(holder.acquire(&key, t1, TTL, true).await?);
-    let Acquire::Busy { .. } = waiter.acquire(&key, t2, TTL, true).await? else {
+    epoch_of(holder.acquire(&key, t1, TTL, WhenBusy::Queue).await?);
+    let Acquire::Busy { .. } = waiter.acquire(&key, t2, TTL, WhenBusy::Queue).await? else {
         panic!("the waiter got a held lock")
     };
     let mut woken = waiter.wakeups().watch(LockKind::Mutex, &key);
@@ -83,21 +88,27 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     tokio::time::timeout(Duration::from_secs(5), woken.woken())
         .await
         .expect("the waiter is woken");
-    epoch_of(waiter.acquire(&key, t2, TTL, true).await?);
+    epoch_of(waiter.acquire(&key, t2, TTL, WhenBusy::Queue).await?);
     assert!(waiter.release(&key, t2).await?.released);
     // A released token is never granted again: a new lease takes a new token.
     let t3 = LeaseToken::random();
-    epoch_of(holder.acquire(&key, t3, TTL, true).await?);
+    epoch_of(holder.acquire(&key, t3, TTL, WhenBusy::Queue).await?);
     holder.leave(&key).await?;
     assert!(holder.release(&key, t3).await?.released);
 
     // The read-write lock's scripts: a reader, a writer waiting and woken.
     let (rw_holder, rw_waiter) = (holder.rw().expect("rw"), waiter.rw().expect("rw"));
     let key = LockKey::from(LeaseToken::random().to_hex());
-    let Acquire::Acquired { .. } = rw_holder.acquire_read(&key, t1, TTL, true).await? else {
+    let Acquire::Acquired { .. } = rw_holder
+        .acquire_read(&key, t1, TTL, WhenBusy::Queue)
+        .await?
+    else {
         panic!("a free read lock was refused")
     };
-    let Acquire::Busy { .. } = rw_waiter.acquire_write(&key, t2, TTL, true).await? else {
+    let Acquire::Busy { .. } = rw_waiter
+        .acquire_write(&key, t2, TTL, WhenBusy::Queue)
+        .await?
+    else {
         panic!("a writer got a read-locked key")
     };
     let mut woken = waiter.wakeups().watch(LockKind::ReadWrite, &key);
@@ -109,7 +120,11 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     tokio::time::timeout(Duration::from_secs(5), woken.woken())
         .await
         .expect("the writer is woken");
-    epoch_of(rw_waiter.acquire_write(&key, t2, TTL, true).await?);
+    epoch_of(
+        rw_waiter
+            .acquire_write(&key, t2, TTL, WhenBusy::Queue)
+            .await?,
+    );
     assert!(matches!(
         rw_waiter.extend_write(&key, t2, TTL).await?,
         Extend::Extended { .. }

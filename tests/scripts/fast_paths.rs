@@ -37,14 +37,14 @@ async fn uncontended_acquire_and_release_run_the_fast_paths() {
     let key = LockKey::from("fast");
     // The first pair starts the notifier (SUBSCRIBE) and creates the fence.
     let token = LeaseToken::random();
-    let mut last = epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+    let mut last = epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     a.release(&key, token).await.unwrap();
     let mut admin = server.connection().await;
     query::<()>(&mut admin, redis::cmd("CONFIG").arg("RESETSTAT")).await;
     const PAIRS: u64 = 20;
     for _ in 0..PAIRS {
         let token = LeaseToken::random();
-        let epoch = epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
+        let epoch = epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
         assert!(epoch > last, "epoch {epoch} after {last}");
         last = epoch;
         assert!(a.release(&key, token).await.unwrap().released);
@@ -72,16 +72,16 @@ async fn uncontended_acquire_and_release_run_the_fast_paths() {
 /// clock stepped back) is continued from, a fence behind it jumps to the clock.
 #[tokio::test]
 async fn the_epoch_continues_a_fence_ahead_of_the_clock() {
-    let (_log, a, mut con) = one_instance("fence-ahead").await;
+    let (_log, a, mut con, prefix) = one_instance("fence-ahead").await;
     let key = LockKey::from("ahead");
-    let fence = name(&a, &key, ":fence");
+    let fence = name(&prefix, &key, ":fence");
     let (secs, micros): (u64, u64) = query(&mut con, &redis::cmd("TIME")).await;
     let ahead = (secs + 1_000) * 1_000_000 + micros;
     query::<()>(&mut con, redis::cmd("SET").arg(&fence).arg(ahead)).await;
     for expected in [ahead + 1, ahead + 2] {
         let token = LeaseToken::random();
         assert_eq!(
-            epoch_of(a.acquire(&key, token, TTL, true).await.unwrap()),
+            epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap()),
             expected
         );
         assert_eq!(
@@ -93,7 +93,7 @@ async fn the_epoch_continues_a_fence_ahead_of_the_clock() {
     // Behind the clock: the epoch is the server time.
     query::<()>(&mut con, redis::cmd("SET").arg(&fence).arg(5)).await;
     let epoch = epoch_of(
-        a.acquire(&key, LeaseToken::random(), TTL, true)
+        a.acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
             .await
             .unwrap(),
     );

@@ -18,7 +18,7 @@ mod runtime;
 
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
+use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use testkit::{
@@ -44,16 +44,25 @@ async fn connect(url: &str, prefix: &str) -> RedisBackend {
 }
 
 /// One instance on the shared server under a new prefix (from `name`), a connection
-/// to the server, and a guard that prints the server's log if the test panics.
-async fn one_instance(name: &str) -> (LogOnPanic<'static>, RedisBackend, MultiplexedConnection) {
+/// to the server, a guard that prints the server's log if the test panics, and the
+/// prefix.
+async fn one_instance(
+    name: &str,
+) -> (
+    LogOnPanic<'static>,
+    RedisBackend,
+    MultiplexedConnection,
+    String,
+) {
     let (server, log, prefix) = shared_scene(name);
     let backend = connect(&server.url(), &prefix).await;
-    (log, backend, server.connection().await)
+    (log, backend, server.connection().await, prefix)
 }
 
-/// The Redis name `<lock name><suffix>` of `key` (`:fence`, `:wq`, `:wqx`, `:claim`, `:rel`).
-fn name(backend: &RedisBackend, key: &LockKey, suffix: &str) -> Vec<u8> {
-    suffixed(&backend.lock_name(key), suffix)
+/// The Redis name `<lock name><suffix>` of `key` under `prefix` (`:fence`, `:wq`,
+/// `:wqx`, `:claim`, `:rel`).
+fn name(prefix: &str, key: &LockKey, suffix: &str) -> Vec<u8> {
+    suffixed(&testkit::names::lock(prefix, key), suffix)
 }
 
 async fn hexists(con: &mut MultiplexedConnection, name: &[u8], field: &str) -> bool {

@@ -8,12 +8,12 @@ use super::*;
 /// a foreign value there, put another instance into the queue itself.
 async fn queue_beside_foreign_index(
     con: &mut MultiplexedConnection,
-    backend: &RedisBackend,
+    prefix: &str,
     key: &LockKey,
     suffix: &str,
 ) {
     if suffix == ":wqx" || suffix == ":claim" {
-        let queue = name(backend, key, ":wq");
+        let queue = name(prefix, key, ":wq");
         query::<()>(con, redis::cmd("ZADD").arg(queue).arg(1).arg("other")).await;
     }
 }
@@ -21,22 +21,23 @@ async fn queue_beside_foreign_index(
 /// acquire leaves no lock behind.
 #[tokio::test]
 async fn foreign_values_stop_acquire_before_any_write() {
-    let (_log, a, mut con) = one_instance("reads-first-acquire").await;
+    let (_log, a, mut con, prefix) = one_instance("reads-first-acquire").await;
     // (The release record `:rel:<token>` is never read by an acquire: it is only
     // deleted, which no value can refuse.)
     for suffix in [":fence", ":wq", ":wqx", ":claim"] {
         let key = LockKey::from(format!("acquire{suffix}"));
-        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
-        put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
+        queue_beside_foreign_index(&mut con, &prefix, &key, suffix).await;
+        put_foreign(&mut con, &name(&prefix, &key, suffix), suffix).await;
         assert_foreign(
             &format!("acquire with a foreign value at {suffix}"),
-            a.acquire(&key, LeaseToken::random(), TTL, true).await,
+            a.acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+                .await,
         );
         assert!(
-            !exists(&mut con, &a.lock_name(&key)).await,
+            !exists(&mut con, &testkit::names::lock(&prefix, &key)).await,
             "acquire with a foreign value at {suffix} left the lock behind"
         );
-        let kind = type_of(&mut con, &name(&a, &key, suffix)).await;
+        let kind = type_of(&mut con, &name(&prefix, &key, suffix)).await;
         assert_eq!(
             kind,
             if suffix.starts_with(":wq") {
@@ -51,21 +52,21 @@ async fn foreign_values_stop_acquire_before_any_write() {
 /// release deletes nothing.
 #[tokio::test]
 async fn foreign_values_stop_release_before_any_write() {
-    let (_log, a, mut con) = one_instance("reads-first-release").await;
+    let (_log, a, mut con, prefix) = one_instance("reads-first-release").await;
     // (A release of a held lock does not read its record: it overwrites it. The
     // record is read only when the lock is not ours; see `release_replies_and_records`.)
     for suffix in [":wq", ":wqx", ":claim"] {
         let key = LockKey::from(format!("release{suffix}"));
         let token = LeaseToken::random();
-        epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
-        queue_beside_foreign_index(&mut con, &a, &key, suffix).await;
-        put_foreign(&mut con, &name(&a, &key, suffix), suffix).await;
+        epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
+        queue_beside_foreign_index(&mut con, &prefix, &key, suffix).await;
+        put_foreign(&mut con, &name(&prefix, &key, suffix), suffix).await;
         assert_foreign(
             &format!("release with a foreign value at {suffix}"),
             a.release(&key, token).await,
         );
         assert_eq!(
-            get_string(&mut con, &a.lock_name(&key)).await,
+            get_string(&mut con, &testkit::names::lock(&prefix, &key)).await,
             Some(token.to_hex()),
             "release with a foreign value at {suffix} deleted the lock"
         );
@@ -75,17 +76,17 @@ async fn foreign_values_stop_release_before_any_write() {
 /// extend re-arms nothing.
 #[tokio::test]
 async fn foreign_values_stop_extend_before_any_write() {
-    let (_log, a, mut con) = one_instance("reads-first-extend").await;
+    let (_log, a, mut con, prefix) = one_instance("reads-first-extend").await;
     let key = LockKey::from("extend");
     let token = LeaseToken::random();
-    epoch_of(a.acquire(&key, token, TTL, true).await.unwrap());
-    put_foreign(&mut con, &name(&a, &key, ":wq"), ":wq").await;
+    epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
+    put_foreign(&mut con, &name(&prefix, &key, ":wq"), ":wq").await;
     assert_foreign(
         "extend with a list at :wq",
         a.extend(&key, token, Duration::from_secs(300)).await,
     );
     assert!(
-        pttl(&mut con, &a.lock_name(&key)).await <= 30_000,
+        pttl(&mut con, &testkit::names::lock(&prefix, &key)).await <= 30_000,
         "extend re-armed the lock although it failed"
     );
 }
@@ -93,11 +94,11 @@ async fn foreign_values_stop_extend_before_any_write() {
 /// leave removes nothing.
 #[tokio::test]
 async fn foreign_values_stop_leave_before_any_write() {
-    let (_log, a, mut con) = one_instance("reads-first-leave").await;
+    let (_log, a, mut con, prefix) = one_instance("reads-first-leave").await;
     let key = LockKey::from("leave");
-    let queue = name(&a, &key, ":wq");
+    let queue = name(&prefix, &key, ":wq");
     enqueue(&mut con, &queue, a.instance_id(), 1, LIVE_ENTRY).await;
-    put_foreign(&mut con, &name(&a, &key, ":claim"), ":claim").await;
+    put_foreign(&mut con, &name(&prefix, &key, ":claim"), ":claim").await;
     assert_foreign("leave with a hash at :claim", a.leave(&key).await);
     assert!(
         queued(&mut con, &queue, a.instance_id()).await,

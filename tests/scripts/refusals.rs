@@ -23,19 +23,22 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
         &mut admin,
         redis::cmd("ACL")
             .arg(&["SETUSER", "u", "resetchannels"])
-            .arg(format!("&{}", u.channel())),
+            .arg(format!(
+                "&{}",
+                testkit::names::channel(prefix, u.instance_id())
+            )),
     )
     .await;
     let key = LockKey::from("k");
     let (lock, queue, claim) = (
-        u.lock_name(&key),
-        name(&u, &key, ":wq"),
-        name(&u, &key, ":claim"),
+        testkit::names::lock(prefix, &key),
+        name(prefix, &key, ":wq"),
+        name(prefix, &key, ":claim"),
     );
 
     // Release.
     let token = LeaseToken::random();
-    epoch_of(u.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(u.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     enqueue(&mut admin, &queue, "waiter", 1, LIVE_ENTRY).await;
     assert_eq!(
         u.release(&key, token).await.expect("release"),
@@ -60,7 +63,7 @@ async fn a_refused_wake_up_publish_still_reports_the_release() {
     // The default user may publish anywhere: the claim is given.
     let d = connect(&server.url(), prefix).await;
     let token = LeaseToken::random();
-    epoch_of(d.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(d.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     assert!(d.release(&key, token).await.unwrap().released);
     assert_eq!(
         get_string(&mut admin, &claim).await.as_deref(),
@@ -87,12 +90,15 @@ async fn out_of_memory_is_refused_at_once() {
     .await;
     let key = LockKey::from("k");
     let started = Instant::now();
-    match a.acquire(&key, LeaseToken::random(), TTL, true).await {
+    match a
+        .acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+        .await
+    {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "OOM"),
         other => panic!("expected Refused(OOM), got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(1));
-    assert!(!exists(&mut admin, &a.lock_name(&key)).await);
+    assert!(!exists(&mut admin, &testkit::names::lock("lfoom", &key)).await);
 }
 
 /// A read-only replica: acquire and extend answer `Refused { code: "READONLY" }`.
@@ -128,17 +134,20 @@ async fn a_read_only_replica_is_refused() {
     let key = LockKey::from("k");
     let token = LeaseToken::random();
 
-    match r.acquire(&key, LeaseToken::random(), TTL, true).await {
+    match r
+        .acquire(&key, LeaseToken::random(), TTL, WhenBusy::Queue)
+        .await
+    {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "READONLY"),
         other => panic!("acquire: expected Refused(READONLY), got {other:?}"),
     }
 
     // A lease taken on the primary and replicated: renewing it on the replica.
-    epoch_of(p.acquire(&key, token, TTL, true).await.unwrap());
+    epoch_of(p.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     assert!(
         wait_until(Duration::from_secs(10), || {
             let mut admin = admin.clone();
-            let lock = r.lock_name(&key);
+            let lock = testkit::names::lock("lfro", &key);
             async move { exists(&mut admin, &lock).await }
         })
         .await,

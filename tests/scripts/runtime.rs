@@ -30,14 +30,19 @@ fn the_notifier_restarts_on_a_new_runtime() {
         let holder = connect(&server.url(), &prefix).await;
         let key = LockKey::from("k");
         let token = LeaseToken::random();
-        epoch_of(holder.acquire(&key, token, TTL, true).await.unwrap());
+        epoch_of(
+            holder
+                .acquire(&key, token, TTL, WhenBusy::Queue)
+                .await
+                .unwrap(),
+        );
         let locker = Locker::builder(waiter.clone())
             .wait_timeout(Duration::from_secs(60))
             .build()
             .unwrap();
         let task = tokio::spawn(async move { locker.lock("k").await.map(drop) });
         let con = server.connection().await;
-        let queue = name(&holder, &key, ":wq");
+        let queue = name(&prefix, &key, ":wq");
         let id = waiter.instance_id().to_owned();
         assert!(
             wait_until(Duration::from_secs(10), || {

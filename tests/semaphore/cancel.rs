@@ -10,12 +10,7 @@ async fn cancellation_storm_leaks_no_permit() {
     const N: u32 = 4;
     let (server, _log, prefix) = shared_scene("sem-storm");
     let lockers = instances(&server.url(), &prefix, 2).await;
-    let permits = RedisBackend::builder(server.url())
-        .prefix(&prefix)
-        .connect()
-        .await
-        .unwrap()
-        .permits_name(&LockKey::from("pool"));
+    let permits = testkit::names::permits(&prefix, &LockKey::from("pool"));
     let granted = Arc::new(AtomicUsize::new(0));
     let mut set = JoinSet::new();
     let mut handles = Vec::new();

@@ -39,7 +39,7 @@ async fn killed_holder_permit_returns_within_its_ttl() {
     child_line(&mut lines, "HELD ").await;
 
     let backend = backend_at(&server.url(), &prefix).await;
-    let permits = backend.permits_name(&LockKey::from(key));
+    let permits = testkit::names::permits(&prefix, &LockKey::from(key));
     let locker = locker(backend, Duration::from_secs(30));
     let sem = locker.semaphore(key, 1);
     assert!(

@@ -47,7 +47,7 @@ async fn works_on_a_cluster() {
             .connect()
             .await
             .expect("connect to the cluster");
-        lockers.push(locker(subscribed(b).await, Duration::from_secs(30)));
+        lockers.push(locker(b, Duration::from_secs(30)));
     }
     let max = exclusion_workload(&lockers, N, 10, 5, "the cluster workload").await;
     assert_eq!(max, N as usize);

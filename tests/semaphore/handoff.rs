@@ -25,7 +25,7 @@ async fn permit_tokens(con: &mut redis::aio::MultiplexedConnection, set: &[u8]) 
 async fn a_released_permit_passes_to_a_local_waiter_without_a_request() {
     let (server, _log, prefix) = shared_scene("sem-handoff");
     let backend = backend_at(&server.url(), &prefix).await;
-    let set = backend.permits_name(&LockKey::from("k"));
+    let set = testkit::names::permits(&prefix, &LockKey::from("k"));
     let waiting_set = suffixed(&set, "q");
     let l = locker(backend, Duration::from_secs(30));
     let mut con = server.connection().await;
@@ -148,20 +148,17 @@ async fn fair_mode_returns_a_permit_while_another_instance_waits() {
     let backend = || {
         let (url, prefix) = (server.url(), prefix.clone());
         async move {
-            subscribed(
-                RedisBackend::builder(url)
-                    .prefix(prefix)
-                    .queue_entry_ttl(Duration::from_secs(60))
-                    .connect()
-                    .await
-                    .unwrap(),
-            )
-            .await
+            RedisBackend::builder(url)
+                .prefix(prefix)
+                .queue_entry_ttl(Duration::from_secs(60))
+                .connect()
+                .await
+                .unwrap()
         }
     };
     let holder = locker(backend().await, Duration::from_secs(30));
     let bb = backend().await;
-    let waiting_set = suffixed(&bb.permits_name(&LockKey::from("k")), "q");
+    let waiting_set = suffixed(&testkit::names::permits(&prefix, &LockKey::from("k")), "q");
     let a = Locker::builder(bb)
         .lease_ttl(Duration::from_secs(30))
         .wait_timeout(Duration::from_secs(60))

@@ -11,7 +11,7 @@ use super::*;
 async fn another_permit_count_is_a_mismatch() {
     let (server, _log, prefix) = shared_scene("sem-mismatch");
     let ab = backend_at(&server.url(), &prefix).await;
-    let count = suffixed(&ab.permits_name(&LockKey::from("k")), "n");
+    let count = suffixed(&testkit::names::permits(&prefix, &LockKey::from("k")), "n");
     let a = locker(ab, Duration::from_secs(30));
     let b = locker(
         backend_at(&server.url(), &prefix).await,
@@ -118,20 +118,17 @@ async fn release_wakes_one_waiting_instance() {
     let slow_timer = |url: String| {
         let prefix = prefix.clone();
         async move {
-            subscribed(
-                RedisBackend::builder(url)
-                    .prefix(prefix)
-                    .queue_entry_ttl(Duration::from_secs(60))
-                    .connect()
-                    .await
-                    .unwrap(),
-            )
-            .await
+            RedisBackend::builder(url)
+                .prefix(prefix)
+                .queue_entry_ttl(Duration::from_secs(60))
+                .connect()
+                .await
+                .unwrap()
         }
     };
     let holder = locker(slow_timer(server.url()).await, Duration::from_secs(30));
     let bb = slow_timer(server.url()).await;
-    let waiting_set = suffixed(&bb.permits_name(&LockKey::from("k")), "q");
+    let waiting_set = suffixed(&testkit::names::permits(&prefix, &LockKey::from("k")), "q");
     let b = locker(bb, Duration::from_secs(30));
     let c = locker(slow_timer(server.url()).await, Duration::from_secs(30));
     let held = holder.semaphore("k", 1).acquire().await.unwrap();

@@ -9,7 +9,7 @@ use super::*;
 async fn lost_permit_is_signalled() {
     let (server, _log, prefix) = shared_scene("sem-loss");
     let backend = backend_at(&server.url(), &prefix).await;
-    let permits = backend.permits_name(&LockKey::from("k"));
+    let permits = testkit::names::permits(&prefix, &LockKey::from("k"));
     let l = locker(backend, Duration::from_millis(900));
     let permit = l.semaphore("k", 2).acquire().await.unwrap();
     let signal = permit.loss_signal();

@@ -23,13 +23,6 @@ async fn counting_locker(
         .connect()
         .await
         .map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !backend.is_subscribed() {
-        if Instant::now() > deadline {
-            return Err("not subscribed after 10 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
     let (counting, counts) = Counting::new(backend.clone());
     let locker = mode.locker(counting).map_err(|e| e.to_string())?;
     Ok((locker, backend, counts))

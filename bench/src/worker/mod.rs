@@ -120,13 +120,6 @@ async fn worker(spec: WorkerSpec) -> Result<WorkerResult, String> {
             .connect()
             .await
             .map_err(|e| format!("worker {id}: connect: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !backend.is_subscribed() {
-            if Instant::now() > deadline {
-                return Err(format!("worker {id}: not subscribed after 10 s"));
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
         let (backend, counts) = Counting::new(backend);
         let locker = mode.locker(backend).map_err(|e| e.to_string())?;
         (Guard::Lock(Arc::new(locker)), Some(counts))

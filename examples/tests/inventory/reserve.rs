@@ -117,9 +117,7 @@ async fn lost_lease_drops_the_handler_before_it_writes() {
 
     // Someone deletes the lock behind the holder's back (an operator, an eviction,
     // a failover that lost the key): the next renewal finds it gone.
-    let lock_name = redis_backend(&prefix)
-        .await
-        .lock_name(&LockKey::from("gadget"));
+    let lock_name = testkit::names::lock(&prefix, &LockKey::from("gadget"));
     let mut con = testkit::shared().connection().await;
     let deleted: u64 = redis::cmd("DEL")
         .arg(&lock_name)

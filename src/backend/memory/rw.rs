@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
+use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -86,7 +86,7 @@ impl RwBackend for MemoryBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        _queue: bool,
+        _when_busy: WhenBusy,
     ) -> Result<Acquire> {
         Ok(self.with_rw(key, |e, now| {
             if let Some((_, until)) = e.writer {
@@ -111,7 +111,7 @@ impl RwBackend for MemoryBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
         Ok(self.with_rw(key, |e, now| {
             let others = e.waiting_writers(Some(token));
@@ -121,7 +121,7 @@ impl RwBackend for MemoryBackend {
                 None => e.readers.values().min().copied(),
             };
             if let Some(until) = blocked {
-                if queue {
+                if when_busy == WhenBusy::Queue {
                     e.writers.insert(token, now + WRITER_ENTRY_TTL);
                 }
                 return busy(until, now);
@@ -221,16 +221,24 @@ mod tests {
             LeaseToken::random(),
         );
         assert_eq!(
-            acquired(b.acquire_read(&k, r1, ttl, true).await.unwrap()),
+            acquired(b.acquire_read(&k, r1, ttl, WhenBusy::Queue).await.unwrap()),
             0
         );
-        acquired(b.acquire_read(&k, r2, ttl, true).await.unwrap());
+        acquired(b.acquire_read(&k, r2, ttl, WhenBusy::Queue).await.unwrap());
         // A writer waits: registered, and new readers are refused.
-        assert!(is_busy(b.acquire_write(&k, w1, ttl, true).await.unwrap()));
+        assert!(is_busy(
+            b.acquire_write(&k, w1, ttl, WhenBusy::Queue).await.unwrap()
+        ));
         let r3 = LeaseToken::random();
-        assert!(is_busy(b.acquire_read(&k, r3, ttl, true).await.unwrap()));
+        assert!(is_busy(
+            b.acquire_read(&k, r3, ttl, WhenBusy::Queue).await.unwrap()
+        ));
         // try_write does not register: a second writer's try changes nothing.
-        assert!(is_busy(b.acquire_write(&k, w2, ttl, false).await.unwrap()));
+        assert!(is_busy(
+            b.acquire_write(&k, w2, ttl, WhenBusy::Return)
+                .await
+                .unwrap()
+        ));
         assert_eq!(
             b.extend_read(&k, r1, ttl).await.unwrap(),
             Extend::Extended { waiting: 1 }
@@ -238,30 +246,38 @@ mod tests {
         assert!(b.release_read(&k, r1).await.unwrap().released);
         assert!(b.release_read(&k, r2).await.unwrap().released);
         assert!(!b.release_read(&k, r2).await.unwrap().released);
-        let e1 = acquired(b.acquire_write(&k, w1, ttl, true).await.unwrap());
-        assert!(is_busy(b.acquire_read(&k, r3, ttl, true).await.unwrap()));
-        assert!(is_busy(b.acquire_write(&k, w2, ttl, true).await.unwrap()));
+        let e1 = acquired(b.acquire_write(&k, w1, ttl, WhenBusy::Queue).await.unwrap());
+        assert!(is_busy(
+            b.acquire_read(&k, r3, ttl, WhenBusy::Queue).await.unwrap()
+        ));
+        assert!(is_busy(
+            b.acquire_write(&k, w2, ttl, WhenBusy::Queue).await.unwrap()
+        ));
         assert!(b.release_write(&k, w1).await.unwrap().released);
         // w2 still waits: readers are refused until it gets in or withdraws.
-        assert!(is_busy(b.acquire_read(&k, r3, ttl, true).await.unwrap()));
-        let e2 = acquired(b.acquire_write(&k, w2, ttl, true).await.unwrap());
+        assert!(is_busy(
+            b.acquire_read(&k, r3, ttl, WhenBusy::Queue).await.unwrap()
+        ));
+        let e2 = acquired(b.acquire_write(&k, w2, ttl, WhenBusy::Queue).await.unwrap());
         assert!(e2 > e1, "{e2} after {e1}");
         assert_eq!(b.extend_write(&k, w1, ttl).await.unwrap(), Extend::NotOwner);
         assert!(b.release_write(&k, w2).await.unwrap().released);
         assert_eq!(
-            acquired(b.acquire_read(&k, r3, ttl, true).await.unwrap()),
+            acquired(b.acquire_read(&k, r3, ttl, WhenBusy::Queue).await.unwrap()),
             e2
         );
         // Leases expire at their TTL.
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(b.extend_read(&k, r3, ttl).await.unwrap(), Extend::NotOwner);
-        let e3 = acquired(b.acquire_write(&k, w1, ttl, true).await.unwrap());
+        let e3 = acquired(b.acquire_write(&k, w1, ttl, WhenBusy::Queue).await.unwrap());
         assert!(e3 > e2);
         // A writer that gives up withdraws its registration.
-        assert!(is_busy(b.acquire_write(&k, w2, ttl, true).await.unwrap()));
+        assert!(is_busy(
+            b.acquire_write(&k, w2, ttl, WhenBusy::Queue).await.unwrap()
+        ));
         assert!(!b.release_write(&k, w2).await.unwrap().released);
         assert!(b.release_write(&k, w1).await.unwrap().released);
-        acquired(b.acquire_read(&k, r1, ttl, true).await.unwrap());
+        acquired(b.acquire_read(&k, r1, ttl, WhenBusy::Queue).await.unwrap());
         assert!(b.release_read(&k, r1).await.unwrap().released);
         let held = b.inner.rw.keys.lock().unwrap().get(&k).map(|e| e.idle());
         assert_eq!(held, Some(true), "only the fence is left");
@@ -273,14 +289,18 @@ mod tests {
         let k = LockKey::from("k");
         let ttl = Duration::from_secs(10);
         let (r, w) = (LeaseToken::random(), LeaseToken::random());
-        acquired(b.acquire_read(&k, r, ttl, true).await.unwrap());
-        assert!(is_busy(b.acquire_write(&k, w, ttl, true).await.unwrap()));
+        acquired(b.acquire_read(&k, r, ttl, WhenBusy::Queue).await.unwrap());
+        assert!(is_busy(
+            b.acquire_write(&k, w, ttl, WhenBusy::Queue).await.unwrap()
+        ));
         let r2 = LeaseToken::random();
-        let Acquire::Busy { retry_in } = b.acquire_read(&k, r2, ttl, true).await.unwrap() else {
+        let Acquire::Busy { retry_in } =
+            b.acquire_read(&k, r2, ttl, WhenBusy::Queue).await.unwrap()
+        else {
             panic!("a waiting writer must refuse new readers")
         };
         assert!(retry_in <= MAX_RETRY);
         tokio::time::advance(WRITER_ENTRY_TTL).await;
-        acquired(b.acquire_read(&k, r2, ttl, true).await.unwrap());
+        acquired(b.acquire_read(&k, r2, ttl, WhenBusy::Queue).await.unwrap());
     }
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken, LockKind};
+use crate::backend::{Extend, LeaseToken, LockKind, WhenBusy};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
@@ -85,7 +85,7 @@ impl SemaphoreBackend for MemoryBackend {
         permits: u32,
         tokens: &[LeaseToken],
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Permits> {
         let now = Instant::now();
         let mut keys = self.semaphores();
@@ -122,7 +122,7 @@ impl SemaphoreBackend for MemoryBackend {
             .min()
             .map_or(Duration::ZERO, |e| e.saturating_duration_since(now))
             .clamp(Duration::from_millis(5), WAITING_TTL / 3);
-        if queue {
+        if when_busy == WhenBusy::Queue {
             sem.waiting_until = (granted < tokens.len()).then_some(now + WAITING_TTL);
         }
         if sem.is_empty() {
@@ -203,13 +203,16 @@ mod tests {
         let sem = b.semaphore().unwrap();
         // Three asked, two granted: the first two tokens.
         let p = sem
-            .acquire_permits(&k, 2, &t[..3], ttl, true)
+            .acquire_permits(&k, 2, &t[..3], ttl, WhenBusy::Queue)
             .await
             .unwrap();
         assert_eq!(p.granted, 2);
         assert_eq!(p.retry_in, ttl.min(WAITING_TTL / 3));
         // N is fixed while permits live.
-        match sem.acquire_permits(&k, 3, &t[3..], ttl, true).await {
+        match sem
+            .acquire_permits(&k, 3, &t[3..], ttl, WhenBusy::Queue)
+            .await
+        {
             Err(Error::PermitMismatch {
                 permits: 2,
                 requested: 3,
@@ -220,7 +223,7 @@ mod tests {
         // The same tokens again: re-armed, counted.
         tokio::time::advance(Duration::from_millis(600)).await;
         let p = sem
-            .acquire_permits(&k, 2, &t[..1], ttl, true)
+            .acquire_permits(&k, 2, &t[..1], ttl, WhenBusy::Queue)
             .await
             .unwrap();
         assert_eq!(p.granted, 1);
@@ -235,7 +238,7 @@ mod tests {
             Extend::Extended { waiting: 0 }
         );
         let p = sem
-            .acquire_permits(&k, 2, &t[2..4], ttl, false)
+            .acquire_permits(&k, 2, &t[2..4], ttl, WhenBusy::Return)
             .await
             .unwrap();
         assert_eq!(p.granted, 1, "one permit came back at its TTL");
@@ -248,7 +251,10 @@ mod tests {
         sem.leave_permits(&k).await.unwrap();
         assert!(b.semaphores().is_empty(), "no state left");
         // Nothing alive: N may change.
-        let p = sem.acquire_permits(&k, 5, &t, ttl, false).await.unwrap();
+        let p = sem
+            .acquire_permits(&k, 5, &t, ttl, WhenBusy::Return)
+            .await
+            .unwrap();
         assert_eq!(p.granted, 4);
         for token in &t {
             assert!(sem.release_permit(&k, *token).await.unwrap());

@@ -12,7 +12,7 @@ use super::{
     classify, connect_error, decode_acquire, decode_extend, decode_leave, decode_release,
     is_auth_failure, map_err, millis, notify, warn_refused_publish,
 };
-use crate::backend::{Acquire, LeaseToken, LockKind, Released};
+use crate::backend::{Acquire, LeaseToken, LockKind, Released, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -72,10 +72,10 @@ impl Inner {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         fair: Option<Duration>,
     ) -> Result<Acquire> {
-        if queue {
+        if when_busy == WhenBusy::Queue {
             // A caller about to wait needs the wake-ups.
             self.ensure_notifier();
         }
@@ -104,7 +104,11 @@ impl Inner {
             self.instance_id.as_bytes(),
             entry_ttl_ms.as_bytes(),
             fence_ttl_ms.as_bytes(),
-            if queue { b"1" } else { b"0" },
+            if when_busy == WhenBusy::Queue {
+                b"1"
+            } else {
+                b"0"
+            },
         ];
         // The channel prefix and the wake-up message: a caller that queues anew
         // sends the holder's instance a revocation built from them.

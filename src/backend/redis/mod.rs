@@ -62,7 +62,9 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry};
+use super::{
+    Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry, WhenBusy,
+};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -454,11 +456,6 @@ impl RedisBackend {
         &self.inner.instance_id
     }
 
-    /// The pub/sub channel this instance is woken on.
-    pub fn channel(&self) -> String {
-        self.inner.channel.clone()
-    }
-
     /// The server the command connection talks to now, `host:port`: the server of
     /// a single-server backend, the current primary of a sentinel backend (it
     /// changes when the backend follows a failover), or `cluster` for a cluster
@@ -479,32 +476,9 @@ impl RedisBackend {
         self.inner.release(key, token, None, false).await
     }
 
-    /// The Redis name of the lock of `key`.
-    pub fn lock_name(&self, key: &LockKey) -> Vec<u8> {
+    /// The Redis name of the lock of `key` (the Redlock quorum reads it on each node).
+    pub(crate) fn lock_name(&self, key: &LockKey) -> Vec<u8> {
         Names::new(&self.inner.prefix, key).lock
-    }
-
-    /// Whether the notification subscription is currently established.
-    pub fn is_subscribed(&self) -> bool {
-        self.inner.subscriber.is_up()
-    }
-
-    /// How many times the notification subscription has been (re-)established.
-    pub fn subscriptions(&self) -> u64 {
-        self.inner.subscriber.count()
-    }
-
-    /// Leaves the queue of `key` only if this instance holds the key's claim (it was
-    /// woken for a key it no longer wants), passing the claim to the next waiting
-    /// instance. Returns `false`, changing nothing, when the claim is not this
-    /// instance's. The notification task does this by itself for wake-ups nobody
-    /// here waits for.
-    ///
-    /// # Errors
-    ///
-    /// As the backend's `leave`.
-    pub async fn leave_if_claimed(&self, key: &LockKey) -> Result<bool> {
-        self.inner.leave(key, true).await
     }
 }
 
@@ -515,9 +489,9 @@ impl LockBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        self.inner.acquire(key, token, ttl, queue, None).await
+        self.inner.acquire(key, token, ttl, when_busy, None).await
     }
 
     /// The same script as [`acquire`](Self::acquire) with four more arguments: the
@@ -528,10 +502,12 @@ impl LockBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
-        self.inner.acquire(key, token, ttl, queue, Some(age)).await
+        self.inner
+            .acquire(key, token, ttl, when_busy, Some(age))
+            .await
     }
 
     fn supports_fair(&self) -> bool {

@@ -50,7 +50,6 @@
 //! backend starts a new one on the runtime that uses it next (see
 //! `Inner::ensure_notifier`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -78,35 +77,24 @@ pub(super) enum Attempt {
 /// Shared view of the subscription's health.
 #[derive(Debug)]
 pub(super) struct Status {
-    up: AtomicBool,
-    count: AtomicU64,
     attempt: watch::Sender<Attempt>,
 }
 
 impl Default for Status {
     fn default() -> Self {
         Status {
-            up: AtomicBool::new(false),
-            count: AtomicU64::new(0),
             attempt: watch::Sender::new(Attempt::Pending),
         }
     }
 }
 
 impl Status {
-    pub(super) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
-    }
-    pub(super) fn count(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
-    }
     /// Follows the outcomes of the subscription attempts.
     pub(super) fn attempts(&self) -> watch::Receiver<Attempt> {
         self.attempt.subscribe()
     }
     /// A new task takes over (the previous one ended without saying so).
     pub(super) fn restarting(&self) {
-        self.up.store(false, Ordering::Release);
         self.attempt.send_replace(Attempt::Pending);
     }
     fn report(&self, attempt: Attempt) {
@@ -249,8 +237,8 @@ const MIRROR_REFRESH: Duration = Duration::from_secs(5);
 /// Keeps a best-effort subscription to `channel` on every server that publishes
 /// wake-ups first ([`Conn::publishers`]: a Cluster's primaries), so that a wake-up
 /// arrives from the key's own node instead of over the cluster bus. The main
-/// subscription ([`run`]) stays the one whose state `connect` and
-/// `is_subscribed` report; a mirror that fails is only retried at the next
+/// subscription ([`run`]) stays the one whose state `connect` waits
+/// for; a mirror that fails is only retried at the next
 /// refresh, and the messages it would have carried still come by the bus.
 async fn mirrors(
     conn: Conn,
@@ -375,8 +363,6 @@ pub(super) async fn run(
             Ok(Ok(pubsub)) => {
                 backoff = MIN_BACKOFF;
                 let Some(i) = inner.upgrade() else { return };
-                i.subscriber.up.store(true, Ordering::Release);
-                i.subscriber.count.fetch_add(1, Ordering::AcqRel);
                 i.subscriber.report(Attempt::Subscribed);
                 // Anything published while we were away is lost: let waiters retry.
                 i.wakeups.wake_all();
@@ -390,9 +376,6 @@ pub(super) async fn run(
                     let Some(msg) = msg else { break };
                     let Some(i) = inner.upgrade() else { return };
                     deliver(i, msg.get_payload_bytes());
-                }
-                if let Some(i) = inner.upgrade() {
-                    i.subscriber.up.store(false, Ordering::Release);
                 }
                 // Ask again where to subscribe.
                 next = targets.len();

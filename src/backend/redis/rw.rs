@@ -35,7 +35,7 @@ use super::{
     warn_refused_publish,
 };
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released};
+use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -99,10 +99,10 @@ impl RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
         let inner = &self.inner;
-        if queue {
+        if when_busy == WhenBusy::Queue {
             inner.ensure_notifier();
         }
         inner.note_lease(ttl);
@@ -121,7 +121,11 @@ impl RedisBackend {
                     millis(ttl).to_string().as_bytes(),
                     inner.instance_id.as_bytes(),
                     inner.entry_ttl_ms.to_string().as_bytes(),
-                    if queue { b"1" } else { b"0" },
+                    if when_busy == WhenBusy::Queue {
+                        b"1"
+                    } else {
+                        b"0"
+                    },
                     fence_ttl_ms(ttl).to_string().as_bytes(),
                 ],
             )
@@ -201,9 +205,9 @@ impl RwBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        self.rw_acquire(&READ, key, token, ttl, queue).await
+        self.rw_acquire(&READ, key, token, ttl, when_busy).await
     }
 
     async fn acquire_write(
@@ -211,9 +215,9 @@ impl RwBackend for RedisBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        self.rw_acquire(&WRITE, key, token, ttl, queue).await
+        self.rw_acquire(&WRITE, key, token, ttl, when_busy).await
     }
 
     async fn release_read(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {

@@ -42,7 +42,7 @@ use super::{
     warn_refused_publish,
 };
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken, LockKind};
+use crate::backend::{Extend, LeaseToken, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -88,14 +88,6 @@ impl SemNames {
 
     fn keys(&self) -> [&[u8]; 4] {
         [&self.permits, &self.count, &self.queue, &self.expiry]
-    }
-}
-
-impl RedisBackend {
-    /// The Redis name of the permit set of semaphore `key` (a sorted set: token →
-    /// expiry in ms); the count and waiting set are this name + `n`, `q`, `qx`.
-    pub fn permits_name(&self, key: &LockKey) -> Vec<u8> {
-        SemNames::new(&self.inner.prefix, key).permits
     }
 }
 
@@ -187,10 +179,10 @@ impl SemaphoreBackend for RedisBackend {
         permits: u32,
         tokens: &[LeaseToken],
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Permits> {
         let inner = &self.inner;
-        if queue {
+        if when_busy == WhenBusy::Queue {
             // A caller about to wait needs the wake-ups.
             inner.ensure_notifier();
         }
@@ -200,7 +192,11 @@ impl SemaphoreBackend for RedisBackend {
             millis(ttl).to_string().into_bytes(),
             inner.instance_id.clone().into_bytes(),
             inner.entry_ttl_ms.to_string().into_bytes(),
-            if queue { b"1".to_vec() } else { b"0".to_vec() },
+            if when_busy == WhenBusy::Queue {
+                b"1".to_vec()
+            } else {
+                b"0".to_vec()
+            },
         ];
         let hex: Vec<String> = tokens.iter().map(|t| t.to_hex()).collect();
         let args: Vec<&[u8]> = head

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::Outcome;
 use crate::backend::{
-    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, WakeRegistry,
+    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, WakeRegistry, WhenBusy,
 };
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -29,7 +29,7 @@ impl LockBackend for RedlockBackend {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> Result<Acquire> {
         // A node that fails fast (its connection is being re-established after a
         // restart or a reset) is asked again, within one node timeout; a node that
@@ -37,7 +37,7 @@ impl LockBackend for RedlockBackend {
         let start = Instant::now();
         let mut pause = Duration::from_millis(5);
         loop {
-            let (result, fast_failures) = self.inner.acquire_once(key, token, ttl, queue).await;
+            let (result, fast_failures) = self.inner.acquire_once(key, token, ttl, when_busy).await;
             match result {
                 Err(Error::QuorumNotReached { .. })
                     if fast_failures && start.elapsed() + pause < self.inner.node_timeout =>

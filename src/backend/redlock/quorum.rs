@@ -9,7 +9,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::{FENCE, Inner, Node, Outcome, drift, fence_ttl_ms, is_definite};
-use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind};
+use crate::backend::{Acquire, LeaseToken, LockBackend, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -105,7 +105,7 @@ impl Inner {
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-        queue: bool,
+        when_busy: WhenBusy,
     ) -> (Result<Acquire>, bool) {
         let inner = self;
         let before: Vec<u64> = inner
@@ -125,8 +125,12 @@ impl Inner {
         let outcomes = inner
             .round(key, Phase::Acquiring, |node| {
                 // Only the wake node queues this instance (and may give it a claim).
-                let queue = queue && std::ptr::eq(node, wake);
-                node.backend.acquire(key, token, ttl, queue)
+                let when_busy = if std::ptr::eq(node, wake) {
+                    when_busy
+                } else {
+                    WhenBusy::Return
+                };
+                node.backend.acquire(key, token, ttl, when_busy)
             })
             .await;
         let mut granted = Vec::new(); // (node, epoch, waiting)
@@ -200,7 +204,7 @@ impl Inner {
             } else {
                 inner.jitter()
             };
-            if queue {
+            if when_busy == WhenBusy::Queue {
                 inner.watch_nodes(key, &before);
             }
             return (Ok(Acquire::Busy { retry_in }), fast);
