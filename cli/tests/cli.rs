@@ -14,7 +14,7 @@ use support::{after_forced_release, args, force_release, lockflight, verdict};
 use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, unique_prefix};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn doctor_warns_on_an_evicting_policy() {
+async fn doctor_fails_an_evicting_policy() {
     let server = RedisServer::start();
     let mut admin = server.connection().await;
     let (code, report) = lockflight(args(&["doctor", "--json", &server.url()])).await;
@@ -22,6 +22,10 @@ async fn doctor_warns_on_an_evicting_policy() {
     assert_eq!(verdict(&report, "maxmemory-policy").0, "pass");
     assert_eq!(verdict(&report, "acl").0, "pass");
     assert_eq!(verdict(&report, "script-publish").0, "pass");
+    // The test server has no persistence: a warning, which only --strict fails.
+    assert_eq!(verdict(&report, "persistence").0, "warn", "{report:#}");
+    let (code, _) = lockflight(args(&["doctor", "--json", "--strict", &server.url()])).await;
+    assert_eq!(code, 1, "--strict fails on warnings");
 
     let _: () = redis::cmd("CONFIG")
         .arg(&["SET", "maxmemory-policy", "allkeys-lru"])
@@ -29,12 +33,12 @@ async fn doctor_warns_on_an_evicting_policy() {
         .await
         .unwrap();
     let (code, report) = lockflight(args(&["doctor", "--json", &server.url()])).await;
-    assert_eq!(code, 0, "warnings alone pass: {report:#}");
+    // An evicting policy can delete a held lock: two holders, so a failure.
+    assert_eq!(code, 1, "{report:#}");
     let (v, detail) = verdict(&report, "maxmemory-policy");
-    assert_eq!(v, "warn");
+    assert_eq!(v, "fail");
     assert!(detail.contains("allkeys-lru"), "{detail}");
-    let (code, _) = lockflight(args(&["doctor", "--json", "--strict", &server.url()])).await;
-    assert_eq!(code, 1, "--strict fails on warnings");
+    assert_eq!(report["summary"]["verdict"], "fail", "{report:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,6 +80,26 @@ async fn doctor_fails_a_user_missing_a_right_and_passes_the_minimal_line() {
         detail.contains("+zadd") && !detail.contains("+zrem,"),
         "{detail}"
     );
+
+    // Without +time the server's clock cannot be read: "unknown", never "pass".
+    let lacking: Vec<&str> = MINIMAL_ACL_RULES
+        .iter()
+        .copied()
+        .filter(|r| *r != "+time")
+        .collect();
+    set_acl_user(&mut admin, "notime", &lacking).await;
+    let (_, report) = lockflight(args(&[
+        "doctor",
+        "--json",
+        "--prefix",
+        "lfacl",
+        &url("notime"),
+    ]))
+    .await;
+    let (v, detail) = verdict(&report, "clock");
+    assert_eq!(v, "unknown", "{report:#}");
+    assert!(detail.contains("could not be read"), "{detail}");
+    assert!(verdict(&report, "acl").1.contains("+time"), "{report:#}");
 
     // The wrong prefix: the key pattern is missing.
     let (code, report) = lockflight(args(&[

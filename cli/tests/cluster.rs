@@ -57,17 +57,15 @@ async fn doctor_checks_every_primary_and_names_a_misconfigured_one() {
     }
     assert_eq!(verdicts(&report, "clock").len(), 1, "{report:#}");
 
-    // One primary with an evicting policy: a warning naming that node alone.
+    // One primary with an evicting policy: a failure naming that node alone.
     let bad = &primaries[1].addr;
     set_policy(c, bad, "allkeys-lru").await;
     let (code, report) = lockflight(args(&["doctor", "--json", "--cluster", &url])).await;
-    let (strict, _) = lockflight(args(&["doctor", "--json", "--strict", "--cluster", &url])).await;
     set_policy(c, bad, "noeviction").await;
-    assert_eq!(code, 0, "warnings alone pass: {report:#}");
-    assert_eq!(strict, 1, "--strict fails on warnings");
+    assert_eq!(code, 1, "{report:#}");
     let warned: Vec<_> = verdicts(&report, "maxmemory-policy")
         .into_iter()
-        .filter(|(v, _)| *v == "warn")
+        .filter(|(v, _)| *v == "fail")
         .collect();
     assert_eq!(warned.len(), 1, "{report:#}");
     assert!(

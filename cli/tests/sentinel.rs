@@ -100,7 +100,7 @@ async fn doctor_asks_the_sentinels_then_checks_the_primary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn doctor_fails_an_unknown_master_and_warns_on_an_evicting_primary() {
+async fn doctor_fails_an_unknown_master_and_an_evicting_primary() {
     let (_serial, t) = sentinels_for_this_test().await;
     let (code, report) = doctor(t, "no-such-master", &[]).await;
     assert_eq!(code, 1, "{report:#}");
@@ -121,9 +121,9 @@ async fn doctor_fails_an_unknown_master_and_warns_on_an_evicting_primary() {
     node.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
         .await
         .unwrap();
-    assert_eq!(code, 0, "warnings alone pass: {report:#}");
+    assert_eq!(code, 1, "{report:#}");
     let (v, detail) = verdict(&report, "maxmemory-policy");
-    assert_eq!(v, "warn", "{report:#}");
+    assert_eq!(v, "fail", "{report:#}");
     assert!(
         detail.contains(&primary) && detail.contains("allkeys-lru"),
         "{detail}"
