@@ -9,6 +9,34 @@ use serde_json::{Value, json};
 
 use crate::{EXIT_NOT_CONFIRMED, KeyConn, cluster_primaries, connect, redact};
 
+/// Where `inspect` and `list` looked, for an operator who finds nothing: the
+/// prefix, the database and how a key's lock is named there.
+fn looked_in(url: &str, cluster: bool, prefix: &str, key: &str) -> String {
+    let db = if cluster {
+        0
+    } else {
+        redis::IntoConnectionInfo::into_connection_info(url).map_or(0, |i| i.redis_settings().db())
+    };
+    let name = String::from_utf8_lossy(&Inspector::new(prefix).lock_name(&key.into())).into_owned();
+    format!(
+        "prefix `{prefix}` in database {db}, where the lock of `{key}` is named `{name}`; \
+         a service with another prefix (LockerBuilder::prefix) or database needs --prefix / the URL's /N"
+    )
+}
+
+/// Whether Redis holds nothing at all for the key: no lease, no waiter, no fence.
+fn nothing_stored(s: &KeyState) -> bool {
+    !s.is_held()
+        && s.fence_epoch.is_none()
+        && s.write_epoch.is_none()
+        && s.queue.is_empty()
+        && s.claim.is_none()
+        && s.waiting_writers.is_empty()
+        && s.rw_waiting.is_empty()
+        && s.permit_count.is_none()
+        && s.permit_queue.is_empty()
+}
+
 fn ms(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_millis() as u64))
 }
@@ -116,10 +144,22 @@ pub(crate) async fn inspect(
         .key(&mut conn, key)
         .await
         .map_err(|e| e.to_string())?;
+    let empty = nothing_stored(&state);
     if json {
-        println!("{:#}", state_json(&state));
+        let mut report = state_json(&state);
+        report["nothing_stored"] = json!(empty);
+        if empty {
+            report["looked_in"] = json!(looked_in(url, cluster, prefix, key));
+        }
+        println!("{report:#}");
     } else {
         print_state(&state);
+        if empty {
+            println!(
+                "  nothing is stored for this key: looked in {}",
+                looked_in(url, cluster, prefix, key)
+            );
+        }
     }
     Ok(0)
 }
@@ -166,16 +206,23 @@ pub(crate) async fn list(
             .iter()
             .map(|k| json!({ "key": k.key.to_string(), "kinds": k.kinds }))
             .collect();
-        println!(
-            "{:#}",
-            json!({ "keys": keys, "truncated": listing.truncated })
-        );
+        let mut report = json!({ "keys": keys, "truncated": listing.truncated });
+        if listing.keys.is_empty() {
+            report["looked_in"] = json!(looked_in(url, cluster, prefix, &format!("{key_prefix}…")));
+        }
+        println!("{report:#}");
     } else {
         for k in &listing.keys {
             println!("{}\t{}", k.key, k.kinds.join(","));
         }
         if listing.truncated {
             eprintln!("(stopped at the limit; more keys may be held)");
+        }
+        if listing.keys.is_empty() {
+            eprintln!(
+                "no lock key found: looked in {}",
+                looked_in(url, cluster, prefix, &format!("{key_prefix}…"))
+            );
         }
     }
     Ok(0)

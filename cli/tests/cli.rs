@@ -232,6 +232,43 @@ async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
     assert_eq!(code, 0);
     assert_eq!(listing["keys"][0]["key"], "sku:9", "{listing:#}");
     assert_eq!(listing["keys"][0]["kinds"][0], "mutex");
+    assert!(listing["looked_in"].is_null(), "{listing:#}");
+
+    // A wrong prefix finds nothing, and both commands say where they looked.
+    let wrong = format!("{prefix}-wrong");
+    let (code, report) = lockflight(args(&[
+        "inspect",
+        "--json",
+        "--prefix",
+        &wrong,
+        &server.url(),
+        "sku:9",
+    ]))
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(report["nothing_stored"], true, "{report:#}");
+    let hint = report["looked_in"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains(&format!("prefix `{wrong}`"))
+            && hint.contains("database 0")
+            && hint.contains(&format!("`{wrong}:{{sku:9}}`")),
+        "{report:#}"
+    );
+    let (code, listing) =
+        lockflight(args(&["list", "--json", "--prefix", &wrong, &server.url()])).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        listing["keys"].as_array().map(Vec::len),
+        Some(0),
+        "{listing:#}"
+    );
+    assert!(
+        listing["looked_in"]
+            .as_str()
+            .is_some_and(|h| h.contains(&format!("prefix `{wrong}`"))),
+        "{listing:#}"
+    );
+
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap();
 }
