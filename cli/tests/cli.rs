@@ -401,6 +401,20 @@ async fn selfcheck_finds_no_violation_on_lockflight() {
     ] {
         assert_eq!(verdict(&report, id).0, "pass", "{id}: {report:#}");
     }
+    // The failures its own lost replies cause are not the server's errors.
+    let ids: Vec<&str> = report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    assert!(!ids.contains(&"errors"), "{report:#}");
+    assert!(
+        verdict(&report, "lost-replies")
+            .1
+            .contains("because of those cuts"),
+        "{report:#}"
+    );
 }
 
 /// The inspector names a key's lock as the backend writes it (and as the test
