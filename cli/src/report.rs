@@ -47,12 +47,7 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
-        Check {
-            id,
-            verdict: Verdict::Warn,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check::with_fix(id, Verdict::Warn, detail.into(), fix.into())
     }
 
     /// The data of the check could not be read; `fix` names what is missing.
@@ -61,12 +56,7 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
-        Check {
-            id,
-            verdict: Verdict::Unknown,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check::with_fix(id, Verdict::Unknown, detail.into(), fix.into())
     }
 
     pub(crate) fn fail(
@@ -74,11 +64,15 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Check {
+        Check::with_fix(id, Verdict::Fail, detail.into(), fix.into())
+    }
+
+    fn with_fix(id: &'static str, verdict: Verdict, detail: String, fix: String) -> Check {
         Check {
             id,
-            verdict: Verdict::Fail,
-            detail: detail.into(),
-            fix: Some(fix.into()),
+            verdict,
+            detail,
+            fix: Some(fix),
         }
     }
 
