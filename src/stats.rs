@@ -3,18 +3,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a [`Locker`](crate::Locker)'s counters (monotonic since it was
-/// built) and of its keys in use.
+/// built) and of its keys in use. Backend requests (one round trip each) are
+/// `acquire_attempts + releases + renew_attempts + leaves`.
 ///
-/// Backend requests (one round trip each) are `acquire_attempts + releases +
-/// renew_attempts + leaves`.
-///
-/// With the `metrics` feature every counter is also exported through the
-/// `metrics` facade as `lockflight_<field>_total` (e.g.
-/// `lockflight_acquire_attempts_total`), and three histograms help size
-/// `lease_ttl` and `wait_timeout` from the tail of real hold and wait times, for
-/// every member of the lock family. Their one label, `kind`, says what was held:
-/// `lock` (the exclusive lock), `read` or `write` (a read-write lock), `permit`
-/// (a semaphore); no key label, which would make the cardinality unbounded:
+/// With the `metrics` feature every counter is also exported through the `metrics`
+/// facade as `lockflight_<field>_total` (e.g. `lockflight_acquire_attempts_total`), with
+/// three histograms to size `lease_ttl` and `wait_timeout` from real hold and wait times.
+/// Their one label, `kind`, says what was held: `lock`, `read` or `write` (a read-write
+/// lock), `permit` (a semaphore); there is no key label.
 ///
 /// | name | unit | recorded |
 /// |---|---|---|
@@ -22,9 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// | `lockflight_hold_seconds` | seconds | when a holder releases (or drops) its guard: time since its grant |
 /// | `lockflight_lease_renewals` | renewals | when a lease is finally released: how often it was renewed |
 ///
-/// Subtract two snapshots to measure an interval (`later - earlier`; the
-/// subtraction saturates, so snapshots in the wrong order give zeros, never a
-/// panic):
+/// Subtract two snapshots to measure an interval (`later - earlier`; the subtraction
+/// saturates, so snapshots in the wrong order give zeros, never a panic):
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -4,29 +4,22 @@ use std::cmp::Ordering;
 
 use super::{RoutingError, key_hash, pair_hash};
 
-/// Weighted rendezvous hashing (highest random weight, Thaler & Ravishankar) over
-/// named nodes.
+/// Weighted rendezvous hashing (highest random weight) over named nodes.
 ///
 /// Every node scores every key; the key goes to the highest score. A node's identity is
-/// its bytes (`N: AsRef<[u8]>`: `String`, `&str`, `Vec<u8>`,
-/// [`LockKey`](lockflight::LockKey), or your own type), so processes holding the same nodes
-/// and weights route every key the same way, whatever order the nodes were added in. A
-/// removed node's keys spread over the others in proportion to their weights; an added
-/// node takes about `w / (W + w)` of the keys (`W` the old total weight), all to itself;
-/// no other key moves. [`pick`](Self::pick) is `O(n)` in the nodes.
+/// its bytes (`N: AsRef<[u8]>`), so processes holding the same nodes and weights route
+/// every key the same way, whatever order the nodes were added in. A removed node's keys
+/// spread over the others in proportion to their weights; an added node takes about
+/// `w / (W + w)` of the keys (`W` the old total weight), all to itself; no other key
+/// moves. [`pick`](Self::pick) is `O(n)` in the nodes.
 ///
-/// # The score, exactly
-///
-/// For key `k` and node `x` with weight `w`:
-///
-/// * `h = fmix64(key_hash(k) ^ key_hash(x))`, with [`key_hash`](super::key_hash)
-///   (XXH3-64, seed 0) and `fmix64` MurmurHash3's 64-bit finalizer;
-/// * `u = ((h >> 12) + 0.5) / 2^52`, which lies strictly inside (0, 1);
-/// * `score = -w / ln(u)`, which gives node `x` a share `w / Σw` of the keys.
-///
-/// The highest score wins; ties go to the higher `h`, then to the greater node bytes.
-/// `ln` may differ in the last bit between platforms, which can flip only a key whose
-/// two best scores are within one rounding error of each other.
+/// The score of key `k` for node `x` with weight `w`: `h = fmix64(key_hash(k) ^
+/// key_hash(x))` ([`key_hash`](super::key_hash): XXH3-64, seed 0; `fmix64`: MurmurHash3's
+/// 64-bit finalizer), `u = ((h >> 12) + 0.5) / 2^52` (strictly inside (0, 1)), and
+/// `score = -w / ln(u)`, which gives `x` a share `w / Σw` of the keys. The highest score
+/// wins; ties go to the higher `h`, then to the greater node bytes. `ln` may differ in
+/// the last bit between platforms, which can flip only a key whose two best scores are
+/// within one rounding error of each other.
 ///
 /// ```
 /// use lockflight_routing::Rendezvous;

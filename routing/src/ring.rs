@@ -10,27 +10,19 @@ use super::{RoutingError, key_hash};
 /// ±20% of the mean for up to a few dozen nodes.
 pub const DEFAULT_VNODES: u32 = 160;
 
-/// A consistent-hash ring (Karger et al.) with virtual nodes and, optionally,
-/// bounded loads (Mirrokni, Thorup & Zadimoghaddam, "Consistent Hashing with
-/// Bounded Loads", 2018).
-///
-/// # Placement, exactly
+/// A consistent-hash ring with virtual nodes and, optionally, bounded loads.
 ///
 /// Node `x` (its bytes, `N: AsRef<[u8]>`) gets `vnodes` points on a 64-bit ring: the
 /// XXH3-64 hashes of its bytes with seeds `0, 1, …, vnodes - 1`. A key `k` lands on
 /// [`key_hash`](super::key_hash)`(k)` and belongs to the node of the first point at or
 /// after that position, wrapping around; points at the same position are ordered by
 /// node bytes. Placement depends only on the nodes and `vnodes`, never on the order of
-/// adds. Adding a node takes about `1/(n + 1)` of the keys, all to itself; removing one
-/// moves only its keys.
+/// adds; adding a node takes about `1/(n + 1)` of the keys, removing one moves only its.
 ///
-/// # Two ways to look up
-///
-/// [`pick`](Self::pick) is plain consistent hashing, loads ignored.
-/// [`assign`](Self::assign) counts one more hold on the key's node (a node's *load* is
-/// its number of distinct assigned keys): an assigned key keeps its node while held; a
-/// new key takes the first node clockwise whose load is below the capacity.
-/// [`release`](Self::release) drops one hold; the last frees the key. With
+/// [`pick`](Self::pick) ignores loads. [`assign`](Self::assign) counts one more hold on
+/// the key's node (a node's *load*: its distinct assigned keys): an assigned key keeps
+/// its node while held; a new key takes the first node clockwise whose load is below the
+/// capacity. [`release`](Self::release) drops one hold; the last frees the key. With
 /// [`with_bounded_loads`](Self::with_bounded_loads)`(c)` the capacity is
 /// `ceil(c * (m + 1) / n)` for `m` assigned keys and `n` nodes, so no node holds more
 /// than `ceil(c * m / n)`; without, it is unlimited and `assign` agrees with `pick`.

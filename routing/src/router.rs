@@ -18,37 +18,28 @@ use tower_service::Service;
 use super::{Rendezvous, RoutingError};
 
 /// Routes each request to one of several inner services by the request's
-/// [`LockKey`], so that all requests for one key meet on one instance.
-///
-/// The key comes from a [`KeyExtractor`]: a closure `Fn(&Req) -> Option<LockKey>`,
-/// [`KeyFrom`](lockflight::layer::KeyFrom).
-/// Members are chosen by weighted [`Rendezvous`] hashing over their names: every router
-/// holding the same members sends every key to the same member, and a membership change
-/// moves only the keys of the member removed, marked down, added or marked up. Routing
-/// never replaces the lock: see the [module
+/// [`LockKey`] (from a [`KeyExtractor`]: a closure `Fn(&Req) -> Option<LockKey>`,
+/// [`KeyFrom`](lockflight::layer::KeyFrom)), so that all requests for one key meet on one
+/// instance. Routing never replaces the lock: see the [module
 /// documentation](super#routing-makes-the-lock-cheap-it-never-replaces-it).
 ///
-/// Membership lives behind a [`RouterHandle`] shared by all clones and may change at any
-/// time; a request is routed by the membership when [`call`](Service::call) runs and
-/// stays with that member. A request without a key goes to the up members in turn, or
-/// fails with [`RoutingError::NoKey`] after [`reject_keyless`](Self::reject_keyless).
+/// Members are chosen by weighted [`Rendezvous`] hashing over their names: routers with
+/// the same members send every key to the same member, and a membership change moves only
+/// the keys of the member removed, marked down, added or marked up. Membership lives
+/// behind a [`RouterHandle`] shared by all clones and may change at any time; a request
+/// is routed by the membership when [`call`](Service::call) runs and stays with that
+/// member. A request without a key goes to the up members in turn, or fails after
+/// [`reject_keyless`](Self::reject_keyless).
 ///
-/// # Readiness
+/// `poll_ready` is always ready; the [`ResponseFuture`] drives a clone of the chosen member
+/// (hence `S: Clone`: keep it cheap) with [`ServiceExt::oneshot`], so a member not ready
+/// delays only its own requests: put concurrency limits inside the members.
 ///
-/// `poll_ready` always returns `Ready(Ok(()))`. `call` clones the chosen member's service
-/// (hence `S: Clone`) and the [`ResponseFuture`] drives the clone through `poll_ready` and
-/// `call` ([`ServiceExt::oneshot`]), so a member that is not ready delays only its own
-/// requests. Make the inner services cheap to clone and put concurrency limits inside them.
-///
-/// # Errors
-///
-/// [`BoxError`]: the inner service's errors, or a [`RoutingError`] —
-/// [`NoMembers`](RoutingError::NoMembers) when no member is up, [`NoKey`](RoutingError::NoKey)
-/// for a rejected keyless request (recover with `downcast_ref`). Never a panic.
-///
-/// When the inner error type is exactly [`BoxError`], awaiting the router's future
-/// directly in a `Send` async block may not compile (rust-lang/rust#110338): use a
-/// concrete error type, or box the future in a plain function.
+/// Errors are [`BoxError`]s: the inner service's, or a [`RoutingError`]
+/// ([`NoMembers`](RoutingError::NoMembers) when no member is up, [`NoKey`](RoutingError::NoKey);
+/// recover with `downcast_ref`); never a panic. With an inner error type of exactly
+/// `BoxError`, awaiting the future directly in a `Send` async block may not compile
+/// (rust-lang/rust#110338): use a concrete error type, or box the future in a plain function.
 ///
 /// ```
 /// use std::convert::Infallible;

@@ -47,11 +47,9 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 
 /// A Redis key guarded by fencing tokens: every write through it is applied only
 /// if its token is not older than the last token the key accepted, in one script
-/// (see the [module docs](crate::fence) for the rule).
-///
-/// It holds only names; each call takes any `redis` async connection (a
-/// `MultiplexedConnection`, a `ConnectionManager`, a cluster connection: the
-/// resource, its fence and its write record share one slot).
+/// (see the [module docs](crate::fence) for the rule). It holds only names; each call
+/// takes any `redis` async connection, a cluster one included (the resource, its fence
+/// and its write record share one slot).
 ///
 /// ```no_run
 /// # async fn demo(locker: lockflight::Locker, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {
@@ -70,21 +68,18 @@ const WRITES_SUFFIX: &[u8] = b":lockflight-writes";
 /// # Repeating a write
 ///
 /// A write whose reply did not arrive ([`Error::Backend`], or a dropped future) may or
-/// may not have been applied. A repeat with the same token:
+/// may not have been applied; a repeat answered [`Fenced::Stale`] (a newer holder has
+/// written) leaves that unknown. A repeat with the same token:
 ///
-/// * **with a write id** (a [`WriteId`] in an `*_once` method, the same id in every
-///   attempt) is safe, even while an earlier attempt is on its way: the id
-///   is applied at most once per token, and every later attempt gets [`Fenced::Applied`]
-///   with the result of the one that applied. At least the 64 newest ids of the current
-///   token are kept; an id older than one forgotten is refused with [`Error::Refused`]
-///   (code `WRITEID`), never applied;
-/// * **without one** is a new write: [`incr_by`](Self::incr_by) adds again;
-///   [`set`](Self::set), [`set_with_ttl`](Self::set_with_ttl), [`hset`](Self::hset) and
-///   [`delete`](Self::delete) are safe unless the earlier attempt lands after a later
-///   write of the same section; [`advance`](Self::advance) is always safe.
-///
-/// A repeat answered [`Fenced::Stale`] means a newer holder has written; whether the
-/// earlier attempt landed is not known.
+/// * **with a write id** (the same [`WriteId`] to an `*_once` method in every attempt)
+///   is safe, even while an earlier attempt is on its way: applied at most once per
+///   token, every later attempt gets [`Fenced::Applied`] with the result of the one that
+///   applied. At least the 64 newest ids of the token are kept; an id older than one
+///   forgotten is refused with [`Error::Refused`] (code `WRITEID`), never applied;
+/// * **without one** is a new write: [`incr_by`](Self::incr_by) adds again; [`set`](Self::set),
+///   [`set_with_ttl`](Self::set_with_ttl), [`hset`](Self::hset) and [`delete`](Self::delete)
+///   are safe unless the earlier attempt lands after a later write of the same section;
+///   [`advance`](Self::advance) is always safe.
 ///
 /// ```no_run
 /// # async fn demo(guard: lockflight::LockGuard, mut data: redis::aio::ConnectionManager) -> lockflight::Result<()> {

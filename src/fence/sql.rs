@@ -244,23 +244,16 @@ where
 ///
 /// # Repeating a statement
 ///
-/// A statement whose reply was lost (the connection dropped before the answer to
-/// it, or to its transaction's `COMMIT`) may or may not have been applied. A
-/// repeat with the same token:
-///
-/// * of an **absolute** write, one that does not read the row (a `set` such as
-///   `qty = 5`, an upsert that copies its values): writes the same row again.
-///   Safe.
-/// * of a write **computed from the row** (`qty = qty - 1`, an `update_set` such
-///   as `qty = lockflight_row.qty + excluded.qty`): applies again under the
-///   default guard `<=`. Not safe: fence such rows with
-///   [`FenceColumns::one_write_per_token`] (guard `<`), where the repeat of a
-///   write that had been applied is refused, with nothing written, as
-///   [`Fenced::Stale`] whose `last` equals `offered`, and the repeat of one that
-///   had not is applied. That is exact as long as each critical section writes
-///   the row at most once.
-///
-/// The same holds for [`FencedUpsert`].
+/// A statement whose reply was lost (the connection dropped before the answer to it, or
+/// to its transaction's `COMMIT`) may or may not have been applied. Repeated with the
+/// same token, an **absolute** write (one that does not read the row: a `set` such as
+/// `qty = 5`, an upsert that copies its values) writes the same row again: safe. A write
+/// **computed from the row** (`qty = qty - 1`, an `update_set` such as
+/// `qty = lockflight_row.qty + excluded.qty`) applies again under the default guard `<=`:
+/// fence such rows with [`FenceColumns::one_write_per_token`] (guard `<`), which refuses
+/// the repeat of an applied write as [`Fenced::Stale`] with `last == offered`, nothing
+/// written, and applies the repeat of one that was not; exact while each critical
+/// section writes the row at most once. The same holds for [`FencedUpsert`].
 #[must_use = "a statement does nothing until executed"]
 pub struct FencedUpdate<'a, DB: Database> {
     columns: &'a FenceColumns,

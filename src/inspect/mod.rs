@@ -393,24 +393,19 @@ impl Inspector {
         })
     }
 
-    /// Frees `key` whatever holds it — the mutex holder, the write lease, every
-    /// read lease, every permit of its semaphore — advances both of its fences to
+    /// Frees `key` whatever holds it (the mutex holder, the write lease, every read
+    /// lease, every permit of its semaphore), advances both of its fences to
     /// `max(last + 1, server time in µs)`, tells each freed lease's instance that the
-    /// lease is lost (a loss message on its channel), then wakes the key's waiting
-    /// instances (of the mutex, the read-write lock and the semaphore). With
+    /// lease is lost, then wakes the key's waiting instances of every kind. With
     /// `fence_resources`, also records the new token in each [`FencedKey`]'s fence on the
-    /// same connection, so an old holder's late writes to them are refused from now on.
+    /// same connection, so an old holder's late writes to them are refused from then on.
     ///
-    /// Tokens of the key stay strictly increasing, and the new one is newer than the freed
-    /// holder's. A freed holder's instance marks the lease lost when the loss message
-    /// arrives (or, if it was not listening, at its next renewal): it then starts no new
-    /// local section on the lease, and its releases report [`Error::LeaseLost`]. What the
-    /// old holder does before then overlaps the next holder: only resources that have seen
-    /// a newer token refuse its writes, and a permit holder, which has no token, is kept
-    /// out only by its loss (`Permit::lost`) and by `fence_resources`.
-    ///
-    /// On a Redis Cluster, pass a cluster connection: every name of the key and the script
-    /// share one slot, and each [`FencedKey`]'s fence shares its resource's slot.
+    /// Tokens of the key stay strictly increasing. A freed lease is marked lost when the
+    /// message reaches its instance (or, unsubscribed, at its next renewal): no new local
+    /// section starts on it, its releases report [`Error::LeaseLost`]. Until then the old
+    /// holder overlaps the next, refused only by resources that have seen a newer token
+    /// (a permit has none: only `fence_resources` fences it). On a Redis Cluster, pass a
+    /// cluster connection (ARCHITECTURE.md, "Fenced writes and the forced release").
     ///
     /// # Errors
     ///

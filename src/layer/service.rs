@@ -64,38 +64,27 @@ impl<B> WithLockInfo for http::Request<B> {
 
 /// Runs each request while holding the lock of its key; see [`LockLayer`](super::LockLayer).
 ///
-/// # Readiness
-///
-/// `poll_ready` is ready at once and does not poll the inner service. The future that
-/// `call` returns does all per-key work: acquire the lock, then drive a clone of the
-/// inner service to readiness (hence `S: Clone`), then call it. A request waiting for a
-/// lock holds no inner capacity, and one that gets no lock never touches the inner
-/// service. Put load shedding or a concurrency limit *outside* this layer to bound how
-/// many requests wait (the locker's `max_waiters` bounds it per key). The future is
-/// boxed (one allocation per request, beside a lock round trip).
-///
-/// # Keys
-///
 /// The key is the extractor's ([`KeyExtractor::extract_key`]) after the layer's
 /// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose key is
-/// empty or whitespace only before the prefix, is refused (see [`LockLayer::run_unlocked_without_key`](super::LockLayer::run_unlocked_without_key)) and
-/// logged with its route: at `WARN` when the route cannot yield a key, at `INFO` when
-/// the request lacks it.
+/// empty or whitespace only before the prefix, is refused and logged with its route (see
+/// [`LockLayer::run_unlocked_without_key`](super::LockLayer::run_unlocked_without_key)).
+/// `poll_ready` is ready at once; the future of `call` takes the lock, then drives a
+/// clone of the inner service (hence `S: Clone`) to readiness and calls it: bound the
+/// waiting requests outside this layer (per key: the locker's `max_waiters`).
 ///
-/// # Outages
+/// # Errors
 ///
-/// A backend error, or a wait timeout while the backend does not answer a probe
-/// ([`Locker::check_backend`]), fails with [`Error::Backend`]
-/// (`503 lock_backend_unavailable` under the `axum` feature), not as a busy lock.
+/// [`Error::Backend`] (`503 lock_backend_unavailable` under `axum`), not a busy lock, for a
+/// backend error or a wait timeout while the backend does not answer a probe
+/// ([`Locker::check_backend`]). Under [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the
+/// default) a lost lease drops the inner future and fails with [`Error::LeaseLost`]; under
+/// [`LossPolicy::Signal`](crate::LossPolicy::Signal) the handler runs on and watches the
+/// [`LockInfo::loss`] in the request ([module docs](super#lease-loss)).
 ///
-/// # Guard lifetime and lease loss
+/// # Cancel safety
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
-/// future completes or is dropped, not when a streamed response body ends. With
-/// [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the inner future is
-/// dropped when the lease is lost and the call fails with [`Error::LeaseLost`]; with
-/// [`LossPolicy::Signal`](crate::LossPolicy::Signal) it runs on and watches the
-/// [`LockInfo::loss`] it finds in the request (see the [module docs](super#lease-loss)).
+/// future completes or is dropped, not when a streamed response body ends.
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,

@@ -29,10 +29,10 @@
 //! until its TTL), the read-write lock and the semaphore (their grants never reuse
 //! a token; their scripts keep the same record rule), and Redlock's quorum.
 //!
-//! Two designs are explored. [`Design::Reuse`] is the protocol before the fix: a
+//! Two designs are explored. [`Design::Reuse`] is the rejected design: a
 //! release that fails leaves its token to the next local leader, which acquires
 //! with it (a re-grant), and an acquire with a token deletes its release record.
-//! [`Design::Retire`] is the protocol now: a token whose release was sent is never
+//! [`Design::Retire`] is the protocol lockflight runs: a token whose release was sent is never
 //! acquired again (the next local leader takes a fresh token and the failed one is
 //! released in the background), a release that finds nothing to delete still
 //! leaves a record (the token is retired), and an acquire refuses a token that has

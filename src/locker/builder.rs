@@ -86,18 +86,17 @@ impl LockerBuilder {
     ///
     /// * [`Coalesced`](Contention::Coalesced): one task per key and process asks
     ///   the backend; the others wait in a local FIFO and get the lease by handoff.
-    /// * [`Fair`](Contention::Fair): coalesced, and the lock granted in order of
-    ///   arrival across the fair lockers of a key (FIFO within an instance, across
-    ///   instances up to about one network round trip); no barging after a TTL
-    ///   expiry; [`try_lock`](Locker::try_lock) answers busy while an earlier task
-    ///   of another instance waits; handoff only to a local task that arrived
-    ///   before every other instance's waiting task; no lease caching.
-    /// * [`PerTask`](Contention::PerTask): every task asks the backend on its own,
-    ///   as a separate client would; no local queue, handoff or caching. A wake-up
-    ///   for the instance wakes one of its waiting tasks, not all.
+    /// * [`Fair`](Contention::Fair): coalesced, and granted (handoff included) in order
+    ///   of arrival across the fair lockers of a key: FIFO within an instance, across
+    ///   instances up to about one round trip; no barging after a TTL expiry;
+    ///   [`try_lock`](Locker::try_lock) answers busy while an earlier task of another
+    ///   instance waits; no lease caching.
+    /// * [`PerTask`](Contention::PerTask): every task asks the backend on its own, as a
+    ///   separate client would; no local queue, handoff or caching; a wake-up for the
+    ///   instance wakes one of its waiting tasks.
     ///
     /// Exclusion, fencing, loss signals, truthful releases and cancel safety are the
-    /// same in every mode; what changes is the cost and the order (ARCHITECTURE.md).
+    /// same in every mode; ARCHITECTURE.md, "The order of requests", says what changes.
     ///
     /// # Errors
     ///

@@ -253,8 +253,8 @@ impl Locker {
         Self::from_vars(std::env::vars()).await
     }
 
-    /// A locker configured from `LOCKFLIGHT_*` variables among `vars` (other
-    /// names are ignored; an empty value counts as unset), connected to its Redis:
+    /// A locker configured from the `LOCKFLIGHT_*` variables among `vars` (other names
+    /// are ignored; an empty value counts as unset), connected to its Redis:
     ///
     /// | variable | meaning |
     /// |---|---|
@@ -266,9 +266,8 @@ impl Locker {
     /// | `LOCKFLIGHT_RESPONSE_TIMEOUT`, `LOCKFLIGHT_CONNECTION_TIMEOUT` | the backend's timeouts |
     /// | `LOCKFLIGHT_LEASE_TTL`, `LOCKFLIGHT_WAIT_TIMEOUT`, `LOCKFLIGHT_HOLD_LIMIT` | the locker's settings ([`LockerBuilder`](crate::LockerBuilder)) |
     ///
-    /// Exactly one of the three topologies must be set. Durations are a whole
-    /// number and a unit: `250ms`, `30s`, `2m`, `1h`. Everything else takes its
-    /// default.
+    /// Exactly one of the three topologies must be set. Durations are a whole number and
+    /// a unit (`250ms`, `30s`, `2m`, `1h`); everything else takes its default.
     ///
     /// ```no_run
     /// # async fn run() -> lockflight::Result<()> {
@@ -286,15 +285,12 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] naming the variable: no topology or more than one,
-    /// sentinels without a primary's name, an empty URL in a list, a malformed
-    /// duration, primary credentials without sentinels or a username without a
-    /// password, a database that is not a number, a topology whose feature is off, or a setting the builders refuse;
-    /// the errors of [`RedisBackendBuilder::connect`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future drops the connection attempt; nothing is locked.
+    /// [`Error::InvalidConfig`] naming the variable (no topology or more than one,
+    /// sentinels without a primary's name, an empty URL in a list, a malformed duration,
+    /// primary credentials without sentinels or a username without a password, a
+    /// database that is not a number, a topology whose feature is off, a setting the
+    /// builders refuse); those of [`RedisBackendBuilder::connect`]. Cancel safe: dropping
+    /// the future drops the connection attempt; nothing is locked.
     pub async fn from_vars<I, K, V>(vars: I) -> Result<Locker>
     where
         I: IntoIterator<Item = (K, V)>,

@@ -82,21 +82,12 @@ impl Locker {
 
 /// Singleflight.
 impl Locker {
-    /// Runs `f` under the lock of `key`, sharing its result with every concurrent
-    /// local caller for the same key (and the same `T`).
-    ///
-    /// Use it for idempotent work whose result everyone may share: filling a cache
-    /// entry, loading a hot row. Callers that arrive after a flight completed start a
-    /// new one (one run per lock generation).
-    ///
-    /// # Concurrent calls on the same key
-    ///
-    /// One caller leads: it takes the distributed lock (as [`with_lock`](Self::with_lock))
-    /// and runs its `f`; the others wait, without a deadline of their own, and receive
-    /// a clone of the leader's value or error. If the leader is cancelled, one of the
-    /// waiting callers becomes the leader and runs *its* `f`. If the leader panics,
-    /// the waiting callers get [`Error::Panicked`], the lock is released, and the
-    /// panic resumes in the leader's task.
+    /// Runs `f` under the lock of `key`, sharing its result with every concurrent local
+    /// caller for the same key (and the same `T`): for idempotent work whose result
+    /// everyone may share. One caller leads: it takes the lock (as
+    /// [`with_lock`](Self::with_lock)) and runs its `f`; the others wait, without a
+    /// deadline of their own, for a clone of its value or error. A caller that arrives
+    /// after a flight completed starts a new one.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -118,15 +109,14 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// As [`with_lock`](Self::with_lock), shared by all callers of the flight, plus
-    /// [`Error::Panicked`].
+    /// As [`with_lock`](Self::with_lock), shared by the flight's callers; [`Error::Panicked`]
+    /// for the waiting callers when the leader's `f` panics (the lock is released).
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe. A cancelled follower simply stops waiting; a cancelled leader
-    /// drops `f` (releasing the lock in the background) and passes the flight on.
-    /// Whoever leaves last removes the flight: once no caller is left, the locker
-    /// keeps nothing for the key.
+    /// Cancel safe. A cancelled follower stops waiting; a cancelled leader drops `f`
+    /// (releasing the lock in the background) and a waiting caller leads with *its* `f`.
+    /// Once no caller is left, the locker keeps nothing for the key.
     ///
     /// # Panics
     ///

@@ -83,14 +83,12 @@ impl LockGuard {
     /// local task (with handoff on, within its budget: [`Handoff`](crate::Handoff)),
     /// or deletes it at the backend and wakes the next waiting instance.
     ///
-    /// `Ok` of a release at the backend means the backend deleted the lease, so it
-    /// was held until then. `Ok` of a release that hands the lease on in memory
-    /// means no loss of the lease was known when this section ended: a lease known
-    /// lost (its loss signalled, as a forced release's message does at once, or its
-    /// validity over) is never handed on or kept, its release goes to the backend
-    /// and reports what the backend answers. A takeover that nobody announces (a
-    /// `FLUSHALL`, a failover that lost the key) becomes known at the lease's next
-    /// renewal.
+    /// `Ok` of a release at the backend means the backend deleted the lease, so it was
+    /// held until then; `Ok` of a release in memory means no loss of the lease was known
+    /// when this section ended. A lease known lost (its loss signalled, or its validity
+    /// over) is never handed on or kept: its release goes to the backend. A takeover
+    /// nobody announces (a `FLUSHALL`, a failover that lost the key) becomes known at the
+    /// lease's next renewal.
     ///
     /// # Errors
     ///

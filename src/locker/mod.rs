@@ -161,34 +161,24 @@ impl Locker {
     ///
     /// Within this process at most one task per key talks to the backend; the others
     /// wait in a local FIFO and are granted either leadership or (with handoff) the
-    /// lease itself.
+    /// lease itself. Locks are not reentrant: where the held keys are known (inside
+    /// [`with_lock`](Self::with_lock)'s closure, behind the lock layer) asking again for
+    /// a key the running future holds fails at once; elsewhere it waits behind itself.
+    /// Holding belongs to the guarded future, not to a thread or a task.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Reentrant`] at
-    /// once when the running future already holds `key` (it runs inside
-    /// [`with_lock`](Self::with_lock) or behind the lock layer for it, see
-    /// "Reentrancy" below); [`Error::Timeout`] when the wait timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already
-    /// wait for the key; [`Error::ForeignValue`], [`Error::NoPermission`] and
-    /// [`Error::Backend`] from the backend (transient backend errors are retried
-    /// until the deadline).
-    ///
-    /// # Reentrancy
-    ///
-    /// Locks are not reentrant: a second `lock` of a held key would wait behind
-    /// itself. Inside [`with_lock`](Self::with_lock)'s closure and behind the lock
-    /// layer, the held keys are known (a task-local scope around the guarded
-    /// future), so asking again fails at once with [`Error::Reentrant`]. Holding is
-    /// scoped to the guarded future, not to a thread or a task: tasks move between
-    /// threads, and one task may run independent futures (`join!`) that each wait
-    /// for the lock in turn, correctly.
+    /// [`Error::InvalidKey`] for an empty or oversized key; [`Error::Reentrant`] for a
+    /// key the running future already holds (above); [`Error::Timeout`] when the wait
+    /// timeout passes; [`Error::Overloaded`] when `max_waiters` tasks already wait for
+    /// the key; [`Error::ForeignValue`], [`Error::NoPermission`] and [`Error::Backend`]
+    /// from the backend (transient backend errors are retried until the deadline).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe. A dropped waiter leaves the local queue without disturbing it; a
-    /// dropped leader passes leadership (and its token, so an acquire that may have
-    /// landed is reconciled) to the next waiter, or releases that token and leaves the
-    /// backend queue in the background when nobody waits.
+    /// dropped leader passes leadership and its token to the next waiter, or releases
+    /// that token and leaves the backend queue in the background when nobody waits.
     pub async fn lock(&self, key: impl Into<LockKey>) -> Result<LockGuard> {
         self.lock_within(key, self.shared.config.wait_timeout).await
     }
@@ -463,24 +453,20 @@ impl Locker {
     /// Runs `work` while holding the lock of `key`, then releases it.
     ///
     /// `work` receives the [`LockInfo`]: key, fencing token and a
-    /// [`LossSignal`](crate::guard::LossSignal). With the default [`LossPolicy::Abort`], if
-    /// the lease is lost while `work` runs, its future is dropped at its next
-    /// `.await` and the call returns [`Error::LeaseLost`]. With
+    /// [`LossSignal`](crate::guard::LossSignal). With the default [`LossPolicy::Abort`], a
+    /// lease lost while `work` runs drops its future at its next `.await`; with
     /// [`LossPolicy::Signal`] the work runs on and watches `info.loss` itself.
     ///
-    /// If the lease was lost by the time `work` finished (possible under
-    /// [`LossPolicy::Signal`]), or the release after `work` finds that the lock
-    /// was no longer this lease's (it expired or was taken over while `work` ran),
-    /// the call returns [`Error::LeaseLost`] and `work`'s output is dropped: the
-    /// work ran past its lease. `Ok` means no loss of the lease was known when
-    /// `work` finished: the release deleted the lease at the backend, or handed it
-    /// on in memory (see [`LockGuard::release`] for what that covers). Other
-    /// release problems (the backend unreachable) are logged, not returned: the
-    /// work completed within its validity, and the lock expires at its TTL.
+    /// `Ok` means no loss of the lease was known when `work` finished: the release deleted
+    /// the lease at the backend or handed it on in memory (see [`LockGuard::release`]).
+    /// Other release problems (the backend unreachable) are logged, not returned: the
+    /// lock expires at its TTL.
     ///
     /// # Errors
     ///
-    /// As [`lock`](Self::lock), plus [`Error::LeaseLost`].
+    /// As [`lock`](Self::lock), plus [`Error::LeaseLost`] (and `work`'s output dropped)
+    /// when the lease was lost while `work` ran, or the release found the lock no longer
+    /// this lease's (it expired or was taken over): the work ran past its lease.
     ///
     /// # Cancel safety
     ///

@@ -35,20 +35,15 @@
 //! Since every PUBLISH reaches the node that runs it first, each instance also keeps
 //! a subscription on **every primary** (`notify`'s mirrors, best effort): the
 //! wake-up of a key is then delivered by the key's own primary, without the
-//! cluster-bus hop, whose tail decided the hot-key throughput (below); the copies
+//! cluster-bus hop, whose tail decided the hot-key throughput; the copies
 //! that arrive over the bus are spurious wake-ups, which cost a waiter at most one
 //! extra request.
 //!
-//! Measured on the test cluster (3 primaries + 3 replicas on one 2-core machine,
-//! `tests/cluster/latency.rs` `pubsub_classic_vs_sharded`, 5 runs; a script on the key's
-//! primary publishes, one subscriber): classic `PUBLISH` received on another node
-//! p50 292–364 µs, p99 0.7–41 ms, 8–21k messages/s; sharded `SPUBLISH` received on
-//! the shard's primary p50 212–286 µs, p99 0.3–4.5 ms, 10–27k messages/s. Classic
-//! costs one cluster-bus hop (about 0.1 ms at p50, and an occasional tail) and
-//! sends every wake-up to every node; at one message per contended release that is
-//! small next to the per-slot subscriptions sharded pub/sub would need. The wake-up
-//! of a waiter on the cluster measured p50 0.59–0.94 ms against 0.42–0.52 ms on one
-//! server (`wakeup_latency_cluster_vs_single`, bound: one RTT + 1 ms).
+//! Classic `PUBLISH` costs one cluster-bus hop and sends every wake-up to every node;
+//! at one message per contended release that is small next to the per-slot
+//! subscriptions sharded pub/sub would need (`tests/cluster/latency.rs` measures both,
+//! `pubsub_classic_vs_sharded` and `wakeup_latency_cluster_vs_single`; the figures are
+//! in BENCHMARKS.md).
 //!
 //! # Fencing across a failover
 //!

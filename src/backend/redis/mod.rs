@@ -339,28 +339,22 @@ impl RedisBackend {
     }
 
     /// Starts configuring a backend on a Redis Cluster through a
-    /// `redis::cluster::ClusterClient` the application already built: its
-    /// retries, TLS settings, credentials, protocol and read routing are used as
-    /// they are for lockflight's commands (on a connection of lockflight's own,
-    /// made from the client, with the builder's
-    /// [`response_timeout`](RedisBackendBuilder::response_timeout) and
+    /// `redis::cluster::ClusterClient` the application already built: its retries, TLS
+    /// settings, credentials, protocol and read routing are used for lockflight's
+    /// commands (on a connection of lockflight's own, made from the client, with the
+    /// builder's [`response_timeout`](RedisBackendBuilder::response_timeout) and
     /// [`connection_timeout`](RedisBackendBuilder::connection_timeout)).
     ///
-    /// **Why `nodes` too.** Besides its commands, each instance keeps a classic
-    /// pub/sub subscription on every primary (see [`cluster`](Self::cluster)):
-    /// plain connections to single nodes, which a cluster client cannot open and
-    /// whose settings it does not expose (`ClusterClient` has no accessor for
-    /// its nodes, credentials or TLS settings). So pass the nodes you built the
-    /// client from, as URLs or `redis::ConnectionInfo`s with the same credentials
-    /// and TLS settings: lockflight connects to the primaries `CLUSTER NODES`
-    /// lists with the first node's credentials and TLS settings, as
-    /// [`cluster`](Self::cluster) does. A node that is not a valid connection
-    /// info makes [`connect`](RedisBackendBuilder::connect) fail with
+    /// Pass the `nodes` you built the client from too, as URLs or
+    /// `redis::ConnectionInfo`s with the same credentials and TLS settings: the
+    /// instance's pub/sub subscriptions connect to the primaries `CLUSTER NODES` lists
+    /// with the first node's, as [`cluster`](Self::cluster) does. A node that is not a
+    /// valid connection info makes [`connect`](RedisBackendBuilder::connect) fail with
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig); so does
-    /// [`replica_ack`](RedisBackendBuilder::replica_ack), as on every cluster
-    /// backend. lockflight's own cluster connections set `TCP_NODELAY`; set it on
-    /// your client (`.tcp_settings(TcpSettings::default().set_nodelay(true))`)
-    /// to keep lock round trips short.
+    /// [`replica_ack`](RedisBackendBuilder::replica_ack), as on every cluster backend.
+    /// Set `TCP_NODELAY` on your client
+    /// (`.tcp_settings(TcpSettings::default().set_nodelay(true))`) to keep lock round
+    /// trips short.
     ///
     /// ```no_run
     /// # async fn demo() -> lockflight::Result<()> {

@@ -11,8 +11,8 @@
 //! it hears `+switch-master` (or gets `READONLY`, or a connection error); a
 //! cluster primary that dies (or is cut off) right after acknowledging a release
 //! takes it along. The holder is told "released", but the new primary still holds
-//! the lease, and every other instance waits until its TTL ends (measured on
-//! Sentinel: about 29 s of a 30 s TTL, for a switch that took 53–78 ms).
+//! the lease, and every other instance waits until its TTL ends (nearly the whole
+//! TTL, for a switch that takes milliseconds; the measurement is in BENCHMARKS.md).
 //!
 //! # What this does
 //!
