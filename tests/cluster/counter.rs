@@ -38,7 +38,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     let data = data_conn().await;
     let sections: Vec<CounterSection> = keys
         .iter()
-        .map(|key| CounterSection::new(counter_name(key), data.clone()))
+        .map(|key| CounterSection::new(counter_name(&prefix, key), data.clone()))
         .collect();
     let started = Instant::now();
     let mut tasks = JoinSet::new();
@@ -66,7 +66,7 @@ async fn counter(name: &str, spread: bool, handoff: bool) -> Vec<Vec<FencingToke
     for (i, key) in keys.iter().enumerate() {
         let per_key =
             (INSTANCES * (0..TASKS).filter(|t| t % keys.len() == i).count() * ITERATIONS) as u64;
-        let v = counter_value(&mut data, &counter_name(key)).await;
+        let v = counter_value(&mut data, &counter_name(&prefix, key)).await;
         assert_eq!(v, per_key, "lost updates on {key}");
         let left: bool = redis::cmd("EXISTS")
             .arg(testkit::names::lock(&prefix, key))

@@ -122,9 +122,10 @@ async fn key_per_shard(stem: &str) -> Vec<(LockKey, NodeInfo)> {
         .collect()
 }
 
-/// The counter's name, in the key's hash tag (so on the key's shard).
-fn counter_name(key: &LockKey) -> Vec<u8> {
-    testkit::names::lock("counter", key)
+/// The counter's name under the test's `prefix`, in the key's hash tag (so on
+/// the key's shard): each test counts apart from every other on the shared cluster.
+fn counter_name(prefix: &str, key: &LockKey) -> Vec<u8> {
+    [&testkit::names::lock(prefix, key)[..], b":counter"].concat()
 }
 
 /// The Cluster slot of every Redis name of `key`: they share the key's hash tag,

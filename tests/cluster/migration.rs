@@ -11,7 +11,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_slot_migrates_while_held_and_waited_on() {
     let (_serial, c) = cluster_for_this_test().await;
-    let (_, a, b) = two_instances("migrate").await;
+    let (prefix, a, b) = two_instances("migrate").await;
     let key = LockKey::from("hot");
     let slot = slot_of(&key);
     let (from, to) = c.slot_move(slot).await;
@@ -25,7 +25,7 @@ async fn hot_slot_migrates_while_held_and_waited_on() {
                 .unwrap()
         })
         .collect();
-    let counter = counter_name(&key);
+    let counter = counter_name(&prefix, &key);
     let data = data_conn().await;
     let done = Arc::new(AtomicU64::new(0));
     let release_errors = Arc::new(AtomicU64::new(0));
