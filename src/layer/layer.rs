@@ -54,7 +54,7 @@ pub(crate) struct Settings {
 /// goes straight into `Router::route_layer`.
 ///
 /// ```
-/// use lockflight::layer::{LockLayer, MissingKey};
+/// use lockflight::layer::LockLayer;
 /// use lockflight::{Locker, MemoryBackend, layer::KeyFrom};
 ///
 /// # fn main() -> lockflight::Result<()> {
