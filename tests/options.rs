@@ -395,3 +395,23 @@ async fn a_backend_from_an_existing_client_keeps_its_settings() {
     guard.release().await.unwrap();
     assert!(!exists(&mut db3).await);
 }
+
+/// A bad instance name is refused by `connect` before it connects, naming the
+/// setting and the problem.
+#[tokio::test]
+async fn a_bad_instance_name_is_a_clear_error() {
+    for (name, problem) in [
+        ("", "is empty"),
+        ("billing\n7", "control character"),
+        (&*"x".repeat(201), "longer than 200 bytes"),
+    ] {
+        let e = lockflight::RedisBackend::builder("redis://127.0.0.1:1")
+            .instance_name(name)
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+        assert!(e.to_string().contains("instance_name"), "{e}");
+        assert!(e.to_string().contains(problem), "{e}");
+    }
+}

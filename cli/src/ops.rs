@@ -4,7 +4,9 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
 use lockflight::fence::FencedKey;
-use lockflight::inspect::{Inspector, KeyState, LeaseState, Listing, WaiterState};
+use std::collections::BTreeMap;
+
+use lockflight::inspect::{Inspector, InstanceCard, KeyState, LeaseState, Listing, WaiterState};
 use serde_json::{Value, json};
 
 use crate::{EXIT_NOT_CONFIRMED, KeyConn, cluster_primaries, connect, redact};
@@ -37,6 +39,46 @@ fn nothing_stored(s: &KeyState) -> bool {
         && s.permit_queue.is_empty()
 }
 
+/// At most this many instance cards are read for one key.
+const MAX_CARDS: usize = 64;
+
+/// The cards of `ids` (at most [`MAX_CARDS`]); an id whose card is missing or
+/// unreadable (an ACL without GET on it) maps to `None`.
+async fn cards<'a>(
+    inspector: &Inspector,
+    conn: &mut KeyConn,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> BTreeMap<String, Option<InstanceCard>> {
+    let mut found = BTreeMap::new();
+    for id in ids.into_iter().take(MAX_CARDS) {
+        let card = inspector.instance(conn, id).await.ok().flatten();
+        found.insert(id.to_owned(), card);
+    }
+    found
+}
+
+/// An instance as an operator knows it: `billing-7 (web-3, pid 42), instance <id>`.
+fn who(cards: &BTreeMap<String, Option<InstanceCard>>, id: &str) -> String {
+    match cards.get(id) {
+        Some(Some(card)) if card.name.is_some() || card.host.is_some() || card.pid.is_some() => {
+            format!("{card}, instance {id}")
+        }
+        _ => format!("instance {id} (no card: stopped over 3 minutes ago, or unreadable)"),
+    }
+}
+
+fn card_json(card: &Option<InstanceCard>) -> Value {
+    card.as_ref().map_or(Value::Null, |c| {
+        json!({
+            "name": c.name,
+            "host": c.host,
+            "pid": c.pid,
+            "started_ms": c.started_ms,
+            "lockflight": c.version,
+        })
+    })
+}
+
 fn ms(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_millis() as u64))
 }
@@ -49,13 +91,14 @@ fn waiter_json(w: &WaiterState) -> Value {
     json!({ "instance": w.instance, "waited_ms": ms(w.waited), "expires_in_ms": ms(w.expires_in) })
 }
 
-fn state_json(s: &KeyState) -> Value {
+fn state_json(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) -> Value {
     json!({
         "key": s.key.to_string(),
         "held": s.is_held(),
         "server_time_ms": s.server_time_ms,
         "mutex": {
             "holder": s.holder.as_ref().map(lease_json),
+            "held_for_ms": ms(s.held_for()),
             "fence_epoch": s.fence_epoch,
             "queue": s.queue.iter().map(waiter_json).collect::<Vec<_>>(),
             "queue_size": s.sizes[0],
@@ -63,6 +106,7 @@ fn state_json(s: &KeyState) -> Value {
         },
         "rwlock": {
             "writer": s.writer.as_ref().map(lease_json),
+            "write_held_for_ms": ms(s.write_held_for()),
             "write_epoch": s.write_epoch,
             "readers": s.readers.iter().map(lease_json).collect::<Vec<_>>(),
             "readers_size": s.sizes[1],
@@ -75,17 +119,28 @@ fn state_json(s: &KeyState) -> Value {
             "held": s.permits.iter().map(lease_json).collect::<Vec<_>>(),
             "queue": s.permit_queue.iter().map(waiter_json).collect::<Vec<_>>(),
         },
+        "instances": cards.iter().map(|(id, c)| (id.clone(), card_json(c))).collect::<serde_json::Map<_, _>>(),
     })
 }
 
-fn print_state(s: &KeyState) {
+/// `, for 12.345 s` when known.
+fn held(d: Option<Duration>) -> String {
+    d.map_or(String::new(), |d| format!(", for {:.3} s", d.as_secs_f64()))
+}
+
+fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
     let d =
         |d: Option<Duration>| d.map_or("no expiry".to_owned(), |d| format!("{} ms", d.as_millis()));
+    let lease_who = |l: &LeaseState| {
+        l.instance()
+            .map_or("an unknown instance".to_owned(), |id| who(cards, id))
+    };
     println!("key {}", s.key);
     match &s.holder {
         Some(h) => println!(
-            "  mutex: held by instance {} with token {} ({} left)",
-            h.instance().unwrap_or("?"),
+            "  mutex: held by {}{} with token {} ({} left)",
+            lease_who(h),
+            held(s.held_for()),
             h.token,
             d(h.ttl)
         ),
@@ -96,23 +151,34 @@ fn print_state(s: &KeyState) {
     }
     for w in &s.queue {
         println!(
-            "  waiting: instance {} for {} (entry expires in {})",
-            w.instance,
+            "  waiting: {} for {} (entry expires in {})",
+            who(cards, &w.instance),
             d(w.waited),
             d(w.expires_in)
         );
     }
     if let Some((id, ttl)) = &s.claim {
-        println!("  claim: instance {id} for {} ms", ttl.as_millis());
+        println!("  claim: {} for {} ms", who(cards, id), ttl.as_millis());
     }
     if let Some(w) = &s.writer {
-        println!("  write lease: token {} ({} left)", w.token, d(w.ttl));
+        println!(
+            "  write lease: held by {}{} with token {} ({} left)",
+            lease_who(w),
+            held(s.write_held_for()),
+            w.token,
+            d(w.ttl)
+        );
     }
     if let Some(epoch) = s.write_epoch {
         println!("  write fencing epoch: {epoch}");
     }
     for r in &s.readers {
-        println!("  read lease: token {} ({} left)", r.token, d(r.ttl));
+        println!(
+            "  read lease: {} with token {} ({} left)",
+            lease_who(r),
+            r.token,
+            d(r.ttl)
+        );
     }
     for w in &s.waiting_writers {
         println!("  waiting writer: token {}", w.token);
@@ -123,10 +189,19 @@ fn print_state(s: &KeyState) {
             s.free_permits().unwrap_or(0)
         );
         for p in &s.permits {
-            println!("    permit: token {} ({} left)", p.token, d(p.ttl));
+            println!(
+                "    permit: {} with token {} ({} left)",
+                lease_who(p),
+                p.token,
+                d(p.ttl)
+            );
         }
         for w in &s.permit_queue {
-            println!("    waiting: instance {} for {}", w.instance, d(w.waited));
+            println!(
+                "    waiting: {} for {}",
+                who(cards, &w.instance),
+                d(w.waited)
+            );
         }
     }
 }
@@ -140,20 +215,22 @@ pub(crate) async fn inspect(
     json: bool,
 ) -> Result<u8, String> {
     let mut conn = KeyConn::open(url, cluster).await?;
-    let state = Inspector::new(prefix)
+    let inspector = Inspector::new(prefix);
+    let state = inspector
         .key(&mut conn, key)
         .await
         .map_err(|e| e.to_string())?;
+    let cards = cards(&inspector, &mut conn, state.instances()).await;
     let empty = nothing_stored(&state);
     if json {
-        let mut report = state_json(&state);
+        let mut report = state_json(&state, &cards);
         report["nothing_stored"] = json!(empty);
         if empty {
             report["looked_in"] = json!(looked_in(url, cluster, prefix, key));
         }
         println!("{report:#}");
     } else {
-        print_state(&state);
+        print_state(&state, &cards);
         if empty {
             println!(
                 "  nothing is stored for this key: looked in {}",
@@ -254,7 +331,8 @@ pub(crate) async fn release(
             .key(&mut conn, key)
             .await
             .map_err(|e| e.to_string())?;
-        print_state(&state);
+        let cards = cards(&inspector, &mut conn, state.instances()).await;
+        print_state(&state, &cards);
         eprint!(
             "Force-release {key:?} on {}? Its holders lose their leases (their instances are told); only the resources named with --fence refuse their late writes at once. Type the key to confirm: ",
             redact(url)
@@ -271,13 +349,34 @@ pub(crate) async fn release(
         .force_release(&mut conn, key, &resources)
         .await
         .map_err(|e| e.to_string())?;
+    // The freed leases' instances (cards outlive the release).
+    let instance = |token: &Option<String>| {
+        token.as_ref().and_then(|t| {
+            LeaseState {
+                token: t.clone(),
+                ttl: None,
+            }
+            .instance()
+            .map(str::to_owned)
+        })
+    };
+    let (holder_id, writer_id) = (instance(&done.holder), instance(&done.writer));
+    let cards = cards(
+        &inspector,
+        &mut conn,
+        holder_id.iter().chain(&writer_id).map(String::as_str),
+    )
+    .await;
+    let card_of = |id: &Option<String>| id.as_ref().map_or(Value::Null, |id| card_json(&cards[id]));
     if json {
         println!(
             "{:#}",
             json!({
                 "key": key,
                 "holder": done.holder,
+                "holder_instance": card_of(&holder_id),
                 "writer": done.writer,
+                "writer_instance": card_of(&writer_id),
                 "readers": done.readers,
                 "fence": { "epoch": done.fence.epoch, "seq": done.fence.seq },
                 "write_fence": { "epoch": done.write_fence.epoch, "seq": done.write_fence.seq },
@@ -289,10 +388,15 @@ pub(crate) async fn release(
             })
         );
     } else {
+        let lease = |token: &Option<String>, id: &Option<String>| match (token, id) {
+            (Some(t), Some(id)) => format!("{t} of {}", who(&cards, id)),
+            (Some(t), None) => t.clone(),
+            (None, _) => "none".to_owned(),
+        };
         println!(
             "released {key}: holder {}, write lease {}, {} read leases, {} permits; fences advanced to {} (mutex) and {} (write); {} waiting instances woken",
-            done.holder.as_deref().unwrap_or("none"),
-            done.writer.as_deref().unwrap_or("none"),
+            lease(&done.holder, &holder_id),
+            lease(&done.writer, &writer_id),
             done.readers,
             done.permits,
             done.fence,

@@ -273,6 +273,97 @@ async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
     waiter.await.unwrap().unwrap();
 }
 
+/// Runs the binary with `args`; returns the exit code and stdout.
+async fn lockflight_text(list: &[&str]) -> (i32, String) {
+    let list = args(list);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockflight"))
+            .args(&list)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run lockflight")
+    })
+    .await
+    .unwrap();
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `inspect` names the holder as its service named it (`instance_name`), with
+/// its host and process id, and how long it has held the key; `release --force`
+/// names the holder it freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_names_the_holder_and_since_when() {
+    let server = shared();
+    let url = server.url();
+    let prefix = unique_prefix("cli-who");
+    let backend = RedisBackend::builder(url.as_str())
+        .prefix(&prefix)
+        .instance_name("billing-7")
+        .connect()
+        .await
+        .unwrap();
+    let id = backend.instance_id().to_owned();
+    let locker = Locker::builder(backend)
+        .lease_ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let before = std::time::Instant::now();
+    let held = locker.lock("invoice:1").await.unwrap();
+
+    let (code, report) = lockflight(args(&[
+        "inspect",
+        "--json",
+        "--prefix",
+        &prefix,
+        &url,
+        "invoice:1",
+    ]))
+    .await;
+    let elapsed = before.elapsed();
+    assert_eq!(code, 0, "{report:#}");
+    let card = &report["instances"][id.as_str()];
+    assert_eq!(card["name"], "billing-7", "{report:#}");
+    assert_eq!(card["pid"], std::process::id(), "{report:#}");
+    assert_eq!(card["lockflight"], env!("CARGO_PKG_VERSION"), "{report:#}");
+    assert!(card["host"].is_string(), "{report:#}");
+    let held_for = report["mutex"]["held_for_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("the time held is known: {report:#}"));
+    // Held from after `before` until the snapshot, read before `elapsed`.
+    assert!(
+        u128::from(held_for) <= elapsed.as_millis() + 1,
+        "held {held_for} ms within {elapsed:?}"
+    );
+
+    let (code, text) = lockflight_text(&["inspect", "--prefix", &prefix, &url, "invoice:1"]).await;
+    assert_eq!(code, 0, "{text}");
+    let pid = format!("pid {}), instance {id}", std::process::id());
+    assert!(text.contains("held by billing-7 ("), "{text}");
+    assert!(text.contains(&pid), "{text}");
+    assert!(text.contains(", for "), "{text}");
+
+    let (code, text) = lockflight_text(&[
+        "release",
+        "--force",
+        "--yes",
+        "--prefix",
+        &prefix,
+        &url,
+        "invoice:1",
+    ])
+    .await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(" of billing-7 ("), "{text}");
+    assert!(
+        held.release().await.is_err(),
+        "the freed holder's release is a loss"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_force_fences_out_the_old_holder() {
     let server = shared();

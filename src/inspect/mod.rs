@@ -30,7 +30,8 @@
 //! A lease is stored as its token, whose first 16 hex digits are the id of the
 //! instance that took it ([`LeaseState::instance`]; what
 //! `RedisBackend::instance_id` returns in that process); waiting instances are
-//! stored by id.
+//! stored by id. [`Inspector::instance`] reads who an id is (host, process id,
+//! name) from the card each instance keeps while it runs.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -147,10 +148,120 @@ impl KeyState {
             || !self.permits.is_empty()
     }
 
+    /// How long the mutex's holder has held the key, by the server's clock: since
+    /// its fencing epoch was minted, at the grant of its lease (or at an acquire of
+    /// its own token that re-armed it). The lease may have passed between tasks of
+    /// the holder's instance meanwhile. `None` when free, without an epoch, or
+    /// when the epoch is ahead of the clock (the server's clock stepped back).
+    pub fn held_for(&self) -> Option<Duration> {
+        self.holder.as_ref()?;
+        since(self.fence_epoch?, self.server_time_ms)
+    }
+
+    /// As [`held_for`](Self::held_for), for the read-write lock's write lease.
+    pub fn write_held_for(&self) -> Option<Duration> {
+        self.writer.as_ref()?;
+        since(self.write_epoch?, self.server_time_ms)
+    }
+
+    /// The ids of the instances named in the snapshot (holders, waiters, the
+    /// claim), each once, in order of first appearance.
+    pub fn instances(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = Vec::new();
+        let leases = self
+            .holder
+            .iter()
+            .chain(&self.writer)
+            .chain(&self.readers)
+            .chain(&self.waiting_writers)
+            .chain(&self.permits)
+            .filter_map(LeaseState::instance);
+        let waiters = self
+            .queue
+            .iter()
+            .chain(&self.rw_waiting)
+            .chain(&self.permit_queue)
+            .map(|w| w.instance.as_str());
+        let claim = self.claim.iter().map(|(id, _)| id.as_str());
+        for id in leases.chain(waiters).chain(claim) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
     /// Free permits of the semaphore, if one is in use.
     pub fn free_permits(&self) -> Option<u32> {
         let held = u32::try_from(self.sizes[4]).unwrap_or(u32::MAX);
         self.permit_count.map(|n| n.saturating_sub(held))
+    }
+}
+
+/// Time from an epoch (µs) to the server clock (ms); `None` if the epoch is ahead
+/// of it (beyond the millisecond the clock was read in).
+fn since(epoch_us: u64, now_ms: u64) -> Option<Duration> {
+    let now_us = now_ms.checked_mul(1000)?;
+    (epoch_us < now_us + 1000).then(|| Duration::from_micros(now_us.saturating_sub(epoch_us)))
+}
+
+/// Who an instance is, from the card it keeps at `<prefix>:inst:<id>` while it
+/// runs (rewritten every minute, expiring 3 minutes after its process stopped).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstanceCard {
+    /// The instance id.
+    pub id: String,
+    /// The name its service gave it (`RedisBackendBuilder::instance_name`).
+    pub name: Option<String>,
+    /// Its host name.
+    pub host: Option<String>,
+    /// Its process id.
+    pub pid: Option<u32>,
+    /// When it connected, by its own clock (ms since the Unix epoch).
+    pub started_ms: Option<u64>,
+    /// The lockflight version it runs.
+    pub version: Option<String>,
+}
+
+impl InstanceCard {
+    /// Reads a card's text: `field=value` lines; unknown fields and malformed lines
+    /// are skipped.
+    fn parse(id: &str, text: &str) -> InstanceCard {
+        let mut card = InstanceCard {
+            id: id.to_owned(),
+            ..InstanceCard::default()
+        };
+        for (field, value) in text.lines().filter_map(|l| l.split_once('=')) {
+            match field {
+                "name" => card.name = Some(value.to_owned()),
+                "host" => card.host = Some(value.to_owned()),
+                "pid" => card.pid = value.parse().ok(),
+                "started_ms" => card.started_ms = value.parse().ok(),
+                "lockflight" => card.version = Some(value.to_owned()),
+                _ => {}
+            }
+        }
+        card
+    }
+}
+
+impl std::fmt::Display for InstanceCard {
+    /// `name (host, pid N)`, with the parts the card has.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(host) = &self.host {
+            parts.push(host.clone());
+        }
+        if let Some(pid) = self.pid {
+            parts.push(format!("pid {pid}"));
+        }
+        match (&self.name, parts.is_empty()) {
+            (Some(name), true) => write!(f, "{name}"),
+            (Some(name), false) => write!(f, "{name} ({})", parts.join(", ")),
+            (None, false) => write!(f, "{}", parts.join(", ")),
+            (None, true) => write!(f, "instance {}", self.id),
+        }
     }
 }
 
@@ -309,6 +420,39 @@ impl Inspector {
             .await
             .map_err(|e| crate::fence::redis_error(&key, Phase::Inspecting, e))?;
         decode_state(key, &reply)
+    }
+
+    /// The card of the instance `id` (16 hex digits, as [`LeaseState::instance`]
+    /// and [`WaiterState::instance`] give it): who it is. `None` when it has no
+    /// card: its process stopped more than 3 minutes ago, or it runs a lockflight
+    /// without cards.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `id` is not 16 hex digits; otherwise as
+    /// [`Inspector::key`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn instance<C>(&self, conn: &mut C, id: &str) -> Result<Option<InstanceCard>>
+    where
+        C: ConnectionLike + Send,
+    {
+        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::config(format!(
+                "instance id {id:?} is not 16 hex digits"
+            )));
+        }
+        let name = format!("{}:inst:{id}", self.prefix);
+        let text: Option<String> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .map_err(|e| {
+                crate::fence::redis_error(&LockKey::from(name.clone()), Phase::Inspecting, e)
+            })?;
+        Ok(text.map(|t| InstanceCard::parse(id, &t)))
     }
 
     /// The held keys under the prefix whose key starts with `key_prefix` (all
@@ -602,8 +746,37 @@ fn decode_state(key: LockKey, reply: &[Value]) -> Result<KeyState> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Inspector, parse_name};
+    use std::time::Duration;
+
+    use super::{Inspector, InstanceCard, parse_name, since};
     use crate::key::LockKey;
+
+    #[test]
+    fn a_time_epoch_gives_the_time_held_and_one_ahead_of_the_clock_none() {
+        let now_ms = 1_790_000_000_000;
+        assert_eq!(
+            since(now_ms * 1000 - 2_500_000, now_ms),
+            Some(Duration::from_millis(2500))
+        );
+        // The epoch minted within the millisecond the clock was read in.
+        assert_eq!(since(now_ms * 1000 + 400, now_ms), Some(Duration::ZERO));
+        assert_eq!(since(now_ms * 1000 + 5_000_000, now_ms), None);
+    }
+
+    #[test]
+    fn a_card_reads_its_fields_and_skips_others() {
+        let card = InstanceCard::parse(
+            "00000000c0ffee00",
+            "name=billing=7\nhost=web-3\npid=42\nstarted_ms=x\nnew=1\nno equals sign\n",
+        );
+        assert_eq!(card.name.as_deref(), Some("billing=7"));
+        assert_eq!(card.host.as_deref(), Some("web-3"));
+        assert_eq!(card.pid, Some(42));
+        assert_eq!(card.started_ms, None);
+        assert_eq!(card.to_string(), "billing=7 (web-3, pid 42)");
+        let bare = InstanceCard::parse("00000000c0ffee00", "");
+        assert_eq!(bare.to_string(), "instance 00000000c0ffee00");
+    }
 
     #[test]
     fn names_parse_back_to_their_keys() {

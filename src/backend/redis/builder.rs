@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::cluster;
 #[cfg(feature = "sentinel")]
 use super::sentinel;
-use super::{Conn, Inner, Timeouts, Topology, acked, conn, connect_error, notify};
+use super::{Conn, Inner, Timeouts, Topology, acked, card, conn, connect_error, notify};
 use crate::backend::{RedisBackend, WakeRegistry};
 use crate::error::{Error, Result};
 
@@ -30,6 +30,7 @@ pub struct RedisBackendBuilder {
     connection_timeout: Duration,
     claim_ttl: Duration,
     queue_entry_ttl: Duration,
+    instance_name: Option<String>,
     /// See [`primary_connection_info`](Self::primary_connection_info).
     #[cfg(feature = "sentinel")]
     primary: Option<redis::RedisConnectionInfo>,
@@ -52,7 +53,8 @@ impl fmt::Debug for RedisBackendBuilder {
         .field("response_timeout", &self.response_timeout)
         .field("connection_timeout", &self.connection_timeout)
         .field("claim_ttl", &self.claim_ttl)
-        .field("queue_entry_ttl", &self.queue_entry_ttl);
+        .field("queue_entry_ttl", &self.queue_entry_ttl)
+        .field("instance_name", &self.instance_name);
         // `RedisConnectionInfo`'s `Debug` shows the username and the database,
         // never the password.
         #[cfg(feature = "sentinel")]
@@ -87,6 +89,17 @@ impl RedisBackendBuilder {
     /// contain `{` or `}`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// A name for this instance, shown by `lockflight inspect` beside its host
+    /// name and process id (default: none, the host and process id only). At most
+    /// 200 bytes, without control characters; `connect` refuses others with
+    /// [`Error::InvalidConfig`]. The instance writes the three to its card,
+    /// `<prefix>:inst:<instance id>`, at `connect` and every minute after (TTL
+    /// 3 minutes).
+    pub fn instance_name(mut self, name: impl Into<String>) -> Self {
+        self.instance_name = Some(name.into());
         self
     }
 
@@ -232,6 +245,13 @@ impl RedisBackendBuilder {
                 "redis replica_ack is not supported on a cluster backend",
             ));
         }
+        if let Some(name) = &self.instance_name
+            && let Some(problem) = card::invalid_name(name)
+        {
+            return Err(Error::config(format!(
+                "redis instance_name {name:?} {problem}: it must be 1 to 200 bytes without control characters"
+            )));
+        }
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
             return Err(Error::config(format!(
                 "redis prefix {:?} must be non-empty and contain no '{{' or '}}'",
@@ -312,6 +332,7 @@ impl RedisBackendBuilder {
             conn,
             target,
             channel: format!("{channel_prefix}{instance_id}"),
+            card: card::text(self.instance_name.as_deref()),
             prefix: self.prefix,
             instance_id,
             instance,
@@ -335,6 +356,8 @@ impl RedisBackendBuilder {
         });
         inner.ensure_notifier();
         inner.verify().await?;
+        // Dropped with its runtime, like the notifier; the card then expires.
+        crate::runtime::spawn(card::refresh(Arc::downgrade(&inner), inner.stop.clone()));
         Ok(RedisBackend { inner })
     }
 }
@@ -441,6 +464,7 @@ impl RedisBackendBuilder {
             connection_timeout: RedisBackendBuilder::DEFAULT_CONNECTION_TIMEOUT,
             claim_ttl: RedisBackendBuilder::DEFAULT_CLAIM_TTL,
             queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
+            instance_name: None,
             #[cfg(feature = "sentinel")]
             primary: None,
         }

@@ -13,7 +13,8 @@
 //! through sentinels (feature `sentinel`, see `RedisBackend::sentinel`).
 //!
 //! Each backend has a random instance id and **one** notification channel
-//! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection. A release
+//! `<prefix>:inst:<id>`, subscribed once on one pub/sub connection (the key of the
+//! same name holds its card: name, host, process id, for `lockflight inspect`). A release
 //! publishes the key, tagged with the kind of lock (see `notify`), on the channel of
 //! the instance at the head of the key's queue and gives it a short claim window;
 //! exactly one waiting instance is woken. If the
@@ -69,6 +70,7 @@ use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
 mod acked;
+mod card;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
@@ -178,7 +180,10 @@ struct Inner {
     /// `instance_id` as a number: the high half of this instance's lease tokens.
     instance: u64,
     channel_prefix: String,
+    /// This instance's channel, and the key of its card (`card.rs`).
     channel: String,
+    /// The card's text.
+    card: String,
     wakeups: WakeRegistry,
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
