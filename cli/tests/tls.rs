@@ -1,8 +1,8 @@
 //! The `lockflight` command on a real TLS redis-server (`--tls-port`): a private
 //! CA, a server certificate for 127.0.0.1 and a client certificate, made with
 //! `openssl` for each test. `doctor` connects with `--tls-ca-file` and refuses the
-//! server's certificate without it; `inspect` and `release --force` operate a
-//! key held by a locker connected over TLS; a server that requires client
+//! server's certificate without it; `inspect`, `list` and `release --force`
+//! operate a key held by a locker connected over TLS; a server that requires client
 //! certificates (`tls-auth-clients yes`) accepts the command with
 //! `--tls-cert-file` and `--tls-key-file`, for its own connections and for the
 //! lockers of `selfcheck`. Bad TLS options are usage errors.
@@ -224,7 +224,7 @@ async fn doctor_connects_with_the_ca_and_refuses_an_untrusted_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_and_release_a_key_held_over_tls() {
+async fn inspect_list_and_release_a_key_held_over_tls() {
     let pki = Pki::new();
     let (_server, url) = tls_server(&pki, false);
     let ca = pki.arg("ca.crt");
@@ -250,6 +250,19 @@ async fn inspect_and_release_a_key_held_over_tls() {
         stuck.fencing_token().epoch,
         "{report:#}"
     );
+
+    let (code, listing, stderr) = run(&[
+        "list",
+        "--json",
+        "--prefix",
+        &prefix,
+        "--tls-ca-file",
+        &ca,
+        &url,
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(listing["keys"][0]["key"], "job", "{listing:#}");
 
     let (code, report, stderr) = run(&[
         "release",
