@@ -413,7 +413,7 @@ async fn script_publish_reaches_subscriber(
     script: &redis::Script,
     channel: &str,
 ) -> (RedisResult<()>, bool) {
-    let client = match redis::Client::open(url) {
+    let client = match crate::tls::client(url) {
         Ok(client) => client,
         Err(e) => return (Err(e), false),
     };

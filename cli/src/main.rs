@@ -5,8 +5,12 @@
 //! 1 a check failed (or warned, with `--strict`), or a self-check found a
 //! violation, 2 bad usage, 3 the server could not be reached or refused the
 //! operation, 4 a forced release was not confirmed.
+//!
+//! TLS: `rediss://` URLs, with the certificates of `--tls-ca-file`,
+//! `--tls-cert-file` and `--tls-key-file` (see `tls`).
 
 use std::io::IsTerminal as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,6 +23,7 @@ mod proxy;
 mod report;
 mod selfcheck;
 mod sentinel;
+mod tls;
 
 /// Exit code: a check failed.
 pub(crate) const EXIT_FAILED: u8 = 1;
@@ -45,6 +50,18 @@ struct Cli {
         default_value = "lockflight"
     )]
     prefix: String,
+    /// PEM file of the CA certificate(s) that signed the servers' TLS
+    /// certificates, trusted for rediss:// URLs instead of the system's roots
+    /// (e.g. a private CA, or a managed Redis's own CA).
+    #[arg(long, global = true, value_name = "PATH")]
+    tls_ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate presented to servers that require
+    /// one (`tls-auth-clients yes`); needs --tls-key-file.
+    #[arg(long, global = true, value_name = "PATH", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM file of the private key of --tls-cert-file.
+    #[arg(long, global = true, value_name = "PATH", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -56,8 +73,8 @@ enum Command {
     /// needs: version, scripts, ACL rights, eviction, persistence, replicas,
     /// clocks, script PUBLISH, latency; quorum and replicas of a Sentinel set.
     Doctor {
-        /// redis://[user:password@]host:port[/db]; with --cluster, any node; with
-        /// --sentinel, one or more sentinels.
+        /// redis://[user:password@]host:port[/db] (rediss://… for TLS); with
+        /// --cluster, any node; with --sentinel, one or more sentinels.
         #[arg(required = true, value_name = "URL")]
         urls: Vec<String>,
         /// The URL is a node of a Redis Cluster: check every primary.
@@ -144,6 +161,19 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The server URLs given on the command line.
+    fn urls(&self) -> Vec<&str> {
+        match self {
+            Command::Doctor { urls, .. } => urls.iter().map(String::as_str).collect(),
+            Command::Inspect { url, .. }
+            | Command::List { url, .. }
+            | Command::Release { url, .. }
+            | Command::Selfcheck { url, .. } => vec![url.as_str()],
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -163,6 +193,24 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> u8 {
     let json = cli.json;
+    let files = tls::TlsFiles {
+        ca: cli.tls_ca_file,
+        cert: cli.tls_cert_file,
+        key: cli.tls_key_file,
+    };
+    if let Err(e) = tls::init(&files) {
+        eprintln!("lockflight: {e}");
+        return 2;
+    }
+    if files.any()
+        && let Some(plain) = cli.command.urls().into_iter().find(|u| !tls::is_tls_url(u))
+    {
+        eprintln!(
+            "lockflight: --tls-ca-file, --tls-cert-file and --tls-key-file are for rediss:// URLs; {} is not one",
+            redact(plain)
+        );
+        return 2;
+    }
     let result = match cli.command {
         Command::Doctor {
             urls,
@@ -251,16 +299,17 @@ pub(crate) fn progress(len: u64, json: bool) -> ProgressBar {
 }
 
 /// A multiplexed connection to `url` with explicit timeouts (5 s to connect, 10 s
-/// per reply: redis-rs's 500 ms default counts queueing time).
+/// per reply: redis-rs's 500 ms default counts queueing time); a `rediss://` URL
+/// with the certificates of the `--tls-…` options.
 pub(crate) async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("bad URL: {e}"))?;
+    let client = tls::client(url).map_err(|e| format!("bad URL {}: {e}", redact(url)))?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(10)));
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+        .map_err(|e| format!("cannot connect to {}: {e}{}", redact(url), tls::hint(&e)))
 }
 
 /// A connection for one key's operations: to the server, or (`cluster`) a
@@ -276,15 +325,18 @@ impl KeyConn {
         if !cluster {
             return Ok(KeyConn::Single(connect(url).await?));
         }
-        let client = redis::cluster::ClusterClientBuilder::new(vec![url])
+        let client = tls::cluster_builder(url)
             .connection_timeout(Duration::from_secs(5))
             .response_timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| format!("bad URL: {e}"))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| format!("cannot connect to the cluster at {}: {e}", redact(url)))?;
+            .map_err(|e| format!("bad URL {}: {e}", redact(url)))?;
+        let conn = client.get_async_connection().await.map_err(|e| {
+            format!(
+                "cannot connect to the cluster at {}: {e}{}",
+                redact(url),
+                tls::hint(&e)
+            )
+        })?;
         Ok(KeyConn::Cluster(conn))
     }
 }

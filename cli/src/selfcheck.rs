@@ -586,7 +586,10 @@ async fn instance(
     wait: Duration,
     proxy: Option<Arc<FaultProxy>>,
 ) -> Result<Lockflight, String> {
-    let backend = RedisBackend::builder(url)
+    // Through a client of the command's own: a `rediss://` URL gets the
+    // certificates of the `--tls-…` options.
+    let client = crate::tls::client(url).map_err(|e| format!("bad URL {}: {e}", redact(url)))?;
+    let backend = RedisBackend::from_client(client)
         .prefix(prefix)
         .response_timeout(Duration::from_millis(500))
         .connect()
