@@ -97,7 +97,7 @@ impl RedisBackendBuilder {
     /// 200 bytes, without control characters; `connect` refuses others with
     /// [`Error::InvalidConfig`]. The instance writes the three to its card,
     /// `<prefix>:inst:<instance id>`, at `connect` and every minute after (TTL
-    /// 3 minutes).
+    /// 3 minutes); a refused write is only logged.
     pub fn instance_name(mut self, name: impl Into<String>) -> Self {
         self.instance_name = Some(name.into());
         self
@@ -356,8 +356,13 @@ impl RedisBackendBuilder {
         });
         inner.ensure_notifier();
         inner.verify().await?;
+        let written = card::write(&inner).await;
         // Dropped with its runtime, like the notifier; the card then expires.
-        crate::runtime::spawn(card::refresh(Arc::downgrade(&inner), inner.stop.clone()));
+        crate::runtime::spawn(card::refresh(
+            Arc::downgrade(&inner),
+            inner.stop.clone(),
+            written,
+        ));
         Ok(RedisBackend { inner })
     }
 }

@@ -5,11 +5,12 @@
 //! writes a card at `<prefix>:inst:<id>` (the name of its channel, as a key): lines
 //! `field=value` with the name the service gave (`RedisBackendBuilder::instance_name`),
 //! the host name, the process id, when it connected (its own clock, ms since the Unix
-//! epoch) and lockflight's version. `connect` writes it (a refused write fails
-//! `connect`, as every other check there does); a task rewrites it every
+//! epoch) and lockflight's version. `connect` writes it and a task rewrites it every
 //! [`REFRESH`], with a TTL of three periods, so the card of a process that is gone
 //! expires within [`TTL`]. One `SET` per instance per minute: no lock operation waits
-//! for it.
+//! for it. The card is for operators only, so a refused write (a read-only replica,
+//! `OOM` under `noeviction`, an ACL without the key) never fails `connect`: it is
+//! logged and tried again after [`RETRY`].
 
 use std::sync::Weak;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,6 +24,9 @@ pub(super) const REFRESH: Duration = Duration::from_secs(60);
 
 /// The card's TTL: three refresh periods.
 pub(super) const TTL: Duration = Duration::from_secs(180);
+
+/// How soon a refused write is tried again.
+pub(super) const RETRY: Duration = Duration::from_secs(10);
 
 /// The longest instance name, in bytes.
 pub(super) const MAX_NAME: usize = 200;
@@ -80,23 +84,31 @@ pub(super) fn write_cmd(inner: &Inner) -> redis::Cmd {
     cmd
 }
 
-/// Rewrites the card every [`REFRESH`] until `stop` or the backend is gone. A
-/// failed write is logged and tried again at the next period.
-pub(super) async fn refresh(inner: Weak<Inner>, stop: CancellationToken) {
+/// Writes the card; a failure is logged. Whether it was written.
+pub(super) async fn write(inner: &Inner) -> bool {
+    match inner.conn.query(&write_cmd(inner)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::debug!(card = %inner.channel, error = %e, "writing the instance card failed");
+            false
+        }
+    }
+}
+
+/// Rewrites the card every [`REFRESH`] (after a failure, [`RETRY`]) until `stop`
+/// or the backend is gone. `written`: whether `connect` wrote it.
+pub(super) async fn refresh(inner: Weak<Inner>, stop: CancellationToken, mut written: bool) {
     loop {
+        let wait = if written { REFRESH } else { RETRY };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(REFRESH) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let Some(i) = inner.upgrade() else { return };
-        let cmd = write_cmd(&i);
-        let written = tokio::select! {
+        written = tokio::select! {
             _ = stop.cancelled() => return,
-            r = i.conn.query(&cmd) => r,
+            w = write(&i) => w,
         };
-        if let Err(e) = written {
-            tracing::debug!(card = %i.channel, error = %e, "rewriting the instance card failed");
-        }
     }
 }
 

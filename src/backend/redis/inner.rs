@@ -284,12 +284,6 @@ impl Inner {
             .query(&publish)
             .await
             .map_err(|e| self.check_error(&format!("PUBLISH on {}", self.channel), e))?;
-        self.conn
-            .query(&super::card::write_cmd(self))
-            .await
-            .map_err(|e| {
-                self.check_error(&format!("SET of the instance card {}", self.channel), e)
-            })?;
         Ok(())
     }
 
