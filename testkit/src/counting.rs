@@ -1,23 +1,33 @@
 //! A backend wrapper that counts the requests lockflight sends (one trait call =
-//! one round trip of the inner backend) and the acquires in flight at once.
+//! one round trip of the inner backend) and the acquires in flight at once. Every
+//! call goes to the inner backend unchanged (fair mode, batched renewal, the
+//! read-write locks and semaphores included), so a locker behaves over the
+//! wrapper as over the inner backend.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
+use lockflight::backend::rw::RwBackend;
+use lockflight::backend::semaphore::SemaphoreBackend;
+use lockflight::backend::{
+    Acquire, Extend, LeaseToken, Released, RenewItem, WakeRegistry, WhenBusy,
+};
 use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
 #[derive(Debug, Default)]
 pub struct Counts {
-    /// `acquire` requests sent.
+    /// `acquire` and `acquire_fair` requests sent.
     pub acquire: AtomicU64,
-    /// `release` requests sent.
+    /// `release` and `release_fair` requests sent.
     pub release: AtomicU64,
-    /// `extend` requests sent.
+    /// Leases renewed: one per `extend` request, one per lease of an
+    /// `extend_batch` request.
     pub extend: AtomicU64,
+    /// `extend_batch` requests sent (the renewal watchdog's batches).
+    pub extend_batch: AtomicU64,
     /// `leave` requests sent.
     pub leave: AtomicU64,
     /// Acquires sent and not answered yet.
@@ -75,9 +85,52 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
         out
     }
+    async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        ttl: Duration,
+        when_busy: WhenBusy,
+        age: Duration,
+    ) -> lockflight::Result<Acquire> {
+        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
+        let now = self.counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.counts.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let out = self
+            .inner
+            .acquire_fair(key, token, ttl, when_busy, age)
+            .await;
+        self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+    fn supports_fair(&self) -> bool {
+        self.inner.supports_fair()
+    }
     async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release(key, token).await
+    }
+    async fn release_fair(
+        &self,
+        key: &LockKey,
+        token: LeaseToken,
+        next_waiter_age: Duration,
+    ) -> lockflight::Result<Released> {
+        self.counts.release.fetch_add(1, Ordering::Relaxed);
+        self.inner.release_fair(key, token, next_waiter_age).await
+    }
+    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<lockflight::Result<Extend>> {
+        self.counts.extend_batch.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .extend
+            .fetch_add(items.len() as u64, Ordering::Relaxed);
+        self.inner.extend_batch(items).await
+    }
+    fn rw(&self) -> Option<&dyn RwBackend> {
+        self.inner.rw()
+    }
+    fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
+        self.inner.semaphore()
     }
     async fn extend(
         &self,
