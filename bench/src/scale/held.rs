@@ -36,7 +36,8 @@ pub struct HeldRow {
     pub redis_cpu_ms_per_period: f64,
     /// This process's CPU per period (ms).
     pub client_cpu_ms_per_period: f64,
-    /// Leases lost during the run (must be 0).
+    /// Leases lost during the run (`Stats::leases_lost`): renewals that did
+    /// not keep up.
     pub lost: u64,
     /// `Stats::keys_in_use` once all were released.
     pub keys_in_use: u64,
@@ -118,7 +119,12 @@ pub async fn measure(server: &RedisServer, n: u64, periods: u64) -> Result<HeldR
         }
         set.spawn(async move {
             for g in part {
-                g.release().await.map_err(|e| format!("release: {e}"))?;
+                match g.release().await {
+                    // Counted by `Stats::leases_lost`: a point too large for the
+                    // machine to renew in time reports its losses.
+                    Ok(()) | Err(lockflight::Error::LeaseLost { .. }) => {}
+                    Err(e) => return Err(format!("release: {e}")),
+                }
             }
             Ok::<(), String>(())
         });

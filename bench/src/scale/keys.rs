@@ -6,7 +6,7 @@ use lockflight::{LockKey, Locker};
 use testkit::RedisServer;
 use tokio::task::JoinSet;
 
-use super::probe::{dbsize, lock_names_left, rss_bytes, used_memory};
+use super::probe::{count_matching, dbsize, lock_names_left, rss_bytes, used_memory};
 use super::{connect, idle, join_all};
 
 /// Tasks that share the keys of a pass.
@@ -39,10 +39,12 @@ pub struct KeysRow {
     pub redis_settled: u64,
     /// `DBSIZE` right after, and settled (the fences, which outlive the records).
     pub dbsize_after: u64,
+    /// Release records (`prefix:{key}:rel:<token>`) right after.
+    pub records_after: u64,
     /// `DBSIZE` once settled.
     pub dbsize_settled: u64,
-    /// Seconds from the end of the passes until only the fences were left (`None`:
-    /// not waited for, or not reached within the bound).
+    /// Seconds from the end of the passes until no release record was left
+    /// (`None`: not waited for, or not reached within the bound).
     pub settle_secs: Option<f64>,
 }
 
@@ -90,7 +92,6 @@ pub async fn measure(server: &RedisServer, n: u64, settle: Duration) -> Result<K
         redis_before: used_memory(&mut con).await?,
         ..KeysRow::default()
     };
-    let db_before = dbsize(&mut con).await?;
 
     let took = pass(&locker, 1, n).await?;
     row.throughput = n as f64 / took.as_secs_f64();
@@ -107,22 +108,22 @@ pub async fn measure(server: &RedisServer, n: u64, settle: Duration) -> Result<K
     row.lock_names_left = lock_names_left(&mut con, &prefix, keys).await?;
 
     // What stays for a while: a release record per release (about 12 s) and a
-    // fence per key (10 lease TTLs, at least 60 s). Wait until only the fences,
-    // at most one per key, are left.
-    let fences_at_most = db_before + 2 * n + TASKS as u64 * 4;
-    let mut db = row.dbsize_after;
+    // fence per key (10 lease TTLs, at least 60 s). Wait until no record is left.
+    let records = format!("{prefix}:*:rel:*");
+    let mut left = count_matching(&mut con, &records).await?;
+    row.records_after = left;
     if !settle.is_zero() {
         let deadline = done + settle;
         // Bounded by `deadline`.
-        while db > fences_at_most && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            db = dbsize(&mut con).await?;
+        while left > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            left = count_matching(&mut con, &records).await?;
         }
-        if db <= fences_at_most {
+        if left == 0 {
             row.settle_secs = Some(done.elapsed().as_secs_f64());
         }
     }
-    row.dbsize_settled = db;
+    row.dbsize_settled = dbsize(&mut con).await?;
     row.redis_settled = used_memory(&mut con).await?;
     locker.shutdown().await;
     Ok(row)

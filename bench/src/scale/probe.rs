@@ -117,6 +117,30 @@ pub async fn dbsize(con: &mut MultiplexedConnection) -> Result<u64, String> {
         .map_err(|e| format!("DBSIZE: {e}"))
 }
 
+/// How many names match `pattern` (`SCAN … MATCH … COUNT 10000`, to the end).
+pub async fn count_matching(con: &mut MultiplexedConnection, pattern: &str) -> Result<u64, String> {
+    let (mut cursor, mut found) = (0u64, 0u64);
+    // Bounded: SCAN returns to cursor 0 after one full pass over the keyspace;
+    // the round cap only guards against a server that never does.
+    for _ in 0..1_000_000 {
+        let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(con)
+            .await
+            .map_err(|e| format!("SCAN: {e}"))?;
+        found += names.len() as u64;
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+    Err("SCAN did not finish".to_owned())
+}
+
 /// How many of `keys`' lock names (`<prefix>:{<key>}`, not its fence, queue or
 /// release record) exist: `EXISTS` in pipelines of 1,000.
 pub async fn lock_names_left(

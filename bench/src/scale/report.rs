@@ -16,13 +16,13 @@ pub fn markdown(c: &Curves) -> String {
         let _ = writeln!(
             s,
             "#### Distinct keys (64 tasks, each key locked and released once; a second pass over N other keys)\n\n\
-             | N | sections/s | RSS before (MiB) | after pass 1 | after pass 2 | keys in use | lock names left | Redis before (MiB) | right after | settled | DBSIZE after | settled | settled after (s) |\n\
-             |--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+             | N | sections/s | RSS before (MiB) | after pass 1 | after pass 2 | keys in use | lock names left | Redis before (MiB) | right after | settled | DBSIZE after | release records after | DBSIZE settled | no record after (s) |\n\
+             |--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
         );
         for r in &c.keys {
             let _ = writeln!(
                 s,
-                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.n,
                 r.throughput,
                 mib(r.rss_before as f64),
@@ -34,6 +34,7 @@ pub fn markdown(c: &Curves) -> String {
                 mib(r.redis_after as f64),
                 mib(r.redis_settled as f64),
                 r.dbsize_after,
+                r.records_after,
                 r.dbsize_settled,
                 r.settle_secs.map_or("-".to_owned(), |t| format!("{t:.1}")),
             );
