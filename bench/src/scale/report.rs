@@ -131,6 +131,12 @@ const COLORS: [plotters::style::RGBColor; 4] = [
     plotters::style::RGBColor(148, 103, 189),
 ];
 
+/// An axis label: no decimals where they say nothing.
+fn label(y: f64) -> String {
+    let s = format!("{y:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 fn chart(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
 
@@ -161,7 +167,7 @@ fn chart(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::error::Error>
                     .x_desc(panel.x_desc)
                     .y_desc(panel.y_desc)
                     .x_label_formatter(&|x| format!("{x:.0}"))
-                    .y_label_formatter(&|y| format!("{y:.3}"))
+                    .y_label_formatter(&|y| label(*y))
                     .draw()?;
                 for (i, (label, pts)) in panel.series.iter().enumerate() {
                     let col = COLORS[i % COLORS.len()];
@@ -407,4 +413,17 @@ pub fn write(c: &Curves, dir: &Path, heading: &str) -> Result<String, String> {
         chart(&dir.join(name), panels).map_err(|e| format!("{name}: {e}"))?;
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label;
+
+    #[test]
+    fn labels_drop_empty_decimals() {
+        assert_eq!(label(2000.0), "2000");
+        assert_eq!(label(10.0), "10");
+        assert_eq!(label(0.0), "0");
+        assert_eq!(label(0.25), "0.25");
+    }
 }
