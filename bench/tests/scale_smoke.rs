@@ -47,7 +47,9 @@ async fn cancelled_waiters_leave_no_waiter() {
 async fn held_leases_renew_in_batches() {
     let server = RedisServer::start();
     let _log = server.log_on_panic();
-    let row = held::measure(&server, 200, 2).await.expect("held curve");
+    let row = held::measure(&server, 200, held::LEASE_TTL, 2)
+        .await
+        .expect("held curve");
     assert_eq!(row.lost, 0, "a lease was lost: {row:?}");
     assert!(row.renewals_per_period > 0.0, "no renewal: {row:?}");
     assert!(

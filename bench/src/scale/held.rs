@@ -10,10 +10,18 @@ use tokio::task::JoinSet;
 use super::probe::{CommandStats, cpu_time, rss_bytes, server_cpu, used_memory};
 use super::{connect, idle, join_all};
 
-/// The lease TTL of the held leases: renewed every second (a third of it).
+/// The default lease TTL of the held leases: renewed every second (a third of it).
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
-/// The renewal period that follows from [`LEASE_TTL`].
-pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// The renewal period of leases of `ttl`: the watchdog's interval (a third of the
+/// TTL) plus its scan tick (a quarter of the interval). A renewal is due one
+/// interval after it was sent, and it is sent just after a scan, so it is found due
+/// one scan later than that: a measured window of whole periods then sees a whole
+/// number of rounds.
+pub fn period(ttl: Duration) -> Duration {
+    let every = ttl / 3;
+    every + every / 4
+}
 /// Tasks that take (and release) the leases.
 const TASKS: u64 = 64;
 
@@ -26,7 +34,9 @@ pub struct HeldRow {
     pub rss_per_lease: f64,
     /// Redis `used_memory` growth per held lease (bytes).
     pub redis_per_lease: f64,
-    /// Renewal periods measured.
+    /// The lease TTL.
+    pub ttl: Duration,
+    /// Renewal periods measured (see [`period`]).
     pub periods: u64,
     /// Server `EVALSHA` calls per renewal period.
     pub evalsha_per_period: f64,
@@ -43,11 +53,17 @@ pub struct HeldRow {
     pub keys_in_use: u64,
 }
 
-/// Measures one point on `server` (not shared: `INFO` is the server's), over
-/// `periods` renewal periods.
-pub async fn measure(server: &RedisServer, n: u64, periods: u64) -> Result<HeldRow, String> {
+/// Measures one point on `server` (not shared: `INFO` is the server's): `n`
+/// leases of `ttl`, over `periods` renewal periods.
+pub async fn measure(
+    server: &RedisServer,
+    n: u64,
+    ttl: Duration,
+    periods: u64,
+) -> Result<HeldRow, String> {
     let prefix = testkit::unique_prefix("scale-held");
-    let locker = connect(server, &prefix, |b| b.lease_ttl(LEASE_TTL)).await?;
+    let locker = connect(server, &prefix, |b| b.lease_ttl(ttl)).await?;
+    let period = period(ttl);
     let mut con = server.connection().await;
     // Warm up the connections.
     locker
@@ -81,6 +97,7 @@ pub async fn measure(server: &RedisServer, n: u64, periods: u64) -> Result<HeldR
     }
     let mut row = HeldRow {
         n,
+        ttl,
         periods,
         rss_per_lease: rss_bytes().saturating_sub(rss0) as f64 / n as f64,
         redis_per_lease: used_memory(&mut con).await?.saturating_sub(mem0) as f64 / n as f64,
@@ -94,7 +111,7 @@ pub async fn measure(server: &RedisServer, n: u64, periods: u64) -> Result<HeldR
         locker.stats(),
     );
     let start = Instant::now();
-    tokio::time::sleep(PERIOD * periods as u32).await;
+    tokio::time::sleep(period * periods as u32).await;
     let (cmd1, scpu1, ccpu1, stats1) = (
         CommandStats::read(&mut con).await?,
         server_cpu(&mut con).await?,
@@ -102,7 +119,7 @@ pub async fn measure(server: &RedisServer, n: u64, periods: u64) -> Result<HeldR
         locker.stats(),
     );
     // Per period of the time actually slept.
-    let p = start.elapsed().as_secs_f64() / PERIOD.as_secs_f64();
+    let p = start.elapsed().as_secs_f64() / period.as_secs_f64();
     row.evalsha_per_period = (cmd1.calls("evalsha") - cmd0.calls("evalsha")) as f64 / p;
     row.renewals_per_period = (stats1 - stats0).renew_attempts as f64 / p;
     row.redis_cpu_ms_per_period = (scpu1.saturating_sub(scpu0)).as_secs_f64() * 1e3 / p;

@@ -27,8 +27,9 @@
 //!   waiters parked and all aborted: the time to cancel them, the RSS left, and
 //!   that the holder's release then finds no waiter and the key is free at once.
 //! * **held** ([`held`]): N leases (10^2 … 10^4) held at once with a 3 s TTL, so
-//!   the watchdog renews them every second. Reported: RSS and Redis
-//!   `used_memory` per lease; per renewal period, the server's `EVALSHA` calls
+//!   the watchdog renews them every 1.25 s (its 1 s interval plus one 250 ms scan
+//!   tick: [`held::period`]). Reported: RSS and Redis `used_memory` per lease;
+//!   per renewal period, the server's `EVALSHA` calls
 //!   (`INFO commandstats`: renewals are batched, far fewer calls than leases),
 //!   lockflight's renewal requests (`Stats::renew_attempts`), Redis CPU
 //!   (`used_cpu_sys + used_cpu_user`) and this process's CPU (`/proc/self/stat`).
@@ -44,7 +45,8 @@
 //! the keys curve, default 100000), `LOCKFLIGHT_SCALE_WAITERS_MAX` (default
 //! 100000), `LOCKFLIGHT_SCALE_HELD_MAX` (default 10000),
 //! `LOCKFLIGHT_SCALE_INSTANCES_MAX` (default 16), `LOCKFLIGHT_SCALE_PERIODS`
-//! (renewal periods measured, default 3), `LOCKFLIGHT_SCALE_SETTLE_SECS` (how
+//! (renewal periods measured, default 3), `LOCKFLIGHT_SCALE_HELD_TTL_SECS` (the
+//! held leases' TTL, default 3), `LOCKFLIGHT_SCALE_SETTLE_SECS` (how
 //! long the keys curve waits for the release records to expire, default 30; 0:
 //! do not wait), `LOCKFLIGHT_SCALE_SECS` (seconds per instances point, default 2).
 //!
@@ -84,6 +86,8 @@ pub struct Knobs {
     pub instances: Vec<u64>,
     /// Renewal periods measured per held-leases point.
     pub periods: u64,
+    /// The lease TTL of the held-leases curve.
+    pub held_ttl: Duration,
     /// Longest wait for the release records to expire (zero: no wait).
     pub settle: Duration,
     /// Seconds per instances point.
@@ -142,6 +146,7 @@ impl Knobs {
                 16,
             ),
             periods: env_u64("LOCKFLIGHT_SCALE_PERIODS", 3).max(1),
+            held_ttl: Duration::from_secs(env_u64("LOCKFLIGHT_SCALE_HELD_TTL_SECS", 3).max(1)),
             settle: Duration::from_secs(env_u64("LOCKFLIGHT_SCALE_SETTLE_SECS", 30)),
             secs: std::env::var("LOCKFLIGHT_SCALE_SECS")
                 .ok()
@@ -186,7 +191,7 @@ pub async fn run(knobs: &Knobs) -> Result<Curves, String> {
     }
     for &n in &knobs.held {
         let server = RedisServer::start();
-        let row = held::measure(&server, n, knobs.periods).await?;
+        let row = held::measure(&server, n, knobs.held_ttl, knobs.periods).await?;
         eprintln!("held {row:?}");
         curves.held.push(row);
     }

@@ -70,15 +70,16 @@ pub fn markdown(c: &Curves) -> String {
     if !c.held.is_empty() {
         let _ = writeln!(
             s,
-            "#### Held leases (lease TTL 3 s, renewed every 1 s; per renewal period)\n\n\
-             | N | RSS / lease (bytes) | Redis / lease (bytes) | EVALSHA / period | renewal requests / period | Redis CPU ms / period | client CPU ms / period | leases lost |\n\
-             |--:|--:|--:|--:|--:|--:|--:|--:|"
+            "#### Held leases (per renewal period: interval + scan tick, 1.25 s at a 3 s TTL)\n\n\
+             | N | TTL (s) | RSS / lease (bytes) | Redis / lease (bytes) | EVALSHA / period | renewal requests / period | Redis CPU ms / period | client CPU ms / period | leases lost |\n\
+             |--:|--:|--:|--:|--:|--:|--:|--:|--:|"
         );
         for r in &c.held {
             let _ = writeln!(
                 s,
-                "| {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
                 r.n,
+                r.ttl.as_secs_f64(),
                 r.rss_per_lease,
                 r.redis_per_lease,
                 r.evalsha_per_period,
