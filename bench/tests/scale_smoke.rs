@@ -6,8 +6,13 @@
 use bench::scale::{held, instances, keys, waiters};
 use testkit::RedisServer;
 
+/// One test at a time: the keys test reads the process's RSS, which the others'
+/// thousands of tasks would move.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_keys_leave_no_residue() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let row = keys::measure(&server, 2000, std::time::Duration::ZERO)
@@ -25,6 +30,7 @@ async fn released_keys_leave_no_residue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_leave_no_waiter() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let row = waiters::measure(&server, 2000)
@@ -45,6 +51,7 @@ async fn cancelled_waiters_leave_no_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_leases_renew_in_batches() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let row = held::measure(&server, 200, held::LEASE_TTL, 2)
@@ -61,6 +68,7 @@ async fn held_leases_renew_in_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_one_instance_not_all() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let _log = server.log_on_panic();
     let row = instances::measure(&server, 4, 1.0)
