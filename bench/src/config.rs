@@ -241,7 +241,7 @@ pub struct Config {
     pub worker: WorkerCommand,
 }
 
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         // The workspace's target directory (this package is bench/).

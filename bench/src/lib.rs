@@ -84,13 +84,15 @@
 //! correctness oracles; `scenarios`: the uncontended and wake-up measurements),
 //! `report` (the results files, the Markdown tables, the targets, the chart),
 //! `topology` (the topology table: in-process instances on a Cluster, Sentinel and
-//! one server).
+//! one server), `scale` (the scale curves: cost against keys, waiters, held leases
+//! and instances; `benches/scale.rs`).
 
 mod config;
 mod coordinator;
 mod delay;
 mod protocol;
 mod report;
+pub mod scale;
 pub mod topology;
 mod worker;
 
