@@ -52,7 +52,8 @@
 //! only to clone the slot's `Arc` and release it before taking the slot mutex. No
 //! lock is held across an `.await`.
 
-use std::collections::VecDeque;
+mod waiters;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
@@ -62,6 +63,7 @@ use tokio::time::Instant;
 use crate::backend::LeaseToken;
 use crate::key::LockKey;
 use crate::lease::Lease;
+use waiters::Waiters;
 
 #[cfg(test)]
 mod tests;
@@ -104,7 +106,7 @@ struct State {
     removed: bool,
     next_id: u64,
     /// Waiters in FIFO order: id, arrival, grant channel.
-    waiters: VecDeque<(u64, Instant, oneshot::Sender<Grant>)>,
+    waiters: Waiters,
     /// In `Cached` mode: the kept lease and the handoff sequence of its next holder.
     cached: Option<(Arc<Lease>, u64)>,
     /// Counts the times the slot went `Cached`: a linger timer expires only the
@@ -181,7 +183,7 @@ impl Slot {
                 mode: Mode::Idle,
                 removed: false,
                 next_id: 0,
-                waiters: VecDeque::new(),
+                waiters: Waiters::default(),
                 cached: None,
                 cachings: 0,
             }),
@@ -252,7 +254,7 @@ impl Slot {
         let id = st.next_id;
         st.next_id += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.push_back((id, Instant::now(), tx));
+        st.waiters.push(id, Instant::now(), tx);
         drop(st);
         Some(Join::Wait(Ticket {
             slot: self,
@@ -312,10 +314,8 @@ impl Slot {
             if let Some(by) = arrived_by {
                 // Waiters that left are skipped (they are gone anyway); the first live
                 // one decides.
-                while st.waiters.front().is_some_and(|(_, _, tx)| tx.is_closed()) {
-                    st.waiters.pop_front();
-                }
-                if st.waiters.front().is_some_and(|(_, at, _)| *at > by) {
+                st.waiters.drop_closed_front();
+                if st.waiters.front_arrival().is_some_and(|at| at > by) {
                     st.mode = Mode::Releasing;
                     return Release::Backend;
                 }
@@ -361,10 +361,7 @@ impl Slot {
     /// When the oldest live local waiter arrived, if there is one (fair mode).
     pub(crate) fn oldest_waiter(&self) -> Option<Instant> {
         let st = self.lock();
-        st.waiters
-            .iter()
-            .find(|(_, _, tx)| !tx.is_closed())
-            .map(|(_, at, _)| *at)
+        st.waiters.oldest_live()
     }
 
     /// The backend release finished (or was given up): the next waiter leads,
@@ -387,7 +384,7 @@ impl Slot {
 
     /// Offers `grant` to waiters in FIFO order; returns it if nobody took it.
     fn grant_next(st: &mut State, mut grant: Grant) -> Option<Grant> {
-        while let Some((_, _, tx)) = st.waiters.pop_front() {
+        while let Some(tx) = st.waiters.pop() {
             match tx.send(grant) {
                 Ok(()) => return None,
                 Err(back) => grant = back,
@@ -444,7 +441,7 @@ impl Ticket {
             Ok(grant) => Some(grant),
             Err(_) => {
                 let mut st = self.slot.lock();
-                st.waiters.retain(|(id, _, _)| *id != self.id);
+                st.waiters.remove(self.id);
                 None
             }
         }
