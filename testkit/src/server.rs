@@ -46,7 +46,8 @@ pub(crate) struct ServerState {
 impl RedisServer {
     /// Starts a new server on a free port and waits until it answers.
     ///
-    /// Panics with a clear message if `redis-server` is not on `PATH` or does
+    /// Panics with a clear message if the run's server binary (`redis-server`,
+    /// or `valkey-server` with `LOCKFLIGHT_TEST_ENGINE=valkey`) is missing or does
     /// not come up within 10 s (the message includes the server's log).
     pub fn start() -> RedisServer {
         let binary = crate::engine::server_binary();
