@@ -63,6 +63,43 @@ async fn info(
         .collect())
 }
 
+/// The server engine and version of an `INFO server` map: Valkey says
+/// `server_name:valkey` and its own `valkey_version` (its `redis_version` is the
+/// Redis version it is compatible with, 7.2.4); Redis says only `redis_version`.
+fn engine(server: &HashMap<String, String>) -> (&'static str, String) {
+    let valkey = server.get("server_name").is_some_and(|n| n == "valkey")
+        || server.contains_key("valkey_version");
+    let field = if valkey {
+        "valkey_version"
+    } else {
+        "redis_version"
+    };
+    let version = server.get(field).cloned().unwrap_or_default();
+    (if valkey { "Valkey" } else { "Redis" }, version)
+}
+
+/// The `version` verdict: what lockflight's scripts need (`SET … GET`) is in
+/// Redis from 6.2 and in every Valkey (7.2 and later).
+fn judge_version(server: &HashMap<String, String>) -> Check {
+    let (engine, version) = engine(server);
+    let minimum = if engine == "Valkey" { (7, 2) } else { (6, 2) };
+    let needed = format!("{engine} {}.{} or newer", minimum.0, minimum.1);
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) >= minimum {
+        Check::pass(
+            "version",
+            format!("engine: {engine} {version} ({needed} needed: SET … GET)"),
+        )
+    } else {
+        Check::fail(
+            "version",
+            format!("engine: {engine} {version}: lockflight's scripts need {needed} (SET … GET)"),
+            format!("upgrade the server to {needed}"),
+        )
+    }
+}
+
 /// What `doctor` is pointed at.
 pub(crate) enum Target<'a> {
     /// One server.
@@ -182,27 +219,11 @@ async fn check_server(
 
     bar.set_message("version");
     checks.push(match info(&mut conn, "server").await {
-        Ok(server) => {
-            let version = server.get("redis_version").cloned().unwrap_or_default();
-            let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-            if (major, minor) >= (6, 2) {
-                Check::pass(
-                    "version",
-                    format!("Redis {version} (6.2 or newer needed: SET … GET)"),
-                )
-            } else {
-                Check::fail(
-                    "version",
-                    format!("Redis {version}: lockflight's scripts need 6.2 or newer (SET … GET)"),
-                    "upgrade the server to Redis 6.2 or newer",
-                )
-            }
-        }
+        Ok(server) => judge_version(&server),
         Err(e) => Check::warn(
             "version",
             format!("cannot read INFO server: {e}"),
-            "grant +info to read the version, or check it is 6.2 or newer by hand",
+            "grant +info to read the version, or check it by hand (Redis 6.2 or newer, any Valkey)",
         ),
     });
     bar.inc(1);
@@ -576,8 +597,49 @@ pub(crate) fn clock_check(offsets: &[(String, Option<i64>)]) -> Check {
 
 #[cfg(test)]
 mod tests {
-    use super::clock_check;
+    use super::{clock_check, judge_version};
     use crate::report::Verdict;
+
+    /// `INFO server` as Redis and as Valkey write it (only the fields read).
+    fn info(fields: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        fields
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn names_the_engine_and_judges_it_by_its_own_version() {
+        let redis = judge_version(&info(&[("redis_version", "7.0.15")]));
+        assert_eq!(redis.verdict, Verdict::Pass);
+        assert!(
+            redis.detail.starts_with("engine: Redis 7.0.15 "),
+            "{}",
+            redis.detail
+        );
+        let old = judge_version(&info(&[("redis_version", "6.0.16")]));
+        assert_eq!(old.verdict, Verdict::Fail);
+        assert!(old.detail.contains("Redis 6.2 or newer"), "{}", old.detail);
+
+        let valkey = judge_version(&info(&[
+            ("redis_version", "7.2.4"),
+            ("server_name", "valkey"),
+            ("valkey_version", "9.1.2"),
+        ]));
+        assert_eq!(valkey.verdict, Verdict::Pass);
+        assert_eq!(valkey.id, "version", "the id stays stable");
+        assert!(
+            valkey.detail.starts_with("engine: Valkey 9.1.2 "),
+            "{}",
+            valkey.detail
+        );
+        let early = judge_version(&info(&[
+            ("redis_version", "7.2.4"),
+            ("server_name", "valkey"),
+            ("valkey_version", "7.2.5"),
+        ]));
+        assert_eq!(early.verdict, Verdict::Pass, "{}", early.detail);
+    }
 
     /// Clock skew between machines cannot be produced on one machine: the verdict
     /// is tested with injected offsets.

@@ -11,7 +11,7 @@ use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{Locker, RedisBackend};
 use serde_json::Value;
 use support::{after_forced_release, args, force_release, lockflight, verdict};
-use testkit::{MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, unique_prefix};
+use testkit::{Engine, MINIMAL_ACL_RULES, RedisServer, set_acl_user, shared, unique_prefix};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_fails_an_evicting_policy() {
@@ -538,4 +538,37 @@ async fn the_inspector_names_keys_as_the_backend_does() {
         );
         guard.release().await.unwrap();
     }
+}
+
+/// The test run's engine (`LOCKFLIGHT_TEST_ENGINE`, testkit's `Engine`) is the
+/// one `doctor` names, with its own version: Valkey says `redis_version:7.2.4`
+/// for compatibility, which is not its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_the_engine_of_the_test_run() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let field = match Engine::current() {
+        Engine::Redis => "redis_version:",
+        Engine::Valkey => "valkey_version:",
+    };
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
+        .trim();
+
+    let (code, report) = lockflight(args(&["doctor", "--json", &server.url()])).await;
+    assert_eq!(code, 0, "{report:#}");
+    let (v, detail) = verdict(&report, "version");
+    assert_eq!(v, "pass", "{report:#}");
+    let engine = format!("engine: {} {version} ", Engine::current().name());
+    assert!(
+        detail.starts_with(&engine),
+        "{detail:?} should name {engine:?}"
+    );
 }

@@ -61,8 +61,7 @@ impl Node {
         args: impl Fn(u16) -> Vec<String>,
         auth: Option<Credentials>,
     ) -> Node {
-        let binary =
-            super::find_redis_server().unwrap_or_else(|| panic!("{}", super::REDIS_NOT_FOUND));
+        let binary = crate::engine::server_binary();
         let dir = tempdir();
         let mut last = String::new();
         for _ in 0..8 {

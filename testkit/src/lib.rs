@@ -12,12 +12,32 @@
 //!
 //! # Real Redis servers
 //!
-//! [`RedisServer::start`] runs a real `redis-server` (it must be on `PATH`; the
-//! tests never skip themselves silently) on a free port of 127.0.0.1, with no
+//! [`RedisServer::start`] runs a real `redis-server` (or `valkey-server`, see
+//! below; it must be there: the tests never skip themselves silently) on a free port of 127.0.0.1, with no
 //! persistence and its own temporary directory. Dropping the value kills and
 //! reaps the server; if the drop happens while the test is panicking, the last
 //! lines of the server's log are printed to stderr, so they show up in
 //! `cargo test`'s report of the failing test.
+//!
+//! # The server engine: Redis or Valkey
+//!
+//! One environment variable, [`ENGINE_VAR`] (`LOCKFLIGHT_TEST_ENGINE`), chooses
+//! the engine of a whole test run, read once per test binary ([`Engine::current`]):
+//!
+//! * unset, empty or `redis`: `redis-server` from `PATH` (Redis 7.0 in CI);
+//! * `valkey`: `valkey-server`, first where `scripts/valkey` installs it
+//!   (`.tools/valkey/…` in the workspace, git-ignored), else from `PATH`
+//!   (Valkey 9.1 in CI); a run that asks for it without it panics, naming
+//!   `scripts/valkey`.
+//!
+//! Every server the harness starts comes from that one binary
+//! ([`Engine::server_binary`]): [`RedisServer`], every [`cluster::Node`] (the
+//! Cluster's nodes, the Sentinel set's data nodes and its sentinels, started with
+//! `--sentinel`, the replicated pair), so a run never mixes engines. Tools stay
+//! Redis' `redis-cli` (`--cluster create`), which speaks to both. Any other value
+//! panics. So: `scripts/valkey && LOCKFLIGHT_TEST_ENGINE=valkey cargo test …`.
+//! A test that must know the engine (a reply text, an `INFO` field) asks
+//! [`Engine::current`].
 //!
 //! **Which server to use:**
 //!
@@ -54,7 +74,8 @@
 //! per-connection relay both proxies share), `proxy` ([`CountingProxy`]),
 //! `fault_proxy`, `resp` (the RESP command counter and the request/reply
 //! parsers, tested at every chunk boundary), `acl` (users for permission tests),
-//! `counting` (a backend wrapper that counts lockflight's requests),
+//! `counting` (a backend wrapper that counts lockflight's requests), `engine`
+//! (Redis or Valkey, and the server binary),
 //! `cluster`, `sentinel`, `nemesis`.
 //! Everything a test needs is re-exported at the crate root; `cluster`,
 //! `sentinel`, `replication`, `fault_proxy`, `nemesis` and `names` (the Redis names of
@@ -78,6 +99,7 @@
 //!   with a paused clock, tokio jumps time forward whenever the runtime waits
 //!   on I/O, so every response timeout fires at once.
 pub mod cluster;
+mod engine;
 pub mod fault_proxy;
 pub mod names;
 pub mod nemesis;
@@ -95,6 +117,7 @@ mod resp;
 mod server;
 mod steps;
 
+pub use engine::{ENGINE_VAR, Engine};
 use ports::*;
 pub use postgres::{Postgres, shared_postgres};
 pub use {acl::*, counting::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -44,13 +44,6 @@ pub(crate) enum SpawnError {
 // Processes
 // ---------------------------------------------------------------------------
 
-pub(crate) fn find_redis_server() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("redis-server"))
-        .find(|candidate| is_executable(candidate))
-}
-
 pub(crate) fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-pub(crate) const REDIS_NOT_FOUND: &str = "redis-server not found: install it (apt-get install -y redis-server) or run scripts/test, which does";
-
 /// How long `start` / `restart` wait for the server to answer.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the startup wait polls.
@@ -48,10 +46,11 @@ pub(crate) struct ServerState {
 impl RedisServer {
     /// Starts a new server on a free port and waits until it answers.
     ///
-    /// Panics with a clear message if `redis-server` is not on `PATH` or does
+    /// Panics with a clear message if the run's server binary (`redis-server`,
+    /// or `valkey-server` with `LOCKFLIGHT_TEST_ENGINE=valkey`) is missing or does
     /// not come up within 10 s (the message includes the server's log).
     pub fn start() -> RedisServer {
-        let binary = find_redis_server().unwrap_or_else(|| panic!("{REDIS_NOT_FOUND}"));
+        let binary = crate::engine::server_binary();
         let dir = tempdir();
         let mut last_error = String::new();
         for _ in 0..8 {

@@ -70,10 +70,13 @@ pub(super) fn classify(e: &RedisError) -> Class {
     }
     match e.code() {
         Some("NOPERM") => Class::NoPermission,
-        // Redis 7.0 answers an ACL refusal inside a script with ERR.
+        // Redis 7.0 answers an ACL refusal inside a script with ERR, and so does
+        // Valkey 9.1 ("ACL failure in script: User … has no permissions to run …").
         Some("ERR")
-            if e.detail()
-                .is_some_and(|d| d.starts_with("The user executing the script can't")) =>
+            if e.detail().is_some_and(|d| {
+                d.starts_with("The user executing the script can't")
+                    || d.starts_with("ACL failure in script")
+            }) =>
         {
             Class::NoPermission
         }

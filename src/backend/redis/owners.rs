@@ -13,9 +13,11 @@
 //!
 //! A primary may take a cross-slot batch when its `redis_version` is 7.0 or later
 //! (the `allow-cross-slot-keys` script flag), except 7.2.0 to 7.2.4, which look a
-//! key of an undeclared slot up in the wrong slot (redis#12906). A server that
-//! reports one of those versions for compatibility (Valkey reports 7.2.4) is
-//! renewed per slot, as is a primary whose version cannot be read.
+//! key of an undeclared slot up in the wrong slot (redis#12906). Valkey reports
+//! `redis_version:7.2.4` for compatibility and its own version in
+//! `valkey_version` (with `server_name:valkey`): it is judged by its own version,
+//! from 8.0 (which has the fix; its 7.2 releases are renewed per slot). A primary
+//! whose version cannot be read is renewed per slot.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -138,7 +140,7 @@ async fn read(conn: &ClusterConn) -> Option<Owners> {
             .ok()?
             .ok()?;
             let text: String = redis::from_redis_value(info).ok()?;
-            version(&text)
+            Some(cross_slot_ok(&text))
         }
     }))
     .await;
@@ -150,10 +152,7 @@ async fn read(conn: &ClusterConn) -> Option<Owners> {
     ranges.sort_unstable();
     Some(Owners {
         ranges,
-        cross_slot: versions
-            .into_iter()
-            .map(|v| v.is_some_and(cross_slot_ok))
-            .collect(),
+        cross_slot: versions.into_iter().map(|ok| ok == Some(true)).collect(),
     })
 }
 
@@ -191,11 +190,14 @@ fn parse_primaries(text: &str) -> Vec<Vec<(u16, u16)>> {
     out
 }
 
-/// `redis_version` of an `INFO server` text, as (major, minor, patch).
-fn version(info: &str) -> Option<(u32, u32, u32)> {
-    let v = info
-        .lines()
-        .find_map(|l| l.trim_end().strip_prefix("redis_version:"))?;
+/// The version in field `field` of an `INFO server` text, as (major, minor,
+/// patch).
+fn version(info: &str, field: &str) -> Option<(u32, u32, u32)> {
+    let v = info.lines().find_map(|l| {
+        l.trim_end()
+            .strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+    })?;
     let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
     Some((
         parts.next()??,
@@ -204,9 +206,15 @@ fn version(info: &str) -> Option<(u32, u32, u32)> {
     ))
 }
 
-/// Whether a server of this version runs a cross-slot batch correctly.
-fn cross_slot_ok(v: (u32, u32, u32)) -> bool {
-    v >= (7, 0, 0) && !((7, 2, 0)..=(7, 2, 4)).contains(&v)
+/// Whether the server of an `INFO server` text runs a cross-slot batch
+/// correctly: Valkey (it says `valkey_version`) from 8.0, Redis from 7.0 except
+/// 7.2.0 to 7.2.4. `false` when the text has no version.
+fn cross_slot_ok(info: &str) -> bool {
+    if let Some(v) = version(info, "valkey_version") {
+        return v >= (8, 0, 0);
+    }
+    version(info, "redis_version")
+        .is_some_and(|v| v >= (7, 0, 0) && !((7, 2, 0)..=(7, 2, 4)).contains(&v))
 }
 
 impl ClusterConn {
@@ -292,12 +300,15 @@ e 127.0.0.1:7005@17005 master,fail - 0 0 4 disconnected 100-200
 
     #[test]
     fn batches_across_slots_only_where_the_server_does_it_right() {
-        let v = |text: &str| version(text).unwrap();
         assert_eq!(
-            v("# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n"),
-            (7, 0, 15)
+            version(
+                "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n",
+                "redis_version"
+            ),
+            Some((7, 0, 15))
         );
-        assert_eq!(version("redis_mode:cluster\n"), None);
+        assert_eq!(version("redis_mode:cluster\n", "redis_version"), None);
+        assert!(!cross_slot_ok("redis_mode:cluster\n"), "no version");
         for (text, ok) in [
             ("redis_version:6.2.14", false),
             ("redis_version:7.0.0", true),
@@ -308,7 +319,26 @@ e 127.0.0.1:7005@17005 master,fail - 0 0 4 disconnected 100-200
             ("redis_version:7.4.1", true),
             ("redis_version:8.0.2", true),
         ] {
-            assert_eq!(cross_slot_ok(v(text)), ok, "{text}");
+            assert_eq!(cross_slot_ok(text), ok, "{text}");
+        }
+    }
+
+    #[test]
+    fn judges_valkey_by_its_own_version() {
+        // What Valkey's INFO server says: the compatible Redis version first.
+        let valkey = |v: &str| {
+            format!(
+                "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{v}\r\n"
+            )
+        };
+        for (v, ok) in [
+            ("7.2.5", false),
+            ("7.2.11", false),
+            ("8.0.0", true),
+            ("8.1.4", true),
+            ("9.1.2", true),
+        ] {
+            assert_eq!(cross_slot_ok(&valkey(v)), ok, "Valkey {v}");
         }
     }
 }

@@ -29,7 +29,7 @@
 //!   script before it runs when out of memory, where an unflagged one runs its
 //!   `PEXPIRE`s) is made again per slot, which gives each lease its per-slot
 //!   answer; `READONLY` and transient failures are every lease's, as per slot. A
-//!   primary that cannot run it correctly (before 7.0, and 7.2.0–7.2.4, redis#12906;
+//!   primary that cannot run it correctly (before 7.0, 7.2.0–7.2.4, redis#12906, and Valkey before 8.0;
 //!   see `owners`), and a backend with `replica_ack` (its `WAIT` needs the
 //!   connection the script ran on), are renewed per slot: one call per slot in
 //!   use (leases whose keys share a hash tag share it). Measured on the test
@@ -394,8 +394,9 @@ fn per_lease(reply: &Value, n: usize) -> Option<&[Value]> {
 }
 
 /// Whether a lease's part of a cross-slot batch reply says its keys are not
-/// served by the node that ran it (Redis: "… attempted to access a non local key
-/// in a cluster node"; a redirect or a cluster in flux, likewise).
+/// served by the node that ran it (Redis: "Script attempted to access a non local
+/// key in a cluster node", Valkey: "Attempted to access a non local key in a
+/// cluster node"; a redirect or a cluster in flux, likewise).
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn not_local(reply: &Value) -> bool {
     let Value::Array(parts) = reply else {
@@ -432,6 +433,31 @@ fn decode(item: &RenewItem<'_>, reply: &Value, too_few: Option<&RedisError>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The refusal of a key of another node, as the batch script's `pcall` hands
+    /// it on, in the words of each engine.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_non_local_key_is_recognised_in_the_words_of_either_engine() {
+        let part = |message: &str| {
+            Value::Array(vec![
+                Value::Int(-1),
+                Value::BulkString(message.as_bytes().to_vec()),
+            ])
+        };
+        for message in [
+            // Redis 7.0.15 (pcall hands on a string)
+            "ERR Script attempted to access a non local key in a cluster node",
+            // Valkey 9.1.2 (pcall hands on a table; the script takes its `err`)
+            "ERR Attempted to access a non local key in a cluster node",
+            "MOVED 3168 127.0.0.1:7001",
+            "ASK 3168 127.0.0.1:7001",
+        ] {
+            assert!(not_local(&part(message)), "{message}");
+        }
+        assert!(!not_local(&part("OOM command not allowed")));
+        assert!(!not_local(&Value::Int(1)));
+    }
 
     #[test]
     fn a_lease_error_keeps_the_code_of_its_message() {
