@@ -275,21 +275,8 @@ async fn inspect_and_list_show_the_holder_the_fence_and_the_queue() {
 
 /// Runs the binary with `args`; returns the exit code and stdout.
 async fn lockflight_text(list: &[&str]) -> (i32, String) {
-    let list = args(list);
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_lockflight"))
-            .args(&list)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run lockflight")
-    })
-    .await
-    .unwrap();
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    let (code, stdout, _) = support::lockflight_output(args(list), Vec::new()).await;
+    (code, stdout)
 }
 
 /// `inspect` names the holder as its service named it (`instance_name`), with

@@ -91,6 +91,18 @@ pub async fn lockflight_with_env(
     args: Vec<String>,
     env: Vec<(String, String)>,
 ) -> ((i32, Value), String) {
+    let (code, stdout, stderr) = lockflight_output(args, env).await;
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    ((code, json), stderr)
+}
+
+/// Runs the binary with `args` and these environment variables (stdin empty);
+/// returns the exit code, stdout and stderr (also printed, to show with a failing
+/// test's output).
+pub async fn lockflight_output(
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> (i32, String, String) {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_lockflight"))
             .args(&args)
@@ -101,13 +113,12 @@ pub async fn lockflight_with_env(
     })
     .await
     .unwrap();
-    // Shown with a failing test's output.
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprint!("{stderr}");
     (
-        (out.status.code().unwrap_or(-1), json),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
     )
 }
 
