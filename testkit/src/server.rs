@@ -340,9 +340,11 @@ pub fn unique_prefix(name: &str) -> String {
 }
 
 /// The number of keys matching the glob `pattern` (via `KEYS`), release records
-/// (`…}:rel:<token>`) left out: each released lease leaves one, which expires by
-/// itself after the release schedule's window (see `RedisBackendBuilder::
-/// response_timeout`); what must not be left behind is lock state.
+/// (`…}:rel:<token>`) and instance cards (`<prefix>:inst:<id>`) left out: each
+/// released lease leaves a record, which expires by itself after the release
+/// schedule's window (see `RedisBackendBuilder::response_timeout`), and each
+/// instance keeps a card while it runs (3 minutes after); what must not be left
+/// behind is lock state.
 pub async fn key_count(server: &RedisServer, pattern: &str) -> usize {
     let mut con = server.connection().await;
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
@@ -350,7 +352,17 @@ pub async fn key_count(server: &RedisServer, pattern: &str) -> usize {
         .query_async(&mut con)
         .await
         .expect("KEYS on the test server");
-    keys.iter().filter(|k| !is_release_record(k)).count()
+    keys.iter()
+        .filter(|k| !is_release_record(k) && !is_instance_card(k))
+        .count()
+}
+
+/// Whether `name` is an instance's card, `<prefix>:inst:<16 hex digits>`.
+pub(crate) fn is_instance_card(name: &[u8]) -> bool {
+    name.len() > 22
+        && name[name.len() - 22..].starts_with(b":inst:")
+        && name[name.len() - 16..].iter().all(u8::is_ascii_hexdigit)
+        && !name.contains(&b'{')
 }
 
 /// Whether `name` is a lease's release record, `<prefix>:{<key>}:rel:<token>`.
@@ -393,4 +405,19 @@ pub async fn connection_for(client: &redis::Client) -> redis::aio::MultiplexedCo
                 client.get_connection_info().addr()
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_instance_card, is_release_record};
+
+    #[test]
+    fn cards_and_records_are_told_from_lock_state() {
+        assert!(is_instance_card(b"lftest:x:1:00000001:inst:0123456789abcdef"));
+        assert!(!is_instance_card(b"p:{k}:inst:0123456789abcdef"));
+        assert!(!is_instance_card(b"p:{k}"));
+        assert!(!is_instance_card(b"p:inst:0123"));
+        assert!(is_release_record(b"p:{k}:rel:00ff"));
+        assert!(!is_release_record(b"p:{k}:fence"));
+    }
 }
