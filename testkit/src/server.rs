@@ -413,7 +413,9 @@ mod tests {
 
     #[test]
     fn cards_and_records_are_told_from_lock_state() {
-        assert!(is_instance_card(b"lftest:x:1:00000001:inst:0123456789abcdef"));
+        assert!(is_instance_card(
+            b"lftest:x:1:00000001:inst:0123456789abcdef"
+        ));
         assert!(!is_instance_card(b"p:{k}:inst:0123456789abcdef"));
         assert!(!is_instance_card(b"p:{k}"));
         assert!(!is_instance_card(b"p:inst:0123"));
