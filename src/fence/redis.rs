@@ -710,44 +710,13 @@ pub(crate) fn hash_tag(name: &[u8]) -> Option<&[u8]> {
 }
 
 /// A Redis error met by a fenced write or an inspection of `key`, as lockflight
-/// reports it: an ACL refusal is [`Error::NoPermission`], `WRONGTYPE`
-/// [`Error::ForeignValue`], another server error [`Error::Refused`] with its code,
-/// and I/O, timeouts and dropped connections (the request may or may not have run)
-/// [`Error::Backend`].
+/// reports every Redis error (one classification for locks, fences and
+/// inspection): an ACL refusal, a bare `NOPERM` or one raised inside a script on
+/// either engine, is [`Error::NoPermission`]; `WRONGTYPE` [`Error::ForeignValue`];
+/// another server error [`Error::Refused`] with its code; I/O, timeouts and
+/// dropped connections (the request may or may not have run) [`Error::Backend`].
 pub(crate) fn redis_error(key: &LockKey, phase: Phase, e: RedisError) -> Error {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return Error::backend(key, phase, e);
-    }
-    let script_acl = e.code() == Some("ERR")
-        && e.detail()
-            .is_some_and(|d| d.starts_with("The user executing the script can't"));
-    match e.code() {
-        Some("NOPERM") => Error::NoPermission {
-            key: key.clone(),
-            phase,
-            source: Arc::new(e),
-        },
-        _ if script_acl => Error::NoPermission {
-            key: key.clone(),
-            phase,
-            source: Arc::new(e),
-        },
-        Some("WRONGTYPE") => Error::ForeignValue {
-            key: key.clone(),
-            phase,
-            detail: e.to_string(),
-        },
-        Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK") => {
-            Error::backend(key, phase, e)
-        }
-        Some(code) => Error::Refused {
-            key: key.clone(),
-            phase,
-            code: code.to_owned(),
-            source: Arc::new(e),
-        },
-        None => Error::backend(key, phase, e),
-    }
+    crate::backend::redis::map_err(key, phase, e)
 }
 
 #[cfg(test)]

@@ -194,3 +194,40 @@ async fn connect_checks_acl_permissions_and_the_minimal_line_suffices() {
         }
     }
 }
+
+/// A fenced write refused by the ACL inside its script (a user with every key but
+/// only the lock commands has no `+type`, which the fenced script runs) is
+/// `NoPermission` naming the resource,
+/// on either engine: Redis 7.0 and Valkey word the refusal differently, and one
+/// classification serves locks, fences and inspection. Nothing is written.
+#[tokio::test]
+async fn a_fenced_write_refused_inside_its_script_is_no_permission() {
+    use lockflight::fence::FencedKey;
+
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let mut rules: Vec<&str> = MINIMAL_ACL_RULES.to_vec();
+    rules.push("~*");
+    set_acl_user(&mut admin, "app", &rules).await;
+    let url = format!("redis://app:pw@127.0.0.1:{}/", server.port());
+    let locker = Locker::builder(connect(&url, "lfacl").await)
+        .build()
+        .unwrap();
+    let guard = locker.lock("sku:1").await.unwrap();
+    let mut data = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stock = FencedKey::new("lfacl:stock:1").unwrap();
+
+    match stock.set(&mut data, &guard, "v").await {
+        Err(Error::NoPermission { key, .. }) => assert_eq!(key.as_str(), Some("lfacl:stock:1")),
+        other => panic!("expected NoPermission, got {other:?}"),
+    }
+    assert!(
+        !exists(&mut admin, b"lfacl:stock:1").await,
+        "nothing written"
+    );
+    guard.release().await.unwrap();
+}

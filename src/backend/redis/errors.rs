@@ -98,7 +98,7 @@ pub(super) fn classify(e: &RedisError) -> Class {
 /// refusals → [`Error::Refused`]; I/O, timeouts, dropped connections, `LOADING`,
 /// `BUSY`, `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK` →
 /// [`Error::Backend`] (transient).
-pub(super) fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
+pub(crate) fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
     let key = key.clone();
     match classify(&e) {
         Class::NoPermission => Error::NoPermission {

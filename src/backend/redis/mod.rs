@@ -122,6 +122,7 @@ static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave
 
 mod builder;
 mod errors;
+pub(crate) use errors::map_err;
 mod inner;
 mod replies;
 #[cfg(test)]
