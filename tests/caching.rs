@@ -1025,3 +1025,42 @@ async fn shutdown_waits_for_background_releases() {
         .unwrap();
     assert_eq!(a.stats().keys_in_use, 0);
 }
+
+/// Re-caching a lease moves its linger on and starts no task: one linger task
+/// serves every caching of the lease (a task per release would keep a thousand
+/// sleeping tasks here), and the lease is released when the linger of the last
+/// caching ends, not the first's. In-process backend, on a paused clock.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn one_linger_task_serves_every_caching_of_a_lease() {
+    let server = lockflight::MemoryBackend::new();
+    let other = Locker::builder(server.clone()).build().unwrap();
+    let linger = Duration::from_millis(20);
+    let a = Locker::builder(server)
+        .cache_leases_for(linger)
+        // One lease for the whole run.
+        .handoff(budget(Duration::from_secs(60)).max_consecutive(10_000))
+        .build()
+        .unwrap();
+    // Warm the key (the first lease of a cold key is released at once).
+    a.lock("k").await.unwrap().release().await.unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let mut alive = Vec::new();
+    for round in 0..1_000 {
+        a.lock("k").await.unwrap().release().await.unwrap();
+        tokio::time::advance(Duration::from_micros(100)).await;
+        if round == 9 || round == 999 {
+            alive.push(metrics.num_alive_tasks());
+        }
+    }
+    assert_eq!(
+        alive[0], alive[1],
+        "tasks alive after 10 and after 1,000 cachings"
+    );
+    // 100 ms after the first caching, 0.1 ms after the last: still cached.
+    assert!(other.try_lock("k").await.unwrap().is_none());
+    tokio::time::sleep(linger).await;
+    tokio::task::yield_now().await;
+    let g = other.try_lock("k").await.unwrap();
+    assert!(g.is_some(), "released when the last caching's linger ended");
+    g.unwrap().release().await.unwrap();
+}

@@ -63,7 +63,14 @@ impl Engine {
     /// a semaphore permit.
     pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
         let h = &self.config.handoff;
-        if !h.enabled || lease.is_lost() || lease.remaining() < self.config.min_validity {
+        if !h.enabled {
+            return false;
+        }
+        let now = Instant::now();
+        if lease
+            .left_at(now)
+            .is_none_or(|left| left < self.config.min_validity)
+        {
             return false;
         }
         let waiting = lease.waiting.load(Ordering::Relaxed);
@@ -72,7 +79,8 @@ impl Engine {
             return false;
         }
         let (max_n, max_hold) = self.budget(lease);
-        lease.handoffs.load(Ordering::Relaxed) < max_n && lease.acquired_at.elapsed() < max_hold
+        lease.handoffs.load(Ordering::Relaxed) < max_n
+            && now.saturating_duration_since(lease.acquired_at) < max_hold
     }
 
     /// The most handoffs and the longest hold of `lease`'s budget, as things stand.

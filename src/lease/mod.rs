@@ -245,6 +245,21 @@ impl Lease {
         self.valid_until().saturating_duration_since(Instant::now())
     }
 
+    /// Time left at `now`, or `None` if the lease is lost: signalled, or past its
+    /// validity at `now` (then this call signals it, as [`is_lost`](Self::is_lost)
+    /// does). One reading of the clock for callers that need both.
+    pub(crate) fn left_at(&self, now: Instant) -> Option<Duration> {
+        if self.lost.is_cancelled() {
+            return None;
+        }
+        let until = self.valid_until();
+        if now >= until {
+            self.mark_lost(self.expiry_reason());
+            return None;
+        }
+        Some(until - now)
+    }
+
     /// Whether the lease is lost: signalled, or past its validity on the monotonic
     /// clock (then this call signals it, so every observer agrees).
     pub(crate) fn is_lost(&self) -> bool {

@@ -1,18 +1,19 @@
 //! The end of a hold: local handoff within the budget, or the backend release
 //! (in the background when the guard is dropped).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState};
+use crate::backend::Revocation;
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::lease::engine::deadline_after;
 use crate::lease::release::{End, Ran, Release as BackendRelease, Settle};
-use crate::slot::{Abandon, Forward, Grant, Inheritance, Release, Slot};
+use crate::slot::{Abandon, Caching, Forward, Grant, Inheritance, Linger, Release, Slot};
 
 impl LockerState {
     /// Ends a holder's use of `lease` (as handoff number `seq`): hands it to the next
@@ -41,13 +42,34 @@ impl LockerState {
                     !self.closing.load(Ordering::Relaxed) && !self.warm.is_cooled(&lease.key)
                 })
                 .filter(|_| crate::runtime::available());
-            match slot.release(&lease, seq + 1, handoff, cache.is_some(), arrived_by) {
+            // Where another instance is known to wait (it revoked the lease while
+            // it was in use, or the backend said so), only until the releasing
+            // task yields: long enough for a task of this process that locks again
+            // at once, not for one that comes later.
+            let contended =
+                cache.is_some_and(|r| r.is_revoked()) || lease.waiting.load(Ordering::Relaxed) > 0;
+            let keep = cache.map(|_| {
+                let now = Instant::now();
+                Caching {
+                    // No longer than the lease may be handed on: past its budget (or
+                    // near its hold limit) nobody can take it, and without a
+                    // revocation (Redlock, memory) a long linger would keep it from
+                    // other instances for nothing.
+                    until: if contended {
+                        now
+                    } else {
+                        deadline_after(now, self.config.lease_cache).min(self.hand_off_ends(&lease))
+                    },
+                    linger: !contended,
+                }
+            });
+            match slot.release(&lease, seq + 1, handoff, keep, arrived_by) {
                 Release::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
                     self.stats.handoff();
                     return End::Kept;
                 }
-                Release::Cached(caching) => {
+                Release::Cached(caching, start) => {
                     // `shutdown` sets `closing` before it scans the slots, and the
                     // slot's mutex orders that scan with this caching: if `closing`
                     // is still unset here, the scan comes after and finds the lease;
@@ -62,61 +84,90 @@ impl LockerState {
                             None => End::Kept,
                         };
                     }
-                    let revocation = cache.expect("cached only when asked to");
                     let (shared, slot) = (self.arc(), Arc::clone(slot));
-                    // Where another instance is known to wait (it revoked the lease
-                    // while it was in use, or the backend said so), only until the
-                    // releasing task yields: long enough for a task of this process
-                    // that locks again at once, not for one that comes later.
-                    let contended =
-                        revocation.is_revoked() || lease.waiting.load(Ordering::Relaxed) > 0;
-                    // No longer than the lease may be handed on: past its budget
-                    // (or near its hold limit) nobody can take it, and without a
-                    // revocation (Redlock, memory) a long linger would keep it from
-                    // other instances for nothing.
-                    let until = deadline_after(Instant::now(), self.config.lease_cache)
-                        .min(self.hand_off_ends(&lease));
-                    // Watched since the lease was requested: another instance that
-                    // queues from now on ends the caching at once (a revocation).
-                    let mut revocation = revocation.clone();
-                    crate::runtime::spawn(async move {
-                        let revoked = if contended {
-                            // Another instance waits: keep the lease only until the
-                            // releasing task yields (this task, just spawned, runs
-                            // then), for a task that locks again at once, as a
-                            // process with one busy task does.
-                            false
-                        } else {
-                            tokio::select! {
-                                _ = tokio::time::sleep_until(until) => false,
-                                _ = revocation.revoked() => {
-                                    tracing::debug!(key = %slot.key(), "cached lease revoked");
-                                    true
-                                }
-                            }
-                        };
-                        drop(revocation);
-                        // Counted before the lease leaves the cache, so that a
-                        // `shutdown` that finds it gone waits for its release (and
-                        // not before: a wait for this task would wait out the linger).
-                        let _under_way = shared.background.under_way();
-                        if let Some((lease, _)) = slot.expire(caching) {
-                            if revoked || contended {
+                    if contended {
+                        // Kept only until the releasing task yields (this task, just
+                        // spawned, runs then), for a task that locks again at once,
+                        // as a process with one busy task does.
+                        crate::runtime::spawn(async move {
+                            // Counted before the lease leaves the cache, so that a
+                            // `shutdown` that finds it gone waits for its release.
+                            let _under_way = shared.background.under_way();
+                            if let Some((lease, _)) = slot.expire(caching) {
                                 // Kept for nothing while another instance wanted it.
                                 shared.warm.cool(slot.key());
+                                shared.release_expired(slot, lease).await;
                             }
-                            let job = shared.release_job(Some(slot), lease);
-                            if let Err(e) = job.run().await {
-                                tracing::debug!(error = %e, "releasing a cached lease failed");
-                            }
-                        }
-                    });
+                        });
+                    } else if start {
+                        // Watched since the lease was requested: another instance
+                        // that queues from now on ends the caching at once.
+                        let revocation = cache.expect("cached only when asked to").clone();
+                        let lease = Arc::downgrade(&lease);
+                        let until = keep.expect("cached only when asked to").until;
+                        crate::runtime::spawn(shared.linger(slot, lease, revocation, until));
+                    }
                     return End::Kept;
                 }
                 Release::Backend => {}
             }
         }
         End::Release(self.release_job(slot, lease))
+    }
+
+    /// The linger task of `lease`, cached in `slot` until `until` (moved on by
+    /// later cachings): releases it at the backend once a linger ends with the
+    /// lease still cached, or at once when another instance revokes it; ends
+    /// when the lease is in use, so that the next caching starts a new one. One
+    /// task serves every caching of a lease within its lingers, not one per
+    /// release.
+    async fn linger(
+        self: Arc<Self>,
+        slot: Arc<Slot>,
+        lease: Weak<Lease>,
+        mut revocation: Revocation,
+        mut until: Instant,
+    ) {
+        let mut guard = LingerGuard {
+            slot: Arc::clone(&slot),
+            lease: lease.clone(),
+            armed: true,
+        };
+        let (taken, revoked, under_way) = loop {
+            let revoked = tokio::select! {
+                _ = tokio::time::sleep_until(until) => false,
+                _ = revocation.revoked() => true,
+            };
+            // Counted before the lease leaves the cache, so that a `shutdown` that
+            // finds it gone waits for its release (and not before: a wait for this
+            // task would wait out the linger).
+            let under_way = self.background.under_way();
+            match slot.linger(&lease, Instant::now(), revoked) {
+                Linger::Until(next) => until = next,
+                Linger::Done => {
+                    guard.armed = false;
+                    return;
+                }
+                Linger::Expired(taken) => break (taken, revoked, under_way),
+            }
+        };
+        guard.armed = false;
+        drop(revocation);
+        if revoked {
+            tracing::debug!(key = %slot.key(), "cached lease revoked");
+            // Kept for nothing while another instance wanted it.
+            self.warm.cool(slot.key());
+        }
+        self.release_expired(slot, taken).await;
+        drop(under_way);
+    }
+
+    /// Releases at the backend a lease a linger timer took back from `slot`.
+    async fn release_expired(&self, slot: Arc<Slot>, lease: Arc<Lease>) {
+        let job = self.release_job(Some(slot), lease);
+        if let Err(e) = job.run().await {
+            tracing::debug!(error = %e, "releasing a cached lease failed");
+        }
     }
 
     /// The backend release of `lease`, held by `slot` (none without coalescing),
@@ -163,7 +214,7 @@ impl LockerState {
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
         let key = lease.key.clone();
-        let release = slot.release(&lease, seq, false, false, None);
+        let release = slot.release(&lease, seq, false, None, None);
         debug_assert_eq!(release, Release::Backend);
         let job = self.release_job(Some(slot), lease);
         match tokio::time::timeout_at(deadline, job.run()).await {
@@ -313,6 +364,22 @@ impl Settle for SlotEnd {
         };
         if let Some(lead) = left {
             self.shared.cleanup(&self.key, lead);
+        }
+    }
+}
+
+/// Clears a linger task's record in its slot if the task's future is dropped
+/// before it ends by itself (a runtime shutting down).
+struct LingerGuard {
+    slot: Arc<Slot>,
+    lease: Weak<Lease>,
+    armed: bool,
+}
+
+impl Drop for LingerGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.linger_dropped(&self.lease);
         }
     }
 }

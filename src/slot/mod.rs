@@ -15,9 +15,15 @@
 //! With lease caching, a release that finds no local waiter may *keep* the lease
 //! (mode `Cached`, within the handoff budget): the next task that joins takes it
 //! at once (`Join::Cached`, as a handoff to a task that arrived later), and if none
-//! comes within the linger the caller's timer takes it back (`Slot::expire`) and
-//! releases it at the backend. A `Cached` slot has no waiters (a joiner takes the
-//! lease instead of queueing).
+//! comes within the linger a timer takes it back and releases it at the backend.
+//! The timer is one *linger task* per lease, not one per release: each caching
+//! moves the slot's linger deadline (`State::until`), and the task, when it wakes,
+//! takes the lease back only if it is still cached and the deadline has passed
+//! (`Slot::linger`), sleeps on to a later deadline if a later caching moved it,
+//! and ends when the lease is in use, so the next caching starts a new one
+//! (`Release::Cached`'s flag). `Slot::expire` takes back one caching by its
+//! number, for a timer that serves only that caching. A `Cached` slot has no
+//! waiters (a joiner takes the lease instead of queueing).
 //!
 //! Every other task that joins while the slot is not idle waits in a FIFO of local
 //! waiters, each on its own one-shot channel, with its own deadline (the caller's).
@@ -54,7 +60,7 @@
 
 mod waiters;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -112,6 +118,11 @@ struct State {
     /// Counts the times the slot went `Cached`: a linger timer expires only the
     /// caching it was started for.
     cachings: u64,
+    /// In `Cached` mode: when the linger of the current caching ends.
+    until: Option<Instant>,
+    /// The lease whose linger task is alive, if one is (set when a caching asks
+    /// for a task and none runs for that lease; cleared by the task as it ends).
+    lingering: Option<Weak<Lease>>,
 }
 
 /// One key's state.
@@ -160,9 +171,34 @@ pub(crate) enum Release {
     HandedOff,
     /// Release the lease at the backend, then call [`Slot::released`].
     Backend,
-    /// The slot keeps the lease for the next local task; when the linger ends, call
-    /// [`Slot::expire`] with this caching number.
-    Cached(u64),
+    /// The slot keeps the lease for the next local task, with this caching number.
+    /// With `true`, the caller starts the lease's linger task (none runs for it),
+    /// which calls [`Slot::linger`] when the deadline passes; otherwise a linger
+    /// task already runs for the lease, or the caller did not ask for one (it
+    /// calls [`Slot::expire`] with the number itself).
+    Cached(u64, bool),
+}
+
+/// How a lease may be cached: see [`Slot::release`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caching {
+    /// The end of this caching's linger.
+    pub(crate) until: Instant,
+    /// Whether the lease's linger task should take it back at `until`.
+    pub(crate) linger: bool,
+}
+
+/// What a linger task does next: see [`Slot::linger`].
+#[derive(Debug)]
+pub(crate) enum Linger {
+    /// The lease is still cached and a later caching moved the deadline here.
+    Until(Instant),
+    /// The linger ended: the lease was taken back (the slot is `Releasing`);
+    /// release it at the backend, then call [`Slot::released`].
+    Expired(Arc<Lease>),
+    /// Nothing for this task to do (the lease is in use, released or replaced):
+    /// it ends, and the next caching of the lease starts a new one.
+    Done,
 }
 
 /// What a failed or cancelled leader leaves to clean up.
@@ -186,6 +222,8 @@ impl Slot {
                 waiters: Waiters::default(),
                 cached: None,
                 cachings: 0,
+                until: None,
+                lingering: None,
             }),
         }
     }
@@ -298,14 +336,14 @@ impl Slot {
     /// The holder is done with the lease. With `handoff` the lease (as `seq`) goes to
     /// the next live waiter, if any — with `arrived_by`, only if that waiter arrived
     /// no later than it (fair mode); with `handoff` and `cache` and no live waiter,
-    /// the slot keeps it for the next task that joins; otherwise the caller releases
-    /// it at the backend.
+    /// the slot keeps it for the next task that joins, until `cache.until`;
+    /// otherwise the caller releases it at the backend.
     pub(crate) fn release(
         &self,
         lease: &Arc<Lease>,
         seq: u64,
         handoff: bool,
-        cache: bool,
+        cache: Option<Caching>,
         arrived_by: Option<Instant>,
     ) -> Release {
         let mut st = self.lock();
@@ -323,11 +361,20 @@ impl Slot {
             if Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
                 return Release::HandedOff;
             }
-            if cache {
+            if let Some(caching) = cache {
                 st.mode = Mode::Cached;
                 st.cached = Some((Arc::clone(lease), seq));
                 st.cachings += 1;
-                return Release::Cached(st.cachings);
+                st.until = Some(caching.until);
+                let start = caching.linger
+                    && !st
+                        .lingering
+                        .as_ref()
+                        .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(lease)));
+                if start {
+                    st.lingering = Some(Arc::downgrade(lease));
+                }
+                return Release::Cached(st.cachings, start);
             }
         }
         st.mode = Mode::Releasing;
@@ -356,6 +403,46 @@ impl Slot {
         }
         st.mode = Mode::Releasing;
         st.cached.take()
+    }
+
+    /// The linger task of `lease` woke at `now` (its deadline passed, or with
+    /// `revoked`, another instance asked for the key): takes the lease back if it
+    /// is still cached and its linger ended (or it was revoked); otherwise says
+    /// whether to sleep on (a later caching moved the deadline) or end. A task
+    /// that ends clears the slot's record of it, so the next caching starts one.
+    pub(crate) fn linger(&self, lease: &Weak<Lease>, now: Instant, revoked: bool) -> Linger {
+        let mut st = self.lock();
+        if !st.lingering.as_ref().is_some_and(|w| w.ptr_eq(lease)) {
+            // Superseded: a task for another lease runs (this one's ended).
+            return Linger::Done;
+        }
+        let ours = st
+            .cached
+            .as_ref()
+            .is_some_and(|(l, _)| std::ptr::eq(Arc::as_ptr(l), lease.as_ptr()));
+        if st.mode == Mode::Cached && ours {
+            match st.until {
+                Some(until) if !revoked && now < until => return Linger::Until(until),
+                _ => {
+                    st.mode = Mode::Releasing;
+                    st.lingering = None;
+                    let (lease, _) = st.cached.take().expect("a cached slot keeps its lease");
+                    return Linger::Expired(lease);
+                }
+            }
+        }
+        st.lingering = None;
+        Linger::Done
+    }
+
+    /// The linger task of `lease` ends without [`linger`](Self::linger) saying so
+    /// (its future was dropped: the runtime is shutting down): the next caching
+    /// of the lease starts a new one.
+    pub(crate) fn linger_dropped(&self, lease: &Weak<Lease>) {
+        let mut st = self.lock();
+        if st.lingering.as_ref().is_some_and(|w| w.ptr_eq(lease)) {
+            st.lingering = None;
+        }
     }
 
     /// When the oldest live local waiter arrived, if there is one (fair mode).

@@ -13,12 +13,15 @@
 //!   pending.
 //!
 //! With lease caching on, a release that finds nobody waiting keeps the lease,
-//! and the linger timer's expiry (`Action::Expire`) is one more step that can run
-//! at any point after it: a stale expiry (the lease was taken again meanwhile)
-//! must change nothing.
+//! and the timer that takes it back (`Action::Expire`) is one more step that can
+//! run at any point after it: either the lease's linger task waking past its
+//! deadline (`Slot::linger`; one task per lease, started by the caching that found
+//! none running) or, for a contended caching, a timer of that caching alone
+//! (`Slot::expire`). A stale timer (the lease was taken again meanwhile) must
+//! change nothing, and no cached lease may be left without a timer.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -64,24 +67,44 @@ enum Action {
     Expire,
 }
 
+/// A timer that may take a cached lease back.
+enum Timer {
+    /// A lease's linger task.
+    Linger(Arc<Slot>, Weak<Lease>),
+    /// A contended caching's own timer, with its caching number.
+    Expire(Arc<Slot>, u64),
+}
+
 /// What the locker would do with forwarded grants, recorded for the model.
 struct ModelForward {
     map: Arc<SlotMap>,
     handoff: bool,
-    cache: bool,
+    /// Caching off (`None`), or on with linger tasks (`Some(true)`) or with a
+    /// timer per caching, as for a contended key (`Some(false)`).
+    cache: Option<bool>,
     pending: Mutex<Vec<Arc<Slot>>>,
-    /// Linger timers started: the slot and its caching number.
-    lingering: Mutex<Vec<(Arc<Slot>, u64)>>,
+    /// Timers started.
+    lingering: Mutex<Vec<Timer>>,
 }
 
 impl ModelForward {
+    fn caching(&self) -> Option<Caching> {
+        self.cache.map(|linger| Caching {
+            until: Instant::now(),
+            linger,
+        })
+    }
+
     /// What the locker does after a holder's release decision.
-    fn after_release(&self, slot: &Arc<Slot>, release: Release) {
-        match release {
-            Release::HandedOff => {}
-            Release::Backend => self.pending.lock().unwrap().push(Arc::clone(slot)),
-            Release::Cached(n) => self.lingering.lock().unwrap().push((Arc::clone(slot), n)),
-        }
+    fn after_release(&self, slot: &Arc<Slot>, lease: &Arc<Lease>, release: Release) {
+        let timer = match release {
+            Release::HandedOff => return,
+            Release::Backend => return self.pending.lock().unwrap().push(Arc::clone(slot)),
+            Release::Cached(_, true) => Timer::Linger(Arc::clone(slot), Arc::downgrade(lease)),
+            Release::Cached(_, false) if self.cache == Some(true) => return,
+            Release::Cached(n, false) => Timer::Expire(Arc::clone(slot), n),
+        };
+        self.lingering.lock().unwrap().push(timer);
     }
 }
 
@@ -92,8 +115,8 @@ impl Forward for ModelForward {
                 let _ = slot.abandon(&self.map, lead);
             }
             Grant::Lease(lease, seq) => {
-                let release = slot.release(&lease, seq, self.handoff, self.cache, None);
-                self.after_release(slot, release);
+                let release = slot.release(&lease, seq, self.handoff, self.caching(), None);
+                self.after_release(slot, &lease, release);
             }
         }
     }
@@ -122,7 +145,7 @@ fn lease(key: &LockKey) -> Arc<Lease> {
 }
 
 impl World {
-    fn new(kinds: &[Kind], handoff: bool, cache: bool) -> World {
+    fn new(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> World {
         let map = Arc::new(SlotMap::default());
         let fwd = Arc::new(ModelForward {
             map: Arc::clone(&map),
@@ -186,8 +209,18 @@ impl World {
             return;
         }
         if action == Action::Expire {
-            let (slot, n) = self.fwd.lingering.lock().unwrap().pop().unwrap();
-            if slot.expire(n).is_some() {
+            // The linger task wakes past its deadline (a wake before it changes
+            // nothing and sleeps on).
+            let late = Instant::now() + Duration::from_secs(3600);
+            let taken = match self.fwd.lingering.lock().unwrap().pop().unwrap() {
+                Timer::Linger(slot, lease) => match slot.linger(&lease, late, false) {
+                    Linger::Expired(_) => Some(slot),
+                    Linger::Done => None,
+                    Linger::Until(_) => panic!("a deadline in the past moved"),
+                },
+                Timer::Expire(slot, n) => slot.expire(n).map(|_| slot),
+            };
+            if let Some(slot) = taken {
                 // The timer took the lease back: its backend release runs next.
                 self.fwd.pending.lock().unwrap().push(slot);
             }
@@ -202,7 +235,10 @@ impl World {
                 Some(Join::Leader(slot)) => Task::Leading(slot),
                 Some(Join::Wait(ticket)) => Task::Waiting(ticket),
                 Some(Join::Cached(slot, lease, seq)) => {
-                    assert!(self.fwd.cache, "a lease was cached with caching off");
+                    assert!(
+                        self.fwd.cache.is_some(),
+                        "a lease was cached with caching off"
+                    );
                     self.hold(&slot, lease, seq)
                 }
                 Some(Join::Overloaded) => panic!("no overload in these models"),
@@ -230,11 +266,11 @@ impl World {
             }
             (Task::Holding(slot, lease, seq), Action::Release) => {
                 self.holders -= 1;
-                match slot.release(&lease, seq + 1, handoff, self.fwd.cache, None) {
+                match slot.release(&lease, seq + 1, handoff, self.fwd.caching(), None) {
                     Release::HandedOff => Task::Done { held: true },
                     Release::Backend => Task::Releasing(slot),
-                    cached @ Release::Cached(_) => {
-                        self.fwd.after_release(&slot, cached);
+                    cached @ Release::Cached(..) => {
+                        self.fwd.after_release(&slot, &lease, cached);
                         Task::Done { held: true }
                     }
                 }
@@ -277,11 +313,12 @@ impl World {
 
 /// Runs every interleaving of `kinds`; returns how many complete schedules ran.
 fn explore(kinds: &[Kind], handoff: bool) -> usize {
-    explore_with(kinds, handoff, false)
+    explore_with(kinds, handoff, None)
 }
 
-/// [`explore`] with lease caching on or off.
-fn explore_with(kinds: &[Kind], handoff: bool, cache: bool) -> usize {
+/// [`explore`] with lease caching off (`None`) or on, with linger tasks or with a
+/// timer per caching (see [`ModelForward::cache`]).
+fn explore_with(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> usize {
     // Depth-first over choice indices, replaying from scratch for each schedule.
     let complete = RefCell::new(0usize);
     let mut stack: Vec<Vec<usize>> = vec![Vec::new()];
@@ -345,7 +382,7 @@ fn slot_removal_vs_insertion() {
 fn handoff_sequence_numbers_increase() {
     // One leader, two waiters, handoff on, nobody gives up: in every schedule where
     // the lease was handed on, the holders saw strictly increasing sequence numbers.
-    let mut world = World::new(&[Patient, Patient, Patient], true, false);
+    let mut world = World::new(&[Patient, Patient, Patient], true, None);
     // Everyone joins first, then the leader acquires and each holder releases.
     for step in [
         (0, Action::Look),
@@ -378,14 +415,17 @@ fn cached_lease_vs_arrivals_and_expiry() {
         &[Patient, Impatient, Patient],
         &[Canceller, Patient, Patient],
     ] {
-        let n = explore_with(kinds, true, true);
+        let n = explore_with(kinds, true, Some(true));
         assert!(n > 1_000, "only {n} schedules explored for {kinds:?}");
     }
+    // A timer per caching (a contended key's), with a task that gives up.
+    let n = explore_with(&[Patient, Impatient, Patient], true, Some(false));
+    assert!(n > 1_000, "only {n} schedules explored");
 }
 
 #[test]
 fn cached_lease_goes_to_a_later_arrival_with_a_higher_sequence() {
-    let mut world = World::new(&[Patient, Patient], true, true);
+    let mut world = World::new(&[Patient, Patient], true, Some(false));
     for step in [
         (0, Action::Look),
         (0, Action::Enter),
@@ -404,4 +444,57 @@ fn cached_lease_goes_to_a_later_arrival_with_a_higher_sequence() {
     }
     world.check_end(&[]);
     assert_eq!(world.seqs, vec![0, 1]);
+}
+
+#[test]
+fn one_linger_task_serves_every_caching_of_a_lease() {
+    let mut world = World::new(&[Patient, Patient, Patient], true, Some(true));
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (0, Action::Acquire),
+        (0, Action::Release),
+        // Cached: the lease's linger task starts; the next arrivals take it and
+        // cache it again, and no second task starts while the first runs.
+        (1, Action::Look),
+        (1, Action::Enter),
+        (1, Action::Release),
+        (2, Action::Look),
+        (2, Action::Enter),
+        (2, Action::Release),
+    ] {
+        world.step(step);
+    }
+    assert_eq!(world.fwd.lingering.lock().unwrap().len(), 1);
+    // The one task takes the lease back when its linger ends.
+    world.step((usize::MAX, Action::Expire));
+    world.step((usize::MAX, Action::Background));
+    world.check_end(&[]);
+    assert_eq!(world.seqs, vec![0, 1, 2]);
+}
+
+#[test]
+fn a_linger_task_that_finds_the_lease_in_use_ends_and_the_next_caching_starts_one() {
+    let mut world = World::new(&[Patient, Patient], true, Some(true));
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (0, Action::Acquire),
+        (0, Action::Release),
+        (1, Action::Look),
+        (1, Action::Enter),
+        // The task wakes while task 1 holds the lease: it ends.
+        (usize::MAX, Action::Expire),
+        (1, Action::Release),
+    ] {
+        world.step(step);
+    }
+    assert_eq!(
+        world.fwd.lingering.lock().unwrap().len(),
+        1,
+        "the caching after the task ended starts a new one"
+    );
+    world.step((usize::MAX, Action::Expire));
+    world.step((usize::MAX, Action::Background));
+    world.check_end(&[]);
 }
