@@ -10,6 +10,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,6 +46,14 @@ impl Entry {
 pub(crate) struct WarmKeys {
     hasher: RandomState,
     table: Mutex<Vec<Option<Entry>>>,
+    /// The clock's origin for `last_cool`.
+    base: Instant,
+    /// When a key was last cooled, in ns after `base`, plus one (0: never): while
+    /// no key was cooled in the last [`COOL_DOWN`], [`is_cooled`](Self::is_cooled)
+    /// answers without hashing the key or taking the table's lock (every release
+    /// of a cacheable lease asks). Relaxed: cooling only decides what is cached,
+    /// never who holds a key.
+    last_cool: AtomicU64,
 }
 
 impl Default for WarmKeys {
@@ -52,6 +61,8 @@ impl Default for WarmKeys {
         WarmKeys {
             hasher: RandomState::new(),
             table: Mutex::new(Vec::new()),
+            base: Instant::now(),
+            last_cool: AtomicU64::new(0),
         }
     }
 }
@@ -95,7 +106,15 @@ impl WarmKeys {
     /// Another instance wanted `key`'s cached lease: do not cache the key for
     /// [`COOL_DOWN`].
     pub(crate) fn cool(&self, key: &LockKey) {
-        self.with_entry(key, |e| e.cooled_at = Some(Instant::now()));
+        let now = Instant::now();
+        self.with_entry(key, |e| e.cooled_at = Some(now));
+        let at = self.since_base(now).saturating_add(1);
+        self.last_cool.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds from `base` to `at` (saturating).
+    fn since_base(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Whether a lease of `key` asked for at `asked` may be cached for `linger`:
@@ -114,6 +133,14 @@ impl WarmKeys {
 
     /// Whether `key` was cooled in the last [`COOL_DOWN`].
     pub(crate) fn is_cooled(&self, key: &LockKey) -> bool {
+        let last = self.last_cool.load(Ordering::Relaxed);
+        if last == 0 {
+            return false;
+        }
+        let since = self.since_base(Instant::now()).saturating_sub(last - 1);
+        if u128::from(since) > COOL_DOWN.as_nanos() {
+            return false;
+        }
         self.entry(key).is_some_and(|e| e.is_cooled())
     }
 }

@@ -261,6 +261,10 @@ impl Slot {
     /// First half of [`join`](Self::join): the key's slot, created if missing. The
     /// map's shard lock is released before returning.
     fn lookup(map: &SlotMap, key: &LockKey) -> Arc<Slot> {
+        // A hit takes the shard's read lock and clones no key.
+        if let Some(slot) = map.get(key) {
+            return Arc::clone(slot.value());
+        }
         Arc::clone(
             map.entry(key.clone())
                 .or_insert_with(|| Arc::new(Slot::new(key.clone())))
