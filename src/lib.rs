@@ -110,6 +110,8 @@ mod settings;
 mod singleflight;
 mod slot;
 pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 // The root names: what almost every user needs. Everything else lives in the
 // module named for its concept: `backend`, `guard`, `error`, `layer`, `rwlock`,
