@@ -123,6 +123,12 @@ pub use key::LockKey;
 pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 
 // README's examples are complete programs (no hidden lines), using every feature.
-#[cfg(all(doctest, feature = "axum", feature = "cluster", feature = "sentinel"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "testing"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
