@@ -40,6 +40,10 @@ pub(crate) enum Topology {
     /// One Redis server, with per-process coalescing off
     /// (`Contention::PerTask`: every task asks the backend itself).
     Uncoalesced,
+    /// The test kit's simulated server (`lockflight::testing`): each instance is
+    /// one of its backends, with its own instance id and message channel.
+    #[cfg(feature = "testing")]
+    Sim,
 }
 
 fn cluster() -> &'static Cluster {
@@ -69,10 +73,14 @@ impl Topology {
     ) -> (Vec<Locker>, String) {
         let prefix = unique_prefix(cell);
         let memory = MemoryBackend::new();
+        #[cfg(feature = "testing")]
+        let sim = lockflight::testing::SimServer::new();
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             let builder = match self {
                 Topology::Memory => Locker::builder(memory.clone()),
+                #[cfg(feature = "testing")]
+                Topology::Sim => Locker::builder(sim.backend()),
                 Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
                 Topology::Uncoalesced => {
                     Locker::builder(backend_at(&shared().url(), &prefix).await)
@@ -112,6 +120,8 @@ impl Topology {
             Topology::Cluster => RedisBackend::cluster(cluster().urls()),
             Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
             Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("{self:?} has no single Redis keyspace"),
         };
         builder
             .prefix(prefix)
@@ -147,6 +157,8 @@ impl Topology {
                 n
             }
             Topology::Memory => panic!("the memory backend has no Redis names"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("the simulated server has no Redis names"),
         }
     }
 

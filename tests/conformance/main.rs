@@ -30,8 +30,9 @@
 //! kind, because its tests stop the one replica and must run one at a time.
 //!
 //! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
-//! Cluster, a primary behind Sentinel, Redlock over three primaries, and one server
-//! with per-process coalescing off ("all" above).
+//! Cluster, a primary behind Sentinel, Redlock over three primaries, one server
+//! with per-process coalescing off, and, with the feature `testing`, the test
+//! kit's simulated server (`lockflight::testing`) ("all" above).
 //! On Redlock, which offers only the mutex, a cell's other kinds check that they
 //! are refused with `Error::Unsupported` ([`Topology::refuses`]).
 //!
@@ -62,11 +63,14 @@ macro_rules! matrix {
             sentinel => Sentinel,
             redlock => Redlock,
             uncoalesced => Uncoalesced,
+            #[cfg(feature = "testing")]
+            sim => Sim,
         );
     };
-    ($cell:ident: $($topo:ident => $variant:ident),+ $(,)?) => {
+    ($cell:ident: $($(#[$attr:meta])* $topo:ident => $variant:ident),+ $(,)?) => {
         mod $cell {
             $(
+                $(#[$attr])*
                 mod $topo {
                     use $crate::{Kind, Topology};
 
