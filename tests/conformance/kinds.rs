@@ -61,6 +61,21 @@ fn redlock_nodes() -> &'static [RedisServer; 3] {
     NODES.get_or_init(|| std::array::from_fn(|_| RedisServer::start()))
 }
 
+/// The simulated server of the instances made under `prefix`, made on first use
+/// (kept for the test binary's life, as the Redis topologies are), so that a cell
+/// can break it as it breaks a Redis server.
+#[cfg(feature = "testing")]
+pub(crate) fn sim_server(prefix: &str) -> lockflight::testing::SimServer {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    static SERVERS: OnceLock<Mutex<HashMap<String, lockflight::testing::SimServer>>> =
+        OnceLock::new();
+    let servers = SERVERS.get_or_init(Mutex::default);
+    let mut servers = servers.lock().unwrap_or_else(|e| e.into_inner());
+    servers.entry(prefix.to_owned()).or_default().clone()
+}
+
 impl Topology {
     /// `n` independent instances (each its own backend connection and instance id
     /// where the topology has them) with leases of `ttl`, under a fresh prefix
@@ -74,7 +89,7 @@ impl Topology {
         let prefix = unique_prefix(cell);
         let memory = MemoryBackend::new();
         #[cfg(feature = "testing")]
-        let sim = lockflight::testing::SimServer::new();
+        let sim = sim_server(&prefix);
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             let builder = match self {

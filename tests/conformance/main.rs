@@ -8,7 +8,7 @@
 //! | cell | topologies | property |
 //! |---|---|---|
 //! | `exclusion::exclusive_sections_and_increasing_tokens` | all | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
-//! | `loss::a_deleted_lease_is_signalled_lost` | all Redis (not memory) | the lease deleted behind the holder's back (on every Redlock node): its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `loss::a_deleted_lease_is_signalled_lost` | all Redis, the test kit (not memory) | the lease deleted behind the holder's back (on every Redlock node; on the kit by `SimServer::lose_lease`): its loss is signalled within one validity window and its release says `LeaseLost` |
 //! | `loss::a_renewal_refused_readonly_is_a_loss` | one server | the node holding the lease is demoted to a replica with the same data: the next renewal is refused `READONLY`, which is a loss at once (not at the end of the validity) |
 //! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
 //! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
