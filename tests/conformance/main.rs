@@ -13,7 +13,7 @@
 //! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
 //! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
 //! | `release::truthful_release_after_a_lost_reply` | one server, Cluster, Sentinel | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key); on one server a fault proxy loses the reply, on Cluster and Sentinel (no proxy can stand in front of nodes whose addresses clients discover) the first answer is discarded |
-//! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
+//! | `release::release_after_a_restart_reports_the_loss` | one server, the test kit | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
 //! | `lifecycle::shutdown_waits_for_a_dropped_holders_release` | all | a holder dropped right before `shutdown` on a current-thread runtime, whose runtime then ends: another instance finds the key free at once |
 //! | `lifecycle::the_last_drop_waits_for_a_dropped_holders_release` | all | the same with the last `Locker` dropped on a multi-thread runtime |
