@@ -78,6 +78,8 @@
 //!   feature `unstable-backend-api`, the backend interface); [`guard`] for what a holder
 //!   sees ([`LossSignal`](guard::LossSignal), the [`Loss`](guard::Loss) future,
 //!   [`LockInfo`](guard::LockInfo)); [`error`] for [`Phase`](error::Phase).
+//! * `testing` (feature `testing`): a simulated lock server on Tokio's clock, with
+//!   fault knobs, for testing code that holds locks.
 //!
 //! ## Layers
 //!

@@ -244,7 +244,9 @@ impl<'a> FaultBuilder<'a> {
         self.turn_on(Effect::LoseReply(op))
     }
 
-    /// `message`s are never delivered (each instance's copy counts as one).
+    /// `message`s are never delivered. With [`next`](Self::next), each copy sent
+    /// to an instance that waits for it counts as one (a wake-up reaches every
+    /// waiting instance; a revocation, the holder's).
     ///
     /// # Errors
     ///
@@ -253,8 +255,8 @@ impl<'a> FaultBuilder<'a> {
         self.turn_on(Effect::Drop(message))
     }
 
-    /// `message`s are delivered `by` later, on Tokio's clock (each instance's copy
-    /// counts as one).
+    /// `message`s are delivered `by` later, on Tokio's clock; counted as with
+    /// [`drop_message`](Self::drop_message).
     ///
     /// # Errors
     ///

@@ -6,7 +6,7 @@
 //! [`Locker`](crate::Locker) on. Everything runs on Tokio's clock, so a test on a
 //! paused clock (`#[tokio::test(start_paused = true)]`, Tokio's `test-util`
 //! feature) drives TTLs, renewals, lingers and wait timeouts with
-//! [`tokio::time::advance`], deterministically and without waiting.
+//! `tokio::time::advance`, deterministically and without waiting.
 //!
 //! Then the test breaks what production breaks:
 //!

@@ -58,8 +58,9 @@ impl fmt::Debug for SimServer {
 /// How many requests of each kind reached the server (or an instance), whatever
 /// happened to them: a failed or unanswered request counts.
 ///
-/// One trait call of lockflight is one round trip to Redis, so these are the
-/// round trips a code path would take there.
+/// Each request is one round trip to Redis, except renewals: the watchdog
+/// renews a locker's due leases together, which Redis does in one script call
+/// per batch and the kit counts per lease.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Requests {
@@ -159,8 +160,9 @@ impl SimServer {
         FaultBuilder::new(&self.shared.rules)
     }
 
-    /// Turns off every fault (an outage included); messages already delayed are
-    /// still delivered late.
+    /// Turns off every fault (an outage included). Messages already delayed are
+    /// still delivered late, and requests already hanging still wait for the end
+    /// of their outage.
     pub fn clear_faults(&self) {
         self.shared.rules.clear();
         *self.shared.outage() = None;
