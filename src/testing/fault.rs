@@ -282,3 +282,67 @@ impl<'a> FaultBuilder<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fault hits only its op (or message) and key; `next(n)` strikes n times
+    /// and is gone; of two faults that hit, the one turned on first strikes.
+    #[test]
+    fn faults_strike_in_order_on_their_key_and_as_often_as_asked() {
+        let rules = Rules::default();
+        let (k, other) = (LockKey::from("k"), LockKey::from("other"));
+        FaultBuilder::new(&rules)
+            .on_key("k")
+            .next(2)
+            .lose_reply(Op::Release)
+            .unwrap();
+        FaultBuilder::new(&rules).fail(Op::Release).unwrap();
+        FaultBuilder::new(&rules)
+            .next(1)
+            .delay_message(Message::Wakeup, Duration::from_secs(1))
+            .unwrap();
+
+        assert_eq!(rules.request(Op::Acquire, &k), None, "another op");
+        assert_eq!(rules.request(Op::Release, &other), Some(RequestFault::Fail));
+        assert_eq!(
+            rules.request(Op::Release, &k),
+            Some(RequestFault::LoseReply)
+        );
+        assert_eq!(
+            rules.request(Op::Release, &k),
+            Some(RequestFault::LoseReply)
+        );
+        assert_eq!(
+            rules.request(Op::Release, &k),
+            Some(RequestFault::Fail),
+            "the first fault is spent; the unlimited one strikes"
+        );
+        assert_eq!(rules.message(Message::Revocation, &k), None);
+        assert_eq!(
+            rules.message(Message::Wakeup, &other),
+            Some(MessageFault::Delay(Duration::from_secs(1)))
+        );
+        assert_eq!(rules.message(Message::Wakeup, &other), None, "spent");
+        assert_eq!(rules.rules().len(), 1, "spent faults are removed");
+        rules.clear();
+        assert_eq!(rules.request(Op::Release, &k), None);
+    }
+
+    /// Bad input turns nothing on.
+    #[test]
+    fn bad_input_is_an_error_and_turns_nothing_on() {
+        let rules = Rules::default();
+        let empty = FaultBuilder::new(&rules).on_key("").fail(Op::Renew);
+        assert!(matches!(empty, Err(Error::InvalidKey { .. })), "{empty:?}");
+        let never = FaultBuilder::new(&rules)
+            .next(0)
+            .drop_message(Message::Wakeup);
+        assert!(
+            matches!(never, Err(Error::InvalidConfig { .. })),
+            "{never:?}"
+        );
+        assert!(rules.rules().is_empty());
+    }
+}

@@ -327,3 +327,64 @@ pub(super) fn unreachable(op: Op, key: &LockKey, what: &'static str) -> Error {
         std::io::Error::new(std::io::ErrorKind::ConnectionReset, what),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::backend::{Acquire, LockBackend, WhenBusy};
+
+    /// A revocation goes to the holder's instance only; a wake-up goes to every
+    /// waiting instance, and a wake-up fault counts the copies to waiting
+    /// instances only (an instance that does not wait is not a delivery to drop).
+    /// Replies count the other waiting instances, as Redis counts its queue.
+    #[tokio::test(start_paused = true)]
+    async fn messages_reach_the_right_instances_and_faults_count_deliveries() {
+        let server = SimServer::new();
+        let (a, b, c, idle) = (
+            server.backend(),
+            server.backend(),
+            server.backend(),
+            server.backend(),
+        );
+        let (k, ttl) = (LockKey::from("k"), Duration::from_secs(3));
+        let ta = a.new_token();
+        let granted = a.acquire(&k, ta, ttl, WhenBusy::Queue).await.unwrap();
+        assert!(matches!(granted, Acquire::Acquired { waiting: 0, .. }));
+
+        let mut at_holder = a.wakeups().watch_revocation(&k);
+        let mut elsewhere = c.wakeups().watch_revocation(&k);
+        let busy = b.acquire(&k, b.new_token(), ttl, WhenBusy::Queue).await;
+        assert!(matches!(busy, Ok(Acquire::Busy { .. })), "{busy:?}");
+        assert!(
+            at_holder.revoked().now_or_never().is_some(),
+            "the holder is told"
+        );
+        assert!(
+            elsewhere.revoked().now_or_never().is_none(),
+            "only the holder"
+        );
+
+        server
+            .fault()
+            .next(1)
+            .drop_message(Message::Wakeup)
+            .unwrap();
+        let mut b_waits = b.wakeups().watch(LockKind::Mutex, &k);
+        let mut c_waits = c.wakeups().watch(LockKind::Mutex, &k);
+        let before = idle.wakeups().generation(LockKind::Mutex, b"k");
+        let released = a.release(&k, ta).await.unwrap();
+        assert!(released.released);
+        assert_eq!(released.waiting, 2, "b and c wait");
+        assert!(b_waits.woken().now_or_never().is_none(), "b's copy dropped");
+        assert!(c_waits.woken().now_or_never().is_some(), "c's delivered");
+        assert_ne!(
+            idle.wakeups().generation(LockKind::Mutex, b"k"),
+            before,
+            "an instance that does not wait still sees the generation move"
+        );
+        assert_eq!(server.requests().acquire, 2);
+        assert_eq!(a.requests().release, 1);
+    }
+}
