@@ -320,9 +320,9 @@ impl Kind {
 
     /// Asks `backend` for a lease of `key` with `token`, without waiting; whether
     /// it was granted.
-    pub(crate) async fn backend_acquire(
+    pub(crate) async fn backend_acquire<B: LockBackend + RwBackend + SemaphoreBackend>(
         self,
-        backend: &RedisBackend,
+        backend: &B,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
@@ -355,9 +355,9 @@ impl Kind {
 
     /// Releases the lease `token` of `key` at `backend`: whether the backend says
     /// this release (or an earlier attempt of it) deleted the lease.
-    pub(crate) async fn backend_release(
+    pub(crate) async fn backend_release<B: LockBackend + RwBackend + SemaphoreBackend>(
         self,
-        backend: &RedisBackend,
+        backend: &B,
         key: &LockKey,
         token: LeaseToken,
     ) -> Result<bool> {
