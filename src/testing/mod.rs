@@ -55,8 +55,10 @@
 //! lock, expiry at the TTL, epochs that strictly increase per key, a repeated
 //! release reporting the release it repeats (a release record lives 11 s), one
 //! wake-up message per release to each waiting instance, and a revocation to the
-//! holder's instance when another instance queues for its mutex. A request is
-//! applied at once, atomically, in the order requests arrive.
+//! holder's instance when another instance queues for its mutex. A lease that
+//! expires wakes nobody, as on Redis: waiters ask again when their last answer
+//! told them to. A request is applied at once, atomically, in the order requests
+//! arrive.
 //!
 //! Fencing: epochs are minted as Redis mints them, `max(last + 1, clock µs)`,
 //! from the wall clock. Redis loses its fence keys with its data and keeps the
@@ -77,8 +79,6 @@
 //!   server and its clients share, so there is no clock drift.
 //! * **Requests overtaking each other**: a request either arrives before its
 //!   reply is produced or not at all; a late copy of an old request cannot arrive.
-//! * Wake-ups when a lease merely expires: the waiters ask again when their last
-//!   answer told them to (Redis does the same).
 
 mod backend;
 mod fault;
