@@ -18,7 +18,7 @@
 //! | `lifecycle::shutdown_waits_for_a_dropped_holders_release` | all | a holder dropped right before `shutdown` on a current-thread runtime, whose runtime then ends: another instance finds the key free at once |
 //! | `lifecycle::the_last_drop_waits_for_a_dropped_holders_release` | all | the same with the last `Locker` dropped on a multi-thread runtime |
 //! | `lifecycle::a_holder_dropped_without_a_runtime_settles_locally` | all | a holder dropped on a thread without a runtime: no local state stays, renewal stops, another instance gets the key after the TTL |
-//! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
+//! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server, the test kit | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
