@@ -53,12 +53,11 @@
 //! The server holds the same locks as [`MemoryBackend`](crate::MemoryBackend) and
 //! keeps the contract of the backend interface that Redis keeps: one owner per
 //! lock, expiry at the TTL, epochs that strictly increase per key, a repeated
-//! release reporting the release it repeats (a release record lives 11 s), one
-//! wake-up message per release to each waiting instance, and a revocation to the
-//! holder's instance when another instance queues for its mutex. A lease that
-//! expires wakes nobody, as on Redis: waiters ask again when their last answer
-//! told them to. A request is applied at once, atomically, in the order requests
-//! arrive.
+//! release reporting the release it repeats (a release record lives 11 s), a
+//! wake-up message per release, and a revocation to the holder's instance when
+//! another instance queues for its mutex. A lease that expires wakes nobody, as
+//! on Redis: waiters ask again when their last answer told them to. A request
+//! is applied at once, atomically, in the order requests arrive.
 //!
 //! Fencing: epochs are minted as Redis mints them, `max(last + 1, clock µs)`,
 //! from the wall clock. Redis loses its fence keys with its data and keeps the
@@ -77,6 +76,11 @@
 //! * **Redlock**: no quorum of independent servers.
 //! * **Time on the server**: leases expire on the test's clock, which the
 //!   server and its clients share, so there is no clock drift.
+//! * **The mutex's queue of waiting instances** outside fair mode: a release
+//!   wakes every waiting instance and they compete, where Redis wakes the head
+//!   of its FIFO queue and gives it a short claim. Which instance takes a
+//!   contended key next may differ from Redis; that one takes it, and that no
+//!   two hold it, do not. Fair mode orders instances by arrival, as Redis does.
 //! * **Requests overtaking each other**: a request either arrives before its
 //!   reply is produced or not at all; a late copy of an old request cannot arrive.
 
