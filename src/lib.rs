@@ -78,6 +78,8 @@
 //!   feature `unstable-backend-api`, the backend interface); [`guard`] for what a holder
 //!   sees ([`LossSignal`](guard::LossSignal), the [`Loss`](guard::Loss) future,
 //!   [`LockInfo`](guard::LockInfo)); [`error`] for [`Phase`](error::Phase).
+//! * `testing` (feature `testing`): a simulated lock server on Tokio's clock, with
+//!   fault knobs, for testing code that holds locks.
 //!
 //! ## Layers
 //!
@@ -110,6 +112,8 @@ mod settings;
 mod singleflight;
 mod slot;
 pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 // The root names: what almost every user needs. Everything else lives in the
 // module named for its concept: `backend`, `guard`, `error`, `layer`, `rwlock`,
@@ -121,6 +125,12 @@ pub use key::LockKey;
 pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 
 // README's examples are complete programs (no hidden lines), using every feature.
-#[cfg(all(doctest, feature = "axum", feature = "cluster", feature = "sentinel"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "testing"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

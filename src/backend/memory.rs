@@ -162,6 +162,42 @@ impl MemoryBackend {
     }
 }
 
+/// What the simulated server of [`testing`](crate::testing) does to the locks
+/// behind a client's back: a failover or an eviction deletes a key, a restart
+/// without persistence deletes them all. Epochs are kept (the fencing counter is
+/// never reset), as a Redis server's clock floor keeps its epochs increasing.
+#[cfg(feature = "testing")]
+impl MemoryBackend {
+    /// The token of the live mutex lease of `key`, if any.
+    pub(crate) fn holder(&self, key: &LockKey) -> Option<LeaseToken> {
+        let now = Instant::now();
+        self.inner
+            .locks
+            .get(key)
+            .filter(|held| held.epoch != 0 && held.expires > now)
+            .map(|held| held.token)
+    }
+
+    /// Deletes every lock of the key string `key` (its mutex lease, its read-write
+    /// lock's leases, its semaphore's permits); whether a live one was among them.
+    pub(crate) fn evict(&self, key: &LockKey) -> bool {
+        let mutex = self.holder(key).is_some();
+        self.inner.locks.remove(key);
+        self.inner.queues.remove(key);
+        let rw = self.inner.rw.evict(key);
+        let semaphore = self.inner.semaphores.evict(key);
+        mutex || rw || semaphore
+    }
+
+    /// Deletes every lock and queue.
+    pub(crate) fn flush(&self) {
+        self.inner.locks.clear();
+        self.inner.queues.clear();
+        self.inner.rw.flush();
+        self.inner.semaphores.flush();
+    }
+}
+
 #[async_trait]
 impl LockBackend for MemoryBackend {
     async fn acquire(

@@ -40,6 +40,10 @@ pub(crate) enum Topology {
     /// One Redis server, with per-process coalescing off
     /// (`Contention::PerTask`: every task asks the backend itself).
     Uncoalesced,
+    /// The test kit's simulated server (`lockflight::testing`): each instance is
+    /// one of its backends, with its own instance id and message channel.
+    #[cfg(feature = "testing")]
+    Sim,
 }
 
 fn cluster() -> &'static Cluster {
@@ -57,6 +61,21 @@ fn redlock_nodes() -> &'static [RedisServer; 3] {
     NODES.get_or_init(|| std::array::from_fn(|_| RedisServer::start()))
 }
 
+/// The simulated server of the instances made under `prefix`, made on first use
+/// (kept for the test binary's life, as the Redis topologies are), so that a cell
+/// can break it as it breaks a Redis server.
+#[cfg(feature = "testing")]
+pub(crate) fn sim_server(prefix: &str) -> lockflight::testing::SimServer {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    static SERVERS: OnceLock<Mutex<HashMap<String, lockflight::testing::SimServer>>> =
+        OnceLock::new();
+    let servers = SERVERS.get_or_init(Mutex::default);
+    let mut servers = servers.lock().unwrap_or_else(|e| e.into_inner());
+    servers.entry(prefix.to_owned()).or_default().clone()
+}
+
 impl Topology {
     /// `n` independent instances (each its own backend connection and instance id
     /// where the topology has them) with leases of `ttl`, under a fresh prefix
@@ -69,10 +88,14 @@ impl Topology {
     ) -> (Vec<Locker>, String) {
         let prefix = unique_prefix(cell);
         let memory = MemoryBackend::new();
+        #[cfg(feature = "testing")]
+        let sim = sim_server(&prefix);
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             let builder = match self {
                 Topology::Memory => Locker::builder(memory.clone()),
+                #[cfg(feature = "testing")]
+                Topology::Sim => Locker::builder(sim.backend()),
                 Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
                 Topology::Uncoalesced => {
                     Locker::builder(backend_at(&shared().url(), &prefix).await)
@@ -112,6 +135,8 @@ impl Topology {
             Topology::Cluster => RedisBackend::cluster(cluster().urls()),
             Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
             Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("{self:?} has no single Redis keyspace"),
         };
         builder
             .prefix(prefix)
@@ -147,6 +172,8 @@ impl Topology {
                 n
             }
             Topology::Memory => panic!("the memory backend has no Redis names"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("the simulated server has no Redis names"),
         }
     }
 
@@ -293,9 +320,9 @@ impl Kind {
 
     /// Asks `backend` for a lease of `key` with `token`, without waiting; whether
     /// it was granted.
-    pub(crate) async fn backend_acquire(
+    pub(crate) async fn backend_acquire<B: LockBackend + RwBackend + SemaphoreBackend>(
         self,
-        backend: &RedisBackend,
+        backend: &B,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
@@ -328,9 +355,9 @@ impl Kind {
 
     /// Releases the lease `token` of `key` at `backend`: whether the backend says
     /// this release (or an earlier attempt of it) deleted the lease.
-    pub(crate) async fn backend_release(
+    pub(crate) async fn backend_release<B: LockBackend + RwBackend + SemaphoreBackend>(
         self,
-        backend: &RedisBackend,
+        backend: &B,
         key: &LockKey,
         token: LeaseToken,
     ) -> Result<bool> {

@@ -8,17 +8,17 @@
 //! | cell | topologies | property |
 //! |---|---|---|
 //! | `exclusion::exclusive_sections_and_increasing_tokens` | all | several instances × tasks: no section of an exclusive kind overlaps another (readers overlap only readers), and fenced kinds' tokens strictly increase in section order |
-//! | `loss::a_deleted_lease_is_signalled_lost` | all Redis (not memory) | the lease deleted behind the holder's back (on every Redlock node): its loss is signalled within one validity window and its release says `LeaseLost` |
+//! | `loss::a_deleted_lease_is_signalled_lost` | all Redis, the test kit (not memory) | the lease deleted behind the holder's back (on every Redlock node; on the kit by `SimServer::lose_lease`): its loss is signalled within one validity window and its release says `LeaseLost` |
 //! | `loss::a_renewal_refused_readonly_is_a_loss` | one server | the node holding the lease is demoted to a replica with the same data: the next renewal is refused `READONLY`, which is a loss at once (not at the end of the validity) |
 //! | `exclusion::cancelled_waiters_leave_nothing_locked` | all | acquires cancelled at several points while the key is busy: the key goes to the next instance at once after the holder's release, and nothing stays in memory |
 //! | `exclusion::bad_keys_are_clear_errors` | all | an empty or oversized key is `Error::InvalidKey` naming the key, from every call |
-//! | `release::truthful_release_after_a_lost_reply` | one server, Cluster, Sentinel | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key); on one server a fault proxy loses the reply, on Cluster and Sentinel (no proxy can stand in front of nodes whose addresses clients discover) the first answer is discarded |
-//! | `release::release_after_a_restart_reports_the_loss` | one server | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
+//! | `release::truthful_release_after_a_lost_reply` | one server, Cluster, Sentinel, the test kit | a release repeated after its reply was lost reports the release, even after another instance took and released the key meanwhile (one release record per lease, not per key); on one server a fault proxy loses the reply, on Cluster and Sentinel (no proxy can stand in front of nodes whose addresses clients discover) the first answer is discarded; on the kit a `lose_reply(Op::Release)` fault loses it |
+//! | `release::release_after_a_restart_reports_the_loss` | one server, the test kit | after an empty restart, another instance takes the same lock; the first holder's release says `LeaseLost`, never `Ok` |
 //! | `release::release_under_memory_pressure_frees_the_lock` | one server | with `maxmemory` reached and `noeviction`, a release still deletes the lease (no auxiliary write before the delete) |
 //! | `lifecycle::shutdown_waits_for_a_dropped_holders_release` | all | a holder dropped right before `shutdown` on a current-thread runtime, whose runtime then ends: another instance finds the key free at once |
 //! | `lifecycle::the_last_drop_waits_for_a_dropped_holders_release` | all | the same with the last `Locker` dropped on a multi-thread runtime |
 //! | `lifecycle::a_holder_dropped_without_a_runtime_settles_locally` | all | a holder dropped on a thread without a runtime: no local state stays, renewal stops, another instance gets the key after the TTL |
-//! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
+//! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server, the test kit | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
@@ -30,8 +30,9 @@
 //! kind, because its tests stop the one replica and must run one at a time.
 //!
 //! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
-//! Cluster, a primary behind Sentinel, Redlock over three primaries, and one server
-//! with per-process coalescing off ("all" above).
+//! Cluster, a primary behind Sentinel, Redlock over three primaries, one server
+//! with per-process coalescing off, and, with the feature `testing`, the test
+//! kit's simulated server (`lockflight::testing`) ("all" above).
 //! On Redlock, which offers only the mutex, a cell's other kinds check that they
 //! are refused with `Error::Unsupported` ([`Topology::refuses`]).
 //!
@@ -62,11 +63,14 @@ macro_rules! matrix {
             sentinel => Sentinel,
             redlock => Redlock,
             uncoalesced => Uncoalesced,
+            #[cfg(feature = "testing")]
+            sim => Sim,
         );
     };
-    ($cell:ident: $($topo:ident => $variant:ident),+ $(,)?) => {
+    ($cell:ident: $($(#[$attr:meta])* $topo:ident => $variant:ident),+ $(,)?) => {
         mod $cell {
             $(
+                $(#[$attr])*
                 mod $topo {
                     use $crate::{Kind, Topology};
 

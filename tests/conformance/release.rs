@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockflight::backend::LeaseToken;
+use lockflight::backend::rw::RwBackend;
+use lockflight::backend::semaphore::SemaphoreBackend;
+use lockflight::backend::{LeaseToken, LockBackend};
 use lockflight::{Error, LockKey, Locker, Result};
 
 use crate::{Held, Kind, Topology, matrix};
@@ -74,7 +76,31 @@ fn record_name(prefix: &str, key: &LockKey, token: LeaseToken) -> Vec<u8> {
 /// answer is discarded instead: what the cell checks there is the server side
 /// that makes the repeat truthful (the per-lease record on the key's slot, where
 /// the repeat is routed), which is the same script on every topology.
+///
+/// On the test kit, the reply of A's first attempt is lost by a fault
+/// (`lose_reply(Op::Release)`), as the proxy loses it on one server.
 async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
+    #[cfg(feature = "testing")]
+    if topology == Topology::Sim {
+        use lockflight::testing::{Op, SimServer};
+
+        let server = SimServer::new();
+        let (a, b) = (server.backend(), server.backend());
+        let (key, ta) = (LockKey::from(KEY), LeaseToken::random());
+        assert!(kind.backend_acquire(&a, &key, ta, TTL).await.unwrap());
+        server
+            .fault()
+            .on_key(KEY)
+            .next(1)
+            .lose_reply(Op::Release)
+            .unwrap();
+        let first = kind.backend_release(&a, &key, ta).await;
+        assert!(
+            matches!(&first, Err(e) if e.is_transient()),
+            "{kind:?}: a release whose reply was lost is indeterminate: {first:?}"
+        );
+        return the_repeat_reports_the_release(kind, topology, &a, &b, ta).await;
+    }
     let cell = format!("truthful-release-{kind:?}");
     let (prefix, a, b, proxy, _log) = match topology {
         Topology::OneServer => {
@@ -92,8 +118,7 @@ async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
         }
         other => panic!("{other:?}: a cell of the Redis backend's single-keyspace topologies"),
     };
-    let key = LockKey::from(KEY);
-    let (ta, tb) = (LeaseToken::random(), LeaseToken::random());
+    let (key, ta) = (LockKey::from(KEY), LeaseToken::random());
     assert!(kind.backend_acquire(&a, &key, ta, TTL).await.unwrap());
 
     match &proxy {
@@ -114,17 +139,36 @@ async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
         ),
     }
 
+    the_repeat_reports_the_release(kind, topology, &a, &b, ta).await;
+}
+matrix!(truthful_release_after_a_lost_reply:
+    one_server => OneServer,
+    cluster => Cluster,
+    sentinel => Sentinel,
+    #[cfg(feature = "testing")]
+    sim => Sim,
+);
+
+/// After A's first release of its lease `ta` deleted it (A did not hear so): B
+/// takes and releases the key, and A's repeated release reports the release.
+async fn the_repeat_reports_the_release<B>(
+    kind: Kind,
+    topology: Topology,
+    a: &B,
+    b: &B,
+    ta: LeaseToken,
+) where
+    B: LockBackend + RwBackend + SemaphoreBackend,
+{
+    let (key, tb) = (LockKey::from(KEY), LeaseToken::random());
     let rival = kind.rival();
     assert!(
-        rival.backend_acquire(&b, &key, tb, TTL).await.unwrap(),
+        rival.backend_acquire(b, &key, tb, TTL).await.unwrap(),
         "{kind:?}: A's first attempt deleted its lease, so B gets the key"
     );
-    assert!(rival.backend_release(&b, &key, tb).await.unwrap());
+    assert!(rival.backend_release(b, &key, tb).await.unwrap());
 
-    let repeated = settled("A's repeated release", || {
-        kind.backend_release(&a, &key, ta)
-    })
-    .await;
+    let repeated = settled("A's repeated release", || kind.backend_release(a, &key, ta)).await;
     assert!(
         repeated.unwrap(),
         "{kind:?} on {topology:?}: the repeated release must report the release its first \
@@ -132,15 +176,10 @@ async fn truthful_release_after_a_lost_reply(kind: Kind, topology: Topology) {
     );
     let stranger = LeaseToken::random();
     assert!(
-        !kind.backend_release(&a, &key, stranger).await.unwrap(),
+        !kind.backend_release(a, &key, stranger).await.unwrap(),
         "{kind:?}: a token that never held the key is not released"
     );
 }
-matrix!(truthful_release_after_a_lost_reply:
-    one_server => OneServer,
-    cluster => Cluster,
-    sentinel => Sentinel,
-);
 
 /// Takes `key` as `kind` through `locker`, asking again while the backend
 /// reconnects after a restart.
@@ -175,12 +214,34 @@ async fn a_holds(cell: &str, kind: Kind, topology: Topology) -> (RedisServer, [L
 /// lock; A's release must say the lease was lost. Before, a read-write or
 /// semaphore release whose first attempt met the closed connection took "not
 /// held" on the repeat for its own doing, and said `Ok`.
+///
+/// On the test kit, `SimServer::restart` is the empty restart.
 async fn release_after_a_restart_reports_the_loss(kind: Kind, topology: Topology) {
+    #[cfg(feature = "testing")]
+    if topology == Topology::Sim {
+        let (lockers, prefix) = topology
+            .instances(&format!("restart-release-{kind:?}"), 2, TTL)
+            .await;
+        let held = take(kind, &lockers[0], "A takes the key").await;
+        crate::kinds::sim_server(&prefix).restart();
+        return lost_in_the_restart(kind, &lockers[1], held).await;
+    }
     let (server, [_a, b], held) = a_holds("restart-release", kind, topology).await;
     let _log = server.log_on_panic();
 
     server.restart();
-    let other = take(kind.rival(), &b, "B takes the key after the restart").await;
+    lost_in_the_restart(kind, &b, held).await;
+}
+matrix!(release_after_a_restart_reports_the_loss:
+    one_server => OneServer,
+    #[cfg(feature = "testing")]
+    sim => Sim,
+);
+
+/// After the restart: B takes the key, and A's release of `held` says its lease
+/// was lost.
+async fn lost_in_the_restart(kind: Kind, b: &Locker, held: Held) {
+    let other = take(kind.rival(), b, "B takes the key after the restart").await;
     let released = held.release().await;
     assert!(
         matches!(released, Err(Error::LeaseLost { .. })),
@@ -189,7 +250,6 @@ async fn release_after_a_restart_reports_the_loss(kind: Kind, topology: Topology
     );
     other.release().await.expect("B's release");
 }
-matrix!(release_after_a_restart_reports_the_loss: one_server => OneServer);
 
 /// The server is out of memory (`maxmemory` below its use, `noeviction`): new
 /// locks are refused, but a release still deletes its lease, so the key is free

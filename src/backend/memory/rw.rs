@@ -57,6 +57,39 @@ impl Entry {
     }
 }
 
+#[cfg(feature = "testing")]
+impl State {
+    /// Deletes the leases and waiting writers of `key`, keeping its write fence;
+    /// whether a live lease was among them.
+    pub(super) fn evict(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = keys.get_mut(key) else {
+            return false;
+        };
+        entry.purge(now);
+        let live = !entry.readers.is_empty() || entry.writer.is_some();
+        entry.readers.clear();
+        entry.writer = None;
+        entry.writers.clear();
+        if entry.fence == 0 {
+            keys.remove(key);
+        }
+        live
+    }
+
+    /// Deletes every key's leases and waiting writers, keeping the write fences.
+    pub(super) fn flush(&self) {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.retain(|_, entry| entry.fence != 0);
+        for entry in keys.values_mut() {
+            entry.readers.clear();
+            entry.writer = None;
+            entry.writers.clear();
+        }
+    }
+}
+
 fn busy(until: Instant, now: Instant) -> Acquire {
     Acquire::Busy {
         retry_in: until.saturating_duration_since(now).min(MAX_RETRY),

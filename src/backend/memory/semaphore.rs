@@ -54,6 +54,25 @@ impl Sem {
     }
 }
 
+#[cfg(feature = "testing")]
+impl State {
+    /// Deletes the permits and waiting set of `key`; whether a live permit was
+    /// among them.
+    pub(super) fn evict(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.remove(key).is_some_and(|mut sem| {
+            sem.purge(now);
+            !sem.permits.is_empty()
+        })
+    }
+
+    /// Deletes every semaphore.
+    pub(super) fn flush(&self) {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
 impl MemoryBackend {
     fn semaphores(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, Sem>> {
         self.inner

@@ -1,0 +1,357 @@
+//! The test kit (`lockflight::testing`): each fault knob, on a paused clock, seen
+//! through `Locker`s as a user's test sees it. One test per knob; no wall-clock
+//! sleep anywhere (`tokio::time::advance`, and the paused clock's auto-advance
+//! while every task waits for a timer).
+
+use std::time::Duration;
+
+use lockflight::testing::{Message, Op, SimBackend, SimServer};
+use lockflight::{Error, Handoff, Locker};
+use tokio::time::{Instant, advance};
+
+const TTL: Duration = Duration::from_secs(3);
+const KEY: &str = "job:7";
+
+/// A locker over `backend` with a 3 s TTL (renewed every second), no handoff
+/// and no lease caching: every lock and release is a request to the server.
+fn locker(backend: SimBackend) -> Locker {
+    Locker::builder(backend)
+        .lease_ttl(TTL)
+        .wait_timeout(Duration::from_secs(60))
+        .handoff(Handoff::disabled())
+        .build()
+        .expect("valid settings")
+}
+
+/// Whether another instance takes `KEY` at once (and gives it back).
+async fn free_for(other: &Locker) -> bool {
+    match other.try_lock(KEY).await.expect("a try_lock answer") {
+        Some(guard) => {
+            guard.release().await.expect("released");
+            true
+        }
+        None => false,
+    }
+}
+
+/// Two backends of one server are two instances: their lockers exclude each
+/// other, and the server counts each instance's requests.
+#[tokio::test(start_paused = true)]
+async fn instances_contend_and_their_requests_are_counted() {
+    let server = SimServer::new();
+    let (a_backend, b_backend) = (server.backend(), server.backend());
+    let (a, b) = (locker(a_backend), locker(b_backend));
+    let guard = a.lock(KEY).await.unwrap();
+    assert!(b.try_lock(KEY).await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let requests = server.requests();
+    assert_eq!(
+        (requests.acquire, requests.release, requests.leave),
+        (2, 1, 0),
+        "{requests:?}"
+    );
+    assert!(free_for(&b).await);
+    assert_eq!(server.requests().total(), 5);
+}
+
+/// A lost acquire reply: the acquire landed, the locker repeats it with the
+/// same token, finds the lock its own and holds it; one more round trip.
+#[tokio::test(start_paused = true)]
+async fn a_lost_acquire_reply_is_repeated_and_the_lock_held() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    server
+        .fault()
+        .on_key(KEY)
+        .next(1)
+        .lose_reply(Op::Acquire)
+        .unwrap();
+    let guard = a.lock(KEY).await.unwrap();
+    assert_eq!(
+        server.requests().acquire,
+        2,
+        "the acquire was repeated once"
+    );
+    assert!(!free_for(&b).await, "the landed acquire holds the key");
+    guard.release().await.unwrap();
+    assert!(free_for(&b).await);
+}
+
+/// A lost renewal reply: the renewal landed, so the lease lives on; the next
+/// renewal answers and nothing is lost.
+#[tokio::test(start_paused = true)]
+async fn a_lost_renewal_reply_keeps_the_lease() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    let guard = a.lock(KEY).await.unwrap();
+    server
+        .fault()
+        .on_key(KEY)
+        .next(1)
+        .lose_reply(Op::Renew)
+        .unwrap();
+    for _ in 0..10 {
+        advance(Duration::from_millis(500)).await;
+    }
+    assert!(!guard.is_lost());
+    assert!(server.requests().renew >= 4, "{:?}", server.requests());
+    assert!(!free_for(&b).await);
+    guard.release().await.unwrap();
+}
+
+/// Renewals that never reach the server: the lease runs out at its TTL, the
+/// holder's loss signal fires by then, `with_lock` drops the work, and another
+/// instance takes the key.
+#[tokio::test(start_paused = true)]
+async fn lost_renewals_lose_the_lease_at_its_ttl() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    server.fault().on_key(KEY).fail(Op::Renew).unwrap();
+    let start = Instant::now();
+    let work = a.with_lock(KEY, |_| std::future::pending::<()>());
+    let outcome = work.await;
+    assert!(
+        matches!(outcome, Err(Error::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(start.elapsed() <= TTL, "lost after {:?}", start.elapsed());
+    advance(TTL).await;
+    assert!(free_for(&b).await);
+}
+
+/// A lost release reply: the release landed; the locker repeats it, the
+/// server's release record reports it, and the key is free at once.
+#[tokio::test(start_paused = true)]
+async fn a_lost_release_reply_still_frees_the_key_at_once() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    server
+        .fault()
+        .on_key(KEY)
+        .next(1)
+        .lose_reply(Op::Release)
+        .unwrap();
+    let guard = a.lock(KEY).await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(
+        server.requests().release,
+        2,
+        "the release was repeated once"
+    );
+    assert!(free_for(&b).await);
+}
+
+/// Releases that never reach the server: the holder is told, and the key is
+/// free for another instance at the TTL.
+#[tokio::test(start_paused = true)]
+async fn lost_releases_free_the_key_at_the_ttl() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    server.fault().on_key(KEY).fail(Op::Release).unwrap();
+    let guard = a.lock(KEY).await.unwrap();
+    let released = guard.release().await;
+    assert!(released.is_err(), "{released:?}");
+    server.clear_faults();
+    assert!(!free_for(&b).await, "the lease lives to its TTL");
+    advance(TTL).await;
+    assert!(free_for(&b).await);
+}
+
+/// A lease lost as in a failover: another instance takes the key at once with
+/// a greater fencing token; the holder learns it at its next renewal, and its
+/// release reports the loss.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_signalled_and_fencing_keeps_increasing() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    let guard = a.lock(KEY).await.unwrap();
+    assert!(server.lose_lease(KEY).unwrap());
+    let taken = b.lock(KEY).await.unwrap();
+    assert!(taken.fencing_token() > guard.fencing_token());
+    tokio::time::timeout(TTL, guard.lost())
+        .await
+        .expect("the loss is signalled within the TTL");
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(Error::LeaseLost { .. })),
+        "{released:?}"
+    );
+    taken.release().await.unwrap();
+    assert!(!server.lose_lease(KEY).unwrap(), "nothing left to lose");
+}
+
+/// A restart without persistence: every lease is gone, the holders learn it,
+/// and fencing tokens keep increasing.
+#[tokio::test(start_paused = true)]
+async fn a_restart_loses_every_lease_and_fencing_keeps_increasing() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    let first = a.lock(KEY).await.unwrap();
+    let other = a.lock("job:8").await.unwrap();
+    server.restart();
+    let taken = b.lock(KEY).await.unwrap();
+    assert!(taken.fencing_token() > first.fencing_token());
+    assert!(b.try_lock("job:8").await.unwrap().is_some());
+    tokio::time::timeout(TTL, futures::future::join(first.lost(), other.lost()))
+        .await
+        .expect("both losses are signalled within the TTL");
+    let released = first.release().await;
+    assert!(
+        matches!(released, Err(Error::LeaseLost { .. })),
+        "{released:?}"
+    );
+    taken.release().await.unwrap();
+}
+
+/// How long `b` waits for `KEY` after `a`, holding it, releases it at once.
+async fn wait_after_release(server: &SimServer) -> Duration {
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    let guard = a.lock(KEY).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = b.lock(KEY).await.unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    // The waiter asks and is told to wait (up to the lease's TTL).
+    while server.requests().acquire < 2 {
+        tokio::task::yield_now().await;
+    }
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    waiter.await.unwrap() - released_at
+}
+
+/// A dropped wake-up: the waiter asks again only when its last answer told it
+/// to (the holder's TTL); a delayed one wakes it that much later; without a
+/// fault it is woken at once.
+#[tokio::test(start_paused = true)]
+async fn dropped_and_delayed_wakeups_make_the_waiter_late() {
+    let on_time = wait_after_release(&SimServer::new()).await;
+    assert_eq!(on_time, Duration::ZERO);
+
+    let server = SimServer::new();
+    server
+        .fault()
+        .on_key(KEY)
+        .next(1)
+        .drop_message(Message::Wakeup)
+        .unwrap();
+    let dropped = wait_after_release(&server).await;
+    assert!(
+        dropped > TTL / 2 && dropped <= TTL,
+        "woken after {dropped:?}"
+    );
+
+    let server = SimServer::new();
+    let by = Duration::from_millis(700);
+    server
+        .fault()
+        .on_key(KEY)
+        .next(1)
+        .delay_message(Message::Wakeup, by)
+        .unwrap();
+    let delayed = wait_after_release(&server).await;
+    assert_eq!(delayed, by);
+}
+
+/// A lease cached for the next local task is released at once when another
+/// instance queues for the key (a revocation); with the revocation dropped, the
+/// other instance waits for the cache's linger to end.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_revocation_keeps_a_cached_lease_until_its_linger() {
+    const LINGER: Duration = Duration::from_secs(2);
+    async fn wait_for_cached(server: &SimServer) -> Duration {
+        let a = Locker::builder(server.backend())
+            .lease_ttl(TTL)
+            .cache_leases_for(LINGER)
+            .build()
+            .unwrap();
+        let b = locker(server.backend());
+        // Twice, so the key is warm and the second release caches the lease.
+        for _ in 0..2 {
+            a.lock(KEY).await.unwrap().release().await.unwrap();
+        }
+        let start = Instant::now();
+        let guard = b.lock(KEY).await.unwrap();
+        let waited = start.elapsed();
+        guard.release().await.unwrap();
+        a.shutdown().await;
+        waited
+    }
+    let revoked = wait_for_cached(&SimServer::new()).await;
+    assert_eq!(revoked, Duration::ZERO);
+
+    let server = SimServer::new();
+    server
+        .fault()
+        .on_key(KEY)
+        .drop_message(Message::Revocation)
+        .unwrap();
+    let kept = wait_for_cached(&server).await;
+    assert!(
+        kept > Duration::ZERO && kept <= LINGER,
+        "waited {kept:?} for the cached lease"
+    );
+}
+
+/// An unreachable server: every request fails at once until the deadline and
+/// changes nothing; lockflight asks again (an error without an answer may hide
+/// an applied request) and is served once the server is back.
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_server_fails_every_request_until_the_deadline() {
+    let server = SimServer::new();
+    let (a, b) = (locker(server.backend()), locker(server.backend()));
+    let outage = Duration::from_secs(5);
+    server.unreachable_for(outage);
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), b.try_lock(KEY)).await;
+    assert!(gave_up.is_err(), "answered during the outage: {gave_up:?}");
+    let failed = server.requests().acquire;
+    assert!(failed >= 1);
+    let start = Instant::now();
+    let guard = a.try_lock(KEY).await.unwrap().expect("free once back");
+    assert!(start.elapsed() >= outage - Duration::from_secs(1));
+    assert!(server.requests().acquire > failed + 1, "asked again");
+    guard.release().await.unwrap();
+    assert!(free_for(&b).await, "the failed requests took nothing");
+}
+
+/// A hanging server: a request waits for the end of the outage and is served
+/// then; a lease held through an outage longer than its TTL is lost.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_server_serves_requests_when_it_heals() {
+    let server = SimServer::new();
+    let a = locker(server.backend());
+    let guard = a.lock(KEY).await.unwrap();
+    server.hang_for(TTL * 2);
+    let start = Instant::now();
+    tokio::time::timeout(TTL * 2, guard.lost())
+        .await
+        .expect("renewals that hang past the TTL lose the lease");
+    assert!(start.elapsed() <= TTL);
+    drop(guard);
+    let b = locker(server.backend());
+    let start = Instant::now();
+    let taken = b.lock(KEY).await.unwrap();
+    assert!(
+        start.elapsed() > Duration::ZERO,
+        "served only after the outage"
+    );
+    taken.release().await.unwrap();
+}
+
+/// Bad input to the knobs is a clear error, never a panic or a silent no-op.
+#[tokio::test]
+async fn bad_knob_input_is_an_error() {
+    let server = SimServer::new();
+    let empty = server.fault().on_key("").fail(Op::Acquire);
+    assert!(matches!(empty, Err(Error::InvalidKey { .. })), "{empty:?}");
+    let never = server.fault().next(0).lose_reply(Op::Release);
+    assert!(
+        matches!(never, Err(Error::InvalidConfig { .. })),
+        "{never:?}"
+    );
+    let lost = server.lose_lease(" ");
+    assert!(matches!(lost, Err(Error::InvalidKey { .. })), "{lost:?}");
+    assert_eq!(server.requests().total(), 0);
+}
