@@ -94,6 +94,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod election;
 pub mod error;
 pub mod fence;
 pub mod guard;
