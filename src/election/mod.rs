@@ -374,6 +374,12 @@ impl Leadership {
         self.held().is_lost()
     }
 
+    /// How long leadership is known to stay valid without a further renewal
+    /// (zero once it is lost).
+    pub fn valid_for(&self) -> Duration {
+        self.held().valid_for()
+    }
+
     /// Resolves when leadership is lost, no later than the lease's validity ends;
     /// see [`LockGuard::lost`].
     ///
