@@ -502,4 +502,48 @@ mod tests {
         assert!(later[..40] > record[..40]);
         assert_eq!(decode(b"garbage"), None);
     }
+
+    #[tokio::test]
+    async fn an_invalid_identity_is_refused_naming_the_key() {
+        let locker = Locker::builder(crate::MemoryBackend::new())
+            .build()
+            .unwrap();
+        for bad in [
+            String::new(),
+            "x".repeat(MAX_IDENTITY_LEN + 1),
+            "a\nb".into(),
+        ] {
+            let election = locker.election("jobs").identity(bad.clone());
+            match election.campaign().await {
+                Err(Error::InvalidConfig { reason }) => {
+                    assert!(reason.contains("election(jobs)"), "{reason}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let longest = locker.election("jobs").identity("é".repeat(100));
+        longest.campaign().await.unwrap().resign().await.unwrap();
+        assert_eq!(locker.active_keys(), 0);
+    }
+
+    #[tokio::test]
+    async fn local_candidates_take_turns_and_the_record_follows() {
+        let locker = Locker::builder(crate::MemoryBackend::new())
+            .build()
+            .unwrap();
+        let a = locker.election("jobs").identity("a");
+        let b = locker.election("jobs").identity("b");
+        let first = a.campaign().await.unwrap();
+        let next = tokio::spawn(async move { b.campaign().await });
+        tokio::task::yield_now().await;
+        let first_term = first.term();
+        first.resign().await.unwrap();
+        let second = next.await.unwrap().unwrap();
+        assert!(second.term() > first_term);
+        let seen = a.leader().await.unwrap().unwrap();
+        assert_eq!((seen.identity.as_str(), seen.term), ("b", second.term()));
+        drop(second);
+        tokio::task::yield_now().await;
+        assert_eq!(locker.active_keys(), 0);
+    }
 }
