@@ -114,23 +114,18 @@ impl fmt::Debug for Leadership {
     }
 }
 
-impl Locker {
-    /// The election of `key`, for a candidate whose identity is set with
-    /// [`Election::identity`].
-    ///
-    /// An election key is a mutex key: do not take the same key with
-    /// [`lock`](Locker::lock).
-    pub fn election(&self, key: impl Into<LockKey>) -> Election {
+impl Election {
+    /// The election of `key` on `locker` ([`Locker::election`]), without an
+    /// identity yet.
+    pub(crate) fn new(locker: Locker, key: LockKey) -> Election {
         Election {
-            locker: self.clone(),
-            key: key.into(),
+            locker,
+            key,
             identity: Arc::from(""),
             changed: Arc::new(Notify::new()),
         }
     }
-}
 
-impl Election {
     /// Sets the identity this candidate leads with: a name of 1 to
     /// [`MAX_IDENTITY_LEN`] bytes without control characters, checked when it
     /// campaigns.
