@@ -52,12 +52,14 @@ async fn one_leader_at_a_time_and_terms_increase() {
     let last = Arc::new(Mutex::new(FencingToken::default()));
     let terms = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
+    let mut lockers = Vec::new();
     for i in 0..3 {
         let locker = locker(
             backend(server.url(), &prefix).await,
             Duration::from_secs(10),
         );
         let election = locker.election("scheduler");
+        lockers.push(locker);
         for j in 0..2 {
             let me = format!("instance-{i}-candidate-{j}");
             let election = election.clone().identity(me.clone());
@@ -95,6 +97,9 @@ async fn one_leader_at_a_time_and_terms_increase() {
     })
     .await;
     assert_eq!(terms.load(Ordering::Relaxed), 30);
+    for locker in &lockers {
+        assert_eq!(locker.stats().keys_in_use, 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,6 +140,7 @@ async fn resign_wakes_the_next_instance_with_one_acquire() {
     assert_eq!((seen.identity.as_str(), seen.term), ("b", b_leads.term()));
     b_leads.resign().await.unwrap();
     assert_eq!(b_election.leader().await.unwrap(), None);
+    assert_eq!((a.stats().keys_in_use, b.stats().keys_in_use), (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
