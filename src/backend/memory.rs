@@ -191,12 +191,13 @@ impl MemoryBackend {
         mutex || rw || semaphore
     }
 
-    /// Deletes every lock and queue.
+    /// Deletes every lock, queue and leader record.
     pub(crate) fn flush(&self) {
         self.inner.locks.clear();
         self.inner.queues.clear();
         self.inner.rw.flush();
         self.inner.semaphores.flush();
+        self.inner.leaders.clear();
     }
 }
 

@@ -440,11 +440,15 @@ impl Drop for Leadership {
                 self.held().key().clone(),
                 std::mem::take(&mut self.record),
             );
+            let changed = Arc::clone(&self.changed);
+            // Observers re-read once the record is gone.
             crate::runtime::spawn(async move {
                 let _ = backend.clear_leader(&key, &record).await;
+                changed.notify_waiters();
             });
+        } else {
+            self.changed.notify_waiters();
         }
-        self.changed.notify_waiters();
     }
 }
 
