@@ -71,6 +71,8 @@
 //!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock
 //!   family: [`rwlock`](Locker::rwlock) (read and write) and [`semaphore`](Locker::semaphore); fair mode
 //!   ([`Contention::Fair`]).
+//! * [`election`]: leader election on the mutex's lease ([`Locker::election`]):
+//!   campaign, run while leading, resign, and who leads, for anyone.
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
 //!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum
 //!   of independent primaries; [`MemoryBackend`] for a single process.
@@ -94,6 +96,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod election;
 pub mod error;
 pub mod fence;
 pub mod guard;

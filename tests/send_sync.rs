@@ -20,6 +20,8 @@ fn handles_are_send_and_sync() {
     send_sync::<RedisBackend>();
     send_sync::<lockflight::Error>();
     send_sync::<Stats>();
+    send_sync::<lockflight::election::Election>();
+    send_sync::<lockflight::election::Leadership>();
 }
 
 #[tokio::test]
@@ -34,6 +36,13 @@ async fn every_public_future_is_send() {
     send_future(locker.try_lock("k"));
     send_future(locker.with_lock("k", |_info| async { 1 }));
     send_future(locker.singleflight("k", || async { 1 }));
+    let election = locker.election("e").identity("me");
+    send_future(election.campaign());
+    send_future(election.leader());
+    send_future(election.run(|_leader, _loss| async {}));
+    let leadership = election.campaign().await.unwrap();
+    send(&leadership.lost());
+    send_future(leadership.resign());
     let guard = locker.lock("k").await.unwrap();
     send(&guard.lost());
     send_future(guard.release());

@@ -101,6 +101,8 @@ struct Inner {
     wakeups: WakeRegistry,
     rw: rw::State,
     semaphores: semaphore::State,
+    /// The elections' leader records, with their expiry.
+    leaders: DashMap<LockKey, (Vec<u8>, Instant)>,
 }
 
 #[derive(Clone, Copy)]
@@ -189,13 +191,19 @@ impl MemoryBackend {
         mutex || rw || semaphore
     }
 
-    /// Deletes every lock and queue.
+    /// Deletes every lock, queue and leader record.
     pub(crate) fn flush(&self) {
         self.inner.locks.clear();
         self.inner.queues.clear();
         self.inner.rw.flush();
         self.inner.semaphores.flush();
+        self.inner.leaders.clear();
     }
+}
+
+/// The part of a leader record that orders records: its first 40 bytes (the term).
+fn term_of(record: &[u8]) -> &[u8] {
+    &record[..record.len().min(40)]
 }
 
 #[async_trait]
@@ -367,6 +375,45 @@ impl LockBackend for MemoryBackend {
             }
             _ => Ok(Extend::NotOwner),
         }
+    }
+
+    async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut entry = self
+            .inner
+            .leaders
+            .entry(key.clone())
+            .or_insert_with(|| (Vec::new(), now));
+        let (stored, expires) = &mut *entry;
+        let live = *expires > now;
+        if live && term_of(stored) > term_of(record) {
+            return Ok(false);
+        }
+        *stored = record.to_vec();
+        *expires = now + ttl;
+        Ok(true)
+    }
+
+    async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        let now = Instant::now();
+        let found = self
+            .inner
+            .leaders
+            .get(key)
+            .filter(|e| e.1 > now)
+            .map(|e| e.0.clone());
+        if found.is_none() {
+            self.inner.leaders.remove_if(key, |_, e| e.1 <= now);
+        }
+        Ok(found)
+    }
+
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
+        Ok(self
+            .inner
+            .leaders
+            .remove_if(key, |_, e| e.0 == record)
+            .is_some())
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {

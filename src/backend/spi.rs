@@ -455,6 +455,44 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
         None
     }
+
+    /// Writes the leader record of the election `key` (who leads it: see
+    /// [`Locker::election`](crate::Locker::election)) with a TTL of `ttl`, unless
+    /// the record stored now is newer. Records are ordered by their first 40 bytes
+    /// (the term, as decimal digits); a record whose first 40 bytes compare greater
+    /// is kept. Returns whether `record` was written.
+    ///
+    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
+        let _ = (record, ttl);
+        Err(crate::Error::Unsupported {
+            key: key.clone(),
+            what: "leader election",
+        })
+    }
+
+    /// The leader record of the election `key`, if one is stored and has not
+    /// expired.
+    ///
+    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        Err(crate::Error::Unsupported {
+            key: key.clone(),
+            what: "leader election",
+        })
+    }
+
+    /// Deletes the leader record of the election `key` if it is still `record`
+    /// (a newer leader's record stays). Returns whether it was deleted.
+    ///
+    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
+        let _ = record;
+        Err(crate::Error::Unsupported {
+            key: key.clone(),
+            what: "leader election",
+        })
+    }
 }
 
 #[async_trait]
@@ -509,6 +547,15 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     fn fencing(&self) -> bool {
         (**self).fencing()
+    }
+    async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
+        (**self).write_leader(key, record, ttl).await
+    }
+    async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        (**self).read_leader(key).await
+    }
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
+        (**self).clear_leader(key, record).await
     }
     fn rw(&self) -> Option<&dyn RwBackend> {
         (**self).rw()

@@ -75,6 +75,11 @@ impl LockGuard {
 
     crate::lease::observe_lease!("lease", signal);
 
+    /// The backend of the lease.
+    pub(crate) fn backend(&self) -> Arc<dyn crate::backend::LockBackend> {
+        Arc::clone(&self.shared.backend)
+    }
+
     pub(crate) fn lost_error(&self) -> Error {
         self.lease.lost_error(Phase::Renewing)
     }

@@ -521,6 +521,21 @@ impl Locker {
         self.shared.slots.len()
     }
 
+    /// The backend (what an election writes its leader record to).
+    pub(crate) fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::clone(&self.shared.backend)
+    }
+
+    /// The configured lease TTL.
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.shared.config.lease_ttl
+    }
+
+    /// The configured renewal interval.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.shared.config.renew_every
+    }
+
     /// The configured wait timeout.
     pub(crate) fn wait_timeout(&self) -> Duration {
         self.shared.config.wait_timeout

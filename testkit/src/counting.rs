@@ -151,6 +151,20 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     fn fencing(&self) -> bool {
         self.inner.fencing()
     }
+    async fn write_leader(
+        &self,
+        key: &LockKey,
+        record: &[u8],
+        ttl: Duration,
+    ) -> lockflight::Result<bool> {
+        self.inner.write_leader(key, record, ttl).await
+    }
+    async fn read_leader(&self, key: &LockKey) -> lockflight::Result<Option<Vec<u8>>> {
+        self.inner.read_leader(key).await
+    }
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> lockflight::Result<bool> {
+        self.inner.clear_leader(key, record).await
+    }
     fn new_token(&self) -> LeaseToken {
         self.inner.new_token()
     }

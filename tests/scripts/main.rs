@@ -3,7 +3,8 @@
 //! before anything is written, release reconciliation by release record, a refused
 //! wake-up `PUBLISH`, the classification of server refusals (`OOM`, `READONLY`),
 //! `connect()`'s verification (passwords, ACLs, the minimal ACL line) and the
-//! notifier's restart on a new runtime, and the fast paths' server commands.
+//! notifier's restart on a new runtime, the fast paths' server commands, and the
+//! elections' leader records.
 //!
 //! Tests that only need *a* Redis use [`testkit::shared`] with their own
 //! [`testkit::unique_prefix`]; tests that change the server's configuration or ACLs
@@ -11,6 +12,7 @@
 
 mod connect;
 mod fast_paths;
+mod leader;
 mod reads_first;
 mod refusals;
 mod replies;

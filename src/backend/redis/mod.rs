@@ -119,6 +119,13 @@ static EXTEND: LeaseScript = LeaseScript::renewal(
     acked::first_is_one,
 );
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
+/// The elections' leader records (they need no prelude: one key, no queue).
+static LEADER_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/leader_write.lua")));
+static LEADER_READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new("return redis.call('GET', KEYS[1])"));
+static LEADER_CLEAR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/leader_clear.lua")));
 
 mod builder;
 mod errors;
@@ -251,6 +258,12 @@ impl Names {
     /// delete the lease, read by a retried release (see `lua/release.lua`). Tokens
     /// are random per lease, so the leases of the mutex, the read-write lock and the
     /// semaphore of one key never share a record.
+    /// The leader record of an election on this key (`<lock name>:leader`):
+    /// written by `lua/leader_write.lua`, deleted by `lua/leader_clear.lua`.
+    fn leader(&self) -> Vec<u8> {
+        [&self.lock[..], b":leader"].concat()
+    }
+
     fn release_record(&self, token: &str) -> Vec<u8> {
         [&self.lock[..], b":rel:", token.as_bytes()].concat()
     }
@@ -565,6 +578,44 @@ impl LockBackend for RedisBackend {
 
     async fn leave(&self, key: &LockKey) -> Result<()> {
         self.inner.leave(key, false).await.map(drop)
+    }
+
+    async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
+        let n = Names::new(&self.inner.prefix, key);
+        let reply = self
+            .inner
+            .invoke(
+                &LEADER_WRITE,
+                &[&n.leader()],
+                &[record, millis(ttl).to_string().as_bytes()],
+            )
+            .await
+            .map_err(|e| map_err(key, Phase::Renewing, e))?;
+        Ok(matches!(reply, redis::Value::Int(1)))
+    }
+
+    async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        let n = Names::new(&self.inner.prefix, key);
+        let reply = self
+            .inner
+            .invoke(&LEADER_READ, &[&n.leader()], &[])
+            .await
+            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        match reply {
+            redis::Value::BulkString(bytes) => Ok(Some(bytes)),
+            redis::Value::Nil => Ok(None),
+            other => Err(unexpected(key, Phase::Acquiring, &other)),
+        }
+    }
+
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
+        let n = Names::new(&self.inner.prefix, key);
+        let reply = self
+            .inner
+            .invoke(&LEADER_CLEAR, &[&n.leader()], &[record])
+            .await
+            .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        Ok(matches!(reply, redis::Value::Int(1)))
     }
 
     fn wakeups(&self) -> &WakeRegistry {

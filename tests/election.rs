@@ -1,0 +1,297 @@
+//! Leader election against a real Redis: separate `RedisBackend`s on one server
+//! are separate instances.
+//!
+//! * At most one leader at any instant among 3 instances × 2 local candidates,
+//!   over many terms, with terms strictly increasing (an oracle flag and the last
+//!   term, shared by every candidate).
+//! * A resignation wakes the waiting instance once: it leads after exactly one more
+//!   acquire (request counts, not time).
+//! * A leader cut off by a black hole sees its loss no later than its validity ends,
+//!   and the next leader is elected only after; its fenced write is then refused;
+//!   `leader()` and `observe()` follow the failover.
+//! * `run` drops the leader's work on loss and campaigns again.
+//!
+//! Waits are bounded by generous limits ([`TOLD`]) only to fail instead of hanging.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockflight::fence::{Fenced, FencedKey};
+use lockflight::{FencingToken, Locker, RedisBackend};
+use testkit::{Counting, CountingProxy, shared_scene, within};
+use tokio::time::Instant;
+
+/// A limit that only a hang reaches.
+const TOLD: Duration = Duration::from_secs(30);
+/// How late a loss may be signalled after the end of the validity, on a loaded
+/// machine (as the black-hole fault test allows).
+const LATE: Duration = Duration::from_millis(500);
+
+async fn backend(url: String, prefix: &str) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn locker(backend: impl lockflight::backend::LockBackend, ttl: Duration) -> Locker {
+    Locker::builder(backend)
+        .lease_ttl(ttl)
+        .renew_every(ttl / 4)
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .expect("valid settings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_at_a_time_and_terms_increase() {
+    let (server, _log, prefix) = shared_scene("election-one");
+    let leading = Arc::new(AtomicBool::new(false));
+    let last = Arc::new(Mutex::new(FencingToken::default()));
+    let terms = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut lockers = Vec::new();
+    for i in 0..3 {
+        let locker = locker(
+            backend(server.url(), &prefix).await,
+            Duration::from_secs(10),
+        );
+        let election = locker.election("scheduler");
+        lockers.push(locker);
+        for j in 0..2 {
+            let me = format!("instance-{i}-candidate-{j}");
+            let election = election.clone().identity(me.clone());
+            let (leading, last, terms) = (leading.clone(), last.clone(), terms.clone());
+            tasks.spawn(async move {
+                for _ in 0..5 {
+                    let leadership = election.campaign().await.expect("campaign");
+                    assert!(
+                        !leading.swap(true, Ordering::SeqCst),
+                        "{me} leads while another leader is valid"
+                    );
+                    {
+                        let mut last = last.lock().unwrap();
+                        assert!(leadership.term() > *last, "term did not increase");
+                        *last = leadership.term();
+                    }
+                    let seen = election.leader().await.unwrap().expect("a leader");
+                    assert_eq!(
+                        (seen.identity.as_str(), seen.term),
+                        (me.as_str(), leadership.term())
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    assert!(!leadership.is_lost());
+                    leading.store(false, Ordering::SeqCst);
+                    terms.fetch_add(1, Ordering::Relaxed);
+                    leadership.resign().await.expect("resign");
+                }
+            });
+        }
+    }
+    within(TOLD * 4, "every candidate's terms", async {
+        while let Some(done) = tasks.join_next().await {
+            done.expect("a candidate panicked");
+        }
+    })
+    .await;
+    assert_eq!(terms.load(Ordering::Relaxed), 30);
+    for locker in &lockers {
+        assert_eq!(locker.stats().keys_in_use, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resign_wakes_the_next_instance_with_one_acquire() {
+    let (server, _log, prefix) = shared_scene("election-resign");
+    let ttl = Duration::from_secs(60);
+    let a = locker(backend(server.url(), &prefix).await, ttl);
+    let (b_backend, b_counts) = Counting::new(backend(server.url(), &prefix).await);
+    let b = locker(b_backend, ttl);
+    let leadership = a.election("relay").identity("a").campaign().await.unwrap();
+    let b_election = b.election("relay").identity("b");
+    let next = tokio::spawn({
+        let b_election = b_election.clone();
+        async move { b_election.campaign().await }
+    });
+    within(TOLD, "B's first (busy) acquire", async {
+        while b_counts.acquire.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Let the busy reply come back, so B waits for its wake-up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!next.is_finished());
+    let a_term = leadership.term();
+    leadership.resign().await.unwrap();
+    let b_leads = within(TOLD, "B leads after A resigned", next)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b_leads.term() > a_term);
+    assert_eq!(
+        b_counts.acquire.load(Ordering::SeqCst),
+        2,
+        "B should lead after one wake-up: one busy acquire, one granted"
+    );
+    let seen = b_election.leader().await.unwrap().unwrap();
+    assert_eq!((seen.identity.as_str(), seen.term), ("b", b_leads.term()));
+    b_leads.resign().await.unwrap();
+    assert_eq!(b_election.leader().await.unwrap(), None);
+    assert_eq!((a.stats().keys_in_use, b.stats().keys_in_use), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
+    let (server, _log, prefix) = shared_scene("election-blackhole");
+    let ttl = Duration::from_secs(2);
+    let proxy = CountingProxy::start(server).await;
+    let a = locker(backend(proxy.url(), &prefix).await, ttl);
+    let b = locker(backend(server.url(), &prefix).await, ttl);
+    let mut data = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let resource = FencedKey::new(format!("{prefix}:schedule")).unwrap();
+
+    let a_leads = a.election("cron").identity("a").campaign().await.unwrap();
+    let a_term = a_leads.term();
+    assert!(
+        resource
+            .set(&mut data, a_term, "a")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let b_election = b.election("cron").identity("b");
+    let mut observed = b_election.observe();
+    within(
+        TOLD,
+        "B observes A",
+        observed.wait_for(|l| l.as_ref().is_some_and(|l| l.identity == "a")),
+    )
+    .await
+    .unwrap();
+
+    let a_lost = tokio::spawn({
+        let loss = a_leads.loss_signal();
+        async move {
+            loss.lost().await;
+            Instant::now()
+        }
+    });
+    let b_gained = tokio::spawn({
+        let b_election = b_election.clone();
+        async move {
+            let leadership = b_election.campaign().await.unwrap();
+            (Instant::now(), leadership)
+        }
+    });
+    proxy.blackhole(true);
+    let known_until = Instant::now() + a_leads.valid_for();
+    let lost_at = within(TOLD, "A's loss", a_lost).await.unwrap();
+    let (gained_at, b_leads) = within(TOLD, "B leads", b_gained).await.unwrap();
+    assert!(
+        lost_at <= known_until + LATE,
+        "A learnt of its loss after its validity"
+    );
+    assert!(lost_at <= gained_at, "B was elected before A knew it lost");
+    assert!(b_leads.term() > a_term);
+
+    assert!(
+        resource
+            .set(&mut data, b_leads.term(), "b")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert!(matches!(
+        resource.set(&mut data, a_term, "a again").await.unwrap(),
+        Fenced::Stale { .. }
+    ));
+    let b_term = b_leads.term();
+    within(
+        TOLD,
+        "B observes itself",
+        observed.wait_for(|l| {
+            l.as_ref()
+                .is_some_and(|l| l.identity == "b" && l.term == b_term)
+        }),
+    )
+    .await
+    .unwrap();
+    let seen = b_election.leader().await.unwrap().unwrap();
+    assert_eq!((seen.identity.as_str(), seen.term), ("b", b_term));
+
+    b_leads.resign().await.unwrap();
+    drop(a_leads);
+    proxy.blackhole(false);
+}
+
+/// Drops the work's marker: tells the test that the work was dropped.
+struct Dropped(Arc<AtomicU64>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_drops_the_work_on_loss_and_campaigns_again() {
+    let (server, _log, prefix) = shared_scene("election-run");
+    let ttl = Duration::from_secs(2);
+    let proxy = CountingProxy::start(server).await;
+    let a = locker(backend(proxy.url(), &prefix).await, ttl);
+    let b = locker(backend(server.url(), &prefix).await, ttl);
+    let started = Arc::new(AtomicU64::new(0));
+    let dropped = Arc::new(AtomicU64::new(0));
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let runner = tokio::spawn({
+        let election = a.election("outbox").identity("a");
+        let (started, dropped, terms) = (started.clone(), dropped.clone(), terms.clone());
+        async move {
+            election
+                .run(move |leader, _loss| {
+                    let marker = Dropped(dropped.clone());
+                    started.fetch_add(1, Ordering::SeqCst);
+                    terms.lock().unwrap().push(leader.term);
+                    async move {
+                        let _marker = marker;
+                        std::future::pending::<()>().await
+                    }
+                })
+                .await
+        }
+    });
+    let wait_for = |counter: Arc<AtomicU64>, n: u64| async move {
+        while counter.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    within(TOLD, "A's work starts", wait_for(started.clone(), 1)).await;
+    proxy.blackhole(true);
+    within(TOLD, "A's work is dropped", wait_for(dropped.clone(), 1)).await;
+    let b_leads = within(
+        TOLD,
+        "B leads",
+        b.election("outbox").identity("b").campaign(),
+    )
+    .await
+    .unwrap();
+    proxy.blackhole(false);
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "A's work restarted while B leads"
+    );
+    b_leads.resign().await.unwrap();
+    within(TOLD, "A's work starts again", wait_for(started.clone(), 2)).await;
+    let terms = terms.lock().unwrap().clone();
+    assert!(terms[1] > terms[0]);
+    runner.abort();
+    let _ = runner.await;
+}
