@@ -65,6 +65,20 @@ pub struct Election {
     changed: Arc<Notify>,
 }
 
+/// Elections: the door on the handle (here, above the locker, which knows nothing
+/// of elections).
+impl Locker {
+    /// The election of `key`, for a candidate whose identity is set with
+    /// [`Election::identity`]. Cheap: nothing is checked or sent until it
+    /// campaigns or reads.
+    ///
+    /// An election key is a mutex key: do not take the same key with
+    /// [`lock`](Locker::lock).
+    pub fn election(&self, key: impl Into<LockKey>) -> Election {
+        Election::new(self.clone(), key.into())
+    }
+}
+
 impl fmt::Debug for Election {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Election")

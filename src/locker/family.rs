@@ -1,14 +1,13 @@
 //! The lock family on [`Locker`]: read-write locks ([`RwLock`] handles),
-//! semaphores ([`semaphore`](crate::semaphore)), singleflight and elections
-//! ([`Election`], which sits above the locker: it campaigns through
-//! [`Locker::lock`]). Each kind keeps
+//! semaphores ([`semaphore`](crate::semaphore)) and singleflight. Each kind keeps
 //! its per-key state in its own module, below the locker; these calls are the
-//! handle's doors to them.
+//! handle's doors to them. (`Locker::election` lives in
+//! [`election`](crate::election), above the locker: an election campaigns
+//! through [`Locker::lock`].)
 
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::election::Election;
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::semaphore::Semaphore;
@@ -80,19 +79,6 @@ impl Locker {
     /// nobody waits: the per-key state never outlives its use.
     pub(crate) fn active_semaphores(&self) -> usize {
         self.shared.semaphores.len()
-    }
-}
-
-/// Elections.
-impl Locker {
-    /// The election of `key`, for a candidate whose identity is set with
-    /// [`Election::identity`]. Cheap: nothing is checked or sent until it
-    /// campaigns or reads.
-    ///
-    /// An election key is a mutex key: do not take the same key with
-    /// [`lock`](Locker::lock).
-    pub fn election(&self, key: impl Into<LockKey>) -> Election {
-        Election::new(self.clone(), key.into())
     }
 }
 
