@@ -8,7 +8,10 @@
 //! Instance A meets the fault; instance B (on Redis: straight to the server)
 //! looks at the key. On Redis a [`FaultProxy`] in front of A produces the
 //! request faults (it learns the acquire, renewal and release scripts' hashes by
-//! watching one lock), and a [`CountingProxy`] black-holes a hanging server.
+//! watching one lock), and a [`CountingProxy`] (the hole) black-holes a hanging
+//! server and the instances whose messages are lost or late: a server pushes a
+//! message on the receiver's subscription, which shares the commands' address,
+//! and loses one only with that connection.
 //!
 //! | knob | twin (`<twin>::kit`, `<twin>::redis`) | on Redis | outcome on both |
 //! |---|---|---|---|
@@ -19,11 +22,17 @@
 //! | `unreachable_for` | [`an_unreachable_server_fails_requests_until_the_deadline`] | the proxy loses every request until the deadline | no answer during the outage, the lock once it ends, nothing taken by the failed requests |
 //! | `hang_for` | [`a_hanging_server_serves_requests_when_it_heals`] | a black hole in front of both instances | the held lease is lost, a request made during the outage is served after it |
 //!
-//! Not twinned here: `drop_message` and `delay_message` (wake-ups and
-//! revocations). Redis carries a message inside the release or acquire script's
-//! run, as a push on the receiving instance's subscription, which shares its
-//! address with the commands: no proxy here can lose or delay the push alone
-//! while the same instance's commands pass.
+//! | `drop_message(Message::Wakeup)` | [`a_dropped_wakeup_makes_the_waiter_late`] | the waiter's connections are black-holed over the release and then reset, the message with them | the waiter is late (on the kit its timer wakes it; on Redis its subscription is made again and wakes every waiter) and gets the key |
+//! | `delay_message(Message::Wakeup, _)` | [`a_delayed_wakeup_makes_the_waiter_late`] | the waiter's connections are black-holed over the release for the delay | the waiter is woken late and gets the key |
+//! | `drop_message(Message::Revocation)` | [`a_dropped_revocation_keeps_a_cached_lease_until_its_linger`] | the caching holder's connections are black-holed while another instance queues, then reset | the cached lease is kept until its linger ends, then the other instance gets the key |
+//!
+//! The other knobs' twins are conformance cells (`tests/conformance`):
+//! `lose_reply(Op::Release)` in `release::truthful_release_after_a_lost_reply`,
+//! `lose_lease` in `loss::a_deleted_lease_is_signalled_lost`, `restart` in
+//! `release::release_after_a_restart_reports_the_loss`.
+//!
+//! Not twinned: a delayed revocation (`delay_message(Message::Revocation, _)`),
+//! whose outcome (the cached lease is given up late) the dropped one bounds.
 
 #![cfg(feature = "testing")]
 
@@ -31,7 +40,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockflight::testing::{Op, SimServer};
+use lockflight::testing::{Message, Op, SimServer};
 use lockflight::{Error, Handoff, LockKey, Locker};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy, any_command, evalsha_on};
 use testkit::{CountingProxy, RedisServer, backend_at, unique_prefix, wait_until, within};
@@ -40,6 +49,8 @@ use testkit::{CountingProxy, RedisServer, backend_at, unique_prefix, wait_until,
 const TTL: Duration = Duration::from_secs(1);
 /// The generous bound of a step that the scenario expects "by the TTL".
 const SLACK: Duration = Duration::from_secs(5);
+/// How long a dropped wake-up is held in the hole before it is thrown away.
+const LOST_FOR: Duration = Duration::from_millis(200);
 /// The key every twin locks.
 const KEY: &str = "k";
 
@@ -217,6 +228,67 @@ impl Rig {
         }
     }
 
+    /// Arms `fault` on the wake-up of the next release of [`KEY`], for the
+    /// instances behind the hole; call it right before the release, and
+    /// [`after_release`](Self::after_release) right after. On Redis the hole
+    /// holds everything between those instances and the server, the pushed
+    /// message included: delivered when it opens (a delay), or thrown away with
+    /// the connections (a drop: the only way a server loses a message).
+    fn wakeup_fault(&self, fault: Wake) {
+        match (self, fault) {
+            (Rig::Kit(sim), Wake::Drop(message)) => sim
+                .fault()
+                .on_key(KEY)
+                .next(1)
+                .drop_message(message)
+                .expect("a valid fault"),
+            (Rig::Kit(sim), Wake::Delay(by)) => sim
+                .fault()
+                .on_key(KEY)
+                .next(1)
+                .delay_message(Message::Wakeup, by)
+                .expect("a valid fault"),
+            (Rig::Redis(real), Wake::Drop(_)) => real.hole.blackhole(true),
+            (Rig::Redis(_), Wake::Delay(by)) => self.hang_for(by),
+        }
+    }
+
+    /// Completes [`wakeup_fault`](Self::wakeup_fault) after the release.
+    async fn after_release(&self, fault: Wake) {
+        if let (Rig::Redis(real), Wake::Drop(_)) = (self, fault) {
+            // The release's message is in the hole by now; it goes with the
+            // connections.
+            tokio::time::sleep(LOST_FOR).await;
+            real.hole.reset_all();
+            assert!(
+                wait_until(SLACK, || {
+                    let open = real.hole.open_connections();
+                    async move { open == 0 }
+                })
+                .await,
+                "the hole's connections closed"
+            );
+            real.hole.blackhole(false);
+        }
+    }
+
+    /// An instance behind the hole that caches its leases for `linger` (with
+    /// leases of 2 × [`TTL`], so that its renewals outlast the hole, and a
+    /// handoff budget past the linger, which would otherwise end the caching
+    /// first).
+    async fn caching(&self, linger: Duration) -> Locker {
+        let builder = match self {
+            Rig::Kit(sim) => Locker::builder(sim.backend()),
+            Rig::Redis(real) => Locker::builder(backend_at(&real.hole.url(), &real.prefix).await),
+        };
+        builder
+            .lease_ttl(TTL * 2)
+            .handoff(Handoff::enabled().max_hold(linger + SLACK))
+            .cache_leases_for(linger)
+            .build()
+            .expect("valid settings")
+    }
+
     /// Every request of the instances behind the hole waits for `outage`.
     fn hang_for(&self, outage: Duration) {
         match self {
@@ -231,6 +303,13 @@ impl Rig {
             }
         }
     }
+}
+
+/// A fault on a wake-up message.
+#[derive(Clone, Copy, Debug)]
+enum Wake {
+    Drop(Message),
+    Delay(Duration),
 }
 
 /// A locker over `backend` with 1 s leases, no handoff and no caching.
@@ -451,3 +530,102 @@ async fn a_hanging_server_serves_requests_when_it_heals(engine: Engine) {
     taken.release().await.unwrap();
 }
 twin!(a_hanging_server_serves_requests_when_it_heals);
+
+/// B, behind the hole, waits for [`KEY`] while A holds it; A releases it with
+/// `fault` on the release's wake-up. Returns how long after the fault was armed
+/// B held the key.
+async fn wait_after_release(rig: &Rig, fault: Wake) -> Duration {
+    let (a, b) = (rig.a().await, rig.behind_hole().await);
+    let guard = a.lock(KEY).await.unwrap();
+    let stats = b.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = b.lock(KEY).await.unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    // B asks and is told to wait (up to A's TTL).
+    assert!(
+        wait_until(SLACK, || {
+            let asked = stats.stats().acquire_attempts >= 1;
+            async move { asked }
+        })
+        .await,
+        "B asked"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let armed = Instant::now();
+    rig.wakeup_fault(fault);
+    guard.release().await.unwrap();
+    rig.after_release(fault).await;
+    let held = within(TTL + SLACK, "B takes the key", waiter)
+        .await
+        .unwrap();
+    println!(
+        "{fault:?}: held {:?} after the fault was armed",
+        held - armed
+    );
+    held - armed
+}
+
+/// `drop_message(Message::Wakeup)`: the waiter is not woken by the release; it
+/// is late (on the kit it asks again when its timer ends; on Redis its
+/// subscription, lost with the message, is made again and wakes every waiter),
+/// but it gets the key within its TTL and a few seconds.
+async fn a_dropped_wakeup_makes_the_waiter_late(engine: Engine) {
+    let rig = Rig::new(engine, "twin-wakeup-drop").await;
+    let waited = wait_after_release(&rig, Wake::Drop(Message::Wakeup)).await;
+    assert!(
+        waited > Duration::ZERO,
+        "{engine:?}: woken after {waited:?}"
+    );
+}
+twin!(a_dropped_wakeup_makes_the_waiter_late);
+
+/// `delay_message(Message::Wakeup, by)`: the waiter is woken `by` late (or by
+/// its timer, whichever comes first) and gets the key.
+async fn a_delayed_wakeup_makes_the_waiter_late(engine: Engine) {
+    let rig = Rig::new(engine, "twin-wakeup-delay").await;
+    let by = Duration::from_millis(600);
+    let waited = wait_after_release(&rig, Wake::Delay(by)).await;
+    assert!(
+        waited >= by.min(TTL / 2),
+        "{engine:?}: woken after {waited:?}"
+    );
+}
+twin!(a_delayed_wakeup_makes_the_waiter_late);
+
+/// `drop_message(Message::Revocation)`: A, behind the hole, caches its lease
+/// for the next local task; B queues for the key, and the revocation that would
+/// end A's caching at once is lost (on Redis with A's subscription): B waits
+/// for the linger to end, and gets the key.
+async fn a_dropped_revocation_keeps_a_cached_lease_until_its_linger(engine: Engine) {
+    const LINGER: Duration = Duration::from_millis(1500);
+    let rig = Rig::new(engine, "twin-revocation-drop").await;
+    let (a, b) = (rig.caching(LINGER).await, rig.b().await);
+    // Twice, so the key is warm and the second release caches the lease.
+    for _ in 0..2 {
+        a.lock(KEY).await.unwrap().release().await.unwrap();
+    }
+    let fault = Wake::Drop(Message::Revocation);
+    let armed = Instant::now();
+    rig.wakeup_fault(fault);
+    let waiter = tokio::spawn(async move {
+        let guard = b.lock(KEY).await.unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    rig.after_release(fault).await;
+    let held = within(LINGER + SLACK, "B takes the key", waiter)
+        .await
+        .unwrap();
+    let waited = held - armed;
+    println!("{engine:?}: B held the key {waited:?} after the fault was armed");
+    assert!(
+        waited >= LINGER / 2,
+        "{engine:?}: the cached lease was given up after {waited:?}"
+    );
+    a.shutdown().await;
+}
+twin!(a_dropped_revocation_keeps_a_cached_lease_until_its_linger);

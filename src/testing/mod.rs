@@ -27,8 +27,10 @@
 //!   conformance cell `release::release_after_a_restart_reports_the_loss`);
 //! * **lost or late messages**: [`FaultBuilder::drop_message`] and
 //!   [`FaultBuilder::delay_message`] for wake-ups and revocations ([`Message`])
-//!   (no twin: a real server pushes a message on the subscription, which no
-//!   test proxy can lose or delay alone);
+//!   (twins: `a_dropped_wakeup_makes_the_waiter_late`,
+//!   `a_delayed_wakeup_makes_the_waiter_late`,
+//!   `a_dropped_revocation_keeps_a_cached_lease_until_its_linger`; a delayed
+//!   revocation has none);
 //! * **an outage**: [`SimServer::unreachable_for`] (requests fail) and
 //!   [`SimServer::hang_for`] (requests wait until the network heals) (twins:
 //!   `an_unreachable_server_fails_requests_until_the_deadline`,
