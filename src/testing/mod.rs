@@ -29,8 +29,8 @@
 //!   [`FaultBuilder::delay_message`] for wake-ups and revocations ([`Message`])
 //!   (twins: `a_dropped_wakeup_makes_the_waiter_late`,
 //!   `a_delayed_wakeup_makes_the_waiter_late`,
-//!   `a_dropped_revocation_keeps_a_cached_lease_until_its_linger`; a delayed
-//!   revocation has none);
+//!   `a_dropped_revocation_keeps_a_cached_lease_until_its_linger`,
+//!   `a_delayed_revocation_gives_up_a_cached_lease_late`);
 //! * **an outage**: [`SimServer::unreachable_for`] (requests fail) and
 //!   [`SimServer::hang_for`] (requests wait until the network heals) (twins:
 //!   `an_unreachable_server_fails_requests_until_the_deadline`,
