@@ -210,7 +210,7 @@ impl Rig {
     }
 
     /// Every request from A fails for `outage` (on Redis: each closes its
-    /// connection); returns when the outage ends.
+    /// connection); returns at once.
     fn unreachable_for(&self, outage: Duration) {
         match self {
             Rig::Kit(sim) => sim.unreachable_for(outage),
