@@ -8,19 +8,33 @@
 //! feature) drives TTLs, renewals, lingers and wait timeouts with
 //! `tokio::time::advance`, deterministically and without waiting.
 //!
-//! Then the test breaks what production breaks:
+//! Then the test breaks what production breaks (in brackets, the test of
+//! `tests/twins.rs` that produces the same fault on a real server and checks
+//! the same outcome there and here):
 //!
 //! * **lost replies and lost requests**: [`FaultBuilder::lose_reply`] applies a
 //!   request and loses its answer, [`FaultBuilder::fail`] loses the request
 //!   itself; the caller sees a connection error either way ([`Op`] names the
-//!   requests);
+//!   requests) (twins: `a_lost_acquire_reply_is_repeated_and_the_lock_held`,
+//!   `a_lost_renewal_reply_keeps_the_lease`,
+//!   `lost_renewals_lose_the_lease_at_its_ttl`,
+//!   `lost_releases_free_the_key_at_the_ttl`; a lost release reply is the
+//!   conformance cell `release::truthful_release_after_a_lost_reply`);
 //! * **a failover or an eviction**: [`SimServer::lose_lease`] deletes a key's
-//!   leases behind their holders' backs;
-//! * **a restart without persistence**: [`SimServer::restart`];
+//!   leases behind their holders' backs (twin: the conformance cell
+//!   `loss::a_deleted_lease_is_signalled_lost`);
+//! * **a restart without persistence**: [`SimServer::restart`] (twin: the
+//!   conformance cell `release::release_after_a_restart_reports_the_loss`);
 //! * **lost or late messages**: [`FaultBuilder::drop_message`] and
-//!   [`FaultBuilder::delay_message`] for wake-ups and revocations ([`Message`]);
+//!   [`FaultBuilder::delay_message`] for wake-ups and revocations ([`Message`])
+//!   (twins: `a_dropped_wakeup_makes_the_waiter_late`,
+//!   `a_delayed_wakeup_makes_the_waiter_late`,
+//!   `a_dropped_revocation_keeps_a_cached_lease_until_its_linger`,
+//!   `a_delayed_revocation_gives_up_a_cached_lease_late`);
 //! * **an outage**: [`SimServer::unreachable_for`] (requests fail) and
-//!   [`SimServer::hang_for`] (requests wait until the network heals).
+//!   [`SimServer::hang_for`] (requests wait until the network heals) (twins:
+//!   `an_unreachable_server_fails_requests_until_the_deadline`,
+//!   `a_hanging_server_serves_requests_when_it_heals`).
 //!
 //! A fault is limited to a key with [`FaultBuilder::on_key`] and to the next few
 //! requests with [`FaultBuilder::next`]. [`SimServer::requests`] and
