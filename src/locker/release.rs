@@ -281,7 +281,11 @@ impl LockerState {
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
         let under_way = !self.background.is_idle();
-        let cached = self.slots.iter().any(|e| e.value().is_cached());
+        // The slots are cloned out of the map first: a slot's mutex is never taken
+        // under a shard lock of the map (the lock order is slot, then shard; a
+        // release that empties a slot holds its mutex while it removes it).
+        let slots: Vec<Arc<Slot>> = self.slots.iter().map(|e| Arc::clone(e.value())).collect();
+        let cached = slots.iter().any(|slot| slot.is_cached());
         if !under_way && !cached {
             return;
         }
