@@ -132,6 +132,17 @@ impl Node {
 
     /// Runs one command on this node (a fresh connection, 5 s bounds).
     pub async fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        self.cmd_within(Duration::from_secs(5), args).await
+    }
+
+    /// [`cmd`](Self::cmd) bounded by `bound` instead of 5 s: for the commands of
+    /// a slot migration, which a busy machine (a `nodes.conf` write, Valkey's wait
+    /// for its replicas' acknowledgement of `SETSLOT`) can hold for seconds.
+    pub async fn cmd_within<T: redis::FromRedisValue>(
+        &self,
+        bound: Duration,
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
         let mut c = redis::cmd(args[0]);
         for a in &args[1..] {
             c.arg(*a);
@@ -141,7 +152,7 @@ impl Node {
             let mut conn = client.get_multiplexed_async_connection().await?;
             c.query_async::<T>(&mut conn).await
         };
-        match tokio::time::timeout(Duration::from_secs(5), fut).await {
+        match tokio::time::timeout(bound, fut).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
         }
@@ -479,21 +490,23 @@ impl Cluster {
         to: &NodeInfo,
         between: F,
     ) {
+        // Generous: only a server that is really stuck fails the test here.
+        const ADMIN: Duration = Duration::from_secs(30);
         let src = self.by_addr(&from.addr);
         let dst = self.by_addr(&to.addr);
         let s = slot.to_string();
         let _: () = dst
-            .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id])
+            .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id])
             .await
             .expect("SETSLOT IMPORTING");
         let _: () = src
-            .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id])
+            .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id])
             .await
             .expect("SETSLOT MIGRATING");
         between.await;
         loop {
             let keys: Vec<String> = src
-                .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+                .cmd_within(ADMIN, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])
                 .await
                 .expect("GETKEYSINSLOT");
             if keys.is_empty() {
@@ -502,11 +515,11 @@ impl Cluster {
             let port = dst.port().to_string();
             let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
             args.extend(keys.iter().map(String::as_str));
-            let _: redis::Value = src.cmd(&args).await.expect("MIGRATE");
+            let _: redis::Value = src.cmd_within(ADMIN, &args).await.expect("MIGRATE");
         }
         for n in [dst, src] {
             let _: () = n
-                .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to.id])
+                .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id])
                 .await
                 .expect("SETSLOT NODE");
         }
