@@ -224,15 +224,18 @@ async fn hot_key_requests_per_section_and_fairness() {
     }
 }
 
+/// Every key's slot leaves the map with its last holder: after 100,000 distinct
+/// keys nothing is left locally or in the backend. (The per-key cost up to 10^6
+/// keys, memory included, is the distinct-keys curve in BENCHMARKS.md.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_million_distinct_keys_leave_the_slot_map_empty() {
+async fn a_hundred_thousand_distinct_keys_leave_the_slot_map_empty() {
     let backend = MemoryBackend::new();
     let locker = Locker::builder(backend.clone()).build().unwrap();
     let mut tasks = Vec::new();
     for t in 0..4u32 {
         let locker = locker.clone();
         tasks.push(tokio::spawn(async move {
-            for i in 0..250_000u32 {
+            for i in 0..25_000u32 {
                 let key = [t.to_be_bytes(), i.to_be_bytes()].concat();
                 locker.lock(key).await.unwrap().release().await.unwrap();
             }
@@ -241,7 +244,7 @@ async fn a_million_distinct_keys_leave_the_slot_map_empty() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(locker.stats().acquired, 1_000_000);
+    assert_eq!(locker.stats().acquired, 100_000);
     assert_eq!(locker.stats().keys_in_use, 0);
     assert!(backend.is_empty());
 }

@@ -307,6 +307,9 @@ impl Cluster {
                         "",
                         "--appendonly",
                         "no",
+                        // A replica's full sync starts at once, not 5 s later.
+                        "--repl-diskless-sync-delay",
+                        "0",
                     ]
                     .iter()
                     .map(|s| s.to_string())

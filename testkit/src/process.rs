@@ -85,6 +85,8 @@ pub(crate) fn spawn_redis(binary: &Path, dir: &Path, port: u16) -> Result<Superv
         "dump.rdb",
         "--enable-debug-command",
         "yes",
+        "--repl-diskless-sync-delay",
+        "0",
     ];
     spawn_supervised(binary, dir, port, &[], &standalone, None)
 }

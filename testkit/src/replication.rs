@@ -16,11 +16,20 @@ pub struct Replicated {
     pub replica: Node,
 }
 
+/// No persistence; a replica's full sync starts at once (by default the primary
+/// waits 5 s for more replicas to share it).
 fn data_args() -> Vec<String> {
-    ["--save", "", "--appendonly", "no"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 impl Replicated {

@@ -47,11 +47,20 @@ impl Default for Auth {
     }
 }
 
+/// No persistence; a replica's full sync starts at once (by default the primary
+/// waits 5 s for more replicas to share it).
 fn data_args(_: u16) -> Vec<String> {
-    ["--save", "", "--appendonly", "no"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 impl Sentinels {

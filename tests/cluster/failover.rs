@@ -214,7 +214,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     let names = (&mutex, &rw, &sem);
     takes_all_three_after(&other, names, released_at, Duration::from_secs(10)).await;
     // The killed node comes back (empty) and rejoins as a replica; the next test
-    // needs its replication up (a full sync starts after a 5 s diskless delay).
+    // needs its replication up.
     pnode.restart();
     c.wait_ok(Duration::from_secs(30)).await;
     assert!(
