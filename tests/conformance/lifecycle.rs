@@ -101,7 +101,7 @@ async fn a_holder_dropped_without_a_runtime_settles_locally(kind: Kind, topology
     if topology.refuses(kind).await {
         return;
     }
-    let ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(1);
     let (lockers, _prefix) = topology
         .instances(&format!("no-runtime-{kind:?}"), 2, ttl)
         .await;
