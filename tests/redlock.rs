@@ -613,3 +613,24 @@ async fn a_release_wakes_the_waiting_instance_at_once() {
         "B woke after {wake_ups:?}: the release did not wake it"
     );
 }
+
+/// Redlock keeps no leader records: a campaign is refused with
+/// `Error::Unsupported` (README's matrix), and the key it took to campaign is
+/// released, so another instance locks it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_refused_and_leaves_nothing_locked() {
+    let (_, instances) = calm_instances("election", 2).await;
+    let [a, b]: [RedlockBackend; 2] = instances.try_into().unwrap();
+    let la = Locker::builder(a).build().unwrap();
+    let lb = Locker::builder(b).build().unwrap();
+    let refused = la.election("leader").identity("a").campaign().await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let next = within(Duration::from_secs(10), "B's lock", lb.lock("leader")).await;
+    next.expect("the campaign's key is free")
+        .release()
+        .await
+        .unwrap();
+}
