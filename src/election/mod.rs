@@ -196,6 +196,7 @@ impl Election {
     /// leadership won but not yet returned is given up.
     pub async fn campaign(&self) -> Result<Leadership> {
         self.validate()?;
+        let started = tokio::time::Instant::now();
         let guard = loop {
             match self.locker.lock(self.key.clone()).await {
                 Ok(guard) => break guard,
@@ -219,13 +220,20 @@ impl Election {
                 tracing::debug!(key = %self.key, error = %e, "writing the leader record failed")
             }
         }
+        signals::gained(&self.key, &info, started.elapsed());
         let refresher = {
             let (key, record, loss) = (self.key.clone(), record.clone(), guard.loss_signal());
+            let (identity, term) = (info.identity.clone(), info.term);
             let every = self.locker.renew_every();
             crate::runtime::spawn(async move {
                 loop {
                     tokio::select! {
-                        _ = loss.lost() => return,
+                        // Resigning or dropping the leadership aborts this task
+                        // first: a loss seen here is a loss.
+                        _ = loss.lost() => {
+                            let cause = loss.reason().unwrap_or_default();
+                            return signals::lost(&key, &identity, term, &cause);
+                        }
                         _ = tokio::time::sleep(every) => {}
                     }
                     if let Err(e) = backend.write_leader(&key, &record, ttl).await {
@@ -422,6 +430,9 @@ impl Leadership {
         if let Some(refresher) = self.refresher.take() {
             refresher.abort();
         }
+        if !self.held().is_lost() {
+            signals::ended(self.held().key(), &self.info, "resigned");
+        }
         let backend = self.guard_backend();
         if let Err(e) = backend.clear_leader(self.held().key(), &self.record).await {
             tracing::debug!(key = %self.held().key(), error = %e, "deleting the leader record failed");
@@ -448,6 +459,9 @@ impl Drop for Leadership {
         }
         if let Some(refresher) = self.refresher.take() {
             refresher.abort();
+            if !self.held().is_lost() {
+                signals::ended(self.held().key(), &self.info, "dropped");
+            }
             // Not resigned: delete the record in the background.
             let (backend, key, record) = (
                 self.guard_backend(),
@@ -463,6 +477,55 @@ impl Drop for Leadership {
         } else {
             self.changed.notify_waiters();
         }
+    }
+}
+
+/// What an election tells the operator: tracing events and, with the `metrics`
+/// feature, per election key (elections are few; their keys are labels):
+/// `lockflight_leader` (1 while this process leads), `lockflight_leader_terms_total`
+/// (terms this process won) and `lockflight_elect_seconds` (from a campaign's start
+/// to its leadership).
+mod signals {
+    use std::time::Duration;
+
+    use super::LeaderInfo;
+    use crate::guard::FencingToken;
+    use crate::key::LockKey;
+
+    pub(super) fn gained(key: &LockKey, info: &LeaderInfo, waited: Duration) {
+        tracing::info!(
+            %key,
+            identity = %info.identity,
+            term = %info.term,
+            waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            "leadership gained"
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let label = key.to_string();
+            metrics::gauge!("lockflight_leader", "election" => label.clone()).set(1.0);
+            metrics::counter!("lockflight_leader_terms_total", "election" => label.clone())
+                .increment(1);
+            metrics::histogram!("lockflight_elect_seconds", "election" => label)
+                .record(waited.as_secs_f64());
+        }
+    }
+
+    /// The lease was lost while leading (`cause`: its loss reason).
+    pub(super) fn lost(key: &LockKey, identity: &str, term: FencingToken, cause: &str) {
+        tracing::warn!(%key, %identity, %term, %cause, "leadership lost");
+        not_leading(key);
+    }
+
+    /// Given up: `how` is "resigned" or "dropped".
+    pub(super) fn ended(key: &LockKey, info: &LeaderInfo, how: &'static str) {
+        tracing::info!(%key, identity = %info.identity, term = %info.term, how, "leadership given up");
+        not_leading(key);
+    }
+
+    fn not_leading(_key: &LockKey) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("lockflight_leader", "election" => _key.to_string()).set(0.0);
     }
 }
 

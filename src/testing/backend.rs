@@ -215,6 +215,21 @@ impl LockBackend for SimBackend {
         self.request(Op::Leave, key, self.memory.leave(key)).await
     }
 
+    async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
+        self.request(Op::Leader, key, self.memory.write_leader(key, record, ttl))
+            .await
+    }
+
+    async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        self.request(Op::Leader, key, self.memory.read_leader(key))
+            .await
+    }
+
+    async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
+        self.request(Op::Leader, key, self.memory.clear_leader(key, record))
+            .await
+    }
+
     fn wakeups(&self) -> &WakeRegistry {
         &self.me.wakeups
     }

@@ -24,11 +24,14 @@ pub enum Op {
     Release,
     /// A waiter that gives up leaves the key's queue.
     Leave,
+    /// A write, read or delete of an election's leader record
+    /// ([`Election`](crate::election::Election)).
+    Leader,
 }
 
 impl Op {
     /// Every kind of request, in declaration order.
-    pub(super) const ALL: [Op; 4] = [Op::Acquire, Op::Renew, Op::Release, Op::Leave];
+    pub(super) const ALL: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Leave, Op::Leader];
 
     /// The position in [`ALL`](Self::ALL).
     pub(super) fn index(self) -> usize {
@@ -37,13 +40,14 @@ impl Op {
             Op::Renew => 1,
             Op::Release => 2,
             Op::Leave => 3,
+            Op::Leader => 4,
         }
     }
 
     /// What the caller was doing, for its error.
     pub(super) fn phase(self) -> Phase {
         match self {
-            Op::Acquire | Op::Leave => Phase::Acquiring,
+            Op::Acquire | Op::Leave | Op::Leader => Phase::Acquiring,
             Op::Renew => Phase::Renewing,
             Op::Release => Phase::Releasing,
         }

@@ -36,6 +36,11 @@
 //!   `an_unreachable_server_fails_requests_until_the_deadline`,
 //!   `a_hanging_server_serves_requests_when_it_heals`).
 //!
+//! Elections ([`Locker::election`](crate::Locker::election)) run on it too: the
+//! leader record's writes, reads and deletes are requests ([`Op::Leader`]) that
+//! faults hit like any other, and [`lose_lease`](SimServer::lose_lease) of the
+//! election key takes leadership away.
+//!
 //! A fault is limited to a key with [`FaultBuilder::on_key`] and to the next few
 //! requests with [`FaultBuilder::next`]. [`SimServer::requests`] and
 //! [`SimBackend::requests`] count the requests of each kind, so a test can say

@@ -72,18 +72,20 @@ pub struct Requests {
     pub release: u64,
     /// Waiters leaving a queue ([`Op::Leave`]).
     pub leave: u64,
+    /// Leader record writes, reads and deletes ([`Op::Leader`]).
+    pub leader: u64,
 }
 
 impl Requests {
     /// All requests.
     pub fn total(&self) -> u64 {
-        self.acquire + self.renew + self.release + self.leave
+        self.acquire + self.renew + self.release + self.leave + self.leader
     }
 }
 
 /// Request counters, one per [`Op`].
 #[derive(Debug, Default)]
-pub(super) struct Counters([AtomicU64; 4]);
+pub(super) struct Counters([AtomicU64; 5]);
 
 impl Counters {
     pub(super) fn count(&self, op: Op) {
@@ -91,13 +93,14 @@ impl Counters {
     }
 
     pub(super) fn snapshot(&self) -> Requests {
-        let [acquire, renew, release, leave] =
+        let [acquire, renew, release, leave, leader] =
             Op::ALL.map(|op| self.0[op.index()].load(Ordering::Relaxed));
         Requests {
             acquire,
             renew,
             release,
             leave,
+            leader,
         }
     }
 }

@@ -1,0 +1,134 @@
+//! What an election tells the operator, on the test kit's clock: a tracing event
+//! when leadership is gained, lost (with the loss's cause) and given up, and the
+//! `metrics` feature's `lockflight_leader` gauge, `lockflight_leader_terms_total`
+//! and `lockflight_elect_seconds`, labelled with the election key.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockflight::Locker;
+use lockflight::testing::SimServer;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// The metrics labelled `election=key` since the last snapshot, by name: a
+/// gauge's value, a counter's increase, a histogram's number of samples (a
+/// snapshot of the debugging recorder takes what it reports).
+fn metrics(snapshotter: &Snapshotter, key: &str) -> HashMap<String, f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| {
+            k.key()
+                .labels()
+                .any(|l| l.key() == "election" && l.value() == key)
+        })
+        .map(|(k, .., value)| {
+            let value = match value {
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Histogram(samples) => samples.len() as f64,
+            };
+            (k.key().name().to_owned(), value)
+        })
+        .collect()
+}
+
+/// Every event logged on this thread while the guard lives, as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The lines that contain every one of `needles`.
+    fn lines_with(&self, needles: &[&str]) -> usize {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .count()
+    }
+}
+
+/// A current-thread runtime, so that every task's events reach this thread's
+/// subscriber.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn gain_loss_and_resignation_are_logged_and_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    let (logs, _guard) = Logs::capture();
+    let server = SimServer::new();
+    let locker = Locker::builder(server.backend())
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let election = locker.election("jobs").identity("worker-a");
+
+    // Gained, then resigned.
+    let first = election.campaign().await.unwrap();
+    assert_eq!(server.requests().leader, 1, "the leader record was written");
+    let m = metrics(&snapshotter, "jobs");
+    assert_eq!(m["lockflight_leader"], 1.0, "{m:?}");
+    assert_eq!(m["lockflight_leader_terms_total"], 1.0, "{m:?}");
+    assert_eq!(m["lockflight_elect_seconds"], 1.0, "{m:?}");
+    let term = first.term().to_string();
+    assert_eq!(
+        logs.lines_with(&["INFO", "leadership gained", "worker-a", &term]),
+        1
+    );
+    first.resign().await.unwrap();
+    assert_eq!(
+        logs.lines_with(&["INFO", "leadership given up", "resigned", &term]),
+        1
+    );
+
+    // Gained again, then lost: the lease disappears from the server, and the next
+    // renewal finds it gone.
+    let second = election.campaign().await.unwrap();
+    let m = metrics(&snapshotter, "jobs");
+    assert_eq!(m["lockflight_leader"], 1.0, "{m:?}");
+    assert_eq!(m["lockflight_leader_terms_total"], 1.0, "one more: {m:?}");
+    assert!(server.lose_lease("jobs").unwrap());
+    second.lost().await;
+    let term = second.term().to_string();
+    // Virtual time: the refresher sees the loss at once; a second is plenty.
+    for _ in 0..100 {
+        if logs.lines_with(&["leadership lost"]) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(logs.lines_with(&["WARN", "leadership lost", &term]), 1);
+    let cause = second
+        .loss_signal()
+        .reason()
+        .expect("a lost lease has a reason");
+    assert_eq!(logs.lines_with(&["leadership lost", &cause]), 1);
+    // Dropping a lost leadership says nothing more.
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(logs.lines_with(&["leadership given up"]), 1);
+}
