@@ -37,6 +37,7 @@ fn nothing_stored(s: &KeyState) -> bool {
         && s.rw_waiting.is_empty()
         && s.permit_count.is_none()
         && s.permit_queue.is_empty()
+        && s.leader.is_none()
 }
 
 /// At most this many instance cards are read for one key.
@@ -119,6 +120,11 @@ fn state_json(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) -> V
             "held": s.permits.iter().map(lease_json).collect::<Vec<_>>(),
             "queue": s.permit_queue.iter().map(waiter_json).collect::<Vec<_>>(),
         },
+        "leader": s.leader.as_ref().map(|l| json!({
+            "identity": l.identity,
+            "term": l.term.to_string(),
+            "since_ms": l.since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        })),
         "instances": cards.iter().map(|(id, c)| (id.clone(), card_json(c))).collect::<serde_json::Map<_, _>>(),
     })
 }
@@ -148,6 +154,17 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
     }
     if let Some(epoch) = s.fence_epoch {
         println!("  mutex fencing epoch: {epoch}");
+    }
+    if let Some(l) = &s.leader {
+        let since = std::time::SystemTime::now()
+            .duration_since(l.since)
+            .map_or(String::new(), |d| {
+                format!(", leading for {:.3} s", d.as_secs_f64())
+            });
+        println!(
+            "  election: led by `{}` in term {}{since}",
+            l.identity, l.term
+        );
     }
     for w in &s.queue {
         println!(

@@ -559,3 +559,43 @@ async fn doctor_names_the_engine_of_the_test_run() {
         "{detail:?} should name {engine:?}"
     );
 }
+
+/// `inspect` of an election key names the leader's identity and term, in text and
+/// in `--json`; after the leader resigns, nobody leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_who_leads_an_election() {
+    let server = shared();
+    let url = server.url();
+    let prefix = unique_prefix("cli-leader");
+    let backend = RedisBackend::builder(url.as_str())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let locker = Locker::builder(backend).build().unwrap();
+    let leadership = locker
+        .election("scheduler")
+        .identity("node-a")
+        .campaign()
+        .await
+        .unwrap();
+    let term = leadership.term().to_string();
+
+    let inspect = ["inspect", "--prefix", &prefix, &url, "scheduler"];
+    let (code, text) = lockflight_text(&inspect).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!("election: led by `node-a` in term {term}")),
+        "{text}"
+    );
+    let json = [&["inspect", "--json"][..], &inspect[1..]].concat();
+    let (code, report) = lockflight(args(&json)).await;
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["leader"]["identity"], "node-a", "{report:#}");
+    assert_eq!(report["leader"]["term"], term.as_str(), "{report:#}");
+
+    leadership.resign().await.unwrap();
+    let (code, report) = lockflight(args(&json)).await;
+    assert_eq!(code, 0, "{report:#}");
+    assert!(report["leader"].is_null(), "{report:#}");
+}

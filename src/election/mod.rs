@@ -543,7 +543,7 @@ fn encode(info: &LeaderInfo) -> Vec<u8> {
     .into_bytes()
 }
 
-fn decode(record: &[u8]) -> Option<LeaderInfo> {
+pub(crate) fn decode(record: &[u8]) -> Option<LeaderInfo> {
     let text = std::str::from_utf8(record).ok()?;
     let (epoch, rest) = (text.get(..20)?, text.get(20..)?);
     let (seq, rest) = (rest.get(..20)?, rest.get(20..)?);

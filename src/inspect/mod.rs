@@ -39,6 +39,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
+use crate::election::LeaderInfo;
 use crate::error::{Error, Phase, Result};
 use crate::fence::FencedKey;
 use crate::guard::FencingToken;
@@ -136,6 +137,10 @@ pub struct KeyState {
     /// members are listed: queue, read leases, waiting writers, rw waiting,
     /// permits, permit queue.
     pub sizes: [usize; 6],
+    /// Who leads the election of this key, as its leader record says
+    /// ([`Election`](crate::election::Election)); `None` when nobody does or the
+    /// key is no election's.
+    pub leader: Option<LeaderInfo>,
 }
 
 impl KeyState {
@@ -410,7 +415,7 @@ impl Inspector {
         let mut invocation = INSPECT.prepare_invoke();
         for suffix in [
             "", ":fence", ":wq", ":wqx", ":claim", ":rd", ":wr", ":ww", ":wf", ":rwq", ":sem",
-            ":semn", ":semq", ":semqx",
+            ":semn", ":semq", ":semqx", ":leader",
         ] {
             invocation.key(n.with(suffix));
         }
@@ -740,6 +745,10 @@ fn decode_state(key: LockKey, reply: &[Value]) -> Result<KeyState> {
         permit_count: text(&reply[16]).and_then(|t| t.parse().ok()),
         permit_queue: queue(reply.get(17), reply.get(18)),
         sizes: [size(0), size(2), size(3), size(4), size(5), size(6)],
+        leader: match reply.get(20) {
+            Some(Value::BulkString(record)) => crate::election::decode(record),
+            _ => None,
+        },
         key,
     })
 }

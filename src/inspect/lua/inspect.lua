@@ -5,11 +5,12 @@
 -- KEYS[6] read leases  KEYS[7] write lease  KEYS[8] waiting writers
 -- KEYS[9] write fence  KEYS[10] read-write wake queue  KEYS[11] permits
 -- KEYS[12] permit count  KEYS[13] semaphore queue  KEYS[14] semaphore queue expiry
+-- KEYS[15] leader record (an election's)
 -- ARGV[1] the most members read of each sorted set
 --
 -- Returns { now_ms, now_us, lock, lock_pttl, fence, queue, queue_expiry, claim,
 -- claim_pttl, readers, writer, writer_pttl, writers, write_fence, rw_queue,
--- permits, permit_count, sem_queue, sem_queue_expiry, sizes } where every sorted
+-- permits, permit_count, sem_queue, sem_queue_expiry, sizes, leader } where every sorted
 -- set is a flat member/score list of at most ARGV[1] members (lowest scores
 -- first) and `sizes` their ZCARDs. A value of another type raises WRONGTYPE.
 local limit = tonumber(ARGV[1]) - 1
@@ -39,4 +40,5 @@ return {
   zset(KEYS[11]), get(KEYS[12]),
   zset(KEYS[13]), zset(KEYS[14]),
   sizes,
+  get(KEYS[15]),
 }
