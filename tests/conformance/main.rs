@@ -19,6 +19,8 @@
 //! | `lifecycle::the_last_drop_waits_for_a_dropped_holders_release` | all | the same with the last `Locker` dropped on a multi-thread runtime |
 //! | `lifecycle::a_holder_dropped_without_a_runtime_settles_locally` | all | a holder dropped on a thread without a runtime: no local state stays, renewal stops, another instance gets the key after the TTL |
 //! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server, the test kit | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
+//! | `election::a_resignation_hands_over_and_observers_follow` | all (Redlock: `Unsupported`) | the election column: A resigns, the waiting B leads with a greater term, a third instance's `observe()` and `leader()` follow, and nobody leads after B resigns |
+//! | `election::a_leader_that_vanishes_is_replaced_after_its_ttl` | all (Redlock: `Unsupported`) | a leader gone without a word (dropped without a runtime, as after `kill -9`): the waiting instance leads after the TTL with a greater term; observers follow |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
@@ -43,6 +45,7 @@
 // The matrix runs on every topology, Cluster and Sentinel included.
 #![cfg(all(feature = "cluster", feature = "sentinel"))]
 
+mod election;
 mod exclusion;
 mod kinds;
 mod lifecycle;

@@ -1,0 +1,147 @@
+//! The election column: the same election cells on every topology (Redlock, which
+//! keeps no leader record, refuses a campaign with `Error::Unsupported`).
+//!
+//! * `a_resignation_hands_over_and_observers_follow`: A leads, B waits, C only
+//!   observes. A resigns: B leads with a greater term, and the leader record, as
+//!   `leader()` and C's `observe()` read it, names B; B resigns: nobody leads.
+//! * `a_leader_that_vanishes_is_replaced_after_its_ttl`: the leader's process
+//!   "dies" (its leadership is dropped on a thread without a runtime, so nothing is
+//!   sent, as after `kill -9`): the waiting instance leads once the lease's TTL
+//!   ends, with a greater term, and observers follow. (Real processes killed and
+//!   stopped: `tests/election_processes.rs`, on one server.)
+
+use std::time::Duration;
+
+use lockflight::{Error, Locker};
+use testkit::within;
+
+use crate::Topology;
+
+/// A limit that only a hang reaches.
+const TOLD: Duration = Duration::from_secs(30);
+
+/// Instantiates an election cell (`async fn(Topology)`) on every topology.
+macro_rules! election_matrix {
+    ($cell:ident) => {
+        mod $cell {
+            use $crate::Topology;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$cell(Topology::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn one_server() {
+                super::$cell(Topology::OneServer).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                super::$cell(Topology::Cluster).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sentinel() {
+                super::$cell(Topology::Sentinel).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redlock() {
+                super::$cell(Topology::Redlock).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn uncoalesced() {
+                super::$cell(Topology::Uncoalesced).await
+            }
+            #[cfg(feature = "testing")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sim() {
+                super::$cell(Topology::Sim).await
+            }
+        }
+    };
+}
+
+/// Whether `topology` refuses elections; checks that the refusal is typed.
+async fn refuses(topology: Topology, locker: &Locker) -> bool {
+    if topology != Topology::Redlock {
+        return false;
+    }
+    let refused = locker.election("leader").identity("a").campaign().await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
+    true
+}
+
+/// Waits until `observer` names `identity` (or nobody, for `None`).
+async fn observed(
+    observer: &mut tokio::sync::watch::Receiver<Option<lockflight::election::LeaderInfo>>,
+    identity: Option<&str>,
+    term: Option<lockflight::FencingToken>,
+) {
+    within(
+        TOLD,
+        &format!("the observer sees {identity:?}"),
+        observer.wait_for(|l| match (l, identity) {
+            (None, None) => true,
+            (Some(l), Some(id)) => l.identity == id && term.is_none_or(|t| l.term == t),
+            _ => false,
+        }),
+    )
+    .await
+    .unwrap();
+}
+
+async fn a_resignation_hands_over_and_observers_follow(topology: Topology) {
+    let (lockers, _) = topology
+        .instances("election-resign", 3, Duration::from_secs(10))
+        .await;
+    if refuses(topology, &lockers[0]).await {
+        return;
+    }
+    let (a, b) = (
+        lockers[0].election("leader").identity("a"),
+        lockers[1].election("leader").identity("b"),
+    );
+    let watcher = lockers[2].election("leader");
+    let mut seen = watcher.observe();
+    let a_leads = within(TOLD, "A leads", a.campaign()).await.unwrap();
+    observed(&mut seen, Some("a"), Some(a_leads.term())).await;
+    let next = tokio::spawn(async move { b.campaign().await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!next.is_finished(), "B leads while A does");
+    let a_term = a_leads.term();
+    a_leads.resign().await.unwrap();
+    let b_leads = within(TOLD, "B leads", next).await.unwrap().unwrap();
+    assert!(b_leads.term() > a_term, "{} <= {a_term}", b_leads.term());
+    observed(&mut seen, Some("b"), Some(b_leads.term())).await;
+    let read = watcher.leader().await.unwrap().expect("B leads");
+    assert_eq!((read.identity.as_str(), read.term), ("b", b_leads.term()));
+    b_leads.resign().await.unwrap();
+    observed(&mut seen, None, None).await;
+    assert_eq!(watcher.leader().await.unwrap(), None);
+}
+election_matrix!(a_resignation_hands_over_and_observers_follow);
+
+async fn a_leader_that_vanishes_is_replaced_after_its_ttl(topology: Topology) {
+    let ttl = Duration::from_secs(1);
+    let (lockers, _) = topology.instances("election-vanish", 3, ttl).await;
+    if refuses(topology, &lockers[0]).await {
+        return;
+    }
+    let a = lockers[0].election("leader").identity("a");
+    let b = lockers[1].election("leader").identity("b");
+    let mut seen = lockers[2].election("leader").observe();
+    let a_leads = within(TOLD, "A leads", a.campaign()).await.unwrap();
+    let a_term = a_leads.term();
+    observed(&mut seen, Some("a"), Some(a_term)).await;
+    let next = tokio::spawn(async move { b.campaign().await });
+    // A's process is gone: nothing is sent, its lease ends at its TTL.
+    std::thread::spawn(move || drop(a_leads))
+        .join()
+        .expect("dropped without a runtime");
+    let b_leads = within(TOLD, "B leads", next).await.unwrap().unwrap();
+    assert!(b_leads.term() > a_term, "{} <= {a_term}", b_leads.term());
+    observed(&mut seen, Some("b"), Some(b_leads.term())).await;
+    b_leads.resign().await.unwrap();
+}
+election_matrix!(a_leader_that_vanishes_is_replaced_after_its_ttl);
