@@ -42,8 +42,8 @@
 //!   scripts send it to every instance registered as an observer of the record
 //!   (`lua/leader_observe.lua`); the observers here read the record again
 //!   ([`WakeRegistry::leader_changed`](crate::backend::WakeRegistry::leader_changed)).
-//!   It carries no claim and wakes no waiter. An older lockflight reads it as a
-//!   bare key (below) that nobody watches.
+//!   It carries no claim and wakes no waiter. Only instances that registered
+//!   receive it, so an older lockflight (which never registers) never does.
 //! * A message without a tag (a bare key) may be for any of the key's locks: it
 //!   wakes the watchers of every kind of that key, a spurious wake-up at worst.
 //!
