@@ -9,21 +9,37 @@
 //! * A leader cut off by a black hole sees its loss no later than its validity ends,
 //!   and the next leader is elected only after; its fenced write is then refused;
 //!   `leader()` and `observe()` follow the failover.
+//! * An observer in an instance that is not a candidate sees each change of the
+//!   leader by its message, far sooner than its periodic re-read (once per lease
+//!   TTL) could explain; after its subscription was cut while the leader changed,
+//!   it re-reads once it has subscribed again.
 //! * `run` drops the leader's work on loss and campaigns again.
 //!
-//! Waits are bounded by generous limits ([`TOLD`]) only to fail instead of hanging.
+//! Waits are bounded by generous limits ([`TOLD`]) only to fail instead of hanging;
+//! [`ANNOUNCED`] bounds what a message must explain.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockflight::election::LeaderInfo;
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
-use testkit::{Counting, CountingProxy, shared_scene, within};
+use testkit::nemesis::client_kill;
+use testkit::{
+    Counting, CountingProxy, RedisServer, channel_subscribed, numsub, shared_scene, unique_prefix,
+    wait_until, within,
+};
 use tokio::time::Instant;
 
 /// A limit that only a hang reaches.
 const TOLD: Duration = Duration::from_secs(30);
+/// How soon an observer sees a change that was announced to it: a few seconds on
+/// a loaded machine, far below the observer's lease TTL ([`OBSERVER_TTL`]) and its
+/// renewal interval, so that only a message (or a re-read on reconnect) explains it.
+const ANNOUNCED: Duration = Duration::from_secs(5);
+/// The observing instance's lease TTL: its periodic re-read comes no sooner.
+const OBSERVER_TTL: Duration = Duration::from_secs(60);
 /// How late a loss may be signalled after the end of the validity, on a loaded
 /// machine (as the black-hole fault test allows).
 const LATE: Duration = Duration::from_millis(500);
@@ -294,4 +310,145 @@ async fn run_drops_the_work_on_loss_and_campaigns_again() {
     assert!(terms[1] > terms[0]);
     runner.abort();
     let _ = runner.await;
+}
+
+/// Whether `seen` names `identity` in `term`.
+fn names(seen: &Option<LeaderInfo>, identity: &str, term: FencingToken) -> bool {
+    seen.as_ref()
+        .is_some_and(|l| l.identity == identity && l.term == term)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_elsewhere_sees_each_change_by_its_message() {
+    let (server, _log, prefix) = shared_scene("election-observe");
+    let a = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
+    let b = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
+    // Not a candidate: a locker of its own, on a backend of its own.
+    let c = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
+    let mut seen = c.election("compactor").observe();
+
+    let a_leads = a
+        .election("compactor")
+        .identity("a")
+        .campaign()
+        .await
+        .unwrap();
+    let a_term = a_leads.term();
+    within(
+        ANNOUNCED,
+        "C sees A lead",
+        seen.wait_for(|l| names(l, "a", a_term)),
+    )
+    .await
+    .unwrap();
+
+    a_leads.resign().await.unwrap();
+    within(ANNOUNCED, "C sees A resign", seen.wait_for(Option::is_none))
+        .await
+        .unwrap();
+
+    let b_leads = b
+        .election("compactor")
+        .identity("b")
+        .campaign()
+        .await
+        .unwrap();
+    let b_term = b_leads.term();
+    assert!(b_term > a_term);
+    within(
+        ANNOUNCED,
+        "C sees B lead in a greater term",
+        seen.wait_for(|l| names(l, "b", b_term)),
+    )
+    .await
+    .unwrap();
+
+    b_leads.resign().await.unwrap();
+    within(ANNOUNCED, "C sees B resign", seen.wait_for(Option::is_none))
+        .await
+        .unwrap();
+    drop(seen);
+    for locker in [&a, &b, &c] {
+        assert_eq!(locker.stats().keys_in_use, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_reads_again_after_its_subscription_restarts() {
+    // Its own server: the test kills every pub/sub connection on it.
+    let server = RedisServer::start();
+    let _log = server.log_on_panic();
+    let prefix = unique_prefix("election-observe-restart");
+    let a = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
+    let b = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
+    // The observer talks to the server through a proxy, which holds its
+    // connections (a new subscription too) while the leader changes.
+    let proxy = CountingProxy::start(&server).await;
+    let c_backend = backend(proxy.url(), &prefix).await;
+    let c_channel = testkit::names::channel(&prefix, c_backend.instance_id());
+    let c = locker(c_backend, OBSERVER_TTL);
+
+    // A leads before C observes: C's first read sees A, and no message for C is
+    // on its way that could have C read again later.
+    let a_leads = a
+        .election("compactor")
+        .identity("a")
+        .campaign()
+        .await
+        .unwrap();
+    let a_term = a_leads.term();
+    let mut seen = c.election("compactor").observe();
+    within(
+        ANNOUNCED,
+        "C sees A lead",
+        seen.wait_for(|l| names(l, "a", a_term)),
+    )
+    .await
+    .unwrap();
+
+    // C's subscription ends at the server, and C cannot subscribe again yet:
+    // every message of the change below is lost to it.
+    proxy.blackhole(true);
+    let mut admin = server.connection().await;
+    client_kill(&mut admin, "pubsub", TOLD)
+        .await
+        .expect("CLIENT KILL TYPE pubsub answered");
+    assert!(
+        wait_until(TOLD, || {
+            let mut admin = admin.clone();
+            let channel = c_channel.clone();
+            async move { numsub(&mut admin, &channel).await == 0 }
+        })
+        .await,
+        "C's subscription is still there"
+    );
+    a_leads.resign().await.unwrap();
+    let b_leads = b
+        .election("compactor")
+        .identity("b")
+        .campaign()
+        .await
+        .unwrap();
+    let b_term = b_leads.term();
+    assert!(b_term > a_term);
+
+    // C subscribes again and reads the record then, long before its periodic
+    // re-read.
+    proxy.blackhole(false);
+    assert!(
+        channel_subscribed(&admin, &c_channel, 1, TOLD).await,
+        "C did not subscribe again"
+    );
+    within(
+        ANNOUNCED,
+        "C sees B lead after it subscribed again",
+        seen.wait_for(|l| names(l, "b", b_term)),
+    )
+    .await
+    .unwrap();
+
+    b_leads.resign().await.unwrap();
+    within(ANNOUNCED, "C sees B resign", seen.wait_for(Option::is_none))
+        .await
+        .unwrap();
 }

@@ -377,6 +377,8 @@ impl LockBackend for MemoryBackend {
         }
     }
 
+    /// Announces a change of the record (another record, or one written again
+    /// after it expired; not a refresh) to the observers of every clone.
     async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
         let now = Instant::now();
         let mut entry = self
@@ -389,8 +391,13 @@ impl LockBackend for MemoryBackend {
         if live && term_of(stored) > term_of(record) {
             return Ok(false);
         }
+        let changed = !live || stored.as_slice() != record;
         *stored = record.to_vec();
         *expires = now + ttl;
+        drop(entry);
+        if changed {
+            self.inner.wakeups.leader_changed(key.as_bytes());
+        }
         Ok(true)
     }
 
@@ -408,12 +415,17 @@ impl LockBackend for MemoryBackend {
         Ok(found)
     }
 
+    /// Announces the deletion to the observers of every clone.
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
-        Ok(self
+        let deleted = self
             .inner
             .leaders
             .remove_if(key, |_, e| e.0 == record)
-            .is_some())
+            .is_some();
+        if deleted {
+            self.inner.wakeups.leader_changed(key.as_bytes());
+        }
+        Ok(deleted)
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {

@@ -28,12 +28,12 @@ pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]
 pub use spi::{
-    Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
-    WakeRegistry, Wakeup, WhenBusy,
+    Acquire, Extend, LeaderChange, LeaseKind, LeaseToken, LockBackend, LockKind, Released,
+    RenewItem, Revocation, WakeRegistry, Wakeup, WhenBusy,
 };
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) use spi::{
-    Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
-    WakeRegistry, Wakeup, WhenBusy,
+    Acquire, Extend, LeaderChange, LeaseKind, LeaseToken, LockBackend, LockKind, Released,
+    RenewItem, Revocation, WakeRegistry, Wakeup, WhenBusy,
 };
 pub(crate) use spi::{Held, Holding, drift, extend_one};

@@ -493,6 +493,31 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
             what: "leader election",
         })
     }
+
+    /// Registers this instance as an observer of the leader record of the
+    /// election `key` for `ttl`, or refreshes its registration: until it lapses,
+    /// every change of the record ([`write_leader`](LockBackend::write_leader)
+    /// writing another record, [`clear_leader`](LockBackend::clear_leader)
+    /// deleting one), by any instance, is announced to this instance's
+    /// [`wakeups`](LockBackend::wakeups) registry with
+    /// [`WakeRegistry::leader_changed`]. An observer refreshes it more often than
+    /// `ttl` and reads the record after each registration, so a change made
+    /// before it registered is read, not missed.
+    ///
+    /// An announcement may be lost (a dropped connection); the registry's
+    /// [`wake_all`](WakeRegistry::wake_all) after a reconnect and the
+    /// observer's own periodic re-read cover that: the record is the truth, a
+    /// message only says "read it again". An expiry of the record is not
+    /// announced.
+    ///
+    /// The default does nothing and returns `Ok(())`: the backend announces no
+    /// changes, and observers rely on their periodic re-read alone. A backend
+    /// whose own writes change the record in this process announces them to its
+    /// registry itself and keeps the default (the memory backend).
+    async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> Result<()> {
+        let _ = (key, ttl);
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -556,6 +581,9 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
         (**self).clear_leader(key, record).await
+    }
+    async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> Result<()> {
+        (**self).observe_leader(key, ttl).await
     }
     fn rw(&self) -> Option<&dyn RwBackend> {
         (**self).rw()
@@ -623,6 +651,11 @@ type Tables = [Table; LockKind::ALL.len()];
 /// (per kind), so a caller that starts watching late can tell whether it may have
 /// missed one.
 ///
+/// Besides the locks, it carries two per-key signals that are not wake-ups: the
+/// revocations of a cached mutex lease ([`watch_revocation`](WakeRegistry::watch_revocation))
+/// and the changes of an election's leader record
+/// ([`watch_leader`](WakeRegistry::watch_leader)).
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -653,6 +686,9 @@ pub struct WakeRegistry {
     /// The leases this instance holds, by token: a takeover (a forced release
     /// deleted one) marks that lease lost at once.
     held: Arc<HeldLeases>,
+    /// The election keys whose leader this instance observes: an announced change
+    /// of the leader record (or a reconnect) has their observers read it again.
+    leaders: Arc<Watchers>,
 }
 
 /// The leases of one instance that a takeover can name, by token.
@@ -674,6 +710,7 @@ impl Default for WakeRegistry {
             tables: Arc::new(std::array::from_fn(|_| Table::default())),
             revocations: Arc::new(DashMap::new()),
             held: Arc::new(DashMap::new()),
+            leaders: Arc::new(DashMap::new()),
         }
     }
 }
@@ -762,9 +799,13 @@ impl WakeRegistry {
         watched
     }
 
-    /// Wakes every watcher of every lock, one-at-a-time handles included (after a
-    /// lost notification connection, when messages may have been missed).
+    /// Wakes every watcher of every lock, one-at-a-time handles included, and every
+    /// observer of a leader ([`watch_leader`](Self::watch_leader)): after a lost
+    /// notification connection, when messages may have been missed.
     pub fn wake_all(&self) {
+        for tx in self.leaders.iter() {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
         for table in self.tables.iter() {
             for g in table.generations.iter() {
                 g.fetch_add(1, Ordering::AcqRel);
@@ -787,16 +828,7 @@ impl WakeRegistry {
     /// ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)), so a revocation that comes
     /// while the lease is in use is seen too.
     pub fn watch_revocation(&self, key: &LockKey) -> Revocation {
-        let rx = self
-            .revocations
-            .entry(key.clone())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        Revocation {
-            rx: Some(rx),
-            key: key.clone(),
-            map: Arc::clone(&self.revocations),
-        }
+        Revocation(Signal::watch(&self.revocations, key))
     }
 
     /// Another instance queued for the mutex of `key` while this instance holds
@@ -804,13 +836,24 @@ impl WakeRegistry {
     /// calls it on a revocation message). Returns `false` if no
     /// [`Revocation`] handle watches `key`.
     pub fn revoke(&self, key: &[u8]) -> bool {
-        match self.revocations.get(key) {
-            Some(tx) => {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
-                true
-            }
-            None => false,
-        }
+        Signal::send(&self.revocations, key)
+    }
+
+    /// Starts observing the leader record of the election `key`: every
+    /// [`leader_changed`](Self::leader_changed) of `key` and every
+    /// [`wake_all`](Self::wake_all) from now on is seen by the handle, also one that
+    /// comes before the handle is awaited. An observer takes the handle before it
+    /// reads the record, so a change announced during the read is not missed.
+    pub fn watch_leader(&self, key: &LockKey) -> LeaderChange {
+        LeaderChange(Signal::watch(&self.leaders, key))
+    }
+
+    /// The leader record of the election `key` changed (a new leader, a new term,
+    /// or none any more): its observers here read it again (a backend calls it on
+    /// a leader message, or when its own write or deletion changed the record).
+    /// Returns `false` if no [`LeaderChange`] handle watches `key`.
+    pub fn leader_changed(&self, key: &[u8]) -> bool {
+        Signal::send(&self.leaders, key)
     }
 
     /// Registers `lease`, held under `token`, for [`take_over`](Self::take_over)
@@ -888,20 +931,67 @@ impl WakeRegistry {
     }
 }
 
-/// Interest in the revocations of one key's cached mutex lease
-/// ([`WakeRegistry::watch_revocation`]); dropping it ends the interest.
+/// One key's entry in a per-key signal map (revocations, leader changes), held
+/// by one handle: it sees every signal of the key sent after it was made, and
+/// the map's entry goes with the key's last handle.
 #[derive(Debug)]
-pub struct Revocation {
+struct Signal {
     rx: Option<watch::Receiver<u64>>,
     key: LockKey,
     map: Arc<Watchers>,
 }
 
-impl Clone for Revocation {
-    /// A handle that has seen what this one has: a revocation this one has not
-    /// seen yet is new to the clone too.
+impl Signal {
+    /// A handle on `key`'s entry of `map` (made if it is the first).
+    fn watch(map: &Arc<Watchers>, key: &LockKey) -> Signal {
+        let rx = map
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Signal {
+            rx: Some(rx),
+            key: key.clone(),
+            map: Arc::clone(map),
+        }
+    }
+
+    /// Signals every handle of `key` in `map`; `false` if there is none.
+    fn send(map: &Watchers, key: &[u8]) -> bool {
+        match map.get(key) {
+            Some(tx) => {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a signal came that this handle has not awaited yet.
+    fn has_changed(&self) -> bool {
+        self.rx
+            .as_ref()
+            .is_some_and(|rx| rx.has_changed().unwrap_or(false))
+    }
+
+    /// Resolves at the first signal this handle has not awaited yet.
+    async fn changed(&mut self) {
+        match self.rx.as_mut() {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    // The map's entry is gone (it never is while a handle
+                    // lives): never signalled.
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+impl Clone for Signal {
+    /// A handle that has seen what this one has.
     fn clone(&self) -> Self {
-        Revocation {
+        Signal {
             rx: self.rx.clone(),
             key: self.key.clone(),
             map: Arc::clone(&self.map),
@@ -909,13 +999,34 @@ impl Clone for Revocation {
     }
 }
 
+impl Drop for Signal {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        // Under the shard lock, so a concurrent `watch` either sees the entry and
+        // subscribes before this check, or inserts a fresh one after the removal.
+        self.map
+            .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+    }
+}
+
+/// Interest in the revocations of one key's cached mutex lease
+/// ([`WakeRegistry::watch_revocation`]); dropping it ends the interest.
+#[derive(Debug)]
+pub struct Revocation(Signal);
+
+impl Clone for Revocation {
+    /// A handle that has seen what this one has: a revocation this one has not
+    /// seen yet is new to the clone too.
+    fn clone(&self) -> Self {
+        Revocation(self.0.clone())
+    }
+}
+
 impl Revocation {
     /// Whether a revocation came since this handle was made (or since the one
     /// it was cloned from last awaited [`revoked`](Self::revoked)).
     pub fn is_revoked(&self) -> bool {
-        self.rx
-            .as_ref()
-            .is_some_and(|rx| rx.has_changed().unwrap_or(false))
+        self.0.has_changed()
     }
 
     /// Resolves at the first revocation of the key since this handle was made.
@@ -925,24 +1036,32 @@ impl Revocation {
     /// Cancel safe: a revocation that came while no call was waiting is seen by
     /// the next call.
     pub async fn revoked(&mut self) {
-        match self.rx.as_mut() {
-            Some(rx) => {
-                if rx.changed().await.is_err() {
-                    // The registry's entry is gone (it never is while a handle
-                    // lives): never revoked.
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending::<()>().await,
-        }
+        self.0.changed().await;
     }
 }
 
-impl Drop for Revocation {
-    fn drop(&mut self) {
-        drop(self.rx.take());
-        self.map
-            .remove_if(&self.key, |_, tx| tx.receiver_count() == 0);
+/// Interest in the changes of one election's leader record
+/// ([`WakeRegistry::watch_leader`]); dropping it ends the interest.
+#[derive(Debug)]
+pub struct LeaderChange(Signal);
+
+impl LeaderChange {
+    /// The election key this handle observes.
+    pub fn key(&self) -> &LockKey {
+        &self.0.key
+    }
+
+    /// Resolves at the first announced change of the key's leader record (or
+    /// [`wake_all`](WakeRegistry::wake_all)) since this handle was made or since
+    /// the previous `changed` returned. Several changes before a call are seen
+    /// as one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a change that came while no call was waiting is seen by the
+    /// next call.
+    pub async fn changed(&mut self) {
+        self.0.changed().await;
     }
 }
 
@@ -1097,6 +1216,50 @@ mod tests {
 
         drop((early, late));
         assert!(!reg.revoke(b"k"), "the entry went with the last handle");
+    }
+
+    /// A leader change before the handle is awaited is kept; several are seen as
+    /// one; another key's are not seen; `wake_all` reaches every observer; the
+    /// entry goes with the last handle.
+    #[tokio::test]
+    async fn leader_changes_reach_the_key_s_observers_and_wake_all_reaches_all() {
+        let short = Duration::from_millis(20);
+        let reg = WakeRegistry::new();
+        let (key, other) = (LockKey::from("k"), LockKey::from("other"));
+        assert!(!reg.leader_changed(b"k"), "nobody observes yet");
+        let mut seen = reg.watch_leader(&key);
+        let mut elsewhere = reg.watch_leader(&other);
+        assert_eq!(seen.key(), &key);
+        assert!(reg.leader_changed(b"k"));
+        assert!(reg.leader_changed(b"k"));
+        tokio::time::timeout(short, seen.changed())
+            .await
+            .expect("a change before the first poll is kept");
+        assert!(
+            tokio::time::timeout(short, seen.changed()).await.is_err(),
+            "two changes before a call are one"
+        );
+        assert!(
+            tokio::time::timeout(short, elsewhere.changed())
+                .await
+                .is_err(),
+            "another key's change"
+        );
+        // A second observer of the key, made later, sees only later changes.
+        let mut late = reg.watch_leader(&key);
+        assert!(tokio::time::timeout(short, late.changed()).await.is_err());
+
+        reg.wake_all();
+        for handle in [&mut seen, &mut elsewhere, &mut late] {
+            tokio::time::timeout(short, handle.changed())
+                .await
+                .expect("wake_all reaches every observer");
+        }
+        drop((seen, late));
+        assert!(!reg.leader_changed(b"k"), "the entry went with its handles");
+        assert!(reg.leader_changed(b"other"));
+        drop(elsewhere);
+        assert!(reg.leaders.is_empty());
     }
 
     /// A lease marked by `taken_over`.

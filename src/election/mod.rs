@@ -5,8 +5,10 @@
 //! lock path (local coalescing, backend queue, pub/sub wake-ups, renewal with its
 //! loss signal): the term is that lease's [`FencingToken`]. The only state of its
 //! own is the **leader record** (`<prefix>:{<key>}:leader` on Redis), which names
-//! the leader for everyone else; ARCHITECTURE.md says why it keeps the mutex's
-//! guarantees.
+//! the leader for everyone else, and the registrations of the instances that
+//! observe it, to which the backend announces each change of the record;
+//! ARCHITECTURE.md says why it keeps the mutex's guarantees, and why observation
+//! by message stays correct when a message is lost.
 //!
 //! **Invariants**
 //!
@@ -16,6 +18,10 @@
 //! 2. A [`Leadership`] stops refreshing its record when it is dropped, resigned or
 //!    lost; a resignation deletes the record (if still its own) before the lease is
 //!    released.
+//! 3. An observer's value is only ever a record it read. It reads after every
+//!    announced change, after every reconnect of the instance's subscription and
+//!    at least once per lease TTL, so a lost announcement delays it by a TTL at
+//!    most, never for good.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -269,44 +275,88 @@ impl Election {
         Ok(record.as_deref().and_then(decode))
     }
 
-    /// A [`watch`] of who leads, kept current by a background task that
-    /// re-reads the leader record when a candidate of this handle (or of a clone)
-    /// gains or gives up leadership, and at least once per renewal interval. The
-    /// task ends when every receiver is dropped. A read that fails leaves the
-    /// value as it was.
+    /// A [`watch`] of who leads, as the leader record says: `None` until the
+    /// record was first read, and while nobody leads.
+    ///
+    /// A background task keeps it current. It registers this instance as an
+    /// observer of the record at the backend (`LockBackend::observe_leader`),
+    /// then reads the record: at once; whenever the backend announces a change of
+    /// it (on Redis, a message from the script that wrote or deleted it); when a
+    /// candidate of this handle (or of a clone) gains or gives up leadership; after
+    /// the instance's notification subscription reconnects (messages may have
+    /// been lost); and at least once per lease TTL. It registers again before
+    /// every read. The value changes only when the record read differs from it; a
+    /// read that fails leaves it as it was. The task ends when every receiver is
+    /// dropped.
+    ///
+    /// Every value was the stored record when it was read. It trails the record
+    /// by a message's delivery when the change was announced, and by at most
+    /// about a lease TTL when it was not: an announcement lost with the
+    /// connection (and no reconnect since), a record that expired (nobody
+    /// announces that), or a backend that announces nothing (the Redlock backend,
+    /// and one that keeps the default `observe_leader`).
+    ///
+    /// # Errors
+    ///
+    /// None are returned: a failed registration or read is logged (at `debug`)
+    /// and tried again at the next trigger.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async. Dropping every receiver ends the task; the backend forgets the
+    /// registration when it lapses (after about two lease TTLs).
     ///
     /// # Panics
     ///
-    /// Outside a Tokio runtime.
+    /// Never. Outside a Tokio runtime no task starts: the receiver keeps `None`,
+    /// and its [`changed`](watch::Receiver::changed) returns an error at once.
     pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
         let (tx, rx) = watch::channel(None);
-        let this = self.clone();
-        let every = self.locker.renew_every();
-        tokio::spawn(async move {
-            loop {
-                let changed = this.changed.notified();
-                match this.leader().await {
-                    Ok(now) => {
-                        tx.send_if_modified(|seen| {
-                            let differs = *seen != now;
-                            if differs {
-                                *seen = now;
-                            }
-                            differs
-                        });
-                    }
-                    Err(e) => {
-                        tracing::debug!(key = %this.key, error = %e, "reading the leader failed")
-                    }
+        crate::runtime::spawn(self.clone().keep_observing(tx));
+        rx
+    }
+
+    /// [`observe`](Self::observe)'s task: registers, reads and waits for the next
+    /// reason to read, until every receiver of `tx` is gone.
+    async fn keep_observing(self, tx: watch::Sender<Option<LeaderInfo>>) {
+        if let Err(e) = self.key.validate() {
+            tracing::debug!(key = %self.key, error = %e, "not observing an invalid key");
+            return tx.closed().await;
+        }
+        let backend = self.locker.backend();
+        let ttl = self.locker.lease_ttl();
+        // Taken before the first registration and read: a change announced while
+        // either runs is kept for the next wait.
+        let mut announced = backend.wakeups().watch_leader(&self.key);
+        loop {
+            // Before the read, so a local change during it is not missed.
+            let local = self.changed.notified();
+            // Twice the period of the re-reads below: a registration does not
+            // lapse between two of them.
+            if let Err(e) = backend.observe_leader(&self.key, ttl * 2).await {
+                tracing::debug!(key = %self.key, error = %e, "registering as an observer failed");
+            }
+            match self.leader().await {
+                Ok(now) => {
+                    tx.send_if_modified(|seen| {
+                        let differs = *seen != now;
+                        if differs {
+                            *seen = now;
+                        }
+                        differs
+                    });
                 }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = changed => {}
-                    _ = tokio::time::sleep(every) => {}
+                Err(e) => {
+                    tracing::debug!(key = %self.key, error = %e, "reading the leader failed")
                 }
             }
-        });
-        rx
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = announced.changed() => {}
+                _ = local => {}
+                _ = tokio::time::sleep(ttl) => {}
+            }
+        }
     }
 
     /// Runs `work` whenever this candidate leads: campaigns, starts `work` with
@@ -600,6 +650,70 @@ mod tests {
         let longest = locker.election("jobs").identity("é".repeat(100));
         longest.campaign().await.unwrap().resign().await.unwrap();
         assert_eq!(locker.active_keys(), 0);
+    }
+
+    /// In memory the backend's own write and deletion announce the change: an
+    /// observer of another instance follows a gain, a resignation and the next
+    /// gain with the clock paused, well before its renewal interval (let alone
+    /// its lease TTL) could pass.
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_follows_announced_changes_without_time_passing() {
+        let ttl = Duration::from_secs(60);
+        let memory = crate::MemoryBackend::new();
+        let build = |backend: crate::MemoryBackend| {
+            Locker::builder(backend)
+                .lease_ttl(ttl)
+                .renew_every(ttl / 4)
+                .build()
+                .unwrap()
+        };
+        let (candidates, observer) = (build(memory.clone()), build(memory));
+        let mut seen = observer.election("jobs").observe();
+        let start = tokio::time::Instant::now();
+        let soon = || start.elapsed() < ttl / 4;
+
+        let a = candidates.election("jobs").identity("a");
+        let first = a.campaign().await.unwrap();
+        let first_term = first.term();
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.term == first_term))
+            .await
+            .unwrap();
+        assert!(soon(), "seen only after {:?}", start.elapsed());
+
+        first.resign().await.unwrap();
+        seen.wait_for(Option::is_none).await.unwrap();
+        assert!(soon(), "seen only after {:?}", start.elapsed());
+
+        let second = candidates
+            .election("jobs")
+            .identity("b")
+            .campaign()
+            .await
+            .unwrap();
+        let second_term = second.term();
+        assert!(second_term > first_term);
+        seen.wait_for(|l| {
+            l.as_ref()
+                .is_some_and(|l| l.identity == "b" && l.term == second_term)
+        })
+        .await
+        .unwrap();
+        assert!(soon(), "seen only after {:?}", start.elapsed());
+        second.resign().await.unwrap();
+        drop(seen);
+        // The released lease may stay cached for its linger.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(candidates.active_keys() + observer.active_keys(), 0);
+    }
+
+    #[test]
+    fn observe_outside_a_runtime_does_not_panic() {
+        let locker = Locker::builder(crate::MemoryBackend::new())
+            .build()
+            .unwrap();
+        let seen = locker.election("jobs").observe();
+        assert_eq!(*seen.borrow(), None);
+        assert!(seen.has_changed().is_err(), "no task keeps it current");
     }
 
     #[tokio::test]

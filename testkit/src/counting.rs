@@ -165,6 +165,9 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> lockflight::Result<bool> {
         self.inner.clear_leader(key, record).await
     }
+    async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> lockflight::Result<()> {
+        self.inner.observe_leader(key, ttl).await
+    }
     fn new_token(&self) -> LeaseToken {
         self.inner.new_token()
     }

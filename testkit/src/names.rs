@@ -40,6 +40,18 @@ pub fn permits(prefix: &str, key: &LockKey) -> Vec<u8> {
     crate::suffixed(&lock(prefix, key), ":sem")
 }
 
+/// The leader record of the election `key` (a string): [`lock`] + `:leader`.
+pub fn leader(prefix: &str, key: &LockKey) -> Vec<u8> {
+    crate::suffixed(&lock(prefix, key), ":leader")
+}
+
+/// The observers of the leader record of the election `key` (a sorted set: an
+/// observing instance's [`channel`] → its registration's expiry in ms, server
+/// time): [`lock`] + `:observers`.
+pub fn observers(prefix: &str, key: &LockKey) -> Vec<u8> {
+    crate::suffixed(&lock(prefix, key), ":observers")
+}
+
 /// The pub/sub channel of the backend instance `instance_id`
 /// (`RedisBackend::instance_id`): `<prefix>:inst:<instance_id>`.
 pub fn channel(prefix: &str, instance_id: &str) -> String {
@@ -56,6 +68,8 @@ mod tests {
         assert_eq!(lock("app", &key), b"app:{a%7Bb%7D%25c}");
         assert_eq!(queue("app", &key), b"app:{a%7Bb%7D%25c}:wq");
         assert_eq!(permits("p", &"k".into()), b"p:{k}:sem");
+        assert_eq!(leader("p", &"k".into()), b"p:{k}:leader");
+        assert_eq!(observers("p", &"k".into()), b"p:{k}:observers");
         assert_eq!(channel("lockflight", "x1"), "lockflight:inst:x1");
     }
 }

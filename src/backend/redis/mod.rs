@@ -6,9 +6,12 @@
 //! `<prefix>:{<key>}:fence`, its waiter queue `<prefix>:{<key>}:wq` (a sorted set by
 //! enqueue time) with its expiry index `<prefix>:{<key>}:wqx` (the same members by
 //! expiry time), its claim `<prefix>:{<key>}:claim`, and one release record per
-//! released lease, `<prefix>:{<key>}:rel:<token>`. In `<key>` the bytes `%`, `{` and `}` are percent-escaped,
-//! so binary keys cannot break the hash tag or collide with each other. The scripts
-//! are single-slot by design, so the same scripts run on one server, on a Redis
+//! released lease, `<prefix>:{<key>}:rel:<token>`; an election's leader record
+//! `<prefix>:{<key>}:leader` and its observers `<prefix>:{<key>}:observers` (a
+//! sorted set: an observing instance's channel by expiry). In `<key>` the bytes
+//! `%`, `{` and `}` are percent-escaped, so binary keys cannot break the hash tag
+//! or collide with each other. The scripts are single-slot by design, so the same
+//! scripts run on one server, on a Redis
 //! Cluster (feature `cluster`, see `RedisBackend::cluster`) and on a primary found
 //! through sentinels (feature `sentinel`, see `RedisBackend::sentinel`).
 //!
@@ -20,7 +23,9 @@
 //! exactly one waiting instance is woken. If the
 //! server refuses that `PUBLISH` (an ACL without the channel), the release still
 //! happened: the claim is taken back, the failure is logged, and the waiters fall
-//! back to their timers.
+//! back to their timers. A change of a leader record is published (tagged too) on
+//! the channel of every instance registered as its observer; a refused one is
+//! skipped, and that observer reads the record at its next periodic re-read.
 //!
 //! All operations are Lua scripts (`lua/*.lua`) run with `EVALSHA`, loaded by
 //! [`connect`](RedisBackendBuilder::connect) and again on `NOSCRIPT`: one round trip
@@ -87,6 +92,7 @@ mod sentinel;
 
 use acked::LeaseScript;
 use conn::{Conn, Timeouts, Topology};
+use notify::leader_message;
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
 /// The semaphore scripts' helpers (after the prelude).
@@ -119,13 +125,16 @@ static EXTEND: LeaseScript = LeaseScript::renewal(
     acked::first_is_one,
 );
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
-/// The elections' leader records (they need no prelude: one key, no queue).
+/// The elections' leader records and their observers (they need no prelude: no
+/// queue).
 static LEADER_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_write.lua")));
 static LEADER_READ: LazyLock<Script> =
     LazyLock::new(|| Script::new("return redis.call('GET', KEYS[1])"));
 static LEADER_CLEAR: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_clear.lua")));
+static LEADER_OBSERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/leader_observe.lua")));
 
 mod builder;
 mod errors;
@@ -253,17 +262,26 @@ impl Names {
         }
     }
 
-    /// The release record of the lease `token` of this key, whatever its kind
-    /// (`<lock name>:rel:<token hex>`): written by the release scripts after they
-    /// delete the lease, read by a retried release (see `lua/release.lua`). Tokens
-    /// are random per lease, so the leases of the mutex, the read-write lock and the
-    /// semaphore of one key never share a record.
     /// The leader record of an election on this key (`<lock name>:leader`):
     /// written by `lua/leader_write.lua`, deleted by `lua/leader_clear.lua`.
     fn leader(&self) -> Vec<u8> {
         [&self.lock[..], b":leader"].concat()
     }
 
+    /// The observers of the leader record (`<lock name>:observers`, a sorted set:
+    /// an observing instance's channel → its registration's expiry in ms):
+    /// written by `lua/leader_observe.lua`, read and pruned by
+    /// `lua/leader_write.lua` and `lua/leader_clear.lua`, which publish a leader
+    /// message to each live observer when they change the record.
+    fn observers(&self) -> Vec<u8> {
+        [&self.lock[..], b":observers"].concat()
+    }
+
+    /// The release record of the lease `token` of this key, whatever its kind
+    /// (`<lock name>:rel:<token hex>`): written by the release scripts after they
+    /// delete the lease, read by a retried release (see `lua/release.lua`). Tokens
+    /// are random per lease, so the leases of the mutex, the read-write lock and the
+    /// semaphore of one key never share a record.
     fn release_record(&self, token: &str) -> Vec<u8> {
         [&self.lock[..], b":rel:", token.as_bytes()].concat()
     }
@@ -580,14 +598,20 @@ impl LockBackend for RedisBackend {
         self.inner.leave(key, false).await.map(drop)
     }
 
+    /// Publishes a leader message to the record's live observers when the record
+    /// changes (`lua/leader_write.lua`).
     async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
         let n = Names::new(&self.inner.prefix, key);
         let reply = self
             .inner
             .invoke(
                 &LEADER_WRITE,
-                &[&n.leader()],
-                &[record, millis(ttl).to_string().as_bytes()],
+                &[&n.leader(), &n.observers()],
+                &[
+                    record,
+                    millis(ttl).to_string().as_bytes(),
+                    &leader_message(key),
+                ],
             )
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
@@ -608,14 +632,40 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// Publishes a leader message to the record's live observers when it deletes
+    /// the record (`lua/leader_clear.lua`).
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
         let n = Names::new(&self.inner.prefix, key);
         let reply = self
             .inner
-            .invoke(&LEADER_CLEAR, &[&n.leader()], &[record])
+            .invoke(
+                &LEADER_CLEAR,
+                &[&n.leader(), &n.observers()],
+                &[record, &leader_message(key)],
+            )
             .await
             .map_err(|e| map_err(key, Phase::Releasing, e))?;
         Ok(matches!(reply, redis::Value::Int(1)))
+    }
+
+    /// Registers this instance's channel in the record's observers
+    /// (`lua/leader_observe.lua`), with an expiry in the server's clock, and
+    /// starts the notification task if it is not running (on a new runtime).
+    async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> Result<()> {
+        self.inner.ensure_notifier();
+        let n = Names::new(&self.inner.prefix, key);
+        self.inner
+            .invoke(
+                &LEADER_OBSERVE,
+                &[&n.observers()],
+                &[
+                    self.inner.channel.as_bytes(),
+                    millis(ttl).to_string().as_bytes(),
+                ],
+            )
+            .await
+            .map_err(|e| map_err(key, Phase::Acquiring, e))?;
+        Ok(())
     }
 
     fn wakeups(&self) -> &WakeRegistry {

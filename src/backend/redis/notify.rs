@@ -6,9 +6,11 @@
 //! primary the sentinels name. When the connection drops or cannot be made, the task
 //! asks the command connection again where to subscribe (`CLUSTER NODES`, the
 //! sentinels) and tries the servers in turn. When the connection drops, the task
-//! reconnects with backoff and resubscribes, then wakes every watcher once, because
-//! messages sent during the gap are lost (a spurious wake-up only causes a retry).
-//! Meanwhile waiters fall back to their timers.
+//! reconnects with backoff and resubscribes, then wakes every watcher once, and has
+//! every observer of a leader read the record again, because messages sent during
+//! the gap are lost (a spurious wake-up only causes a retry, a spurious re-read only
+//! a read). Meanwhile waiters fall back to their timers, observers to their
+//! periodic re-read.
 //!
 //! # Messages
 //!
@@ -34,6 +36,14 @@
 //!   whatever its kind, so no new local section starts on it (a handoff, a cached
 //!   lease, a reader joining a shared read lease) and its holders' releases report
 //!   the loss. Nothing else is touched: a newer lease of the key has another token.
+//! * A leader message (tag `0xFA`, then the key, built by [`leader_message`]) says
+//!   that the leader record of the election of that key changed: a new leader or
+//!   term (`lua/leader_write.lua`) or none any more (`lua/leader_clear.lua`). The
+//!   scripts send it to every instance registered as an observer of the record
+//!   (`lua/leader_observe.lua`); the observers here read the record again
+//!   ([`WakeRegistry::leader_changed`](crate::backend::WakeRegistry::leader_changed)).
+//!   It carries no claim and wakes no waiter. Only instances that registered
+//!   receive it, so an older lockflight (which never registers) never does.
 //! * A message without a tag (a bare key) may be for any of the key's locks: it
 //!   wakes the watchers of every kind of that key, a spurious wake-up at worst.
 //!
@@ -131,6 +141,20 @@ const REVOKE: u8 = 0xFC;
 /// it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
 const TAKEN_OVER: u8 = 0xFB;
 
+/// The tag byte of a leader message: the leader record of the election of the key
+/// that follows changed (`lua/leader_write.lua` and `lua/leader_clear.lua` publish
+/// it as they are given it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
+const LEADER: u8 = 0xFA;
+
+/// The leader message for the observers of the election `key`: its tag byte, then
+/// the key's bytes; [`read_message`] reads it back.
+pub(super) fn leader_message(key: &LockKey) -> Vec<u8> {
+    let mut message = Vec::with_capacity(1 + key.len());
+    message.push(LEADER);
+    message.extend_from_slice(key.as_bytes());
+    message
+}
+
 /// What a message on the instance's channel is about.
 #[derive(Debug, PartialEq, Eq)]
 enum Message<'a> {
@@ -140,6 +164,8 @@ enum Message<'a> {
     Revoke(&'a [u8]),
     /// A forced release deleted this instance's lease `token` of a key.
     TakenOver(LeaseToken, &'a [u8]),
+    /// The leader record of the election of a key changed.
+    Leader(&'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
     /// A bare key without a tag: any of its locks.
@@ -156,6 +182,7 @@ fn read_message(raw: &[u8]) -> Message<'_> {
     match raw {
         [] => Message::Probe,
         [REVOKE, key @ ..] if !key.is_empty() => Message::Revoke(key),
+        [LEADER, key @ ..] if !key.is_empty() => Message::Leader(key),
         [first, key @ ..] if !key.is_empty() => LockKind::ALL
             .into_iter()
             .find(|kind| tag(*kind) == *first)
@@ -185,6 +212,11 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
             // Exactly that lease is lost; a newer one of the key has another token.
             let held = i.wakeups.take_over(token);
             tracing::debug!(key = %String::from_utf8_lossy(key), ?token, held, "takeover message");
+            return;
+        }
+        Message::Leader(key) => {
+            // Observers read the record again; no lock is woken.
+            i.wakeups.leader_changed(key);
             return;
         }
         Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
@@ -435,6 +467,22 @@ mod tests {
         assert_eq!(read_message(b"\xfd"), Message::Untagged(b"\xfd"));
         assert_eq!(read_message(b"\xfck"), Message::Revoke(b"k"));
         assert_eq!(read_message(b"\xfbk"), Message::Untagged(b"\xfbk"));
+        // A lone leader tag is a bare key too.
+        assert_eq!(read_message(b"\xfa"), Message::Untagged(b"\xfa"));
+    }
+
+    #[test]
+    fn a_leader_message_names_its_key() {
+        for key in [&b"k"[..], b"cron", b"\xfa", b"\xfd\x00"] {
+            let message = leader_message(&LockKey::from(key));
+            assert_eq!(message.len(), 1 + key.len());
+            assert_eq!(message[0], 0xFA, "the tag is the wire format");
+            assert_eq!(read_message(&message), Message::Leader(key));
+        }
+        assert!(
+            std::str::from_utf8(&[LEADER, b'k']).is_err(),
+            "0xFA begins UTF-8"
+        );
     }
 
     #[test]
