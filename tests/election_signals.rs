@@ -70,6 +70,24 @@ impl Logs {
     }
 }
 
+/// Waits until the watch names the leader of `term` (or nobody), within one second
+/// of the paused clock: less than the TTL, so only an announcement explains it.
+async fn sees(
+    seen: &mut tokio::sync::watch::Receiver<Option<lockflight::election::LeaderInfo>>,
+    term: Option<lockflight::FencingToken>,
+) {
+    for _ in 0..100 {
+        if seen.borrow().as_ref().map(|l| l.term) == term {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the watcher did not see {term:?} within 1 s: {:?}",
+        *seen.borrow()
+    );
+}
+
 /// A current-thread runtime, so that every task's events reach this thread's
 /// subscriber.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -86,11 +104,29 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
         .build()
         .unwrap();
     let election = locker.election("jobs").identity("worker-a");
+    // Another instance watches: the kit announces each change of the record, as
+    // Redis does, so it follows without waiting for its once-per-TTL re-read.
+    let watcher = Locker::builder(server.backend())
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let mut seen = watcher.election("jobs").observe();
+    // Its first read (nobody leads) is not a change.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut changes = 0.0;
 
     // Gained, then resigned.
     let first = election.campaign().await.unwrap();
-    assert_eq!(server.requests().leader, 1, "the leader record was written");
+    assert!(
+        server.requests().leader >= 1,
+        "the leader record was written"
+    );
+    sees(&mut seen, Some(first.term())).await;
     let m = metrics(&snapshotter, "jobs");
+    changes += m
+        .get("lockflight_leader_changes_total")
+        .copied()
+        .unwrap_or(0.0);
     assert_eq!(m["lockflight_leader"], 1.0, "{m:?}");
     assert_eq!(m["lockflight_leader_terms_total"], 1.0, "{m:?}");
     assert_eq!(m["lockflight_elect_seconds"], 1.0, "{m:?}");
@@ -100,6 +136,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
         1
     );
     first.resign().await.unwrap();
+    sees(&mut seen, None).await;
     assert_eq!(
         logs.lines_with(&["INFO", "leadership given up", "resigned", &term]),
         1
@@ -108,7 +145,13 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
     // Gained again, then lost: the lease disappears from the server, and the next
     // renewal finds it gone.
     let second = election.campaign().await.unwrap();
+    sees(&mut seen, Some(second.term())).await;
     let m = metrics(&snapshotter, "jobs");
+    changes += m
+        .get("lockflight_leader_changes_total")
+        .copied()
+        .unwrap_or(0.0);
+    assert_eq!(changes, 2.0, "the watcher saw two new leaders: {m:?}");
     assert_eq!(m["lockflight_leader"], 1.0, "{m:?}");
     assert_eq!(m["lockflight_leader_terms_total"], 1.0, "one more: {m:?}");
     assert!(server.lose_lease("jobs").unwrap());

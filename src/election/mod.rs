@@ -328,6 +328,7 @@ impl Election {
         // Taken before the first registration and read: a change announced while
         // either runs is kept for the next wait.
         let mut announced = backend.wakeups().watch_leader(&self.key);
+        let mut first = true;
         loop {
             // Before the read, so a local change during it is not missed.
             let local = self.changed.notified();
@@ -341,10 +342,18 @@ impl Election {
                     tx.send_if_modified(|seen| {
                         let differs = *seen != now;
                         if differs {
+                            let new_term = now.as_ref().map(|l| l.term);
+                            if !first
+                                && new_term.is_some()
+                                && seen.as_ref().map(|l| l.term) != new_term
+                            {
+                                signals::leader_changed(&self.key);
+                            }
                             *seen = now;
                         }
                         differs
                     });
+                    first = false;
                 }
                 Err(e) => {
                     tracing::debug!(key = %self.key, error = %e, "reading the leader failed")
@@ -533,8 +542,9 @@ impl Drop for Leadership {
 /// What an election tells the operator: tracing events and, with the `metrics`
 /// feature, per election key (elections are few; their keys are labels):
 /// `lockflight_leader` (1 while this process leads), `lockflight_leader_terms_total`
-/// (terms this process won) and `lockflight_elect_seconds` (from a campaign's start
-/// to its leadership).
+/// (terms this process won), `lockflight_elect_seconds` (from a campaign's start
+/// to its leadership) and `lockflight_leader_changes_total` (new leaders an
+/// `Election::observe` of this process saw after its first read).
 mod signals {
     use std::time::Duration;
 
@@ -571,6 +581,13 @@ mod signals {
     pub(super) fn ended(key: &LockKey, info: &LeaderInfo, how: &'static str) {
         tracing::info!(%key, identity = %info.identity, term = %info.term, how, "leadership given up");
         not_leading(key);
+    }
+
+    /// An observer saw a new leader (a new term) after its first read.
+    pub(super) fn leader_changed(_key: &LockKey) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("lockflight_leader_changes_total", "election" => _key.to_string())
+            .increment(1);
     }
 
     fn not_leading(_key: &LockKey) {

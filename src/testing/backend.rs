@@ -216,8 +216,15 @@ impl LockBackend for SimBackend {
     }
 
     async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
-        self.request(Op::Leader, key, self.memory.write_leader(key, record, ttl))
-            .await
+        self.request(Op::Leader, key, async {
+            let before = self.memory.read_leader(key).await?;
+            let written = self.memory.write_leader(key, record, ttl).await?;
+            if written && before.as_deref() != Some(record) {
+                self.shared.leader_changed(key);
+            }
+            Ok(written)
+        })
+        .await
     }
 
     async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
@@ -226,8 +233,14 @@ impl LockBackend for SimBackend {
     }
 
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
-        self.request(Op::Leader, key, self.memory.clear_leader(key, record))
-            .await
+        self.request(Op::Leader, key, async {
+            let cleared = self.memory.clear_leader(key, record).await?;
+            if cleared {
+                self.shared.leader_changed(key);
+            }
+            Ok(cleared)
+        })
+        .await
     }
 
     fn wakeups(&self) -> &WakeRegistry {

@@ -288,6 +288,15 @@ impl Shared {
         }
     }
 
+    /// Tells every instance that the leader record of `key` changed, as the
+    /// record scripts' message does on Redis (to every instance: a message to an
+    /// instance that does not observe the key is ignored there).
+    pub(super) fn leader_changed(&self, key: &LockKey) {
+        for instance in self.live() {
+            instance.wakeups.leader_changed(key.as_bytes());
+        }
+    }
+
     /// Delivers a revocation of `key`'s mutex lease to the instance `id` (the
     /// holder's), unless a fault drops or delays it.
     pub(super) fn revoke(&self, id: u64, key: &LockKey) {
