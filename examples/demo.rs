@@ -4,6 +4,8 @@
 //! (`SET NX PX`, 1 ms retries, compare-and-delete release), lockflight
 //! (coalesced), lockflight with lease handoff, each of those two behind a
 //! SKU-routing gateway, and optimistic locking — and print what each mode cost.
+//! Then, with Redis, a leadership failover: the leader of the instances'
+//! leader-only job is killed with SIGKILL and another takes over in a greater term.
 //!
 //! ```text
 //! cargo run -p examples --example demo

@@ -6,7 +6,8 @@
 //! Its parts: `db.rs` (the schema and the reservation's fenced or unfenced
 //! write), `reserve.rs` (`POST /items/{sku}/reserve`, the critical section under
 //! lockflight's lock or, in the `plain` mode, under `plain_lock.rs`'s plain Redis
-//! lock) and `shapes.rs` (the other lock shapes).
+//! lock), `shapes.rs` (the other lock shapes) and `job.rs` (the job only the
+//! leader of the instances runs: releasing expired reservations).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use job::LeaderJob;
 use lockflight::layer::{KeyFrom, LockLayer, PROBLEM_JSON, SharedResponseLayer};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
 use plain_lock::PlainLock;
@@ -28,6 +30,8 @@ use tokio::sync::mpsc;
 // Relative to this file, wherever it is included from.
 #[path = "db.rs"]
 pub(crate) mod db;
+#[path = "job.rs"]
+pub(crate) mod job;
 #[path = "plain_lock.rs"]
 pub(crate) mod plain_lock;
 #[path = "reserve.rs"]
@@ -139,6 +143,8 @@ pub(crate) struct AppState {
     /// The `plain` locking mode: `POST /items/{sku}/reserve` takes this plain
     /// Redis lock instead of lockflight's (and its write is not fenced).
     pub(crate) plain: Option<PlainLock>,
+    /// The leader-only job (`job.rs`), where this instance runs it.
+    pub(crate) job: Option<LeaderJob>,
 }
 
 /// A source of extra `/stats` fields, under `"histograms"`.
@@ -164,7 +170,14 @@ impl AppState {
             locking: Arc::from("unknown"),
             more_stats: None,
             plain: None,
+            job: None,
         }
+    }
+
+    /// Shows the leader-only job (this instance's campaign for it) in `/stats`.
+    pub(crate) fn with_job(mut self, job: LeaderJob) -> Self {
+        self.job = Some(job);
+        self
     }
 
     /// Reservations take `plain` (a plain Redis lock, no fencing token) instead
@@ -254,6 +267,8 @@ impl AppState {
             // Wait and hold times and renewals per lease, for sizing `lease_ttl`
             // and `wait_timeout` from their tails (null without a recorder).
             "histograms": self.more_stats.as_ref().map(|more| (more.0)()),
+            // The leader-only job: who leads it, and this instance's part.
+            "job": self.job.as_ref().map(LeaderJob::stats_json),
         })
     }
 }

@@ -24,6 +24,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use lockflight::{Handoff, Locker, LockerBuilder, MemoryBackend, RedisBackend};
 
+use crate::app::job::{self, JobConfig, LeaderJob};
 use crate::app::plain_lock::{self, PlainLock};
 use crate::app::{self, AppState};
 use crate::{demo, gateway};
@@ -80,7 +81,50 @@ struct ServeArgs {
     #[arg(long, env = "LOCK_WAIT_TIMEOUT_MS", default_value_t = 5000)]
     lock_wait_timeout_ms: u64,
     #[command(flatten)]
+    job: JobArgs,
+    #[command(flatten)]
     exit: ExitArgs,
+}
+
+/// The leader-only job (`job.rs`): the elected instance releases expired
+/// reservations.
+#[derive(Debug, clap::Args)]
+struct JobArgs {
+    /// Campaign for the leader-only job and run it while leading (on/off).
+    #[arg(
+        long,
+        env = "INVENTORY_LEADER_JOB",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    leader_job: bool,
+    /// The job election's lease TTL, in milliseconds: about how long the
+    /// instances go without a leader when it dies.
+    #[arg(long, env = "JOB_LEASE_TTL_MS", default_value_t = job::DEFAULT_LEASE_TTL.as_millis() as u64)]
+    job_lease_ttl_ms: u64,
+    /// The period of the leader's sweeps, in milliseconds.
+    #[arg(
+        long,
+        env = "JOB_EVERY_MS",
+        default_value_t = job::DEFAULT_EVERY.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    job_every_ms: u64,
+    /// How long a reservation holds its units before the job releases them, in
+    /// seconds.
+    #[arg(long, env = "RESERVATION_HOLD_SECS", default_value_t = job::DEFAULT_HOLD.as_secs())]
+    reservation_hold_secs: u64,
+}
+
+impl JobArgs {
+    fn config(&self) -> JobConfig {
+        JobConfig {
+            lease_ttl: Duration::from_millis(self.job_lease_ttl_ms),
+            every: Duration::from_millis(self.job_every_ms),
+            hold: Duration::from_secs(self.reservation_hold_secs),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -230,22 +274,33 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         Locking::Plain => Some(plain_lock(&cluster_urls, redis_url.as_deref(), wait_ms).await?),
         _ => None,
     };
-    let (builder, kind): (LockerBuilder, &str) = match (!cluster_urls.is_empty(), redis_url) {
-        (true, _) => (
-            cluster_backend(&name, &cluster_urls).await?,
-            "redis-cluster",
-        ),
+    // Two lockers over one backend: the reservations' and the leader-only job's
+    // (its own lease TTL, and its lease kept out of the reservations' counters).
+    let (builder, job_builder, kind) = match (!cluster_urls.is_empty(), redis_url) {
+        (true, _) => {
+            let (builder, job_builder) = cluster_backend(&name, &cluster_urls).await?;
+            (builder, job_builder, "redis-cluster")
+        }
         (false, Some(url)) => {
             let backend = RedisBackend::connect(&url).await?;
             println!("[{name}] locking in Redis at {}", redact(&url));
-            (Locker::builder(backend), "redis")
+            (
+                Locker::builder(backend.clone()),
+                Locker::builder(backend),
+                "redis",
+            )
         }
         (false, None) => {
             println!(
                 "[{name}] REDIS_URL is not set: running single-instance on the in-process \
                  backend (locks are not shared with other processes)"
             );
-            (Locker::builder(MemoryBackend::new()), "memory")
+            let backend = MemoryBackend::new();
+            (
+                Locker::builder(backend.clone()),
+                Locker::builder(backend),
+                "memory",
+            )
         }
     };
     // In the plain mode this locker serves only the other routes (the shared
@@ -282,6 +337,19 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     }
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    if args.job.leader_job {
+        // The identity: the instance's name and port (unique among instances
+        // on one machine, even when they share a name).
+        let identity = format!("{name}@{}", local.port());
+        let config = args.job.config();
+        println!(
+            "[{name}] campaigning for {} as {identity} (lease TTL {} ms)",
+            job::ELECTION,
+            config.lease_ttl.as_millis()
+        );
+        let job = LeaderJob::start(job_builder, state.db.clone(), &identity, config)?;
+        state = state.with_job(job);
+    }
     println!(
         "[{name}] locking mode {}; listening on http://{local}",
         locking.name()
@@ -371,9 +439,13 @@ pub(crate) async fn shutdown_signal(watch_stdin: bool) {
     }
 }
 
-/// A backend on the Redis Cluster whose nodes are `urls` (comma-separated).
+/// Two locker builders over one backend on the Redis Cluster whose nodes are
+/// `urls` (comma-separated).
 #[cfg(feature = "cluster")]
-async fn cluster_backend(name: &str, nodes: &[String]) -> Result<LockerBuilder, BoxError> {
+async fn cluster_backend(
+    name: &str,
+    nodes: &[String],
+) -> Result<(LockerBuilder, LockerBuilder), BoxError> {
     let backend = RedisBackend::cluster(nodes.iter().cloned())
         .connect()
         .await?;
@@ -381,11 +453,14 @@ async fn cluster_backend(name: &str, nodes: &[String]) -> Result<LockerBuilder, 
         "[{name}] locking in a Redis Cluster of {} seed node(s)",
         nodes.len()
     );
-    Ok(Locker::builder(backend))
+    Ok((Locker::builder(backend.clone()), Locker::builder(backend)))
 }
 
 #[cfg(not(feature = "cluster"))]
-async fn cluster_backend(_name: &str, _nodes: &[String]) -> Result<LockerBuilder, BoxError> {
+async fn cluster_backend(
+    _name: &str,
+    _nodes: &[String],
+) -> Result<(LockerBuilder, LockerBuilder), BoxError> {
     Err(
         "REDIS_CLUSTER_URLS is set, but this build has no Redis Cluster support: \
          build with --features cluster"

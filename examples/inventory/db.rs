@@ -1,5 +1,5 @@
 //! The inventory's database: the schema (items, the reservation log and its
-//! trigger, restocks), opening it, and the reservation's write — fenced by a
+//! trigger, restocks, the leader-only job's tables), opening it, and the reservation's write — fenced by a
 //! lockflight fencing token, or unfenced under the plain mode's lock, which has
 //! none.
 
@@ -31,9 +31,14 @@ CREATE TABLE IF NOT EXISTS reservations (
     qty         INTEGER NOT NULL,
     remaining   INTEGER NOT NULL,
     fence_epoch INTEGER NOT NULL,
-    fence_seq   INTEGER NOT NULL
+    fence_seq   INTEGER NOT NULL,
+    -- When it was made (Unix ms, this machine's clock): the leader-only job
+    -- (job.rs) releases it once it is older than the hold period.
+    reserved_at_ms INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))
 );
 CREATE INDEX IF NOT EXISTS reservations_by_sku ON reservations (sku);
+CREATE INDEX IF NOT EXISTS reservations_by_age ON reservations (reserved_at_ms);
 -- Restocks, each under the SKU's write lock (POST /items/{sku}/restock).
 CREATE TABLE IF NOT EXISTS restocks (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -42,6 +47,37 @@ CREATE TABLE IF NOT EXISTS restocks (
     fence_epoch INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS reservations_by_token ON reservations (fence_epoch, fence_seq);
+-- The leader-only job (job.rs). Its row, fenced by the leader's term (the
+-- election's fencing token): every sweep writes it first, in the sweep's
+-- transaction, so a leader whose term is older than the last sweep's is refused.
+CREATE TABLE IF NOT EXISTS jobs (
+    name        TEXT PRIMARY KEY NOT NULL,
+    leader      TEXT NOT NULL,
+    sweeps      INTEGER NOT NULL,
+    released    INTEGER NOT NULL,
+    swept_at_ms INTEGER NOT NULL,
+    fence_epoch INTEGER NOT NULL DEFAULT 0,
+    fence_seq   INTEGER NOT NULL DEFAULT 0
+);
+-- Every sweep applied, with the term and leader that made it.
+CREATE TABLE IF NOT EXISTS job_sweeps (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job         TEXT NOT NULL REFERENCES jobs (name),
+    leader      TEXT NOT NULL,
+    released    INTEGER NOT NULL,
+    swept_at_ms INTEGER NOT NULL,
+    fence_epoch INTEGER NOT NULL,
+    fence_seq   INTEGER NOT NULL
+);
+-- Reservations the job released (their units went back to stock): each once.
+CREATE TABLE IF NOT EXISTS released_reservations (
+    reservation_id INTEGER PRIMARY KEY NOT NULL REFERENCES reservations (id),
+    sku            TEXT NOT NULL,
+    qty            INTEGER NOT NULL,
+    released_at_ms INTEGER NOT NULL,
+    fence_epoch    INTEGER NOT NULL,
+    fence_seq      INTEGER NOT NULL
+);
 -- Every accepted decrement is logged by the same statement that makes it.
 CREATE TRIGGER IF NOT EXISTS log_reservation
 AFTER UPDATE OF stock ON items

@@ -3,10 +3,15 @@
 //! of what each mode cost — first a plain Redis lock without lockflight (`SET NX
 //! PX`, the `plain` mode), then lockflight's modes, then optimistic locking.
 //!
+//! Then, with Redis, a leadership failover: new instances campaign for the
+//! leader-only job, the leader is killed with SIGKILL, and another takes over in a
+//! greater term.
+//!
 //! Its parts: `demo/servers.rs` (the private Redis, the instance and gateway
 //! processes, all stopped at the end), `demo/scenario.rs` (one mode's run: start,
-//! stock, fire, check the books), `demo/load.rs` (the burst of reservations) and
-//! `demo/report.rs` (the table, its legend and the checks).
+//! stock, fire, check the books), `demo/load.rs` (the burst of reservations),
+//! `demo/report.rs` (the table, its legend and the checks) and `demo/failover.rs`
+//! (the failover of the leader-only job).
 
 use std::time::Instant;
 
@@ -14,6 +19,8 @@ use crate::app;
 use crate::cli::Locking;
 use crate::client::BoxError;
 
+#[path = "demo/failover.rs"]
+mod failover;
 #[path = "demo/load.rs"]
 mod load;
 #[path = "demo/report.rs"]
@@ -164,7 +171,8 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
          process(es) sharing one SQLite file\n"
     );
 
-    let mut scenario = Scenario::new(instances, target.as_ref(), db_path, db.clone()).await?;
+    let mut scenario =
+        Scenario::new(instances, target.as_ref(), db_path.clone(), db.clone()).await?;
     let mut rows = Vec::new();
     for mode in &modes {
         rows.push(scenario.run(*mode, HOT).await?);
@@ -181,6 +189,13 @@ pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
             cold.push(scenario.run(*mode, COLD).await?);
         }
         report::print_table(&cold, target.is_some(), false);
+    }
+    match &target {
+        Some(target) => failover::run(target, &db_path, &db).await?,
+        None => println!(
+            "\nLeadership failover: skipped (it kills an instance process; without Redis there \
+             is one)"
+        ),
     }
     db.close().await;
     for redis in private {

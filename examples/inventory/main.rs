@@ -13,10 +13,22 @@
 //! (under the SKU's lock, fenced at the database), `GET /stats`, and the other lock
 //! shapes of `shapes.rs`: `POST /checkout` (a multi-key lock, a per-tenant
 //! semaphore cap), `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (a
-//! read-write lock), `POST /items/{sku}/reserve-optimistic` (no lock). See `cli.rs`
-//! for the environment variables, `app.rs` for the service, `gateway.rs` for the
-//! SKU-routing gateway, `sizing.rs` for the histograms in `/stats` and `demo.rs` for
-//! the demo.
+//! read-write lock), `POST /items/{sku}/reserve-optimistic` (no lock).
+//!
+//! In the background the instances elect a leader for one job (election
+//! `inventory:jobs`, identity `name@port`, lease TTL `JOB_LEASE_TTL_MS`): only the
+//! leader runs it, from when it gains leadership until it loses it, and another
+//! instance takes over about one lease TTL after the leader dies. The job releases
+//! reservations older than `RESERVATION_HOLD_SECS` (their units go back to stock)
+//! every `JOB_EVERY_MS`, each sweep fenced at the database by the leader's term:
+//! once a newer term swept, a sweep under an older one (a leader paused past its
+//! lease, resuming) is refused. `GET /stats` shows
+//! who leads, in which term, and this instance's sweeps; `INVENTORY_LEADER_JOB=off`
+//! turns the job off.
+//!
+//! See `cli.rs` for the environment variables, `app.rs` for the service, `job.rs`
+//! for the leader-only job, `gateway.rs` for the SKU-routing gateway, `sizing.rs`
+//! for the histograms in `/stats` and `demo.rs` for the demo.
 
 mod app;
 mod cli;

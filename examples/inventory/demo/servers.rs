@@ -157,6 +157,17 @@ impl Proc {
         })
     }
 
+    /// Its process id (`None` once it has exited).
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Kills it at once with SIGKILL (`kill -9`): it cleans nothing up and
+    /// releases nothing; its leases expire at their TTL.
+    pub(super) async fn kill(mut self) -> std::io::Result<()> {
+        self.child.kill().await
+    }
+
     /// Graceful stop: close its stdin, wait up to 5 s, then kill.
     pub(super) async fn stop(mut self) {
         drop(self.stdin.take());

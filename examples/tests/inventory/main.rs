@@ -2,8 +2,9 @@
 //! share one Redis and one SQLite file never oversell, a handler whose lease is lost
 //! is dropped before it writes, the database's fencing guard rejects stale writers,
 //! the plain mode's plain Redis lock keeps the stock correct without lockflight,
-//! and the tower layers map timeouts, missing keys and concurrent reads as
-//! documented.
+//! the tower layers map timeouts, missing keys and concurrent reads as
+//! documented, and the leader-only job runs on one instance at a time, its killed
+//! leader replaced in a greater term.
 
 #[path = "../../inventory/app.rs"]
 mod app;
@@ -12,6 +13,7 @@ mod client;
 #[path = "../../inventory/gateway.rs"]
 mod gateway;
 
+mod job;
 mod plain;
 mod reserve;
 mod shapes;
