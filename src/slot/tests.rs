@@ -20,7 +20,6 @@
 //! (`Slot::expire`). A stale timer (the lease was taken again meanwhile) must
 //! change nothing, and no cached lease may be left without a timer.
 
-use std::cell::RefCell;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -319,30 +318,41 @@ fn explore(kinds: &[Kind], handoff: bool) -> usize {
 /// [`explore`] with lease caching off (`None`) or on, with linger tasks or with a
 /// timer per caching (see [`ModelForward::cache`]).
 fn explore_with(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> usize {
-    // Depth-first over choice indices, replaying from scratch for each schedule.
-    let complete = RefCell::new(0usize);
-    let mut stack: Vec<Vec<usize>> = vec![Vec::new()];
-    while let Some(prefix) = stack.pop() {
+    // Depth-first over choice indices. `path` holds, for each step of the current
+    // schedule, the option taken and how many there were. Each schedule replays from
+    // scratch (the slots are real and cannot be cloned), so the work is one replay
+    // per complete schedule: run the prefix, extend it with first options to the
+    // end, check, then move to the next untried option of the deepest step.
+    let mut path: Vec<(usize, usize)> = Vec::new();
+    let mut complete = 0usize;
+    loop {
         let mut world = World::new(kinds, handoff, cache);
-        let mut schedule = Vec::new();
-        for &c in &prefix {
+        let mut schedule = Vec::with_capacity(path.len());
+        for &(c, _) in &path {
             let choice = world.enabled()[c];
             schedule.push(choice);
             world.step(choice);
         }
-        let options = world.enabled();
-        if options.is_empty() {
-            world.check_end(&schedule);
-            *complete.borrow_mut() += 1;
-            continue;
+        loop {
+            let options = world.enabled();
+            let Some(&first) = options.first() else { break };
+            path.push((0, options.len()));
+            schedule.push(first);
+            world.step(first);
         }
-        for c in (0..options.len()).rev() {
-            let mut p = prefix.clone();
-            p.push(c);
-            stack.push(p);
+        world.check_end(&schedule);
+        complete += 1;
+        loop {
+            match path.pop() {
+                None => return complete,
+                Some((c, n)) if c + 1 < n => {
+                    path.push((c + 1, n));
+                    break;
+                }
+                Some(_) => {}
+            }
         }
     }
-    complete.into_inner()
 }
 
 use Kind::*;
