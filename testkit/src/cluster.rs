@@ -19,8 +19,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    Credentials, SpawnError, Supervised, read_logs, release_port, reserve_port, send_signal,
-    spawn_supervised, stop_supervised, tail, tempdir, wait_for_state,
+    Credentials, DATA_ARGS, SpawnError, Supervised, read_logs, release_port, reserve_port,
+    send_signal, spawn_supervised, stop_supervised, tail, tempdir, wait_for_state,
 };
 
 /// One supervised `redis-server` with extra arguments; killed when dropped.
@@ -303,15 +303,9 @@ impl Cluster {
                         "0",
                         "--cluster-port",
                         &bus.to_string(),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        // A replica's full sync starts at once, not 5 s later.
-                        "--repl-diskless-sync-delay",
-                        "0",
                     ]
                     .iter()
+                    .chain(&DATA_ARGS)
                     .map(|s| s.to_string())
                     .collect()
                 })

@@ -74,20 +74,26 @@ fn target_tmpdir() -> Option<PathBuf> {
     Some(deps.parent()?.parent()?.join("tmp"))
 }
 
+/// Every data node's arguments: no persistence, and a replica's full sync starts
+/// at once (by default a primary waits 5 s for more replicas to share it).
+pub(crate) const DATA_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--repl-diskless-sync-delay",
+    "0",
+];
+
+/// [`DATA_ARGS`] as owned strings, for a node's argument builder.
+pub(crate) fn data_args() -> Vec<String> {
+    DATA_ARGS.iter().map(|s| s.to_string()).collect()
+}
+
 /// Starts redis-server on `port` under a supervisor and waits until it answers.
 pub(crate) fn spawn_redis(binary: &Path, dir: &Path, port: u16) -> Result<Supervised, SpawnError> {
-    let standalone = [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dbfilename",
-        "dump.rdb",
-        "--enable-debug-command",
-        "yes",
-        "--repl-diskless-sync-delay",
-        "0",
-    ];
+    let mut standalone = DATA_ARGS.to_vec();
+    standalone.extend(["--dbfilename", "dump.rdb", "--enable-debug-command", "yes"]);
     spawn_supervised(binary, dir, port, &[], &standalone, None)
 }
 

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::cluster::Node;
+use super::process::data_args;
 
 /// A primary and its one replica; both killed when dropped.
 pub struct Replicated {
@@ -14,22 +15,6 @@ pub struct Replicated {
     pub primary: Node,
     /// Its replica.
     pub replica: Node,
-}
-
-/// No persistence; a replica's full sync starts at once (by default the primary
-/// waits 5 s for more replicas to share it).
-fn data_args() -> Vec<String> {
-    [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
 }
 
 impl Replicated {

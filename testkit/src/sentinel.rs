@@ -14,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::cluster::Node;
+use super::process::data_args;
 
 /// The monitored master's name.
 pub const MASTER: &str = "lfmaster";
@@ -47,22 +48,6 @@ impl Default for Auth {
     }
 }
 
-/// No persistence; a replica's full sync starts at once (by default the primary
-/// waits 5 s for more replicas to share it).
-fn data_args(_: u16) -> Vec<String> {
-    [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 impl Sentinels {
     /// Starts the topology and waits until every sentinel sees both replicas and
     /// the two other sentinels.
@@ -93,12 +78,12 @@ impl Sentinels {
             }
             None => Node::start(None, args),
         };
-        let primary = data_node(&data_args);
+        let primary = data_node(&|_| data_args());
         let pport = primary.port();
         let replicas: Vec<Node> = (0..2)
             .map(|_| {
-                data_node(&move |p| {
-                    let mut a = data_args(p);
+                data_node(&move |_| {
+                    let mut a = data_args();
                     a.extend(["--replicaof".into(), "127.0.0.1".into(), pport.to_string()]);
                     a
                 })
