@@ -4,12 +4,12 @@
 //! and `lockflight_elect_seconds`, labelled with the election key.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockflight::Locker;
 use lockflight::testing::SimServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use testkit::Logs;
 
 /// The metrics labelled `election=key` since the last snapshot, by name: a
 /// gauge's value, a counter's increase, a histogram's number of samples (a
@@ -33,41 +33,6 @@ fn metrics(snapshotter: &Snapshotter, key: &str) -> HashMap<String, f64> {
             (k.key().name().to_owned(), value)
         })
         .collect()
-}
-
-/// Every event logged on this thread while the guard lives, as text.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    /// The lines that contain every one of `needles`.
-    fn lines_with(&self, needles: &[&str]) -> usize {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .count()
-    }
 }
 
 /// Waits until the watch names the leader of `term` (or nobody), within one second

@@ -101,6 +101,7 @@
 pub mod cluster;
 mod engine;
 pub mod fault_proxy;
+mod logs;
 pub mod names;
 pub mod nemesis;
 pub mod replication;
@@ -118,6 +119,7 @@ mod server;
 mod steps;
 
 pub use engine::{ENGINE_VAR, Engine};
+pub use logs::Logs;
 use ports::*;
 pub use postgres::{Postgres, shared_postgres};
 pub use {acl::*, counting::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -12,7 +12,9 @@ use http_body_util::{BodyExt, Full};
 use lockflight::guard::LockInfo;
 use lockflight::layer::{KeyFrom, LockLayer};
 
-use super::support::{Logs, redis_locker, serve};
+use testkit::Logs;
+
+use super::support::{redis_locker, serve};
 
 /// A handler that counts its runs and says whether it ran under a lock.
 fn counted(runs: &Arc<AtomicUsize>) -> axum::routing::MethodRouter {
@@ -68,7 +70,7 @@ async fn a_route_that_yields_no_key_is_refused_with_500_and_logged_with_its_rout
     assert_eq!((locker.stats() - before).acquire_attempts, 0);
     let text = logs.text();
     assert_eq!(
-        logs.count("WARN", "POST /items/{id}/reserve"),
+        logs.lines_with(&["WARN", "POST /items/{id}/reserve"]),
         2,
         "the refusal and its response, naming the route: {text}"
     );
@@ -99,7 +101,12 @@ async fn a_request_without_its_key_is_refused_with_400_unless_unlocked_is_asked_
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
     assert_eq!(reply.problem_code(), "invalid_key");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!(logs.count("INFO", "POST /strict"), 1, "{}", logs.text());
+    assert_eq!(
+        logs.lines_with(&["INFO", "POST /strict"]),
+        1,
+        "{}",
+        logs.text()
+    );
     assert!(
         logs.text().contains("no `x-account` header"),
         "{}",
@@ -140,7 +147,12 @@ async fn an_in_handler_route_without_locked_is_logged_once() {
     for _ in 0..3 {
         assert_eq!(served.post("/items/7", "{}").await.text(), "UNLOCKED");
     }
-    assert_eq!(logs.count("WARN", "ran UNLOCKED"), 1, "{}", logs.text());
+    assert_eq!(
+        logs.lines_with(&["WARN", "ran UNLOCKED"]),
+        1,
+        "{}",
+        logs.text()
+    );
     assert!(logs.text().contains("POST /items/{sku}"), "{}", logs.text());
 }
 

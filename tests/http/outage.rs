@@ -13,7 +13,9 @@ use lockflight::guard::LockInfo;
 use lockflight::layer::{KeyFrom, LockLayer};
 use testkit::{CountingProxy, RedisServer};
 
-use super::support::{Logs, locker_at, serve};
+use testkit::Logs;
+
+use super::support::{locker_at, serve};
 
 async fn key_of(Extension(lock): Extension<LockInfo>) -> String {
     lock.key.to_string()
@@ -54,7 +56,7 @@ async fn a_partitioned_backend_is_503_lock_backend_unavailable_not_a_timeout() {
     let probe = locker.check_backend(Duration::from_millis(300)).await;
     assert!(matches!(probe, Err(Error::Backend { .. })), "{probe:?}");
     assert_eq!(
-        logs.count("WARN", "lock backend unavailable"),
+        logs.lines_with(&["WARN", "lock backend unavailable"]),
         1,
         "{}",
         logs.text()
@@ -72,12 +74,12 @@ async fn a_partitioned_backend_is_503_lock_backend_unavailable_not_a_timeout() {
     }
     assert!(healed, "the service did not come back: {}", logs.text());
     assert_eq!(
-        logs.count("WARN", "lock backend available again"),
+        logs.lines_with(&["WARN", "lock backend available again"]),
         1,
         "{}",
         logs.text()
     );
-    assert_eq!(logs.count("WARN", "lock backend unavailable"), 1);
+    assert_eq!(logs.lines_with(&["WARN", "lock backend unavailable"]), 1);
 }
 
 /// The server is gone (connections refused): the same answer, never lock_timeout.
@@ -120,7 +122,12 @@ async fn a_held_lock_is_still_a_timeout() {
         reply.text()
     );
     assert_eq!(reply.problem_code(), "lock_timeout");
-    assert_eq!(logs.count("WARN", "lock backend"), 0, "{}", logs.text());
+    assert_eq!(
+        logs.lines_with(&["WARN", "lock backend"]),
+        0,
+        "{}",
+        logs.text()
+    );
     held.release().await.unwrap();
 }
 

@@ -1,9 +1,7 @@
 //! A served app, a real HTTP client, a slow uploader, and captured logs.
 
 use std::convert::Infallible;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -160,45 +158,4 @@ pub(crate) async fn locker_at(url: &str, wait: Duration) -> Locker {
         .unwrap();
     let backend = backend;
     Locker::builder(backend).wait_timeout(wait).build().unwrap()
-}
-
-/// What a `tracing` subscriber writes, for the current thread while the guard lives.
-#[derive(Clone, Default)]
-pub(crate) struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    /// Captures events at `INFO` and above on this thread (use a current-thread
-    /// runtime so the served app runs on it too).
-    pub(crate) fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    pub(crate) fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// The lines at `level` that contain `needle`.
-    pub(crate) fn count(&self, level: &str, needle: &str) -> usize {
-        self.text()
-            .lines()
-            .filter(|l| l.contains(level) && l.contains(needle))
-            .count()
-    }
 }
