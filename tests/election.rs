@@ -27,8 +27,8 @@ use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use testkit::nemesis::client_kill;
 use testkit::{
-    Counting, CountingProxy, RedisServer, channel_subscribed, numsub, shared_scene, unique_prefix,
-    wait_until, within,
+    Counting, CountingProxy, RedisServer, channel_subscribed, count_reaches, numsub, shared_scene,
+    unique_prefix, wait_until, within,
 };
 use tokio::time::Instant;
 
@@ -131,11 +131,11 @@ async fn resign_wakes_the_next_instance_with_one_acquire() {
         let b_election = b_election.clone();
         async move { b_election.campaign().await }
     });
-    within(TOLD, "B's first (busy) acquire", async {
-        while b_counts.acquire.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+    within(
+        TOLD,
+        "B's first (busy) acquire",
+        count_reaches(&b_counts.acquire, 1),
+    )
     .await;
     // Let the busy reply come back, so B waits for its wake-up.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -283,14 +283,9 @@ async fn run_drops_the_work_on_loss_and_campaigns_again() {
                 .await
         }
     });
-    let wait_for = |counter: Arc<AtomicU64>, n: u64| async move {
-        while counter.load(Ordering::SeqCst) < n {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    within(TOLD, "A's work starts", wait_for(started.clone(), 1)).await;
+    within(TOLD, "A's work starts", count_reaches(&started, 1)).await;
     proxy.blackhole(true);
-    within(TOLD, "A's work is dropped", wait_for(dropped.clone(), 1)).await;
+    within(TOLD, "A's work is dropped", count_reaches(&dropped, 1)).await;
     let b_leads = within(
         TOLD,
         "B leads",
@@ -305,7 +300,7 @@ async fn run_drops_the_work_on_loss_and_campaigns_again() {
         "A's work restarted while B leads"
     );
     b_leads.resign().await.unwrap();
-    within(TOLD, "A's work starts again", wait_for(started.clone(), 2)).await;
+    within(TOLD, "A's work starts again", count_reaches(&started, 2)).await;
     let terms = terms.lock().unwrap().clone();
     assert!(terms[1] > terms[0]);
     runner.abort();

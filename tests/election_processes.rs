@@ -20,7 +20,7 @@ use std::time::Duration;
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use testkit::nemesis::{continue_process, stop_process};
-use testkit::{Counting, shared_scene, spawn_test_child, within};
+use testkit::{Counting, count_reaches, shared_scene, spawn_test_child, within};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -179,11 +179,11 @@ async fn a_killed_leader_is_replaced_once_its_lease_ends() {
         async move { election.campaign().await }
     });
     // Queued behind the child (its first acquire answered busy).
-    within(TOLD, "the parent's first acquire", async {
-        while counts.acquire.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+    within(
+        TOLD,
+        "the parent's first acquire",
+        count_reaches(&counts.acquire, 1),
+    )
     .await;
 
     child.process.start_kill().expect("SIGKILL the child");

@@ -3,6 +3,7 @@
 //! increasing fencing tokens) and reading lock keys in Redis.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockflight::rwlock::{ReadGuard, WriteGuard};
@@ -18,6 +19,14 @@ pub async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output
     match tokio::time::timeout(limit, fut).await {
         Ok(out) => out,
         Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+/// Waits until `counter` reaches `n` (a [`Counting`](crate::Counting) count, or a
+/// test's own); put it [`within`] a bound.
+pub async fn count_reaches(counter: &AtomicU64, n: u64) {
+    while counter.load(Ordering::SeqCst) < n {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
