@@ -221,7 +221,9 @@ async fn wait_for_renewals(locker: &Locker, n: u64) {
 }
 
 /// Waits (up to 30 s) until the record `name` on the node of `info` is renewed
-/// there: its TTL, read once now, goes back up (it only falls between renewals).
+/// there: its TTL goes back up above the lowest value read so far (it only falls
+/// between renewals). The lowest, not the first: a first read just after a renewal
+/// sees the full TTL, which no later renewal can exceed.
 async fn renewed_on(c: &Cluster, info: &NodeInfo, name: &[u8]) {
     let name = std::str::from_utf8(name).expect("a UTF-8 lock name");
     let node = c.by_addr(&info.addr);
@@ -231,15 +233,21 @@ async fn renewed_on(c: &Cluster, info: &NodeInfo, name: &[u8]) {
         "{name} is not held on {}: PTTL {first}",
         info.addr
     );
+    let lowest = std::sync::atomic::AtomicI64::new(first);
     assert!(
         wait_until(Duration::from_secs(30), || async {
-            node.cmd::<i64>(&["PTTL", name])
-                .await
-                .is_ok_and(|t| t > first)
+            let Ok(ttl) = node.cmd::<i64>(&["PTTL", name]).await else {
+                return false;
+            };
+            if ttl <= 0 {
+                return false; // gone: a lost lease, never a renewal
+            }
+            ttl > lowest.fetch_min(ttl, Ordering::SeqCst)
         })
         .await,
-        "{name} was not renewed on {} (PTTL {first} and falling)",
-        info.addr
+        "{name} was not renewed on {} (PTTL {first}, then only falling to {})",
+        info.addr,
+        lowest.load(Ordering::SeqCst)
     );
 }
 
