@@ -81,4 +81,16 @@ async fn a_release_wakes_one_instance_not_all() {
         row.publish_per_release < 3.0,
         "a release woke every waiting instance: {row:?}"
     );
+    // The key's Redis queue holds one entry per waiting instance (its id; the woken
+    // one leaves when its acquire lands), however many of its tasks wait: never
+    // more than the 4 instances.
+    assert!(
+        row.queue_max <= 4,
+        "more than one queue entry per instance: {row:?}"
+    );
+    // No instance starved for the whole run.
+    assert!(
+        row.share_min > 0.0,
+        "an instance never held the key: {row:?}"
+    );
 }

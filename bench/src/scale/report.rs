@@ -95,13 +95,13 @@ pub fn markdown(c: &Curves) -> String {
         let _ = writeln!(
             s,
             "#### Instances (P instances × 2 tasks, one hot key)\n\n\
-             | P | sections/s | Redis releases / section | Redis commands / section | Redis commands / release | PUBLISH / release | EVALSHA / release |\n\
-             |--:|--:|--:|--:|--:|--:|--:|"
+             | P | sections/s | Redis releases / section | Redis commands / section | Redis commands / release | PUBLISH / release | EVALSHA / release | Redis queue, mean (max) | shares, min–max | wait p99 |\n\
+             |--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
         );
         for r in &c.instances {
             let _ = writeln!(
                 s,
-                "| {} | {:.0} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} |",
+                "| {} | {:.0} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} ({}) | {:.0}–{:.0} % | {:.2} ms |",
                 r.p,
                 r.throughput,
                 r.releases_per_cs,
@@ -109,6 +109,11 @@ pub fn markdown(c: &Curves) -> String {
                 r.commands_per_release,
                 r.publish_per_release,
                 r.evalsha_per_release,
+                r.queue_mean,
+                r.queue_max,
+                r.share_min * 100.0,
+                r.share_max * 100.0,
+                r.wait_p99_ms,
             );
         }
         s.push('\n');
@@ -405,6 +410,16 @@ pub fn write(c: &Curves, dir: &Path, heading: &str) -> Result<String, String> {
                     series: vec![(
                         "one hot key",
                         i.iter().map(|r| (r.p as f64, r.throughput)).collect(),
+                    )],
+                },
+                Panel {
+                    title: "instances: a task's wait, p99".into(),
+                    x_desc: "P instances",
+                    y_desc: "ms",
+                    log_y: false,
+                    series: vec![(
+                        "wait p99",
+                        i.iter().map(|r| (r.p as f64, r.wait_p99_ms)).collect(),
                     )],
                 },
             ],
