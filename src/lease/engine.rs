@@ -62,11 +62,17 @@ impl Engine {
     /// handoff budget ([`Handoff`](crate::Handoff)), the same for a mutex lease and
     /// a semaphore permit.
     pub(crate) fn may_hand_off(&self, lease: &Lease) -> bool {
+        self.may_hand_off_at(lease, Instant::now())
+    }
+
+    /// [`may_hand_off`](Self::may_hand_off), judged at `now`: a reading of the
+    /// clock taken in the same synchronous step (no `.await` since), so that the
+    /// lease's validity is never judged on an older one.
+    pub(crate) fn may_hand_off_at(&self, lease: &Lease, now: Instant) -> bool {
         let h = &self.config.handoff;
         if !h.enabled {
             return false;
         }
-        let now = Instant::now();
         if lease
             .left_at(now)
             .is_none_or(|left| left < self.config.min_validity)

@@ -24,7 +24,7 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     seq: u64,
     done: bool,
-    granted_at: tokio::time::Instant,
+    granted_at: crate::lease::histograms::Since,
 }
 
 impl fmt::Debug for LockGuard {
@@ -50,7 +50,7 @@ impl LockGuard {
             lease,
             seq,
             done: false,
-            granted_at: tokio::time::Instant::now(),
+            granted_at: crate::lease::histograms::Since::now(),
         }
     }
 
@@ -107,7 +107,7 @@ impl LockGuard {
     /// to completion in a background task (it is idempotent); only its result is lost.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at);
         let end = self
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
@@ -123,7 +123,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at.elapsed());
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at);
         self.shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq)
             .in_background();

@@ -201,7 +201,7 @@ impl Locker {
     /// Records the wait of a granted call.
     fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
         if result.is_ok() {
-            crate::lease::histograms::wait(crate::lease::LeaseKind::Mutex, start.elapsed());
+            crate::lease::histograms::wait(crate::lease::LeaseKind::Mutex, start);
         }
         result
     }

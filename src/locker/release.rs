@@ -25,7 +25,10 @@ impl LockerState {
         seq: u64,
     ) -> End<SlotEnd> {
         if let Some(slot) = &slot {
-            let handoff = self.may_hand_off(&lease);
+            // One reading of the clock for this synchronous step: the handoff
+            // decision and the caching's deadline.
+            let now = Instant::now();
+            let handoff = self.may_hand_off_at(&lease, now);
             // Fair: only to a waiter that arrived before every other instance's
             // waiter (the lease's arrival bound; none: no handoff in fair mode).
             let arrived_by = self
@@ -49,7 +52,6 @@ impl LockerState {
             let contended =
                 cache.is_some_and(|r| r.is_revoked()) || lease.waiting.load(Ordering::Relaxed) > 0;
             let keep = cache.map(|_| {
-                let now = Instant::now();
                 Caching {
                     // No longer than the lease may be handed on: past its budget (or
                     // near its hold limit) nobody can take it, and without a

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use share::Arrive;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{
@@ -88,15 +87,12 @@ impl RwLocks {
             waited_for_acquire = matches!(arrive, Arrive::WaitAcquire);
             match arrive {
                 Arrive::Join(lease) => {
-                    crate::lease::histograms::wait(
-                        crate::lease::LeaseKind::Read,
-                        call.start.elapsed(),
-                    );
+                    crate::lease::histograms::wait(crate::lease::LeaseKind::Read, call.start);
                     return Ok(Some(ReadGuard {
                         lease,
                         entry: Some(entry),
                         gate: Some(gate),
-                        granted_at: Instant::now(),
+                        granted_at: crate::lease::histograms::Since::now(),
                     }));
                 }
                 Arrive::Leader => break,
@@ -122,7 +118,7 @@ impl RwLocks {
             lease,
             entry: Some(entry),
             gate: Some(gate),
-            granted_at: Instant::now(),
+            granted_at: crate::lease::histograms::Since::now(),
         }))
     }
 
@@ -156,7 +152,7 @@ impl RwLocks {
         Ok(Some(WriteGuard {
             lease,
             job: Some((entry, gate)),
-            granted_at: Instant::now(),
+            granted_at: crate::lease::histograms::Since::now(),
         }))
     }
 
@@ -193,7 +189,7 @@ impl RwLocks {
         let Some(granted) = granted else {
             return Ok(None);
         };
-        crate::lease::histograms::wait(kind, call.start.elapsed());
+        crate::lease::histograms::wait(kind, call.start);
         let (entry, gate) = leading.armed.take_hold().expect("held until granted");
         Ok(Some((entry, gate, granted.lease)))
     }

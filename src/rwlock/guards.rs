@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
-use tokio::time::Instant;
 
 use super::{Entry, Gate, RwHold};
 use crate::error::Result;
@@ -34,7 +33,7 @@ pub struct ReadGuard {
     pub(super) lease: Arc<Lease>,
     pub(super) entry: Option<Entry>,
     pub(super) gate: Option<OwnedRwLockReadGuard<()>>,
-    pub(super) granted_at: Instant,
+    pub(super) granted_at: crate::lease::histograms::Since,
 }
 
 impl fmt::Debug for ReadGuard {
@@ -98,7 +97,7 @@ impl ReadGuard {
         let (Some(entry), Some(gate)) = (self.entry.take(), self.gate.take()) else {
             return End::Kept;
         };
-        crate::lease::histograms::hold(LeaseKind::Read, self.granted_at.elapsed());
+        crate::lease::histograms::hold(LeaseKind::Read, self.granted_at);
         let last = entry.rw.share().leave(&self.lease);
         if !last {
             // Others still share it: what this reader learns is whether it was
@@ -126,7 +125,7 @@ impl Drop for ReadGuard {
 pub struct WriteGuard {
     pub(super) lease: Arc<Lease>,
     pub(super) job: Option<(Entry, OwnedRwLockWriteGuard<()>)>,
-    pub(super) granted_at: Instant,
+    pub(super) granted_at: crate::lease::histograms::Since,
 }
 
 impl fmt::Debug for WriteGuard {
@@ -178,7 +177,7 @@ impl WriteGuard {
         let Some((entry, gate)) = self.job.take() else {
             return End::Kept;
         };
-        crate::lease::histograms::hold(LeaseKind::Write, self.granted_at.elapsed());
+        crate::lease::histograms::hold(LeaseKind::Write, self.granted_at);
         release_job(&self.lease, entry, Gate::Write(gate))
     }
 }

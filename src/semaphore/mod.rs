@@ -226,10 +226,7 @@ impl Semaphore {
                     continue;
                 }
                 Ok(Ok(Ok(permit))) => {
-                    crate::lease::histograms::wait(
-                        crate::lease::LeaseKind::Permit,
-                        start.elapsed(),
-                    );
+                    crate::lease::histograms::wait(crate::lease::LeaseKind::Permit, start);
                     Ok(permit)
                 }
                 Ok(Ok(Err(e))) => Err(e),

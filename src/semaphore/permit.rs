@@ -26,7 +26,7 @@ pub struct Permit {
     pub(super) semaphores: Arc<Semaphores>,
     pub(super) lease: Arc<Lease>,
     pub(super) done: bool,
-    pub(super) granted_at: Instant,
+    pub(super) granted_at: crate::lease::histograms::Since,
     /// In fair mode, the permit passes only to local waiters queued before this
     /// (queue ids below it): those that arrived before the request that granted it
     /// was sent, so before any other instance the backend did not report.
@@ -79,7 +79,7 @@ impl Permit {
             semaphores: Arc::clone(semaphores),
             lease,
             done: false,
-            granted_at: Instant::now(),
+            granted_at: crate::lease::histograms::Since::now(),
             fair_bound: 0,
         }
     }
@@ -94,7 +94,7 @@ impl Permit {
             semaphores: Arc::clone(semaphores),
             lease: Arc::clone(lease),
             done: false,
-            granted_at: Instant::now(),
+            granted_at: crate::lease::histograms::Since::now(),
             fair_bound,
         }
     }
@@ -138,7 +138,7 @@ impl Permit {
         if std::mem::replace(&mut self.done, true) {
             return End::Kept;
         }
-        crate::lease::histograms::hold(LeaseKind::Permit, self.granted_at.elapsed());
+        crate::lease::histograms::hold(LeaseKind::Permit, self.granted_at);
         if self.semaphores.hand_off(&self.lease, self.fair_bound) {
             return End::Kept;
         }
