@@ -33,7 +33,7 @@ pub use spi::{
 };
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) use spi::{
-    Acquire, Extend, LeaderChange, LeaseKind, LeaseToken, LockBackend, LockKind, Released,
-    RenewItem, Revocation, WakeRegistry, Wakeup, WhenBusy,
+    Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
+    WakeRegistry, Wakeup, WhenBusy,
 };
 pub(crate) use spi::{Held, Holding, drift, extend_one};
