@@ -15,49 +15,10 @@ use std::time::Duration;
 use lockflight::{Error, Locker};
 use testkit::within;
 
-use crate::Topology;
+use crate::{Topology, matrix};
 
 /// A limit that only a hang reaches.
 const TOLD: Duration = Duration::from_secs(30);
-
-/// Instantiates an election cell (`async fn(Topology)`) on every topology.
-macro_rules! election_matrix {
-    ($cell:ident) => {
-        mod $cell {
-            use $crate::Topology;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$cell(Topology::Memory).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn one_server() {
-                super::$cell(Topology::OneServer).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cluster() {
-                super::$cell(Topology::Cluster).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sentinel() {
-                super::$cell(Topology::Sentinel).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redlock() {
-                super::$cell(Topology::Redlock).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn uncoalesced() {
-                super::$cell(Topology::Uncoalesced).await
-            }
-            #[cfg(feature = "testing")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sim() {
-                super::$cell(Topology::Sim).await
-            }
-        }
-    };
-}
 
 /// Whether `topology` refuses elections; checks that the refusal is typed.
 async fn refuses(topology: Topology, locker: &Locker) -> bool {
@@ -120,7 +81,7 @@ async fn a_resignation_hands_over_and_observers_follow(topology: Topology) {
     observed(&mut seen, None, None).await;
     assert_eq!(watcher.leader().await.unwrap(), None);
 }
-election_matrix!(a_resignation_hands_over_and_observers_follow);
+matrix!(a_resignation_hands_over_and_observers_follow: every topology, no kind);
 
 async fn a_leader_that_vanishes_is_replaced_after_its_ttl(topology: Topology) {
     let ttl = Duration::from_secs(1);
@@ -144,4 +105,4 @@ async fn a_leader_that_vanishes_is_replaced_after_its_ttl(topology: Topology) {
     observed(&mut seen, Some("b"), Some(b_leads.term())).await;
     b_leads.resign().await.unwrap();
 }
-election_matrix!(a_leader_that_vanishes_is_replaced_after_its_ttl);
+matrix!(a_leader_that_vanishes_is_replaced_after_its_ttl: every topology, no kind);

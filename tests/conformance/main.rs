@@ -56,10 +56,19 @@ pub(crate) use kinds::{Held, Kind, Topology};
 
 /// Instantiates `cell` (an `async fn(Kind, Topology)` of the current module) for
 /// every lock kind on each listed topology (`name => Variant`, or `every topology`):
-/// a module named after the cell, a module per topology, a test per kind.
+/// a module named after the cell, a module per topology, a test per kind. With
+/// `every topology, no kind`, `cell` is an `async fn(Topology)` (a cell that no lock
+/// kind varies, such as an election's), with a test per topology.
 macro_rules! matrix {
     ($cell:ident: every topology) => {
-        matrix!($cell:
+        matrix!(@topologies matrix, $cell);
+    };
+    ($cell:ident: every topology, no kind) => {
+        matrix!(@topologies topology_only, $cell);
+    };
+    // The one list of topologies; `$then` is called with it.
+    (@topologies $then:ident, $cell:ident) => {
+        $crate::$then!($cell:
             memory => Memory,
             one_server => OneServer,
             cluster => Cluster,
@@ -107,3 +116,20 @@ macro_rules! matrix {
     };
 }
 pub(crate) use matrix;
+
+/// [`matrix!`]'s `no kind` form: a test per topology, in a module named after the
+/// cell.
+macro_rules! topology_only {
+    ($cell:ident: $($(#[$attr:meta])* $topo:ident => $variant:ident),+ $(,)?) => {
+        mod $cell {
+            $(
+                $(#[$attr])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $topo() {
+                    super::$cell($crate::Topology::$variant).await
+                }
+            )+
+        }
+    };
+}
+pub(crate) use topology_only;
