@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockflight::election::LeaderInfo;
+use lockflight::election::{LeaderInfo, Leadership};
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use testkit::nemesis::client_kill;
@@ -30,6 +30,7 @@ use testkit::{
     Counting, CountingProxy, RedisServer, channel_subscribed, count_reaches, numsub, shared_scene,
     unique_prefix, wait_until, within,
 };
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A limit that only a hang reaches.
@@ -307,10 +308,29 @@ async fn run_drops_the_work_on_loss_and_campaigns_again() {
     let _ = runner.await;
 }
 
-/// Whether `seen` names `identity` in `term`.
-fn names(seen: &Option<LeaderInfo>, identity: &str, term: FencingToken) -> bool {
-    seen.as_ref()
-        .is_some_and(|l| l.identity == identity && l.term == term)
+/// `locker`'s candidate `identity` campaigns for the `compactor` election and leads.
+async fn leads(locker: &Locker, identity: &str) -> Leadership {
+    locker
+        .election("compactor")
+        .identity(identity)
+        .campaign()
+        .await
+        .unwrap()
+}
+
+/// Waits (within [`ANNOUNCED`]) until `seen` names `leader` (identity and term), or
+/// nobody for `None`.
+async fn sees(
+    seen: &mut watch::Receiver<Option<LeaderInfo>>,
+    what: &str,
+    leader: Option<(&str, FencingToken)>,
+) {
+    let names = |l: &Option<LeaderInfo>| match (l, leader) {
+        (Some(l), Some((identity, term))) => l.identity == identity && l.term == term,
+        (None, None) => true,
+        _ => false,
+    };
+    within(ANNOUNCED, what, seen.wait_for(names)).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,46 +342,25 @@ async fn an_observer_elsewhere_sees_each_change_by_its_message() {
     let c = locker(backend(server.url(), &prefix).await, OBSERVER_TTL);
     let mut seen = c.election("compactor").observe();
 
-    let a_leads = a
-        .election("compactor")
-        .identity("a")
-        .campaign()
-        .await
-        .unwrap();
+    let a_leads = leads(&a, "a").await;
     let a_term = a_leads.term();
-    within(
-        ANNOUNCED,
-        "C sees A lead",
-        seen.wait_for(|l| names(l, "a", a_term)),
-    )
-    .await
-    .unwrap();
+    sees(&mut seen, "C sees A lead", Some(("a", a_term))).await;
 
     a_leads.resign().await.unwrap();
-    within(ANNOUNCED, "C sees A resign", seen.wait_for(Option::is_none))
-        .await
-        .unwrap();
+    sees(&mut seen, "C sees A resign", None).await;
 
-    let b_leads = b
-        .election("compactor")
-        .identity("b")
-        .campaign()
-        .await
-        .unwrap();
+    let b_leads = leads(&b, "b").await;
     let b_term = b_leads.term();
     assert!(b_term > a_term);
-    within(
-        ANNOUNCED,
+    sees(
+        &mut seen,
         "C sees B lead in a greater term",
-        seen.wait_for(|l| names(l, "b", b_term)),
+        Some(("b", b_term)),
     )
-    .await
-    .unwrap();
+    .await;
 
     b_leads.resign().await.unwrap();
-    within(ANNOUNCED, "C sees B resign", seen.wait_for(Option::is_none))
-        .await
-        .unwrap();
+    sees(&mut seen, "C sees B resign", None).await;
     drop(seen);
     for locker in [&a, &b, &c] {
         assert_eq!(locker.stats().keys_in_use, 0);
@@ -385,21 +384,10 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
 
     // A leads before C observes: C's first read sees A, and no message for C is
     // on its way that could have C read again later.
-    let a_leads = a
-        .election("compactor")
-        .identity("a")
-        .campaign()
-        .await
-        .unwrap();
+    let a_leads = leads(&a, "a").await;
     let a_term = a_leads.term();
     let mut seen = c.election("compactor").observe();
-    within(
-        ANNOUNCED,
-        "C sees A lead",
-        seen.wait_for(|l| names(l, "a", a_term)),
-    )
-    .await
-    .unwrap();
+    sees(&mut seen, "C sees A lead", Some(("a", a_term))).await;
 
     // C's subscription ends at the server, and C cannot subscribe again yet:
     // every message of the change below is lost to it.
@@ -418,12 +406,7 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
         "C's subscription is still there"
     );
     a_leads.resign().await.unwrap();
-    let b_leads = b
-        .election("compactor")
-        .identity("b")
-        .campaign()
-        .await
-        .unwrap();
+    let b_leads = leads(&b, "b").await;
     let b_term = b_leads.term();
     assert!(b_term > a_term);
 
@@ -434,16 +417,13 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
         channel_subscribed(&admin, &c_channel, 1, TOLD).await,
         "C did not subscribe again"
     );
-    within(
-        ANNOUNCED,
+    sees(
+        &mut seen,
         "C sees B lead after it subscribed again",
-        seen.wait_for(|l| names(l, "b", b_term)),
+        Some(("b", b_term)),
     )
-    .await
-    .unwrap();
+    .await;
 
     b_leads.resign().await.unwrap();
-    within(ANNOUNCED, "C sees B resign", seen.wait_for(Option::is_none))
-        .await
-        .unwrap();
+    sees(&mut seen, "C sees B resign", None).await;
 }
