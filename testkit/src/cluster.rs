@@ -487,38 +487,32 @@ impl Cluster {
         to: &NodeInfo,
         between: F,
     ) {
-        // Generous: only a server that is really stuck fails the test here.
-        const ADMIN: Duration = Duration::from_secs(30);
         let src = self.by_addr(&from.addr);
         let dst = self.by_addr(&to.addr);
         let s = slot.to_string();
-        let _: () = dst
-            .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id])
-            .await
-            .expect("SETSLOT IMPORTING");
-        let _: () = src
-            .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id])
-            .await
-            .expect("SETSLOT MIGRATING");
+        let _: () = self
+            .admin(dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id])
+            .await;
+        let _: () = self
+            .admin(src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id])
+            .await;
         between.await;
         loop {
-            let keys: Vec<String> = src
-                .cmd_within(ADMIN, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])
-                .await
-                .expect("GETKEYSINSLOT");
+            let keys: Vec<String> = self
+                .admin(src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+                .await;
             if keys.is_empty() {
                 break;
             }
             let port = dst.port().to_string();
             let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
             args.extend(keys.iter().map(String::as_str));
-            let _: redis::Value = src.cmd_within(ADMIN, &args).await.expect("MIGRATE");
+            let _: redis::Value = self.admin(src, &args).await;
         }
         for n in [dst, src] {
-            let _: () = n
-                .cmd_within(ADMIN, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id])
-                .await
-                .expect("SETSLOT NODE");
+            let _: () = self
+                .admin(n, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id])
+                .await;
         }
         // Tell the others at once (they would learn it from the bus anyway).
         for n in self.nodes.iter().filter(|n| n.is_running()) {
@@ -526,6 +520,45 @@ impl Cluster {
                 .cmd::<()>(&["CLUSTER", "SETSLOT", &s, "NODE", &to.id])
                 .await;
         }
+    }
+
+    /// One command of a slot migration on `node`, bounded generously (30 s): only
+    /// a server that is really stuck fails the test here, and then the panic
+    /// carries what every node reported (replication, clients, slots, log).
+    async fn admin<T: redis::FromRedisValue>(&self, node: &Node, args: &[&str]) -> T {
+        const ADMIN: Duration = Duration::from_secs(30);
+        match node.cmd_within(ADMIN, args).await {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "{} on {}: {e}\n{}",
+                args[..args.len().min(4)].join(" "),
+                node.hostport(),
+                self.report().await
+            ),
+        }
+    }
+
+    /// What each node says about itself: for the message of a failed test.
+    pub async fn report(&self) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            out += &format!("--- {} (running: {})\n", n.hostport(), n.is_running());
+            for args in [
+                &["INFO", "replication"][..],
+                &["CLIENT", "LIST"],
+                &["CLUSTER", "NODES"],
+            ] {
+                let r = n.cmd_within::<String>(Duration::from_secs(2), args).await;
+                out += &format!(
+                    "{}: {}\n",
+                    args.join(" "),
+                    r.unwrap_or_else(|e| e.to_string())
+                );
+            }
+            out += &n.log_tail();
+            out += "\n";
+        }
+        out
     }
 }
 
