@@ -52,7 +52,14 @@ pub(crate) fn is_executable(path: &Path) -> bool {
 pub(crate) fn tempdir() -> tempfile::TempDir {
     let mut builder = tempfile::Builder::new();
     builder.prefix("lockflight-redis-");
-    // Test and bench binaries get a directory of their own under target/.
+    // In memory where the system has a tmpfs: a cluster node fsyncs `nodes.conf`
+    // and a sentinel its config at every change, in its event loop, and on a disk
+    // still writing back a build's gigabytes one fsync took over a second here,
+    // long enough to stall a slot migration's `SETSLOT` past its bound.
+    if let Ok(dir) = builder.tempdir_in("/dev/shm") {
+        return dir;
+    }
+    // Else test and bench binaries get a directory of their own under target/.
     match target_tmpdir() {
         Some(base) if std::fs::create_dir_all(&base).is_ok() => builder.tempdir_in(base),
         _ => builder.tempdir(),
