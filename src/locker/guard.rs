@@ -112,7 +112,8 @@ impl LockGuard {
             .shared
             .finish(self.slot.take(), Arc::clone(&self.lease), self.seq);
         match end.into_release(&self.lease)? {
-            Some(job) => job.run().await,
+            // Boxed: the backend path is the rare one (see `Locker::lock`).
+            Some(job) => Box::pin(job.run()).await,
             None => Ok(()),
         }
     }

@@ -329,18 +329,16 @@ impl Locker {
                     }
                 }
             };
-            return shared
-                .lead(
-                    &key,
-                    slot,
-                    lead,
-                    Call {
-                        start,
-                        deadline,
-                        mode: WhenBusy::Queue,
-                        ttl,
-                    },
-                )
+            // Boxed: the backend path is the rare one (a handed-on or cached lease
+            // serves most calls), and its future would otherwise size (and be
+            // copied with) every call's.
+            let call = Call {
+                start,
+                deadline,
+                mode: WhenBusy::Queue,
+                ttl,
+            };
+            return Box::pin(shared.lead(&key, slot, lead, call))
                 .await?
                 .ok_or_else(|| {
                     Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")

@@ -215,6 +215,20 @@ impl LockerState {
             return Ok(Some(LockGuard::new(self.arc(), Some(slot), lease, seq)));
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
+        // Boxed, so that the rare backend path does not size the caller's future.
+        Box::pin(self.release_spent(slot, lease, seq, start, deadline)).await
+    }
+
+    /// The slow half of [`take_cached`](Self::take_cached): releases a cached lease
+    /// that may not be handed on at the backend, within the caller's deadline.
+    async fn release_spent(
+        &self,
+        slot: Arc<Slot>,
+        lease: Arc<Lease>,
+        seq: u64,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<Option<LockGuard>> {
         let key = lease.key.clone();
         let release = slot.release(&lease, seq, false, None, None);
         debug_assert_eq!(release, Release::Backend);
