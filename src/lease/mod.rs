@@ -249,7 +249,7 @@ impl Lease {
     /// validity at `now` (then this call signals it, as [`is_lost`](Self::is_lost)
     /// does). One reading of the clock for callers that need both.
     pub(crate) fn left_at(&self, now: Instant) -> Option<Duration> {
-        if self.lost.is_cancelled() {
+        if self.signalled() {
             return None;
         }
         let until = self.valid_until();
@@ -263,7 +263,7 @@ impl Lease {
     /// Whether the lease is lost: signalled, or past its validity on the monotonic
     /// clock (then this call signals it, so every observer agrees).
     pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.is_cancelled() {
+        if self.signalled() {
             return true;
         }
         if Instant::now() >= self.valid_until() {
@@ -297,10 +297,18 @@ impl Lease {
             .unwrap_or_else(|| "the lease was lost".into())
     }
 
+    /// Whether the loss was signalled, or is being: [`mark_lost`](Self::mark_lost)
+    /// sets the reason, once, before the signal fires, and nothing else sets it.
+    /// One atomic load, where asking the token takes its mutex: this is asked on
+    /// every grant and handoff.
+    pub(crate) fn signalled(&self) -> bool {
+        self.lost_reason.get().is_some()
+    }
+
     /// Signals loss once; returns `true` the first time. The reason and the loss
     /// counter are set before the signal fires, so whoever is woken by it sees both.
     pub(crate) fn mark_lost(&self, reason: impl Into<String>) -> bool {
-        if self.lost.is_cancelled() || self.lost_reason.set(reason.into()).is_err() {
+        if self.signalled() || self.lost_reason.set(reason.into()).is_err() {
             return false;
         }
         if !self.is_stopped() {

@@ -308,7 +308,7 @@ where
     loop {
         let next_end = leases
             .iter()
-            .filter(|l| !l.lost.is_cancelled() && !l.is_stopped())
+            .filter(|l| !l.signalled() && !l.is_stopped())
             .map(|l| l.valid_until())
             .min()?;
         tokio::select! {
