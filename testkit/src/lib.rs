@@ -14,7 +14,9 @@
 //!
 //! [`RedisServer::start`] runs a real `redis-server` (or `valkey-server`, see
 //! below; it must be there: the tests never skip themselves silently) on a free port of 127.0.0.1, with no
-//! persistence and its own temporary directory. Dropping the value kills and
+//! persistence and its own temporary directory (in `/dev/shm` where it exists: a
+//! cluster node's or sentinel's config fsync on a disk busy writing back a build
+//! can stall the server for seconds). Dropping the value kills and
 //! reaps the server; if the drop happens while the test is panicking, the last
 //! lines of the server's log are printed to stderr, so they show up in
 //! `cargo test`'s report of the failing test.
