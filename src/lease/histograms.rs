@@ -2,8 +2,7 @@
 //! `metrics` facade (feature `metrics`); no-ops without the feature, which then
 //! read no clock either: the wait and hold times are taken here, from the
 //! instants the callers pass, and a guard's grant time is a [`Since`] that is
-//! empty without the feature. (A clock read is about 150 instructions; a cached
-//! lock and its release made three for these histograms alone.)
+//! empty without the feature.
 
 use tokio::time::Instant;
 

@@ -216,29 +216,19 @@ impl LockerState {
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
         // Boxed, so that the rare backend path does not size the caller's future.
-        Box::pin(self.release_spent(slot, lease, seq, start, deadline)).await
-    }
-
-    /// The slow half of [`take_cached`](Self::take_cached): releases a cached lease
-    /// that may not be handed on at the backend, within the caller's deadline.
-    async fn release_spent(
-        &self,
-        slot: Arc<Slot>,
-        lease: Arc<Lease>,
-        seq: u64,
-        start: Instant,
-        deadline: Instant,
-    ) -> Result<Option<LockGuard>> {
-        let key = lease.key.clone();
-        let release = slot.release(&lease, seq, false, None, None);
-        debug_assert_eq!(release, Release::Backend);
-        let job = self.release_job(Some(slot), lease);
-        match tokio::time::timeout_at(deadline, job.run()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "releasing a spent cached lease failed"),
-            Err(_) => return Err(self.timed_out(&key, start)),
-        }
-        Ok(None)
+        Box::pin(async move {
+            let key = lease.key.clone();
+            let release = slot.release(&lease, seq, false, None, None);
+            debug_assert_eq!(release, Release::Backend);
+            let job = self.release_job(Some(slot), lease);
+            match tokio::time::timeout_at(deadline, job.run()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "releasing a spent cached lease failed"),
+                Err(_) => return Err(self.timed_out(&key, start)),
+            }
+            Ok(None)
+        })
+        .await
     }
 }
 

@@ -54,8 +54,7 @@ pub(crate) fn tempdir() -> tempfile::TempDir {
     builder.prefix("lockflight-redis-");
     // In memory where the system has a tmpfs: a cluster node fsyncs `nodes.conf`
     // and a sentinel its config at every change, in its event loop, and on a disk
-    // still writing back a build's gigabytes one fsync took over a second here,
-    // long enough to stall a slot migration's `SETSLOT` past its bound.
+    // still writing back a build an fsync can stall the server for seconds.
     if let Ok(dir) = builder.tempdir_in("/dev/shm") {
         return dir;
     }
