@@ -279,12 +279,14 @@ impl Locker {
     ) -> Result<LockGuard> {
         let deadline = deadline_after(start, wait);
         let shared = &self.shared;
+        let mut own_timer = false;
         loop {
             let (slot, lead) = if !shared.config.coalescing {
                 (None, Inheritance::default())
             } else {
                 let fwd: Arc<dyn Forward> = shared.arc();
-                match Slot::join(&shared.slots, &key, shared.config.max_waiters, &fwd) {
+                let max = shared.config.max_waiters;
+                match Slot::join(&shared.slots, &key, max, (start, deadline), &fwd) {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Cached(slot, lease, seq) => {
                         match shared
@@ -303,8 +305,24 @@ impl Locker {
                     }
                     Join::Wait(mut ticket) => {
                         shared.stats.local_wait();
-                        match tokio::time::timeout_at(deadline, ticket.granted()).await {
-                            Err(_) => {
+                        // The slot's watcher keeps the deadline: a channel closed
+                        // unsent is a timeout, or before the deadline, a watcher
+                        // that ended with its runtime or could not start. Then the
+                        // call queues again with a timer of its own (boxed: the
+                        // rare path), which fails as a timer fails (no runtime or
+                        // no time driver) instead of spinning.
+                        let granted = if own_timer {
+                            let wait = tokio::time::timeout_at(deadline, ticket.granted());
+                            Box::pin(wait).await.ok().flatten()
+                        } else {
+                            ticket.granted().await
+                        };
+                        match granted {
+                            None if Instant::now() < deadline => {
+                                own_timer = true;
+                                continue;
+                            }
+                            None => {
                                 shared.stats.timeout();
                                 return Err(Error::Timeout {
                                     key,
@@ -312,7 +330,7 @@ impl Locker {
                                     waited: start.elapsed(),
                                 });
                             }
-                            Ok(Grant::Lease(lease, seq)) => {
+                            Some(Grant::Lease(lease, seq)) => {
                                 let slot = Arc::clone(ticket.slot());
                                 let guard = LockGuard::new(shared.arc(), Some(slot), lease, seq);
                                 if !guard.is_lost() {
@@ -324,7 +342,9 @@ impl Locker {
                                 drop(guard);
                                 continue;
                             }
-                            Ok(Grant::Leadership(lead)) => (Some(Arc::clone(ticket.slot())), lead),
+                            Some(Grant::Leadership(lead)) => {
+                                (Some(Arc::clone(ticket.slot())), lead)
+                            }
                         }
                     }
                 }
@@ -390,7 +410,7 @@ impl Locker {
         let slot = if shared.config.coalescing {
             let fwd: Arc<dyn Forward> = shared.arc();
             loop {
-                match Slot::try_join(&shared.slots, &key, &fwd) {
+                match Slot::try_join(&shared.slots, &key, start, &fwd) {
                     Join::Leader(slot) => break Some(slot),
                     Join::Cached(slot, lease, seq) => {
                         let taken = shared.take_cached(slot, lease, seq, start, deadline);
@@ -559,5 +579,111 @@ impl Locker {
     #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<LockerState> {
         &self.shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::error::Phase;
+    use crate::{Error, LockOptions, Locker, MemoryBackend};
+
+    fn waiting(
+        locker: &Locker,
+        wait: u64,
+    ) -> impl std::future::Future<Output = (crate::Result<crate::LockGuard>, Duration)> + Send + 'static
+    {
+        let locker = locker.clone();
+        async move {
+            let start = Instant::now();
+            let options = LockOptions::new().wait_timeout(Duration::from_secs(wait));
+            let got = locker.lock_with_options("k", options).await;
+            (got, start.elapsed())
+        }
+    }
+
+    fn timed_out(got: crate::Result<crate::LockGuard>) -> Duration {
+        match got {
+            Err(Error::Timeout {
+                phase: Phase::WaitingLocally,
+                waited,
+                ..
+            }) => waited,
+            other => panic!("not a local wait timeout: {other:?}"),
+        }
+    }
+
+    /// Waiters queued with deadlines in any order each time out at their own
+    /// deadline while the key stays held (one watcher serves them, moving its
+    /// alarm earlier as earlier deadlines queue); a patient one is granted the
+    /// lock when it is released.
+    #[tokio::test(start_paused = true)]
+    async fn each_local_waiter_times_out_at_its_own_deadline() {
+        let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
+        let held = locker.lock("k").await.unwrap();
+        let mut tasks = Vec::new();
+        for wait in [9, 3, 5, 1, 7] {
+            tasks.push((wait, tokio::spawn(waiting(&locker, wait))));
+            tokio::task::yield_now().await;
+        }
+        let patient = tokio::spawn(waiting(&locker, 3_600));
+        for (wait, task) in tasks {
+            let (got, elapsed) = task.await.unwrap();
+            let waited = timed_out(got);
+            assert_eq!(waited, Duration::from_secs(wait), "waited {waited:?}");
+            assert_eq!(elapsed, Duration::from_secs(wait));
+        }
+        held.release().await.unwrap();
+        let (got, _) = patient.await.unwrap();
+        got.unwrap().release().await.unwrap();
+        assert_eq!(locker.active_keys(), 0);
+    }
+
+    /// The slot's watcher runs on the runtime of the waiter that started it. When
+    /// that runtime shuts down, a waiter of another runtime still times out at its
+    /// deadline (it joins again and starts a watcher where it runs), and one that
+    /// waits longer is granted the lock.
+    #[test]
+    fn a_watcher_that_ends_with_its_runtime_leaves_no_waiter_without_a_deadline() {
+        let paused = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        let main = paused();
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let locker =
+            main.block_on(async { Locker::builder(MemoryBackend::new()).build().unwrap() });
+        let held = main.block_on(locker.lock("k")).unwrap();
+        // The first waiter, on the other runtime, starts the slot's watcher there.
+        let first = other.spawn(waiting(&locker, 60));
+        other.block_on(async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        let short = main.spawn(waiting(&locker, 2));
+        let long = main.spawn(waiting(&locker, 3_600));
+        main.block_on(async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        drop(other); // the watcher and the first waiter end with it
+        drop(first);
+        let (got, elapsed) = main.block_on(short).unwrap();
+        assert_eq!(timed_out(got), Duration::from_secs(2));
+        assert_eq!(elapsed, Duration::from_secs(2));
+        main.block_on(held.release()).unwrap();
+        let (got, _) = main.block_on(long).unwrap();
+        main.block_on(got.unwrap().release()).unwrap();
     }
 }

@@ -325,6 +325,12 @@ impl LockerState {
 }
 
 impl Forward for LockerState {
+    fn watch(&self, slot: &Arc<Slot>) {
+        if crate::runtime::spawn(Arc::clone(slot).watch()).is_none() {
+            slot.watch_dropped();
+        }
+    }
+
     fn forward(&self, slot: &Arc<Slot>, grant: Grant) {
         match grant {
             Grant::Leadership(lead) => {

@@ -32,6 +32,18 @@
 //! have landed, so that it is reconciled; never the token of a release) or a
 //! handed-off lease.
 //!
+//! A waiter's deadline is kept by the slot, not by a timer of its own: one
+//! *watcher* task per slot with waiters sleeps until the earliest deadline
+//! (`State::alarm`), then, in one step under the mutex, drops the due waiters'
+//! channels ([`Slot::time_out`]); a waiter whose channel closes unsent has timed
+//! out. A join that needs a watcher and finds none starts one (through
+//! [`Forward::watch`]); one with an earlier deadline than the alarm wakes it
+//! (`Slot::rearm`). The watcher ends when it wakes to no waiter, and a slot that
+//! goes idle wakes it to end. A watcher dropped unfinished (its runtime shut down)
+//! drops every waiter's channel ([`Slot::watch_dropped`]): a waiter that sees its
+//! channel closed before its deadline joins again, and so starts a watcher on its
+//! own runtime (the locker then also gives it a timer of its own).
+//!
 //! All transitions are synchronous steps under one mutex; the async work (backend
 //! calls) happens between steps, outside the lock. That is what makes the machine
 //! checkable by exhaustive interleaving (see `tests`).
@@ -63,7 +75,7 @@ mod waiters;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use dashmap::DashMap;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
@@ -111,8 +123,10 @@ struct State {
     mode: Mode,
     removed: bool,
     next_id: u64,
-    /// Waiters in FIFO order: id, arrival, grant channel.
+    /// Waiters in FIFO order: id, arrival, deadline, grant channel.
     waiters: Waiters,
+    /// When the slot's watcher wakes next; `None`: no watcher runs.
+    alarm: Option<Instant>,
     /// In `Cached` mode: the kept lease and the handoff sequence of its next holder.
     cached: Option<(Arc<Lease>, u64)>,
     /// Counts the times the slot went `Cached`: a linger timer expires only the
@@ -130,6 +144,9 @@ struct State {
 pub(crate) struct Slot {
     key: LockKey,
     state: Mutex<State>,
+    /// Wakes the watcher before its alarm (an earlier deadline, or the slot went
+    /// idle).
+    rearm: Notify,
 }
 
 /// The result of joining a slot.
@@ -220,11 +237,13 @@ impl Slot {
                 removed: false,
                 next_id: 0,
                 waiters: Waiters::default(),
+                alarm: None,
                 cached: None,
                 cachings: 0,
                 until: None,
                 lingering: None,
             }),
+            rearm: Notify::new(),
         }
     }
 
@@ -243,16 +262,25 @@ impl Slot {
         self.lock().mode
     }
 
+    /// The watcher's alarm and the waiters left (model tests).
+    #[cfg(test)]
+    pub(crate) fn watch_state(&self) -> (Option<Instant>, usize) {
+        let st = self.lock();
+        (st.alarm, st.waiters.len())
+    }
+
     /// Joins the slot of `key`: lead if it is idle, otherwise queue (bounded by
-    /// `max_waiters`).
+    /// `max_waiters`) as a caller that arrived at `wait.0` (its call began then;
+    /// fair mode orders by it) and waits until `wait.1` at the latest.
     pub(crate) fn join(
         map: &SlotMap,
         key: &LockKey,
         max_waiters: usize,
+        wait: (Instant, Instant),
         fwd: &Arc<dyn Forward>,
     ) -> Join {
         loop {
-            if let Some(join) = Self::lookup(map, key).enter(max_waiters, fwd) {
+            if let Some(join) = Self::lookup(map, key).enter(max_waiters, wait, fwd) {
                 return join;
             }
         }
@@ -274,7 +302,12 @@ impl Slot {
 
     /// Second half of [`join`](Self::join); `None` if the slot was removed in between
     /// (the caller looks it up again).
-    fn enter(self: Arc<Self>, max_waiters: usize, fwd: &Arc<dyn Forward>) -> Option<Join> {
+    fn enter(
+        self: Arc<Self>,
+        max_waiters: usize,
+        (arrived, deadline): (Instant, Instant),
+        fwd: &Arc<dyn Forward>,
+    ) -> Option<Join> {
         let mut st = self.lock();
         if st.removed {
             return None;
@@ -296,8 +329,18 @@ impl Slot {
         let id = st.next_id;
         st.next_id += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.push(id, Instant::now(), tx);
+        st.waiters.push(id, arrived, deadline, tx);
+        let start = st.alarm.is_none();
+        let earlier = st.alarm.is_some_and(|alarm| deadline < alarm);
+        if start || earlier {
+            st.alarm = Some(deadline);
+        }
         drop(st);
+        if start {
+            fwd.watch(&self);
+        } else if earlier {
+            self.rearm.notify_one();
+        }
         Some(Join::Wait(Ticket {
             slot: self,
             id,
@@ -308,8 +351,13 @@ impl Slot {
 
     /// Joins only if the slot is idle or caches its lease (no local holder,
     /// leader or waiter): `Leader` or `Cached`, else `Overloaded`.
-    pub(crate) fn try_join(map: &SlotMap, key: &LockKey, fwd: &Arc<dyn Forward>) -> Join {
-        match Self::join(map, key, 0, fwd) {
+    pub(crate) fn try_join(
+        map: &SlotMap,
+        key: &LockKey,
+        start: Instant,
+        fwd: &Arc<dyn Forward>,
+    ) -> Join {
+        match Self::join(map, key, 0, (start, start), fwd) {
             Join::Wait(_) => unreachable!("max_waiters 0 never queues"),
             other => other,
         }
@@ -488,27 +536,77 @@ impl Slot {
         debug_assert!(st.waiters.is_empty());
         st.mode = Mode::Idle;
         st.removed = true;
+        if st.alarm.is_some() {
+            // The watcher wakes to no waiter and ends, letting the slot go.
+            self.rearm.notify_one();
+        }
         map.remove_if(&self.key, |_, s| Arc::ptr_eq(s, self));
+    }
+
+    /// The watcher woke at `now`: drops the waiters due by then (their tickets see
+    /// the channel closed) and returns when to wake next; `None`: no waiter is
+    /// left and the watcher ends (a later join starts a new one).
+    pub(crate) fn time_out(&self, now: Instant) -> Option<Instant> {
+        let mut st = self.lock();
+        st.alarm = st.waiters.time_out(now);
+        st.alarm
+    }
+
+    /// The watcher ended without [`time_out`](Self::time_out) saying so (its
+    /// runtime shut down, or none ran it): every waiter's channel is dropped, so
+    /// each either times out (its deadline passed) or joins again, starting a
+    /// watcher where it runs.
+    pub(crate) fn watch_dropped(&self) {
+        let mut st = self.lock();
+        st.alarm = None;
+        st.waiters.clear();
+    }
+
+    /// The watcher: sleeps until the alarm (or a wake-up), times out the due
+    /// waiters, and ends when none is left. Started by [`Forward::watch`];
+    /// dropped before it ends (even unpolled), it calls
+    /// [`watch_dropped`](Self::watch_dropped).
+    pub(crate) fn watch(self: Arc<Self>) -> impl std::future::Future<Output = ()> + Send {
+        /// Calls `watch_dropped` unless the loop ended by itself.
+        struct Running(Option<Arc<Slot>>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                if let Some(slot) = self.0.take() {
+                    slot.watch_dropped();
+                }
+            }
+        }
+        let mut running = Running(Some(self));
+        async move {
+            let slot = Arc::clone(running.0.as_ref().expect("set until the loop ends"));
+            let mut alarm = slot.lock().alarm;
+            while let Some(until) = alarm {
+                tokio::select! {
+                    () = tokio::time::sleep_until(until) => {}
+                    () = slot.rearm.notified() => {}
+                }
+                alarm = slot.time_out(Instant::now());
+            }
+            drop(running.0.take());
+        }
     }
 }
 
 impl Ticket {
-    /// Waits for the grant.
+    /// Waits for the grant; `None` if the slot dropped this waiter unsent: its
+    /// deadline passed, or the watcher ended with its runtime (the caller tells
+    /// which by the time, and joins again in the second case).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, dropping the ticket passes on any grant.
-    pub(crate) async fn granted(&mut self) -> Grant {
+    pub(crate) async fn granted(&mut self) -> Option<Grant> {
         match self.rx.as_mut() {
-            // The sender is only dropped after a send (grants are never dropped), so
-            // an error cannot happen while the ticket is queued.
-            Some(rx) => match rx.await {
-                Ok(grant) => {
-                    self.rx = None;
-                    grant
-                }
-                Err(_) => unreachable!("a queued waiter's sender is never dropped unsent"),
-            },
+            Some(rx) => {
+                let grant = rx.await.ok();
+                self.rx = None;
+                grant
+            }
             None => std::future::pending().await,
         }
     }
@@ -543,6 +641,10 @@ impl Ticket {
 /// which knows how to finish a lease or clean up after a leader.
 pub(crate) trait Forward: Send + Sync {
     fn forward(&self, slot: &Arc<Slot>, grant: Grant);
+
+    /// Starts the slot's watcher ([`Slot::watch`]); where no task can start, calls
+    /// [`Slot::watch_dropped`].
+    fn watch(&self, slot: &Arc<Slot>);
 }
 
 impl Drop for Ticket {

@@ -19,6 +19,17 @@
 //! none running) or, for a contended caching, a timer of that caching alone
 //! (`Slot::expire`). A stale timer (the lease was taken again meanwhile) must
 //! change nothing, and no cached lease may be left without a timer.
+//!
+//! Waiters' deadlines are the slot watcher's: the model keeps a clock, gives the
+//! tasks that may give up a deadline each (1, 2, 3 s: they can time out) and the
+//! patient ones a deadline the clock never reaches, and makes the watcher's wake
+//! one more step (`Action::Watch`) that can run at any point while a watcher runs:
+//! at its alarm (the clock moves there and the due waiters are dropped), or, once
+//! its slot has no waiter, early (as when the slot going idle wakes it), to end.
+//! Once per schedule the watcher may instead be dropped with its runtime
+//! (`Action::WatchDropped`): every waiter's channel closes, and a waiter whose
+//! deadline has not passed joins again. A dropped waiter observes it
+//! (`Action::Observe`) at any later point, racing every other step.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -46,9 +57,13 @@ enum Task {
     Looked(Arc<Slot>),
     Leading(Arc<Slot>),
     Waiting(Ticket),
+    /// The slot dropped the waiter's channel; it has not looked yet.
+    Dropped,
     Holding(Arc<Slot>, Arc<Lease>, u64),
     Releasing(Arc<Slot>),
-    Done { held: bool },
+    Done {
+        held: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +79,16 @@ enum Action {
     Background,
     /// A linger timer fires.
     Expire,
+    /// The slot watcher (index `i` of those running) wakes.
+    Watch,
+    /// The last watcher started is dropped unfinished.
+    WatchDropped,
+    /// A dropped waiter sees its channel closed: times out or joins again.
+    Observe,
 }
+
+/// A deadline the model's clock never reaches.
+const FAR: Duration = Duration::from_secs(86_400);
 
 /// A timer that may take a cached lease back.
 enum Timer {
@@ -84,6 +108,8 @@ struct ModelForward {
     pending: Mutex<Vec<Arc<Slot>>>,
     /// Timers started.
     lingering: Mutex<Vec<Timer>>,
+    /// Slots whose watcher runs.
+    watchers: Mutex<Vec<Arc<Slot>>>,
 }
 
 impl ModelForward {
@@ -119,6 +145,10 @@ impl Forward for ModelForward {
             }
         }
     }
+
+    fn watch(&self, slot: &Arc<Slot>) {
+        self.watchers.lock().unwrap().push(Arc::clone(slot));
+    }
 }
 
 struct World {
@@ -128,6 +158,13 @@ struct World {
     key: LockKey,
     tasks: Vec<(Kind, Task)>,
     holders: usize,
+    /// The model's clock: the tasks' deadlines count from `t0`.
+    t0: Instant,
+    now: Instant,
+    /// Whether a watcher may be dropped with its runtime (at most once per
+    /// schedule), and was.
+    may_drop_watcher: bool,
+    dropped_watcher: bool,
     seqs: Vec<u64>,
 }
 
@@ -152,7 +189,9 @@ impl World {
             cache,
             pending: Mutex::new(Vec::new()),
             lingering: Mutex::new(Vec::new()),
+            watchers: Mutex::new(Vec::new()),
         });
+        let t0 = Instant::now();
         World {
             dynfwd: fwd.clone(),
             fwd,
@@ -160,12 +199,48 @@ impl World {
             key: LockKey::from("k"),
             tasks: kinds.iter().map(|k| (*k, Task::Start)).collect(),
             holders: 0,
+            t0,
+            now: t0,
+            may_drop_watcher: false,
+            dropped_watcher: false,
             seqs: Vec::new(),
         }
     }
 
+    /// Task `i`'s deadline: 1, 2, 3 s for a task that may give up, else `FAR`.
+    fn deadline(&self, i: usize) -> Instant {
+        match self.tasks[i].0 {
+            Patient => self.t0 + FAR,
+            _ => self.t0 + Duration::from_secs(i as u64 + 1),
+        }
+    }
+
+    /// Whether watcher `w` can wake: at an alarm the clock may reach, or early to
+    /// end (its slot has no waiter).
+    fn can_wake(&self, slot: &Slot) -> bool {
+        let (alarm, waiters) = slot.watch_state();
+        alarm.is_some_and(|at| at < self.t0 + FAR) || waiters == 0
+    }
+
+    /// Moves the waiters whose channel the slot dropped to `Dropped`.
+    fn see_drops(&mut self) {
+        for (_, task) in &mut self.tasks {
+            if let Task::Waiting(ticket) = task {
+                if ticket.has_grant() {
+                    continue;
+                }
+                match ticket.granted().now_or_never() {
+                    None => {}
+                    Some(None) => *task = Task::Dropped,
+                    Some(Some(grant)) => panic!("{grant:?} arrived unseen"),
+                }
+            }
+        }
+    }
+
     /// Enabled (task, action) pairs, in a fixed order.
-    fn enabled(&self) -> Vec<(usize, Action)> {
+    fn enabled(&mut self) -> Vec<(usize, Action)> {
+        self.see_drops();
         let mut out = Vec::new();
         for (i, (kind, task)) in self.tasks.iter().enumerate() {
             match task {
@@ -187,6 +262,7 @@ impl World {
                         out.push((i, Action::GiveUp));
                     }
                 }
+                Task::Dropped => out.push((i, Action::Observe)),
                 Task::Holding(..) => out.push((i, Action::Release)),
                 Task::Releasing(_) => out.push((i, Action::Released)),
                 Task::Done { .. } => {}
@@ -198,10 +274,20 @@ impl World {
         if !self.fwd.lingering.lock().unwrap().is_empty() {
             out.push((usize::MAX, Action::Expire));
         }
+        let watchers = self.fwd.watchers.lock().unwrap();
+        for (w, slot) in watchers.iter().enumerate() {
+            if self.can_wake(slot) {
+                out.push((w, Action::Watch));
+            }
+        }
+        if !watchers.is_empty() && !self.dropped_watcher && self.may_drop_watcher {
+            out.push((usize::MAX, Action::WatchDropped));
+        }
         out
     }
 
     fn step(&mut self, (i, action): (usize, Action)) {
+        self.see_drops();
         if action == Action::Background {
             let slot = self.fwd.pending.lock().unwrap().pop().unwrap();
             slot.released(&self.map, Inheritance::default());
@@ -225,23 +311,42 @@ impl World {
             }
             return;
         }
+        if action == Action::Watch {
+            let slot = Arc::clone(&self.fwd.watchers.lock().unwrap()[i]);
+            let (alarm, _) = slot.watch_state();
+            if let Some(at) = alarm.filter(|at| *at < self.t0 + FAR) {
+                self.now = self.now.max(at);
+            }
+            if slot.time_out(self.now).is_none() {
+                self.fwd.watchers.lock().unwrap().remove(i);
+            }
+            return;
+        }
+        if action == Action::WatchDropped {
+            self.dropped_watcher = true;
+            let slot = self.fwd.watchers.lock().unwrap().pop().unwrap();
+            slot.watch_dropped();
+            return;
+        }
         let task = std::mem::replace(&mut self.tasks[i].1, Task::Done { held: false });
         let handoff = self.fwd.handoff;
         let next = match (task, action) {
             (Task::Start, Action::Look) => Task::Looked(Slot::lookup(&self.map, &self.key)),
-            (Task::Looked(slot), Action::Enter) => match slot.enter(8, &self.dynfwd) {
-                None => Task::Start,
-                Some(Join::Leader(slot)) => Task::Leading(slot),
-                Some(Join::Wait(ticket)) => Task::Waiting(ticket),
-                Some(Join::Cached(slot, lease, seq)) => {
-                    assert!(
-                        self.fwd.cache.is_some(),
-                        "a lease was cached with caching off"
-                    );
-                    self.hold(&slot, lease, seq)
+            (Task::Looked(slot), Action::Enter) => {
+                match slot.enter(8, (self.now, self.deadline(i)), &self.dynfwd) {
+                    None => Task::Start,
+                    Some(Join::Leader(slot)) => Task::Leading(slot),
+                    Some(Join::Wait(ticket)) => Task::Waiting(ticket),
+                    Some(Join::Cached(slot, lease, seq)) => {
+                        assert!(
+                            self.fwd.cache.is_some(),
+                            "a lease was cached with caching off"
+                        );
+                        self.hold(&slot, lease, seq)
+                    }
+                    Some(Join::Overloaded) => panic!("no overload in these models"),
                 }
-                Some(Join::Overloaded) => panic!("no overload in these models"),
-            },
+            }
             (Task::Leading(slot), Action::Acquire) => {
                 slot.acquired();
                 self.hold(&slot, lease(&self.key), 0)
@@ -251,7 +356,11 @@ impl World {
                 Task::Done { held: false }
             }
             (Task::Waiting(mut ticket), Action::Receive) => {
-                let grant = ticket.granted().now_or_never().expect("grant is ready");
+                let grant = ticket
+                    .granted()
+                    .now_or_never()
+                    .flatten()
+                    .expect("grant is ready");
                 let slot = Arc::clone(ticket.slot());
                 drop(ticket);
                 match grant {
@@ -263,6 +372,12 @@ impl World {
                 drop(ticket);
                 Task::Done { held: false }
             }
+            (Task::Dropped, Action::Observe) if self.now >= self.deadline(i) => {
+                assert_ne!(self.tasks[i].0, Patient, "a patient task timed out");
+                Task::Done { held: false }
+            }
+            // The watcher was dropped before this waiter's deadline: join again.
+            (Task::Dropped, Action::Observe) => Task::Start,
             (Task::Holding(slot, lease, seq), Action::Release) => {
                 self.holders -= 1;
                 match slot.release(&lease, seq + 1, handoff, self.fwd.caching(), None) {
@@ -291,7 +406,15 @@ impl World {
         Task::Holding(Arc::clone(slot), lease, seq)
     }
 
-    fn check_end(&self, schedule: &[(usize, Action)]) {
+    /// Lets every watcher that can wake run to its end (scripted tests).
+    fn settle(&mut self) {
+        while let Some(&watch) = self.enabled().iter().find(|(_, a)| *a == Action::Watch) {
+            self.step(watch);
+        }
+    }
+
+    fn check_end(&mut self, schedule: &[(usize, Action)]) {
+        self.settle();
         for (i, (kind, task)) in self.tasks.iter().enumerate() {
             match task {
                 Task::Done { held } => {
@@ -307,6 +430,10 @@ impl World {
             self.map.is_empty(),
             "slot left in the map; schedule {schedule:?}"
         );
+        assert!(
+            self.fwd.watchers.lock().unwrap().is_empty(),
+            "a watcher outlived its waiters; schedule {schedule:?}"
+        );
     }
 }
 
@@ -318,6 +445,12 @@ fn explore(kinds: &[Kind], handoff: bool) -> usize {
 /// [`explore`] with lease caching off (`None`) or on, with linger tasks or with a
 /// timer per caching (see [`ModelForward::cache`]).
 fn explore_with(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> usize {
+    explore_all(kinds, handoff, cache, false)
+}
+
+/// [`explore_with`], where with `drop_watcher` a watcher may also be dropped with
+/// its runtime, once per schedule.
+fn explore_all(kinds: &[Kind], handoff: bool, cache: Option<bool>, drop_watcher: bool) -> usize {
     // Depth-first over choice indices. `path` holds, for each step of the current
     // schedule, the option taken and how many there were. Each schedule replays from
     // scratch (the slots are real and cannot be cloned), so the work is one replay
@@ -327,6 +460,7 @@ fn explore_with(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> usize {
     let mut complete = 0usize;
     loop {
         let mut world = World::new(kinds, handoff, cache);
+        world.may_drop_watcher = drop_watcher;
         let mut schedule = Vec::with_capacity(path.len());
         for &(c, _) in &path {
             let choice = world.enabled()[c];
@@ -342,6 +476,7 @@ fn explore_with(kinds: &[Kind], handoff: bool, cache: Option<bool>) -> usize {
         }
         world.check_end(&schedule);
         complete += 1;
+
         loop {
             match path.pop() {
                 None => return complete,
@@ -507,4 +642,108 @@ fn a_linger_task_that_finds_the_lease_in_use_ends_and_the_next_caching_starts_on
     world.step((usize::MAX, Action::Expire));
     world.step((usize::MAX, Action::Background));
     world.check_end(&[]);
+}
+
+#[test]
+fn waiter_timeouts_vs_grants_and_a_dropped_watcher() {
+    // The watcher times out waiters at any point (racing grants, releases,
+    // cachings and give-ups), or is dropped with its runtime once: one holder
+    // throughout, no patient waiter lost or timed out, and no watcher left.
+    for handoff in [false, true] {
+        for cache in [None, Some(true)] {
+            for kinds in [
+                &[Impatient, Patient][..],
+                &[Patient, Impatient],
+                &[Canceller, Impatient],
+                &[Patient, Patient],
+            ] {
+                let n = explore_all(kinds, handoff, cache, true);
+                assert!(n > 100, "only {n} schedules explored for {kinds:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_waiter_times_out_at_its_deadline_while_the_key_is_held() {
+    // Task 0 holds; task 1 (deadline 2 s) waits, then task 2 (deadline 3 s) and
+    // task 3 (patient). One watcher serves them all: it wakes at 2 s, drops task
+    // 1 only, wakes at 3 s, drops task 2 only, and sleeps on for task 3.
+    let mut world = World::new(&[Patient, Impatient, Impatient, Patient], true, None);
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (0, Action::Acquire),
+        (1, Action::Look),
+        (1, Action::Enter),
+        (2, Action::Look),
+        (2, Action::Enter),
+        (3, Action::Look),
+        (3, Action::Enter),
+    ] {
+        world.step(step);
+    }
+    assert_eq!(world.fwd.watchers.lock().unwrap().len(), 1, "one watcher");
+    let t0 = world.t0;
+    world.step((0, Action::Watch));
+    assert_eq!(world.now, t0 + Duration::from_secs(2));
+    assert_eq!(
+        world
+            .enabled()
+            .iter()
+            .filter(|(_, a)| *a == Action::Observe)
+            .count(),
+        1
+    );
+    world.step((1, Action::Observe));
+    assert!(matches!(world.tasks[1].1, Task::Done { held: false }));
+    world.step((0, Action::Watch));
+    assert_eq!(world.now, t0 + Duration::from_secs(3));
+    world.step((2, Action::Observe));
+    assert!(
+        !world.enabled().contains(&(0, Action::Watch)),
+        "the watcher wakes only to a deadline the clock reaches"
+    );
+    // The holder's release goes to task 3, which never times out.
+    world.step((0, Action::Release));
+    world.step((3, Action::Receive));
+    world.step((3, Action::Release));
+    world.step((3, Action::Released));
+    world.check_end(&[]);
+    assert_eq!(world.seqs, vec![0, 1]);
+}
+
+#[test]
+fn an_earlier_deadline_moves_the_alarm_of_the_running_watcher() {
+    // Task 2 (deadline 3 s) queues first, task 1 (deadline 2 s) second: the
+    // watcher started for 3 s is woken to sleep until 2 s.
+    let mut world = World::new(&[Patient, Impatient, Impatient], true, None);
+    for step in [
+        (0, Action::Look),
+        (0, Action::Enter),
+        (2, Action::Look),
+        (2, Action::Enter),
+    ] {
+        world.step(step);
+    }
+    let slot = Arc::clone(&world.fwd.watchers.lock().unwrap()[0]);
+    assert_eq!(
+        slot.watch_state(),
+        (Some(world.t0 + Duration::from_secs(3)), 1)
+    );
+    world.step((1, Action::Look));
+    world.step((1, Action::Enter));
+    assert_eq!(
+        slot.watch_state(),
+        (Some(world.t0 + Duration::from_secs(2)), 2)
+    );
+    assert_eq!(
+        world.fwd.watchers.lock().unwrap().len(),
+        1,
+        "still one watcher"
+    );
+    assert!(
+        slot.rearm.notified().now_or_never().is_some(),
+        "the running watcher was woken"
+    );
 }
