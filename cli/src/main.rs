@@ -381,12 +381,21 @@ pub(crate) async fn cluster_primaries(url: &str) -> Result<Vec<String>, String> 
         .query_async(&mut conn)
         .await
         .map_err(|e| format!("CLUSTER NODES on {}: {e}", redact(url)))?;
+    primaries_in(&nodes, url)
+}
+
+/// The primaries listed in a `CLUSTER NODES` reply: nodes flagged `master` that
+/// serve at least one slot and are not failing. A master without slots stores no
+/// lock (it is new, or a node the seed has not yet seen become a replica).
+fn primaries_in(nodes: &str, url: &str) -> Result<Vec<String>, String> {
     let base = redis::parse_redis_url(url).ok_or("bad URL")?;
     let mut out = Vec::new();
     for line in nodes.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let flags = fields.get(2).copied().unwrap_or_default();
+        let serves_slots = fields.iter().skip(8).any(|f| !f.is_empty());
         if flags.split(',').any(|f| f == "master")
+            && serves_slots
             && !flags
                 .split(',')
                 .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"))
@@ -421,7 +430,30 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{primaries_in, redact};
+
+    /// A master that serves no slot (here one the seed still sees as a master
+    /// while it becomes a replica) is not a primary to check.
+    #[test]
+    fn primaries_are_masters_that_serve_slots() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master - 0 0 2 connected 5461-10922
+c3 127.0.0.1:7003@17003 master - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7004@17004 master - 0 0 0 connected
+e5 127.0.0.1:7005@17005 slave a1 0 0 1 connected
+f6 127.0.0.1:7006@17006 master,fail - 0 0 4 connected 16383
+";
+        let got = primaries_in(nodes, "redis://app:pw@127.0.0.1:7001/").unwrap();
+        assert_eq!(
+            got,
+            [
+                "redis://app:pw@127.0.0.1:7001/",
+                "redis://app:pw@127.0.0.1:7002/",
+                "redis://app:pw@127.0.0.1:7003/",
+            ]
+        );
+    }
 
     #[test]
     fn passwords_never_show() {
