@@ -305,8 +305,8 @@ impl Locker {
                     }
                     Join::Wait(mut ticket) => {
                         shared.stats.local_wait();
-                        // The slot's watcher keeps the deadline: a channel closed
-                        // unsent is a timeout, or before the deadline, a watcher
+                        // The slot's watcher keeps the deadline: a waiter dropped
+                        // ungranted timed out, or before the deadline, a watcher
                         // that ended with its runtime or could not start. Then the
                         // call queues again with a timer of its own (boxed: the
                         // rare path), which fails as a timer fails (no runtime or

@@ -26,23 +26,26 @@
 //! waiters (a joiner takes the lease instead of queueing).
 //!
 //! Every other task that joins while the slot is not idle waits in a FIFO of local
-//! waiters, each on its own one-shot channel, with its own deadline (the caller's).
-//! A waiter is *granted* either leadership (it becomes the one task that acquires
-//! from the backend, inheriting the token of a previous leader's acquire that may
-//! have landed, so that it is reconciled; never the token of a release) or a
-//! handed-off lease.
+//! waiters with its own deadline (the caller's). A waiter is *granted* either
+//! leadership (it becomes the one task that acquires from the backend, inheriting
+//! the token of a previous leader's acquire that may have landed, so that it is
+//! reconciled; never the token of a release) or a handed-off lease. A grant moves
+//! the role, and one task holds the role at a time, so at most one grant is in
+//! flight: the slot keeps it (`State::granted`, with the waiter's id) and wakes
+//! the waiter, which takes it under the mutex when it next polls, or passes it on
+//! if it is dropped first. No channel is allocated per waiter.
 //!
 //! A waiter's deadline is kept by the slot, not by a timer of its own: one
 //! *watcher* task per slot with waiters sleeps until the earliest deadline
-//! (`State::alarm`), then, in one step under the mutex, drops the due waiters'
-//! channels ([`Slot::time_out`]); a waiter whose channel closes unsent has timed
-//! out. A join that needs a watcher and finds none starts one (through
-//! [`Forward::watch`]); one with an earlier deadline than the alarm wakes it
+//! (`State::alarm`), then, in one step under the mutex, drops the due waiters from
+//! the queue and wakes them ([`Slot::time_out`]); a waiter that finds itself
+//! neither queued nor granted has timed out. A join that needs a watcher and finds
+//! none starts one (through [`Forward::watch`]); one with an earlier deadline than the alarm wakes it
 //! (`Slot::rearm`). The watcher ends when it wakes to no waiter, and a slot that
 //! goes idle wakes it to end. A watcher dropped unfinished (its runtime shut down)
-//! drops every waiter's channel ([`Slot::watch_dropped`]): a waiter that sees its
-//! channel closed before its deadline joins again, and so starts a watcher on its
-//! own runtime (the locker then also gives it a timer of its own).
+//! drops every waiter ([`Slot::watch_dropped`]): a waiter dropped before its
+//! deadline joins again, and so starts a watcher on its own runtime (the locker
+//! then also gives it a timer of its own).
 //!
 //! All transitions are synchronous steps under one mutex; the async work (backend
 //! calls) happens between steps, outside the lock. That is what makes the machine
@@ -58,9 +61,11 @@
 //!    from the map in the same step (it is marked `removed`; a task that finds a
 //!    removed slot retries with a fresh one). So the map holds only slots that
 //!    someone uses, or whose lease is cached (until its linger ends).
-//! 3. A grant is never lost: it is delivered to a live waiter or, if that waiter is
-//!    gone, taken back and offered to the next one; a waiter that disappears after a
-//!    grant was delivered passes the grant on from its `Drop`.
+//! 3. A grant is never lost: it goes to the first live waiter, which leaves the
+//!    queue in the same step, and stays in `State::granted` until that waiter's
+//!    ticket takes it, by a poll or, if the ticket is dropped first, from its
+//!    `Drop`, which passes it on. A ticket leaves the queue under the mutex, so a
+//!    queued waiter is always there to take a grant.
 //! 4. Waiters are served in FIFO order; a waiter that leaves is removed without
 //!    disturbing the others.
 //!
@@ -73,9 +78,10 @@
 mod waiters;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
 
 use dashmap::DashMap;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::LeaseToken;
@@ -123,8 +129,11 @@ struct State {
     mode: Mode,
     removed: bool,
     next_id: u64,
-    /// Waiters in FIFO order: id, arrival, deadline, grant channel.
+    /// Waiters in FIFO order, with their arrivals, deadlines and wakers.
     waiters: Waiters,
+    /// The grant in flight and the id of its waiter, until that waiter's ticket
+    /// takes it (at most one: a grant moves the slot's one role).
+    granted: Option<(u64, Grant)>,
     /// When the slot's watcher wakes next; `None`: no watcher runs.
     alarm: Option<Instant>,
     /// In `Cached` mode: the kept lease and the handoff sequence of its next holder.
@@ -168,7 +177,8 @@ pub(crate) enum Join {
 pub(crate) struct Ticket {
     slot: Arc<Slot>,
     id: u64,
-    rx: Option<oneshot::Receiver<Grant>>,
+    /// The ticket has left: it took its grant, or found itself dropped.
+    done: bool,
     fwd: Arc<dyn Forward>,
 }
 
@@ -237,6 +247,7 @@ impl Slot {
                 removed: false,
                 next_id: 0,
                 waiters: Waiters::default(),
+                granted: None,
                 alarm: None,
                 cached: None,
                 cachings: 0,
@@ -328,8 +339,7 @@ impl Slot {
         }
         let id = st.next_id;
         st.next_id += 1;
-        let (tx, rx) = oneshot::channel();
-        st.waiters.push(id, arrived, deadline, tx);
+        st.waiters.push(id, arrived, deadline);
         let start = st.alarm.is_none();
         let earlier = st.alarm.is_some_and(|alarm| deadline < alarm);
         if start || earlier {
@@ -344,7 +354,7 @@ impl Slot {
         Some(Join::Wait(Ticket {
             slot: self,
             id,
-            rx: Some(rx),
+            done: false,
             fwd: Arc::clone(fwd),
         }))
     }
@@ -377,11 +387,18 @@ impl Slot {
     pub(crate) fn abandon(self: &Arc<Self>, map: &SlotMap, lead: Inheritance) -> Abandon {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Acquiring);
-        if Self::grant_next(&mut st, Grant::Leadership(lead)).is_none() {
-            Abandon::Succeeded
-        } else {
-            self.go_idle(&mut st, map);
-            Abandon::Cleanup(lead)
+        match Self::grant_next(&mut st, Grant::Leadership(lead)) {
+            Ok(waker) => {
+                drop(st);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+                Abandon::Succeeded
+            }
+            Err(_) => {
+                self.go_idle(&mut st, map);
+                Abandon::Cleanup(lead)
+            }
         }
     }
 
@@ -402,15 +419,17 @@ impl Slot {
         debug_assert_eq!(st.mode, Mode::Held);
         if handoff {
             if let Some(by) = arrived_by {
-                // Waiters that left are skipped (they are gone anyway); the first live
-                // one decides.
-                st.waiters.drop_closed_front();
+                // The first live waiter decides (waiters that left are skipped).
                 if st.waiters.front_arrival().is_some_and(|at| at > by) {
                     st.mode = Mode::Releasing;
                     return Release::Backend;
                 }
             }
-            if Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)).is_none() {
+            if let Ok(waker) = Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)) {
+                drop(st);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
                 return Release::HandedOff;
             }
             if let Some(caching) = cache {
@@ -500,7 +519,7 @@ impl Slot {
     /// When the oldest live local waiter arrived, if there is one (fair mode).
     pub(crate) fn oldest_waiter(&self) -> Option<Instant> {
         let st = self.lock();
-        st.waiters.oldest_live()
+        st.waiters.front_arrival()
     }
 
     /// The backend release finished (or was given up): the next waiter leads,
@@ -514,26 +533,34 @@ impl Slot {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Releasing);
         st.mode = Mode::Acquiring;
-        if Self::grant_next(&mut st, Grant::Leadership(lead)).is_some() {
-            self.go_idle(&mut st, map);
-            return Some(lead);
-        }
-        None
-    }
-
-    /// Offers `grant` to waiters in FIFO order; returns it if nobody took it.
-    fn grant_next(st: &mut State, mut grant: Grant) -> Option<Grant> {
-        while let Some(tx) = st.waiters.pop() {
-            match tx.send(grant) {
-                Ok(()) => return None,
-                Err(back) => grant = back,
+        match Self::grant_next(&mut st, Grant::Leadership(lead)) {
+            Ok(waker) => {
+                drop(st);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+                None
+            }
+            Err(_) => {
+                self.go_idle(&mut st, map);
+                Some(lead)
             }
         }
-        Some(grant)
+    }
+
+    /// Gives `grant` to the first waiter, which leaves the queue; returns its
+    /// waker, to wake once the mutex is released, or the grant if nobody waits.
+    fn grant_next(st: &mut State, grant: Grant) -> Result<Option<Waker>, Grant> {
+        let Some((id, waker)) = st.waiters.pop() else {
+            return Err(grant);
+        };
+        debug_assert!(st.granted.is_none(), "two grants in flight");
+        st.granted = Some((id, grant));
+        Ok(waker)
     }
 
     fn go_idle(self: &Arc<Self>, st: &mut State, map: &SlotMap) {
-        debug_assert!(st.waiters.is_empty());
+        debug_assert!(st.waiters.is_empty() && st.granted.is_none());
         st.mode = Mode::Idle;
         st.removed = true;
         if st.alarm.is_some() {
@@ -543,23 +570,31 @@ impl Slot {
         map.remove_if(&self.key, |_, s| Arc::ptr_eq(s, self));
     }
 
-    /// The watcher woke at `now`: drops the waiters due by then (their tickets see
-    /// the channel closed) and returns when to wake next; `None`: no waiter is
-    /// left and the watcher ends (a later join starts a new one).
+    /// The watcher woke at `now`: drops the waiters due by then (and wakes them:
+    /// their tickets find themselves dropped) and returns when to wake next;
+    /// `None`: no waiter is left and the watcher ends (a later join starts a new
+    /// one).
     pub(crate) fn time_out(&self, now: Instant) -> Option<Instant> {
+        let mut woken = Vec::new();
         let mut st = self.lock();
-        st.alarm = st.waiters.time_out(now);
-        st.alarm
+        st.alarm = st.waiters.time_out(now, &mut woken);
+        let alarm = st.alarm;
+        drop(st);
+        woken.into_iter().for_each(Waker::wake);
+        alarm
     }
 
     /// The watcher ended without [`time_out`](Self::time_out) saying so (its
-    /// runtime shut down, or none ran it): every waiter's channel is dropped, so
+    /// runtime shut down, or none ran it): every waiter is dropped and woken, so
     /// each either times out (its deadline passed) or joins again, starting a
-    /// watcher where it runs.
+    /// watcher where it runs. A grant in flight stays for its waiter.
     pub(crate) fn watch_dropped(&self) {
+        let mut woken = Vec::new();
         let mut st = self.lock();
         st.alarm = None;
-        st.waiters.clear();
+        st.waiters.clear(&mut woken);
+        drop(st);
+        woken.into_iter().for_each(Waker::wake);
     }
 
     /// The watcher: sleeps until the alarm (or a wake-up), times out the due
@@ -593,28 +628,56 @@ impl Slot {
 }
 
 impl Ticket {
-    /// Waits for the grant; `None` if the slot dropped this waiter unsent: its
+    /// Waits for the grant; `None` if the slot dropped this waiter ungranted: its
     /// deadline passed, or the watcher ended with its runtime (the caller tells
-    /// which by the time, and joins again in the second case).
+    /// which by the time, and joins again in the second case). After it returns,
+    /// it never completes again.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: if the future is dropped, dropping the ticket passes on any grant.
+    /// Cancel safe: if the future is dropped, the ticket keeps its place, and
+    /// dropping the ticket passes on any grant.
     pub(crate) async fn granted(&mut self) -> Option<Grant> {
-        match self.rx.as_mut() {
-            Some(rx) => {
-                let grant = rx.await.ok();
-                self.rx = None;
-                grant
+        std::future::poll_fn(|cx| self.poll_granted(cx)).await
+    }
+
+    fn poll_granted(&mut self, cx: &Context<'_>) -> Poll<Option<Grant>> {
+        if self.done {
+            return Poll::Pending;
+        }
+        let mut st = self.slot.lock();
+        if let Some(grant) = Self::take(&mut st, self.id) {
+            self.done = true;
+            return Poll::Ready(Some(grant));
+        }
+        match st.waiters.wait(self.id, cx.waker()) {
+            Some(replaced) => {
+                drop(st);
+                drop(replaced);
+                Poll::Pending
             }
-            None => std::future::pending().await,
+            None => {
+                self.done = true;
+                Poll::Ready(None)
+            }
         }
     }
 
-    /// Whether a grant is waiting to be received (model tests).
+    /// Takes the grant in flight if it is waiter `id`'s.
+    fn take(st: &mut State, id: u64) -> Option<Grant> {
+        match st.granted.take() {
+            Some((to, grant)) if to == id => Some(grant),
+            other => {
+                st.granted = other;
+                None
+            }
+        }
+    }
+
+    /// Whether a grant is waiting to be taken (model tests).
     #[cfg(test)]
     pub(crate) fn has_grant(&self) -> bool {
-        self.rx.as_ref().is_some_and(|rx| !rx.is_empty())
+        !self.done && (self.slot.lock().granted.as_ref()).is_some_and(|(to, _)| *to == self.id)
     }
 
     pub(crate) fn slot(&self) -> &Arc<Slot> {
@@ -624,16 +687,15 @@ impl Ticket {
     /// Leaves the queue; returns a grant that arrived before leaving, which the
     /// caller must pass on.
     fn leave(&mut self) -> Option<Grant> {
-        let mut rx = self.rx.take()?;
-        rx.close();
-        match rx.try_recv() {
-            Ok(grant) => Some(grant),
-            Err(_) => {
-                let mut st = self.slot.lock();
-                st.waiters.remove(self.id);
-                None
-            }
+        if std::mem::replace(&mut self.done, true) {
+            return None;
         }
+        let mut st = self.slot.lock();
+        let grant = Self::take(&mut st, self.id);
+        let waker = st.waiters.remove(self.id);
+        drop(st);
+        drop(waker);
+        grant
     }
 }
 
