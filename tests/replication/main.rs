@@ -260,7 +260,7 @@ async fn a_pooled_connection_the_server_closed_is_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_replicas_stalls_nothing_else() {
-    const WAIT: Duration = Duration::from_secs(2);
+    const WAIT: Duration = Duration::from_secs(4);
     let (_serial, t) = exclusive().await;
     let prefix = unique_prefix("ack-stall");
     let backend = acked_backend(t, &prefix, WAIT).await;
@@ -279,7 +279,10 @@ async fn waiting_for_replicas_stalls_nothing_else() {
 
     t.stop_replica();
     let _resume = ResumeOnDrop(t);
-    // Two acquires that wait for the replica.
+    // Two acquires that wait for the replica. Had one queued behind the other's
+    // WAIT, its lock would be written no earlier than `WAIT` after they started:
+    // both must be written before `written_by`.
+    let written_by = Instant::now() + WAIT - Duration::from_millis(250);
     let stuck: Vec<_> = ["stuck-1", "stuck-2"]
         .into_iter()
         .map(|key| {
@@ -296,9 +299,10 @@ async fn waiting_for_replicas_stalls_nothing_else() {
         .map(|key| testkit::names::lock(&prefix, &LockKey::from(key)))
         .collect();
     assert!(
-        wait_until(Duration::from_secs(1), || async {
-            exists(t, &names[0]).await || exists(t, &names[1]).await
-        })
+        wait_until(
+            written_by.saturating_duration_since(Instant::now()),
+            || async { exists(t, &names[0]).await || exists(t, &names[1]).await }
+        )
         .await,
         "neither acquire wrote its lock"
     );
@@ -328,9 +332,14 @@ async fn waiting_for_replicas_stalls_nothing_else() {
         "the other instance holds it"
     );
     // Both acquires wrote their lock: neither queued behind the other's WAIT.
+    let both = wait_until(
+        written_by.saturating_duration_since(Instant::now()),
+        || async { exists(t, &names[0]).await && exists(t, &names[1]).await },
+    )
+    .await;
     for name in &names {
         assert!(
-            exists(t, name).await,
+            both || exists(t, name).await,
             "{}: not written yet, queued behind the other acquire's WAIT",
             String::from_utf8_lossy(name)
         );
