@@ -50,6 +50,20 @@ fn releases(c: &Counts) -> u64 {
     c.release.load(Ordering::SeqCst)
 }
 
+/// `locker`'s `try_lock` of `key`, tried again until it gets the key: a release
+/// is counted when it is sent, so a try may still reach the backend first.
+async fn take_once_free(locker: &Locker, key: &str, what: &str) -> lockflight::LockGuard {
+    within(Duration::from_secs(10), what, async {
+        loop {
+            if let Some(g) = locker.try_lock(key).await.unwrap() {
+                break g;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
 /// The handoff budget under which a lease cached for `linger` is kept until the
 /// linger ends (or a revocation, a release or `shutdown` ends it): a hold budget
 /// (`max_hold`) at least as long as the linger, since an idle cached lease also
@@ -144,20 +158,7 @@ async fn the_next_lock_takes_the_cached_lease_without_a_request() {
         wait_until(Duration::from_secs(5), || async { releases(&counts) == 1 }).await,
         "the linger ended without a backend release"
     );
-    // Counted when the release is sent: B's try may still arrive first.
-    let g = within(
-        Duration::from_secs(10),
-        "B takes the key after the linger",
-        async {
-            loop {
-                if let Some(g) = b.try_lock("k").await.unwrap() {
-                    break g;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        },
-    )
-    .await;
+    let g = take_once_free(&b, "k", "B takes the key after the linger").await;
     assert_eq!(releases(&counts), 1, "A released the lease more than once");
     assert!(g.fencing_token() > t2);
     g.release().await.unwrap();
@@ -535,20 +536,7 @@ async fn a_try_of_another_instance_revokes_an_idle_cached_lease() {
         wait_until(Duration::from_secs(5), || async { releases(&counts) == 1 }).await,
         "B's try did not revoke A's idle cached lease"
     );
-    // Counted when the release is sent: B's next try may still arrive first.
-    let got = within(
-        Duration::from_secs(10),
-        "B takes the key after the revocation",
-        async {
-            loop {
-                if let Some(g) = b.try_lock("k").await.unwrap() {
-                    break g;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        },
-    )
-    .await;
+    let got = take_once_free(&b, "k", "B takes the key after the revocation").await;
     assert_eq!(releases(&counts), 1, "A released the lease more than once");
     assert!(got.fencing_token() > ta);
     got.release().await.unwrap();
