@@ -127,6 +127,11 @@ pub use guard::{FencingToken, LockGuard};
 pub use key::LockKey;
 pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPolicy};
 
+/// The redis-rs crate lockflight is built on (the version its API takes): name
+/// `lockflight::redis::Client` and friends through this re-export, so that a
+/// different `redis` in your own dependencies cannot be mixed up with it.
+pub use redis;
+
 // README's examples are complete programs (no hidden lines), using every feature.
 #[cfg(all(
     doctest,
