@@ -49,7 +49,15 @@ pub(crate) type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// The lock was not obtained within the wait timeout.
-    #[error("lock {key}: timed out after {waited:?} while {phase}")]
+    ///
+    /// When attempts during the wait failed rather than found the lock busy (too
+    /// few replica acknowledgements, a quorum not reached, the backend not
+    /// answering), `last_error` keeps the last such failure, so a wait that ran
+    /// out because of a refusal says so (it is also the error's `source()`).
+    #[error(
+        "lock {key}: timed out after {waited:?} while {phase}{}",
+        after(last_error)
+    )]
     Timeout {
         /// The lock key.
         key: LockKey,
@@ -57,6 +65,9 @@ pub enum Error {
         phase: Phase,
         /// How long the caller waited.
         waited: Duration,
+        /// The last failed attempt of the wait, if any attempt failed.
+        #[source]
+        last_error: Option<Box<Error>>,
     },
     /// The lease was lost (expired, taken over, or deleted) while it was held or
     /// being released; the guarded work must be assumed to have run unprotected.
@@ -156,9 +167,12 @@ pub enum Error {
     /// (`READONLY`), a script error. Reported at once, never retried until the
     /// deadline, except too few replica acknowledgements (`NOREPLICAS`, with
     /// `replica_ack`): a waiting acquire asks again within its wait, and its wait
-    /// ends with this refusal or with [`Error::Timeout`]. A renewal refused with `READONLY` means the
+    /// ends with this refusal or with an [`Error::Timeout`] that names it. A renewal refused with `READONLY` means the
     /// lease is lost.
-    #[error("lock {key}: the server refused the command while {phase} ({code}): {source}")]
+    #[error(
+        "lock {key}: the server refused the command while {phase}: {}",
+        server_says(code, source)
+    )]
     Refused {
         /// The lock key.
         key: LockKey,
@@ -212,6 +226,54 @@ pub enum Error {
         /// The underlying error.
         source: Source,
     },
+}
+
+/// The end of a [`Error::Timeout`] message: the last failed attempt, without
+/// the key the message has already named.
+fn after(last_error: &Option<Box<Error>>) -> String {
+    let Some(e) = last_error else {
+        return String::new();
+    };
+    match &**e {
+        Error::Refused { code, source, .. } => {
+            format!(
+                "; the last attempt was refused: {}",
+                server_says(code, source)
+            )
+        }
+        Error::NoPermission { source, .. } => format!(
+            "; the last attempt was refused for lack of permission: {}",
+            server_says("NOPERM", source)
+        ),
+        Error::QuorumNotReached {
+            granted, needed, ..
+        } => format!(
+            "; the last attempt reached no quorum: {granted} of the {needed} nodes needed agreed"
+        ),
+        Error::Backend { source, .. } | Error::Connect { source, .. } => {
+            format!("; the last attempt failed: {source}")
+        }
+        other => format!("; the last attempt failed: {other}"),
+    }
+}
+
+/// A server's error as `CODE: what it said`, once: redis-rs writes its own
+/// code in front of the detail, quoted or not.
+fn server_says(code: &str, source: &Source) -> String {
+    let detail = match source.downcast_ref::<redis::RedisError>() {
+        Some(e) => e.detail().map(str::to_owned),
+        None => None,
+    };
+    let detail = detail.unwrap_or_else(|| {
+        let text = source.to_string();
+        let quoted = format!("\"{code}\"");
+        let rest = text
+            .strip_prefix(quoted.as_str())
+            .or_else(|| text.strip_prefix(code))
+            .map(|rest| rest.trim_start_matches([':', ' ']).to_owned());
+        rest.unwrap_or(text)
+    });
+    format!("{code}: {detail}")
 }
 
 impl LockKey {
@@ -324,6 +386,17 @@ impl Error {
         }
     }
 
+    /// A [`Error::Timeout`] for `key` in `phase` after `waited`, with no failed
+    /// attempt to report.
+    pub(crate) fn timeout(key: &LockKey, phase: Phase, waited: Duration) -> Self {
+        Error::Timeout {
+            key: key.clone(),
+            phase,
+            waited,
+            last_error: None,
+        }
+    }
+
     pub(crate) fn config(reason: impl Into<String>) -> Self {
         Error::InvalidConfig {
             reason: reason.into(),
@@ -349,11 +422,11 @@ mod tests {
             busy.to_string(),
             "lock sku:1: busy, and the call does not wait"
         );
-        let timeout = Error::Timeout {
-            key: "sku:1".into(),
-            phase: Phase::WaitingLocally,
-            waited: Duration::from_secs(5),
-        };
+        let timeout = Error::timeout(
+            &"sku:1".into(),
+            Phase::WaitingLocally,
+            Duration::from_secs(5),
+        );
         assert!(
             timeout.to_string().starts_with("lock sku:1: timed out"),
             "{timeout}"

@@ -547,6 +547,61 @@ async fn refusals_are_answered_at_once() {
     assert!(guard.info().loss.reason().unwrap().contains("read-only"));
 }
 
+/// Defect: a waiting acquire refused with `NOREPLICAS` asked again until its
+/// wait ran out and then said only "timed out": the cause was lost. A timeout
+/// names the last failed attempt (and has it as its `source()`); one whose
+/// last answer was "busy" ran out on contention and says nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_after_a_refusal_names_the_refusal() {
+    let backend = Faulty::default();
+    let too_few = lockflight::redis::make_extension_error(
+        "NOREPLICAS".to_owned(),
+        Some("0 of the 1 replicas required acknowledged the write within 100ms".to_owned()),
+    );
+    let refused = Error::Refused {
+        key: LockKey::from("k"),
+        phase: Phase::Acquiring,
+        code: "NOREPLICAS".into(),
+        source: Arc::new(too_few),
+    };
+    // Refused, then the retry is still in flight when the wait ends.
+    backend
+        .plan()
+        .acquire
+        .push_back(Fault::Fail(refused.clone()));
+    backend.plan().acquire.push_back(Fault::Hang);
+    let locker = Locker::builder(backend.clone())
+        .wait_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let err = locker.lock("k").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "lock k: timed out after 1s while acquiring; the last attempt was refused: \
+         NOREPLICAS: 0 of the 1 replicas required acknowledged the write within 100ms"
+    );
+    let source = std::error::Error::source(&err).expect("the refusal is the source");
+    assert_eq!(
+        source.to_string(),
+        "lock k: the server refused the command while acquiring: \
+         NOREPLICAS: 0 of the 1 replicas required acknowledged the write within 100ms"
+    );
+    assert_eq!(err.code(), "lock_timeout");
+
+    // Refused, then busy (another instance holds the key) until the wait ends:
+    // a plain timeout.
+    let other = Locker::builder(backend.inner.clone()).build().unwrap();
+    let holder = other.lock("k2").await.unwrap();
+    backend.plan().acquire.push_back(Fault::Fail(refused));
+    let err = locker.lock("k2").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "lock k2: timed out after 1s while acquiring"
+    );
+    assert!(std::error::Error::source(&err).is_none());
+    holder.release().await.unwrap();
+}
+
 /// Defect: a malformed epoch silently became 0 (no fencing). An acquire granted
 /// without an epoch is an error, and the token is released, not leaked.
 #[tokio::test]

@@ -256,11 +256,7 @@ mod tests {
         let internal = StatusCode::INTERNAL_SERVER_ERROR;
         vec![
             (
-                Error::Timeout {
-                    key: key.clone(),
-                    phase,
-                    waited: Duration::from_secs(5),
-                },
+                Error::timeout(&key, phase, Duration::from_secs(5)),
                 "lock_timeout",
                 busy,
             ),

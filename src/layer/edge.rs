@@ -34,8 +34,18 @@ pub(crate) async fn acquire(
             locker.health().failed(&e);
             Err(e)
         }
-        Err(Error::Timeout { key, phase, waited }) => match locker.backend_answers().await {
-            Ok(()) => Err(Error::Timeout { key, phase, waited }),
+        Err(Error::Timeout {
+            key,
+            phase,
+            waited,
+            last_error,
+        }) => match locker.backend_answers().await {
+            Ok(()) => Err(Error::Timeout {
+                key,
+                phase,
+                waited,
+                last_error,
+            }),
             Err(probe) => Err(Error::backend(
                 &key,
                 Phase::Acquiring,

@@ -237,12 +237,17 @@ where
     let Ask {
         key, kind, token, ..
     } = ask;
-    let timed_out = || {
+    // The last attempt that failed rather than found the lock busy: a wait that
+    // runs out after it names it (a refusal's cause must not become a bare
+    // timeout).
+    let mut last_error: Option<Error> = None;
+    let timed_out = |last_error: &mut Option<Error>| {
         engine.stats.timeout();
         Error::Timeout {
             key: key.clone(),
             phase: Phase::Acquiring,
             waited: ask.start.elapsed(),
+            last_error: last_error.take().map(Box::new),
         }
     };
     let mut pacer = Pacer::new(
@@ -257,7 +262,7 @@ where
         engine.stats.acquire_attempt();
         let reply = tokio::time::timeout_at(ask.deadline, request(token, ask.mode, sent_at))
             .await
-            .map_err(|_| timed_out())?;
+            .map_err(|_| timed_out(&mut last_error))?;
         match reply {
             Ok(Acquire::Acquired {
                 epoch,
@@ -286,7 +291,7 @@ where
                     // Not held: ask again with the same token, which re-arms it if
                     // it still exists.
                     if Instant::now() >= ask.deadline {
-                        return Err(timed_out());
+                        return Err(timed_out(&mut last_error));
                     }
                     continue;
                 };
@@ -299,6 +304,9 @@ where
                 }));
             }
             Ok(Acquire::Busy { retry_in }) => {
+                // Busy is an answer: a wait that runs out from here ran out on
+                // contention, not on the failure before.
+                last_error = None;
                 // Busy: nothing held but a waiting writer's registration, which a
                 // write that waits may have left.
                 let registered = kind == LeaseKind::Write && ask.mode == WhenBusy::Queue;
@@ -311,7 +319,7 @@ where
                 }
                 tokio::select! {
                     _ = pacer.woken_or(Instant::now() + retry_in) => {}
-                    _ = tokio::time::sleep_until(ask.deadline) => return Err(timed_out()),
+                    _ = tokio::time::sleep_until(ask.deadline) => return Err(timed_out(&mut last_error)),
                 }
             }
             Err(e) => match Failure::of(&e) {
@@ -325,6 +333,7 @@ where
                         return Err(e);
                     }
                     tokio::time::sleep(pause).await;
+                    last_error = Some(e);
                 }
                 failure => {
                     // A refusal keeps the token armed for the cleanup, which releases

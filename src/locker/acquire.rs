@@ -205,10 +205,6 @@ impl LockerState {
 
     pub(super) fn timed_out(&self, key: &LockKey, start: Instant) -> Error {
         self.stats.timeout();
-        Error::Timeout {
-            key: key.clone(),
-            phase: Phase::Acquiring,
-            waited: start.elapsed(),
-        }
+        Error::timeout(key, Phase::Acquiring, start.elapsed())
     }
 }

@@ -324,11 +324,11 @@ impl Locker {
                             }
                             None => {
                                 shared.stats.timeout();
-                                return Err(Error::Timeout {
-                                    key,
-                                    phase: Phase::WaitingLocally,
-                                    waited: start.elapsed(),
-                                });
+                                return Err(Error::timeout(
+                                    &key,
+                                    Phase::WaitingLocally,
+                                    start.elapsed(),
+                                ));
                             }
                             Some(Grant::Lease(lease, seq)) => {
                                 let slot = Arc::clone(ticket.slot());

@@ -304,10 +304,6 @@ impl Call {
 
     fn timed_out(&self, engine: &Engine, key: &LockKey, phase: Phase) -> Error {
         engine.stats.timeout();
-        Error::Timeout {
-            key: key.clone(),
-            phase,
-            waited: self.start.elapsed(),
-        }
+        Error::timeout(key, phase, self.start.elapsed())
     }
 }

@@ -237,11 +237,7 @@ impl Semaphore {
                 )),
                 Err(_) => {
                     semaphores.stats.timeout();
-                    Err(Error::Timeout {
-                        key: self.key.clone(),
-                        phase: Phase::Acquiring,
-                        waited: start.elapsed(),
-                    })
+                    Err(Error::timeout(&self.key, Phase::Acquiring, start.elapsed()))
                 }
             };
         }
