@@ -100,6 +100,7 @@ pub mod election;
 pub mod error;
 pub mod fence;
 pub mod guard;
+pub mod guide;
 #[cfg(feature = "inspect")]
 pub mod inspect;
 mod key;
