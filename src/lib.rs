@@ -132,14 +132,3 @@ pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPo
 /// `lockflight::redis::Client` and friends through this re-export, so that a
 /// different `redis` in your own dependencies cannot be mixed up with it.
 pub use redis;
-
-// README's examples are complete programs (no hidden lines), using every feature.
-#[cfg(all(
-    doctest,
-    feature = "axum",
-    feature = "cluster",
-    feature = "sentinel",
-    feature = "testing"
-))]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
