@@ -14,8 +14,9 @@
 //!   mutual exclusion rests on in each; what each lock kind offers on each.
 //! * [`testing`]: testing code that holds locks on a simulated lock server with
 //!   fault knobs, on a paused clock.
-//! * [`operating`]: the `lockflight` command (doctor, inspect, list, release
-//!   --force, selfcheck), the Redis rights lockflight needs, logs and metrics.
+//! * [`operating`]: the `lockflight` command (`doctor`, `inspect`, `list`,
+//!   `release --force`, `selfcheck`), the Redis rights lockflight needs, logs and
+//!   metrics.
 //! * [`safety`]: what is guaranteed, what is not, and what a release reports.
 //! * [`how_it_works`]: coalescing, the Redis protocol, leases, fencing tokens.
 //! * [`performance`]: what coalescing saves under contention, and sizing.
