@@ -132,3 +132,18 @@ pub use locker::{Contention, Handoff, LockOptions, Locker, LockerBuilder, LossPo
 /// `lockflight::redis::Client` and friends through this re-export, so that a
 /// different `redis` in your own dependencies cannot be mixed up with it.
 pub use redis;
+
+/// The `http` crate of the tower layer (the version its API takes): the layer
+/// locks `http::Request`s, a key extractor is written for `http::Request<B>`,
+/// `KeyFrom::header` takes an `http::HeaderName` and, with the feature `axum`,
+/// `Problem` an `http::StatusCode`. Name them through this re-export when your
+/// own crate does not depend on `http`.
+pub use http;
+
+/// The sqlx crate of the fenced SQL writes (the version they take): the
+/// database of [`FencedUpdate`](fence::FencedUpdate) and
+/// [`FencedUpsert`](fence::FencedUpsert), the connection you pass them and the
+/// `sqlx::Error` they return, so that a different `sqlx` in your own dependencies
+/// cannot be mixed up with it.
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub use sqlx;

@@ -329,11 +329,16 @@ impl RedisBackend {
     /// `ConnectionManager::new(client)`. For a Redis Cluster, see
     /// `RedisBackend::from_cluster_client` (feature `cluster`).
     ///
+    /// Build the client with the redis-rs that lockflight re-exports,
+    /// [`lockflight::redis`](crate::redis): it is the version this function takes,
+    /// whatever `redis` your own dependencies name.
+    ///
     /// ```no_run
     /// # async fn run() -> lockflight::Result<()> {
     /// use lockflight::{Locker, RedisBackend};
     ///
-    /// let client = redis::Client::open("redis://127.0.0.1:6379/0").expect("a valid url");
+    /// let client = lockflight::redis::Client::open("redis://127.0.0.1:6379/0")
+    ///     .expect("a valid url");
     /// let backend = RedisBackend::from_client(client.clone()).prefix("billing").connect().await?;
     /// let locker = Locker::builder(backend).build()?;
     /// # let _ = locker;
@@ -398,7 +403,7 @@ impl RedisBackend {
     /// use lockflight::{Locker, RedisBackend};
     ///
     /// let nodes = ["redis://app:pw@10.0.0.1:6379", "redis://app:pw@10.0.0.2:6379"];
-    /// let client = redis::cluster::ClusterClient::builder(nodes)
+    /// let client = lockflight::redis::cluster::ClusterClient::builder(nodes)
     ///     .retries(5)
     ///     .build()
     ///     .expect("valid nodes");
