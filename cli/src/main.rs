@@ -306,10 +306,17 @@ pub(crate) async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnecti
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(10)));
-    client
+    match client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}{}", redact(url), tls::hint(&e)))
+    {
+        Ok(conn) => Ok(conn),
+        Err(e) => Err(format!(
+            "cannot connect to {}: {e}{}",
+            redact(url),
+            tls::explain(url, &e).await
+        )),
+    }
 }
 
 /// A connection for one key's operations: to the server, or (`cluster`) a
@@ -330,14 +337,14 @@ impl KeyConn {
             .response_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("bad URL {}: {e}", redact(url)))?;
-        let conn = client.get_async_connection().await.map_err(|e| {
-            format!(
+        match client.get_async_connection().await {
+            Ok(conn) => Ok(KeyConn::Cluster(conn)),
+            Err(e) => Err(format!(
                 "cannot connect to the cluster at {}: {e}{}",
                 redact(url),
-                tls::hint(&e)
-            )
-        })?;
-        Ok(KeyConn::Cluster(conn))
+                tls::explain(url, &e).await
+            )),
+        }
     }
 }
 

@@ -5,7 +5,11 @@
 //! operate a key held by a locker connected over TLS; a server that requires client
 //! certificates (`tls-auth-clients yes`) accepts the command with
 //! `--tls-cert-file` and `--tls-key-file`, for its own connections and for the
-//! lockers of `selfcheck`. Bad TLS options are usage errors.
+//! lockers of `selfcheck`. Bad TLS options are usage errors. A failed TLS
+//! connection names the file or name at fault: a v1 client certificate, a key
+//! that is not the certificate's, a CA file that did not sign the server's
+//! certificate, a host the certificate does not name, a client certificate the
+//! server refuses.
 
 mod support;
 
@@ -32,27 +36,7 @@ impl Pki {
             .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .expect("a temporary directory for the certificates");
         let pki = Pki { dir };
-        pki.openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=lockflight test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
+        pki.ca("ca");
         pki.leaf(
             "server",
             "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
@@ -61,14 +45,41 @@ impl Pki {
         pki
     }
 
+    /// A CA of its own: `<name>.key` and `<name>.crt` (self-signed, CA:TRUE).
+    fn ca(&self, name: &str) {
+        let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "3650",
+            "-subj",
+            &format!("/CN=lockflight test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+    }
+
     /// `<name>.key` and `<name>.crt`, signed by the CA with these extensions.
     fn leaf(&self, name: &str, extensions: &str) {
-        let ext = format!("{name}.ext");
-        std::fs::write(
-            self.dir.path().join(&ext),
-            format!("basicConstraints=CA:FALSE\n{extensions}"),
-        )
-        .unwrap();
+        self.leaf_signed_by(name, "ca", Some(extensions));
+    }
+
+    /// `<name>.key` and `<name>.crt`, signed by the CA `ca`; without
+    /// `extensions`, an X.509 v1 certificate (`openssl x509 -req` writes v1
+    /// when given no extensions).
+    fn leaf_signed_by(&self, name: &str, ca: &str, extensions: Option<&str>) {
         let (key, csr, crt) = (
             format!("{name}.key"),
             format!("{name}.csr"),
@@ -88,24 +99,33 @@ impl Pki {
             "-subj",
             &format!("/CN=lockflight test {name}"),
         ]);
-        self.openssl(&[
+        let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
+        let mut sign = vec![
             "x509",
             "-req",
             "-in",
             &csr,
             "-CA",
-            "ca.crt",
+            &ca_crt,
             "-CAkey",
-            "ca.key",
+            &ca_key,
             "-set_serial",
             "2",
             "-days",
             "3650",
             "-out",
             &crt,
-            "-extfile",
-            &ext,
-        ]);
+        ];
+        let ext = format!("{name}.ext");
+        if let Some(extensions) = extensions {
+            std::fs::write(
+                self.dir.path().join(&ext),
+                format!("basicConstraints=CA:FALSE\n{extensions}"),
+            )
+            .unwrap();
+            sign.extend(["-extfile", &ext]);
+        }
+        self.openssl(&sign);
     }
 
     fn openssl(&self, arguments: &[&str]) {
@@ -400,4 +420,154 @@ async fn bad_tls_options_are_usage_errors_that_name_the_file() {
     let (code, _, stderr) = run(&["doctor", "--tls-ca-file", &ca, "redis://127.0.0.1:1/"]).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("rediss://"), "{stderr}");
+}
+
+/// Runs the command; returns its exit code and its stderr, which must not show
+/// a panic.
+async fn stderr_of(list: &[&str]) -> (i32, String) {
+    let (code, _, stderr) = run(list).await;
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (code, stderr)
+}
+
+/// rustls takes only X.509 v3 certificates (webpki: `UnsupportedCertVersion`):
+/// a v1 client certificate is named at startup, with its file, not taken for an
+/// untrusted server certificate once connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_client_certificate_is_named_before_connecting() {
+    let pki = Pki::new();
+    pki.leaf_signed_by("v1client", "ca", None);
+    let (_server, url) = tls_server(&pki, true);
+    let (ca, cert, key) = (
+        pki.arg("ca.crt"),
+        pki.arg("v1client.crt"),
+        pki.arg("v1client.key"),
+    );
+    let (code, stderr) = stderr_of(&[
+        "doctor",
+        "--tls-ca-file",
+        &ca,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        &url,
+    ])
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("--tls-cert-file {cert}")) && stderr.contains("X.509 v1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("server's certificate"), "{stderr}");
+}
+
+/// A key that is not the client certificate's is named with both files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_the_certificates_is_named() {
+    let pki = Pki::new();
+    let (cert, key) = (pki.arg("client.crt"), pki.arg("server.key"));
+    let (code, stderr) = stderr_of(&[
+        "doctor",
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "rediss://127.0.0.1:1/",
+    ])
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--tls-key-file {key} is not the key of --tls-cert-file {cert}"
+        )),
+        "{stderr}"
+    );
+}
+
+/// A CA file that did not sign the server's certificate is named, with what it
+/// holds; a file that holds no CA at all (the server's own certificate) is told
+/// apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_file_that_did_not_sign_the_servers_certificate_is_named() {
+    let pki = Pki::new();
+    pki.ca("other-ca");
+    let (_server, url) = tls_server(&pki, false);
+
+    let other = pki.arg("other-ca.crt");
+    let (code, stderr) = stderr_of(&["doctor", "--tls-ca-file", &other, &url]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains(&format!("not signed by a CA of --tls-ca-file {other}"))
+            && stderr.contains("issued by CN=lockflight test ca")
+            && stderr.contains("it holds CN=lockflight test other-ca"),
+        "{stderr}"
+    );
+
+    let leaf = pki.arg("server.crt");
+    let (code, stderr) = stderr_of(&["doctor", "--tls-ca-file", &leaf, &url]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--tls-ca-file {leaf}, which holds no CA certificate"
+        )),
+        "{stderr}"
+    );
+}
+
+/// A host the server's certificate does not name is the fault, not the CA: the
+/// message names the host and the certificate's subjectAltName.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_the_servers_certificate_does_not_name_is_named() {
+    let pki = Pki::new();
+    let (_server, url) = tls_server(&pki, false);
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let ca = pki.arg("ca.crt");
+    let (code, stderr) = stderr_of(&["doctor", "--tls-ca-file", &ca, &by_name]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("not valid for localhost, the URL's host")
+            && stderr.contains("subjectAltName names")
+            && stderr.contains("127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("give the CA"), "{stderr}");
+}
+
+/// A client certificate the server does not accept (signed by a CA it does not
+/// trust) is named as refused by the server, not as the server's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_the_server_refuses_is_named() {
+    let pki = Pki::new();
+    pki.ca("other-ca");
+    pki.leaf_signed_by(
+        "stranger",
+        "other-ca",
+        Some("extendedKeyUsage=clientAuth\n"),
+    );
+    let (_server, url) = tls_server(&pki, true);
+    let (ca, cert, key) = (
+        pki.arg("ca.crt"),
+        pki.arg("stranger.crt"),
+        pki.arg("stranger.key"),
+    );
+    let (code, stderr) = stderr_of(&[
+        "doctor",
+        "--tls-ca-file",
+        &ca,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        &url,
+    ])
+    .await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the server refused the client certificate of --tls-cert-file {cert}"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("server's certificate"), "{stderr}");
 }
