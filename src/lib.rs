@@ -66,6 +66,9 @@
 //!
 //! ## Where to start
 //!
+//! * The [`guide`]: the lock family, leader election, fenced writes, axum,
+//!   testing, operating, choosing a topology, safety and how it works, each a
+//!   page whose examples are compiled.
 //! * [`Locker`]: `lock`, `lock_with_options` (per-call [`LockOptions`]), `try_lock`,
 //!   `with_lock`, `lock_many` (a [`MultiGuard`](guard::MultiGuard) over several
 //!   keys), `singleflight` (concurrent callers share one result), `stats`; the lock

@@ -615,7 +615,7 @@ async fn a_release_wakes_the_waiting_instance_at_once() {
 }
 
 /// Redlock keeps no leader records: a campaign is refused with
-/// `Error::Unsupported` (README's matrix), and the key it took to campaign is
+/// `Error::Unsupported` (the matrix of `guide::topology`), and the key it took to campaign is
 /// released, so another instance locks it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_is_refused_and_leaves_nothing_locked() {

@@ -1,8 +1,9 @@
-//! README's programs leave nothing locked when they return: each runs as a child
-//! process against a real Redis (the program's text, with the
-//! `RedisBackend::connect(…)` that README names for production in place of
+//! The guide's programs (`guide::lock_family`'s mutex, shapes and family
+//! programs, `guide::fencing`'s Redis form, and the crate docs' first example)
+//! leave nothing locked when they return: each runs as a child process against a
+//! real Redis (the program's text, with a `RedisBackend` in place of
 //! `MemoryBackend::new()`, and a prefix of its own), on a current-thread runtime
-//! as README writes it, and on a multi-thread one; once the child has exited,
+//! as the guide writes it, and on a multi-thread one; once the child has exited,
 //! another instance takes every lock the program took, at once.
 //!
 //! The programs leave nothing held on purpose: each releases or drops what it
@@ -15,8 +16,8 @@ use std::time::Duration;
 use lockflight::{Error, Handoff, LockOptions, Locker, RedisBackend};
 use testkit::{shared, unique_prefix, within};
 
-/// The environment variable that makes [`readme_child`] run a program.
-const CHILD_ENV: &str = "LOCKFLIGHT_README_CHILD";
+/// The environment variable that makes [`program_child`] run a program.
+const CHILD_ENV: &str = "LOCKFLIGHT_PROGRAM_CHILD";
 
 /// A runtime flavor, as `#[tokio::main]` builds it.
 #[derive(Clone, Copy, Debug)]
@@ -25,10 +26,10 @@ enum Flavor {
     MultiThread,
 }
 
-/// A program of README.
+/// A program of the guide.
 #[derive(Clone, Copy, Debug)]
 enum Program {
-    /// "Quick start".
+    /// The crate docs' first example (an in-memory quick start).
     QuickStart,
     /// "More shapes".
     MoreShapes,
@@ -59,7 +60,7 @@ impl Program {
         Program::ALL
             .into_iter()
             .find(|p| p.name() == name)
-            .unwrap_or_else(|| panic!("README has no program called {name:?}"))
+            .unwrap_or_else(|| panic!("the guide has no program called {name:?}"))
     }
 
     /// Runs the program on `url` under `prefix`.
@@ -124,7 +125,7 @@ impl Program {
 }
 
 // ---------------------------------------------------------------------------
-// README's programs, with `backend` where README builds a `MemoryBackend`.
+// The guide's programs, with `backend` where the guide builds a `MemoryBackend`.
 // ---------------------------------------------------------------------------
 
 async fn quick_start(backend: RedisBackend) -> lockflight::Result<()> {
@@ -218,7 +219,7 @@ async fn fenced_key(backend: RedisBackend, url: &str) -> lockflight::Result<()> 
 
 /// The child's prefix (set by the parent).
 fn locker_prefix() -> String {
-    std::env::var("LOCKFLIGHT_README_PREFIX").expect("LOCKFLIGHT_README_PREFIX is not set")
+    std::env::var("LOCKFLIGHT_PROGRAM_PREFIX").expect("LOCKFLIGHT_PROGRAM_PREFIX is not set")
 }
 
 // ---------------------------------------------------------------------------
@@ -236,18 +237,18 @@ async fn on_multi_thread(program: Program, url: &str, prefix: &str) -> lockfligh
     program.run(url, prefix).await
 }
 
-/// Not a test: the child process of [`readme_programs_leave_nothing_locked`]. It
+/// Not a test: the child process of [`the_guides_programs_leave_nothing_locked`]. It
 /// runs the program and the flavor its environment names, then says so.
 #[test]
-#[ignore = "child process of readme_programs_leave_nothing_locked"]
-fn readme_child() {
+#[ignore = "child process of the_guides_programs_leave_nothing_locked"]
+fn program_child() {
     let Ok(program) = std::env::var(CHILD_ENV) else {
         return;
     };
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
-    let (url, prefix) = (var("LOCKFLIGHT_README_URL"), locker_prefix());
+    let (url, prefix) = (var("LOCKFLIGHT_PROGRAM_URL"), locker_prefix());
     let program = Program::named(&program);
-    match var("LOCKFLIGHT_README_FLAVOR").as_str() {
+    match var("LOCKFLIGHT_PROGRAM_FLAVOR").as_str() {
         "current" => on_current_thread(program, &url, &prefix),
         "multi" => on_multi_thread(program, &url, &prefix),
         other => panic!("no runtime flavor called {other:?}"),
@@ -266,12 +267,12 @@ async fn leaves_nothing_locked(program: Program, flavor: Flavor) -> Result<(), S
         Flavor::MultiThread => "multi",
     };
     let (mut child, mut lines) = testkit::spawn_test_child(
-        "readme_child",
+        "program_child",
         &[
             (CHILD_ENV, program.name().to_owned()),
-            ("LOCKFLIGHT_README_FLAVOR", flavor_name.to_owned()),
-            ("LOCKFLIGHT_README_URL", shared().url()),
-            ("LOCKFLIGHT_README_PREFIX", prefix.clone()),
+            ("LOCKFLIGHT_PROGRAM_FLAVOR", flavor_name.to_owned()),
+            ("LOCKFLIGHT_PROGRAM_URL", shared().url()),
+            ("LOCKFLIGHT_PROGRAM_PREFIX", prefix.clone()),
         ],
     );
     testkit::child_line(&mut lines, "LFCHILD RETURNED").await;
@@ -297,13 +298,13 @@ async fn leaves_nothing_locked(program: Program, flavor: Flavor) -> Result<(), S
     free.map_err(|held| format!("{program:?} on {flavor:?}: {held}"))
 }
 
-/// Every program of README, on either runtime flavor, leaves every key it
+/// Every program of the guide, on either runtime flavor, leaves every key it
 /// locked free for another instance the moment it has exited. Without the
 /// release of cached leases when the last `Locker` is dropped on a
 /// current-thread runtime, the quick start leaves `sku:555` held for its 30 s
 /// lease TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readme_programs_leave_nothing_locked() {
+async fn the_guides_programs_leave_nothing_locked() {
     let mut held = Vec::new();
     for flavor in [Flavor::CurrentThread, Flavor::MultiThread] {
         for program in Program::ALL {
