@@ -6,8 +6,9 @@
 //! violation, 2 bad usage, 3 the server could not be reached or refused the
 //! operation, 4 a forced release was not confirmed.
 //!
-//! TLS: `rediss://` URLs, with the certificates of `--tls-ca-file`,
-//! `--tls-cert-file` and `--tls-key-file` (see `tls`).
+//! TLS: `rediss://` URLs (or `redis://` ones with `--tls`), with the certificates
+//! of `--tls-ca-file`, `--tls-cert-file` and `--tls-key-file` (redis-cli's
+//! `--cacert`, `--cert` and `--key`; see `tls`).
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -50,17 +51,33 @@ struct Cli {
         default_value = "lockflight"
     )]
     prefix: String,
+    /// Connect with TLS: a redis:// URL is taken as rediss:// (as redis-cli's
+    /// --tls).
+    #[arg(long, global = true)]
+    tls: bool,
     /// PEM file of the CA certificate(s) that signed the servers' TLS
     /// certificates, trusted for rediss:// URLs instead of the system's roots
     /// (e.g. a private CA, or a managed Redis's own CA).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", visible_alias = "cacert")]
     tls_ca_file: Option<PathBuf>,
     /// PEM file of the client certificate presented to servers that require
-    /// one (`tls-auth-clients yes`); needs --tls-key-file.
-    #[arg(long, global = true, value_name = "PATH", requires = "tls_key_file")]
+    /// one (`tls-auth-clients yes`): X.509 v3; needs --tls-key-file.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        requires = "tls_key_file",
+        visible_alias = "cert"
+    )]
     tls_cert_file: Option<PathBuf>,
     /// PEM file of the private key of --tls-cert-file.
-    #[arg(long, global = true, value_name = "PATH", requires = "tls_cert_file")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        requires = "tls_cert_file",
+        visible_alias = "key"
+    )]
     tls_key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -172,6 +189,17 @@ impl Command {
             | Command::Selfcheck { url, .. } => vec![url.as_str()],
         }
     }
+
+    /// The server URLs given on the command line, to rewrite.
+    fn urls_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            Command::Doctor { urls, .. } => urls.iter_mut().collect(),
+            Command::Inspect { url, .. }
+            | Command::List { url, .. }
+            | Command::Release { url, .. }
+            | Command::Selfcheck { url, .. } => vec![url],
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -191,7 +219,7 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-async fn run(cli: Cli) -> u8 {
+async fn run(mut cli: Cli) -> u8 {
     let json = cli.json;
     let files = tls::TlsFiles {
         ca: cli.tls_ca_file,
@@ -202,11 +230,16 @@ async fn run(cli: Cli) -> u8 {
         eprintln!("lockflight: {e}");
         return 2;
     }
+    if cli.tls {
+        for url in cli.command.urls_mut() {
+            *url = tls::with_tls(url);
+        }
+    }
     if files.any()
         && let Some(plain) = cli.command.urls().into_iter().find(|u| !tls::is_tls_url(u))
     {
         eprintln!(
-            "lockflight: --tls-ca-file, --tls-cert-file and --tls-key-file are for rediss:// URLs; {} is not one",
+            "lockflight: --tls-ca-file, --tls-cert-file and --tls-key-file are for rediss:// URLs (or redis:// ones with --tls); {} is not one",
             redact(plain)
         );
         return 2;

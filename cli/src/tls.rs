@@ -3,7 +3,8 @@
 //! `--tls-key-file`). They are read and checked once, at startup ([`init`]), and
 //! then applied to every `rediss://` URL the command connects to: the ones given
 //! on the command line and the ones derived from them (a cluster's primaries
-//! keep the scheme of the node given). A `redis://` URL stays plain TCP.
+//! keep the scheme of the node given). A `redis://` URL stays plain TCP, unless
+//! `--tls` made it `rediss://` ([`with_tls`]).
 //!
 //! A fault is named with the option and file at fault: what can be checked
 //! alone (a file unreadable or not PEM, a client certificate of X.509 v1, a key
@@ -89,6 +90,14 @@ static SETUP: OnceLock<Setup> = OnceLock::new();
 /// Whether `url` asks for TLS.
 pub(crate) fn is_tls_url(url: &str) -> bool {
     url.starts_with("rediss://")
+}
+
+/// `url` with TLS (`--tls`): a `redis://` URL becomes `rediss://`; others stay.
+pub(crate) fn with_tls(url: &str) -> String {
+    match url.strip_prefix("redis://") {
+        Some(rest) => format!("rediss://{rest}"),
+        None => url.to_owned(),
+    }
 }
 
 /// Installs the process's TLS crypto provider (ring) and reads `files`: each

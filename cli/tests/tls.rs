@@ -9,7 +9,7 @@
 //! connection names the file or name at fault: a v1 client certificate, a key
 //! that is not the certificate's, a CA file that did not sign the server's
 //! certificate, a host the certificate does not name, a client certificate the
-//! server refuses.
+//! server refuses. redis-cli's `--tls`, `--cacert`, `--cert` and `--key` work.
 
 mod support;
 
@@ -570,4 +570,29 @@ async fn a_client_certificate_the_server_refuses_is_named() {
         "{stderr}"
     );
     assert!(!stderr.contains("server's certificate"), "{stderr}");
+}
+
+/// redis-cli's spellings: `--tls` makes a redis:// URL rediss://, and `--cacert`,
+/// `--cert`, `--key` are --tls-ca-file, --tls-cert-file, --tls-key-file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cli_tls_flags_are_accepted() {
+    let pki = Pki::new();
+    let (_server, url) = tls_server(&pki, true);
+    let plain = url.replace("rediss://", "redis://");
+    let (ca, cert, key) = (
+        pki.arg("ca.crt"),
+        pki.arg("client.crt"),
+        pki.arg("client.key"),
+    );
+    let (code, report, stderr) = run(&[
+        "doctor", "--json", "--tls", "--cacert", &ca, "--cert", &cert, "--key", &key, &plain,
+    ])
+    .await;
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    assert_eq!(support::verdict(&report, "scripts").0, "pass", "{report:#}");
+
+    // Without --tls, a redis:// URL with TLS files is still a usage error.
+    let (code, stderr) = stderr_of(&["doctor", "--cacert", &ca, &plain]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("redis:// ones with --tls"), "{stderr}");
 }
