@@ -182,14 +182,25 @@ impl Crate {
 
     /// Every public path of every item, from the crate root.
     fn public_paths(&self, root: &str) -> BTreeMap<Target, Vec<String>> {
+        self.public_paths_and_foreign(root).0
+    }
+
+    /// [`public_paths`](Self::public_paths), and the re-exports of what lives
+    /// outside the crate (a dependency re-exported whole, or an item of one), as
+    /// `pub use PATH = FOREIGN` lines.
+    fn public_paths_and_foreign(
+        &self,
+        root: &str,
+    ) -> (BTreeMap<Target, Vec<String>>, BTreeSet<String>) {
         let mut paths: BTreeMap<Target, Vec<String>> = BTreeMap::new();
         let mut visited = BTreeSet::new();
-        self.visit(0, root.to_string(), &mut paths, &mut visited);
+        let mut foreign = BTreeSet::new();
+        self.visit(0, root.to_string(), &mut paths, &mut visited, &mut foreign);
         for list in paths.values_mut() {
             list.sort_by_key(|p| (p.matches("::").count(), p.clone()));
             list.dedup();
         }
-        paths
+        (paths, foreign)
     }
 
     fn visit(
@@ -198,6 +209,7 @@ impl Crate {
         path: String,
         paths: &mut BTreeMap<Target, Vec<String>>,
         visited: &mut BTreeSet<(usize, String)>,
+        foreign: &mut BTreeSet<String>,
     ) {
         if !visited.insert((module, path.clone())) {
             return;
@@ -214,7 +226,7 @@ impl Crate {
                         .children(module)
                         .find(|&m| self.modules[m].name == name)
                         .unwrap();
-                    self.visit(m, format!("{path}::{name}"), paths, visited);
+                    self.visit(m, format!("{path}::{name}"), paths, visited, foreign);
                 }
                 Item::Use(use_item) if is_pub(&use_item.vis) => {
                     for import in flatten_use(&use_item.tree) {
@@ -224,12 +236,14 @@ impl Crate {
                         );
                         let at = format!("{path}::{}", import.alias);
                         match self.resolve(module, &import.path, 0) {
-                            Some(Target::Module(m)) => self.visit(m, at, paths, visited),
+                            Some(Target::Module(m)) => self.visit(m, at, paths, visited, foreign),
                             Some(target) => paths.entry(target).or_default().push(at),
-                            None => eprintln!(
-                                "api-listing: {at} re-exports {}, outside the crate",
-                                import.path.join("::")
-                            ),
+                            None => {
+                                foreign.insert(format!(
+                                    "pub use {at} = {} (another crate)",
+                                    import.path.join("::")
+                                ));
+                            }
                         }
                     }
                 }
@@ -302,7 +316,7 @@ impl Crate {
 
     /// The listing; an item with no path in `stable` is marked `[unstable]`.
     fn listing(&self, root: &str, stable: &BTreeSet<String>) -> String {
-        let paths = self.public_paths(root);
+        let (paths, foreign) = self.public_paths_and_foreign(root);
         let canonical = |target: Target| paths.get(&target).map(|p| p[0].clone());
         // The entries of each public item, keyed by its canonical path.
         let mut entries: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -425,6 +439,11 @@ impl Crate {
             for member in members.get(path).into_iter().flatten() {
                 writeln!(out, "{member}").unwrap();
             }
+        }
+        // Other crates re-exported: part of the API (a major bump of one is a
+        // breaking release; ARCHITECTURE.md, "Public dependencies").
+        for line in &foreign {
+            writeln!(out, "{line}").unwrap();
         }
         out
     }
