@@ -1,10 +1,7 @@
 //! `lockflight`: check a Redis deployment for lockflight, inspect and force-release
 //! lock keys, run a bounded self-check. See README, "Operating lockflight".
 //!
-//! Exit codes (for CI): 0 everything passed (warnings allowed unless `--strict`),
-//! 1 a check failed (or warned, with `--strict`), or a self-check found a
-//! violation, 2 bad usage, 3 the server could not be reached or refused the
-//! operation, 4 a forced release was not confirmed.
+//! Exit codes (for CI): [`EXIT_CODES`], printed by `--help`.
 //!
 //! TLS: `rediss://` URLs (or `redis://` ones with `--tls`), with the certificates
 //! of `--tls-ca-file`, `--tls-cert-file` and `--tls-key-file` (redis-cli's
@@ -28,16 +25,28 @@ mod tls;
 
 /// Exit code: a check failed.
 pub(crate) const EXIT_FAILED: u8 = 1;
+/// Exit code: bad usage (clap's own code for a usage error, too).
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code: the server could not be reached, or refused.
 pub(crate) const EXIT_UNREACHABLE: u8 = 3;
 /// Exit code: a forced release was not confirmed.
 pub(crate) const EXIT_NOT_CONFIRMED: u8 = 4;
 
+/// Every exit code of the command, as `--help` lists them (after the options).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done; every check passed (warnings allowed, unless --strict)
+  1  a check failed (or warned or was unknown, with doctor --strict); selfcheck found a violation
+  2  bad usage: an unknown option, a missing argument, an unreadable or wrong TLS file
+  3  the server could not be reached, or refused the operation
+  4  release --force was not confirmed (no --yes, and the key was not typed)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "lockflight",
     version,
-    about = "Check and operate lockflight's Redis locks"
+    about = "Check and operate lockflight's Redis locks",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// Machine-readable output (one JSON document on stdout).
@@ -228,7 +237,7 @@ async fn run(mut cli: Cli) -> u8 {
     };
     if let Err(e) = tls::init(&files) {
         eprintln!("lockflight: {e}");
-        return 2;
+        return EXIT_USAGE;
     }
     if cli.tls {
         for url in cli.command.urls_mut() {
@@ -242,7 +251,7 @@ async fn run(mut cli: Cli) -> u8 {
             "lockflight: --tls-ca-file, --tls-cert-file and --tls-key-file are for rediss:// URLs (or redis:// ones with --tls); {} is not one",
             redact(plain)
         );
-        return 2;
+        return EXIT_USAGE;
     }
     let result = match cli.command {
         Command::Doctor {
@@ -257,7 +266,7 @@ async fn run(mut cli: Cli) -> u8 {
                 Ok(auth) => auth,
                 Err(e) => {
                     eprintln!("lockflight doctor: {e}");
-                    return 2;
+                    return EXIT_USAGE;
                 }
             };
             let target = match (&sentinel, cluster, urls.as_slice()) {
@@ -270,7 +279,7 @@ async fn run(mut cli: Cli) -> u8 {
                     eprintln!(
                         "lockflight doctor: one URL (several only with --sentinel, for the sentinels)"
                     );
-                    return 2;
+                    return EXIT_USAGE;
                 }
             };
             doctor::run(target, &cli.prefix, replica_ack, strict, json).await
@@ -296,7 +305,7 @@ async fn run(mut cli: Cli) -> u8 {
                 eprintln!(
                     "lockflight release: --force is required (it frees a lock that somebody else holds; add --fence for each resource that must refuse that holder's late writes)"
                 );
-                return 2;
+                return EXIT_USAGE;
             }
             ops::release(&url, cluster, &cli.prefix, &key, yes, &fence, json).await
         }

@@ -599,3 +599,24 @@ async fn inspect_shows_who_leads_an_election() {
     assert_eq!(code, 0, "{report:#}");
     assert!(report["leader"].is_null(), "{report:#}");
 }
+
+/// `--help` (and `-h`) lists every exit code the command uses, 0 to 4.
+#[tokio::test]
+async fn help_lists_every_exit_code() {
+    for flag in ["--help", "-h"] {
+        let (code, text) = lockflight_text(&[flag]).await;
+        assert_eq!(code, 0, "{text}");
+        let listed = text
+            .split("Exit codes:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no exit codes in `lockflight {flag}`: {text}"));
+        for exit in 0..=4 {
+            assert!(
+                listed
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{exit}  "))),
+                "exit code {exit} in `lockflight {flag}`: {text}"
+            );
+        }
+    }
+}
