@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult};
 
-use crate::report::{Check, Verdict, print_checks};
+use crate::report::{Check, Verdict, plural, print_checks};
 use crate::{EXIT_FAILED, cluster_primaries, connect, progress, redact};
 
 /// The rights the minimal ACL user needs (README, `RedisBackend` docs), as
@@ -495,14 +495,22 @@ async fn replicas_check(
             match acked {
                 Ok(acks) if acks >= i64::from(n) => Check::pass(
                     "replicas",
-                    format!("{connected} replicas connected; WAIT {n} got {acks} acknowledgements"),
+                    format!(
+                        "{} connected; WAIT {n} got {}",
+                        plural(connected, "replica", "replicas"),
+                        plural(acks, "acknowledgement", "acknowledgements")
+                    ),
                 ),
                 Ok(acks) => Check::fail(
                     "replicas",
                     format!(
-                        "replica_ack({n}) asked, but {connected} replicas are connected and WAIT {n} 200 got {acks}: every grant would be refused NOREPLICAS"
+                        "replica_ack({n}) asked, but {} connected and WAIT {n} 200 got {acks}: every grant would be refused NOREPLICAS",
+                        plural(connected, "replica is", "replicas are")
                     ),
-                    format!("attach at least {n} replicas, or lower replica_ack"),
+                    format!(
+                        "attach at least {}, or lower replica_ack",
+                        plural(n, "replica", "replicas")
+                    ),
                 ),
                 Err(e) => Check::fail(
                     "replicas",
@@ -518,7 +526,8 @@ async fn replicas_check(
         None => Check::pass(
             "replicas",
             format!(
-                "{connected} replicas; without replica_ack a failover can lose a lock granted just before it"
+                "{}; without replica_ack a failover can lose a lock granted just before it",
+                plural(connected, "replica", "replicas")
             ),
         ),
     }

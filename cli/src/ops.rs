@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use lockflight::inspect::{Inspector, InstanceCard, KeyState, LeaseState, Listing, WaiterState};
 use serde_json::{Value, json};
 
+use crate::report::plural;
 use crate::{EXIT_NOT_CONFIRMED, KeyConn, cluster_primaries, connect, redact};
 
 /// Where `inspect` and `list` looked, for an operator who finds nothing: the
@@ -202,7 +203,8 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
     }
     if let Some(n) = s.permit_count {
         println!(
-            "  semaphore: {n} permits, {} free",
+            "  semaphore: {}, {} free",
+            plural(n, "permit", "permits"),
             s.free_permits().unwrap_or(0)
         );
         for p in &s.permits {
@@ -411,18 +413,19 @@ pub(crate) async fn release(
             (None, _) => "none".to_owned(),
         };
         println!(
-            "released {key}: holder {}, write lease {}, {} read leases, {} permits; fences advanced to {} (mutex) and {} (write); {} waiting instances woken",
+            "released {key}: holder {}, write lease {}, {}, {}; fences advanced to {} (mutex) and {} (write); {} woken",
             lease(&done.holder, &holder_id),
             lease(&done.writer, &writer_id),
-            done.readers,
-            done.permits,
+            plural(done.readers, "read lease", "read leases"),
+            plural(done.permits, "permit", "permits"),
             done.fence,
             done.write_fence,
-            done.woken
+            plural(done.woken, "waiting instance", "waiting instances")
         );
         println!(
-            "told the holders' instances: {} loss messages, received by {} subscribers",
-            done.told, done.receivers
+            "told the holders' instances: {}, received by {}",
+            plural(done.told, "loss message", "loss messages"),
+            plural(done.receivers, "subscriber", "subscribers")
         );
         if done.told > done.receivers {
             println!(

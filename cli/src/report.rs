@@ -1,6 +1,20 @@
 //! A check's verdict and how reports are printed (text or `--json`).
 
+use std::fmt::Display;
+
 use serde_json::{Value, json};
+
+/// `n` with the words that agree with it: `plural(1, "warning", "warnings")` is
+/// `1 warning`, `plural(2, …)` is `2 warnings`, and `plural(0, …)` is
+/// `0 warnings`. The words may carry their verb (`"replica is"`, `"replicas
+/// are"`). Every count the command prints goes through it.
+pub(crate) fn plural<N>(n: N, one: &str, many: &str) -> String
+where
+    N: Display + PartialEq + From<u8>,
+{
+    let words = if n == N::from(1) { one } else { many };
+    format!("{n} {words}")
+}
 
 /// Pass, unknown (the data could not be read), warn or fail; in that order of
 /// severity.
@@ -117,12 +131,26 @@ pub(crate) fn print_checks(title: &str, target: &str, checks: &[Check], json: bo
             }
         }
         println!(
-            "{} passed, {} unknown, {} warnings, {} failed",
+            "{} passed, {} unknown, {}, {} failed",
             count(Verdict::Pass),
             count(Verdict::Unknown),
-            count(Verdict::Warn),
+            plural(count(Verdict::Warn), "warning", "warnings"),
             count(Verdict::Fail)
         );
     }
     worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plural;
+
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(plural(0usize, "warning", "warnings"), "0 warnings");
+        assert_eq!(plural(1usize, "warning", "warnings"), "1 warning");
+        assert_eq!(plural(2u64, "warning", "warnings"), "2 warnings");
+        assert_eq!(plural(1u32, "replica is", "replicas are"), "1 replica is");
+        assert_eq!(plural(-1i64, "unit", "units"), "-1 units");
+    }
 }

@@ -51,7 +51,7 @@ use lockflight::{Error, FencingToken, Handoff, LockGuard, Locker, RedisBackend};
 use tokio::time::Instant;
 
 use crate::proxy::FaultProxy;
-use crate::report::{Check, Verdict, print_checks};
+use crate::report::{Check, Verdict, plural, print_checks};
 use crate::{EXIT_FAILED, connect, progress, redact};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -195,10 +195,14 @@ impl Findings {
             one(
                 "exclusion",
                 self.overlaps > 0,
-                format!("{} critical sections, none overlapped", self.sections),
                 format!(
-                    "{} of {} critical sections overlapped another of their key",
-                    self.overlaps, self.sections
+                    "{}, none overlapped",
+                    plural(self.sections, "critical section", "critical sections")
+                ),
+                format!(
+                    "{} of {} overlapped another of their key",
+                    self.overlaps,
+                    plural(self.sections, "critical section", "critical sections")
                 ),
                 "run `lockflight doctor` on this server; report the run with its output",
             ),
@@ -207,8 +211,13 @@ impl Findings {
                 self.out_of_order > 0 || self.fenced_live > 0,
                 "tokens strictly increased per key, no live holder's write was fenced".into(),
                 format!(
-                    "{} tokens did not increase, {} live holders' writes were refused by the fence",
-                    self.out_of_order, self.fenced_live
+                    "{} not increase, {} refused by the fence",
+                    plural(self.out_of_order, "token did", "tokens did"),
+                    plural(
+                        self.fenced_live,
+                        "live holder's write was",
+                        "live holders' writes were"
+                    )
                 ),
                 "check the server's clock (it must not step back) and `lockflight doctor`",
             ),
@@ -225,8 +234,8 @@ impl Findings {
                 "every release told the truth (a lost reply was never reported as a lost lease)"
                     .into(),
                 format!(
-                    "{} releases reported a lost lease whose holder had not been told it was lost",
-                    self.false_losses
+                    "{} a lost lease whose holder had not been told it was lost",
+                    plural(self.false_losses, "release reported", "releases reported")
                 ),
                 "report the run with its output; check `lockflight doctor` (eviction)",
             ),
@@ -245,8 +254,8 @@ impl Findings {
             checks.push(Check::warn(
                 "errors",
                 format!(
-                    "{} operations failed, e.g. {}",
-                    self.errors.len(),
+                    "{}, e.g. {}",
+                    plural(self.errors.len(), "operation failed", "operations failed"),
                     self.errors[0]
                 ),
                 "see `lockflight doctor`",
@@ -695,7 +704,11 @@ async fn phases(
             checks.push(if cuts > 0 {
                 Check::pass(
                     "lost-replies",
-                    format!("{cuts} connections were cut right after a request (its reply lost) while the instances worked; {injected} operations failed because of those cuts, as expected"),
+                    format!(
+                        "{} cut right after a request (its reply lost) while the instances worked; {} because of those cuts, as expected",
+                        plural(cuts, "connection was", "connections were"),
+                        plural(injected, "operation failed", "operations failed")
+                    ),
                 )
             } else {
                 Check::warn(

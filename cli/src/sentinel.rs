@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use redis::RedisResult;
 
-use crate::report::Check;
+use crate::report::{Check, plural};
 use crate::{connect, redact};
 
 /// What the sentinels told.
@@ -147,9 +147,9 @@ pub(crate) async fn inspect(
         Check::warn(
             "sentinels",
             format!(
-                "{} of {} sentinels name the primary {primary}; {}",
+                "{} of {} name the primary {primary}; {}",
                 named.len(),
-                sentinels.len(),
+                plural(sentinels.len(), "sentinel", "sentinels"),
                 problems.join("; ")
             ),
             "give the backend only reachable sentinels of this master, or bring the others back",
@@ -158,9 +158,9 @@ pub(crate) async fn inspect(
         Check::pass(
             "sentinels",
             format!(
-                "{} of {} sentinels name the primary {primary} for {master:?}",
+                "{} of {} name the primary {primary} for {master:?}",
                 named.len(),
-                sentinels.len()
+                plural(sentinels.len(), "sentinel", "sentinels")
             ),
         )
     });
@@ -200,12 +200,18 @@ pub(crate) async fn inspect(
                 }
             }
             let healthy = replicas.len();
-            let detail = format!("{healthy} of {total} replicas of {master:?} are up and linked");
+            let detail = format!(
+                "{healthy} of {} of {master:?} up and linked",
+                plural(total, "replica", "replicas")
+            );
             match replica_ack {
                 Some(n) if healthy < n as usize => Check::fail(
                     "sentinel-replicas",
                     format!("{detail}, but replica_ack({n}) needs {n}: every grant would be refused NOREPLICAS"),
-                    format!("attach at least {n} healthy replicas, or lower replica_ack"),
+                    format!(
+                        "attach at least {}, or lower replica_ack",
+                        plural(n, "healthy replica", "healthy replicas")
+                    ),
                 ),
                 Some(n) => Check::pass(
                     "sentinel-replicas",

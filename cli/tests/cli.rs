@@ -620,3 +620,108 @@ async fn help_lists_every_exit_code() {
         }
     }
 }
+
+/// doctor's summary counts one warning as one: the default user sees one (no
+/// persistence), a user without `+info` two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_counts_one_warning_and_two_warnings() {
+    let server = RedisServer::start();
+    let (code, text) = lockflight_text(&["doctor", &server.url()]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.contains(", 1 warning, ")),
+        "{text}"
+    );
+
+    let mut admin = server.connection().await;
+    set_acl_user(&mut admin, "noinfo", MINIMAL_ACL_RULES).await;
+    let url = format!("redis://noinfo:pw@127.0.0.1:{}/", server.port());
+    let (_, text) = lockflight_text(&["doctor", "--prefix", "lfacl", &url]).await;
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.contains(", 2 warnings, ")),
+        "{text}"
+    );
+}
+
+/// `release --force` counts leases, permits, woken instances, loss messages and
+/// their receivers with the noun that agrees: 1 of each, then 2 read leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_counts_agree_with_their_nouns() {
+    let server = shared();
+    let url = server.url();
+    let prefix = unique_prefix("cli-plural");
+    let a = locker(&url, &prefix, Duration::from_secs(30)).await;
+    let b = locker(&url, &prefix, Duration::from_secs(30)).await;
+
+    // One holder, one waiting instance.
+    let held = a.lock("one").await.unwrap();
+    let waiter = tokio::spawn(async move { b.lock("one").await.map(|g| (b, g)) });
+    wait_for_queue(&url, &prefix, "one").await;
+    let (code, text) = lockflight_text(&[
+        "release", "--force", "--yes", "--prefix", &prefix, &url, "one",
+    ])
+    .await;
+    assert_eq!(code, 0, "{text}");
+    for phrase in [
+        "0 read leases",
+        "0 permits",
+        "1 waiting instance woken",
+        "1 loss message, received by 1 subscriber",
+    ] {
+        assert!(text.contains(phrase), "{phrase:?} in {text}");
+    }
+    let (b, next) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is woken")
+        .unwrap()
+        .unwrap();
+    next.release().await.unwrap();
+    drop(held);
+
+    // Two read leases, of two instances; one permit.
+    let (r1, r2) = (
+        a.rwlock("two").read().await.unwrap(),
+        b.rwlock("two").read().await.unwrap(),
+    );
+    let (code, text) = lockflight_text(&[
+        "release", "--force", "--yes", "--prefix", &prefix, &url, "two",
+    ])
+    .await;
+    assert_eq!(code, 0, "{text}");
+    for phrase in [
+        "2 read leases",
+        "0 waiting instances woken",
+        "2 loss messages, received by 2 subscribers",
+    ] {
+        assert!(text.contains(phrase), "{phrase:?} in {text}");
+    }
+    drop((r1, r2));
+    let permit = a.semaphore("three", 1).acquire().await.unwrap();
+    let (code, text) = lockflight_text(&[
+        "release", "--force", "--yes", "--prefix", &prefix, &url, "three",
+    ])
+    .await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(", 1 permit;"), "{text}");
+    drop(permit);
+}
+
+/// Polls `inspect` until one instance waits for the mutex of `key`.
+async fn wait_for_queue(url: &str, prefix: &str, key: &str) {
+    for _ in 0..100 {
+        let (_, report) =
+            lockflight(args(&["inspect", "--json", "--prefix", prefix, url, key])).await;
+        if report["mutex"]["queue"]
+            .as_array()
+            .is_some_and(|q| q.len() == 1)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no instance came to wait for {key}");
+}
