@@ -125,8 +125,9 @@ enum Command {
         #[arg(long)]
         strict: bool,
     },
-    /// Shows everything lockflight stores for one key: holder, fencing epochs,
-    /// TTLs, waiting instances with their ages, claims, read leases, permits.
+    /// Shows everything lockflight stores for one key: holders with their lease
+    /// tokens and TTLs, fencing tokens, waiting instances with their ages,
+    /// claims, read leases, permits.
     Inspect {
         /// redis://…; with --cluster, any node.
         url: String,
@@ -154,7 +155,7 @@ enum Command {
     /// leases, permits), advances its fences, and tells each holder's instance
     /// that its lease is lost. Only the resources named with --fence refuse the
     /// old holder's late fenced writes at once; another resource refuses them only
-    /// once it has accepted a newer token.
+    /// once it has accepted a newer fencing token.
     Release {
         /// Required: this frees a lock that somebody else holds.
         #[arg(long)]
@@ -169,10 +170,11 @@ enum Command {
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
-        /// Also record the new token in the fence of this `FencedKey` resource
-        /// (repeatable), so the old holder's late fenced writes to it are refused
-        /// now, before any new holder writes. Without it, such a write is applied
-        /// if the resource has not seen a newer token yet.
+        /// Also record the new fencing token in the fence of this `FencedKey`
+        /// resource (repeatable), so the old holder's late fenced writes to it
+        /// are refused now, before any new holder writes. Without it, such a
+        /// write is applied if the resource has not seen a newer fencing token
+        /// yet.
         #[arg(long = "fence", value_name = "REDIS_KEY")]
         fence: Vec<String>,
     },

@@ -135,6 +135,10 @@ fn held(d: Option<Duration>) -> String {
     d.map_or(String::new(), |d| format!(", for {:.3} s", d.as_secs_f64()))
 }
 
+/// A key's state for an operator. Two numbers that are easy to confuse are named
+/// apart: a lease's **lease token** (random; which grant, and by its first 16 hex
+/// digits which instance) and the key's **fencing token** (its epoch: strictly
+/// greater at every grant; what fenced resources compare).
 fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
     let d =
         |d: Option<Duration>| d.map_or("no expiry".to_owned(), |d| format!("{} ms", d.as_millis()));
@@ -142,10 +146,17 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
         l.instance()
             .map_or("an unknown instance".to_owned(), |id| who(cards, id))
     };
+    let fencing = |epoch: u64, held: bool| {
+        if held {
+            format!("epoch {epoch}")
+        } else {
+            format!("epoch {epoch} (the last granted; the next grant's is greater)")
+        }
+    };
     println!("key {}", s.key);
     match &s.holder {
         Some(h) => println!(
-            "  mutex: held by {}{} with token {} ({} left)",
+            "  mutex: held by {}{}, lease token {} ({} left)",
             lease_who(h),
             held(s.held_for()),
             h.token,
@@ -154,7 +165,10 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
         None => println!("  mutex: free"),
     }
     if let Some(epoch) = s.fence_epoch {
-        println!("  mutex fencing epoch: {epoch}");
+        println!(
+            "  mutex fencing token: {}",
+            fencing(epoch, s.holder.is_some())
+        );
     }
     if let Some(l) = &s.leader {
         let since = std::time::SystemTime::now()
@@ -180,7 +194,7 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
     }
     if let Some(w) = &s.writer {
         println!(
-            "  write lease: held by {}{} with token {} ({} left)",
+            "  write lease: held by {}{}, lease token {} ({} left)",
             lease_who(w),
             held(s.write_held_for()),
             w.token,
@@ -188,18 +202,21 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
         );
     }
     if let Some(epoch) = s.write_epoch {
-        println!("  write fencing epoch: {epoch}");
+        println!(
+            "  write fencing token: {}",
+            fencing(epoch, s.writer.is_some())
+        );
     }
     for r in &s.readers {
         println!(
-            "  read lease: {} with token {} ({} left)",
+            "  read lease: {}, lease token {} ({} left)",
             lease_who(r),
             r.token,
             d(r.ttl)
         );
     }
     for w in &s.waiting_writers {
-        println!("  waiting writer: token {}", w.token);
+        println!("  waiting writer: lease token {}", w.token);
     }
     if let Some(n) = s.permit_count {
         println!(
@@ -209,7 +226,7 @@ fn print_state(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) {
         );
         for p in &s.permits {
             println!(
-                "    permit: {} with token {} ({} left)",
+                "    permit: {}, lease token {} ({} left)",
                 lease_who(p),
                 p.token,
                 d(p.ttl)
@@ -408,12 +425,12 @@ pub(crate) async fn release(
         );
     } else {
         let lease = |token: &Option<String>, id: &Option<String>| match (token, id) {
-            (Some(t), Some(id)) => format!("{t} of {}", who(&cards, id)),
-            (Some(t), None) => t.clone(),
+            (Some(t), Some(id)) => format!("lease token {t} of {}", who(&cards, id)),
+            (Some(t), None) => format!("lease token {t}"),
             (None, _) => "none".to_owned(),
         };
         println!(
-            "released {key}: holder {}, write lease {}, {}, {}; fences advanced to {} (mutex) and {} (write); {} woken",
+            "released {key}: mutex holder {}, write lease {}, {}, {}; fencing tokens advanced to {} (mutex) and {} (write); {} woken",
             lease(&done.holder, &holder_id),
             lease(&done.writer, &writer_id),
             plural(done.readers, "read lease", "read leases"),
@@ -433,13 +450,16 @@ pub(crate) async fn release(
             );
         }
         for name in fence {
-            println!("fenced {name} at {}", done.fence.max(done.write_fence));
+            println!(
+                "fenced {name} at fencing token {}",
+                done.fence.max(done.write_fence)
+            );
         }
         let freed =
             done.holder.is_some() || done.writer.is_some() || done.readers + done.permits > 0;
         if fence.is_empty() && freed {
             println!(
-                "no resource fenced: a late fenced write of an old holder is refused only where a newer token was seen (--fence R records one in R now)"
+                "no resource fenced: a late fenced write of an old holder is refused only where a newer fencing token was seen (--fence R records one in R now)"
             );
         }
     }

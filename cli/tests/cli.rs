@@ -725,3 +725,44 @@ async fn wait_for_queue(url: &str, prefix: &str, key: &str) {
     }
     panic!("no instance came to wait for {key}");
 }
+
+/// `inspect` names the random **lease token** and the increasing **fencing
+/// token** apart, never a bare "token" next to a "fencing epoch".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_names_the_lease_token_and_the_fencing_token_apart() {
+    let server = shared();
+    let url = server.url();
+    let prefix = unique_prefix("cli-words");
+    let a = locker(&url, &prefix, Duration::from_secs(30)).await;
+    let held = a.lock("job").await.unwrap();
+    let epoch = held.fencing_token().epoch;
+    let (_, report) = lockflight(args(&[
+        "inspect", "--json", "--prefix", &prefix, &url, "job",
+    ]))
+    .await;
+    let token = report["mutex"]["holder"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a holder's token: {report:#}"))
+        .to_owned();
+
+    let (code, text) = lockflight_text(&["inspect", "--prefix", &prefix, &url, "job"]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(&format!(", lease token {token} (")), "{text}");
+    assert!(
+        text.contains(&format!("mutex fencing token: epoch {epoch}\n")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("with token") && !text.contains("fencing epoch"),
+        "{text}"
+    );
+
+    held.release().await.unwrap();
+    let (_, text) = lockflight_text(&["inspect", "--prefix", &prefix, &url, "job"]).await;
+    assert!(
+        text.contains(&format!(
+            "mutex fencing token: epoch {epoch} (the last granted"
+        )),
+        "{text}"
+    );
+}
