@@ -137,7 +137,8 @@ enum Command {
         #[arg(long)]
         cluster: bool,
     },
-    /// Lists held keys (SCAN, bounded; with --cluster, on every primary).
+    /// Lists held keys with their kind, holder and TTL (SCAN, bounded; with
+    /// --cluster, on every primary).
     List {
         /// redis://…; with --cluster, any node.
         url: String,

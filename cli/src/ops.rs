@@ -6,7 +6,10 @@ use std::time::Duration;
 use lockflight::fence::FencedKey;
 use std::collections::BTreeMap;
 
-use lockflight::inspect::{Inspector, InstanceCard, KeyState, LeaseState, Listing, WaiterState};
+use futures::StreamExt as _;
+use lockflight::inspect::{
+    Inspector, InstanceCard, KeyState, LeaseState, ListedKey, Listing, WaiterState,
+};
 use serde_json::{Value, json};
 
 use crate::report::plural;
@@ -277,8 +280,119 @@ pub(crate) async fn inspect(
     Ok(0)
 }
 
+/// At most this many keys of a listing are inspected at once (for their holder
+/// and TTL).
+const LIST_INSPECTIONS_IN_FLIGHT: usize = 16;
+
+/// One row of `list`: a kind that holds a key, who holds it and for how long.
+struct Row {
+    kind: &'static str,
+    /// The lease token (mutex, write lease) or the count of holders (read
+    /// leases, permits); `None` once nothing of the kind holds the key.
+    holder: Option<String>,
+    /// The time left of the lease (of the longest, for several holders).
+    ttl: Option<Duration>,
+    json: Value,
+}
+
+/// What holds `key` by `kind`, from its state.
+fn row(kind: &'static str, s: &KeyState) -> Row {
+    let longest = |leases: &[LeaseState]| leases.iter().filter_map(|l| l.ttl).max();
+    // Holders of a sorted set: its size, less the members read that have
+    // expired (a past expiry has no TTL) and are not yet pruned.
+    let live = |size: usize, leases: &[LeaseState]| {
+        size.saturating_sub(leases.iter().filter(|l| l.ttl.is_none()).count())
+    };
+    let (holder, ttl, json) = match kind {
+        "mutex" | "write" => {
+            let lease = if kind == "mutex" {
+                &s.holder
+            } else {
+                &s.writer
+            };
+            let token = lease.as_ref().map(|l| l.token.clone());
+            let ttl = lease.as_ref().and_then(|l| l.ttl);
+            (
+                token.clone(),
+                ttl,
+                json!({ "kind": kind, "token": token, "ttl_ms": ms(ttl) }),
+            )
+        }
+        "read" => {
+            let n = live(s.sizes[1], &s.readers);
+            (
+                (n > 0).then(|| plural(n, "reader", "readers")),
+                longest(&s.readers),
+                json!({ "kind": kind, "holders": n, "ttl_ms": ms(longest(&s.readers)) }),
+            )
+        }
+        _ => {
+            let n = live(s.sizes[4], &s.permits);
+            let holder = match s.permit_count {
+                Some(count) => format!("{n} of {}", plural(count, "permit", "permits")),
+                None => plural(n, "permit", "permits"),
+            };
+            (
+                (n > 0).then_some(holder),
+                longest(&s.permits),
+                json!({
+                    "kind": kind,
+                    "holders": n,
+                    "permits": s.permit_count,
+                    "ttl_ms": ms(longest(&s.permits)),
+                }),
+            )
+        }
+    };
+    Row {
+        kind,
+        holder,
+        ttl,
+        json,
+    }
+}
+
+/// A TTL as `850 ms` or `29.8 s`.
+fn ttl_text(ttl: Option<Duration>) -> String {
+    match ttl {
+        Some(t) if t < Duration::from_secs(1) => format!("{} ms", t.as_millis()),
+        Some(t) => format!("{:.1} s", t.as_secs_f64()),
+        None => "-".to_owned(),
+    }
+}
+
+/// `rows` as aligned columns under `header`.
+fn print_table(header: [&str; 4], rows: &[[String; 4]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 4]| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            }
+        }
+        out
+    };
+    println!("{}", line(header));
+    for row in rows {
+        println!(
+            "{}",
+            line([&row[0], &row[1], &row[2], &row[3]].map(String::as_str))
+        );
+    }
+}
+
 /// `lockflight list`: on one server, or on every primary of a cluster (each
-/// scan bounded by `limit`, the merged listing cut at `limit`).
+/// scan bounded by `limit`, the merged listing cut at `limit`); then each listed
+/// key is inspected on its server for its holders and TTLs
+/// ([`LIST_INSPECTIONS_IN_FLIGHT`] at a time).
 pub(crate) async fn list(
     url: &str,
     cluster: bool,
@@ -294,44 +408,105 @@ pub(crate) async fn list(
     } else {
         vec![url.to_owned()]
     };
-    let mut listing = Listing {
-        keys: Vec::new(),
-        truncated: false,
-    };
+    let mut conns = Vec::new();
+    let mut keys = Vec::new();
+    let mut truncated = false;
     for node in &nodes {
         let mut conn = connect(node).await?;
-        let found = inspector
+        let found: Listing = inspector
             .list(&mut conn, key_prefix, limit)
             .await
             .map_err(|e| format!("{}: {e}", redact(node)))?;
-        listing.truncated |= found.truncated;
-        listing.keys.extend(found.keys);
+        truncated |= found.truncated;
+        keys.extend(found.keys.into_iter().map(|k| (conns.len(), k)));
+        conns.push(conn);
     }
     // Every name of a key lives in one slot, so no key is listed by two primaries.
-    listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
-    if listing.keys.len() > limit {
-        listing.keys.truncate(limit);
-        listing.truncated = true;
+    keys.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    if keys.len() > limit {
+        keys.truncate(limit);
+        truncated = true;
     }
+    let states: Vec<Result<KeyState, String>> = futures::stream::iter(&keys)
+        .map(|(node, listed)| {
+            let mut conn = conns[*node].clone();
+            let inspector = &inspector;
+            async move {
+                inspector
+                    .key(&mut conn, listed.key.clone())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffered(LIST_INSPECTIONS_IN_FLIGHT)
+        .collect()
+        .await;
+    let unknown = states.iter().find_map(|s| s.as_ref().err()).cloned();
+    let rows: Vec<(&ListedKey, Option<Vec<Row>>)> = keys
+        .iter()
+        .zip(&states)
+        .map(|((_, listed), state)| {
+            let rows = state.as_ref().ok().map(|s| {
+                listed
+                    .kinds
+                    .iter()
+                    .map(|kind| row(kind, s))
+                    .collect::<Vec<_>>()
+            });
+            (listed, rows)
+        })
+        .collect();
     if json {
-        let keys: Vec<Value> = listing
-            .keys
+        let keys: Vec<Value> = rows
             .iter()
-            .map(|k| json!({ "key": k.key.to_string(), "kinds": k.kinds }))
+            .map(|(k, rows)| {
+                json!({
+                    "key": k.key.to_string(),
+                    "kinds": k.kinds,
+                    "held": rows.as_ref().map(|rows| rows.iter().map(|r| r.json.clone()).collect::<Vec<_>>()),
+                })
+            })
             .collect();
-        let mut report = json!({ "keys": keys, "truncated": listing.truncated });
-        if listing.keys.is_empty() {
+        let mut report = json!({ "keys": keys, "truncated": truncated });
+        if let Some(e) = &unknown {
+            report["inspect_error"] = json!(e);
+        }
+        if rows.is_empty() {
             report["looked_in"] = json!(looked_in(url, cluster, prefix, &format!("{key_prefix}…")));
         }
         println!("{report:#}");
     } else {
-        for k in &listing.keys {
-            println!("{}\t{}", k.key, k.kinds.join(","));
+        let mut table = Vec::new();
+        for (k, found) in &rows {
+            match found {
+                Some(found) => table.extend(found.iter().map(|r| {
+                    [
+                        k.key.to_string(),
+                        r.kind.to_owned(),
+                        r.holder.clone().unwrap_or_else(|| "(free now)".to_owned()),
+                        ttl_text(r.ttl),
+                    ]
+                })),
+                None => table.extend(k.kinds.iter().map(|kind| {
+                    [
+                        k.key.to_string(),
+                        (*kind).to_owned(),
+                        "?".to_owned(),
+                        "?".to_owned(),
+                    ]
+                })),
+            }
         }
-        if listing.truncated {
+        if !table.is_empty() {
+            print_table(["KEY", "KIND", "HOLDER", "TTL"], &table);
+        }
+        if let Some(e) = &unknown {
+            eprintln!("(holder and TTL unknown where `?`: inspecting the key failed: {e})");
+        }
+        if truncated {
             eprintln!("(stopped at the limit; more keys may be held)");
         }
-        if listing.keys.is_empty() {
+        if rows.is_empty() {
             eprintln!(
                 "no lock key found: looked in {}",
                 looked_in(url, cluster, prefix, &format!("{key_prefix}…"))

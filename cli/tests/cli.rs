@@ -766,3 +766,98 @@ async fn inspect_names_the_lease_token_and_the_fencing_token_apart() {
         "{text}"
     );
 }
+
+/// `list` prints a header and, for each kind that holds a key, a row with the
+/// holder (a lease token, or a count of holders) and the TTL left, in aligned
+/// columns; `--json` adds the same under `held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_a_header_and_each_kinds_holder_and_ttl() {
+    let server = shared();
+    let url = server.url();
+    let prefix = unique_prefix("cli-list");
+    let a = locker(&url, &prefix, Duration::from_secs(30)).await;
+    let b = locker(&url, &prefix, Duration::from_secs(30)).await;
+    let job = a.lock("job:a").await.unwrap();
+    let readers = (
+        a.rwlock("report").read().await.unwrap(),
+        b.rwlock("report").read().await.unwrap(),
+    );
+    let permit = a.semaphore("exports", 2).acquire().await.unwrap();
+    let (_, report) = lockflight(args(&[
+        "inspect", "--json", "--prefix", &prefix, &url, "job:a",
+    ]))
+    .await;
+    let token = report["mutex"]["holder"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a holder's token: {report:#}"))
+        .to_owned();
+
+    let (code, text) = lockflight_text(&["list", "--prefix", &prefix, &url]).await;
+    assert_eq!(code, 0, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and three rows: {text}");
+    let header = lines[0];
+    let columns: Vec<usize> = ["KEY", "KIND", "HOLDER", "TTL"]
+        .iter()
+        .map(|c| {
+            header
+                .find(c)
+                .unwrap_or_else(|| panic!("{c} in the header: {text}"))
+        })
+        .collect();
+    assert!(columns.windows(2).all(|w| w[0] < w[1]), "{text}");
+    let cells = |line: &str| -> Vec<String> {
+        columns
+            .iter()
+            .enumerate()
+            .map(|(i, &start)| {
+                let end = columns.get(i + 1).copied().unwrap_or(line.len());
+                line.get(start..end).unwrap_or_default().trim().to_owned()
+            })
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = lines[1..].iter().map(|l| cells(l)).collect();
+    assert_eq!(
+        rows[0][..3],
+        ["exports", "semaphore", "1 of 2 permits"],
+        "{text}"
+    );
+    assert_eq!(rows[1][..3], ["job:a", "mutex", token.as_str()], "{text}");
+    assert_eq!(rows[2][..3], ["report", "read", "2 readers"], "{text}");
+    for row in &rows {
+        let seconds: f64 = row[3]
+            .strip_suffix(" s")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("a TTL in seconds in {row:?}: {text}"));
+        assert!(seconds > 0.0 && seconds <= 30.0, "{row:?}: {text}");
+    }
+
+    let (code, listing) = lockflight(args(&["list", "--json", "--prefix", &prefix, &url])).await;
+    assert_eq!(code, 0, "{listing:#}");
+    let held = |i: usize| &listing["keys"][i]["held"][0];
+    assert_eq!(listing["keys"][1]["kinds"][0], "mutex", "{listing:#}");
+    assert_eq!(held(1)["token"], token.as_str(), "{listing:#}");
+    assert!(
+        held(1)["ttl_ms"].as_u64().is_some_and(|t| t <= 30_000),
+        "{listing:#}"
+    );
+    assert_eq!(
+        (&held(0)["holders"], &held(0)["permits"]),
+        (&1.into(), &2.into()),
+        "{listing:#}"
+    );
+    assert_eq!(held(2)["holders"], 2, "{listing:#}");
+
+    // One permit of one: singular.
+    let (_, text) = lockflight_text(&["inspect", "--prefix", &prefix, &url, "exports"]).await;
+    assert!(text.contains("semaphore: 2 permits, 1 free"), "{text}");
+    let single = b.semaphore("single", 1).acquire().await.unwrap();
+    let (_, text) = lockflight_text(&["inspect", "--prefix", &prefix, &url, "single"]).await;
+    assert!(text.contains("semaphore: 1 permit, 0 free"), "{text}");
+
+    single.release().await.unwrap();
+    permit.release().await.unwrap();
+    readers.0.release().await.unwrap();
+    readers.1.release().await.unwrap();
+    job.release().await.unwrap();
+}
