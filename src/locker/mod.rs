@@ -305,13 +305,16 @@ impl Locker {
                     }
                     Join::Wait(mut ticket) => {
                         shared.stats.local_wait();
-                        // The slot's watcher keeps the deadline: a waiter dropped
-                        // ungranted timed out, or before the deadline, a watcher
-                        // that ended with its runtime or could not start. Then the
-                        // call queues again with a timer of its own (boxed: the
-                        // rare path), which fails as a timer fails (no runtime or
-                        // no time driver) instead of spinning.
-                        let granted = if own_timer {
+                        // The slot's watcher keeps the deadline when it runs on
+                        // this runtime: a waiter dropped ungranted timed out, or
+                        // before the deadline, a watcher that ended with its
+                        // runtime or could not start. Then the call queues again
+                        // with a timer of its own (boxed: the rare path), which
+                        // fails as a timer fails (no runtime or no time driver)
+                        // instead of spinning. A waiter whose slot's watcher runs
+                        // on another runtime has the timer from the start: that
+                        // runtime may be alive but not driven.
+                        let granted = if own_timer || ticket.needs_own_timer() {
                             let wait = tokio::time::timeout_at(deadline, ticket.granted());
                             Box::pin(wait).await.ok().flatten()
                         } else {
@@ -682,6 +685,54 @@ mod tests {
         let (got, elapsed) = main.block_on(short).unwrap();
         assert_eq!(timed_out(got), Duration::from_secs(2));
         assert_eq!(elapsed, Duration::from_secs(2));
+        main.block_on(held.release()).unwrap();
+        let (got, _) = main.block_on(long).unwrap();
+        main.block_on(got.unwrap().release()).unwrap();
+    }
+
+    /// Defect: the slot's watcher, started by a waiter on a current-thread
+    /// runtime, kept the deadlines of every waiter of the key; with that runtime
+    /// alive but no longer driven (between two `block_on`s), a waiter of another
+    /// runtime waited past its deadline until the key was released. A waiter of
+    /// another runtime than the watcher's keeps its own timer and times out at its
+    /// deadline.
+    #[test]
+    fn a_waiter_times_out_while_the_watchers_runtime_is_not_driven() {
+        let main = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let locker =
+            main.block_on(async { Locker::builder(MemoryBackend::new()).build().unwrap() });
+        let held = main.block_on(locker.lock("k")).unwrap();
+        // The first waiter, on a runtime driven only now, starts the slot's
+        // watcher there; then nothing drives that runtime again.
+        let first = idle.spawn(waiting(&locker, 60));
+        idle.block_on(async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        let short = main.spawn(waiting(&locker, 2));
+        let long = main.spawn(waiting(&locker, 3_600));
+        // Paused: the clock jumps to the earliest timer, so a waiter without a
+        // timer of its own meets the bound at 10 s instead of its deadline.
+        let (got, elapsed) = main
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), short).await })
+            .expect("the waiter outlived its deadline: its timer ran on the idle runtime")
+            .unwrap();
+        assert_eq!(timed_out(got), Duration::from_secs(2));
+        assert_eq!(elapsed, Duration::from_secs(2));
+        // The first waiter is first in line: it leaves with its runtime, and the
+        // release goes to the next.
+        drop(first);
+        drop(idle);
         main.block_on(held.release()).unwrap();
         let (got, _) = main.block_on(long).unwrap();
         main.block_on(got.unwrap().release()).unwrap();

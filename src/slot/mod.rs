@@ -45,7 +45,10 @@
 //! goes idle wakes it to end. A watcher dropped unfinished (its runtime shut down)
 //! drops every waiter ([`Slot::watch_dropped`]): a waiter dropped before its
 //! deadline joins again, and so starts a watcher on its own runtime (the locker
-//! then also gives it a timer of its own).
+//! then also gives it a timer of its own). A watcher keeps the deadlines of the
+//! waiters of its own runtime only: one that joins from another runtime, which
+//! may be alive but not driven, keeps a timer of its own from the start
+//! ([`Ticket::needs_own_timer`]).
 //!
 //! All transitions are synchronous steps under one mutex; the async work (backend
 //! calls) happens between steps, outside the lock. That is what makes the machine
@@ -136,6 +139,8 @@ struct State {
     granted: Option<(u64, Grant)>,
     /// When the slot's watcher wakes next; `None`: no watcher runs.
     alarm: Option<Instant>,
+    /// The runtime the watcher was started on (`None`: outside any runtime).
+    watcher_runtime: Option<tokio::runtime::Id>,
     /// In `Cached` mode: the kept lease and the handoff sequence of its next holder.
     cached: Option<(Arc<Lease>, u64)>,
     /// Counts the times the slot went `Cached`: a linger timer expires only the
@@ -179,6 +184,9 @@ pub(crate) struct Ticket {
     id: u64,
     /// The ticket has left: it took its grant, or found itself dropped.
     done: bool,
+    /// The slot's watcher runs on another runtime than this waiter's: the waiter
+    /// keeps its deadline with a timer of its own.
+    own_timer: bool,
     fwd: Arc<dyn Forward>,
 }
 
@@ -249,6 +257,7 @@ impl Slot {
                 waiters: Waiters::default(),
                 granted: None,
                 alarm: None,
+                watcher_runtime: None,
                 cached: None,
                 cachings: 0,
                 until: None,
@@ -345,6 +354,16 @@ impl Slot {
         if start || earlier {
             st.alarm = Some(deadline);
         }
+        // A watcher runs where it was started, and a runtime may be alive but not
+        // driven (a current-thread runtime between two `block_on`s, a blocked
+        // thread): a waiter of another runtime keeps a timer of its own.
+        let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+        let own_timer = if start {
+            st.watcher_runtime = runtime;
+            false
+        } else {
+            st.watcher_runtime != runtime
+        };
         drop(st);
         if start {
             fwd.watch(&self);
@@ -355,6 +374,7 @@ impl Slot {
             slot: self,
             id,
             done: false,
+            own_timer,
             fwd: Arc::clone(fwd),
         }))
     }
@@ -682,6 +702,13 @@ impl Ticket {
 
     pub(crate) fn slot(&self) -> &Arc<Slot> {
         &self.slot
+    }
+
+    /// Whether the waiter must keep its deadline with a timer of its own: the
+    /// slot's watcher runs on another runtime, whose being driven nothing here
+    /// can rely on.
+    pub(crate) fn needs_own_timer(&self) -> bool {
+        self.own_timer
     }
 
     /// Leaves the queue; returns a grant that arrived before leaving, which the
