@@ -11,7 +11,7 @@ use redis::{RedisError, RedisResult};
 use crate::report::{Check, Verdict, plural, print_checks};
 use crate::{EXIT_FAILED, cluster_primaries, connect, progress, redact};
 
-/// The rights the minimal ACL user needs (README, `RedisBackend` docs), as
+/// The rights the minimal ACL user needs (`lockflight::guide::operating`, `RedisBackend` docs), as
 /// `(right, command line that exercises it)`; `K` is a probe key, `Z` a probe
 /// sorted set, `C` a probe channel, all under the prefix.
 const RIGHTS: &[(&str, &[&str])] = &[
@@ -36,7 +36,7 @@ const RIGHTS: &[(&str, &[&str])] = &[
     ("+del", &["DEL", "K", "Z"]),
 ];
 
-/// The minimal ACL line for `prefix` (README "Safety").
+/// The minimal ACL line for `prefix` (`lockflight::guide::operating`).
 fn minimal_line(prefix: &str) -> String {
     format!(
         "ACL SETUSER <user> on >password ~{prefix}:* &{prefix}:inst:* +evalsha +script|load +publish +subscribe +time +get +set +del +exists +pexpire +pttl +zcard +zscore +zrange +zrangebyscore +zremrangebyscore +zcount +zadd +zrem"

@@ -1,5 +1,5 @@
 //! `lockflight`: check a Redis deployment for lockflight, inspect and force-release
-//! lock keys, run a bounded self-check. See README, "Operating lockflight".
+//! lock keys, run a bounded self-check. See the guide, `lockflight::guide::operating`.
 //!
 //! Exit codes (for CI): [`EXIT_CODES`], printed by `--help`.
 //!
