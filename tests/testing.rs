@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lockflight::testing::{Message, Op, SimBackend, SimServer};
-use lockflight::{Error, Handoff, Locker};
+use lockflight::{Error, FencingToken, Handoff, Locker};
 use tokio::time::{Instant, advance};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -354,4 +354,113 @@ async fn bad_knob_input_is_an_error() {
     let lost = server.lose_lease(" ");
     assert!(matches!(lost, Err(Error::InvalidKey { .. })), "{lost:?}");
     assert_eq!(server.requests().total(), 0);
+}
+
+/// One script with a handoff, a lost lease, a restart and a write lease,
+/// traced step by step: what happened, when (Tokio's clock, from
+/// the start) and under which fencing token.
+async fn script() -> Vec<String> {
+    let start = Instant::now();
+    let mut trace = Vec::new();
+    let mut step = |what: &str, token: FencingToken| {
+        trace.push(format!("{:?} {what}: {token}", start.elapsed()));
+    };
+    let server = SimServer::new();
+    let a = Locker::builder(server.backend())
+        .lease_ttl(TTL)
+        .build()
+        .unwrap();
+    let b = locker(server.backend());
+
+    // A handoff: A's second task waits, the first passes the lease on.
+    let first = a.lock(KEY).await.unwrap();
+    step("a locks", first.fencing_token());
+    let next = tokio::spawn({
+        let a = a.clone();
+        async move {
+            let guard = a.lock(KEY).await.unwrap();
+            let token = guard.fencing_token();
+            advance(Duration::from_millis(500)).await;
+            guard.release().await.unwrap();
+            token
+        }
+    });
+    advance(Duration::from_millis(10)).await;
+    let old = first.fencing_token();
+    first.release().await.unwrap();
+    let handed = next.await.unwrap();
+    assert_eq!((handed.epoch, handed.seq), (old.epoch, 1), "a handoff");
+    step("a's next task took it over", handed);
+
+    // A lost lease: B takes the key at once; A learns of the loss at its next
+    // renewal.
+    advance(TTL).await;
+    let held = a.lock(KEY).await.unwrap();
+    step("a locks again", held.fencing_token());
+    assert!(server.lose_lease(KEY).unwrap());
+    let taken = b.lock(KEY).await.unwrap();
+    assert!(taken.fencing_token() > held.fencing_token());
+    step("b locks the lost key", taken.fencing_token());
+    held.lost().await;
+    step("a learns of its loss", held.fencing_token());
+    taken.release().await.unwrap();
+
+    // A restart: B's lease is gone; A locks the key in the same instant, with a
+    // greater token.
+    let before = b.lock("job:8").await.unwrap();
+    step("b locks job:8", before.fencing_token());
+    server.restart();
+    let after = a.lock("job:8").await.unwrap();
+    assert!(after.fencing_token() > before.fencing_token());
+    step("a locks job:8 after the restart", after.fencing_token());
+    before.lost().await;
+    step("b learns of the restart", before.fencing_token());
+    after.release().await.unwrap();
+
+    let write = a.rwlock(KEY).write().await.unwrap();
+    step("a's write lease", write.fencing_token());
+    write.release().await.unwrap();
+    trace
+}
+
+/// Runs [`script`] on a fresh paused clock.
+fn run_script() -> Vec<String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(script())
+}
+
+/// The kit is deterministic, fencing tokens included: epochs come from the
+/// server's clock (Tokio's, from the server's creation), so two runs of one
+/// script give the same trace. The first grant's epoch is 1; a later one is
+/// floored by the µs of virtual time passed.
+#[test]
+fn two_runs_of_one_script_give_the_same_trace_tokens_included() {
+    let (first, second) = (run_script(), run_script());
+    assert_eq!(first, second);
+    assert_eq!(first[0], "0ns a locks: 1.0", "{first:#?}");
+    assert!(
+        first[2].starts_with("3.51s a locks again: 3510000.0"),
+        "{first:#?}"
+    );
+}
+
+/// Epochs strictly increase per key across a lost lease and a restart in the
+/// same instant of the server's clock, where its clock floor alone would repeat
+/// them.
+#[tokio::test(start_paused = true)]
+async fn epochs_increase_across_a_loss_and_a_restart_in_no_time() {
+    let server = SimServer::new();
+    let [a, b, c] = [(); 3].map(|()| locker(server.backend()));
+    let first = a.lock(KEY).await.unwrap();
+    server.lose_lease(KEY).unwrap();
+    let second = b.lock(KEY).await.unwrap();
+    server.restart();
+    let third = c.lock(KEY).await.unwrap();
+    let epochs = [&first, &second, &third].map(|g| g.fencing_token().epoch);
+    assert_eq!(epochs, [1, 2, 3]);
+    third.release().await.unwrap();
 }

@@ -98,11 +98,38 @@ struct Inner {
     /// Fair mode's queues of waiting instances (lock order: a queue, then a lock).
     queues: DashMap<LockKey, Vec<Waiting>>,
     last_epoch: AtomicU64,
+    /// The clock that floors the epochs.
+    clock: EpochClock,
     wakeups: WakeRegistry,
     rw: rw::State,
     semaphores: semaphore::State,
     /// The elections' leader records, with their expiry.
     leaders: DashMap<LockKey, (Vec<u8>, Instant)>,
+}
+
+/// The clock that floors the epochs a backend mints (`max(last + 1, clock µs)`).
+#[derive(Default)]
+enum EpochClock {
+    /// This process's wall clock, in µs since the Unix epoch.
+    #[default]
+    Wall,
+    /// Tokio's clock, in µs since `zero`: the test kit's server clock, the same
+    /// in every run of a test on a paused clock.
+    #[cfg(feature = "testing")]
+    Virtual { zero: Instant },
+}
+
+impl EpochClock {
+    fn micros(&self) -> u64 {
+        let since = match self {
+            EpochClock::Wall => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default(),
+            #[cfg(feature = "testing")]
+            EpochClock::Virtual { zero } => Instant::now().saturating_duration_since(*zero),
+        };
+        u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -137,9 +164,7 @@ impl MemoryBackend {
     }
 
     fn mint(&self) -> u64 {
-        let floor = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let floor = self.inner.clock.micros();
         let mut last = self.inner.last_epoch.load(Ordering::Relaxed);
         loop {
             let next = (last + 1).max(floor);
@@ -170,6 +195,21 @@ impl MemoryBackend {
 /// never reset), as a Redis server's clock floor keeps its epochs increasing.
 #[cfg(feature = "testing")]
 impl MemoryBackend {
+    /// An empty backend whose epochs are floored by Tokio's clock, counted in µs
+    /// from now, instead of the wall clock: the simulated server's clock, so that
+    /// a test on a paused clock mints the same epochs in every run.
+    pub(crate) fn with_virtual_clock() -> Self {
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                clock: EpochClock::Virtual {
+                    zero: Instant::now(),
+                },
+                ..Inner::default()
+            }),
+            id: next_id(),
+        }
+    }
+
     /// The token of the live mutex lease of `key`, if any.
     pub(crate) fn holder(&self, key: &LockKey) -> Option<LeaseToken> {
         let now = Instant::now();

@@ -79,12 +79,18 @@
 //! is applied at once, atomically, in the order requests arrive.
 //!
 //! Fencing: epochs are minted as Redis mints them, `max(last + 1, clock µs)`,
-//! from the wall clock. Redis loses its fence keys with its data and keeps the
-//! next epochs increasing by its clock alone; the simulated server keeps its last
-//! epoch across [`restart`](SimServer::restart) and
-//! [`lose_lease`](SimServer::lose_lease) as well, so its epochs increase even
-//! where a server's clock would step back. A test cannot observe the difference,
+//! from the server's own clock: Tokio's, counted from the server's creation.
+//! So a test on a paused clock gets the same fencing tokens in every run (the
+//! first grant's epoch is 1, one made 3 s of virtual time later at least
+//! 3,000,000), and a trace of a test can be compared whole. Redis loses its
+//! fence keys with its data and keeps the next epochs increasing by its clock
+//! alone; a simulated restart takes no time, so the server keeps its last epoch
+//! across [`restart`](SimServer::restart) and
+//! [`lose_lease`](SimServer::lose_lease) instead, and its epochs strictly
+//! increase per key in every case. A test cannot observe the difference,
 //! except that a read-write lock's last write epoch survives a restart here.
+//! (Make the server inside the test, on its paused clock; lease tokens, which
+//! no holder sees, stay random.)
 //!
 //! # What it does not model
 //!

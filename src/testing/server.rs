@@ -122,9 +122,10 @@ struct Outage {
 }
 
 /// What every handle of one server shares.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Shared {
-    /// The locks: every instance's backend is a clone of it.
+    /// The locks: every instance's backend is a clone of it. Its epochs are
+    /// floored by the server's clock: Tokio's, from the server's creation.
     pub(super) memory: MemoryBackend,
     pub(super) rules: Rules,
     instances: Mutex<Vec<Weak<Instance>>>,
@@ -133,6 +134,20 @@ pub(super) struct Shared {
     records: Mutex<HashMap<LeaseToken, Instant>>,
     pub(super) requests: Counters,
     last_instance: AtomicU64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            memory: MemoryBackend::with_virtual_clock(),
+            rules: Rules::default(),
+            instances: Mutex::default(),
+            outage: Mutex::default(),
+            records: Mutex::default(),
+            requests: Counters::default(),
+            last_instance: AtomicU64::default(),
+        }
+    }
 }
 
 impl SimServer {
