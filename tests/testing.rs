@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use lockflight::testing::{Message, Op, SimBackend, SimServer};
+use lockflight::fence::Fenced;
+use lockflight::testing::{Message, Op, SimBackend, SimFencedKey, SimServer};
 use lockflight::{Error, FencingToken, Handoff, Locker};
 use tokio::time::{Instant, advance};
 
@@ -356,8 +357,8 @@ async fn bad_knob_input_is_an_error() {
     assert_eq!(server.requests().total(), 0);
 }
 
-/// One script with a handoff, a lost lease, a restart and a write lease,
-/// traced step by step: what happened, when (Tokio's clock, from
+/// One script with a handoff, a lost lease, a restart, a write lease and
+/// fenced writes, traced step by step: what happened, when (Tokio's clock, from
 /// the start) and under which fencing token.
 async fn script() -> Vec<String> {
     let start = Instant::now();
@@ -371,6 +372,7 @@ async fn script() -> Vec<String> {
         .build()
         .unwrap();
     let b = locker(server.backend());
+    let stock = server.fenced_key("stock:7").unwrap();
 
     // A handoff: A's second task waits, the first passes the lease on.
     let first = a.lock(KEY).await.unwrap();
@@ -392,8 +394,8 @@ async fn script() -> Vec<String> {
     assert_eq!((handed.epoch, handed.seq), (old.epoch, 1), "a handoff");
     step("a's next task took it over", handed);
 
-    // A lost lease: B takes the key at once; A learns of the loss at its next
-    // renewal.
+    // A lost lease: B takes the key at once; A's late write is refused; A learns
+    // of the loss at its next renewal.
     advance(TTL).await;
     let held = a.lock(KEY).await.unwrap();
     step("a locks again", held.fencing_token());
@@ -401,6 +403,10 @@ async fn script() -> Vec<String> {
     let taken = b.lock(KEY).await.unwrap();
     assert!(taken.fencing_token() > held.fencing_token());
     step("b locks the lost key", taken.fencing_token());
+    assert!(stock.set(&taken, "b").await.unwrap().is_applied());
+    let late = stock.set(&held, "a").await.unwrap();
+    assert!(!late.is_applied());
+    trace_push(&mut step, "a's late write", late);
     held.lost().await;
     step("a learns of its loss", held.fencing_token());
     taken.release().await.unwrap();
@@ -421,6 +427,16 @@ async fn script() -> Vec<String> {
     step("a's write lease", write.fencing_token());
     write.release().await.unwrap();
     trace
+}
+
+/// Records a fenced write's outcome in the trace, by the token it names.
+fn trace_push(step: &mut impl FnMut(&str, FencingToken), what: &str, outcome: Fenced) {
+    match outcome {
+        Fenced::Applied(()) => step(&format!("{what} applied"), FencingToken::default()),
+        Fenced::Stale { last, offered } => {
+            step(&format!("{what} refused, offered {offered}, last"), last)
+        }
+    }
 }
 
 /// Runs [`script`] on a fresh paused clock.
@@ -463,4 +479,91 @@ async fn epochs_increase_across_a_loss_and_a_restart_in_no_time() {
     let epochs = [&first, &second, &third].map(|g| g.fencing_token().epoch);
     assert_eq!(epochs, [1, 2, 3]);
     third.release().await.unwrap();
+}
+
+/// A fenced key on the server is a resource there: its requests are counted
+/// and hit by the server's faults and outages, a request dropped while the
+/// server hangs changes nothing, and a restart loses its fence (an older token
+/// then writes again, as on a Redis without persistence). A key of its own
+/// server is untouched.
+#[tokio::test(start_paused = true)]
+async fn fenced_keys_meet_the_servers_faults_and_restarts() {
+    let server = SimServer::new();
+    let stock = server.fenced_key("stock:7").unwrap();
+    let alone = SimFencedKey::new("stock:7").unwrap();
+    let (old, new) = (
+        FencingToken { epoch: 7, seq: 0 },
+        FencingToken { epoch: 8, seq: 0 },
+    );
+    assert!(stock.set(new, 1).await.unwrap().is_applied());
+    assert!(alone.set(new, 1).await.unwrap().is_applied());
+    assert_eq!(
+        server.fenced_key("stock:7").unwrap().get(),
+        Some(b"1".to_vec())
+    );
+
+    server
+        .fault()
+        .on_key("stock:7")
+        .next(1)
+        .fail(Op::Fenced)
+        .unwrap();
+    let lost = stock.incr_by(new, 1).await;
+    assert!(
+        matches!(&lost, Err(e @ Error::Backend { .. }) if e.is_transient()),
+        "{lost:?}"
+    );
+    assert_eq!(
+        stock.get(),
+        Some(b"1".to_vec()),
+        "a lost request is not applied"
+    );
+    server.unreachable_for(Duration::from_secs(1));
+    assert!(matches!(
+        stock.last_token().await,
+        Err(Error::Backend { .. })
+    ));
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(stock.last_token().await.unwrap(), Some(new));
+    assert_eq!(server.requests().fenced, 4);
+    assert_eq!(server.requests().total(), 4, "fenced requests only");
+
+    server.hang_for(Duration::from_secs(1));
+    let dropped = tokio::time::timeout(Duration::from_millis(100), stock.set(new, 2)).await;
+    assert!(dropped.is_err(), "still waiting for the server");
+    let served = stock.incr_by(new, 1).await.unwrap();
+    assert_eq!(served, Fenced::Applied(2), "the dropped write never ran");
+
+    server.restart();
+    assert_eq!(stock.get(), None);
+    assert_eq!(stock.last_token().await.unwrap(), None);
+    assert!(stock.set(old, "late").await.unwrap().is_applied());
+    assert_eq!(
+        alone.set(old, "late").await.unwrap(),
+        Fenced::Stale {
+            last: new,
+            offered: old
+        }
+    );
+}
+
+/// Bad input to a fenced key is a clear error, and nothing is sent.
+#[tokio::test]
+async fn bad_fenced_key_input_is_an_error() {
+    let server = SimServer::new();
+    let e = server.fenced_key("a}b").unwrap_err();
+    assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
+    let key = server.fenced_key("k").unwrap();
+    let t = FencingToken { epoch: 1, seq: 0 };
+    let e = key.set(t, vec!["two", "args"]).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    assert!(e.to_string().contains("one Redis argument"), "{e}");
+    let e = key.hset(t, [("f", Vec::<u8>::new())]).await;
+    assert!(e.is_ok(), "an empty value is one argument: {e:?}");
+    let e = key.set_with_ttl(t, "v", Duration::MAX).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Refused { code, .. } if code == "ERR"),
+        "{e}"
+    );
+    assert_eq!(server.requests().fenced, 2);
 }

@@ -29,7 +29,10 @@
 //! The other knobs' twins are conformance cells (`tests/conformance`):
 //! `lose_reply(Op::Release)` in `release::truthful_release_after_a_lost_reply`,
 //! `lose_lease` in `loss::a_deleted_lease_is_signalled_lost`, `restart` in
-//! `release::release_after_a_restart_reports_the_loss`.
+//! `release::release_after_a_restart_reports_the_loss`. The kit's fenced
+//! resource, `SimFencedKey`, and its knob `lose_reply(Op::Fenced)` have theirs
+//! in `tests/fence/cases.rs`: every fenced-write case runs on `FencedKey` and on
+//! the kit.
 
 #![cfg(feature = "testing")]
 

@@ -76,6 +76,8 @@ mod write;
 pub use self::redis::FencedKey;
 #[cfg(feature = "inspect")]
 pub(crate) use self::redis::redis_error;
+#[cfg(feature = "testing")]
+pub(crate) use self::redis::{foreign, no_fields, refused, ttl_millis};
 pub use self::write::WriteId;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};

@@ -297,15 +297,7 @@ impl FencedKey {
     where
         C: ConnectionLike + Send,
     {
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        if ms == 0 {
-            return Err(Error::InvalidConfig {
-                reason: format!(
-                    "fenced write to {}: a TTL of {ttl:?} is under 1 ms",
-                    String::from_utf8_lossy(&self.resource)
-                ),
-            });
-        }
+        let ms = ttl_millis(&self.resource, ttl)?;
         self.run(conn, token.into(), write_id, "setpx", |s| {
             s.arg(value).arg(ms);
         })
@@ -451,12 +443,7 @@ impl FencedKey {
             pairs.push((field.to_redis_args(), value.to_redis_args()));
         }
         if pairs.is_empty() {
-            return Err(Error::InvalidConfig {
-                reason: format!(
-                    "fenced HSET on {}: no fields given",
-                    String::from_utf8_lossy(&self.resource)
-                ),
-            });
+            return Err(no_fields(&self.resource));
         }
         self.run(conn, token.into(), write_id, "hset", |s| {
             for (field, value) in &pairs {
@@ -593,11 +580,7 @@ impl FencedKey {
     }
 
     fn foreign(&self, role: &str, detail: &str) -> Error {
-        Error::ForeignValue {
-            key: self.key(),
-            phase: Phase::Writing,
-            detail: format!("{detail} (the {role} key holds a value of another type)"),
-        }
+        foreign(&self.key(), role, detail)
     }
 
     async fn run<C>(
@@ -675,19 +658,59 @@ impl FencedKey {
             }
             Some(-2) => {
                 let detail = items.get(1).and_then(text).unwrap_or_default();
-                let code = detail.split(' ').next().unwrap_or("ERR").to_owned();
-                Err(Error::Refused {
-                    key: self.key(),
-                    phase: Phase::Writing,
-                    code: code.clone(),
-                    source: Arc::new(redis::make_extension_error(
-                        code,
-                        Some(format!("{detail} (nothing was written)")),
-                    )),
-                })
+                Err(refused(&self.key(), &detail))
             }
             _ => Err(bad()),
         }
+    }
+}
+
+/// What a fenced write refused for a value of another type gets: the role (the
+/// resource, the fence, the write record) says which key holds it.
+pub(crate) fn foreign(key: &LockKey, role: &str, detail: &str) -> Error {
+    Error::ForeignValue {
+        key: key.clone(),
+        phase: Phase::Writing,
+        detail: format!("{detail} (the {role} key holds a value of another type)"),
+    }
+}
+
+/// What a fenced write that failed with nothing written gets: `detail` is the
+/// server's error (its first word the code: `ERR`, `WRITEID`).
+pub(crate) fn refused(key: &LockKey, detail: &str) -> Error {
+    let code = detail.split(' ').next().unwrap_or("ERR").to_owned();
+    Error::Refused {
+        key: key.clone(),
+        phase: Phase::Writing,
+        code: code.clone(),
+        source: Arc::new(redis::make_extension_error(
+            code,
+            Some(format!("{detail} (nothing was written)")),
+        )),
+    }
+}
+
+/// `ttl` in whole ms for `SET … PX`: [`Error::InvalidConfig`] under 1 ms.
+pub(crate) fn ttl_millis(resource: &[u8], ttl: Duration) -> Result<u64> {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return Err(Error::InvalidConfig {
+            reason: format!(
+                "fenced write to {}: a TTL of {ttl:?} is under 1 ms",
+                String::from_utf8_lossy(resource)
+            ),
+        });
+    }
+    Ok(ms)
+}
+
+/// What a fenced `HSET` without fields gets.
+pub(crate) fn no_fields(resource: &[u8]) -> Error {
+    Error::InvalidConfig {
+        reason: format!(
+            "fenced HSET on {}: no fields given",
+            String::from_utf8_lossy(resource)
+        ),
     }
 }
 

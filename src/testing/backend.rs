@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::fault::{Op, RequestFault};
-use super::server::{Instance, Requests, Shared, unreachable};
+use super::fault::Op;
+use super::server::{Instance, Requests, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{
@@ -67,15 +67,7 @@ impl SimBackend {
         apply: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         self.me.requests.count(op);
-        self.shared.requests.count(op);
-        match self.shared.admit(op, key).await? {
-            None => apply.await,
-            Some(RequestFault::Fail) => Err(unreachable(op, key, "the request was lost")),
-            Some(RequestFault::LoseReply) => {
-                let _applied = apply.await;
-                Err(unreachable(op, key, "the reply was lost"))
-            }
-        }
+        self.shared.serve(op, key, apply).await
     }
 
     /// How many other instances wait for the mutex of `key` (Redis counts its queue).

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
-/// A kind of request an instance sends to the server: what a fault hits and what
+/// A kind of request sent to the server (by an instance, or by a
+/// [`SimFencedKey`](super::SimFencedKey)): what a fault hits and what
 /// [`Requests`](super::Requests) counts.
 ///
 /// Each lock kind's requests count under the same names: a read lease, a write
@@ -27,11 +28,22 @@ pub enum Op {
     /// A write, read or delete of an election's leader record
     /// ([`Election`](crate::election::Election)).
     Leader,
+    /// A request of a [`SimFencedKey`](super::SimFencedKey): a fenced write, a
+    /// read of its last token, a forget. [`FaultBuilder::on_key`] names the
+    /// resource.
+    Fenced,
 }
 
 impl Op {
     /// Every kind of request, in declaration order.
-    pub(super) const ALL: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Leave, Op::Leader];
+    pub(super) const ALL: [Op; 6] = [
+        Op::Acquire,
+        Op::Renew,
+        Op::Release,
+        Op::Leave,
+        Op::Leader,
+        Op::Fenced,
+    ];
 
     /// The position in [`ALL`](Self::ALL).
     pub(super) fn index(self) -> usize {
@@ -41,6 +53,7 @@ impl Op {
             Op::Release => 2,
             Op::Leave => 3,
             Op::Leader => 4,
+            Op::Fenced => 5,
         }
     }
 
@@ -50,6 +63,7 @@ impl Op {
             Op::Acquire | Op::Leave | Op::Leader => Phase::Acquiring,
             Op::Renew => Phase::Renewing,
             Op::Release => Phase::Releasing,
+            Op::Fenced => Phase::Writing,
         }
     }
 }
@@ -208,7 +222,8 @@ impl<'a> FaultBuilder<'a> {
     }
 
     /// Hits only requests and messages about `key` (every lock of the key
-    /// string: its mutex, read-write lock and semaphore).
+    /// string: its mutex, read-write lock and semaphore; and the fenced key of
+    /// that name).
     pub fn on_key(self, key: impl Into<LockKey>) -> Self {
         FaultBuilder {
             key: Some(key.into()),

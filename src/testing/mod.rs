@@ -36,6 +36,13 @@
 //!   `an_unreachable_server_fails_requests_until_the_deadline`,
 //!   `a_hanging_server_serves_requests_when_it_heals`).
 //!
+//! And a fenced resource to see what a holder that missed its loss does to
+//! data: [`SimFencedKey`] ([`SimServer::fenced_key`]) is
+//! [`FencedKey`](crate::fence::FencedKey) without Redis, with its rule, its
+//! outcomes and its errors; its requests ([`Op::Fenced`]) meet the server's
+//! faults, so a repeat after a lost reply can be tested too (twins: every case
+//! of `tests/fence/cases.rs` runs on both).
+//!
 //! Elections ([`Locker::election`](crate::Locker::election)) run on it too: the
 //! leader record's writes, reads and deletes are requests ([`Op::Leader`]) that
 //! faults hit like any other, and [`lose_lease`](SimServer::lose_lease) of the
@@ -108,11 +115,16 @@
 //!   two hold it, do not. Fair mode orders instances by arrival, as Redis does.
 //! * **Requests overtaking each other**: a request either arrives before its
 //!   reply is produced or not at all; a late copy of an old request cannot arrive.
+//! * **Fenced keys' other refusals**: no `OOM` or ACL refusal, and nothing but
+//!   [`SimFencedKey`] writes its fence and write record, so they never hold a
+//!   foreign value.
 
 mod backend;
 mod fault;
+mod fence;
 mod server;
 
 pub use backend::SimBackend;
 pub use fault::{FaultBuilder, Message, Op};
+pub use fence::SimFencedKey;
 pub use server::{Requests, SimServer};

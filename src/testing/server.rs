@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::backend::SimBackend;
 use super::fault::{FaultBuilder, Message, MessageFault, Op, RequestFault, Rules};
+use super::fence::{Resources, SimFencedKey};
 use crate::backend::{LeaseToken, LockKind, MemoryBackend, WakeRegistry};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
@@ -74,18 +75,21 @@ pub struct Requests {
     pub leave: u64,
     /// Leader record writes, reads and deletes ([`Op::Leader`]).
     pub leader: u64,
+    /// Requests of fenced keys ([`Op::Fenced`]): counted by the server only, as
+    /// they come from no instance.
+    pub fenced: u64,
 }
 
 impl Requests {
     /// All requests.
     pub fn total(&self) -> u64 {
-        self.acquire + self.renew + self.release + self.leave + self.leader
+        self.acquire + self.renew + self.release + self.leave + self.leader + self.fenced
     }
 }
 
 /// Request counters, one per [`Op`].
 #[derive(Debug, Default)]
-pub(super) struct Counters([AtomicU64; 5]);
+pub(super) struct Counters([AtomicU64; Op::ALL.len()]);
 
 impl Counters {
     pub(super) fn count(&self, op: Op) {
@@ -93,7 +97,7 @@ impl Counters {
     }
 
     pub(super) fn snapshot(&self) -> Requests {
-        let [acquire, renew, release, leave, leader] =
+        let [acquire, renew, release, leave, leader, fenced] =
             Op::ALL.map(|op| self.0[op.index()].load(Ordering::Relaxed));
         Requests {
             acquire,
@@ -101,6 +105,7 @@ impl Counters {
             release,
             leave,
             leader,
+            fenced,
         }
     }
 }
@@ -127,6 +132,8 @@ pub(super) struct Shared {
     /// The locks: every instance's backend is a clone of it. Its epochs are
     /// floored by the server's clock: Tokio's, from the server's creation.
     pub(super) memory: MemoryBackend,
+    /// The fenced keys' values, fences and write records.
+    pub(super) resources: Resources,
     pub(super) rules: Rules,
     instances: Mutex<Vec<Weak<Instance>>>,
     outage: Mutex<Option<Outage>>,
@@ -140,6 +147,7 @@ impl Default for Shared {
     fn default() -> Self {
         Shared {
             memory: MemoryBackend::with_virtual_clock(),
+            resources: Resources::default(),
             rules: Rules::default(),
             instances: Mutex::default(),
             outage: Mutex::default(),
@@ -173,6 +181,18 @@ impl SimServer {
         SimBackend::new(Arc::clone(&self.shared), me)
     }
 
+    /// The fenced resource `resource` on this server: see [`SimFencedKey`]. Keys of
+    /// one name on one server are one resource.
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedKey::new`](crate::fence::FencedKey::new):
+    /// [`Error::InvalidKey`] when the name is empty, longer than
+    /// [`LockKey::MAX_LEN`], or has no hash tag but contains `}`.
+    pub fn fenced_key(&self, resource: impl Into<Vec<u8>>) -> Result<SimFencedKey> {
+        SimFencedKey::on(Arc::clone(&self.shared), resource.into())
+    }
+
     /// Starts turning on a fault; see [`FaultBuilder`].
     pub fn fault(&self) -> FaultBuilder<'_> {
         FaultBuilder::new(&self.shared.rules)
@@ -202,12 +222,16 @@ impl SimServer {
         Ok(self.shared.memory.evict(&key))
     }
 
-    /// Restarts the server without persistence: every lease, queue and release
-    /// record is gone, and every instance reconnects (its waiters ask again at
-    /// once). Fencing tokens keep increasing across the restart (see the module
-    /// docs for how this compares with Redis).
+    /// Restarts the server without persistence: every lease, queue, release
+    /// record and leader record is gone, and so is every
+    /// [fenced key](Self::fenced_key)'s value, fence and write record (after the
+    /// restart any token is accepted until one is written, as by a `FencedKey`
+    /// on a Redis without persistence). Every instance reconnects (its waiters
+    /// ask again at once). Fencing tokens keep increasing across the restart
+    /// (see the module docs for how this compares with Redis).
     pub fn restart(&self) {
         self.shared.memory.flush();
+        self.shared.resources.clear();
         self.shared.records().clear();
         for instance in self.shared.live() {
             instance.wakeups.wake_all();
@@ -259,9 +283,29 @@ impl Shared {
         self.instances().iter().filter_map(Weak::upgrade).collect()
     }
 
+    /// Serves an `op` request for `key` (an instance has counted it as its own
+    /// already): counted, then failed, delayed or applied (`apply`) as the
+    /// server's outage and faults say.
+    pub(super) async fn serve<T>(
+        &self,
+        op: Op,
+        key: &LockKey,
+        apply: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.requests.count(op);
+        match self.admit(op, key).await? {
+            None => apply.await,
+            Some(RequestFault::Fail) => Err(unreachable(op, key, "the request was lost")),
+            Some(RequestFault::LoseReply) => {
+                let _applied = apply.await;
+                Err(unreachable(op, key, "the reply was lost"))
+            }
+        }
+    }
+
     /// What happens to an `op` request for `key`: an outage makes it fail or wait;
     /// otherwise a fault may strike it.
-    pub(super) async fn admit(&self, op: Op, key: &LockKey) -> Result<Option<RequestFault>> {
+    async fn admit(&self, op: Op, key: &LockKey) -> Result<Option<RequestFault>> {
         let outage = *self.outage();
         if let Some(Outage { until, hang }) = outage.filter(|o| o.until > Instant::now()) {
             if !hang {
@@ -347,7 +391,7 @@ fn deliver(
 }
 
 /// The error of a request that got no answer.
-pub(super) fn unreachable(op: Op, key: &LockKey, what: &'static str) -> Error {
+fn unreachable(op: Op, key: &LockKey, what: &'static str) -> Error {
     Error::backend(
         key,
         op.phase(),

@@ -7,6 +7,10 @@
 //! key and writes; then A, which never learned of its loss, writes late with its
 //! own token. B's write must land and A's must be `Stale { last: B, offered: A }`.
 //!
+//! * `cases` (feature `testing`): the fenced-write cases written once and run
+//!   on `FencedKey` against a real server and on the test kit's
+//!   `SimFencedKey`, which must give the same outcomes and error texts (the
+//!   scenario above included).
 //! * `redis`: `FencedKey` with a `LockGuard`, a `WriteGuard` and a `LockInfo`,
 //!   every operation, foreign values and bad input.
 //! * `repeat`: writes with a write id repeated after a lost reply, while the first
@@ -16,6 +20,8 @@
 //! * `sql` (features `sqlx-postgres`, `sqlx-sqlite`): `FencedUpdate` and
 //!   `FencedUpsert` on PostgreSQL and SQLite.
 
+#[cfg(feature = "testing")]
+mod cases;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod redis_key;
