@@ -357,6 +357,48 @@ async fn bad_knob_input_is_an_error() {
     assert_eq!(server.requests().total(), 0);
 }
 
+/// The guide's table of when a holder feels a fault, on a paused clock: a lost
+/// lease at its next renewal (one renewal interval after the grant, at most a
+/// quarter of one later), renewals that never arrive at the end of the
+/// validity (the TTL less the drift), an outage shorter than what is left of
+/// the validity never, a longer one at the end of the validity.
+#[tokio::test(start_paused = true)]
+async fn each_fault_is_felt_when_the_guide_says() {
+    let every = TTL / 3;
+    let drift = TTL / 100 + Duration::from_millis(2);
+    let server = SimServer::new();
+    let a = locker(server.backend());
+
+    let guard = a.lock("lost").await.unwrap();
+    let granted = Instant::now();
+    server.lose_lease("lost").unwrap();
+    guard.lost().await;
+    let felt = granted.elapsed();
+    assert!(felt >= every && felt <= every + every / 4, "{felt:?}");
+
+    server.fault().on_key("unrenewed").fail(Op::Renew).unwrap();
+    let guard = a.lock("unrenewed").await.unwrap();
+    let granted = Instant::now();
+    guard.lost().await;
+    let felt = granted.elapsed();
+    assert!(
+        felt > TTL - drift - every / 4 && felt <= TTL - drift,
+        "{felt:?}"
+    );
+
+    let guard = a.lock("outage").await.unwrap();
+    server.unreachable_for(TTL / 2);
+    tokio::time::sleep(TTL * 2).await;
+    assert!(
+        !guard.is_lost(),
+        "an outage shorter than the validity is not felt"
+    );
+    server.unreachable_for(TTL * 2);
+    let since = Instant::now();
+    guard.lost().await;
+    assert!(since.elapsed() <= TTL - drift, "{:?}", since.elapsed());
+}
+
 /// One script with a handoff, a lost lease, a restart, a write lease and
 /// fenced writes, traced step by step: what happened, when (Tokio's clock, from
 /// the start) and under which fencing token.

@@ -43,6 +43,10 @@
 //! faults, so a repeat after a lost reply can be tested too (twins: every case
 //! of `tests/fence/cases.rs` runs on both).
 //!
+//! When the holder feels each fault (at its next renewal, at the end of its
+//! validity, never) is in the guide's
+//! [testing page](crate::guide::testing#when-the-holder-feels-each-fault).
+//!
 //! Elections ([`Locker::election`](crate::Locker::election)) run on it too: the
 //! leader record's writes, reads and deletes are requests ([`Op::Leader`]) that
 //! faults hit like any other, and [`lose_lease`](SimServer::lose_lease) of the
