@@ -13,11 +13,11 @@
 //! **Invariants.**
 //!
 //! 1. While [`is_detached`] is true on a thread, a backend makes its requests
-//!    there on connections driven by that thread's runtime (the Redis backend
-//!    opens one per request: its usual connection's task runs on the runtime that
-//!    made it, which may be blocked in the drop or gone). A backend that cannot
-//!    (Cluster, Sentinel) uses its usual connection: a request then ends with its
-//!    response timeout or the bound.
+//!    there on connections driven by that thread's runtime, because its usual
+//!    connection's task runs on the runtime that made it, which may be blocked in
+//!    the drop or gone: on one server and behind Sentinel (to the primary it
+//!    names) a connection per request, on a Cluster one cluster connection per
+//!    detached thread.
 //! 2. The caller never waits longer than the bound, whatever the backend does;
 //!    the work still running then is dropped with the process, and what it had not
 //!    released expires at its TTL, as after a crash.

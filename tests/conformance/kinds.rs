@@ -96,23 +96,7 @@ impl Topology {
                 Topology::Memory => Locker::builder(memory.clone()),
                 #[cfg(feature = "testing")]
                 Topology::Sim => Locker::builder(sim.backend()),
-                Topology::OneServer => Locker::builder(backend_at(&shared().url(), &prefix).await),
-                Topology::Uncoalesced => {
-                    Locker::builder(backend_at(&shared().url(), &prefix).await)
-                        .contention(Contention::PerTask)
-                }
-                Topology::Cluster | Topology::Sentinel => {
-                    Locker::builder(self.redis_backend(&prefix).await)
-                }
-                Topology::Redlock => {
-                    let urls: Vec<String> = redlock_nodes().iter().map(RedisServer::url).collect();
-                    let backend = RedlockBackend::builder(urls)
-                        .prefix(&prefix)
-                        .connect()
-                        .await
-                        .expect("connect to the Redlock nodes");
-                    Locker::builder(backend)
-                }
+                _ => self.connected_builder(&prefix).await,
             };
             lockers.push(
                 builder
@@ -123,6 +107,56 @@ impl Topology {
             );
         }
         (lockers, prefix)
+    }
+
+    /// One more instance under the `prefix` of [`instances`](Self::instances),
+    /// connected on the runtime that calls this (so its connections' tasks run
+    /// there, as in a program whose `main` makes its locker); `None` on the
+    /// in-process topologies, whose instances share one backend value and have no
+    /// connection.
+    /// `configure` sets what the cell needs beyond the TTL.
+    pub(crate) async fn instance_at(
+        self,
+        prefix: &str,
+        ttl: Duration,
+        configure: impl FnOnce(lockflight::LockerBuilder) -> lockflight::LockerBuilder,
+    ) -> Option<Locker> {
+        match self {
+            Topology::Memory => None,
+            #[cfg(feature = "testing")]
+            Topology::Sim => None,
+            _ => Some(
+                configure(self.connected_builder(prefix).await)
+                    .lease_ttl(ttl)
+                    .wait_timeout(Duration::from_secs(30))
+                    .build()
+                    .expect("build the locker"),
+            ),
+        }
+    }
+
+    /// A builder on a new connection to this Redis topology under `prefix`.
+    async fn connected_builder(self, prefix: &str) -> lockflight::LockerBuilder {
+        match self {
+            Topology::OneServer => Locker::builder(backend_at(&shared().url(), prefix).await),
+            Topology::Uncoalesced => Locker::builder(backend_at(&shared().url(), prefix).await)
+                .contention(Contention::PerTask),
+            Topology::Cluster | Topology::Sentinel => {
+                Locker::builder(self.redis_backend(prefix).await)
+            }
+            Topology::Redlock => {
+                let urls: Vec<String> = redlock_nodes().iter().map(RedisServer::url).collect();
+                let backend = RedlockBackend::builder(urls)
+                    .prefix(prefix)
+                    .connect()
+                    .await
+                    .expect("connect to the Redlock nodes");
+                Locker::builder(backend)
+            }
+            Topology::Memory => panic!("the memory backend has no connection"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("the simulated server has no connection"),
+        }
     }
 
     /// A subscribed backend of this single-keyspace Redis topology (one server,

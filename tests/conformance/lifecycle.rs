@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockflight::Locker;
+use lockflight::{Handoff, Locker};
 
 use crate::exclusion::assert_idle;
 use crate::{Kind, Topology, matrix};
@@ -69,16 +69,88 @@ async fn a_program_that_ends(kind: Kind, topology: Topology, exit: Exit) {
     .await;
 }
 
+/// A program on a current-thread runtime (`#[tokio::main(flavor =
+/// "current_thread")]`) that makes its locker in `main`, locks ten keys twice
+/// each (a key locked again soon is warm: its mutex lease stays cached after the
+/// second release) and returns, dropping its last `Locker` on the one thread that
+/// also drives its connections. Instance B must find all ten keys free at once:
+/// the drop released the cached leases on a thread and connections of its own,
+/// on every topology, not left them to the lease's TTL. (A holder dropped, not
+/// released, right before that drop is not covered: its release is a task of the
+/// runtime that ends unrun; `Locker::shutdown` is the way there.)
+async fn the_last_drop_on_a_current_thread_runtime_frees_every_key(kind: Kind, topology: Topology) {
+    if topology.refuses(kind).await {
+        return;
+    }
+    let (lockers, prefix) = topology
+        .instances(&format!("exit-current-{kind:?}"), 2, TTL)
+        .await;
+    let [a, b] = <[Locker; 2]>::try_from(lockers).expect("two instances");
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let taken = keys.clone();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("A's runtime");
+        runtime.block_on(async move {
+            // Made here, as `main` makes it, where the topology has connections;
+            // a linger no busy machine outlasts, so the leases are still cached
+            // at the drop.
+            let linger = Duration::from_secs(20);
+            let a = topology
+                .instance_at(&prefix, TTL, |builder| match topology {
+                    // Without coalescing there is no slot to keep a lease in.
+                    Topology::Uncoalesced => builder,
+                    _ => builder
+                        .handoff(Handoff::enabled().max_hold(linger))
+                        .cache_leases_for(linger),
+                })
+                .await
+                .unwrap_or(a);
+            for key in taken.iter().chain(&taken) {
+                let held = kind
+                    .acquire(&a, key, Duration::from_secs(10))
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind:?}: A takes {key}: {e}"));
+                held.release()
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind:?}: A releases {key}: {e}"));
+            }
+            drop(a);
+        });
+        drop(runtime);
+    })
+    .await
+    .expect("A's program");
+    for key in &keys {
+        free_key_at_once(
+            kind,
+            &b,
+            key,
+            "A's program left it held after its last Locker was dropped on a current-thread runtime",
+        )
+        .await;
+    }
+}
+matrix!(the_last_drop_on_a_current_thread_runtime_frees_every_key: every topology);
+
 /// Instance `b` takes the key that A held, at once (one attempt), and releases
 /// it; `else_what` says what a failure means.
 async fn free_at_once(kind: Kind, b: &Locker, else_what: &str) {
+    free_key_at_once(kind, b, "k", else_what).await;
+}
+
+/// Instance `b` takes `key`, which A held, at once (one attempt), and releases
+/// it; `else_what` says what a failure means.
+async fn free_key_at_once(kind: Kind, b: &Locker, key: &str, else_what: &str) {
     let next = kind
         .rival()
-        .try_acquire(b, "k")
+        .try_acquire(b, key)
         .await
         .unwrap_or_else(|e| panic!("{kind:?}: B's attempt failed: {e}"));
     let Some(next) = next else {
-        panic!("{kind:?}: {else_what}");
+        panic!("{kind:?}: {key}: {else_what}");
     };
     next.release().await.expect("B's release");
 }

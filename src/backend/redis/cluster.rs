@@ -71,6 +71,12 @@ const CONCURRENCY_LIMIT: usize = 1024;
 #[derive(Clone)]
 pub(in crate::backend::redis) struct ClusterConn {
     pub(super) conn: ClusterConnection,
+    /// What made `conn`, to make another on a detached thread (`detached`).
+    client: redis::cluster::ClusterClient,
+    config: redis::cluster::ClusterConfig,
+    /// The connection of the detached thread that runs now, made there on first
+    /// use (see [`detached_connection`](Self::detached_connection)).
+    detached: std::sync::Arc<std::sync::Mutex<Option<(std::thread::ThreadId, ClusterConnection)>>>,
     seeds: Vec<ConnectionInfo>,
     /// The slot map batched renewal groups leases by (see `owners`).
     pub(super) owners: std::sync::Arc<super::owners::OwnersCache>,
@@ -95,9 +101,15 @@ impl ClusterConn {
             // unacknowledged one on the same node connection.
             .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
             .build()?;
-        let conn = client.get_async_connection().await?;
+        let config = redis::cluster::ClusterConfig::new();
+        let conn = client
+            .get_async_connection_with_config(config.clone())
+            .await?;
         Ok(ClusterConn {
             conn,
+            client,
+            config,
+            detached: Default::default(),
             seeds,
             owners: Default::default(),
         })
@@ -115,12 +127,46 @@ impl ClusterConn {
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(t.connection)
             .set_response_timeout(t.response);
-        let conn = client.get_async_connection_with_config(config).await?;
+        let conn = client
+            .get_async_connection_with_config(config.clone())
+            .await?;
         Ok(ClusterConn {
             conn,
+            client: client.clone(),
+            config,
+            detached: Default::default(),
             seeds,
             owners: Default::default(),
         })
+    }
+
+    /// A cluster connection driven by the current runtime, for a request on a
+    /// detached thread (`backend::detached`): `conn`'s task runs on the runtime
+    /// that made it, which may be blocked in the drop that runs the detached work,
+    /// or gone. Made once per detached thread (its slot map read once), and
+    /// dropped with the next thread's.
+    pub(super) async fn detached_connection(&self) -> Result<ClusterConnection, RedisError> {
+        let here = std::thread::current().id();
+        {
+            let held = self
+                .detached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((thread, conn)) = held.as_ref()
+                && *thread == here
+            {
+                return Ok(conn.clone());
+            }
+        }
+        let conn = self
+            .client
+            .get_async_connection_with_config(self.config.clone())
+            .await?;
+        *self
+            .detached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((here, conn.clone()));
+        Ok(conn)
     }
 
     /// Every node `CLUSTER NODES` lists as reachable (primaries first), else the

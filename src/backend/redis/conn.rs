@@ -127,7 +127,20 @@ impl Conn {
             }
             Conn::Single(single) => call.invoke_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
+            Conn::Cluster(c) if detached::is_detached() => {
+                call.invoke_async(&mut c.detached_connection().await?).await
+            }
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => call.invoke_async(&mut c.conn.clone()).await,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) if detached::is_detached() => {
+                let call = &call;
+                s.with_primary(renewal, |client, _| async move {
+                    let mut own = client.get_multiplexed_async_connection().await?;
+                    call.invoke_async(&mut own).await
+                })
+                .await
+            }
             #[cfg(feature = "sentinel")]
             Conn::Sentinel(s) => s.invoke(&call, renewal).await,
         }
@@ -218,7 +231,19 @@ impl Conn {
             }
             Conn::Single(single) => cmd.query_async(&mut single.conn.clone()).await,
             #[cfg(feature = "cluster")]
+            Conn::Cluster(c) if detached::is_detached() => {
+                cmd.query_async(&mut c.detached_connection().await?).await
+            }
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.conn.clone()).await,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(s) if detached::is_detached() => {
+                s.with_primary(false, |client, _| async move {
+                    let mut own = client.get_multiplexed_async_connection().await?;
+                    cmd.query_async(&mut own).await
+                })
+                .await
+            }
             #[cfg(feature = "sentinel")]
             Conn::Sentinel(s) => s.query(cmd).await,
         }
