@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockflight::election::{LeaderInfo, Leadership};
+use lockflight::election::{LeaderInfo, Leadership, Observation, Observed};
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
 use testkit::nemesis::client_kill;
@@ -30,7 +30,6 @@ use testkit::{
     Counting, CountingProxy, RedisServer, channel_subscribed, count_reaches, numsub, shared_scene,
     unique_prefix, wait_until, within,
 };
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A limit that only a hang reaches.
@@ -185,13 +184,10 @@ async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
     );
     let b_election = b.election("cron").identity("b");
     let mut observed = b_election.observe();
-    within(
-        TOLD,
-        "B observes A",
-        observed.wait_for(|l| l.as_ref().is_some_and(|l| l.identity == "a")),
-    )
-    .await
-    .unwrap();
+    observes(&mut observed, TOLD, "B observes A", |l| {
+        l.is_some_and(|l| l.identity == "a")
+    })
+    .await;
 
     let a_lost = tokio::spawn({
         let loss = a_leads.loss_signal();
@@ -230,16 +226,10 @@ async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
         Fenced::Stale { .. }
     ));
     let b_term = b_leads.term();
-    within(
-        TOLD,
-        "B observes itself",
-        observed.wait_for(|l| {
-            l.as_ref()
-                .is_some_and(|l| l.identity == "b" && l.term == b_term)
-        }),
-    )
-    .await
-    .unwrap();
+    observes(&mut observed, TOLD, "B observes itself", |l| {
+        l.is_some_and(|l| l.identity == "b" && l.term == b_term)
+    })
+    .await;
     let seen = b_election.leader().await.unwrap().unwrap();
     assert_eq!((seen.identity.as_str(), seen.term), ("b", b_term));
 
@@ -318,19 +308,35 @@ async fn leads(locker: &Locker, identity: &str) -> Leadership {
         .unwrap()
 }
 
+/// Takes the items of `observation` (within `limit`) until one names a leader
+/// `names` accepts, or nobody if it accepts `None`.
+async fn observes(
+    observation: &mut Observation,
+    limit: Duration,
+    what: &str,
+    names: impl Fn(Option<&LeaderInfo>) -> bool,
+) {
+    within(limit, what, async {
+        loop {
+            match observation.next().await.expect("the observation ended") {
+                Observed::Leader(l) if names(Some(&l)) => return,
+                Observed::NoLeader if names(None) => return,
+                _ => {}
+            }
+        }
+    })
+    .await
+}
+
 /// Waits (within [`ANNOUNCED`]) until `seen` names `leader` (identity and term), or
 /// nobody for `None`.
-async fn sees(
-    seen: &mut watch::Receiver<Option<LeaderInfo>>,
-    what: &str,
-    leader: Option<(&str, FencingToken)>,
-) {
-    let names = |l: &Option<LeaderInfo>| match (l, leader) {
+async fn sees(seen: &mut Observation, what: &str, leader: Option<(&str, FencingToken)>) {
+    observes(seen, ANNOUNCED, what, |l| match (l, leader) {
         (Some(l), Some((identity, term))) => l.identity == identity && l.term == term,
         (None, None) => true,
         _ => false,
-    };
-    within(ANNOUNCED, what, seen.wait_for(names)).await.unwrap();
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

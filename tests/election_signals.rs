@@ -35,22 +35,32 @@ fn metrics(snapshotter: &Snapshotter, key: &str) -> HashMap<String, f64> {
         .collect()
 }
 
-/// Waits until the watch names the leader of `term` (or nobody), within one second
-/// of the paused clock: less than the TTL, so only an announcement explains it.
+/// Waits until the observation names the leader of `term` (or nobody), within
+/// one second of the paused clock: less than the TTL, so only an announcement
+/// explains it.
 async fn sees(
-    seen: &mut tokio::sync::watch::Receiver<Option<lockflight::election::LeaderInfo>>,
+    seen: &mut lockflight::election::Observation,
     term: Option<lockflight::FencingToken>,
 ) {
-    for _ in 0..100 {
-        if seen.borrow().as_ref().map(|l| l.term) == term {
-            return;
+    use lockflight::election::Observed;
+    let names = async {
+        loop {
+            match seen.next().await.expect("the observation ended") {
+                Observed::Leader(l) if Some(l.term) == term => return,
+                Observed::NoLeader if term.is_none() => return,
+                _ => {}
+            }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    if tokio::time::timeout(Duration::from_secs(1), names)
+        .await
+        .is_err()
+    {
+        panic!(
+            "the observer did not see {term:?} within 1 s: {:?}",
+            seen.current()
+        );
     }
-    panic!(
-        "the watcher did not see {term:?} within 1 s: {:?}",
-        *seen.borrow()
-    );
 }
 
 /// A current-thread runtime, so that every task's events reach this thread's

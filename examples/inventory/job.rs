@@ -37,13 +37,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockflight::election::{Election, LeaderInfo};
+use lockflight::election::{Election, LeaderInfo, Observation, Observed};
 use lockflight::fence::{FenceColumns, Fenced, FencedUpsert};
 use lockflight::guard::LossSignal;
 use lockflight::{FencingToken, LockerBuilder};
 use serde_json::json;
 use sqlx::SqlitePool;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
@@ -98,8 +97,6 @@ pub(crate) struct LeaderJob {
 struct Inner {
     status: Arc<Status>,
     config: JobConfig,
-    /// Who leads, kept current by [`Election::observe`].
-    leader: watch::Receiver<Option<LeaderInfo>>,
     task: JoinHandle<()>,
 }
 
@@ -115,6 +112,8 @@ impl Drop for Inner {
 struct Status {
     /// The identity it campaigns with.
     identity: String,
+    /// Who leads, as the newest change [`Election::observe`] gave.
+    leader: Mutex<Option<LeaderInfo>>,
     /// Its term while it leads (and the job runs).
     leading: Mutex<Option<LeaderInfo>>,
     /// Terms it led.
@@ -149,24 +148,18 @@ impl LeaderJob {
         let leader = election.observe();
         let status = Arc::new(Status {
             identity: identity.to_owned(),
+            leader: Mutex::new(None),
             leading: Mutex::new(None),
             terms: AtomicU64::new(0),
             sweeps: AtomicU64::new(0),
             released: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         });
-        let task = tokio::spawn(campaign(
-            election,
-            db,
-            config,
-            Arc::clone(&status),
-            leader.clone(),
-        ));
+        let task = tokio::spawn(campaign(election, db, config, Arc::clone(&status), leader));
         Ok(LeaderJob {
             inner: Arc::new(Inner {
                 status,
                 config,
-                leader,
                 task,
             }),
         })
@@ -176,12 +169,7 @@ impl LeaderJob {
     /// `term` and `since_ms` while it leads, counts) and who leads (`leader`, as
     /// the election's record says; `null` while nobody does).
     pub(crate) fn stats_json(&self) -> serde_json::Value {
-        let Inner {
-            status,
-            config,
-            leader,
-            ..
-        } = &*self.inner;
+        let Inner { status, config, .. } = &*self.inner;
         let leading = status.leading().clone();
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         json!({
@@ -198,7 +186,7 @@ impl LeaderJob {
             "sweeps": n(&status.sweeps),
             "released": n(&status.released),
             "refused": n(&status.refused),
-            "leader": leader.borrow().as_ref().map(|l| json!({
+            "leader": status.leader().as_ref().map(|l| json!({
                 "identity": l.identity,
                 "term": token_json(l.term),
                 "since_ms": unix_ms(l.since),
@@ -220,6 +208,10 @@ pub(crate) fn unix_ms(t: SystemTime) -> i64 {
 impl Status {
     fn leading(&self) -> std::sync::MutexGuard<'_, Option<LeaderInfo>> {
         self.leading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn leader(&self) -> std::sync::MutexGuard<'_, Option<LeaderInfo>> {
+        self.leader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// This instance leads in `info`'s term: the job starts, until the returned
@@ -273,18 +265,21 @@ async fn campaign(
     db: SqlitePool,
     config: JobConfig,
     status: Arc<Status>,
-    mut leader: watch::Receiver<Option<LeaderInfo>>,
+    mut leader: Observation,
 ) {
     let identity = status.identity.clone();
     let changes = async {
-        while leader.changed().await.is_ok() {
-            match &*leader.borrow_and_update() {
-                Some(l) => println!(
+        while let Some(change) = leader.next().await {
+            match change {
+                Observed::Leader(l) => println!(
                     "[{identity}] {ELECTION} is led by {} in term {}",
                     l.identity, l.term
                 ),
-                None => println!("[{identity}] {ELECTION} has no leader"),
+                Observed::NoLeader => println!("[{identity}] {ELECTION} has no leader"),
+                Observed::Missed(n) => println!("[{identity}] {ELECTION}: {n} changes missed"),
+                _ => {}
             }
+            *status.leader() = leader.current();
         }
     };
     let run = async {

@@ -33,23 +33,31 @@ async fn refuses(topology: Topology, locker: &Locker) -> bool {
     true
 }
 
-/// Waits until `observer` names `identity` (or nobody, for `None`).
+/// Takes the items of `observer` until one names `identity` (or nobody, for
+/// `None`).
 async fn observed(
-    observer: &mut tokio::sync::watch::Receiver<Option<lockflight::election::LeaderInfo>>,
+    observer: &mut lockflight::election::Observation,
     identity: Option<&str>,
     term: Option<lockflight::FencingToken>,
 ) {
-    within(
-        TOLD,
-        &format!("the observer sees {identity:?}"),
-        observer.wait_for(|l| match (l, identity) {
-            (None, None) => true,
-            (Some(l), Some(id)) => l.identity == id && term.is_none_or(|t| l.term == t),
-            _ => false,
-        }),
-    )
+    use lockflight::election::Observed;
+    within(TOLD, &format!("the observer sees {identity:?}"), async {
+        loop {
+            match (
+                observer.next().await.expect("the observation ended"),
+                identity,
+            ) {
+                (Observed::NoLeader, None) => return,
+                (Observed::Leader(l), Some(id))
+                    if l.identity == id && term.is_none_or(|t| l.term == t) =>
+                {
+                    return;
+                }
+                _ => {}
+            }
+        }
+    })
     .await
-    .unwrap();
 }
 
 async fn a_resignation_hands_over_and_observers_follow(topology: Topology) {
