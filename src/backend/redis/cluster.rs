@@ -71,15 +71,20 @@ const CONCURRENCY_LIMIT: usize = 1024;
 #[derive(Clone)]
 pub(in crate::backend::redis) struct ClusterConn {
     pub(super) conn: ClusterConnection,
-    /// What made `conn`, to make another on a detached thread (`detached`).
-    client: redis::cluster::ClusterClient,
-    config: redis::cluster::ClusterConfig,
-    /// The connection of the detached thread that runs now, made there on first
-    /// use (see [`detached_connection`](Self::detached_connection)).
-    detached: std::sync::Arc<std::sync::Mutex<Option<(std::thread::ThreadId, ClusterConnection)>>>,
+    /// What a detached thread connects with (see
+    /// [`detached_connection`](Self::detached_connection)).
+    detached: std::sync::Arc<Detached>,
     seeds: Vec<ConnectionInfo>,
     /// The slot map batched renewal groups leases by (see `owners`).
     pub(super) owners: std::sync::Arc<super::owners::OwnersCache>,
+}
+
+/// What made a backend's cluster connection, to make another on a detached
+/// thread, and the connection of the detached thread that runs now.
+struct Detached {
+    client: redis::cluster::ClusterClient,
+    config: redis::cluster::ClusterConfig,
+    conn: std::sync::Mutex<Option<(std::thread::ThreadId, ClusterConnection)>>,
 }
 
 impl ClusterConn {
@@ -107,9 +112,11 @@ impl ClusterConn {
             .await?;
         Ok(ClusterConn {
             conn,
-            client,
-            config,
-            detached: Default::default(),
+            detached: std::sync::Arc::new(Detached {
+                client,
+                config,
+                conn: Default::default(),
+            }),
             seeds,
             owners: Default::default(),
         })
@@ -132,9 +139,11 @@ impl ClusterConn {
             .await?;
         Ok(ClusterConn {
             conn,
-            client: client.clone(),
-            config,
-            detached: Default::default(),
+            detached: std::sync::Arc::new(Detached {
+                client: client.clone(),
+                config,
+                conn: Default::default(),
+            }),
             seeds,
             owners: Default::default(),
         })
@@ -150,6 +159,7 @@ impl ClusterConn {
         {
             let held = self
                 .detached
+                .conn
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some((thread, conn)) = held.as_ref()
@@ -159,11 +169,13 @@ impl ClusterConn {
             }
         }
         let conn = self
+            .detached
             .client
-            .get_async_connection_with_config(self.config.clone())
+            .get_async_connection_with_config(self.detached.config.clone())
             .await?;
         *self
             .detached
+            .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((here, conn.clone()));
         Ok(conn)
