@@ -702,6 +702,9 @@ pub(crate) trait Held: Send + Sync {
     /// The backend deleted this lease behind its holder's back (an operator's
     /// forced release): it is lost, now.
     fn taken_over(&self);
+    /// The server that granted this lease restarted without its data (or was
+    /// flushed): it is lost, now.
+    fn restarted(&self);
 }
 
 impl Default for WakeRegistry {
@@ -893,6 +896,24 @@ impl WakeRegistry {
             }
             None => false,
         }
+    }
+
+    /// The backend's server restarted without its data (a backend calls it when
+    /// it hears a new life of its server: `redis/life.rs`): every lease
+    /// registered here is marked lost at once, with a reason that says so.
+    /// Returns how many live leases were.
+    pub fn restarted(&self) -> usize {
+        // Collected first: marking a lease lost wakes its observers, outside the
+        // map's shard locks.
+        let leases: Vec<_> = self
+            .held
+            .iter()
+            .filter_map(|entry| entry.value().upgrade())
+            .collect();
+        for lease in &leases {
+            lease.restarted();
+        }
+        leases.len()
     }
 
     /// Number of handles currently watching the `kind` lock of `key`.
@@ -1268,6 +1289,9 @@ mod tests {
 
     impl Held for Marked {
         fn taken_over(&self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+        fn restarted(&self) {
             self.0.store(true, Ordering::SeqCst);
         }
     }

@@ -66,6 +66,9 @@ pub(crate) const VALIDITY_ENDED: &str = "its validity ran out before a renewal s
 /// The loss reason of a lease held up to the locker's hold limit.
 pub(crate) const HOLD_LIMIT_REACHED: &str =
     "it was held up to the locker's hold limit, after which it is not renewed";
+/// The loss reason of a lease whose server restarted without its data.
+pub(crate) const RESTARTED: &str =
+    "its server restarted without its data (or was flushed), which ends every lease it granted";
 /// The loss reason of a lease that a forced release deleted at the backend.
 pub(crate) const TAKEN_OVER: &str =
     "it was taken over by a forced release (an operator deleted it at the backend)";
@@ -336,6 +339,12 @@ impl Held for Lease {
     fn taken_over(&self) {
         if self.mark_lost(TAKEN_OVER) {
             tracing::debug!(key = %self.key, kind = ?self.kind, "lease taken over by a forced release");
+        }
+    }
+
+    fn restarted(&self) {
+        if self.mark_lost(RESTARTED) {
+            tracing::debug!(key = %self.key, kind = ?self.kind, "lease lost with its server's data");
         }
     }
 }

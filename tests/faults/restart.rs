@@ -170,3 +170,84 @@ async fn tokens_increase_and_progress_resumes_across_empty_restarts() {
     wait_idle(&lockers, IDLE).await;
     assert_no_lock_left(&server, &prefix, TTL + Duration::from_secs(2)).await;
 }
+
+/// A restart without the data ends every lease of every kind at once, with a
+/// reason that says so (not at the next renewal, which is a TTL away), and no new
+/// lease is granted to anyone, not even to an instance that connects only after
+/// the restart, until every lease of the lost data would have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_ends_every_lease_at_once_and_grants_nothing_until_their_ttl() {
+    let _serial = serial().await;
+    let server = Arc::new(RedisServer::start());
+    let prefix = unique_prefix("life");
+    // A renewal would find each lease gone too, but would say "not the owner":
+    // the reason tells which signal came first.
+    let ttl = Duration::from_secs(5);
+    let holder = lockflight::Locker::builder(crate::backend_at(&server.url(), &prefix).await)
+        .lease_ttl(ttl)
+        .renew_every(Duration::from_millis(1900))
+        .build()
+        .unwrap();
+    let lock = holder.lock("mutex").await.unwrap();
+    let write = holder.rwlock("rw").write().await.unwrap();
+    let permit = holder.semaphore("sem", 2).acquire().await.unwrap();
+    let signals = [
+        lock.loss_signal(),
+        write.loss_signal(),
+        permit.loss_signal(),
+    ];
+
+    {
+        let server = Arc::clone(&server);
+        tokio::task::spawn_blocking(move || server.restart())
+            .await
+            .unwrap();
+    }
+    for signal in &signals {
+        within(Duration::from_secs(30), "the loss", signal.lost()).await;
+        let reason = signal.reason().unwrap();
+        assert!(
+            reason.contains("restarted without its data"),
+            "lost for another reason: {reason}"
+        );
+    }
+
+    // An instance that connects now knows no earlier life, and is still held off.
+    let late = lockflight::Locker::builder(crate::backend_at(&server.url(), &prefix).await)
+        .lease_ttl(ttl)
+        .build()
+        .unwrap();
+    assert!(late.try_lock("mutex").await.unwrap().is_none());
+    assert!(late.rwlock("rw").try_write().await.unwrap().is_none());
+    assert!(
+        late.semaphore("sem", 2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a permit was granted while the restart's hold lasts"
+    );
+    // The hold ends one TTL after the restart: then it is granted.
+    let mut admin = server.connection().await;
+    let life: String = redis::cmd("GET")
+        .arg(format!("{prefix}:life"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let hold_ms: u64 = life.split(' ').nth(1).expect("a hold").parse().unwrap();
+    let guard = late
+        .lock_with_options(
+            "mutex",
+            lockflight::LockOptions::new().wait_timeout(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
+    assert!(
+        secs * 1000 + micros / 1000 >= hold_ms,
+        "granted before the hold ended"
+    );
+    assert!(guard.fencing_token() > lock.fencing_token());
+    guard.release().await.unwrap();
+    drop((lock, write, permit));
+}

@@ -25,9 +25,10 @@ async fn command_calls(con: &mut MultiplexedConnection) -> BTreeMap<String, u64>
 }
 
 /// An uncontended acquire and release run exactly the documented fast paths at the
-/// server: acquire EXISTS release record, GET lock, GET claim, ZCARD queue, TIME, SET
-/// fence … GET, SET lock; release GET lock, ZCARD queue, DEL lock, SET release record —
-/// 11 commands and 2 `EVALSHA` per pair, and the fencing epochs still increase.
+/// server: acquire TIME and GET life (the life gate), EXISTS release record, GET lock,
+/// GET claim, ZCARD queue, SET fence … GET, SET lock; release GET lock, ZCARD queue, DEL
+/// lock, SET release record — 12 commands and 2 `EVALSHA` per pair, and the fencing
+/// epochs still increase.
 #[tokio::test]
 async fn uncontended_acquire_and_release_run_the_fast_paths() {
     // A private server: commandstats counts every client's commands.
@@ -52,7 +53,7 @@ async fn uncontended_acquire_and_release_run_the_fast_paths() {
     let calls = command_calls(&mut admin).await;
     let expected: BTreeMap<String, u64> = [
         ("evalsha", 2),
-        ("get", 3),
+        ("get", 4),
         ("set", 3),
         ("zcard", 2),
         ("time", 1),

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::cluster;
 #[cfg(feature = "sentinel")]
 use super::sentinel;
-use super::{Conn, Inner, Timeouts, Topology, acked, card, conn, connect_error, notify};
+use super::{Conn, Inner, Timeouts, Topology, acked, card, conn, connect_error, life, notify};
 use crate::backend::{RedisBackend, WakeRegistry};
 use crate::error::{Error, Result};
 
@@ -324,6 +324,7 @@ impl RedisBackendBuilder {
             connection: self.connection_timeout,
         };
         let (conn, target) = open(&self.topology, timeouts).await?;
+        let (conn_is_cluster, prefix_for_life) = (conn.is_cluster(), self.prefix.clone());
         let instance = rand::random::<u64>();
         let instance_id = format!("{instance:016x}");
         let channel_prefix = format!("{}:inst:", self.prefix);
@@ -350,12 +351,23 @@ impl RedisBackendBuilder {
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
             replays: Arc::default(),
+            life: life::Life::new(&prefix_for_life, !conn_is_cluster),
             notifier: Mutex::new(None),
             stop: stop.clone(),
             _stop: stop.drop_guard(),
         });
         inner.ensure_notifier();
         inner.verify().await?;
+        // The server's life this instance starts in (`life`). Only an ACL refusal
+        // fails the connect: a read-only replica, say, refuses the life's first
+        // write like every other, and the first grant learns the life instead.
+        if let Err(e) = inner.check_life().await {
+            if super::is_auth_failure(&e) || super::classify(&e) == super::Class::NoPermission {
+                let name = format!("{}:life", inner.prefix);
+                return Err(inner.check_error(&format!("reading the server's life ({name})"), e));
+            }
+            tracing::debug!(target = %inner.target, error = %e, "reading the server's life failed");
+        }
         let written = card::write(&inner).await;
         // Dropped with its runtime, like the notifier; the card then expires.
         crate::runtime::spawn(card::refresh(

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::{RedisError, Script, Value};
 
+use super::life::Life;
 use super::notify::wake_message;
 use super::{
     ACQUIRE, CheckFailed, Class, EXTEND, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE,
@@ -193,6 +194,70 @@ impl Inner {
     /// renewal needs the reply to tell the leases it re-armed (refused for want of
     /// acknowledgements) from the ones it did not (answered as they are).
     pub(super) async fn invoke_lease_acked(
+        &self,
+        lease: &LeaseScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<(Value, Option<RedisError>), RedisError> {
+        if lease.renewal {
+            return self.invoke_lease_once(lease, keys, args).await;
+        }
+        // A grant passes the server's life gate first (`life`). An answer that
+        // names a life this instance had not seen ends every lease here; asked
+        // again at once when nothing holds grants back, so the caller sees the
+        // new life's own answer.
+        for _ in 0..2 {
+            let (seen, grace) = self.life.args();
+            let (k, a) = self.life.gate(keys, args, &seen, &grace);
+            let (reply, acks) = self.invoke_lease_once(lease, &k, &a).await?;
+            let Some((started, wait_ms)) = Life::held_reply(&reply) else {
+                return Ok((reply, acks));
+            };
+            self.saw_life(&started);
+            if wait_ms > 0 {
+                return Ok((Life::busy(Duration::from_millis(wait_ms)), None));
+            }
+        }
+        Ok((Life::busy(Duration::from_millis(1)), None))
+    }
+
+    /// Reads the server's life (`life`), and ends every lease here if it is not
+    /// the one this instance saw last. Nothing to do on a cluster.
+    pub(super) async fn check_life(&self) -> Result<(), RedisError> {
+        let Some((script, key)) = self.life.check() else {
+            return Ok(());
+        };
+        let (seen, grace) = self.life.args();
+        let reply = self
+            .conn
+            .invoke(script, false, &[key], &[seen.as_bytes(), grace.as_bytes()])
+            .await?;
+        match Life::check_reply(&reply) {
+            Some((started, _)) => {
+                self.saw_life(&started);
+                Ok(())
+            }
+            None => Err(redis::make_extension_error(
+                "UNEXPECTED".to_owned(),
+                Some(format!("the life script answered {reply:?}")),
+            )),
+        }
+    }
+
+    /// The server is in life `started`: if this instance saw another one before,
+    /// the server lost every lease it granted then, so each lease of this
+    /// instance is marked lost now. Returns whether that happened.
+    pub(super) fn saw_life(&self, started: &str) -> bool {
+        if !self.life.saw(started) {
+            return false;
+        }
+        let lost = self.wakeups.restarted();
+        tracing::warn!(target = %self.target, lost, "the server restarted without its data: every lease of this instance is lost");
+        true
+    }
+
+    /// One run of a granting or renewing script, acknowledged with `replica_ack`.
+    async fn invoke_lease_once(
         &self,
         lease: &LeaseScript,
         keys: &[&[u8]],

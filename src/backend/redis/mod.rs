@@ -80,6 +80,7 @@ mod card;
 mod cluster;
 mod conn;
 pub(crate) use conn::nodelay_client;
+mod life;
 mod notify;
 #[cfg(feature = "cluster")]
 mod owners;
@@ -116,7 +117,7 @@ fn renewal_source(body: &str) -> String {
 }
 
 static ACQUIRE: LeaseScript = LeaseScript::grant(
-    || script(include_str!("lua/acquire.lua")),
+    || life::gated(&[include_str!("lua/acquire.lua")]),
     acked::first_is_one,
 );
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
@@ -213,6 +214,8 @@ struct Inner {
     subscriber: notify::Status,
     /// Recent releases, repeated on a new primary after a failover.
     replays: Arc<replay::Replays>,
+    /// The server's life: a restart ends every lease at once (`life`).
+    life: life::Life,
     /// The notification task, restarted by `ensure_notifier` when it has ended.
     notifier: Mutex<Option<JoinHandle<()>>>,
     stop: CancellationToken,

@@ -6,7 +6,8 @@
 //! primary the sentinels name. When the connection drops or cannot be made, the task
 //! asks the command connection again where to subscribe (`CLUSTER NODES`, the
 //! sentinels) and tries the servers in turn. When the connection drops, the task
-//! reconnects with backoff and resubscribes, then wakes every watcher once, and has
+//! reconnects with backoff and resubscribes, reads the server's life (a restarted
+//! server ends every lease at once: see `life`), then wakes every watcher once, and has
 //! every observer of a leader read the record again, because messages sent during
 //! the gap are lost (a spurious wake-up only causes a retry, a spurious re-read only
 //! a read). Meanwhile waiters fall back to their timers, observers to their
@@ -395,6 +396,19 @@ pub(super) async fn run(
             Ok(Ok(pubsub)) => {
                 backoff = MIN_BACKOFF;
                 let Some(i) = inner.upgrade() else { return };
+                // The server may be a new run of it that lost every lease (`life`):
+                // its holders learn it before the waiters here ask again.
+                // The command connection's first request after it was dropped
+                // fails (and makes it reconnect): a few tries.
+                for _ in 0..3 {
+                    match tokio::time::timeout(connect_timeout, i.check_life()).await {
+                        Ok(Ok(())) => break,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%channel, error = %e, "reading the server's life failed")
+                        }
+                        Err(_) => tracing::debug!(%channel, "reading the server's life timed out"),
+                    }
+                }
                 i.subscriber.report(Attempt::Subscribed);
                 // Anything published while we were away is lost: let waiters retry.
                 i.wakeups.wake_all();

@@ -528,6 +528,7 @@ impl Inner {
     /// entries for the longest TTL; a cluster backend watches its slot map while
     /// leases may live).
     pub(super) fn note_lease(&self, ttl: Duration) {
+        self.life.note_lease(ttl);
         let mode = mode(&self.conn);
         if mode == Mode::Off {
             return;

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::acked::{LeaseScript, first_is_one};
+use super::life::gated;
 use super::notify::wake_message;
 use super::{
     Names, RedisBackend, decode_acquire, map_err, millis, renewal_script, script,
@@ -40,9 +41,9 @@ use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
 static READ: LeaseScript =
-    LeaseScript::grant(|| script(include_str!("lua/rw_read.lua")), first_is_one);
+    LeaseScript::grant(|| gated(&[include_str!("lua/rw_read.lua")]), first_is_one);
 static WRITE: LeaseScript =
-    LeaseScript::grant(|| script(include_str!("lua/rw_write.lua")), first_is_one);
+    LeaseScript::grant(|| gated(&[include_str!("lua/rw_write.lua")]), first_is_one);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_release.lua")));
 static EXTEND: LeaseScript = LeaseScript::renewal(
     || renewal_script(include_str!("lua/rw_extend.lua")),

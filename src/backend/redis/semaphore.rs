@@ -51,7 +51,7 @@ fn sem_script(body: &str) -> Script {
 }
 
 static SEM_ACQUIRE: LeaseScript = LeaseScript::grant(
-    || sem_script(include_str!("lua/sem_acquire.lua")),
+    || super::life::gated(&[SEM_COMMON, include_str!("lua/sem_acquire.lua")]),
     first_is_positive,
 );
 static SEM_RELEASE: LazyLock<Script> =

@@ -38,9 +38,10 @@
 --   { -3 }                 this token's release was recorded (KEYS[5] exists): a late
 --                          copy of an acquire; nothing changed
 --
--- Fast path (the lock free, no claim, nobody queued): EXISTS record, GET lock, GET
--- claim, ZCARD queue, TIME, SET fence … GET (reads the last epoch and writes the new one
--- in one call), SET lock: 7 commands (fair mode: the same).
+-- Fast path (the lock free, no claim, nobody queued): the life gate's TIME and GET
+-- life (`life_gate.lua`), EXISTS record, GET lock, GET claim, ZCARD queue, SET fence …
+-- GET (reads the last epoch and writes the new one in one call), SET lock: 8 commands
+-- (fair mode: the same).
 local lock, fence, queue, claim, record, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
