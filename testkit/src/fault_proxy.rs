@@ -44,14 +44,21 @@ use super::resp::{CommandParser, ReplyParser};
 pub type CommandMatcher = Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
 
 /// Matches `EVALSHA <sha> <numkeys> <first key> …` with the given script hash
-/// (lowercase hex, as redis-rs sends it) and first key.
+/// (lowercase hex, as redis-rs sends it) and first key of the script's own (after
+/// the server's life, which a granting script is given first).
 pub fn evalsha_on(sha: &[u8], first_key: &[u8]) -> CommandMatcher {
     let (sha, first_key) = (sha.to_vec(), first_key.to_vec());
     Arc::new(move |args: &[Vec<u8>]| {
+        // EVALSHA sha numkeys key…: a granting script's first key is the
+        // server's life (`<prefix>:life`), the script's own keys follow it.
+        let own = match args.get(3) {
+            Some(k) if k.ends_with(b":life") && args.len() > 4 => 4,
+            _ => 3,
+        };
         args.len() > 3
             && args[0].eq_ignore_ascii_case(b"EVALSHA")
             && args[1].eq_ignore_ascii_case(&sha)
-            && args[3] == first_key
+            && args[own] == first_key
     })
 }
 

@@ -124,7 +124,7 @@ impl Target {
 /// one request it is meant for).
 fn first_script_on(first_key: Vec<u8>) -> CommandMatcher {
     std::sync::Arc::new(move |args: &[Vec<u8>]| {
-        args.len() > 3 && args[0].eq_ignore_ascii_case(b"EVALSHA") && args[3] == first_key
+        args.len() > 3 && evalsha_on(&args[1], &first_key)(args)
     })
 }
 

@@ -125,7 +125,7 @@ pub(crate) async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
     let shas: Vec<Vec<u8>> = proxy
         .recorded()
         .into_iter()
-        .filter(|c| c.len() > 3 && c[0].eq_ignore_ascii_case(b"EVALSHA") && c[3] == name)
+        .filter(|c| c.len() > 3 && evalsha_on(&c[1], &name)(c))
         .map(|c| c[1].clone())
         .collect();
     proxy.record(false);
