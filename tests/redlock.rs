@@ -2,7 +2,8 @@
 //! loopback: mutual exclusion under contention, availability for every subset of
 //! stopped nodes (`Error::QuorumNotReached`), a key deleted behind the holder's back,
 //! a node restarted empty with and without the delayed-restart rule, lost replies on
-//! a minority of nodes, and fencing tokens across restarts.
+//! a minority of nodes, a failed round's release delayed past a later round, and
+//! fencing tokens across restarts.
 //!
 //! Two sets of 5 servers per test binary: [`calm`] is never disturbed (each test
 //! uses its own prefix); [`stormy`] is paused, restarted and flushed, so the tests
@@ -503,6 +504,125 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
         held.is_empty(),
         "a lock held by nobody outlived one TTL on nodes {held:?}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// The rounds of one acquire
+// ---------------------------------------------------------------------------
+
+/// Matches the release script run on the lock `lock` (five keys, the fourth a
+/// release record): a failed round's release of what it took, or a lease's
+/// release; never an acquire (six keys).
+fn release_of(lock: Vec<u8>) -> CommandMatcher {
+    let record = [&lock[..], b":rel:"].concat();
+    Arc::new(move |args: &[Vec<u8>]| {
+        args.len() > 6
+            && args[0].eq_ignore_ascii_case(b"EVALSHA")
+            && args[2] == b"5"
+            && args[3] == lock
+            && args[6].starts_with(&record)
+    })
+}
+
+/// Sets the lock `name` on `server` to a token of an instance that does not
+/// exist (a holder that never releases), or deletes it.
+async fn foreign_hold(server: &RedisServer, name: &[u8], held: bool) {
+    let mut con = server.connection().await;
+    let cmd = if held {
+        redis::cmd("SET")
+            .arg(name)
+            .arg("f".repeat(32))
+            .arg("PX")
+            .arg(60_000)
+            .clone()
+    } else {
+        redis::cmd("DEL").arg(name).clone()
+    };
+    let _: redis::Value = cmd.query_async(&mut con).await.expect("SET or DEL");
+}
+
+/// A round of A's acquire takes node 0 only (another instance holds nodes 1 and
+/// 2) and releases it; that release is held back on the wire. Node 1 frees up, a
+/// later round of the same acquire is granted on nodes 0 and 1, and the held-back
+/// release lands on node 0. It must not delete A's lease there: each round asks
+/// with a token of its own, released with its record, so the late release names a
+/// lease nobody holds. Then node 2 frees up too, and B must still be refused while
+/// A holds the lock. (Before, every round asked with the lease's one token and a
+/// failed round's release wrote no record: the late release deleted A's lease on
+/// node 0, the lease rested on node 1 alone, and B took nodes 0 and 2 while A held
+/// the lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rounds_late_release_cannot_delete_a_later_rounds_lease() {
+    /// How long the proxy holds the first round's release back.
+    const DELAY: Duration = Duration::from_secs(2);
+    /// Long enough that nothing expires or is renewed during the test.
+    const LONG_TTL: Duration = Duration::from_secs(30);
+    let servers = &calm()[..3];
+    let prefix = unique_prefix("late-round-release");
+    let key = LockKey::from("k");
+    let name = testkit::names::lock(&prefix, &key);
+    let p0 = FaultProxy::start(&servers[0]).await;
+    let through_proxy = vec![p0.url(), servers[1].url(), servers[2].url()];
+    let a = backend(&through_proxy, &prefix, Duration::from_secs(1)).await;
+    let b = backend(&urls(servers), &prefix, Duration::from_secs(1)).await;
+    let [la, lb] = [a, b].map(|x| {
+        Locker::builder(x)
+            .lease_ttl(LONG_TTL)
+            .wait_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap()
+    });
+
+    for s in &servers[1..] {
+        foreign_hold(s, &name, true).await;
+    }
+    p0.record(true);
+    p0.delay_requests(release_of(name.clone()), 1, DELAY);
+    let taking = tokio::spawn({
+        let (la, key) = (la.clone(), key.clone());
+        async move { la.lock(key).await }
+    });
+    let held_back = wait_until(Duration::from_secs(10), || {
+        let matcher = release_of(name.clone());
+        let recorded = p0.recorded();
+        async move { recorded.iter().any(|c| matcher(c)) }
+    })
+    .await;
+    assert!(held_back, "A's first round released nothing on node 0");
+    foreign_hold(&servers[1], &name, false).await;
+
+    let guard = within(Duration::from_secs(20), "A's lock", taking)
+        .await
+        .expect("A's task")
+        .expect("A locks once node 1 is free");
+    let granted_first = p0.delayed_applied() == 0;
+    let landed = wait_until(DELAY * 10, || async { p0.delayed_applied() >= 1 }).await;
+    assert!(landed, "the held-back release never reached node 0");
+    println!(
+        "A was granted {} the first round's release landed",
+        if granted_first { "before" } else { "after" }
+    );
+    let on_node_0 = locked_on(servers, &prefix, 0, &key).await;
+
+    foreign_hold(&servers[2], &name, false).await;
+    let rival = lb.try_lock(key.clone()).await.expect("B's try_lock");
+    assert!(
+        rival.is_none(),
+        "B took the lock while A holds it: two holders (A's lease on node 0 \
+         {}deleted by the first round's late release)",
+        if on_node_0 { "not " } else { "" }
+    );
+    assert!(
+        on_node_0,
+        "the first round's late release deleted A's lease on node 0"
+    );
+    assert!(!guard.is_lost(), "A's lease is intact");
+    guard.release().await.expect("A's release");
+    let next = within(Duration::from_secs(10), "B's lock", lb.lock(key)).await;
+    next.expect("B locks after A's release")
+        .release()
+        .await
+        .unwrap();
 }
 
 // ---------------------------------------------------------------------------

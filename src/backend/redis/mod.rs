@@ -503,18 +503,6 @@ impl RedisBackend {
         self.inner.conn.server()
     }
 
-    /// Releases the mutex lease `token` of `key` without retiring the token (no
-    /// release record: it may be granted again). Only for a Redlock round that
-    /// failed, whose next round asks again with the same token; every release of
-    /// a lease retires its token.
-    pub(crate) async fn release_keeping_token(
-        &self,
-        key: &LockKey,
-        token: LeaseToken,
-    ) -> Result<Released> {
-        self.inner.release(key, token, None, false).await
-    }
-
     /// The Redis name of the lock of `key` (the Redlock quorum reads it on each node).
     pub(crate) fn lock_name(&self, key: &LockKey) -> Vec<u8> {
         Names::new(&self.inner.prefix, key).lock

@@ -9,7 +9,8 @@ use futures::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::sync::CancellationToken;
 
-use super::{FENCE, Inner, MAX_NODES, Node};
+use super::{FENCE, Inner, MAX_NODES, Node, RoundTokens};
+use crate::backend::schedule::release_record_ttl;
 use crate::backend::{RedisBackend, RedlockBackend, WakeRegistry};
 use crate::error::{Error, Result};
 /// Settings of a [`RedlockBackend`]; see [`RedlockBackend::builder`].
@@ -126,6 +127,7 @@ impl RedlockBackendBuilder {
                 node_timeout: self.node_timeout,
                 retry_delay: self.retry_delay,
                 wakeups: WakeRegistry::new(),
+                rounds: RoundTokens::new(release_record_ttl(self.node_timeout)),
                 forwarders: Arc::default(),
                 stop: stop.clone(),
                 _stop: stop.drop_guard(),

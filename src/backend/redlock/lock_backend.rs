@@ -16,7 +16,8 @@ use crate::key::LockKey;
 #[async_trait]
 impl LockBackend for RedlockBackend {
     /// Acquire-or-enqueue on every node; granted after a majority and the fence
-    /// write-back round (see the [module docs](super)).
+    /// write-back round (see the [module docs](super)). Each round asks with a
+    /// round token of its own once the previous round ended without a grant.
     ///
     /// # Errors
     ///
@@ -50,7 +51,9 @@ impl LockBackend for RedlockBackend {
         }
     }
 
-    /// Releases on every node (the holder's wake-up goes out on each).
+    /// Releases the lease's round token on every node (the holder's wake-up goes
+    /// out on each); a lease no round of which may hold anything is not the owner,
+    /// without a request.
     ///
     /// # Errors
     ///
@@ -59,6 +62,14 @@ impl LockBackend for RedlockBackend {
     /// reconciles it, as the nodes' release records recognise a repeated release.
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         let inner = &*self.inner;
+        let Some(round) = inner.rounds.current(key, token, None) else {
+            // No round of this lease may hold anything: each one that was not
+            // granted released its own token.
+            return Ok(Released {
+                released: false,
+                waiting: 0,
+            });
+        };
         // The other nodes first, then the wake node, whose release wakes the next
         // waiting instance: by then a majority is free for it.
         let wake = &inner.nodes[inner.wake_node(key)];
@@ -72,7 +83,7 @@ impl LockBackend for RedlockBackend {
                             waiting: 0,
                         })
                     } else {
-                        node.backend.release(key, token).await
+                        node.backend.release(key, round).await
                     }
                 }
             })
@@ -80,7 +91,7 @@ impl LockBackend for RedlockBackend {
         let w = inner.wake_node(key);
         outcomes[w] = match tokio::time::timeout(
             inner.node_timeout,
-            wake.backend.release(key, token),
+            wake.backend.release(key, round),
         )
         .await
         {
@@ -100,17 +111,20 @@ impl LockBackend for RedlockBackend {
             }
         }
         if released >= inner.quorum {
+            inner.rounds.forget(key, token);
             return Ok(Released {
                 released: true,
                 waiting,
             });
         }
         if not_owner > inner.nodes.len() - inner.quorum {
+            inner.rounds.forget(key, token);
             return Ok(Released {
                 released: false,
                 waiting,
             });
         }
+        // Kept for the repeat, which the nodes' release records answer.
         Err(Error::backend(
             key,
             Phase::Releasing,
@@ -122,7 +136,8 @@ impl LockBackend for RedlockBackend {
         ))
     }
 
-    /// Extends on every node.
+    /// Extends the lease's round token on every node; a lease no round of which
+    /// may hold anything is not the owner, without a request.
     ///
     /// # Errors
     ///
@@ -130,9 +145,12 @@ impl LockBackend for RedlockBackend {
     /// extended and not enough nodes answered "not yours" to call it lost.
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
         let inner = &*self.inner;
+        let Some(round) = inner.rounds.current(key, token, Some(Instant::now() + ttl)) else {
+            return Ok(Extend::NotOwner);
+        };
         let outcomes = inner
             .round(key, Phase::Renewing, |node| {
-                node.backend.extend(key, token, ttl)
+                node.backend.extend(key, round, ttl)
             })
             .await;
         let (mut extended, mut not_owner, mut waiting) = (0, 0, 0);

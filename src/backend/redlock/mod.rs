@@ -24,6 +24,25 @@
 //!   when a majority cannot (too many "not yours"), else a transient
 //!   [`Error::Backend`] so that the locker retries it.
 //!
+//! # Rounds: a token of their own
+//!
+//! One acquire of the locker may take several rounds (a busy answer, a split vote,
+//! too few nodes answering), all for one lease token. Each round asks the nodes
+//! with a **round token** (`rounds.rs`): the previous round's as long as no
+//! release of it was sent (that round was granted, or its future dropped before it
+//! ended: asking again re-grants what it may hold), and a fresh one after a round
+//! that ended without a grant, whose token is retired before the release of what
+//! it took is sent, and released with its record like any lease. The lease's
+//! extend and release go to the round token that was granted. So every round
+//! token obeys the single-node rule (never granted again once a release of it was
+//! sent), and a failed round's release that lands late, after a later round was
+//! granted on that node, deletes nothing: the lock there is held under another
+//! token (ARCHITECTURE.md, "The order of requests", says what one token for every
+//! round allowed; `model.rs` explores both). The price: until a failed
+//! round's release lands, its grant keeps that node busy for the later rounds too,
+//! and a grant whose release is lost stays until its TTL, as one of a crashed
+//! instance does.
+//!
 //! # Fencing: a conditional write-back round
 //!
 //! A per-node maximum of fence counters is **not** monotonic under quorums (nodes
@@ -90,9 +109,11 @@ mod lock_backend;
 #[cfg(test)]
 mod model;
 mod quorum;
+mod rounds;
 mod wake;
 
 pub use builder::RedlockBackendBuilder;
+use rounds::RoundTokens;
 use wake::Forwarders;
 
 static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/fence.lua")));
@@ -145,6 +166,8 @@ struct Inner {
     node_timeout: Duration,
     retry_delay: Duration,
     wakeups: WakeRegistry,
+    /// The round token each lease is known by at the nodes.
+    rounds: RoundTokens,
     /// Per key this instance waits for: the task forwarding its wake node's
     /// wake-ups.
     forwarders: Arc<Forwarders>,

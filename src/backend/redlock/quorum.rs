@@ -1,5 +1,6 @@
 //! The quorum rounds: one request per node in parallel, the acquire round with
-//! its fence write-back round, and the release of what a failed round left.
+//! its fence write-back round (asked with the lease's round token, `rounds.rs`),
+//! and the release of what a failed round left.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -42,13 +43,13 @@ impl Inner {
         .await
     }
 
-    /// The fence write-back on one node: `Ok(true)` if `token` owns the lock there
-    /// and its fence is now at least `epoch`.
+    /// The fence write-back on one node: `Ok(true)` if the round token `round`
+    /// owns the lock there and its fence is now at least `epoch`.
     pub(super) async fn write_back(
         &self,
         node: &Node,
         key: &LockKey,
-        token: LeaseToken,
+        round: LeaseToken,
         epoch: u64,
         fence_ttl_ms: u64,
     ) -> Result<bool> {
@@ -58,7 +59,7 @@ impl Inner {
         let reply: i64 = FENCE
             .key(lock)
             .key(fence)
-            .arg(token.to_hex())
+            .arg(round.to_hex())
             .arg(epoch.to_string())
             .arg(fence_ttl_ms)
             .invoke_async(&mut conn)
@@ -71,16 +72,17 @@ impl Inner {
         Ok(reply == 1)
     }
 
-    /// Releases `token` on the nodes `which`, in parallel, ignoring the outcomes (a
-    /// failed release expires with the TTL). The token is not retired: the next
-    /// round asks again with it (a copy of this round's acquire that lands late is
-    /// then a re-grant of the same token, released by the lease's final release).
-    pub(super) async fn release_on(&self, key: &LockKey, token: LeaseToken, which: &[usize]) {
+    /// Releases the failed round's token `round` on the nodes `which`, in
+    /// parallel, ignoring the outcomes (a release that is lost leaves that node's
+    /// grant to expire with the TTL). Each release writes its record, as every
+    /// release does: a copy of this round's acquire that lands later is refused,
+    /// and the round's token was retired, so no later round asks with it.
+    pub(super) async fn release_on(&self, key: &LockKey, round: LeaseToken, which: &[usize]) {
         let timeout = self.node_timeout;
         join_all(which.iter().map(|&i| {
             let node = &self.nodes[i];
             async move {
-                let release = node.backend.release_keeping_token(key, token);
+                let release = node.backend.release(key, round);
                 match tokio::time::timeout(timeout, release).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => tracing::debug!(%key, error = %e, "redlock: releasing a partial grant failed"),
@@ -98,8 +100,9 @@ impl Inner {
         Duration::from_micros(base / 2 + r)
     }
 
-    /// One acquire round (and write-back round); also says whether a node failed
-    /// fast with a transient error.
+    /// One acquire round (and write-back round) of the lease `token`, asked with
+    /// its round token; also says whether a node failed fast with a transient
+    /// error.
     pub(super) async fn acquire_once(
         &self,
         key: &LockKey,
@@ -121,6 +124,7 @@ impl Inner {
             f.woken.store(0, Ordering::Release);
         }
         let sent_at = Instant::now();
+        let round = inner.rounds.asking(key, token, sent_at + ttl);
         let wake = &inner.nodes[inner.wake_node(key)];
         let outcomes = inner
             .round(key, Phase::Acquiring, |node| {
@@ -130,7 +134,7 @@ impl Inner {
                 } else {
                     WhenBusy::Return
                 };
-                node.backend.acquire(key, token, ttl, when_busy)
+                node.backend.acquire(key, round, ttl, when_busy)
             })
             .await;
         let mut granted = Vec::new(); // (node, epoch, waiting)
@@ -166,7 +170,7 @@ impl Inner {
                 async move {
                     tokio::time::timeout(
                         inner.node_timeout,
-                        inner.write_back(node, key, token, epoch, fence_ttl),
+                        inner.write_back(node, key, round, epoch, fence_ttl),
                     )
                     .await
                 }
@@ -190,11 +194,14 @@ impl Inner {
             }
             tracing::debug!(%key, written, "redlock: the fence write-back reached no majority in time");
         }
-        // Not granted: release wherever it may be held.
+        // Not granted: retire the round's token (the next round asks with a
+        // fresh one) before releasing it wherever it may be held, so that no
+        // round asks with a token a release of which may be on the wire.
         let mut holders: Vec<usize> = granted.iter().map(|g| g.0).collect();
         holders.extend_from_slice(&unknown);
         holders.sort_unstable();
-        inner.release_on(key, token, &holders).await;
+        inner.rounds.retire(key, token, round);
+        inner.release_on(key, round, &holders).await;
         if granted.len() + busy.len() >= inner.quorum {
             let retry_in = if granted.is_empty() && busy.len() >= inner.quorum {
                 // Held elsewhere: a majority may be free when the quorum-th
