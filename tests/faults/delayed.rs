@@ -283,3 +283,104 @@ async fn a_late_acquire_copy_cannot_hold_a_released_key_every_kind_acked() {
         a_late_acquire_copy_cannot_hold_a_released_key(kind, true).await;
     }
 }
+
+/// A's first acquire copy of each kind is delayed for twice the lifetime of a
+/// release record; the re-sent copy is granted, A releases, and the record has
+/// expired when the late copy lands. The gate refuses a grant that arrives later
+/// than a record's lifetime after it was sent (by the server's clock), so the
+/// late copy takes nothing: B gets every key at once. (Before: the record was
+/// the only guard, and the late copy held the key for a token nobody had, until
+/// its TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_delayed_past_its_release_record_takes_nothing_every_kind() {
+    let _serial = serial().await;
+    let s = Setup::new("late-past-record", false).await;
+    // Short request timeouts make a short record lifetime:
+    // 5 s + (2 × 200 ms + 200 ms) + 1 s (`release_record_ttl`).
+    let (response, connection) = (Duration::from_millis(200), Duration::from_millis(200));
+    let record = Duration::from_secs(6) + response * 2 + connection;
+    let a = Locker::builder(
+        RedisBackend::builder(s.proxy.url())
+            .prefix(&s.prefix)
+            .response_timeout(response)
+            .connection_timeout(connection)
+            .connect()
+            .await
+            .expect("connect A"),
+    )
+    .lease_ttl(LONG_TTL)
+    .wait_timeout(Duration::from_secs(20))
+    .handoff(Handoff::disabled())
+    .build()
+    .unwrap();
+    let b = s.b().await;
+    let kinds = [Kind::Mutex, Kind::Read, Kind::Write, Kind::Permit];
+    let key = |kind: Kind| format!("late-{kind:?}");
+    for kind in kinds {
+        let lock = testkit::names::lock(&s.prefix, &LockKey::from(key(kind)));
+        let first_key = match kind {
+            Kind::Mutex => lock,
+            Kind::Read | Kind::Write => [&lock[..], b":rd"].concat(),
+            Kind::Permit => [&lock[..], b":sem"].concat(),
+        };
+        s.proxy
+            .delay_requests(first_script_on(first_key), 1, record * 2);
+    }
+    let mut runs = tokio::task::JoinSet::new();
+    for kind in kinds {
+        let (a, key) = (a.clone(), key(kind));
+        runs.spawn(async move {
+            let released = match kind {
+                Kind::Mutex => a.lock(&key).await.unwrap().release().await,
+                Kind::Read => a.rwlock(&key).read().await.unwrap().release().await,
+                Kind::Write => a.rwlock(&key).write().await.unwrap().release().await,
+                Kind::Permit => {
+                    a.semaphore(&key, 1)
+                        .acquire()
+                        .await
+                        .unwrap()
+                        .release()
+                        .await
+                }
+            };
+            released.unwrap_or_else(|e| panic!("A's {kind:?} release: {e}"));
+        });
+    }
+    within(Duration::from_secs(60), "A's sections", async {
+        while let Some(run) = runs.join_next().await {
+            run.unwrap();
+        }
+    })
+    .await;
+    let landed = wait_until(record * 6, || async { s.proxy.delayed_applied() >= 4 }).await;
+    assert!(
+        landed,
+        "{} of 4 delayed requests reached Redis",
+        s.proxy.delayed_applied()
+    );
+
+    for kind in kinds {
+        let key = key(kind);
+        let free = match kind {
+            Kind::Mutex => b.try_lock(&key).await.unwrap().map(drop).is_some(),
+            Kind::Read | Kind::Write => b
+                .rwlock(&key)
+                .try_write()
+                .await
+                .unwrap()
+                .map(drop)
+                .is_some(),
+            Kind::Permit => b
+                .semaphore(&key, 1)
+                .try_acquire()
+                .await
+                .unwrap()
+                .map(drop)
+                .is_some(),
+        };
+        assert!(
+            free,
+            "{kind:?}: the copy delayed past its record holds the released key"
+        );
+    }
+}

@@ -325,6 +325,9 @@ impl RedisBackendBuilder {
         };
         let (conn, target) = open(&self.topology, timeouts).await?;
         let (conn_is_cluster, prefix_for_life) = (conn.is_cluster(), self.prefix.clone());
+        let record_ttl_ms = millis(crate::backend::schedule::release_record_ttl(
+            self.response_timeout * 2 + self.connection_timeout,
+        ));
         let instance = rand::random::<u64>();
         let instance_id = format!("{instance:016x}");
         let channel_prefix = format!("{}:inst:", self.prefix);
@@ -345,13 +348,11 @@ impl RedisBackendBuilder {
             acks: self
                 .replica_ack
                 .map(|(replicas, timeout)| acked::Pool::new(replicas, timeout, timeouts)),
-            release_record_ttl_ms: millis(crate::backend::schedule::release_record_ttl(
-                self.response_timeout * 2 + self.connection_timeout,
-            )),
+            release_record_ttl_ms: record_ttl_ms,
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
             replays: Arc::default(),
-            life: life::Life::new(&prefix_for_life, !conn_is_cluster),
+            life: life::Life::new(&prefix_for_life, !conn_is_cluster, record_ttl_ms),
             notifier: Mutex::new(None),
             stop: stop.clone(),
             _stop: stop.drop_guard(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::{RedisError, Script, Value};
 
-use super::life::Life;
+use super::life::{Gate, Life};
 use super::notify::wake_message;
 use super::{
     ACQUIRE, CheckFailed, Class, EXTEND, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE,
@@ -202,23 +202,29 @@ impl Inner {
         if lease.renewal {
             return self.invoke_lease_once(lease, keys, args).await;
         }
-        // A grant passes the server's life gate first (`life`). An answer that
-        // names a life this instance had not seen ends every lease here; asked
-        // again at once when nothing holds grants back, so the caller sees the
-        // new life's own answer.
-        for _ in 0..2 {
+        // A grant passes the gate first (`life`). An answer that names a life
+        // this instance had not seen ends every lease here; one that says the
+        // request came too late (by the server's clock, which the instance had
+        // misjudged) brings a new reading of it. Either is asked again at once
+        // when nothing holds grants back, so the caller sees the script's own
+        // answer.
+        for _ in 0..3 {
             let (seen, grace) = self.life.args();
-            let (k, a) = self.life.gate(keys, args, &seen, &grace);
+            let not_after = self.life.not_after();
+            let (k, a) = self.life.gate(keys, args, &seen, &grace, &not_after);
             let (reply, acks) = self.invoke_lease_once(lease, &k, &a).await?;
-            let Some((started, wait_ms)) = Life::held_reply(&reply) else {
-                return Ok((reply, acks));
-            };
-            self.saw_life(&started);
-            if wait_ms > 0 {
-                return Ok((Life::busy(Duration::from_millis(wait_ms)), None));
+            match self.life.gate_reply(&reply, std::time::Instant::now()) {
+                Gate::Ran => return Ok((reply, acks)),
+                Gate::TooLate => continue,
+                Gate::Life(started, wait_ms) => {
+                    self.saw_life(&started);
+                    if wait_ms > 0 {
+                        return Ok((Life::busy(Duration::from_millis(wait_ms)), None));
+                    }
+                }
             }
         }
-        Ok((Life::busy(Duration::from_millis(1)), None))
+        Ok((Life::busy(Duration::from_millis(10)), None))
     }
 
     /// Reads the server's life (`life`), and ends every lease here if it is not
@@ -232,8 +238,8 @@ impl Inner {
             .conn
             .invoke(script, false, &[key], &[seen.as_bytes(), grace.as_bytes()])
             .await?;
-        match Life::check_reply(&reply) {
-            Some((started, _)) => {
+        match self.life.check_reply(&reply, std::time::Instant::now()) {
+            Some(started) => {
                 self.saw_life(&started);
                 Ok(())
             }

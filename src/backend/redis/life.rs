@@ -40,6 +40,13 @@
 //!   and a hold, never a double grant.
 //! * A Cluster is not gated yet: its holders learn at the next renewal.
 //!
+//! # Grants delayed past their release record
+//!
+//! The gate also refuses a grant that reaches the server later than a release
+//! record's lifetime after it was sent ([`Life::not_after`]): a token is never
+//! granted again once its release was sent, and the release record that enforces
+//! it lives only that long (ARCHITECTURE.md, "The order of requests").
+//!
 //! A Sentinel failover keeps the life (it is replicated like every other key), so
 //! a promoted replica that has the data is no restart; the replay (`replay`)
 //! repeats the releases the failover lost. A promoted replica *without* the data
@@ -47,7 +54,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 
@@ -63,13 +70,18 @@ pub(super) fn gated(parts: &[&str]) -> Script {
     Script::new(&format!("{PRELUDE}\n{LIFE}\n{GATE}\n{}", parts.join("\n")))
 }
 
-/// Reads (or starts) the life and returns `{ started, wait_ms }`.
+/// Reads (or starts) the life and returns `{ started, wait_ms, now_ms }`.
 static CHECK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{PRELUDE}\n{LIFE}\nlocal started, wait = life_gate(KEYS[1], ARGV[1], tonumber(ARGV[2]) or 0)\n\
-         return {{ started, wait }}"
+         return {{ started, wait, now().ms }}"
     ))
 });
+
+/// How much faster than this process's monotonic clock the server's clock is
+/// assumed to run at most, as a fraction (1/1000): what a lower bound of the
+/// server's time, extrapolated from a sample, gives away per second.
+const DRIFT_PER_MILLE: u64 = 1;
 
 /// What one backend knows of its server's life.
 #[derive(Debug)]
@@ -80,15 +92,56 @@ pub(super) struct Life {
     seen: Mutex<String>,
     /// The longest lease TTL asked for through this backend, in ms.
     longest_ms: AtomicU64,
+    /// A reading of the server's clock (ms) and when its reply arrived here: the
+    /// server's time then was at least that.
+    clock: Mutex<Option<(u64, Instant)>>,
+    /// How long a release record lives (ms): a grant that reaches the server
+    /// later than that after it was sent is refused (see [`not_after`](Self::not_after)).
+    record_ttl_ms: u64,
+}
+
+/// What a gate answered instead of running its script.
+pub(super) enum Gate {
+    /// The script ran: its own reply.
+    Ran,
+    /// The server's life (`started`) and how long grants wait.
+    Life(String, u64),
+    /// The request arrived too late to apply: nothing changed.
+    TooLate,
 }
 
 impl Life {
-    pub(super) fn new(prefix: &str, gated: bool) -> Life {
+    pub(super) fn new(prefix: &str, gated: bool, record_ttl_ms: u64) -> Life {
         Life {
             key: gated.then(|| format!("{prefix}:life").into_bytes()),
             seen: Mutex::new(String::new()),
             longest_ms: AtomicU64::new(0),
+            clock: Mutex::new(None),
+            record_ttl_ms,
         }
+    }
+
+    /// The server's clock read `now_ms` in a reply that arrived at `at`.
+    pub(super) fn clock_read(&self, now_ms: u64, at: Instant) {
+        *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((now_ms, at));
+    }
+
+    /// The gate's "too late after" for a request sent now: a lower bound of the
+    /// server's clock now (the last reading, plus the time since its reply
+    /// arrived, less the drift allowance), plus a release record's lifetime.
+    ///
+    /// A copy of a grant that lands later than that may belong to a lease whose
+    /// release record has expired (a release is sent after its acquire, and its
+    /// record lives that long from then), so the gate refuses it: a token whose
+    /// release record is gone can never be granted again. Empty before the first
+    /// reading.
+    pub(super) fn not_after(&self) -> String {
+        let Some((read, at)) = *self.clock.lock().unwrap_or_else(PoisonError::into_inner) else {
+            return String::new();
+        };
+        let since = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let lower = read.saturating_add(since - since * DRIFT_PER_MILLE / 1000);
+        lower.saturating_add(self.record_ttl_ms).to_string()
     }
 
     /// A lease of `ttl` is asked for: the hold this instance reports covers it.
@@ -103,9 +156,10 @@ impl Life {
         args: &[&'a [u8]],
         seen: &'a str,
         grace: &'a str,
+        not_after: &'a str,
     ) -> (Vec<&'a [u8]>, Vec<&'a [u8]>) {
         let mut k = Vec::with_capacity(keys.len() + 1);
-        let mut a = Vec::with_capacity(args.len() + 2);
+        let mut a = Vec::with_capacity(args.len() + 3);
         match &self.key {
             Some(key) => {
                 k.push(key.as_slice());
@@ -114,6 +168,7 @@ impl Life {
             None => a.push(b"-".as_slice()),
         }
         a.push(grace.as_bytes());
+        a.push(not_after.as_bytes());
         k.extend_from_slice(keys);
         a.extend_from_slice(args);
         (k, a)
@@ -134,25 +189,37 @@ impl Life {
         Some((&CHECK, self.key.as_deref()?))
     }
 
-    /// `{ -5, started, wait_ms }`, the gate's answer, if `reply` is one.
-    pub(super) fn held_reply(reply: &Value) -> Option<(String, u64)> {
-        match reply {
-            Value::Array(items) => match items.as_slice() {
-                [Value::Int(-5), started, Value::Int(wait)] => {
-                    Some((text(started)?, u64::try_from(*wait).unwrap_or(0)))
+    /// What the gate said in `reply` (which arrived at `at`), keeping the
+    /// server's clock reading it carries.
+    pub(super) fn gate_reply(&self, reply: &Value, at: Instant) -> Gate {
+        let Value::Array(items) = reply else {
+            return Gate::Ran;
+        };
+        match items.as_slice() {
+            [Value::Int(-6), Value::Int(now)] => {
+                self.clock_read(u64::try_from(*now).unwrap_or(0), at);
+                Gate::TooLate
+            }
+            [Value::Int(-5), started, Value::Int(wait), Value::Int(now)] => match text(started) {
+                Some(started) => {
+                    self.clock_read(u64::try_from(*now).unwrap_or(0), at);
+                    Gate::Life(started, u64::try_from(*wait).unwrap_or(0))
                 }
-                _ => None,
+                None => Gate::Ran,
             },
-            _ => None,
+            _ => Gate::Ran,
         }
     }
 
-    /// `{ started, wait_ms }`, the answer of [`check`](Self::check).
-    pub(super) fn check_reply(reply: &Value) -> Option<(String, u64)> {
+    /// The life in the answer of [`check`](Self::check) (which arrived at `at`),
+    /// keeping the server's clock reading it carries.
+    pub(super) fn check_reply(&self, reply: &Value, at: Instant) -> Option<String> {
         match reply {
             Value::Array(items) => match items.as_slice() {
-                [started, Value::Int(wait)] => {
-                    Some((text(started)?, u64::try_from(*wait).unwrap_or(0)))
+                [started, Value::Int(_wait), Value::Int(now)] => {
+                    let started = text(started)?;
+                    self.clock_read(u64::try_from(*now).unwrap_or(0), at);
+                    Some(started)
                 }
                 _ => None,
             },
