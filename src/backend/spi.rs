@@ -705,6 +705,8 @@ pub(crate) trait Held: Send + Sync {
     /// The server that granted this lease restarted without its data (or was
     /// flushed): it is lost, now.
     fn restarted(&self);
+    /// The key of the lease.
+    fn key(&self) -> &LockKey;
 }
 
 impl Default for WakeRegistry {
@@ -900,15 +902,17 @@ impl WakeRegistry {
 
     /// The backend's server restarted without its data (a backend calls it when
     /// it hears a new life of its server: `redis/life.rs`): every lease
-    /// registered here is marked lost at once, with a reason that says so.
+    /// registered here whose key `lost_there` names (on a Cluster, those of the
+    /// restarted slot) is marked lost at once, with a reason that says so.
     /// Returns how many live leases were.
-    pub fn restarted(&self) -> usize {
+    pub fn restarted(&self, lost_there: impl Fn(&LockKey) -> bool) -> usize {
         // Collected first: marking a lease lost wakes its observers, outside the
         // map's shard locks.
         let leases: Vec<_> = self
             .held
             .iter()
             .filter_map(|entry| entry.value().upgrade())
+            .filter(|lease| lost_there(lease.key()))
             .collect();
         for lease in &leases {
             lease.restarted();
@@ -1293,6 +1297,11 @@ mod tests {
         }
         fn restarted(&self) {
             self.0.store(true, Ordering::SeqCst);
+        }
+        fn key(&self) -> &LockKey {
+            static KEY: std::sync::LazyLock<LockKey> =
+                std::sync::LazyLock::new(|| LockKey::from("marked"));
+            &KEY
         }
     }
 

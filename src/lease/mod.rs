@@ -342,6 +342,10 @@ impl Held for Lease {
         }
     }
 
+    fn key(&self) -> &LockKey {
+        &self.key
+    }
+
     fn restarted(&self) {
         if self.mark_lost(RESTARTED) {
             tracing::debug!(key = %self.key, kind = ?self.kind, "lease lost with its server's data");

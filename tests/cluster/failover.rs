@@ -229,3 +229,71 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
     );
     wait_idle(&[holder, other], IDLE).await;
 }
+
+/// A shard's primary restarts empty (kill and restart within the node timeout,
+/// so no replica is promoted) while a lock on it is held and waited on. The slot
+/// has a life of its own: the waiter, which asked there before, holds the slot's
+/// grants for one TTL when it asks again, so it is granted only after the holder
+/// learned of the loss (at its next renewal, which reads the slot's life and
+/// says why) and after the hold ends. (Before: the waiter was granted as soon as
+/// it asked, while the holder still believed it held the key.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_empty_grants_nothing_until_its_leases_would_end() {
+    let (_serial, c) = cluster_for_this_test().await;
+    let (prefix, a, b) = two_instances("life").await;
+    let (key, victim) = key_per_shard("l").await.remove(0);
+    let ttl = Duration::from_secs(3);
+    let holder = Locker::builder(a).lease_ttl(ttl).build().unwrap();
+    let waiter = Locker::builder(b)
+        .lease_ttl(ttl)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.lock(&key).await.unwrap();
+    assert!(waiter.try_lock(&key).await.unwrap().is_none());
+
+    let node = c.by_addr(&victim.addr);
+    tokio::task::block_in_place(|| node.restart());
+    c.wait_ok(Duration::from_secs(30)).await;
+    let primaries = c.primaries().await;
+    let serving = primaries
+        .iter()
+        .find(|p| {
+            let slot = slot_of(&key);
+            p.slots.iter().any(|&(lo, hi)| lo <= slot && slot <= hi)
+        })
+        .expect("a primary serves the slot");
+    assert_eq!(
+        serving.id, victim.id,
+        "the restarted primary was replaced: no restart to observe"
+    );
+
+    let granted = within(Duration::from_secs(60), "the waiter", waiter.lock(&key))
+        .await
+        .expect("the waiter gets the key after the hold");
+    assert!(
+        held.is_lost(),
+        "the waiter was granted while the holder still believed it held the key"
+    );
+    let reason = held.loss_signal().reason().unwrap();
+    assert!(
+        reason.contains("restarted without its data"),
+        "lost for another reason: {reason}"
+    );
+    // The slot's life says when the hold ends; the grant came after it.
+    let life_key = (0u32..)
+        .map(|n| format!("{prefix}:life:{{{n}}}"))
+        .find(|name| Cluster::slot(name.as_bytes()) == slot_of(&key))
+        .unwrap();
+    let life: String = node.cmd(&["GET", &life_key]).await.unwrap();
+    let hold_ms: u64 = life.split(' ').nth(1).expect("a hold").parse().unwrap();
+    let (secs, micros): (String, String) = node.cmd(&["TIME"]).await.unwrap();
+    let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
+    assert!(now_ms >= hold_ms, "granted before the hold ended");
+    assert!(granted.fencing_token() > held.fencing_token());
+    granted.release().await.unwrap();
+    drop(held);
+    // The restarted node's replica syncs from it again; the next test needs the
+    // cluster healthy.
+    c.wait_ok(Duration::from_secs(30)).await;
+}

@@ -208,16 +208,19 @@ impl Inner {
         // misjudged) brings a new reading of it. Either is asked again at once
         // when nothing holds grants back, so the caller sees the script's own
         // answer.
+        let place = self.life.place_of(keys);
         for _ in 0..3 {
-            let (seen, grace) = self.life.args();
-            let not_after = self.life.not_after();
-            let (k, a) = self.life.gate(keys, args, &seen, &grace, &not_after);
+            let ticket = self.life.ticket(place);
+            let (k, a) = Life::gate(&ticket, keys, args);
             let (reply, acks) = self.invoke_lease_once(lease, &k, &a).await?;
-            match self.life.gate_reply(&reply, std::time::Instant::now()) {
+            match self
+                .life
+                .gate_reply(place, &reply, std::time::Instant::now())
+            {
                 Gate::Ran => return Ok((reply, acks)),
                 Gate::TooLate => continue,
                 Gate::Life(started, wait_ms) => {
-                    self.saw_life(&started);
+                    self.saw_life(place, &started);
                     if wait_ms > 0 {
                         return Ok((Life::busy(Duration::from_millis(wait_ms)), None));
                     }
@@ -228,19 +231,32 @@ impl Inner {
     }
 
     /// Reads the server's life (`life`), and ends every lease here if it is not
-    /// the one this instance saw last. Nothing to do on a cluster.
+    /// the one this instance saw last. Nothing to do on a cluster, whose slots'
+    /// lives the gate and the renewals read ([`check_life_at`](Self::check_life_at)).
     pub(super) async fn check_life(&self) -> Result<(), RedisError> {
-        let Some((script, key)) = self.life.check() else {
+        if self.life.is_per_slot() {
             return Ok(());
-        };
-        let (seen, grace) = self.life.args();
-        let reply = self
-            .conn
-            .invoke(script, false, &[key], &[seen.as_bytes(), grace.as_bytes()])
-            .await?;
-        match self.life.check_reply(&reply, std::time::Instant::now()) {
+        }
+        self.check_life_at(0).await
+    }
+
+    /// [`check_life`](Self::check_life) for the life of one place: the server,
+    /// or on a Cluster the slot `slot`.
+    pub(super) async fn check_life_at(&self, slot: u16) -> Result<(), RedisError> {
+        let (script, ticket) = self.life.check(slot);
+        let (keys, args) = ticket.check_args();
+        let reply = self.conn.invoke(script, false, &keys, &args).await?;
+        match self
+            .life
+            .check_reply(slot, &reply, std::time::Instant::now())
+        {
             Some(started) => {
-                self.saw_life(&started);
+                // An instance that never asked for a lease holds none, and its
+                // hold would be 0: it keeps the earlier life, so its first grant
+                // reports the restart with that grant's TTL.
+                if !(ticket.is_restart(&started) && ticket.grace_is_zero()) {
+                    self.saw_life(ticket.slot, &started);
+                }
                 Ok(())
             }
             None => Err(redis::make_extension_error(
@@ -250,15 +266,19 @@ impl Inner {
         }
     }
 
-    /// The server is in life `started`: if this instance saw another one before,
-    /// the server lost every lease it granted then, so each lease of this
-    /// instance is marked lost now. Returns whether that happened.
-    pub(super) fn saw_life(&self, started: &str) -> bool {
-        if !self.life.saw(started) {
+    /// The place `slot` (the server; on a Cluster, one slot) is in life
+    /// `started`: if this instance saw another one before, the server lost
+    /// every lease it granted there then, so each lease of this instance there
+    /// is marked lost now. Returns whether that happened.
+    pub(super) fn saw_life(&self, slot: u16, started: &str) -> bool {
+        if !self.life.saw(slot, started) {
             return false;
         }
-        let lost = self.wakeups.restarted();
-        tracing::warn!(target = %self.target, lost, "the server restarted without its data: every lease of this instance is lost");
+        let lost = self.wakeups.restarted(|key| {
+            self.life
+                .holds_in(slot, &Names::new(&self.prefix, key).lock)
+        });
+        tracing::warn!(target = %self.target, slot, lost, "the server restarted without its data: every lease of this instance there is lost");
         true
     }
 
@@ -317,12 +337,15 @@ impl Inner {
     /// probe key, the subscription comes up, and this instance may publish on its
     /// channel.
     pub(super) async fn verify(&self) -> Result<()> {
+        // The largest script last: a server that wants a password refuses a
+        // long bulk string from a client that has not given it with a protocol
+        // error, and a smaller request first gets the clear NOAUTH.
         for script in [
-            &*ACQUIRE,
             &*RELEASE,
             &*EXTEND,
             &*LEAVE,
             &*super::renew::EXTEND_BATCH,
+            &*ACQUIRE,
         ] {
             self.conn
                 .load(script)

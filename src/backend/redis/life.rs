@@ -38,7 +38,14 @@
 //!   renewal, as before. So is a life key evicted (`maxmemory-policy` must not
 //!   evict lockflight's keys), which then costs a false restart: every lease lost
 //!   and a hold, never a double grant.
-//! * A Cluster is not gated yet: its holders learn at the next renewal.
+//! * On a Cluster each slot has a life of its own (`<prefix>:life:{<tag>}`, a
+//!   tag that hashes to the slot), because a script reaches one slot only; an
+//!   instance keeps the life of each slot it asked in. So a restarted primary is
+//!   learned slot by slot, by the gate (the subscription is made on one node,
+//!   and says nothing of the others), and its holders learn at their next
+//!   renewal or grant in the slot; the hold is written by the first instance
+//!   that asked in the slot before the restart, and one that never did is
+//!   granted at once if it asks first.
 //!
 //! # Grants delayed past their release record
 //!
@@ -52,12 +59,14 @@
 //! repeats the releases the failover lost. A promoted replica *without* the data
 //! is one, and is treated as one.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 
+use super::replay::slot;
 use super::{PRELUDE, millis};
 
 /// `lua/life.lua`, which the gate and [`CHECK`] call.
@@ -83,21 +92,48 @@ static CHECK: LazyLock<Script> = LazyLock::new(|| {
 /// server's time, extrapolated from a sample, gives away per second.
 const DRIFT_PER_MILLE: u64 = 1;
 
-/// What one backend knows of its server's life.
+/// What one backend knows of its server's life: of one place (the server; on a
+/// Cluster, each slot it asked in).
 #[derive(Debug)]
 pub(super) struct Life {
-    /// `<prefix>:life`; `None` when not gated (a cluster).
-    key: Option<Vec<u8>>,
-    /// The life seen last (empty before the first).
-    seen: Mutex<String>,
+    prefix: String,
+    cluster: bool,
+    /// By slot (always 0 but on a Cluster).
+    places: Mutex<HashMap<u16, Place>>,
     /// The longest lease TTL asked for through this backend, in ms.
     longest_ms: AtomicU64,
+    /// How long a release record lives (ms): a grant that reaches the server
+    /// later than that after it was sent is refused (see [`Ticket`]).
+    record_ttl_ms: u64,
+}
+
+/// One place's life, as this instance knows it.
+#[derive(Debug)]
+struct Place {
+    /// The life key.
+    key: Vec<u8>,
+    /// The life seen last (empty before the first).
+    seen: String,
     /// A reading of the server's clock (ms) and when its reply arrived here: the
     /// server's time then was at least that.
-    clock: Mutex<Option<(u64, Instant)>>,
-    /// How long a release record lives (ms): a grant that reaches the server
-    /// later than that after it was sent is refused (see [`not_after`](Self::not_after)).
-    record_ttl_ms: u64,
+    clock: Option<(u64, Instant)>,
+}
+
+/// The gate's arguments for one request, sent now.
+pub(super) struct Ticket {
+    /// The place the request goes to.
+    pub(super) slot: u16,
+    key: Vec<u8>,
+    seen: String,
+    grace: String,
+    /// A lower bound of the server's clock now (the last reading, plus the time
+    /// since its reply arrived, less the drift allowance), plus a release
+    /// record's lifetime; empty before the first reading. A copy of a grant that
+    /// lands later than that may belong to a lease whose release record has
+    /// expired (a release is sent after its acquire, and its record lives that
+    /// long from then), so the gate refuses it: a token whose release record is
+    /// gone can never be granted again.
+    not_after: String,
 }
 
 /// What a gate answered instead of running its script.
@@ -110,38 +146,59 @@ pub(super) enum Gate {
     TooLate,
 }
 
+/// A tag whose hash slot is `slot` (the smallest decimal number that has it).
+fn tag(slot_wanted: u16) -> &'static str {
+    /// Every slot's tag, found once per process (some 170,000 numbers are tried).
+    static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+        let mut tags = vec![String::new(); 16_384];
+        let mut missing = tags.len();
+        for n in 0u32.. {
+            let text = n.to_string();
+            let at = usize::from(slot(text.as_bytes()));
+            if tags[at].is_empty() {
+                tags[at] = text;
+                missing -= 1;
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        tags
+    });
+    &TAGS[usize::from(slot_wanted)]
+}
+
 impl Life {
-    pub(super) fn new(prefix: &str, gated: bool, record_ttl_ms: u64) -> Life {
+    pub(super) fn new(prefix: &str, cluster: bool, record_ttl_ms: u64) -> Life {
         Life {
-            key: gated.then(|| format!("{prefix}:life").into_bytes()),
-            seen: Mutex::new(String::new()),
+            prefix: prefix.to_owned(),
+            cluster,
+            places: Mutex::new(HashMap::new()),
             longest_ms: AtomicU64::new(0),
-            clock: Mutex::new(None),
             record_ttl_ms,
         }
     }
 
-    /// The server's clock read `now_ms` in a reply that arrived at `at`.
-    pub(super) fn clock_read(&self, now_ms: u64, at: Instant) {
-        *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((now_ms, at));
+    /// The place of a script whose own keys are `keys` (they share one slot).
+    pub(super) fn place_of(&self, keys: &[&[u8]]) -> u16 {
+        match keys.first() {
+            Some(key) if self.cluster => slot(key),
+            _ => 0,
+        }
     }
 
-    /// The gate's "too late after" for a request sent now: a lower bound of the
-    /// server's clock now (the last reading, plus the time since its reply
-    /// arrived, less the drift allowance), plus a release record's lifetime.
-    ///
-    /// A copy of a grant that lands later than that may belong to a lease whose
-    /// release record has expired (a release is sent after its acquire, and its
-    /// record lives that long from then), so the gate refuses it: a token whose
-    /// release record is gone can never be granted again. Empty before the first
-    /// reading.
-    pub(super) fn not_after(&self) -> String {
-        let Some((read, at)) = *self.clock.lock().unwrap_or_else(PoisonError::into_inner) else {
-            return String::new();
-        };
-        let since = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let lower = read.saturating_add(since - since * DRIFT_PER_MILLE / 1000);
-        lower.saturating_add(self.record_ttl_ms).to_string()
+    fn with_place<T>(&self, slot_of: u16, f: impl FnOnce(&mut Place) -> T) -> T {
+        let mut places = self.places.lock().unwrap_or_else(PoisonError::into_inner);
+        let place = places.entry(slot_of).or_insert_with(|| Place {
+            key: if self.cluster {
+                format!("{}:life:{{{}}}", self.prefix, tag(slot_of)).into_bytes()
+            } else {
+                format!("{}:life", self.prefix).into_bytes()
+            },
+            seen: String::new(),
+            clock: None,
+        });
+        f(place)
     }
 
     /// A lease of `ttl` is asked for: the hold this instance reports covers it.
@@ -149,94 +206,103 @@ impl Life {
         self.longest_ms.fetch_max(millis(ttl), Ordering::Relaxed);
     }
 
+    /// The gate's arguments for a request to `slot_of`, sent now.
+    pub(super) fn ticket(&self, slot_of: u16) -> Ticket {
+        let grace = self.longest_ms.load(Ordering::Relaxed).to_string();
+        let record_ttl_ms = self.record_ttl_ms;
+        self.with_place(slot_of, |place| Ticket {
+            slot: slot_of,
+            key: place.key.clone(),
+            seen: place.seen.clone(),
+            grace,
+            not_after: place.clock.map_or_else(String::new, |(read, at)| {
+                let since = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let lower = read.saturating_add(since - since * DRIFT_PER_MILLE / 1000);
+                lower.saturating_add(record_ttl_ms).to_string()
+            }),
+        })
+    }
+
     /// The keys and arguments of a granting script: the gate's, then the script's.
     pub(super) fn gate<'a>(
-        &'a self,
+        ticket: &'a Ticket,
         keys: &[&'a [u8]],
         args: &[&'a [u8]],
-        seen: &'a str,
-        grace: &'a str,
-        not_after: &'a str,
     ) -> (Vec<&'a [u8]>, Vec<&'a [u8]>) {
         let mut k = Vec::with_capacity(keys.len() + 1);
-        let mut a = Vec::with_capacity(args.len() + 3);
-        match &self.key {
-            Some(key) => {
-                k.push(key.as_slice());
-                a.push(seen.as_bytes());
-            }
-            None => a.push(b"-".as_slice()),
-        }
-        a.push(grace.as_bytes());
-        a.push(not_after.as_bytes());
+        k.push(ticket.key.as_slice());
         k.extend_from_slice(keys);
+        let mut a = Vec::with_capacity(args.len() + 3);
+        a.extend([
+            ticket.seen.as_bytes(),
+            ticket.grace.as_bytes(),
+            ticket.not_after.as_bytes(),
+        ]);
         a.extend_from_slice(args);
         (k, a)
     }
 
-    /// The gate's arguments now: the life seen last, and the longest lease TTL.
-    pub(super) fn args(&self) -> (String, String) {
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        (seen, self.longest_ms.load(Ordering::Relaxed).to_string())
+    /// The script that reads the life of `slot_of`, and its arguments.
+    pub(super) fn check(&self, slot_of: u16) -> (&'static Script, Ticket) {
+        (&*CHECK, self.ticket(slot_of))
     }
 
-    /// The script that reads the life (`None` when not gated), with its key.
-    pub(super) fn check(&self) -> Option<(&'static Script, &[u8])> {
-        Some((&CHECK, self.key.as_deref()?))
+    /// Whether the lives are per slot (a Cluster).
+    pub(super) fn is_per_slot(&self) -> bool {
+        self.cluster
     }
 
-    /// What the gate said in `reply` (which arrived at `at`), keeping the
-    /// server's clock reading it carries.
-    pub(super) fn gate_reply(&self, reply: &Value, at: Instant) -> Gate {
+    /// What the gate said in `reply` to a request to `slot_of` (the reply arrived
+    /// at `at`), keeping the server's clock reading it carries.
+    pub(super) fn gate_reply(&self, slot_of: u16, reply: &Value, at: Instant) -> Gate {
         let Value::Array(items) = reply else {
             return Gate::Ran;
         };
-        match items.as_slice() {
-            [Value::Int(-6), Value::Int(now)] => {
-                self.clock_read(u64::try_from(*now).unwrap_or(0), at);
-                Gate::TooLate
-            }
+        let (gate, now) = match items.as_slice() {
+            [Value::Int(-6), Value::Int(now)] => (Gate::TooLate, now),
             [Value::Int(-5), started, Value::Int(wait), Value::Int(now)] => match text(started) {
-                Some(started) => {
-                    self.clock_read(u64::try_from(*now).unwrap_or(0), at);
-                    Gate::Life(started, u64::try_from(*wait).unwrap_or(0))
-                }
-                None => Gate::Ran,
+                Some(started) => (Gate::Life(started, u64::try_from(*wait).unwrap_or(0)), now),
+                None => return Gate::Ran,
             },
-            _ => Gate::Ran,
-        }
+            _ => return Gate::Ran,
+        };
+        let now = u64::try_from(*now).unwrap_or(0);
+        self.with_place(slot_of, |place| place.clock = Some((now, at)));
+        gate
     }
 
-    /// The life in the answer of [`check`](Self::check) (which arrived at `at`),
+    /// The life of `slot_of` in the answer of [`check`](Self::check) (which arrived at `at`),
     /// keeping the server's clock reading it carries.
-    pub(super) fn check_reply(&self, reply: &Value, at: Instant) -> Option<String> {
-        match reply {
-            Value::Array(items) => match items.as_slice() {
-                [started, Value::Int(_wait), Value::Int(now)] => {
-                    let started = text(started)?;
-                    self.clock_read(u64::try_from(*now).unwrap_or(0), at);
-                    Some(started)
-                }
-                _ => None,
-            },
-            _ => None,
-        }
+    pub(super) fn check_reply(&self, slot_of: u16, reply: &Value, at: Instant) -> Option<String> {
+        let Value::Array(items) = reply else {
+            return None;
+        };
+        let [started, Value::Int(_wait), Value::Int(now)] = items.as_slice() else {
+            return None;
+        };
+        let started = text(started)?;
+        let now = u64::try_from(*now).unwrap_or(0);
+        self.with_place(slot_of, |place| place.clock = Some((now, at)));
+        Some(started)
     }
 
-    /// The server is in life `started`: returns whether that is a restart this
-    /// instance had not seen (the caller then marks every lease lost).
-    pub(super) fn saw(&self, started: &str) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if *seen == started {
-            return false;
-        }
-        let restarted = !seen.is_empty();
-        *seen = started.to_owned();
-        restarted
+    /// The place `slot_of` is in life `started`: returns whether that is a
+    /// restart this instance had not seen (the caller then marks every lease of
+    /// that place lost).
+    pub(super) fn saw(&self, slot_of: u16, started: &str) -> bool {
+        self.with_place(slot_of, |place| {
+            if place.seen == started {
+                return false;
+            }
+            let restarted = !place.seen.is_empty();
+            started.clone_into(&mut place.seen);
+            restarted
+        })
+    }
+
+    /// Whether a lease whose lock name is `lock` is in `slot_of`.
+    pub(super) fn holds_in(&self, slot_of: u16, lock: &[u8]) -> bool {
+        !self.cluster || slot(lock) == slot_of
     }
 
     /// A "busy" answer that every granting script's decoding reads as "ask again
@@ -250,11 +316,40 @@ impl Life {
     }
 }
 
+impl Ticket {
+    /// Whether `started` is a life other than the one seen last, itself known.
+    pub(super) fn is_restart(&self, started: &str) -> bool {
+        !self.seen.is_empty() && self.seen != started
+    }
+
+    /// Whether this instance never asked for a lease (it reports no hold).
+    pub(super) fn grace_is_zero(&self) -> bool {
+        self.grace == "0"
+    }
+
+    /// The arguments of [`CHECK`].
+    pub(super) fn check_args(&self) -> ([&[u8]; 1], [&[u8]; 2]) {
+        ([&self.key], [self.seen.as_bytes(), self.grace.as_bytes()])
+    }
+}
+
 fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
         Value::SimpleString(s) => Some(s.clone()),
         Value::Int(n) => Some(n.to_string()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_hashes_to_its_slot() {
+        for wanted in [0, 1, 5461, 10922, 16383] {
+            assert_eq!(slot(tag(wanted).as_bytes()), wanted);
+        }
     }
 }

@@ -128,6 +128,27 @@ enum Group {
 impl RedisBackend {
     /// See the module docs.
     pub(super) async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
+        let results = self.renew_batch_inner(items).await;
+        // A lease gone may be a server restarted without its data: its holders
+        // learn that reason (and every other lease there is lost with it) before
+        // this renewal reports "not the owner" (`life`).
+        let mut places: Vec<u16> = items
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Ok(Extend::NotOwner)))
+            .map(|(item, _)| self.slot_of(item))
+            .collect();
+        places.sort_unstable();
+        places.dedup();
+        for place in places {
+            if let Err(e) = self.inner.check_life_at(place).await {
+                tracing::debug!(error = %e, "reading the server's life after a lost lease failed");
+            }
+        }
+        results
+    }
+
+    async fn renew_batch_inner(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
         if items.len() <= 1 {
             return join_all(items.iter().map(|item| extend_one(self, item))).await;
         }

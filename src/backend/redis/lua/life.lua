@@ -14,6 +14,8 @@
 -- When `seen` is an earlier life, every lease of that life is gone with it, but
 -- its holders may not know yet: grants wait until `started` + `grace`, when
 -- every lease the caller knew of would have expired anyway. The hold only grows.
+-- A caller that never asked for a lease (grace 0) writes no hold: it reports the
+-- restart at its first grant instead, with its lease TTL (`Inner::check_life`).
 local function life_gate(key, seen, grace)
   local t = now()
   local stored = redis.call('GET', key)
@@ -26,7 +28,7 @@ local function life_gate(key, seen, grace)
     redis.call('SET', key, started)
   end
   hold = tonumber(hold) or 0
-  if seen ~= '' and seen ~= started then
+  if seen ~= '' and seen ~= started and grace > 0 then
     local until_ms = math.floor(tonumber(started) / 1000) + grace
     if until_ms > hold then
       hold = until_ms
