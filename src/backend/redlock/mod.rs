@@ -79,11 +79,16 @@
 //!
 //! A node that restarts with an empty dataset has forgotten the locks it granted.
 //! If it grants again at once, a second instance can assemble a majority from it
-//! and the nodes the first holder did not reach: **two holders at once** (the test
-//! `restart_without_delay_double_grants` shows it). A restarted node must therefore
-//! stay out (not started, or firewalled, or paused) for at least the longest lease
-//! TTL in use before it serves locks again; with AOF `appendfsync always` the rule
-//! is not needed. This backend cannot enforce it: operate the nodes accordingly.
+//! and the nodes the first holder did not reach: **two holders at once**. A
+//! restarted node must therefore stay out for at least the longest lease TTL in
+//! use before it serves locks again. Each node is a [`RedisBackend`], whose grants
+//! pass the server's life gate, so the backend keeps that rule itself: the first
+//! instance that knew the node before its restart and reaches it again writes a
+//! hold, and the node grants nothing to anyone until one lease TTL after the
+//! restart (the test `a_node_restarted_empty_holds_its_grants_for_a_ttl`). An
+//! instance that started after the restart and asks that node first is not held:
+//! to close that too, keep a restarted node out (stopped, paused or firewalled)
+//! for one TTL, or run it with AOF `appendfsync always`.
 //!
 //! # Costs
 //!
@@ -130,9 +135,12 @@ pub const MAX_NODES: usize = 63;
 ///
 /// # The delayed-restart rule
 ///
-/// A node restarted without persistence must not serve locks for one lease TTL
-/// (keep it stopped, paused or firewalled that long). Otherwise it can grant a lock
-/// that is still held, and two instances hold it at once.
+/// A node restarted without persistence must not serve locks for one lease TTL,
+/// or it can grant a lock that is still held, and two instances hold it at once.
+/// The node's own grants wait that long once an instance that knew it before the
+/// restart reaches it (see the module docs); an instance started after the
+/// restart is not held back, so keep a restarted node out that long where that
+/// matters.
 ///
 /// ```no_run
 /// # async fn demo() -> lockflight::Result<()> {
