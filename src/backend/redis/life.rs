@@ -35,9 +35,15 @@
 //!   reports first (each later report can only lengthen the hold).
 //! * A restart that keeps the data (RDB or AOF) keeps the life: leases written
 //!   after the last save are lost without this signal, and learned at the next
-//!   renewal, as before. So is a life key evicted (`maxmemory-policy` must not
-//!   evict lockflight's keys), which then costs a false restart: every lease lost
-//!   and a hold, never a double grant.
+//!   renewal, as before. An evicted life key (`maxmemory-policy` must not evict
+//!   lockflight's keys) costs a false restart: every lease lost and a hold, never
+//!   a double grant.
+//! * An instance that never asked for a lease would report a hold of zero: it
+//!   keeps the earlier life when it checks, and reports the restart at its first
+//!   grant, with that grant's TTL.
+//! * A renewal answered "not the owner" reads the life of its place before it
+//!   reports, so a holder whose renewal meets the restarted server first learns
+//!   the reason too.
 //! * On a Cluster each slot has a life of its own (`<prefix>:life:{<tag>}`, a
 //!   tag that hashes to the slot), because a script reaches one slot only; an
 //!   instance keeps the life of each slot it asked in. So a restarted primary is
