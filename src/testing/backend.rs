@@ -128,7 +128,11 @@ impl LockBackend for SimBackend {
         ttl: Duration,
         when_busy: WhenBusy,
     ) -> Result<Acquire> {
+        self.shared.note_lease(ttl);
         self.request(Op::Acquire, key, async {
+            if let Some(retry_in) = self.shared.held() {
+                return Ok(Acquire::Busy { retry_in });
+            }
             let reply = self.memory.acquire(key, token, ttl, when_busy).await?;
             Ok(self.answer(key, when_busy, reply))
         })
@@ -143,7 +147,11 @@ impl LockBackend for SimBackend {
         when_busy: WhenBusy,
         age: Duration,
     ) -> Result<Acquire> {
+        self.shared.note_lease(ttl);
         self.request(Op::Acquire, key, async {
+            if let Some(retry_in) = self.shared.held() {
+                return Ok(Acquire::Busy { retry_in });
+            }
             let reply = self
                 .memory
                 .acquire_fair(key, token, ttl, when_busy, age)
@@ -261,7 +269,13 @@ impl RwBackend for SimBackend {
         ttl: Duration,
         when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        let apply = self.memory.acquire_read(key, token, ttl, when_busy);
+        self.shared.note_lease(ttl);
+        let apply = async {
+            match self.shared.held() {
+                Some(retry_in) => Ok(Acquire::Busy { retry_in }),
+                None => self.memory.acquire_read(key, token, ttl, when_busy).await,
+            }
+        };
         self.request(Op::Acquire, key, apply).await
     }
 
@@ -272,7 +286,13 @@ impl RwBackend for SimBackend {
         ttl: Duration,
         when_busy: WhenBusy,
     ) -> Result<Acquire> {
-        let apply = self.memory.acquire_write(key, token, ttl, when_busy);
+        self.shared.note_lease(ttl);
+        let apply = async {
+            match self.shared.held() {
+                Some(retry_in) => Ok(Acquire::Busy { retry_in }),
+                None => self.memory.acquire_write(key, token, ttl, when_busy).await,
+            }
+        };
         self.request(Op::Acquire, key, apply).await
     }
 
@@ -324,9 +344,21 @@ impl SemaphoreBackend for SimBackend {
         ttl: Duration,
         when_busy: WhenBusy,
     ) -> Result<Permits> {
-        let apply = self
-            .memory
-            .acquire_permits(key, permits, tokens, ttl, when_busy);
+        self.shared.note_lease(ttl);
+        let apply = async {
+            match self.shared.held() {
+                Some(retry_in) => Ok(Permits {
+                    granted: 0,
+                    retry_in,
+                    waiting: 0,
+                }),
+                None => {
+                    self.memory
+                        .acquire_permits(key, permits, tokens, ttl, when_busy)
+                        .await
+                }
+            }
+        };
         self.request(Op::Acquire, key, apply).await
     }
 

@@ -141,6 +141,11 @@ pub(super) struct Shared {
     records: Mutex<HashMap<LeaseToken, Instant>>,
     pub(super) requests: Counters,
     last_instance: AtomicU64,
+    /// After a restart, until when nothing is granted (as a Redis restarted
+    /// without its data holds its grants: `backend/redis/life.rs`).
+    hold: Mutex<Option<Instant>>,
+    /// The longest lease TTL asked for, in ms: the hold after a restart.
+    longest_ttl_ms: AtomicU64,
 }
 
 impl Default for Shared {
@@ -154,6 +159,8 @@ impl Default for Shared {
             records: Mutex::default(),
             requests: Counters::default(),
             last_instance: AtomicU64::default(),
+            hold: Mutex::default(),
+            longest_ttl_ms: AtomicU64::default(),
         }
     }
 }
@@ -226,14 +233,22 @@ impl SimServer {
     /// record and leader record is gone, and so is every
     /// [fenced key](Self::fenced_key)'s value, fence and write record (after the
     /// restart any token is accepted until one is written, as by a `FencedKey`
-    /// on a Redis without persistence). Every instance reconnects (its waiters
-    /// ask again at once). Fencing tokens keep increasing across the restart
-    /// (see the module docs for how this compares with Redis).
+    /// on a Redis without persistence). As on Redis (the server's life), every
+    /// lease of every instance is lost at once, with a reason that says so, and
+    /// nothing is granted to anyone until the longest lease TTL asked for so far
+    /// has passed since the restart; every instance reconnects (its waiters ask
+    /// again at once, and are answered busy until then). Fencing tokens keep
+    /// increasing across the restart (see the module docs for how this compares
+    /// with Redis).
     pub fn restart(&self) {
         self.shared.memory.flush();
         self.shared.resources.clear();
         self.shared.records().clear();
+        let longest = Duration::from_millis(self.shared.longest_ttl_ms.load(Ordering::Relaxed));
+        *self.shared.hold.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + longest);
         for instance in self.shared.live() {
+            instance.wakeups.restarted(|_| true);
             instance.wakeups.wake_all();
         }
     }
@@ -314,6 +329,19 @@ impl Shared {
             tokio::time::sleep_until(until).await;
         }
         Ok(self.rules.request(op, key))
+    }
+
+    /// A lease of `ttl` is asked for: a restart holds grants that long.
+    pub(super) fn note_lease(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.longest_ttl_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long grants still wait after a restart (`None`: they do not).
+    pub(super) fn held(&self) -> Option<Duration> {
+        let hold = *self.hold.lock().unwrap_or_else(|e| e.into_inner());
+        hold.and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|wait| !wait.is_zero())
     }
 
     /// Remembers the release of `token`.
