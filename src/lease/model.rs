@@ -23,11 +23,11 @@
 //! leader's inheritance after a failed release or an abandoned acquire, and the
 //! background release of an abandoned token; each request may be re-sent after a
 //! timeout while its first copy is still in flight. It does not cover the queue,
-//! claims and wake-ups (they decide who asks when, not who holds), TTL expiry (the
-//! validity window bounds a holder that loses its lease), release records that
-//! expire (a request delayed longer than the record's TTL can still strand a lock
-//! until its TTL), the read-write lock and the semaphore (their grants never reuse
-//! a token; their scripts keep the same record rule), and Redlock's quorum.
+//! claims and wake-ups (they decide who asks when, not who holds), the read-write
+//! lock and the semaphore (their grants never reuse a token; their scripts keep
+//! the same record rule), and Redlock's quorum (`backend/redlock/model.rs`). Time
+//! is the second model's, [`timed`]: TTL expiry of the lock, release records that
+//! expire, and a server restart that loses every key.
 //!
 //! Two designs are explored. [`Design::Reuse`] is the rejected design: a
 //! release that fails leaves its token to the next local leader, which acquires
@@ -483,6 +483,689 @@ pub(crate) fn explore(
     Model::new(design, order, faults).explore()
 }
 
+/// The lease protocol in time: the lock's TTL expiry, release records that
+/// expire, and a server restart without persistence.
+///
+/// The model above has no clock. This one has one, and fewer moving parts: two
+/// instances with one task each, each task taking one or two leases (a token each)
+/// one after the other. A task sends an acquire, renews what it holds (or stops
+/// renewing, as a paused or dead holder does), releases it, or gives up an acquire
+/// or a release it waits for (a timeout: its copy stays on the wire and the token
+/// is released in the background, as `retire` and an abandoned acquire's cleanup
+/// do), or stops waiting for a renewal. Any request may be delayed past any later
+/// one and past any number of ticks, and so may any reply.
+///
+/// **Time.** Time passes in ticks ([`Step::Tick`]): the holders' clock and the
+/// server's clock advance together. A lease lives [`TTL`] ticks on the server,
+/// from when its script ran; the holder believes it valid until
+/// `sent_at + TTL − DRIFT` on its own clock ([`DRIFT`] ticks), counted from the
+/// send of the acquire or renewal that was answered, as `Lease::new` and the
+/// watchdog count it; from then on it has lost the lease, and sends its release
+/// (at once: a later send is the same request delivered later). A reply read
+/// after that instant is no grant: the task asks again with the same token. The server's clock may also gain on the holders'
+/// ([`Step::Gain`], at most `Config::gain` ticks in all): `drift` is what pays for
+/// that. A key exists while the server's clock is below its expiry.
+///
+/// Every time is kept relative to the present (the holders' times to their clock,
+/// the server's to its own), and a time that can no longer change an outcome is
+/// clamped (a send older than a validity, an epoch older than a tick), so the
+/// states are finite without a horizon: every run of any length is covered.
+///
+/// **Fencing epochs** are `max(last + 1, server clock × SCALE)`, as the acquire
+/// script mints them from `TIME` in µs: a tick is far longer than the grants of
+/// one µs, so the grants of one tick (fewer than `SCALE`) fit in it.
+///
+/// **Release records** live `Config::record_ttl` ticks (`None`: longer than
+/// every delay, as the model above assumes). A release writes one (one that found
+/// nothing retires its token with one), and an acquire with a recorded token is
+/// refused.
+///
+/// **A restart** ([`Step::Restart`]) loses every key at once (the lock, the
+/// fence, the records) and takes a tick; with `Config::clock_back` the restarted
+/// server's clock comes back a tick behind where it was. The holders learn of it
+/// only from their next request's answer (a renewal that finds no lease). A life
+/// marker (the server's `TIME` written by the first minting script of a life; a
+/// holder that sees a new one marks its leases lost) would add a key to
+/// [`Server::restart`]'s survivors and a step to the holder's read of a reply.
+///
+/// Checked in every state and step:
+///
+/// 1. **Exclusion of believed-valid holders** ([`Finding::TwoValidHolders`]): at
+///    most one task holds a lease whose validity has not ended on its clock.
+/// 2. **Increasing tokens** ([`Finding::TokenNotIncreasing`]): every epoch the
+///    server mints is greater than every epoch it minted before.
+/// 3. **No orphan lease** ([`Finding::OrphanLease`]): the lock is not held for a
+///    token that no task uses and no request in flight releases (the key stays
+///    locked until its TTL for nobody): a cost in liveness, not in safety.
+///
+/// Exploration goes on past a finding, so a property that holds in a
+/// configuration holds in every state it reaches, whatever else was found.
+pub(crate) mod timed {
+    use std::collections::{HashSet, VecDeque};
+
+    type Tok = u8;
+    /// A time, in ticks from the present of its clock.
+    type Rel = i8;
+    /// An epoch, relative to the server's clock × `SCALE`.
+    type Epoch = i16;
+
+    /// A lease's TTL, in ticks.
+    pub(crate) const TTL: Rel = 3;
+    /// How long before the server's TTL (counted from the send) the holder stops
+    /// believing it holds: the model's `backend::drift`.
+    pub(crate) const DRIFT: Rel = 1;
+    /// Epochs per tick of the server's clock: more than the grants of one tick.
+    const SCALE: Epoch = 16;
+    /// No epoch minted within the last tick (nor a fence key at all): the next one
+    /// is the clock's.
+    const OLD: Epoch = -SCALE - 1;
+    /// The oldest send that matters: an answer to an older one is read after its
+    /// validity.
+    const STALE: Rel = -(TTL - DRIFT);
+    /// A record that outlives every delay.
+    const NEVER: Rel = Rel::MAX;
+    /// Tokens per task.
+    const ROUNDS: Tok = 2;
+
+    /// A small multiset, kept sorted (so that a state has one form whatever the
+    /// order things were put in): requests on the wire, replies.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct Bag<T, const N: usize>([Option<T>; N]);
+
+    impl<T: Copy + Ord, const N: usize> Bag<T, N> {
+        const EMPTY: Self = Bag([None; N]);
+
+        fn push(&mut self, item: T) {
+            let free = self.0.iter_mut().find(|s| s.is_none());
+            *free.expect("a bag big enough for every run") = Some(item);
+            self.0.sort_unstable();
+        }
+
+        /// Takes out the item at `i` (as [`iter`](Self::iter) numbers them).
+        fn take(&mut self, i: usize) -> T {
+            let item = self.0[i].take().expect("an item");
+            self.0.sort_unstable();
+            item
+        }
+
+        fn iter(&self) -> impl Iterator<Item = (usize, T)> + '_ {
+            self.0
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.map(|x| (i, x)))
+        }
+
+        /// Changes every item; the order is restored.
+        fn map(&mut self, f: impl Fn(T) -> T) {
+            for s in &mut self.0 {
+                *s = s.map(&f);
+            }
+            self.0.sort_unstable();
+        }
+
+        fn retain(&mut self, keep: impl Fn(&T) -> bool) {
+            for s in &mut self.0 {
+                if s.is_some_and(|x| !keep(&x)) {
+                    *s = None;
+                }
+            }
+            self.0.sort_unstable();
+        }
+    }
+
+    /// What a configuration allows.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Config {
+        /// Ticks the server's clock may gain on the holders' in all.
+        pub(crate) gain: u8,
+        /// How long a release record lives, in ticks (`None`: for ever).
+        pub(crate) record_ttl: Option<Rel>,
+        /// Restarts without persistence.
+        pub(crate) restarts: u8,
+        /// A restart brings the server's clock back a tick behind.
+        pub(crate) clock_back: bool,
+        /// Timeouts in all: a task gives up an acquire, a release or a renewal.
+        pub(crate) faults: u8,
+        /// Leases each task takes, one after the other (1 or 2).
+        pub(crate) rounds: u8,
+    }
+
+    impl Config {
+        /// The protocol as it runs: clocks in step, records that outlive every
+        /// request, no restart; one timeout, one lease per task.
+        pub(crate) const BASE: Config = Config {
+            gain: 0,
+            record_ttl: None,
+            restarts: 0,
+            clock_back: false,
+            faults: 1,
+            rounds: 1,
+        };
+    }
+
+    /// A property that failed (for [`OrphanLease`](Finding::OrphanLease), a
+    /// liveness cost).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) enum Finding {
+        TwoValidHolders,
+        TokenNotIncreasing,
+        OrphanLease,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    enum Req {
+        Acquire(Tok),
+        Extend(Tok),
+        Release(Tok),
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    enum Reply {
+        Granted,
+        Busy,
+        /// The token has a release record: a late copy of an acquire.
+        Retired,
+        Extended(bool),
+        Released,
+    }
+
+    /// A request on the wire, with its send time on its sender's clock.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    struct Flight {
+        task: u8,
+        req: Req,
+        sent_at: Rel,
+        /// Its sender still waits for the reply.
+        awaited: bool,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    enum Phase {
+        /// About to send an acquire with this token.
+        Ready(Tok),
+        Acquiring(Tok),
+        Holding {
+            tok: Tok,
+            valid_until: Rel,
+            renewing: bool,
+        },
+        /// Releasing; also a lease lost (its validity ended, or a renewal found
+        /// no lease), whose release is sent at once.
+        Releasing(Tok),
+        Done,
+    }
+
+    impl Phase {
+        fn token(self) -> Option<Tok> {
+            match self {
+                Phase::Ready(t)
+                | Phase::Acquiring(t)
+                | Phase::Releasing(t)
+                | Phase::Holding { tok: t, .. } => Some(t),
+                Phase::Done => None,
+            }
+        }
+
+        /// The task's next lease, once it is done with `tok`.
+        fn after(tok: Tok, rounds: u8) -> Phase {
+            if tok % ROUNDS + 1 >= rounds {
+                Phase::Done
+            } else {
+                Phase::Ready(tok + 1)
+            }
+        }
+    }
+
+    /// One step of a trace (read through `Debug`).
+    #[derive(Clone, Copy, Debug)]
+    #[allow(dead_code)]
+    enum Step {
+        Start,
+        /// The holders' and the server's clocks advance a tick.
+        Tick,
+        /// The server's clock advances a tick alone.
+        Gain,
+        /// The server restarts without persistence, and a tick passes.
+        Restart,
+        Send(u8, Req),
+        /// The server applies a request and answers.
+        Deliver(u8, Req, Reply),
+        Read(u8, Reply),
+        /// A timeout: the task stops waiting for its request.
+        GiveUp(u8, Req),
+    }
+
+    /// The server's keys of one lock, and its clock's past that matters.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct Server {
+        /// The holder's token and the key's expiry.
+        lock: Option<(Tok, Rel)>,
+        /// The last epoch minted (the fence key), or [`OLD`].
+        fence: Epoch,
+        /// The greatest epoch minted before a restart, while the clock is not
+        /// past it.
+        floor: Option<Epoch>,
+        /// Each token's release record: its expiry, if it has one.
+        records: [Option<Rel>; 4],
+    }
+
+    impl Server {
+        /// The server's clock advanced a tick: keys past their TTL are gone.
+        fn tick(&mut self) {
+            self.lock = self
+                .lock
+                .filter(|(_, at)| *at > 1)
+                .map(|(t, at)| (t, at - 1));
+            for r in &mut self.records {
+                *r = r
+                    .filter(|at| *at > 1)
+                    .map(|at| if at == NEVER { at } else { at - 1 });
+            }
+            self.fence = (self.fence - SCALE).max(OLD);
+            self.floor = self.floor.map(|f| f - SCALE).filter(|f| *f >= 0);
+        }
+
+        /// A restart without persistence: every key is gone. `clock_step` is
+        /// how far the clock moved meanwhile (+1, or −1 when it came back
+        /// behind).
+        fn restart(&mut self, clock_step: Epoch) {
+            let last = self.fence - clock_step * SCALE;
+            self.floor = (self.fence != OLD && last >= 0).then_some(last);
+            self.lock = None;
+            self.fence = OLD;
+            self.records = [None; 4];
+        }
+
+        /// Mints an epoch; `false` if it is not above one minted before.
+        fn mint(&mut self) -> bool {
+            let epoch = (self.fence + 1).max(0);
+            assert!(epoch < SCALE, "more grants in a tick than SCALE");
+            self.fence = epoch;
+            self.floor.take().is_none_or(|floor| epoch > floor)
+        }
+
+        /// The mutex's scripts, reduced to the lock, the fence and the records;
+        /// whether the epoch it minted, if any, increased.
+        fn apply(&mut self, req: Req, record_ttl: Option<Rel>) -> (Reply, bool) {
+            let record_until = record_ttl.unwrap_or(NEVER);
+            match req {
+                Req::Acquire(t) => {
+                    if self.records[usize::from(t)].is_some() {
+                        return (Reply::Retired, true);
+                    }
+                    match self.lock {
+                        Some((holder, _)) if holder != t => (Reply::Busy, true),
+                        _ => {
+                            let increased = self.mint();
+                            self.lock = Some((t, TTL));
+                            (Reply::Granted, increased)
+                        }
+                    }
+                }
+                Req::Extend(t) => {
+                    let ours = self.lock.is_some_and(|(holder, _)| holder == t);
+                    if ours {
+                        self.lock = Some((t, TTL));
+                    }
+                    (Reply::Extended(ours), true)
+                }
+                Req::Release(t) => {
+                    let record = &mut self.records[usize::from(t)];
+                    if self.lock.is_some_and(|(holder, _)| holder == t) {
+                        self.lock = None;
+                        *record = Some(record_until);
+                    } else if record.is_none() {
+                        // Retires the token (`SET NX`).
+                        *record = Some(record_until);
+                    }
+                    (Reply::Released, true)
+                }
+            }
+        }
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct State {
+        gained: u8,
+        restarts: u8,
+        faults: u8,
+        server: Server,
+        tasks: [Phase; 2],
+        /// Requests on the wire (any may be delivered next).
+        wire: Bag<Flight, 8>,
+        /// Replies to tasks that wait for them, with their request's send time.
+        replies: Bag<(u8, Reply, Rel), 4>,
+    }
+
+    impl State {
+        /// Task `task` lost its lease: it sends the release at once.
+        fn lose(&mut self, task: u8, tok: Tok) {
+            self.tasks[usize::from(task)] = Phase::Releasing(tok);
+            self.send(task, Req::Release(tok), true);
+        }
+
+        /// The holders' clock advanced a tick: sends age, validities end.
+        fn tick_holders(&mut self) {
+            let age = |sent_at: Rel| (sent_at - 1).max(STALE);
+            self.wire.map(|f| Flight {
+                sent_at: age(f.sent_at),
+                ..f
+            });
+            self.replies
+                .map(|(task, reply, sent_at)| (task, reply, age(sent_at)));
+            for task in 0..2u8 {
+                if let Phase::Holding {
+                    tok,
+                    valid_until,
+                    renewing,
+                } = self.tasks[usize::from(task)]
+                {
+                    if valid_until > 1 {
+                        self.tasks[usize::from(task)] = Phase::Holding {
+                            tok,
+                            valid_until: valid_until - 1,
+                            renewing,
+                        };
+                    } else {
+                        self.lose(task, tok);
+                    }
+                }
+            }
+        }
+
+        /// The canonical form: a renewal's answer to a task that no longer holds
+        /// is dropped (it would be ignored).
+        fn settle(&mut self) {
+            let tasks = self.tasks;
+            self.replies.retain(|&(task, reply, _)| {
+                !matches!(reply, Reply::Extended(_))
+                    || matches!(tasks[usize::from(task)], Phase::Holding { .. })
+            });
+        }
+
+        /// The findings of this state itself.
+        fn check(&self) -> Vec<Finding> {
+            let mut found = Vec::new();
+            let valid = self
+                .tasks
+                .iter()
+                .filter(|p| matches!(p, Phase::Holding { .. }))
+                .count();
+            if valid > 1 {
+                found.push(Finding::TwoValidHolders);
+            }
+            if let Some((tok, _)) = self.server.lock {
+                let used = self.tasks.iter().any(|p| p.token() == Some(tok));
+                let released = self.wire.iter().any(|(_, f)| f.req == Req::Release(tok));
+                if !used && !released {
+                    found.push(Finding::OrphanLease);
+                }
+            }
+            found
+        }
+
+        /// The task stops waiting for its requests (their copies stay on the
+        /// wire) and for their replies.
+        fn stop_waiting(&mut self, task: u8) {
+            self.wire.map(|f| Flight {
+                awaited: f.awaited && f.task != task,
+                ..f
+            });
+            self.replies.retain(|&(r, ..)| r != task);
+        }
+
+        fn send(&mut self, task: u8, req: Req, awaited: bool) {
+            self.wire.push(Flight {
+                task,
+                req,
+                sent_at: 0,
+                awaited,
+            });
+        }
+    }
+
+    struct Explorer {
+        config: Config,
+        seen: HashSet<State>,
+        /// Per state index: the state it was first reached from, and the step.
+        parents: Vec<(u32, Step)>,
+        /// Each finding with the first trace that reached it.
+        found: Vec<(Finding, Vec<String>)>,
+    }
+
+    impl Explorer {
+        fn start(&self) -> State {
+            State {
+                gained: 0,
+                restarts: 0,
+                faults: 0,
+                server: Server {
+                    lock: None,
+                    fence: OLD,
+                    floor: None,
+                    records: [None; 4],
+                },
+                tasks: [Phase::Ready(0), Phase::Ready(ROUNDS)],
+                wire: Bag::EMPTY,
+                replies: Bag::EMPTY,
+            }
+        }
+
+        /// Every state one step away, each with a finding of the step itself.
+        fn successors(&self, st: &State) -> Vec<(Step, State, Option<Finding>)> {
+            let c = self.config;
+            let mut next = Vec::new();
+            let mut push = |step, mut s: State, found| {
+                s.settle();
+                next.push((step, s, found));
+            };
+            let mut s = *st;
+            s.tick_holders();
+            s.server.tick();
+            push(Step::Tick, s, None);
+            if st.gained < c.gain {
+                let mut s = *st;
+                s.gained += 1;
+                s.server.tick();
+                push(Step::Gain, s, None);
+            }
+            if st.restarts < c.restarts {
+                let mut s = *st;
+                s.restarts += 1;
+                s.tick_holders();
+                s.server.restart(if c.clock_back { -1 } else { 1 });
+                push(Step::Restart, s, None);
+            }
+            for (i, f) in st.wire.iter() {
+                if i > 0 && st.wire.0[i - 1] == Some(f) {
+                    continue;
+                }
+                let mut s = *st;
+                s.wire.take(i);
+                let (reply, increased) = s.server.apply(f.req, c.record_ttl);
+                let t = usize::from(f.task);
+                match (f.awaited, s.tasks[t], reply) {
+                    (false, ..) => {}
+                    // Answers whose reading depends on nothing else (not the time,
+                    // not what other tasks do) are read at once: reading them
+                    // later adds states, no outcomes.
+                    (true, Phase::Acquiring(tok), Reply::Busy) => s.tasks[t] = Phase::Ready(tok),
+                    (true, Phase::Acquiring(tok), Reply::Retired)
+                    | (true, Phase::Releasing(tok), Reply::Released) => {
+                        s.tasks[t] = Phase::after(tok, c.rounds);
+                    }
+                    (true, ..) => s.replies.push((f.task, reply, f.sent_at)),
+                }
+                let found = (!increased).then_some(Finding::TokenNotIncreasing);
+                push(Step::Deliver(f.task, f.req, reply), s, found);
+            }
+            for (i, (task, reply, sent_at)) in st.replies.iter() {
+                let mut s = *st;
+                s.replies.take(i);
+                let t = usize::from(task);
+                let believed_until = sent_at + TTL - DRIFT;
+                s.tasks[t] = match (st.tasks[t], reply) {
+                    // A reply after the validity it would give is no grant: ask
+                    // again with the same token.
+                    (Phase::Acquiring(tok), Reply::Granted) if believed_until <= 0 => {
+                        Phase::Ready(tok)
+                    }
+                    (Phase::Acquiring(tok), Reply::Granted) => Phase::Holding {
+                        tok,
+                        valid_until: believed_until,
+                        renewing: false,
+                    },
+                    (
+                        Phase::Holding {
+                            tok, valid_until, ..
+                        },
+                        Reply::Extended(true),
+                    ) => Phase::Holding {
+                        tok,
+                        valid_until: valid_until.max(believed_until),
+                        renewing: false,
+                    },
+                    (Phase::Holding { tok, .. }, Reply::Extended(false)) => {
+                        s.lose(task, tok);
+                        s.tasks[t]
+                    }
+                    (phase, reply) => unreachable!("{phase:?} cannot read {reply:?}"),
+                };
+                push(Step::Read(task, reply), s, None);
+            }
+            for task in 0..2u8 {
+                let t = usize::from(task);
+                match st.tasks[t] {
+                    Phase::Ready(tok) => {
+                        let mut s = *st;
+                        s.tasks[t] = Phase::Acquiring(tok);
+                        s.send(task, Req::Acquire(tok), true);
+                        push(Step::Send(task, Req::Acquire(tok)), s, None);
+                    }
+                    Phase::Holding {
+                        tok,
+                        valid_until,
+                        renewing,
+                    } => {
+                        if !renewing {
+                            let mut s = *st;
+                            s.tasks[t] = Phase::Holding {
+                                tok,
+                                valid_until,
+                                renewing: true,
+                            };
+                            s.send(task, Req::Extend(tok), true);
+                            push(Step::Send(task, Req::Extend(tok)), s, None);
+                        } else if st.faults < c.faults {
+                            // The renewal timed out; the next one may be sent.
+                            let mut s = *st;
+                            s.faults += 1;
+                            s.stop_waiting(task);
+                            s.tasks[t] = Phase::Holding {
+                                tok,
+                                valid_until,
+                                renewing: false,
+                            };
+                            push(Step::GiveUp(task, Req::Extend(tok)), s, None);
+                        }
+                        let mut s = *st;
+                        s.tasks[t] = Phase::Releasing(tok);
+                        s.send(task, Req::Release(tok), true);
+                        push(Step::Send(task, Req::Release(tok)), s, None);
+                    }
+                    Phase::Acquiring(tok) | Phase::Releasing(tok) if st.faults < c.faults => {
+                        // Gives up: the token is released in the background (an
+                        // abandoned acquire's cleanup, a failed release's repeat),
+                        // and the task goes on with a fresh one.
+                        let given_up = match st.tasks[t] {
+                            Phase::Acquiring(_) => Req::Acquire(tok),
+                            _ => Req::Release(tok),
+                        };
+                        let mut s = *st;
+                        s.faults += 1;
+                        s.stop_waiting(task);
+                        s.send(task, Req::Release(tok), false);
+                        s.tasks[t] = Phase::after(tok, c.rounds);
+                        push(Step::GiveUp(task, given_up), s, None);
+                    }
+                    _ => {}
+                }
+            }
+            next
+        }
+
+        /// Keeps the first trace of `finding`: the one to state `at`, then `last`.
+        fn record(&mut self, finding: Finding, at: u32, last: Option<Step>) {
+            if self.found.iter().any(|(f, _)| *f == finding) {
+                return;
+            }
+            let mut trace: Vec<String> = last.iter().map(|s| format!("{s:?}")).collect();
+            let mut i = at;
+            while i != 0 {
+                let (parent, step) = self.parents[i as usize];
+                trace.push(format!("{step:?}"));
+                i = parent;
+            }
+            trace.reverse();
+            self.found.push((finding, trace));
+        }
+
+        /// Breadth first, so that each trace is a shortest one.
+        fn run(mut self) -> Explored {
+            let start = self.start();
+            self.seen.insert(start);
+            self.parents.push((0, Step::Start));
+            let mut queue = VecDeque::from([(start, 0u32)]);
+            while let Some((st, at)) = queue.pop_front() {
+                for finding in st.check() {
+                    self.record(finding, at, None);
+                }
+                for (step, s, found) in self.successors(&st) {
+                    if let Some(finding) = found {
+                        self.record(finding, at, Some(step));
+                    }
+                    if !self.seen.insert(s) {
+                        continue;
+                    }
+                    let id = u32::try_from(self.parents.len()).expect("fewer than 2^32 states");
+                    self.parents.push((at, step));
+                    queue.push_back((s, id));
+                }
+            }
+            let mut found = self.found;
+            found.sort_by_key(|(f, _)| *f);
+            Explored {
+                found,
+                states: self.seen.len(),
+            }
+        }
+    }
+
+    /// What an exploration found, and how many states it visited.
+    pub(crate) struct Explored {
+        /// Each finding with the first (shortest) trace that reached it.
+        pub(crate) found: Vec<(Finding, Vec<String>)>,
+        pub(crate) states: usize,
+    }
+
+    impl Explored {
+        pub(crate) fn kinds(&self) -> Vec<Finding> {
+            self.found.iter().map(|(f, _)| *f).collect()
+        }
+    }
+
+    /// Explores every state `config` allows.
+    pub(crate) fn explore(config: Config) -> Explored {
+        Explorer {
+            config,
+            seen: HashSet::new(),
+            parents: Vec::new(),
+            found: Vec::new(),
+        }
+        .run()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,5 +1219,123 @@ mod tests {
             );
             eprintln!("{faults} faults: {states} states, no violation");
         }
+    }
+
+    use super::timed::{self, Config, DRIFT, Finding};
+
+    /// Explores `config`, printing what it found, each with its shortest trace.
+    fn in_time(config: Config) -> timed::Explored {
+        let explored = timed::explore(config);
+        for (finding, trace) in &explored.found {
+            eprintln!("{finding:?}:\n  {}", trace.join("\n  "));
+        }
+        eprintln!(
+            "{config:?}: {} states, found {:?}",
+            explored.states,
+            explored.kinds()
+        );
+        explored
+    }
+
+    /// Leases each task takes in the timed model's configurations that hold: 1
+    /// by default, 2 with `LOCKFLIGHT_MODEL_ROUNDS=2` (40 to 60 times the states,
+    /// 1.2 to 3.2 million each, about two minutes in all in a debug build).
+    fn rounds() -> u8 {
+        std::env::var("LOCKFLIGHT_MODEL_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .clamp(1, 2)
+    }
+
+    /// TTL expiry, with renewals delayed, lost or never sent, and a server clock
+    /// that gains up to the drift on the holders': no two believed-valid holders,
+    /// tokens increase, nothing orphaned (about 47,000 states).
+    #[test]
+    fn ttl_expiry_keeps_believed_valid_holders_apart_and_tokens_increasing() {
+        let explored = in_time(Config {
+            gain: DRIFT.unsigned_abs(),
+            rounds: rounds(),
+            ..Config::BASE
+        });
+        assert!(
+            explored.found.is_empty(),
+            "{} states: {:?}",
+            explored.states,
+            explored.kinds()
+        );
+    }
+
+    /// The drift is what pays for the server's clock running ahead: a tick more
+    /// and two holders believe they hold (about 11,500 states).
+    #[test]
+    fn a_server_clock_gaining_more_than_the_drift_breaks_exclusion() {
+        let explored = in_time(Config {
+            gain: DRIFT.unsigned_abs() + 1,
+            faults: 0,
+            ..Config::BASE
+        });
+        assert_eq!(
+            explored.kinds(),
+            [Finding::TwoValidHolders],
+            "{} states",
+            explored.states
+        );
+    }
+
+    /// A late acquire that lands after its token's release record expired takes
+    /// the free lock for a token nobody holds, until its TTL: a cost in liveness
+    /// only, never two believed-valid holders nor a smaller token (about 25,000
+    /// states).
+    #[test]
+    fn an_acquire_later_than_its_release_record_orphans_the_lock_and_nothing_else() {
+        let explored = in_time(Config {
+            record_ttl: Some(1),
+            rounds: rounds(),
+            ..Config::BASE
+        });
+        assert_eq!(
+            explored.kinds(),
+            [Finding::OrphanLease],
+            "{} states",
+            explored.states
+        );
+    }
+
+    /// A restart without persistence: tokens still increase (the server clock's
+    /// floor), but a holder that has not heard of the restart still believes it
+    /// holds while another is granted the lock; and a late acquire finds no record
+    /// to refuse it (about 55,000 states).
+    #[test]
+    fn a_restart_keeps_tokens_increasing_but_not_exclusion() {
+        let explored = in_time(Config {
+            restarts: 1,
+            rounds: rounds(),
+            ..Config::BASE
+        });
+        assert_eq!(
+            explored.kinds(),
+            [Finding::TwoValidHolders, Finding::OrphanLease],
+            "{} states",
+            explored.states
+        );
+    }
+
+    /// A restarted server whose clock came back behind mints a token that is not
+    /// above the last one (about 9,500 states).
+    #[test]
+    fn a_restart_with_the_clock_stepped_back_can_repeat_a_token() {
+        let explored = in_time(Config {
+            restarts: 1,
+            clock_back: true,
+            faults: 0,
+            ..Config::BASE
+        });
+        assert!(
+            explored.kinds().contains(&Finding::TokenNotIncreasing),
+            "{} states: {:?}",
+            explored.states,
+            explored.kinds()
+        );
     }
 }
