@@ -14,6 +14,8 @@
 //!   TTL) could explain; after its subscription was cut while the leader changed,
 //!   it re-reads once it has subscribed again.
 //! * `run` drops the leader's work on loss and campaigns again.
+//! * A candidate behind a lease nobody renews asks a handful of times before it
+//!   leads, whatever the TTL (ignored: it asks about once a second on Redis).
 //!
 //! Waits are bounded by generous limits ([`TOLD`]) only to fail instead of hanging;
 //! [`ANNOUNCED`] bounds what a message must explain.
@@ -432,4 +434,49 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
 
     b_leads.resign().await.unwrap();
     sees(&mut seen, "C sees B resign", None).await;
+}
+
+/// A leader that stops renewing (killed, or cut off) leaves its lease at the
+/// backend until its TTL. A candidate waiting behind it asks again when the lease
+/// ends and at its pace (a third of the TTL), a handful of times whatever the TTL,
+/// not once per second (request counts, not time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "on Redis a waiting candidate refreshes its queue entry with an acquire every \
+            third of queue_entry_ttl (about 15 asks behind a 12 s lease); ARCHITECTURE.md, \
+            \"A waiting candidate's pace\""]
+async fn a_candidate_behind_an_abandoned_lease_asks_a_few_times_per_ttl() {
+    let (server, _log, prefix) = shared_scene("election-abandoned");
+    let ttl = Duration::from_secs(12);
+    let proxy = CountingProxy::start(server).await;
+    let a = locker(backend(proxy.url(), &prefix).await, ttl);
+    let (b_backend, b_counts) = Counting::new(backend(server.url(), &prefix).await);
+    let b = locker(b_backend, ttl);
+    let a_leads = a
+        .election("archiver")
+        .identity("a")
+        .campaign()
+        .await
+        .unwrap();
+    let a_term = a_leads.term();
+    // Nothing of A reaches Redis any more: its lease stays until its TTL.
+    proxy.blackhole(true);
+    let b_leads = within(
+        TOLD,
+        "B leads once A's lease expired",
+        b.election("archiver").identity("b").campaign(),
+    )
+    .await
+    .unwrap();
+    assert!(b_leads.term() > a_term);
+    let [acquires, _, _, leaves] = b_counts.snapshot();
+    // Paces of a third of the TTL (at least 3 s each) within the lease's
+    // remaining TTL (at most 12 s): four asks, and one when the lease ends.
+    assert!(
+        acquires <= 6,
+        "B asked {acquires} times (and left the queue {leaves} times) behind an \
+         abandoned lease of TTL {ttl:?}"
+    );
+    b_leads.resign().await.unwrap();
+    drop(a_leads);
+    proxy.blackhole(false);
 }
