@@ -441,9 +441,6 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
 /// ends and at its pace (a third of the TTL), a handful of times whatever the TTL,
 /// not once per second (request counts, not time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on Redis a waiting candidate refreshes its queue entry with an acquire every \
-            third of queue_entry_ttl (about 15 asks behind a 12 s lease); ARCHITECTURE.md, \
-            \"A waiting candidate's pace\""]
 async fn a_candidate_behind_an_abandoned_lease_asks_a_few_times_per_ttl() {
     let (server, _log, prefix) = shared_scene("election-abandoned");
     let ttl = Duration::from_secs(12);

@@ -376,6 +376,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The callers that wait for `key` ask again at `pace` at the latest, not more
+    /// often than the backend needs them to (`None`: the backend's own cadence
+    /// again). An election candidate sets it to a third of its lease TTL, so that
+    /// behind a lease whose holder died it asks a few times per TTL, not once per
+    /// queue refresh: a backend that keeps a waiter's place by the waiter's asks
+    /// (Redis: every third of `queue_entry_ttl`) keeps that place longer instead.
+    /// Calls nest: each `Some` is undone by one `None`. The default does nothing;
+    /// a backend that wraps another should forward it.
+    fn pace_waits(&self, key: &LockKey, pace: Option<Duration>) {
+        let _ = (key, pace);
+    }
+
     /// A fresh token for a lease of this backend ([`LeaseToken::random`] unless the
     /// backend marks its tokens, as the Redis backend does with its instance id:
     /// a revocation of a cached lease is addressed by it). A backend that wraps
@@ -546,6 +558,9 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     fn new_token(&self) -> LeaseToken {
         (**self).new_token()
+    }
+    fn pace_waits(&self, key: &LockKey, pace: Option<Duration>) {
+        (**self).pace_waits(key, pace);
     }
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
         (**self).release(key, token).await

@@ -130,9 +130,10 @@ impl Election {
     /// lease ends, and at the latest about a third of the lease TTL after its last
     /// ask (between 100 ms and 10 s, each pause drawn within a quarter of it
     /// either way, so that candidates do not ask in step), whatever the locker's
-    /// wait timeout. A backend may ask more often to keep the candidate's place in
-    /// its queue (Redis: every third of `queue_entry_ttl`). A record that cannot
-    /// be written at once is retried while the leadership is held.
+    /// wait timeout. The backend keeps the candidate's place in its queue between
+    /// those asks ([`LockBackend::pace_waits`](crate::backend::LockBackend::pace_waits)),
+    /// so behind a leader that died a candidate asks a few times per TTL. A record
+    /// that cannot be written at once is retried while the leadership is held.
     ///
     /// # Concurrent calls on the same key
     ///
@@ -156,6 +157,10 @@ impl Election {
         self.validate()?;
         let started = tokio::time::Instant::now();
         let ttl = self.locker.lease_ttl();
+        // The backend keeps this candidate's place between its asks, which come
+        // at its pace, not at the backend's own refresh; undone when the campaign
+        // ends or is dropped.
+        let _paced = Paced::new(self.locker.backend(), &self.key, max_pace(ttl));
         let guard = loop {
             match self.locker.lock_within(self.key.clone(), pace(ttl)).await {
                 Ok(guard) => break guard,
@@ -375,6 +380,39 @@ impl Election {
             // work that returns at once): let the runtime's other tasks run.
             tokio::task::yield_now().await;
         }
+    }
+}
+
+/// The longest [`pace`] for `ttl`.
+fn max_pace(ttl: Duration) -> Duration {
+    let base = (ttl / 3).clamp(MIN_PACE, MAX_PACE);
+    base + base / 4
+}
+
+/// A campaign's pace, told to the backend ([`LockBackend::pace_waits`]) for as
+/// long as it lives.
+struct Paced {
+    backend: std::sync::Arc<dyn crate::backend::LockBackend>,
+    key: LockKey,
+}
+
+impl Paced {
+    fn new(
+        backend: std::sync::Arc<dyn crate::backend::LockBackend>,
+        key: &LockKey,
+        pace: Duration,
+    ) -> Paced {
+        backend.pace_waits(key, Some(pace));
+        Paced {
+            backend,
+            key: key.clone(),
+        }
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.backend.pace_waits(&self.key, None);
     }
 }
 

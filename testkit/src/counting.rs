@@ -106,6 +106,9 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     fn supports_fair(&self) -> bool {
         self.inner.supports_fair()
     }
+    fn pace_waits(&self, key: &LockKey, pace: Option<Duration>) {
+        self.inner.pace_waits(key, pace);
+    }
     async fn release(&self, key: &LockKey, token: LeaseToken) -> lockflight::Result<Released> {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release(key, token).await

@@ -352,6 +352,7 @@ impl RedisBackendBuilder {
             connection_timeout: self.connection_timeout,
             subscriber: notify::Status::default(),
             replays: Arc::default(),
+            paces: Mutex::default(),
             life: life::Life::new(&prefix_for_life, conn_is_cluster, record_ttl_ms),
             notifier: Mutex::new(None),
             stop: stop.clone(),

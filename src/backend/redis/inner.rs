@@ -94,9 +94,23 @@ impl Inner {
             &record,
             &n.queue_expiry,
         ];
+        // A waiter with a pace of its own keeps its queue entry between its asks.
+        let pace = self
+            .paces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|&(pace, _)| pace);
+        let (entry_ttl_ms, max_wait) = match pace {
+            Some(pace) => (
+                self.entry_ttl_ms + 2 * millis(pace),
+                pace.max(self.entry_refresh),
+            ),
+            None => (self.entry_ttl_ms, self.entry_refresh),
+        };
         let (ttl_ms, entry_ttl_ms, fence_ttl_ms) = (
             ttl_ms.to_string(),
-            self.entry_ttl_ms.to_string(),
+            entry_ttl_ms.to_string(),
             fence_ttl_ms.to_string(),
         );
         let args: [&[u8]; 6] = [
@@ -137,7 +151,7 @@ impl Inner {
             }
         }
         .map_err(|e| map_err(key, Phase::Acquiring, e))?;
-        decode_acquire(key, &reply, self.entry_refresh)
+        decode_acquire(key, &reply, max_wait)
     }
 
     /// Runs `script` in fair mode: `args`, then this instance's `age` (its oldest

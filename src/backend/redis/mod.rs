@@ -216,6 +216,9 @@ struct Inner {
     replays: Arc<replay::Replays>,
     /// The server's life: a restart ends every lease at once (`life`).
     life: life::Life,
+    /// The keys whose waiters ask again at a pace of their own (an election
+    /// candidate's), with how many callers set it: see `LockBackend::pace_waits`.
+    paces: Mutex<std::collections::HashMap<LockKey, (Duration, usize)>>,
     /// The notification task, restarted by `ensure_notifier` when it has ended.
     notifier: Mutex<Option<JoinHandle<()>>>,
     stop: CancellationToken,
@@ -519,6 +522,33 @@ impl LockBackend for RedisBackend {
         when_busy: WhenBusy,
     ) -> Result<Acquire> {
         self.inner.acquire(key, token, ttl, when_busy, None).await
+    }
+
+    /// A waiter of `key` then asks again within `pace` (not within a third of
+    /// `queue_entry_ttl`), and its queue entry lives `queue_entry_ttl` + 2 ×
+    /// `pace`, so that it keeps its place between two asks (the mutex; a
+    /// candidate waits for a mutex lease).
+    fn pace_waits(&self, key: &LockKey, pace: Option<Duration>) {
+        let mut paces = self
+            .inner
+            .paces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match pace {
+            Some(pace) => {
+                let entry = paces.entry(key.clone()).or_insert((pace, 0));
+                entry.0 = entry.0.max(pace);
+                entry.1 += 1;
+            }
+            None => {
+                if let Some(entry) = paces.get_mut(key) {
+                    entry.1 = entry.1.saturating_sub(1);
+                    if entry.1 == 0 {
+                        paces.remove(key);
+                    }
+                }
+            }
+        }
     }
 
     /// The same script as [`acquire`](Self::acquire) with four more arguments: the
