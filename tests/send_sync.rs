@@ -1,5 +1,6 @@
-//! Pins `Send` (and `Sync` where it matters) on every public future and handle, so a
-//! change that makes one `!Send` fails to compile here instead of in users' code.
+//! Pins `Send` (and `Sync` where it matters) on every public future and handle, of
+//! every lock kind, so a change that makes one `!Send` fails to compile here
+//! instead of in users' code.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,12 +17,56 @@ fn send_future<F: Future + Send>(_: F) {}
 fn handles_are_send_and_sync() {
     send_sync::<Locker>();
     send_sync::<LockGuard>();
+    send_sync::<lockflight::rwlock::ReadGuard>();
+    send_sync::<lockflight::rwlock::WriteGuard>();
+    send_sync::<lockflight::semaphore::Permit>();
+    send_sync::<lockflight::guard::MultiGuard>();
+    send_sync::<lockflight::guard::LossSignal>();
     send_sync::<MemoryBackend>();
     send_sync::<RedisBackend>();
     send_sync::<lockflight::Error>();
     send_sync::<Stats>();
     send_sync::<lockflight::election::Election>();
     send_sync::<lockflight::election::Leadership>();
+    send_sync::<lockflight::fence::FencedKey>();
+    #[cfg(feature = "testing")]
+    {
+        send_sync::<lockflight::testing::SimServer>();
+        send_sync::<lockflight::testing::SimBackend>();
+    }
+}
+
+/// The futures and loss signals of every lock kind, and of the election's
+/// observation and the locker's end.
+#[tokio::test]
+async fn every_kind_s_futures_are_send() {
+    let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
+    let rw = locker.rwlock("rw");
+    send_future(rw.read());
+    send_future(rw.write());
+    send_future(rw.try_read());
+    send_future(rw.try_write());
+    let read = rw.read().await.unwrap();
+    send(&read.lost());
+    send_future(read.release());
+    let write = rw.write().await.unwrap();
+    send(&write.lost());
+    send_future(write.release());
+    let semaphore = locker.semaphore("sem", 2);
+    send_future(semaphore.acquire());
+    send_future(semaphore.try_acquire());
+    let permit = semaphore.acquire().await.unwrap();
+    send(&permit.lost());
+    send_future(permit.release());
+    send_future(locker.lock_many(["a", "b"]));
+    let many = locker.lock_many(["a", "b"]).await.unwrap();
+    send(&many.lost());
+    send_future(many.release());
+    let election = locker.election("observed").identity("me");
+    let mut observation = election.observe();
+    send_future(observation.next());
+    send_future(election.run_with_stop(|_leader, _loss| async {}, |_stopped| async {}));
+    send_future(locker.shutdown());
 }
 
 #[tokio::test]
