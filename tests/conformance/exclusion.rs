@@ -175,6 +175,52 @@ async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) 
 }
 matrix!(cancelled_waiters_leave_nothing_locked: every topology);
 
+/// Instance B holds the key; instance A's acquire is polled by hand, found
+/// pending, and dropped (after one poll, after two, and after ten, a
+/// millisecond apart: before it was sent, while it waits at the backend, and
+/// while it waits for a wake-up). Then B releases: instance C gets the key at
+/// once, and A keeps no state for it. The waiting future's own cancel safety,
+/// without a task or a runtime's abort in between.
+async fn a_waiter_dropped_while_pending_leaves_nothing(kind: Kind, topology: Topology) {
+    if topology.refuses(kind).await {
+        return;
+    }
+    let (lockers, _prefix) = topology
+        .instances(
+            &format!("drop-pending-{kind:?}"),
+            3,
+            Duration::from_secs(30),
+        )
+        .await;
+    let (a, b, c) = (&lockers[0], &lockers[1], &lockers[2]);
+    let rival = kind.rival();
+    let holder = rival
+        .acquire(b, "k", Duration::from_secs(5))
+        .await
+        .expect("B takes the key");
+    for polls in [1, 2, 10] {
+        let mut waiting = std::pin::pin!(kind.acquire(a, "k", Duration::from_secs(20)));
+        for _ in 0..polls {
+            assert!(
+                futures::poll!(waiting.as_mut()).is_pending(),
+                "{kind:?}: A's acquire finished while B held the key"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    holder.release().await.expect("B's release");
+    let next = within(
+        Duration::from_secs(5),
+        "C to take the key after B's release (a dropped waiter must not hold it)",
+        rival.acquire(c, "k", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{kind:?}: C could not take the key: {e}"));
+    next.release().await.unwrap();
+    assert_idle(&lockers, "after the dropped waits").await;
+}
+matrix!(a_waiter_dropped_while_pending_leaves_nothing: every topology);
+
 /// An empty key and a key one byte over `LockKey::MAX_LEN` are refused with
 /// `Error::InvalidKey` naming the key, by the waiting and the trying calls alike,
 /// before anything is sent.
