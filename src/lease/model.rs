@@ -27,7 +27,8 @@
 //! lock and the semaphore (their grants never reuse a token; their scripts keep
 //! the same record rule), and Redlock's quorum (`backend/redlock/model.rs`). Time
 //! is the second model's, [`timed`]: TTL expiry of the lock, release records that
-//! expire, and a server restart that loses every key.
+//! expire, and a server restart that loses every key, with or without the life
+//! that ends the leases of the earlier one.
 //!
 //! Two designs are explored. [`Design::Reuse`] is the rejected design: a
 //! release that fails leaves its token to the next local leader, which acquires
@@ -527,11 +528,31 @@ pub(crate) fn explore(
 ///
 /// **A restart** ([`Step::Restart`]) loses every key at once (the lock, the
 /// fence, the records) and takes a tick; with `Config::clock_back` the restarted
-/// server's clock comes back a tick behind where it was. The holders learn of it
-/// only from their next request's answer (a renewal that finds no lease). A life
-/// marker (the server's `TIME` written by the first minting script of a life; a
-/// holder that sees a new one marks its leases lost) would add a key to
-/// [`Server::restart`]'s survivors and a step to the holder's read of a reply.
+/// server's clock comes back a tick behind where it was. Without `Config::life`
+/// the holders learn of it only from their next request's answer (a renewal
+/// that finds no lease).
+///
+/// **The life** (`Config::life`, `backend/redis/life.rs`): the server counts its
+/// lives (a restart starts the next) and keeps the current one's start and
+/// whether a hold was written. The life starts at the restart's instant: the
+/// product's starts with the first script of the new data set, no earlier, so
+/// the model's hold is the shortest the server can write. Each instance
+/// remembers the life it saw last, and an acquire carries it. The gate
+/// (`lua/life_gate.lua`), after the late-grant check, answers
+/// [`Reply::Gated`] (busy: nothing granted) to an acquire that carries another
+/// life than the server's, and to every acquire while the server's clock is
+/// before the hold; an acquire carrying an earlier life writes the hold, the
+/// life's start plus the sender's longest lease TTL ([`TTL`]). Every reply is
+/// tagged with the life it was made in, and an instance that reads one of a
+/// life newer than it knows learns it: if it had seen an earlier one it marks
+/// its lease lost (and sends the release), and the server holds grants as the
+/// gate would have (this stands for the reconnect's check, `life.lua`'s
+/// `life_gate` run with the instance's TTL, which also covers a renewal
+/// answered "not the owner"). A grant of an earlier life read after that is
+/// believed, as the product does: the hold is what keeps it apart. Both
+/// instances have seen the first life (*witnesses*), unless `Config::fresh`:
+/// then B starts after the restart, having seen no life; its first acquire is
+/// answered with the life and writes no hold.
 ///
 /// Checked in every state and step:
 ///
@@ -637,6 +658,14 @@ pub(crate) mod timed {
         /// again). The model's send time is the server's (clocks in step: use it
         /// with no `gain`).
         pub(crate) late_gate: bool,
+        /// The server's life and its hold (`backend/redis/life.rs`): the gate
+        /// refuses an acquire that carries another life than the server's, and
+        /// every acquire during a hold; a reply of a new life ends its reader's
+        /// lease.
+        pub(crate) life: bool,
+        /// B starts after the restart, having seen no life (an instance started
+        /// then): it sends nothing before it. With `life` and a restart.
+        pub(crate) fresh: bool,
     }
 
     impl Config {
@@ -650,6 +679,8 @@ pub(crate) mod timed {
             faults: 1,
             rounds: 1,
             late_gate: false,
+            life: false,
+            fresh: false,
         };
     }
 
@@ -677,6 +708,9 @@ pub(crate) mod timed {
         Retired,
         /// The gate refused a grant that landed too long after its send.
         TooLate,
+        /// The life gate answered busy, granting nothing: the acquire carried
+        /// another life than the server's, or grants are held.
+        Gated,
         Extended(bool),
         Released,
     }
@@ -689,6 +723,8 @@ pub(crate) mod timed {
         sent_at: Rel,
         /// Its sender still waits for the reply.
         awaited: bool,
+        /// For an acquire, the life its sender had seen last (`None`: none).
+        life: Option<u8>,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -759,6 +795,15 @@ pub(crate) mod timed {
         floor: Option<Epoch>,
         /// Each token's release record: its expiry, if it has one.
         records: [Option<Rel>; 4],
+        /// The current life (0 until the first restart, and without
+        /// `Config::life`).
+        life: u8,
+        /// When the current life started, down to `-TTL` (a hold from then is
+        /// over).
+        started: Rel,
+        /// A hold was written into the current life, and is not over: grants
+        /// wait until `started + TTL`.
+        held: bool,
     }
 
     impl Server {
@@ -778,17 +823,31 @@ pub(crate) mod timed {
             }
             self.fence = (self.fence - SCALE).max(OLD);
             self.floor = self.floor.map(|f| f - SCALE).filter(|f| *f >= 0);
+            self.started = (self.started - 1).max(-TTL);
+            self.held &= self.started > -TTL;
+        }
+
+        /// An instance that had seen an earlier life reports the restart: grants
+        /// wait until the life's start plus its TTL (the hold only grows, and
+        /// every instance's TTL is [`TTL`]).
+        fn report(&mut self) {
+            self.held = self.started > -TTL;
         }
 
         /// A restart without persistence: every key is gone. `clock_step` is
         /// how far the clock moved meanwhile (+1, or −1 when it came back
-        /// behind).
-        fn restart(&mut self, clock_step: Epoch) {
+        /// behind). With `life`, the next life starts now, without a hold.
+        fn restart(&mut self, clock_step: Epoch, life: bool) {
             let last = self.fence - clock_step * SCALE;
             self.floor = (self.fence != OLD && last >= 0).then_some(last);
             self.lock = None;
             self.fence = OLD;
             self.records = [None; 4];
+            if life {
+                self.life += 1;
+                self.started = 0;
+                self.held = false;
+            }
         }
 
         /// Mints an epoch; `false` if it is not above one minted before.
@@ -800,13 +859,20 @@ pub(crate) mod timed {
         }
 
         /// The mutex's scripts, reduced to the lock, the fence and the records,
-        /// for a request sent `age` ticks ago; whether the epoch it minted, if
+        /// for a request sent `age` ticks ago by an instance that had seen
+        /// `seen` (an acquire's gate reads it); whether the epoch it minted, if
         /// any, increased.
-        fn apply(&mut self, req: Req, age: Rel, c: &Config) -> (Reply, bool) {
+        fn apply(&mut self, req: Req, age: Rel, seen: Option<u8>, c: &Config) -> (Reply, bool) {
             let record_until = c.record_ttl.unwrap_or(NEVER);
             match req {
                 Req::Acquire(_) if c.late_gate && c.record_ttl.is_some_and(|ttl| age > ttl) => {
                     (Reply::TooLate, true)
+                }
+                Req::Acquire(_) if c.life && (seen != Some(self.life) || self.held) => {
+                    if seen.is_some_and(|l| l != self.life) {
+                        self.report();
+                    }
+                    (Reply::Gated, true)
                 }
                 Req::Acquire(t) => {
                     if self.records[usize::from(t)].is_some() {
@@ -850,10 +916,13 @@ pub(crate) mod timed {
         faults: u8,
         server: Server,
         tasks: [Phase; 2],
+        /// The life each task's instance saw last (`None`: none yet).
+        seen: [Option<u8>; 2],
         /// Requests on the wire (any may be delivered next).
         wire: Bag<Flight, 8>,
-        /// Replies to tasks that wait for them, with their request's send time.
-        replies: Bag<(u8, Reply, Rel), 4>,
+        /// Replies to tasks that wait for them, with their request's send time
+        /// and the life they were made in.
+        replies: Bag<(u8, Reply, Rel, u8), 6>,
     }
 
     impl State {
@@ -872,7 +941,7 @@ pub(crate) mod timed {
                 ..f
             });
             self.replies
-                .map(|(task, reply, sent_at)| (task, reply, age(sent_at)));
+                .map(|(task, reply, sent_at, life)| (task, reply, age(sent_at), life));
             for task in 0..2u8 {
                 if let Phase::Holding {
                     tok,
@@ -894,13 +963,36 @@ pub(crate) mod timed {
         }
 
         /// The canonical form: a renewal's answer to a task that no longer holds
-        /// is dropped (it would be ignored).
+        /// is dropped (it would be ignored), unless it tells of a newer life.
         fn settle(&mut self) {
             let tasks = self.tasks;
-            self.replies.retain(|&(task, reply, _)| {
+            let seen = self.seen;
+            self.replies.retain(|&(task, reply, _, life)| {
                 !matches!(reply, Reply::Extended(_))
                     || matches!(tasks[usize::from(task)], Phase::Holding { .. })
+                    || seen[usize::from(task)].is_none_or(|l| life > l)
             });
+        }
+
+        /// Task `task` read a reply made in `life`. If that is newer than the
+        /// life its instance saw last, it learns it; if it had seen an earlier
+        /// one, the reconnect's check reports the restart (a hold, as the gate
+        /// writes) and its lease is lost.
+        fn learn(&mut self, task: u8, life: u8) {
+            let t = usize::from(task);
+            let before = self.seen[t];
+            if before.is_some_and(|l| l >= life) {
+                return;
+            }
+            self.seen[t] = Some(life);
+            if before.is_some() {
+                if life == self.server.life {
+                    self.server.report();
+                }
+                if let Phase::Holding { tok, .. } = self.tasks[t] {
+                    self.lose(task, tok);
+                }
+            }
         }
 
         /// The findings of this state itself.
@@ -935,11 +1027,16 @@ pub(crate) mod timed {
         }
 
         fn send(&mut self, task: u8, req: Req, awaited: bool) {
+            let life = match req {
+                Req::Acquire(_) => self.seen[usize::from(task)],
+                _ => None,
+            };
             self.wire.push(Flight {
                 task,
                 req,
                 sent_at: 0,
                 awaited,
+                life,
             });
         }
     }
@@ -964,8 +1061,12 @@ pub(crate) mod timed {
                     fence: OLD,
                     floor: None,
                     records: [None; 4],
+                    life: 0,
+                    started: -TTL,
+                    held: false,
                 },
                 tasks: [Phase::Ready(0), Phase::Ready(ROUNDS)],
+                seen: [Some(0), (!self.config.fresh).then_some(0)],
                 wire: Bag::EMPTY,
                 replies: Bag::EMPTY,
             }
@@ -999,7 +1100,7 @@ pub(crate) mod timed {
                 let mut s = *st;
                 s.restarts += 1;
                 s.tick_holders(oldest);
-                s.server.restart(if c.clock_back { -1 } else { 1 });
+                s.server.restart(if c.clock_back { -1 } else { 1 }, c.life);
                 push(Step::Restart, s, None);
             }
             for (i, f) in st.wire.iter() {
@@ -1008,26 +1109,34 @@ pub(crate) mod timed {
                 }
                 let mut s = *st;
                 s.wire.take(i);
-                let (reply, increased) = s.server.apply(f.req, -f.sent_at, &c);
+                let (reply, increased) = s.server.apply(f.req, -f.sent_at, f.life, &c);
+                let life = s.server.life;
                 let t = usize::from(f.task);
+                // A reply of a life its reader has not seen is read later: when,
+                // matters.
+                let known = s.seen[t] == Some(life);
                 match (f.awaited, s.tasks[t], reply) {
                     (false, ..) => {}
                     // Answers whose reading depends on nothing else (not the time,
                     // not what other tasks do) are read at once: reading them
                     // later adds states, no outcomes.
-                    (true, Phase::Acquiring(tok), Reply::Busy | Reply::TooLate) => {
+                    (true, Phase::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated)
+                        if known =>
+                    {
                         s.tasks[t] = Phase::Ready(tok);
                     }
                     (true, Phase::Acquiring(tok), Reply::Retired)
-                    | (true, Phase::Releasing(tok), Reply::Released) => {
+                    | (true, Phase::Releasing(tok), Reply::Released)
+                        if known =>
+                    {
                         s.tasks[t] = Phase::after(tok, c.rounds);
                     }
-                    (true, ..) => s.replies.push((f.task, reply, f.sent_at)),
+                    (true, ..) => s.replies.push((f.task, reply, f.sent_at, life)),
                 }
                 let found = (!increased).then_some(Finding::TokenNotIncreasing);
                 push(Step::Deliver(f.task, f.req, reply), s, found);
             }
-            for (i, (task, reply, sent_at)) in st.replies.iter() {
+            for (i, (task, reply, sent_at, life)) in st.replies.iter() {
                 let mut s = *st;
                 s.replies.take(i);
                 let t = usize::from(task);
@@ -1057,13 +1166,24 @@ pub(crate) mod timed {
                         s.lose(task, tok);
                         s.tasks[t]
                     }
+                    // A renewal's answer after the lease ended, kept for the life
+                    // it tells of.
+                    (phase, Reply::Extended(_)) => phase,
+                    (Phase::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated) => {
+                        Phase::Ready(tok)
+                    }
+                    (Phase::Acquiring(tok), Reply::Retired)
+                    | (Phase::Releasing(tok), Reply::Released) => Phase::after(tok, c.rounds),
                     (phase, reply) => unreachable!("{phase:?} cannot read {reply:?}"),
                 };
+                s.learn(task, life);
                 push(Step::Read(task, reply), s, None);
             }
             for task in 0..2u8 {
                 let t = usize::from(task);
                 match st.tasks[t] {
+                    // B, started after the restart, sends nothing before it.
+                    Phase::Ready(_) if task == 1 && c.fresh && st.restarts < c.restarts => {}
                     Phase::Ready(tok) => {
                         let mut s = *st;
                         s.tasks[t] = Phase::Acquiring(tok);
@@ -1267,7 +1387,7 @@ mod tests {
 
     /// Leases each task takes in the timed model's configurations that hold: 1
     /// by default, 2 with `LOCKFLIGHT_MODEL_ROUNDS=2` (40 to 60 times the states,
-    /// 1.2 to 3.2 million each, about two minutes in all in a debug build).
+    /// 1.2 to 6 million each, about six minutes in all in a debug build).
     fn rounds() -> u8 {
         std::env::var("LOCKFLIGHT_MODEL_ROUNDS")
             .ok()
@@ -1383,6 +1503,49 @@ mod tests {
             "{} states: {:?}",
             explored.states,
             explored.kinds()
+        );
+    }
+
+    /// With the life and its hold, a restart ends every believed-valid lease
+    /// before anything is granted in the new life: the gate refuses the first
+    /// acquire of an instance that saw the earlier life and holds grants for a
+    /// TTL from the life's start, and a holder that hears from the new life
+    /// drops its lease. No two believed-valid holders, tokens increase, and the
+    /// late acquire that found no record to refuse it is refused by the gate
+    /// (about 108,000 states).
+    #[test]
+    fn the_life_and_its_hold_keep_holders_apart_across_a_restart() {
+        let explored = in_time(Config {
+            restarts: 1,
+            life: true,
+            rounds: rounds(),
+            ..Config::BASE
+        });
+        assert!(
+            explored.found.is_empty(),
+            "{} states: {:?}",
+            explored.states,
+            explored.kinds()
+        );
+    }
+
+    /// The hold is written by an instance that saw the earlier life: one started
+    /// after the restart that asks first is told the life, asks again and is
+    /// granted at once, while the earlier holder still believes (about 81,000
+    /// states).
+    #[test]
+    fn an_instance_started_after_the_restart_that_asks_first_is_not_held() {
+        let explored = in_time(Config {
+            restarts: 1,
+            life: true,
+            fresh: true,
+            ..Config::BASE
+        });
+        assert_eq!(
+            explored.kinds(),
+            [Finding::TwoValidHolders],
+            "{} states",
+            explored.states
         );
     }
 }
