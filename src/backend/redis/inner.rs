@@ -18,28 +18,22 @@ use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
 impl Inner {
-    /// Runs `lua/release.lua`; `requeue` is the age of this instance's next local
-    /// waiter in fair mode. With `retire` false the release writes no record, so
-    /// the token may be granted again (a Redlock round that failed releases what
-    /// it took and asks again with the same token).
+    /// Runs `lua/release.lua`, which retires the token (its release record);
+    /// `requeue` is the age of this instance's next local waiter in fair mode.
     pub(super) async fn release(
         &self,
         key: &LockKey,
         token: LeaseToken,
         requeue: Option<Duration>,
-        retire: bool,
     ) -> Result<Released> {
         let n = Names::new(&self.prefix, key);
         let token = token.to_hex();
         let record = n.release_record(&token);
         let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &record, &n.queue_expiry];
-        let record_ttl_ms = if retire {
-            self.release_record_ttl_ms
-        } else {
-            0
-        };
-        let (claim_ttl_ms, record_ttl_ms) =
-            (self.claim_ttl_ms.to_string(), record_ttl_ms.to_string());
+        let (claim_ttl_ms, record_ttl_ms) = (
+            self.claim_ttl_ms.to_string(),
+            self.release_record_ttl_ms.to_string(),
+        );
         let message = wake_message(LockKind::Mutex, key);
         let args: [&[u8]; 6] = [
             token.as_bytes(),

@@ -577,7 +577,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        self.inner.release(key, token, None, true).await
+        self.inner.release(key, token, None).await
     }
 
     /// The release script with two more arguments: the waiter's age (µs) and the
@@ -588,9 +588,7 @@ impl LockBackend for RedisBackend {
         token: LeaseToken,
         next_waiter_age: Duration,
     ) -> Result<Released> {
-        self.inner
-            .release(key, token, Some(next_waiter_age), true)
-            .await
+        self.inner.release(key, token, Some(next_waiter_age)).await
     }
 
     async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {

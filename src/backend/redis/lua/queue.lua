@@ -149,13 +149,9 @@ end
 -- Writes, after the delete, never before (memory pressure): records the release of a
 -- `held` lease for `ttl_ms` ms, or retires a token that holds nothing (best effort:
 -- under memory pressure the retirement is skipped, and a late copy of an acquire
--- could then hold the lock until its TTL, as before). A `ttl_ms` of 0 writes no record
--- (a Redlock round that failed: its next round asks again with the same token).
+-- could then hold the lock until its TTL, as before).
 -- Returns 1 when this release or an earlier attempt of it deleted the lease, else 0.
 local function settle_release(held, previous, record, token, ttl_ms)
-  if tonumber(ttl_ms) == 0 then
-    return (held or previous) and 1 or 0
-  end
   if held then
     redis.call('SET', record, token, 'PX', tonumber(ttl_ms))
     return 1
