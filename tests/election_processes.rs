@@ -754,7 +754,7 @@ async fn restart_runs(role: Role) {
 /// after the restart, when the old lease would have ended anyway.
 ///
 /// Times are wall-clock readings of one machine, compared only with each other;
-/// the margin the hold leaves between the old term's last act and the grant is
+/// the margin the quarantine leaves between the old term's last act and the grant is
 /// about one lease TTL, which only a pause that long between a check of
 /// `is_lost()` and the act it allows could spend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -426,11 +426,11 @@ async fn restart_after_grant(delayed: bool) -> bool {
 }
 
 /// A node restarted empty and serving at once: the instances that knew it before
-/// hold its grants for one TTL (the server's life gate), so no second instance
+/// quarantine its grants for one TTL (the server's life gate), so no second instance
 /// assembles a majority while A's lease is valid. (Before the gate: a double
 /// grant, every run.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_restarted_empty_holds_its_grants_for_a_ttl() {
+async fn a_node_restarted_empty_quarantines_its_grants_for_a_ttl() {
     let _storm = STORM.lock().await;
     assert!(
         !restart_after_grant(false).await,

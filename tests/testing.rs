@@ -509,7 +509,7 @@ fn two_runs_of_one_script_give_the_same_trace_tokens_included() {
 /// Epochs strictly increase per key across a lost lease in the same instant of
 /// the server's clock, where its clock floor alone would repeat them, and across
 /// a restart. A restart ends every lease at once, with a reason that says so,
-/// and holds every grant for the longest lease TTL, as a Redis restarted
+/// and quarantines every grant for the longest lease TTL, as a Redis restarted
 /// without its data does.
 #[tokio::test(start_paused = true)]
 async fn epochs_increase_across_a_loss_and_a_restart_which_holds_grants_for_a_ttl() {

@@ -534,14 +534,14 @@ pub(crate) fn explore(
 ///
 /// **The life** (`Config::life`, `backend/redis/life.rs`): the server counts its
 /// lives (a restart starts the next) and keeps the current one's start and
-/// whether a hold was written. The life starts at the restart's instant: the
+/// whether a quarantine was written. The life starts at the restart's instant: the
 /// product's starts with the first script of the new data set, no earlier, so
-/// the model's hold is the shortest the server can write. Each instance
+/// the model's quarantine is the shortest the server can write. Each instance
 /// remembers the life it saw last, and an acquire carries it. The gate
 /// (`lua/life_gate.lua`), after the late-grant check, answers
 /// [`Reply::Gated`] (busy: nothing granted) to an acquire that carries another
 /// life than the server's, and to every acquire while the server's clock is
-/// before the hold; an acquire carrying an earlier life writes the hold, the
+/// before the quarantine; an acquire carrying an earlier life writes the quarantine, the
 /// life's start plus the sender's longest lease TTL ([`TTL`]). Every reply is
 /// tagged with the life it was made in, and an instance that reads one of a
 /// life newer than it knows learns it: if it had seen an earlier one it marks
@@ -549,10 +549,10 @@ pub(crate) fn explore(
 /// gate would have (this stands for the reconnect's check, `life.lua`'s
 /// `life_gate` run with the instance's TTL, which also covers a renewal
 /// answered "not the owner"). A grant of an earlier life read after that is
-/// believed, as the product does: the hold is what keeps it apart. Both
+/// believed, as the product does: the quarantine is what keeps it apart. Both
 /// instances have seen the first life (*witnesses*), unless `Config::fresh`:
 /// then B starts after the restart, having seen no life; its first acquire is
-/// answered with the life and writes no hold.
+/// answered with the life and writes no quarantine.
 ///
 /// Checked in every state and step:
 ///
@@ -658,9 +658,9 @@ pub(crate) mod timed {
         /// again). The model's send time is the server's (clocks in step: use it
         /// with no `gain`).
         pub(crate) late_gate: bool,
-        /// The server's life and its hold (`backend/redis/life.rs`): the gate
+        /// The server's life and its quarantine (`backend/redis/life.rs`): the gate
         /// refuses an acquire that carries another life than the server's, and
-        /// every acquire during a hold; a reply of a new life ends its reader's
+        /// every acquire during a quarantine; a reply of a new life ends its reader's
         /// lease.
         pub(crate) life: bool,
         /// B starts after the restart, having seen no life (an instance started
@@ -798,10 +798,10 @@ pub(crate) mod timed {
         /// The current life (0 until the first restart, and without
         /// `Config::life`).
         life: u8,
-        /// When the current life started, down to `-TTL` (a hold from then is
+        /// When the current life started, down to `-TTL` (a quarantine from then is
         /// over).
         started: Rel,
-        /// A hold was written into the current life, and is not over: grants
+        /// A quarantine was written into the current life, and is not over: grants
         /// wait until `started + TTL`.
         held: bool,
     }
@@ -828,7 +828,7 @@ pub(crate) mod timed {
         }
 
         /// An instance that had seen an earlier life reports the restart: grants
-        /// wait until the life's start plus its TTL (the hold only grows, and
+        /// wait until the life's start plus its TTL (the quarantine only grows, and
         /// every instance's TTL is [`TTL`]).
         fn report(&mut self) {
             self.held = self.started > -TTL;
@@ -836,7 +836,7 @@ pub(crate) mod timed {
 
         /// A restart without persistence: every key is gone. `clock_step` is
         /// how far the clock moved meanwhile (+1, or −1 when it came back
-        /// behind). With `life`, the next life starts now, without a hold.
+        /// behind). With `life`, the next life starts now, without a quarantine.
         fn restart(&mut self, clock_step: Epoch, life: bool) {
             let last = self.fence - clock_step * SCALE;
             self.floor = (self.fence != OLD && last >= 0).then_some(last);
@@ -976,7 +976,7 @@ pub(crate) mod timed {
 
         /// Task `task` read a reply made in `life`. If that is newer than the
         /// life its instance saw last, it learns it; if it had seen an earlier
-        /// one, the reconnect's check reports the restart (a hold, as the gate
+        /// one, the reconnect's check reports the restart (a quarantine, as the gate
         /// writes) and its lease is lost.
         fn learn(&mut self, task: u8, life: u8) {
             let t = usize::from(task);
@@ -1506,7 +1506,7 @@ mod tests {
         );
     }
 
-    /// With the life and its hold, a restart ends every believed-valid lease
+    /// With the life and its quarantine, a restart ends every believed-valid lease
     /// before anything is granted in the new life: the gate refuses the first
     /// acquire of an instance that saw the earlier life and holds grants for a
     /// TTL from the life's start, and a holder that hears from the new life
@@ -1529,7 +1529,7 @@ mod tests {
         );
     }
 
-    /// The hold is written by an instance that saw the earlier life: one started
+    /// The quarantine is written by an instance that saw the earlier life: one started
     /// after the restart that asks first is told the life, asks again and is
     /// granted at once, while the earlier holder still believes (about 81,000
     /// states).

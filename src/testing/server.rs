@@ -142,9 +142,9 @@ pub(super) struct Shared {
     pub(super) requests: Counters,
     last_instance: AtomicU64,
     /// After a restart, until when nothing is granted (as a Redis restarted
-    /// without its data holds its grants: `backend/redis/life.rs`).
-    hold: Mutex<Option<Instant>>,
-    /// The longest lease TTL asked for, in ms: the hold after a restart.
+    /// without its data quarantines its grants: `backend/redis/life.rs`).
+    quarantine: Mutex<Option<Instant>>,
+    /// The longest lease TTL asked for, in ms: the quarantine after a restart.
     longest_ttl_ms: AtomicU64,
 }
 
@@ -159,7 +159,7 @@ impl Default for Shared {
             records: Mutex::default(),
             requests: Counters::default(),
             last_instance: AtomicU64::default(),
-            hold: Mutex::default(),
+            quarantine: Mutex::default(),
             longest_ttl_ms: AtomicU64::default(),
         }
     }
@@ -245,8 +245,11 @@ impl SimServer {
         self.shared.resources.clear();
         self.shared.records().clear();
         let longest = Duration::from_millis(self.shared.longest_ttl_ms.load(Ordering::Relaxed));
-        *self.shared.hold.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Instant::now() + longest);
+        *self
+            .shared
+            .quarantine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + longest);
         for instance in self.shared.live() {
             instance.wakeups.restarted(|_| true);
             instance.wakeups.wake_all();
@@ -339,8 +342,9 @@ impl Shared {
 
     /// How long grants still wait after a restart (`None`: they do not).
     pub(super) fn held(&self) -> Option<Duration> {
-        let hold = *self.hold.lock().unwrap_or_else(|e| e.into_inner());
-        hold.and_then(|until| until.checked_duration_since(Instant::now()))
+        let until = *self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
+        until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
             .filter(|wait| !wait.is_zero())
     }
 

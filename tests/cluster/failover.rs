@@ -235,7 +235,7 @@ async fn a_release_lost_in_a_failover_is_repeated_on_the_new_primary() {
 /// has a life of its own: the waiter, which asked there before, holds the slot's
 /// grants for one TTL when it asks again, so it is granted only after the holder
 /// learned of the loss (at its next renewal, which reads the slot's life and
-/// says why) and after the hold ends. (Before: the waiter was granted as soon as
+/// says why) and after the quarantine ends. (Before: the waiter was granted as soon as
 /// it asked, while the holder still believed it held the key.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_restarted_empty_grants_nothing_until_its_leases_would_end() {
@@ -270,7 +270,7 @@ async fn a_primary_restarted_empty_grants_nothing_until_its_leases_would_end() {
 
     let granted = within(Duration::from_secs(60), "the waiter", waiter.lock(&key))
         .await
-        .expect("the waiter gets the key after the hold");
+        .expect("the waiter gets the key after the quarantine");
     assert!(
         held.is_lost(),
         "the waiter was granted while the holder still believed it held the key"
@@ -280,16 +280,24 @@ async fn a_primary_restarted_empty_grants_nothing_until_its_leases_would_end() {
         reason.contains("restarted without its data"),
         "lost for another reason: {reason}"
     );
-    // The slot's life says when the hold ends; the grant came after it.
+    // The slot's life says when the quarantine ends; the grant came after it.
     let life_key = (0u32..)
         .map(|n| format!("{prefix}:life:{{{n}}}"))
         .find(|name| Cluster::slot(name.as_bytes()) == slot_of(&key))
         .unwrap();
     let life: String = node.cmd(&["GET", &life_key]).await.unwrap();
-    let hold_ms: u64 = life.split(' ').nth(1).expect("a hold").parse().unwrap();
+    let quarantined_until_ms: u64 = life
+        .split(' ')
+        .nth(1)
+        .expect("a quarantine")
+        .parse()
+        .unwrap();
     let (secs, micros): (String, String) = node.cmd(&["TIME"]).await.unwrap();
     let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
-    assert!(now_ms >= hold_ms, "granted before the hold ended");
+    assert!(
+        now_ms >= quarantined_until_ms,
+        "granted before the quarantine ended"
+    );
     assert!(granted.fencing_token() > held.fencing_token());
     granted.release().await.unwrap();
     drop(held);

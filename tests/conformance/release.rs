@@ -212,7 +212,7 @@ async fn a_holds(cell: &str, kind: Kind, topology: Topology) -> (RedisServer, [L
 
 /// Redis restarts empty (no persistence) while A holds the lock: A's lease is
 /// lost at once (not at its next renewal, 10 s away), B is not granted the same
-/// lock while the restart's hold lasts, and A's release must say the lease was
+/// lock while the restart's quarantine lasts, and A's release must say the lease was
 /// lost. Before, a read-write or semaphore release whose first attempt met the
 /// closed connection took "not held" on the repeat for its own doing, and said
 /// `Ok`.
@@ -244,14 +244,14 @@ matrix!(release_after_a_restart_reports_the_loss:
 /// was lost.
 async fn lost_in_the_restart(kind: Kind, b: &Locker, held: Held) {
     within(Duration::from_secs(20), "A's loss", held.lost()).await;
-    let other = settled("B tries the key during the hold", || {
+    let other = settled("B tries the key during the quarantine", || {
         kind.rival().try_acquire(b, KEY)
     })
     .await
     .unwrap();
     assert!(
         other.is_none(),
-        "{kind:?}: B was granted the key while the restart's hold lasts"
+        "{kind:?}: B was granted the key while the restart's quarantine lasts"
     );
     let released = held.release().await;
     assert!(

@@ -225,16 +225,21 @@ async fn a_restart_ends_every_lease_at_once_and_grants_nothing_until_their_ttl()
             .await
             .unwrap()
             .is_none(),
-        "a permit was granted while the restart's hold lasts"
+        "a permit was granted while the restart's quarantine lasts"
     );
-    // The hold ends one TTL after the restart: then it is granted.
+    // The quarantine ends one TTL after the restart: then it is granted.
     let mut admin = server.connection().await;
     let life: String = redis::cmd("GET")
         .arg(format!("{prefix}:life"))
         .query_async(&mut admin)
         .await
         .unwrap();
-    let hold_ms: u64 = life.split(' ').nth(1).expect("a hold").parse().unwrap();
+    let quarantined_until_ms: u64 = life
+        .split(' ')
+        .nth(1)
+        .expect("a quarantine")
+        .parse()
+        .unwrap();
     let guard = late
         .lock_with_options(
             "mutex",
@@ -244,8 +249,8 @@ async fn a_restart_ends_every_lease_at_once_and_grants_nothing_until_their_ttl()
         .unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
     assert!(
-        secs * 1000 + micros / 1000 >= hold_ms,
-        "granted before the hold ended"
+        secs * 1000 + micros / 1000 >= quarantined_until_ms,
+        "granted before the quarantine ended"
     );
     assert!(guard.fencing_token() > lock.fencing_token());
     guard.release().await.unwrap();

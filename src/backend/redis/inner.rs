@@ -260,7 +260,7 @@ impl Inner {
         {
             Some(started) => {
                 // An instance that never asked for a lease holds none, and its
-                // hold would be 0: it keeps the earlier life, so its first grant
+                // quarantine would be 0: it keeps the earlier life, so its first grant
                 // reports the restart with that grant's TTL.
                 if !(ticket.is_restart(&started) && ticket.grace_is_zero()) {
                     self.saw_life(ticket.slot, &started);

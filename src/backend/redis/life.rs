@@ -17,7 +17,7 @@
 //! * **Nobody is granted meanwhile.** A holder that is slow to reconnect (or
 //!   partitioned) cannot learn anything, so the server itself waits: the first
 //!   instance that knew an earlier life and asks anything of the new one writes a
-//!   *hold* into the life, its start plus that instance's longest lease TTL, and
+//!   *quarantine* into the life, its start plus that instance's longest lease TTL, and
 //!   every granting script, of every instance, answers "busy" until then. Every
 //!   lease of the earlier life would have expired by then anyway (a lease is valid
 //!   at most its TTL after its last renewal, which reached the server before the
@@ -26,19 +26,19 @@
 //!
 //! # What the bound rests on
 //!
-//! * The hold starts when an instance of the earlier life reaches the new one.
+//! * The quarantine starts when an instance of the earlier life reaches the new one.
 //!   One that started after the restart knows no earlier life: if it is the first
 //!   to ask, it is granted at once. Every instance that held or waited before the
 //!   restart reconnects within the notifier's backoff (at most one second).
-//! * The hold lasts the *reporting* instance's longest lease TTL. A fleet whose
+//! * The quarantine lasts the *reporting* instance's longest lease TTL. A fleet whose
 //!   instances use different TTLs is covered up to the TTL of the instance that
-//!   reports first (each later report can only lengthen the hold).
+//!   reports first (each later report can only lengthen the quarantine).
 //! * A restart that keeps the data (RDB or AOF) keeps the life: leases written
 //!   after the last save are lost without this signal, and learned at the next
 //!   renewal, as before. An evicted life key (`maxmemory-policy` must not evict
-//!   lockflight's keys) costs a false restart: every lease lost and a hold, never
+//!   lockflight's keys) costs a false restart: every lease lost and a quarantine, never
 //!   a double grant.
-//! * An instance that never asked for a lease would report a hold of zero: it
+//! * An instance that never asked for a lease would report a quarantine of zero: it
 //!   keeps the earlier life when it checks, and reports the restart at its first
 //!   grant, with that grant's TTL.
 //! * A renewal answered "not the owner" reads the life of its place before it
@@ -49,7 +49,7 @@
 //!   instance keeps the life of each slot it asked in. So a restarted primary is
 //!   learned slot by slot, by the gate (the subscription is made on one node,
 //!   and says nothing of the others), and its holders learn at their next
-//!   renewal or grant in the slot; the hold is written by the first instance
+//!   renewal or grant in the slot; the quarantine is written by the first instance
 //!   that asked in the slot before the restart, and one that never did is
 //!   granted at once if it asks first.
 //!
@@ -207,7 +207,7 @@ impl Life {
         f(place)
     }
 
-    /// A lease of `ttl` is asked for: the hold this instance reports covers it.
+    /// A lease of `ttl` is asked for: the quarantine this instance reports covers it.
     pub(super) fn note_lease(&self, ttl: Duration) {
         self.longest_ms.fetch_max(millis(ttl), Ordering::Relaxed);
     }
@@ -328,7 +328,7 @@ impl Ticket {
         !self.seen.is_empty() && self.seen != started
     }
 
-    /// Whether this instance never asked for a lease (it reports no hold).
+    /// Whether this instance never asked for a lease (it reports no quarantine).
     pub(super) fn grace_is_zero(&self) -> bool {
         self.grace == "0"
     }

@@ -84,8 +84,8 @@
 //! use before it serves locks again. Each node is a [`RedisBackend`], whose grants
 //! pass the server's life gate, so the backend keeps that rule itself: the first
 //! instance that knew the node before its restart and reaches it again writes a
-//! hold, and the node grants nothing to anyone until one lease TTL after the
-//! restart (the test `a_node_restarted_empty_holds_its_grants_for_a_ttl`). An
+//! quarantine, and the node grants nothing to anyone until one lease TTL after the
+//! restart (the test `a_node_restarted_empty_quarantines_its_grants_for_a_ttl`). An
 //! instance that started after the restart and asks that node first is not held:
 //! to close that too, keep a restarted node out (stopped, paused or firewalled)
 //! for one TTL, or run it with AOF `appendfsync always`.
