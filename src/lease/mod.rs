@@ -95,7 +95,7 @@ pub(crate) struct Lease {
     /// them): the handoff budget while other instances wait follows it.
     pub(crate) found_waiting: AtomicU32,
     valid_until: Mutex<Instant>,
-    /// The quarantine limit's end, if the locker has one: validity never extends past it.
+    /// The hold limit's end, if the locker has one: validity never extends past it.
     hold_until: OnceLock<Instant>,
     /// Fair mode: local tasks that arrived before this arrived before every waiter
     /// of every other instance, and may be handed the lease (unset: none may while
@@ -219,7 +219,7 @@ impl Lease {
         self.arrival_bound.get().copied()
     }
 
-    /// The quarantine limit's end, if the locker has one.
+    /// The hold limit's end, if the locker has one.
     pub(crate) fn hold_until(&self) -> Option<Instant> {
         self.hold_until.get().copied()
     }
