@@ -133,24 +133,53 @@ async fn exclusive_sections_and_increasing_tokens(kind: Kind, topology: Topology
 }
 matrix!(exclusive_sections_and_increasing_tokens: every topology);
 
+/// Three instances on the cell's topology, of which B holds the key (`kind`'s
+/// rival); `None` when the topology does not offer `kind`.
+async fn b_holds(kind: Kind, topology: Topology, cell: &str) -> Option<(Vec<Locker>, Held)> {
+    if topology.refuses(kind).await {
+        return None;
+    }
+    let (lockers, _prefix) = topology
+        .instances(&format!("{cell}-{kind:?}"), 3, Duration::from_secs(30))
+        .await;
+    let holder = kind
+        .rival()
+        .acquire(&lockers[1], "k", Duration::from_secs(5))
+        .await
+        .expect("B takes the key");
+    Some((lockers, holder))
+}
+
+/// B releases: C gets the key at once, not after a lease TTL (30 s), and A, whose
+/// waits were abandoned, keeps no state for it.
+async fn c_takes_the_key_after_abandoned_waits(
+    kind: Kind,
+    lockers: &[Locker],
+    holder: Held,
+    how: &str,
+) {
+    holder.release().await.expect("B's release");
+    let next = within(
+        Duration::from_secs(5),
+        &format!("C to take the key after B's release (a {how} waiter must not hold it)"),
+        kind.rival()
+            .acquire(&lockers[2], "k", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{kind:?}: C could not take the key: {e}"));
+    next.release().await.unwrap();
+    assert_idle(lockers, &format!("after the {how} waits")).await;
+}
+
 /// Instance B holds the key; instance A's acquires are cancelled after 0, 1, 5 and
 /// 20 ms of waiting (at whatever await they are). Then B releases: instance C gets
 /// the key at once, not after a lease TTL (30 s), and A keeps no state for it.
 async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) {
-    if topology.refuses(kind).await {
+    let Some((lockers, holder)) = b_holds(kind, topology, "cancel").await else {
         return;
-    }
-    let (lockers, _prefix) = topology
-        .instances(&format!("cancel-{kind:?}"), 3, Duration::from_secs(30))
-        .await;
-    let (a, b, c) = (&lockers[0], &lockers[1], &lockers[2]);
-    let rival = kind.rival();
-    let holder = rival
-        .acquire(b, "k", Duration::from_secs(5))
-        .await
-        .expect("B takes the key");
+    };
     for after in [0, 1, 5, 20] {
-        let a = a.clone();
+        let a = lockers[0].clone();
         let waiting =
             tokio::spawn(async move { kind.acquire(&a, "k", Duration::from_secs(20)).await });
         tokio::time::sleep(Duration::from_millis(after)).await;
@@ -162,16 +191,7 @@ async fn cancelled_waiters_leave_nothing_locked(kind: Kind, topology: Topology) 
             Ok(Err(e)) => panic!("{kind:?}: A's acquire failed instead of waiting: {e}"),
         }
     }
-    holder.release().await.expect("B's release");
-    let next = within(
-        Duration::from_secs(5),
-        "C to take the key after B's release (a cancelled waiter must not hold it)",
-        rival.acquire(c, "k", Duration::from_secs(5)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{kind:?}: C could not take the key: {e}"));
-    next.release().await.unwrap();
-    assert_idle(&lockers, "after the cancellations").await;
+    c_takes_the_key_after_abandoned_waits(kind, &lockers, holder, "cancelled").await;
 }
 matrix!(cancelled_waiters_leave_nothing_locked: every topology);
 
@@ -182,24 +202,11 @@ matrix!(cancelled_waiters_leave_nothing_locked: every topology);
 /// once, and A keeps no state for it. The waiting future's own cancel safety,
 /// without a task or a runtime's abort in between.
 async fn a_waiter_dropped_while_pending_leaves_nothing(kind: Kind, topology: Topology) {
-    if topology.refuses(kind).await {
+    let Some((lockers, holder)) = b_holds(kind, topology, "drop-pending").await else {
         return;
-    }
-    let (lockers, _prefix) = topology
-        .instances(
-            &format!("drop-pending-{kind:?}"),
-            3,
-            Duration::from_secs(30),
-        )
-        .await;
-    let (a, b, c) = (&lockers[0], &lockers[1], &lockers[2]);
-    let rival = kind.rival();
-    let holder = rival
-        .acquire(b, "k", Duration::from_secs(5))
-        .await
-        .expect("B takes the key");
+    };
     for polls in [1, 2, 10] {
-        let mut waiting = std::pin::pin!(kind.acquire(a, "k", Duration::from_secs(20)));
+        let mut waiting = std::pin::pin!(kind.acquire(&lockers[0], "k", Duration::from_secs(20)));
         for _ in 0..polls {
             assert!(
                 futures::poll!(waiting.as_mut()).is_pending(),
@@ -208,16 +215,7 @@ async fn a_waiter_dropped_while_pending_leaves_nothing(kind: Kind, topology: Top
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    holder.release().await.expect("B's release");
-    let next = within(
-        Duration::from_secs(5),
-        "C to take the key after B's release (a dropped waiter must not hold it)",
-        rival.acquire(c, "k", Duration::from_secs(5)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{kind:?}: C could not take the key: {e}"));
-    next.release().await.unwrap();
-    assert_idle(&lockers, "after the dropped waits").await;
+    c_takes_the_key_after_abandoned_waits(kind, &lockers, holder, "dropped").await;
 }
 matrix!(a_waiter_dropped_while_pending_leaves_nothing: every topology);
 

@@ -252,22 +252,27 @@ async fn a_late_acquire_copy_cannot_hold_a_released_key(kind: Kind, acked: bool)
     .expect("A's release");
     s.delayed_landed(1).await;
 
-    let free = match kind {
-        Kind::Mutex => b.try_lock(KEY).await.unwrap().map(drop).is_some(),
-        // A late read lease would not block B's reader: B asks for the write lease.
-        Kind::Read | Kind::Write => b.rwlock(KEY).try_write().await.unwrap().map(drop).is_some(),
+    assert!(
+        free_for(&b, kind, KEY).await,
+        "{kind:?}: the late acquire copy holds the released key"
+    );
+}
+
+/// Whether B takes `key` at once for `kind` (and gives it back). A late read
+/// lease would not block B's reader: for the read-write lock B asks for the write
+/// lease.
+async fn free_for(b: &Locker, kind: Kind, key: &str) -> bool {
+    match kind {
+        Kind::Mutex => b.try_lock(key).await.unwrap().map(drop).is_some(),
+        Kind::Read | Kind::Write => b.rwlock(key).try_write().await.unwrap().map(drop).is_some(),
         Kind::Permit => b
-            .semaphore(KEY, 1)
+            .semaphore(key, 1)
             .try_acquire()
             .await
             .unwrap()
             .map(drop)
             .is_some(),
-    };
-    assert!(
-        free,
-        "{kind:?}: the late acquire copy holds the released key"
-    );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,26 +365,8 @@ async fn a_grant_delayed_past_its_release_record_takes_nothing_every_kind() {
     );
 
     for kind in kinds {
-        let key = key(kind);
-        let free = match kind {
-            Kind::Mutex => b.try_lock(&key).await.unwrap().map(drop).is_some(),
-            Kind::Read | Kind::Write => b
-                .rwlock(&key)
-                .try_write()
-                .await
-                .unwrap()
-                .map(drop)
-                .is_some(),
-            Kind::Permit => b
-                .semaphore(&key, 1)
-                .try_acquire()
-                .await
-                .unwrap()
-                .map(drop)
-                .is_some(),
-        };
         assert!(
-            free,
+            free_for(&b, kind, &key(kind)).await,
             "{kind:?}: the copy delayed past its record holds the released key"
         );
     }
