@@ -131,8 +131,8 @@ impl Election {
     /// ask (between 100 ms and 10 s, each pause drawn within a quarter of it
     /// either way, so that candidates do not ask in step), whatever the locker's
     /// wait timeout. The backend keeps the candidate's place in its queue between
-    /// those asks ([`LockBackend::pace_waits`](crate::backend::LockBackend::pace_waits)),
-    /// so behind a leader that died a candidate asks a few times per TTL. A record
+    /// those asks (the backend interface's `pace_waits`), so behind a leader that
+    /// died a candidate asks a few times per TTL. A record
     /// that cannot be written at once is retried while the leadership is held.
     ///
     /// # Concurrent calls on the same key
