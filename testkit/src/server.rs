@@ -343,8 +343,8 @@ pub fn unique_prefix(name: &str) -> String {
 /// (`…}:rel:<token>`) and instance cards (`<prefix>:inst:<id>`) left out: each
 /// released lease leaves a record, which expires by itself after the release
 /// schedule's window (see `RedisBackendBuilder::response_timeout`), and each
-/// instance keeps a card while it runs (3 minutes after); what must not be left
-/// behind is lock state.
+/// instance keeps a card while it runs (3 minutes after), and the server's life
+/// stays for good; what must not be left behind is lock state.
 pub async fn key_count(server: &RedisServer, pattern: &str) -> usize {
     let mut con = server.connection().await;
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
@@ -353,8 +353,19 @@ pub async fn key_count(server: &RedisServer, pattern: &str) -> usize {
         .await
         .expect("KEYS on the test server");
     keys.iter()
-        .filter(|k| !is_release_record(k) && !is_instance_card(k))
+        .filter(|k| !is_release_record(k) && !is_instance_card(k) && !is_life(k))
         .count()
+}
+
+/// Whether `name` is a server's life, `<prefix>:life` (on a Cluster
+/// `<prefix>:life:{<tag>}`): the one key lockflight keeps for good, which says
+/// which data set the server holds.
+pub fn is_life(name: &[u8]) -> bool {
+    name.ends_with(b":life")
+        || name
+            .windows(7)
+            .rposition(|w| w == b":life:{")
+            .is_some_and(|at| name.ends_with(b"}") && !name[..at].contains(&b'{'))
 }
 
 /// Whether `name` is an instance's card, `<prefix>:inst:<16 hex digits>`.

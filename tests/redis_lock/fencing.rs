@@ -42,12 +42,16 @@ async fn fencing_tokens_increase_across_flushall_and_restart() {
     let key = LockKey::from("fenced");
     let a = backend_at(&server.url(), &prefix).await;
     let b = backend_at(&server.url(), &prefix).await;
+    // Short leases: a restart (and a FLUSHALL) quarantines grants for the
+    // longest lease TTL the instances asked for.
     let lockers = vec![
         Locker::builder(a.clone())
+            .lease_ttl(Duration::from_secs(2))
             .wait_timeout(Duration::from_secs(30))
             .build()
             .unwrap(),
         Locker::builder(b.clone())
+            .lease_ttl(Duration::from_secs(2))
             .wait_timeout(Duration::from_secs(30))
             .handoff(Handoff::enabled())
             .build()
