@@ -210,7 +210,7 @@ mod tests {
     use super::*;
     use crate::error::Phase;
     use crate::key::LockKey;
-    use crate::layer::PROBLEM_JSON;
+    use crate::layer::http::problem::PROBLEM_JSON;
 
     const KEY: &str = "sku:secret-555";
     const REDIS_TEXT: &str = "OOM command not allowed when used memory > 'maxmemory'";
