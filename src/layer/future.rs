@@ -1,4 +1,4 @@
-//! The response future of [`LockService`](super::LockService).
+//! [`Future`] types: the response future of [`LockService`](super::LockService).
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +13,7 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::edge;
-use super::service::WithLockInfo;
+use super::request::WithLockInfo;
 use super::ticket::Ticket;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, Loss};
@@ -24,15 +24,26 @@ use tower::BoxError;
 
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
 
-/// The future returned by [`LockService::call`](super::LockService): waits for the
-/// lock, then drives its own clone of the inner service to readiness and calls it
-/// while holding the lock, and releases the lock when done.
+/// Response future of [`LockService`](super::LockService): waits for the lock,
+/// then drives its own clone of the inner service to readiness and calls it while
+/// holding the lock, and releases the lock when done.
 ///
-/// Dropping it drops the inner future and releases (or hands off) the lock in the
-/// background. If the lock is not obtained, the inner service is never polled.
+/// It owns the guard: dropping it drops the inner future and releases (or hands
+/// off) the lock in the background. If the lock is not obtained, the inner service
+/// is never polled. The lock call inside it is boxed (its future has no name).
+///
+/// Under [`lock_in_handler`](super::LockLayer::lock_in_handler) the handler's
+/// [`Locked`](super::Locked) extractor takes the lock, and this future takes the
+/// guard from it after each poll of the handler, and then owns it as above.
+///
+/// # Cancel safety
+///
+/// Dropping it at any point leaves nothing behind: a lock not yet granted is
+/// given up as [`Locker::lock`](crate::Locker::lock) gives it up, a held one is
+/// released (or handed off) in the background.
 #[pin_project]
 #[must_use = "futures do nothing unless polled"]
-pub(super) struct ResponseFuture<S, Req>
+pub struct ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {

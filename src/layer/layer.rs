@@ -1,37 +1,14 @@
+//! [`LockLayer`]: the layer, and the settings it gives each service.
+
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
 use super::service::LockService;
+#[cfg(feature = "axum")]
+use super::settings::Acquire;
+use super::settings::{MissingKey, Settings};
 use crate::locker::{LockOptions, Locker};
-
-/// What [`LockService`] does with a request whose key extractor finds no key.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum MissingKey {
-    #[default]
-    Reject,
-    RunUnlocked,
-}
-
-/// When the lock is taken: before the handler (the default), or by the handler's
-/// [`Locked`](super::Locked) extractor once the request's body is in and valid.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Acquire {
-    #[default]
-    BeforeHandler,
-    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
-    InHandler,
-}
-
-/// The settings a [`LockLayer`] gives each [`LockService`] (shared, cheap to clone).
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    pub(crate) locker: Locker,
-    pub(crate) missing: MissingKey,
-    pub(crate) options: LockOptions,
-    pub(crate) prefix: Option<Arc<[u8]>>,
-    pub(crate) acquire: Acquire,
-}
 
 /// Applies [`LockService`]: every request runs under the lock of its key.
 ///
@@ -75,13 +52,7 @@ impl<E> LockLayer<E> {
     /// Locks with `locker`, keyed by `extractor`.
     pub fn new(locker: Locker, extractor: E) -> Self {
         LockLayer {
-            settings: Settings {
-                locker,
-                missing: MissingKey::default(),
-                options: LockOptions::default(),
-                prefix: None,
-                acquire: Acquire::default(),
-            },
+            settings: Settings::new(locker),
             extractor,
         }
     }
@@ -164,36 +135,6 @@ impl<E> LockLayer<E> {
     pub fn lock_in_handler(mut self) -> Self {
         self.settings.acquire = Acquire::InHandler;
         self
-    }
-}
-
-#[cfg(feature = "axum")]
-use axum::error_handling::HandleErrorLayer;
-
-#[cfg(feature = "axum")]
-use super::axum::ErrorHandler;
-
-#[cfg(feature = "axum")]
-impl<E> LockLayer<E> {
-    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`](super::handle_error)
-    /// (feature `axum`): its errors become problem responses, and the pair goes
-    /// into `Router::route_layer` in one call.
-    ///
-    /// ```
-    /// use axum::{Router, routing::delete};
-    /// use lockflight::layer::{LockLayer, KeyFrom};
-    /// use lockflight::{Locker, MemoryBackend};
-    ///
-    /// # fn main() -> lockflight::Result<()> {
-    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
-    /// let app: Router = Router::new()
-    ///     .route("/items/{sku}", delete(|| async { "deleted" }))
-    ///     .route_layer(LockLayer::new(locker, KeyFrom::path_param("sku")).handle_errors());
-    /// # let _ = app;
-    /// # Ok(()) }
-    /// ```
-    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
-        (super::axum::error_handler(), self)
     }
 }
 

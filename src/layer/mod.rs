@@ -12,6 +12,9 @@
 //! * [`SharedResponseLayer`] makes concurrent identical reads (same key) share one
 //!   execution and one buffered response.
 //!
+//! Each service has a named response future: [`future::ResponseFuture`] and
+//! [`shared_response::future::ResponseFuture`].
+//!
 //! # With axum
 //!
 //! **Handlers without a body**: the layer takes the lock before the handler runs.
@@ -74,7 +77,7 @@
 //! (`lock_timeout`, `lock_backend_unavailable`, `invalid_key`, …), never the
 //! error's text; the table is on `IntoResponse for Error`. An unreachable backend
 //! is `503 lock_backend_unavailable`, not a lock timeout: see
-//! [Outages](LockService#outages).
+//! [`LockService`'s errors](LockService#errors).
 //!
 //! # Lease loss
 //!
@@ -118,30 +121,21 @@
 // The axum items these docs link to exist with the `axum` feature only.
 #![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
 
-#[cfg(feature = "axum")]
-mod axum;
 mod edge;
-mod future;
-mod key_from;
+pub mod future;
+mod http;
 #[allow(clippy::module_inception)]
 mod layer;
-#[cfg(feature = "axum")]
-mod locked;
-#[cfg(feature = "axum")]
-mod problem;
+mod request;
 mod service;
-mod shared_response;
+mod settings;
+pub mod shared_response;
 mod ticket;
 
+pub use self::http::KeyFrom;
 #[cfg(feature = "axum")]
-pub use self::axum::handle_error;
-#[cfg(feature = "axum")]
-pub use locked::Locked;
-#[cfg(feature = "axum")]
-pub use problem::{PROBLEM_JSON, Problem};
-
+pub use self::http::{Locked, PROBLEM_JSON, Problem, handle_error};
+pub use self::layer::LockLayer;
+pub use self::service::LockService;
+pub use self::shared_response::{SharedResponseLayer, SharedResponseService};
 pub use crate::key::{KeyExtractor, NoKey};
-pub use key_from::KeyFrom;
-pub use layer::LockLayer;
-pub use service::LockService;
-pub use shared_response::{SharedResponseLayer, SharedResponseService};

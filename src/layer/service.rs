@@ -1,66 +1,19 @@
-use std::future::Future;
-use std::pin::Pin;
+//! [`LockService`]: each request runs while holding the lock of its key.
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll};
 
+use tower::BoxError;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::layer::{Acquire, MissingKey, Settings};
+use super::request::WithLockInfo;
+use super::settings::{Acquire, MissingKey, Settings, refusal};
 use super::ticket::Ticket;
 use crate::error::Error;
-use crate::guard::LockInfo;
 use crate::key::{KeyExtractor, LockKey, NoKey};
 use crate::locker::{LockOptions, Locker};
-use tower::BoxError;
-
-/// A request that can carry the [`LockInfo`] of the lock it runs under:
-/// `http::Request<B>` (the info goes into its extensions). Public but unnameable
-/// outside the crate: the layers serve HTTP requests.
-pub trait WithLockInfo {
-    /// Attaches `info` to the request.
-    fn set_lock_info(&mut self, info: LockInfo);
-
-    /// Names the request's route in logs (never its data): for HTTP the method and
-    /// the matched route template (`POST /accounts/{id}/debit`), or the path where
-    /// no router has matched one. The default says only "a request".
-    fn route(&self) -> String {
-        "a request".to_owned()
-    }
-
-    /// The request's HTTP extensions, where
-    /// [`LockLayer::lock_in_handler`](super::LockLayer::lock_in_handler) leaves what
-    /// the handler's [`Locked`](super::Locked) extractor needs to take the lock. The
-    /// default has none, and then the in-handler mode refuses every request.
-    fn http_extensions(&mut self) -> Option<&mut http::Extensions> {
-        None
-    }
-}
-
-impl<B> WithLockInfo for http::Request<B> {
-    fn set_lock_info(&mut self, info: LockInfo) {
-        self.extensions_mut().insert(info);
-    }
-
-    fn route(&self) -> String {
-        #[cfg(feature = "axum")]
-        {
-            let extensions = self.extensions();
-            if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
-                return format!("{} {}", self.method(), matched.as_str());
-            }
-            if let Some(original) = extensions.get::<axum::extract::OriginalUri>() {
-                return format!("{} {}", self.method(), original.path());
-            }
-        }
-        format!("{} {}", self.method(), self.uri().path())
-    }
-
-    fn http_extensions(&mut self) -> Option<&mut http::Extensions> {
-        Some(self.extensions_mut())
-    }
-}
 
 /// Runs each request while holding the lock of its key; see [`LockLayer`](super::LockLayer).
 ///
@@ -68,9 +21,15 @@ impl<B> WithLockInfo for http::Request<B> {
 /// [`key_prefix`](super::LockLayer::key_prefix). A request without one, or whose key is
 /// empty or whitespace only before the prefix, is refused and logged with its route (see
 /// [`LockLayer::run_unlocked_without_key`](super::LockLayer::run_unlocked_without_key)).
-/// `poll_ready` is ready at once; the future of `call` takes the lock, then drives a
-/// clone of the inner service (hence `S: Clone`) to readiness and calls it: bound the
-/// waiting requests outside this layer (per key: the locker's `max_waiters`).
+///
+/// # Readiness
+///
+/// `poll_ready` is ready at once; the future of `call` (a
+/// [`ResponseFuture`]) takes the lock, then drives a clone of the inner service
+/// (hence `S: Clone`) to readiness and calls it: a request waiting for its lock
+/// holds no inner capacity, and one that gets no lock never touches the inner
+/// service. Bound the waiting requests outside this layer (per key: the locker's
+/// `max_waiters`).
 ///
 /// # Errors
 ///
@@ -79,12 +38,14 @@ impl<B> WithLockInfo for http::Request<B> {
 /// ([`Locker::check_backend`]). Under [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the
 /// default) a lost lease drops the inner future and fails with [`Error::LeaseLost`]; under
 /// [`LossPolicy::Signal`](crate::LossPolicy::Signal) the handler runs on and watches the
-/// [`LockInfo::loss`] in the request ([module docs](super#lease-loss)).
+/// [`LockInfo::loss`](crate::guard::LockInfo::loss) in the request ([module docs](super#lease-loss)).
 ///
 /// # Cancel safety
 ///
 /// The guard lives in the response future: it is released (or handed off) when that
 /// future completes or is dropped, not when a streamed response body ends.
+///
+/// [`ResponseFuture`]: super::future::ResponseFuture
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
@@ -100,17 +61,11 @@ impl<S, E> LockService<S, E> {
     /// requests without a key are refused (as [`LockLayer`](super::LockLayer)
     /// makes it by default).
     pub fn new(inner: S, locker: Locker, extractor: E) -> Self {
-        let settings = Settings {
-            locker,
-            missing: MissingKey::Reject,
-            options: LockOptions::default(),
-            prefix: None,
-            acquire: Acquire::default(),
-        };
-        LockService::from_settings(inner, settings, extractor)
+        LockService::from_settings(inner, Settings::new(locker), extractor)
     }
 
-    pub(crate) fn from_settings(inner: S, settings: Settings, extractor: E) -> Self {
+    /// A service with the settings of a [`LockLayer`](super::LockLayer).
+    pub(super) fn from_settings(inner: S, settings: Settings, extractor: E) -> Self {
         LockService {
             inner,
             settings,
@@ -125,9 +80,23 @@ impl<S, E> LockService<S, E> {
         self
     }
 
-    /// The inner service.
+    /// Gets a reference to the inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// Gets a mutable reference to the inner service.
+    ///
+    /// Each request is served by a clone of the inner service taken when it is
+    /// called: a change made here reaches the requests called after it, not those
+    /// already under way.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 
     /// The key of `req` with the layer's prefix.
@@ -135,32 +104,7 @@ impl<S, E> LockService<S, E> {
     where
         E: KeyExtractor<Req>,
     {
-        let key = crate::key::named(self.extractor.extract_key(req)?)?;
-        Ok(match &self.settings.prefix {
-            None => key,
-            Some(prefix) => {
-                let mut bytes = Vec::with_capacity(prefix.len() + key.as_bytes().len());
-                bytes.extend_from_slice(prefix);
-                bytes.extend_from_slice(key.as_bytes());
-                LockKey::from(bytes)
-            }
-        })
-    }
-}
-
-/// The error that refuses a request without a key, logged with its route.
-pub(crate) fn refusal(no_key: &NoKey, route: &str) -> Error {
-    if no_key.is_client_error() {
-        tracing::info!(route, reason = %no_key, "lockflight: guarded request without a lock key refused");
-        Error::InvalidKey {
-            key: LockKey::from(""),
-            reason: format!("{route}: {no_key}"),
-        }
-    } else {
-        tracing::warn!(route, reason = %no_key, "lockflight: the lock layer of this route finds no key; every request is refused");
-        Error::InvalidConfig {
-            reason: format!("the lock layer of {route} finds no key: {no_key}"),
-        }
+        self.settings.key(self.extractor.extract_key(req)?)
     }
 }
 
@@ -174,7 +118,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = ResponseFuture<S, Req>;
 
     /// Always ready: the inner service is polled ready in the response future,
     /// once the lock is held (see [Readiness](LockService#readiness)).
@@ -182,19 +126,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
-        Box::pin(self.start(req))
-    }
-}
-
-impl<S, E> LockService<S, E> {
-    /// The response future of `req`, unboxed.
-    fn start<Req>(&mut self, mut req: Req) -> ResponseFuture<S, Req>
-    where
-        S: Service<Req> + Clone + Send + 'static,
-        E: KeyExtractor<Req>,
-        Req: WithLockInfo + Send + 'static,
-    {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         let inner = self.inner.clone();
         let settings = &self.settings;
         let key = match self.key_of(&mut req) {

@@ -1,10 +1,12 @@
 //! The tower layers with mock inner services: readiness, guard lifetime, key
-//! policies, error mapping, lease loss, and response sharing.
+//! policies, error mapping, lease loss, response sharing, and the named response
+//! futures and accessors.
 
 mod errors;
 mod guard;
 mod loss;
 mod mocks;
+mod named;
 mod readiness;
 mod sharing;
 

@@ -1,18 +1,15 @@
-use std::fmt;
-use std::sync::Arc;
+//! [`SharedResponseService`]: concurrent identical requests share one response.
+
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http_body::Body;
-use http_body_util::{BodyExt, Full};
-use tower::ServiceExt;
+use tower::BoxError;
 use tower_service::Service;
 
+use super::future::ResponseFuture;
 use crate::key::KeyExtractor;
 use crate::locker::Locker;
-use http_body_util::Either;
-use tower::BoxError;
 
 /// Shares one response among concurrent identical requests; see
 /// [`SharedResponseLayer`](super::SharedResponseLayer). A response's body is
@@ -28,7 +25,8 @@ use tower::BoxError;
 /// for its own request when the shared response could not be shared. A request
 /// waiting for its flight or its lock holds no readiness (no `ConcurrencyLimit`
 /// permit, no `Buffer` slot), and a follower never touches the inner service. The
-/// response future is boxed.
+/// response future is a [`ResponseFuture`]: unboxed for a request without a key;
+/// for one with a key it boxes its part in the key's flight.
 #[derive(Clone, Debug)]
 pub struct SharedResponseService<S, E> {
     inner: S,
@@ -47,42 +45,24 @@ impl<S, E> SharedResponseService<S, E> {
             max_body,
         }
     }
-}
 
-/// What one flight's callers share.
-#[derive(Clone)]
-enum FlightOutcome {
-    Response {
-        status: http::StatusCode,
-        version: http::Version,
-        headers: http::HeaderMap,
-        body: Bytes,
-    },
-    /// The leader's response could not be shared (too large or of unknown size):
-    /// everyone else runs their own request.
-    Bypass,
-    Failed(Arc<dyn std::error::Error + Send + Sync>),
-}
-
-/// An inner error shared by every caller of a flight.
-#[derive(Clone)]
-struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
-
-impl fmt::Debug for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
+    /// Gets a reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
     }
-}
 
-impl fmt::Display for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+    /// Gets a mutable reference to the inner service.
+    ///
+    /// Each request is served by a clone of the inner service taken when it is
+    /// called: a change made here reaches the requests called after it, not those
+    /// already under way.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
     }
-}
 
-impl std::error::Error for SharedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 
@@ -96,9 +76,9 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    type Response = http::Response<Either<Full<Bytes>, ResB>>;
+    type Response = http::Response<http_body_util::Either<http_body_util::Full<Bytes>, ResB>>;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+    type Future = ResponseFuture<S, ReqB, ResB>;
 
     /// Always ready: the inner service is polled ready in the response future,
     /// right before it is called (see [Readiness](SharedResponseService#readiness)).
@@ -107,90 +87,16 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<ReqB>) -> Self::Future {
-        let mut service = self.inner.clone();
-        let Ok(key) = self
+        let service = self.inner.clone();
+        match self
             .extractor
             .extract_key(&mut req)
             .and_then(crate::key::named)
-        else {
-            return Box::pin(async move {
-                let res = service.oneshot(req).await.map_err(Into::into)?;
-                Ok(res.map(Either::Right))
-            });
-        };
-        let locker = self.locker.clone();
-        let max_body = self.max_body;
-        Box::pin(async move {
-            let mut req = Some(req);
-            let mut own: Option<http::Response<ResB>> = None;
-            let shared = locker
-                .singleflight(key.clone(), || {
-                    let (req, own, service) = (req.take(), &mut own, &mut service);
-                    async move {
-                        let Some(req) = req else {
-                            return FlightOutcome::Bypass;
-                        };
-                        let call = match service.ready().await {
-                            Ok(ready) => ready.call(req),
-                            Err(e) => return FlightOutcome::Failed(Arc::from(e.into())),
-                        };
-                        let res = match call.await {
-                            Ok(res) => res,
-                            Err(e) => return FlightOutcome::Failed(Arc::from(e.into())),
-                        };
-                        let fits = res
-                            .body()
-                            .size_hint()
-                            .exact()
-                            .is_some_and(|n| n <= max_body as u64);
-                        if !fits {
-                            *own = Some(res);
-                            return FlightOutcome::Bypass;
-                        }
-                        let (parts, body) = res.into_parts();
-                        match body.collect().await {
-                            Ok(collected) => FlightOutcome::Response {
-                                status: parts.status,
-                                version: parts.version,
-                                headers: parts.headers,
-                                body: collected.to_bytes(),
-                            },
-                            Err(e) => FlightOutcome::Failed(Arc::from(e.into())),
-                        }
-                    }
-                })
-                .await?;
-            match shared {
-                FlightOutcome::Response {
-                    status,
-                    version,
-                    headers,
-                    body,
-                } => {
-                    let mut res = http::Response::new(Either::Left(Full::new(body)));
-                    *res.status_mut() = status;
-                    *res.version_mut() = version;
-                    *res.headers_mut() = headers;
-                    Ok(res)
-                }
-                FlightOutcome::Failed(e) => Err(Box::new(SharedError(e)) as BoxError),
-                FlightOutcome::Bypass => {
-                    if let Some(res) = own {
-                        return Ok(res.map(Either::Right));
-                    }
-                    // Our closure never ran: run our own request, under the lock
-                    // like every read of this layer.
-                    let req = req
-                        .take()
-                        .ok_or("lockflight: shared-response request lost")?;
-                    let res = locker
-                        .with_lock(key, |_| async move {
-                            service.oneshot(req).await.map_err(Into::into)
-                        })
-                        .await??;
-                    Ok(res.map(Either::Right))
-                }
+        {
+            Ok(key) => {
+                ResponseFuture::shared(self.locker.clone(), key, service, req, self.max_body)
             }
-        })
+            Err(_) => ResponseFuture::alone(service, req),
+        }
     }
 }

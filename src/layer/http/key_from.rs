@@ -1,5 +1,10 @@
 //! [`KeyFrom`]: where in an HTTP request the lock key is.
 
+#[cfg(feature = "axum")]
+use axum::extract::FromRequestParts;
+#[cfg(feature = "axum")]
+use futures::FutureExt;
+
 use crate::key::{KeyExtractor, LockKey, NoKey};
 
 /// Where in an HTTP request the lock key is: a header, a path segment, or (feature
@@ -28,7 +33,7 @@ enum Place {
     Header(http::HeaderName),
     Segment(usize),
     #[cfg(feature = "axum")]
-    Param(super::axum::PathParam),
+    Param(PathParam),
 }
 
 impl KeyFrom {
@@ -65,7 +70,7 @@ impl KeyFrom {
     /// ```
     #[cfg(feature = "axum")]
     pub fn path_param(name: &str) -> Self {
-        KeyFrom(Place::Param(super::axum::PathParam::new(name)))
+        KeyFrom(Place::Param(PathParam::new(name)))
     }
 }
 
@@ -98,6 +103,72 @@ impl<B> KeyExtractor<http::Request<B>> for KeyFrom {
                 .ok_or_else(|| NoKey::client(format!("the path has no segment {index}"))),
             #[cfg(feature = "axum")]
             Place::Param(param) => param.value_in(req.extensions_mut()),
+        }
+    }
+}
+
+/// The key in a named parameter of the matched axum route (see
+/// [`KeyFrom::path_param`]).
+#[cfg(feature = "axum")]
+#[derive(Clone, Debug)]
+struct PathParam {
+    name: String,
+}
+
+#[cfg(feature = "axum")]
+impl PathParam {
+    fn new(name: &str) -> Self {
+        PathParam {
+            name: name.to_owned(),
+        }
+    }
+
+    /// The parameter's value from the router's parameters in `extensions`.
+    fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
+        let mut parts = http::Request::new(()).into_parts().0;
+        std::mem::swap(&mut parts.extensions, extensions);
+        let params =
+            axum::extract::RawPathParams::from_request_parts(&mut parts, &()).now_or_never();
+        std::mem::swap(&mut parts.extensions, extensions);
+        let params = match params {
+            Some(Ok(params)) => params,
+            Some(Err(
+                axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
+            )) => {
+                return Err(NoKey::client(format!(
+                    "a path parameter is not UTF-8 once percent-decoded (the key is `{}`)",
+                    self.name
+                )));
+            }
+            _ => {
+                return Err(NoKey::route(format!(
+                    "no path parameters: the router has not matched a route yet \
+                     (install the lock layer on the routes with Router::route_layer, not around \
+                     the router) and the key is path parameter `{}`",
+                    self.name
+                )));
+            }
+        };
+        let found = params.iter().find(|(name, _)| *name == self.name);
+        match found {
+            Some((_, value)) => Ok(LockKey::from(value)),
+            None => {
+                let names: Vec<&str> = params.iter().map(|(name, _)| name).collect();
+                Err(NoKey::route(if names.is_empty() {
+                    format!(
+                        "the route has no path parameter `{}` (it has none: is the lock \
+                         layer around a router instead of on its routes, with \
+                         Router::route_layer?)",
+                        self.name
+                    )
+                } else {
+                    format!(
+                        "the route has no path parameter `{}` (it has: {})",
+                        self.name,
+                        names.join(", ")
+                    )
+                }))
+            }
         }
     }
 }

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problem details response:
-/// the one body format of every response the lock layer, [`Locked`](super::Locked)
-/// and [`handle_error`](super::handle_error) produce (feature `axum`).
+/// the one body format of every response the lock layer, [`Locked`](crate::layer::Locked)
+/// and [`handle_error`](crate::layer::handle_error) produce (feature `axum`).
 ///
 /// ```json
 /// {"type":"about:blank","title":"Service Unavailable","status":503,

@@ -1,16 +1,18 @@
 //! axum integration (feature `axum`): problem responses for lockflight's errors,
-//! and a key extractor for a route's path parameter.
+//! [`handle_error`], and the layers' `handle_errors()`.
+//!
+//! The `handle_errors()` methods of [`LockLayer`] and [`SharedResponseLayer`] are
+//! written here, so that the layers import nothing of the HTTP side.
 
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use futures::FutureExt;
+use tower::BoxError;
 
 use super::problem::Problem;
 use crate::error::Error;
-use crate::key::{LockKey, NoKey};
-use tower::BoxError;
+use crate::layer::edge::is_outage;
+use crate::layer::{LockLayer, SharedResponseLayer};
 
 /// The status of `e`: the table in the docs of `IntoResponse for Error`.
 /// Exhaustive on purpose: a new variant does not compile until it has a status.
@@ -80,7 +82,7 @@ impl From<&Error> for Problem {
     /// ```
     fn from(e: &Error) -> Problem {
         let problem = Problem::new(status(e), e.code()).detail(detail(e));
-        if is_busy(e) || super::edge::is_outage(e) {
+        if is_busy(e) || is_outage(e) {
             problem.retry_after(1)
         } else {
             problem
@@ -115,13 +117,13 @@ impl IntoResponse for Error {
     /// | [`Error::Unsupported`] | 500 | `lock_unsupported` |
     /// | [`Error::PermitMismatch`] | 500 | `permit_mismatch` |
     /// | any other error, in [`handle_error`] | 500 | `internal` |
-    /// | a body the [`Locked`](super::Locked) extractor's inner extractor refused | its status | `invalid_request` |
+    /// | a body the [`Locked`](crate::layer::Locked) extractor's inner extractor refused | its status | `invalid_request` |
     ///
     /// The codes are part of the API: they change only in a breaking release.
     fn into_response(self) -> Response {
         let problem = Problem::from(&self);
         let (status, code) = (problem.status(), problem.code());
-        if status.is_server_error() && !is_busy(&self) && !super::edge::is_outage(&self) {
+        if status.is_server_error() && !is_busy(&self) && !is_outage(&self) {
             tracing::warn!(code, status = status.as_u16(), error = %self, "lockflight error response");
         } else {
             tracing::debug!(code, status = status.as_u16(), error = %self, "lockflight error response");
@@ -134,7 +136,7 @@ impl IntoResponse for Error {
 /// their [`IntoResponse`] (see the table there), anything else as a 500 whose
 /// `code` is `internal`. The full error goes to `tracing`, never to the client.
 ///
-/// [`LockLayer::handle_errors`](super::LockLayer::handle_errors) puts it in front
+/// [`LockLayer::handle_errors`] puts it in front
 /// of lockflight's layers; for services of your own, use
 /// `axum::error_handling::HandleErrorLayer::new(handle_error)`.
 ///
@@ -149,8 +151,39 @@ pub async fn handle_error(err: BoxError) -> Response {
 /// `HandleErrorLayer` with [`handle_error`], as a nameable function.
 pub(crate) type ErrorHandler = fn(BoxError) -> std::future::Ready<Response>;
 
-pub(crate) fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
+fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
     HandleErrorLayer::new(|err| std::future::ready(error_response(err)))
+}
+
+impl<E> LockLayer<E> {
+    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`]
+    /// (feature `axum`): its errors become problem responses, and the pair goes
+    /// into `Router::route_layer` in one call.
+    ///
+    /// ```
+    /// use axum::{Router, routing::delete};
+    /// use lockflight::layer::{LockLayer, KeyFrom};
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// # fn main() -> lockflight::Result<()> {
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/items/{sku}", delete(|| async { "deleted" }))
+    ///     .route_layer(LockLayer::new(locker, KeyFrom::path_param("sku")).handle_errors());
+    /// # let _ = app;
+    /// # Ok(()) }
+    /// ```
+    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
+        (error_handler(), self)
+    }
+}
+
+impl<E> SharedResponseLayer<E> {
+    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`]
+    /// (feature `axum`), as [`LockLayer::handle_errors`].
+    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
+        (error_handler(), self)
+    }
 }
 
 /// [`handle_error`], without the future.
@@ -166,69 +199,6 @@ pub(crate) fn error_response(err: BoxError) -> Response {
     }
 }
 
-/// The key in a named parameter of the matched axum route (see
-/// [`KeyFrom::path_param`](super::KeyFrom::path_param)).
-#[derive(Clone, Debug)]
-pub(crate) struct PathParam {
-    name: String,
-}
-
-impl PathParam {
-    pub(crate) fn new(name: &str) -> Self {
-        PathParam {
-            name: name.to_owned(),
-        }
-    }
-
-    /// The parameter's value from the router's parameters in `extensions`.
-    pub(crate) fn value_in(&self, extensions: &mut http::Extensions) -> Result<LockKey, NoKey> {
-        let mut parts = http::Request::new(()).into_parts().0;
-        std::mem::swap(&mut parts.extensions, extensions);
-        let params = RawPathParams::from_request_parts(&mut parts, &()).now_or_never();
-        std::mem::swap(&mut parts.extensions, extensions);
-        let params = match params {
-            Some(Ok(params)) => params,
-            Some(Err(
-                axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
-            )) => {
-                return Err(NoKey::client(format!(
-                    "a path parameter is not UTF-8 once percent-decoded (the key is `{}`)",
-                    self.name
-                )));
-            }
-            _ => {
-                return Err(NoKey::route(format!(
-                    "no path parameters: the router has not matched a route yet \
-                     (install the lock layer on the routes with Router::route_layer, not around \
-                     the router) and the key is path parameter `{}`",
-                    self.name
-                )));
-            }
-        };
-        let found = params.iter().find(|(name, _)| *name == self.name);
-        match found {
-            Some((_, value)) => Ok(LockKey::from(value)),
-            None => {
-                let names: Vec<&str> = params.iter().map(|(name, _)| name).collect();
-                Err(NoKey::route(if names.is_empty() {
-                    format!(
-                        "the route has no path parameter `{}` (it has none: is the lock \
-                         layer around a router instead of on its routes, with \
-                         Router::route_layer?)",
-                        self.name
-                    )
-                } else {
-                    format!(
-                        "the route has no path parameter `{}` (it has: {})",
-                        self.name,
-                        names.join(", ")
-                    )
-                }))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -239,7 +209,8 @@ mod tests {
 
     use super::*;
     use crate::error::Phase;
-    use crate::layer::PROBLEM_JSON;
+    use crate::key::LockKey;
+    use crate::layer::http::problem::PROBLEM_JSON;
 
     const KEY: &str = "sku:secret-555";
     const REDIS_TEXT: &str = "OOM command not allowed when used memory > 'maxmemory'";

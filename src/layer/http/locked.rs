@@ -5,18 +5,18 @@ use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::Problem;
-use super::service::WithLockInfo;
-use super::ticket::Ticket;
+use super::problem::{PROBLEM_JSON, Problem};
 use crate::error::Error;
 use crate::guard::LockInfo;
+use crate::layer::request::WithLockInfo;
+use crate::layer::ticket::Ticket;
 
 /// The longest rejection text of the inner extractor quoted in the response.
 const MAX_DETAIL: usize = 1024;
 
 /// The body extractor `T`, run first, and then the lock of the route's key: the
 /// handler's **last** argument on a route behind
-/// [`LockLayer::lock_in_handler`](super::LockLayer::lock_in_handler).
+/// [`LockLayer::lock_in_handler`](crate::layer::LockLayer::lock_in_handler).
 ///
 /// `T` receives and validates the body (a `Json<Debit>` parses, a `Form<_>` decodes)
 /// while no lock is held; a request that `T` refuses takes no lock. Then the lock is
@@ -110,7 +110,7 @@ async fn invalid_request(rejection: Response) -> Response {
     let is_problem = rejection
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes() == super::PROBLEM_JSON.as_bytes());
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes());
     if is_problem {
         return rejection;
     }
