@@ -11,8 +11,8 @@ use super::names::Names;
 use super::reply::{int, text};
 use crate::error::{Error, Phase, Result};
 use crate::fence::FencedKey;
-use crate::guard::FencingToken;
 use crate::key::LockKey;
+use crate::lease::FencingToken;
 
 static FORCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));

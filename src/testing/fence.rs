@@ -13,8 +13,8 @@ use super::resources::{Answer, Field, Value, Write};
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::fence::{Fenced, FencedKey, WriteId, foreign, no_fields, refused, ttl_millis};
-use crate::guard::FencingToken;
 use crate::key::LockKey;
+use crate::lease::FencingToken;
 
 /// A resource guarded by fencing tokens, kept in memory by a
 /// [`SimServer`](super::SimServer): the test kit's

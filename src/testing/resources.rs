@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fence::WriteId;
-use crate::guard::FencingToken;
+use crate::lease::FencingToken;
 
 /// The write ids a write record keeps once it trims (the newest, by id order).
 const KEEP: usize = 64;
