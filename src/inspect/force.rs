@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
-use super::Inspector;
+use super::inspector::Inspector;
 use super::names::Names;
 use super::reply::{int, text};
 use crate::error::{Error, Phase, Result};

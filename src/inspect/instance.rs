@@ -2,7 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::Inspector;
+use super::inspector::Inspector;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 

@@ -2,7 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::Inspector;
+use super::inspector::Inspector;
 use super::names::{Names, parse_name};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;

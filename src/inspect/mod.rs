@@ -34,6 +34,7 @@
 //! name) from the card each instance keeps while it runs.
 
 mod force;
+mod inspector;
 mod instance;
 mod list;
 mod names;
@@ -41,41 +42,7 @@ mod reply;
 mod state;
 
 pub use force::ForcedRelease;
+pub use inspector::Inspector;
 pub use instance::InstanceCard;
 pub use list::{ListedKey, Listing};
 pub use state::{KeyState, LeaseState, MEMBERS_SHOWN, WaiterState};
-
-use crate::key::LockKey;
-use names::Names;
-
-/// Reads and operates on lockflight's Redis names under one prefix.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Inspector {
-    prefix: String,
-}
-
-impl Inspector {
-    /// An inspector of the names under `prefix` (the backend's; default
-    /// `lockflight`).
-    pub fn new(prefix: impl Into<String>) -> Inspector {
-        Inspector {
-            prefix: prefix.into(),
-        }
-    }
-
-    /// The prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The Redis name of the mutex of `key` (every other name of the key extends it).
-    ///
-    /// ```
-    /// use lockflight::inspect::Inspector;
-    ///
-    /// assert_eq!(Inspector::new("app").lock_name(&"a{b}".into()), b"app:{a%7Bb%7D}");
-    /// ```
-    pub fn lock_name(&self, key: &LockKey) -> Vec<u8> {
-        Names::new(&self.prefix, key).base
-    }
-}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
-use super::Inspector;
+use super::inspector::Inspector;
 use super::names::Names;
 use super::reply::{int, millis, pairs, text};
 use crate::election::LeaderInfo;

@@ -78,7 +78,8 @@ impl SimFencedKey {
     /// As [`FencedKey::new`]: [`Error::InvalidKey`] when the name is empty, longer
     /// than [`LockKey::MAX_LEN`], or has no hash tag but contains `}`.
     pub fn new(resource: impl Into<Vec<u8>>) -> Result<SimFencedKey> {
-        super::SimServer::new().fenced_key(resource)
+        // A server of its own is a fresh `Shared` (what `SimServer::new` holds).
+        SimFencedKey::on(Arc::default(), resource.into())
     }
 
     pub(super) fn on(shared: Arc<Shared>, resource: Vec<u8>) -> Result<SimFencedKey> {

@@ -49,12 +49,10 @@ use std::time::Duration;
 use crate::proxy::FaultProxy;
 use crate::report::{Check, Verdict, plural, print_checks};
 use crate::{EXIT_FAILED, connect, progress, redact};
-use paused::paused_client;
+use paused::{PAUSED_TTL, paused_client};
 use subject::{Subject, instance, through_proxy};
-use workload::{cleanup, exercise};
+use workload::{TASKS_PER_INSTANCE, cleanup, exercise};
 
-const KEYS: usize = 3;
-const TASKS_PER_INSTANCE: usize = 8;
 /// Critical sections per task in the many-waiters phase, and under lost replies.
 const ROUNDS: usize = 40;
 const ROUNDS_LOST_REPLIES: usize = 15;
@@ -62,8 +60,6 @@ const ROUNDS_LOST_REPLIES: usize = 15;
 /// and at most how many do.
 const CUT_PER_MILLE: u32 = 100;
 const CUT_BUDGET: u64 = 12;
-/// The paused instance's lease TTL.
-const PAUSED_TTL: Duration = Duration::from_secs(1);
 
 /// `lockflight selfcheck`.
 pub(crate) async fn run(url: &str, budget: Duration, json: bool) -> Result<u8, String> {

@@ -6,9 +6,11 @@ use std::time::Duration;
 use lockflight::fence::{Fenced, FencedKey};
 use tokio::time::Instant;
 
-use super::PAUSED_TTL;
 use super::subject::{Release, Subject};
 use crate::report::Check;
+
+/// The paused instance's lease TTL.
+pub(super) const PAUSED_TTL: Duration = Duration::from_secs(1);
 
 /// The paused-client phase (module docs, phase 3): `paused` takes the key and
 /// writes, then is paused; `next` takes the key; `paused` resumes and writes

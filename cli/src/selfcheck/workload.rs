@@ -11,8 +11,10 @@ use lockflight::fence::{Fenced, FencedKey};
 use tokio::time::Instant;
 
 use super::subject::{Release, Subject};
-use super::{KEYS, TASKS_PER_INSTANCE};
 use crate::report::{Check, plural};
+
+pub(super) const KEYS: usize = 3;
+pub(super) const TASKS_PER_INSTANCE: usize = 8;
 
 /// What a run of the workload found.
 #[derive(Debug, Default)]

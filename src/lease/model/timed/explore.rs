@@ -2,7 +2,10 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use super::*;
+use super::bag::Bag;
+use super::parts::*;
+use super::server::Server;
+use super::state::State;
 
 pub(super) struct Explorer {
     pub(super) config: Config,
@@ -248,4 +251,28 @@ impl Explorer {
             states: self.seen.len(),
         }
     }
+}
+
+/// What an exploration found, and how many states it visited.
+pub(crate) struct Explored {
+    /// Each finding with the first (shortest) trace that reached it.
+    pub(crate) found: Vec<(Finding, Vec<String>)>,
+    pub(crate) states: usize,
+}
+
+impl Explored {
+    pub(crate) fn kinds(&self) -> Vec<Finding> {
+        self.found.iter().map(|(f, _)| *f).collect()
+    }
+}
+
+/// Explores every state `config` allows.
+pub(crate) fn explore(config: Config) -> Explored {
+    Explorer {
+        config,
+        seen: HashSet::new(),
+        parents: Vec::new(),
+        found: Vec::new(),
+    }
+    .run()
 }

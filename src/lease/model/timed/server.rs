@@ -1,6 +1,6 @@
 //! The server's side: its keys of one lock, its clock's past, its life and gate.
 
-use super::*;
+use super::parts::*;
 
 /// The server's keys of one lock, and its clock's past that matters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

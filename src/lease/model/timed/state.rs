@@ -1,6 +1,8 @@
 //! A state of the whole system: the server, the tasks, the requests and replies on the wire.
 
-use super::*;
+use super::bag::Bag;
+use super::parts::*;
+use super::server::Server;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct State {
