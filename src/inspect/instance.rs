@@ -67,10 +67,11 @@ impl std::fmt::Display for InstanceCard {
 }
 
 impl Inspector {
-    /// The card of the instance `id` (16 hex digits, as [`LeaseState::instance`]
-    /// and [`WaiterState::instance`] give it): who it is. `None` when it has no
-    /// card: its process stopped more than 3 minutes ago, or it runs a lockflight
-    /// without cards.
+    /// The card of the instance `id` (16 hex digits, as
+    /// [`LeaseState::instance`](super::LeaseState::instance) and
+    /// [`WaiterState::instance`](super::WaiterState::instance) give it): who it
+    /// is. `None` when it has no card: its process stopped more than 3 minutes
+    /// ago, or it runs a lockflight without cards.
     ///
     /// # Errors
     ///
