@@ -8,7 +8,9 @@
 //! future and [`FencingToken`]s.
 
 // The guards are defined with what they hold: the lease's view with the lease
-// (`lease::view`), the guards with their lock (`locker`, `multi`).
+// (`lease::view`), the guards with their lock (`locker`, `multi`). This module
+// is only their public path: it sits above `multi`, and the crate's own code
+// below it imports the defining modules, so its imports run down.
 pub use crate::lease::{FencingToken, LockInfo, Loss, LossSignal};
 pub use crate::locker::LockGuard;
 pub use crate::multi::MultiGuard;

@@ -383,9 +383,9 @@ impl LockOptions {
         call: &str,
         key: &crate::key::LockKey,
         default_wait: Duration,
-    ) -> crate::Result<Option<Duration>> {
+    ) -> Result<Option<Duration>> {
         if self.lease_ttl.is_some() {
-            return Err(crate::Error::config(format!(
+            return Err(Error::config(format!(
                 "{call}({key}): a per-call lease TTL is for the exclusive lock only"
             )));
         }

@@ -15,8 +15,8 @@ use super::record::{LeaderInfo, decode, encode};
 use super::run::{self, Stopped};
 use super::signals;
 use crate::error::{Error, Result};
-use crate::guard::LossSignal;
 use crate::key::LockKey;
+use crate::lease::LossSignal;
 use crate::locker::Locker;
 
 /// The longest identity, in bytes.
@@ -429,6 +429,7 @@ fn pace(ttl: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryBackend;
 
     #[test]
     fn the_pace_is_a_third_of_the_ttl_bounded_and_jittered() {
@@ -458,9 +459,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_invalid_identity_is_refused_naming_the_key() {
-        let locker = Locker::builder(crate::MemoryBackend::new())
-            .build()
-            .unwrap();
+        let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
         for bad in [
             String::new(),
             "x".repeat(MAX_IDENTITY_LEN + 1),
@@ -481,9 +480,7 @@ mod tests {
 
     #[tokio::test]
     async fn local_candidates_take_turns_and_the_record_follows() {
-        let locker = Locker::builder(crate::MemoryBackend::new())
-            .build()
-            .unwrap();
+        let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
         let a = locker.election("jobs").identity("a");
         let b = locker.election("jobs").identity("b");
         let first = a.campaign().await.unwrap();

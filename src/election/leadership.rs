@@ -11,7 +11,7 @@ use super::record::LeaderInfo;
 use super::signals;
 use crate::backend::LockBackend;
 use crate::error::Result;
-use crate::guard::{FencingToken, Loss, LossSignal};
+use crate::lease::{FencingToken, Loss, LossSignal};
 use crate::locker::{LockGuard, Locker};
 
 /// The leadership of a term, won by [`Election::campaign`](super::Election::campaign).

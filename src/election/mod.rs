@@ -57,7 +57,8 @@ pub use run::{StopCause, Stopped};
 mod tests {
     use std::time::Duration;
 
-    use crate::Locker;
+    use crate::backend::MemoryBackend;
+    use crate::locker::Locker;
 
     use super::Observed;
 
@@ -68,8 +69,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_observer_follows_announced_changes_without_time_passing() {
         let ttl = Duration::from_secs(60);
-        let memory = crate::MemoryBackend::new();
-        let build = |backend: crate::MemoryBackend| {
+        let memory = MemoryBackend::new();
+        let build = |backend: MemoryBackend| {
             Locker::builder(backend)
                 .lease_ttl(ttl)
                 .renew_every(ttl / 4)
@@ -119,9 +120,7 @@ mod tests {
 
     #[test]
     fn observe_outside_a_runtime_does_not_panic() {
-        let locker = Locker::builder(crate::MemoryBackend::new())
-            .build()
-            .unwrap();
+        let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
         let mut seen = locker.election("jobs").observe();
         assert_eq!(seen.current(), None);
         assert_eq!(

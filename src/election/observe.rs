@@ -303,7 +303,7 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
-    use crate::guard::FencingToken;
+    use crate::lease::FencingToken;
 
     fn leader(epoch: u64) -> LeaderInfo {
         LeaderInfo {

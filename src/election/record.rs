@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::guard::FencingToken;
+use crate::lease::FencingToken;
 
 /// Who leads an election: read from the leader record by
 /// [`Election::leader`](super::Election::leader) and

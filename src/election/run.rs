@@ -23,8 +23,8 @@ use futures::FutureExt;
 
 use super::leadership::Leadership;
 use super::record::LeaderInfo;
-use crate::guard::LossSignal;
 use crate::key::LockKey;
+use crate::lease::LossSignal;
 use crate::locker::LossPolicy;
 
 /// What the stop hook of [`Election::run_with_stop`](super::Election::run_with_stop)

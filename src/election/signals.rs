@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use super::LeaderInfo;
-use crate::guard::FencingToken;
 use crate::key::LockKey;
+use crate::lease::FencingToken;
 
 pub(super) fn gained(key: &LockKey, info: &LeaderInfo, waited: Duration) {
     tracing::info!(

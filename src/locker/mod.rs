@@ -591,14 +591,16 @@ mod tests {
 
     use tokio::time::Instant;
 
+    use crate::backend::MemoryBackend;
     use crate::error::Phase;
-    use crate::{Error, LockOptions, Locker, MemoryBackend};
+    use crate::error::{Error, Result};
+    use crate::locker::{LockGuard, Locker};
+    use crate::settings::LockOptions;
 
     fn waiting(
         locker: &Locker,
         wait: u64,
-    ) -> impl std::future::Future<Output = (crate::Result<crate::LockGuard>, Duration)> + Send + 'static
-    {
+    ) -> impl std::future::Future<Output = (Result<LockGuard>, Duration)> + Send + 'static {
         let locker = locker.clone();
         async move {
             let start = Instant::now();
@@ -608,7 +610,7 @@ mod tests {
         }
     }
 
-    fn timed_out(got: crate::Result<crate::LockGuard>) -> Duration {
+    fn timed_out(got: Result<LockGuard>) -> Duration {
         match got {
             Err(Error::Timeout {
                 phase: Phase::WaitingLocally,

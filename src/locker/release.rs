@@ -405,7 +405,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use crate::{Handoff, Locker, MemoryBackend};
+    use crate::backend::MemoryBackend;
+    use crate::locker::Locker;
+    use crate::settings::Handoff;
 
     /// With a long linger and no revocation (the memory backend sends none, as
     /// Redlock), a cached lease is released once it can no longer be handed on,

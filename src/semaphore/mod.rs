@@ -69,6 +69,7 @@ use crate::key::LockKey;
 use crate::lease::LeaseKind;
 use crate::lease::acquire::{Armed, Ask, acquire};
 use crate::lease::engine::deadline_after;
+use crate::settings::LockOptions;
 mod permit;
 mod requests;
 
@@ -197,7 +198,7 @@ impl Semaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
-    pub async fn acquire_with_options(&self, options: crate::LockOptions) -> Result<Permit> {
+    pub async fn acquire_with_options(&self, options: LockOptions) -> Result<Permit> {
         let default_wait = self.semaphores.config.wait_timeout;
         match options.wait_at_locker_ttl("acquire_with_options", &self.key, default_wait)? {
             Some(wait) => self.acquire_within(wait).await,
@@ -309,8 +310,9 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::Locker;
     use crate::backend::memory::MemoryBackend;
+    use crate::locker::Locker;
+    use crate::settings::Handoff;
 
     fn locker(max_waiters: usize) -> Locker {
         Locker::builder(MemoryBackend::new())
@@ -457,7 +459,7 @@ mod tests {
     async fn a_released_permit_goes_to_the_next_local_waiter_within_the_budget() {
         let locker = Locker::builder(MemoryBackend::new())
             .lease_ttl(Duration::from_secs(3))
-            .handoff(crate::Handoff::enabled().max_consecutive(2))
+            .handoff(Handoff::enabled().max_consecutive(2))
             .build()
             .unwrap();
         let sem = locker.semaphore("k", 1);
@@ -502,7 +504,7 @@ mod tests {
     /// other waiting instances).
     #[tokio::test(start_paused = true)]
     async fn a_lost_permit_or_handoff_off_goes_back_to_the_backend() {
-        for handoff in [crate::Handoff::enabled(), crate::Handoff::disabled()] {
+        for handoff in [Handoff::enabled(), Handoff::disabled()] {
             let locker = Locker::builder(MemoryBackend::new())
                 .lease_ttl(Duration::from_secs(3))
                 .handoff(handoff)

@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::fault::Op;
-use super::server::{Instance, Requests, Shared};
+use super::requests::Requests;
+use super::shared::{Instance, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{

@@ -126,9 +126,13 @@
 mod backend;
 mod fault;
 mod fence;
+mod requests;
+mod resources;
 mod server;
+mod shared;
 
 pub use backend::SimBackend;
 pub use fault::{FaultBuilder, Message, Op};
 pub use fence::SimFencedKey;
-pub use server::{Requests, SimServer};
+pub use requests::Requests;
+pub use server::SimServer;

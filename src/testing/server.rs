@@ -1,24 +1,21 @@
-//! The simulated server: the locks every instance shares, the faults turned on,
-//! the outages, the release records and the request counters.
+//! The simulated server: the handle tests hold, over what its instances share
+//! (`shared.rs`): instances, faults, outages, a restart, the request counters.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::backend::SimBackend;
-use super::fault::{FaultBuilder, Message, MessageFault, Op, RequestFault, Rules};
-use super::fence::{Resources, SimFencedKey};
-use crate::backend::{LeaseToken, LockKind, MemoryBackend, WakeRegistry};
-use crate::error::{Error, Result};
+use super::fault::FaultBuilder;
+use super::fence::SimFencedKey;
+use super::requests::{Counters, Requests};
+use super::shared::{Instance, Outage, Shared};
+use crate::backend::WakeRegistry;
+use crate::error::Result;
 use crate::key::LockKey;
-
-/// How long the server remembers a release, for a repeated release of the same
-/// lease to report it (as the Redis scripts' release records do).
-const RECORD_TTL: Duration = Duration::from_secs(11);
 
 /// A simulated lock server on Tokio's clock, with fault knobs: a stand-in for
 /// Redis in tests of code that holds locks.
@@ -55,116 +52,6 @@ impl fmt::Debug for SimServer {
             .finish_non_exhaustive()
     }
 }
-
-/// How many requests of each kind reached the server (or an instance), whatever
-/// happened to them: a failed or unanswered request counts.
-///
-/// Each request is one round trip to Redis, except renewals: the watchdog
-/// renews a locker's due leases together, which Redis does in one script call
-/// per batch and the kit counts per lease.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Requests {
-    /// Acquires ([`Op::Acquire`]).
-    pub acquire: u64,
-    /// Renewals, one per lease ([`Op::Renew`]).
-    pub renew: u64,
-    /// Releases ([`Op::Release`]).
-    pub release: u64,
-    /// Waiters leaving a queue ([`Op::Leave`]).
-    pub leave: u64,
-    /// Leader record writes, reads and deletes ([`Op::Leader`]).
-    pub leader: u64,
-    /// Requests of fenced keys ([`Op::Fenced`]): counted by the server only, as
-    /// they come from no instance.
-    pub fenced: u64,
-}
-
-impl Requests {
-    /// All requests.
-    pub fn total(&self) -> u64 {
-        self.acquire + self.renew + self.release + self.leave + self.leader + self.fenced
-    }
-}
-
-/// Request counters, one per [`Op`].
-#[derive(Debug, Default)]
-pub(super) struct Counters([AtomicU64; Op::ALL.len()]);
-
-impl Counters {
-    pub(super) fn count(&self, op: Op) {
-        self.0[op.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(super) fn snapshot(&self) -> Requests {
-        let [acquire, renew, release, leave, leader, fenced] =
-            Op::ALL.map(|op| self.0[op.index()].load(Ordering::Relaxed));
-        Requests {
-            acquire,
-            renew,
-            release,
-            leave,
-            leader,
-            fenced,
-        }
-    }
-}
-
-/// One instance's end of the server: its identity, its message channel (the
-/// registry its lockers wait on) and its counters.
-#[derive(Debug)]
-pub(super) struct Instance {
-    pub(super) id: u64,
-    pub(super) wakeups: WakeRegistry,
-    pub(super) requests: Counters,
-}
-
-/// An outage: until when, and whether requests hang (rather than fail) until then.
-#[derive(Clone, Copy, Debug)]
-struct Outage {
-    until: Instant,
-    hang: bool,
-}
-
-/// What every handle of one server shares.
-#[derive(Debug)]
-pub(super) struct Shared {
-    /// The locks: every instance's backend is a clone of it. Its epochs are
-    /// floored by the server's clock: Tokio's, from the server's creation.
-    pub(super) memory: MemoryBackend,
-    /// The fenced keys' values, fences and write records.
-    pub(super) resources: Resources,
-    pub(super) rules: Rules,
-    instances: Mutex<Vec<Weak<Instance>>>,
-    outage: Mutex<Option<Outage>>,
-    /// Released lease tokens, until when their record lives.
-    records: Mutex<HashMap<LeaseToken, Instant>>,
-    pub(super) requests: Counters,
-    last_instance: AtomicU64,
-    /// After a restart, until when nothing is granted (as a Redis restarted
-    /// without its data quarantines its grants: `backend/redis/life.rs`).
-    quarantine: Mutex<Option<Instant>>,
-    /// The longest lease TTL asked for, in ms: the quarantine after a restart.
-    longest_ttl_ms: AtomicU64,
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Shared {
-            memory: MemoryBackend::with_virtual_clock(),
-            resources: Resources::default(),
-            rules: Rules::default(),
-            instances: Mutex::default(),
-            outage: Mutex::default(),
-            records: Mutex::default(),
-            requests: Counters::default(),
-            last_instance: AtomicU64::default(),
-            quarantine: Mutex::default(),
-            longest_ttl_ms: AtomicU64::default(),
-        }
-    }
-}
-
 impl SimServer {
     /// A server with no locks, no faults and no instances.
     pub fn new() -> Self {
@@ -194,7 +81,7 @@ impl SimServer {
     /// # Errors
     ///
     /// As [`FencedKey::new`](crate::fence::FencedKey::new):
-    /// [`Error::InvalidKey`] when the name is empty, longer than
+    /// [`Error::InvalidKey`](crate::error::Error::InvalidKey) when the name is empty, longer than
     /// [`LockKey::MAX_LEN`], or has no hash tag but contains `}`.
     pub fn fenced_key(&self, resource: impl Into<Vec<u8>>) -> Result<SimFencedKey> {
         SimFencedKey::on(Arc::clone(&self.shared), resource.into())
@@ -222,7 +109,7 @@ impl SimServer {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] for a key that no lock may have.
+    /// [`Error::InvalidKey`](crate::error::Error::InvalidKey) for a key that no lock may have.
     pub fn lose_lease(&self, key: impl Into<LockKey>) -> Result<bool> {
         let key = key.into();
         key.validate()?;
@@ -257,7 +144,7 @@ impl SimServer {
     }
 
     /// Makes the server unreachable for `duration` of Tokio's clock: every request
-    /// sent until then fails at once with [`Error::Backend`] and changes nothing.
+    /// sent until then fails at once with [`Error::Backend`](crate::error::Error::Backend) and changes nothing.
     pub fn unreachable_for(&self, duration: Duration) {
         self.outage(duration, false);
     }
@@ -283,160 +170,13 @@ impl SimServer {
     }
 }
 
-impl Shared {
-    fn instances(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Instance>>> {
-        self.instances.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn outage(&self) -> std::sync::MutexGuard<'_, Option<Outage>> {
-        self.outage.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, Instant>> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The instances still in use.
-    pub(super) fn live(&self) -> Vec<Arc<Instance>> {
-        self.instances().iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// Serves an `op` request for `key` (an instance has counted it as its own
-    /// already): counted, then failed, delayed or applied (`apply`) as the
-    /// server's outage and faults say.
-    pub(super) async fn serve<T>(
-        &self,
-        op: Op,
-        key: &LockKey,
-        apply: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
-        self.requests.count(op);
-        match self.admit(op, key).await? {
-            None => apply.await,
-            Some(RequestFault::Fail) => Err(unreachable(op, key, "the request was lost")),
-            Some(RequestFault::LoseReply) => {
-                let _applied = apply.await;
-                Err(unreachable(op, key, "the reply was lost"))
-            }
-        }
-    }
-
-    /// What happens to an `op` request for `key`: an outage makes it fail or wait;
-    /// otherwise a fault may strike it.
-    async fn admit(&self, op: Op, key: &LockKey) -> Result<Option<RequestFault>> {
-        let outage = *self.outage();
-        if let Some(Outage { until, hang }) = outage.filter(|o| o.until > Instant::now()) {
-            if !hang {
-                return Err(unreachable(op, key, "the server is unreachable"));
-            }
-            tokio::time::sleep_until(until).await;
-        }
-        Ok(self.rules.request(op, key))
-    }
-
-    /// A lease of `ttl` is asked for: a restart holds grants that long.
-    pub(super) fn note_lease(&self, ttl: Duration) {
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        self.longest_ttl_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    /// How long grants still wait after a restart (`None`: they do not).
-    pub(super) fn held(&self) -> Option<Duration> {
-        let until = *self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
-        until
-            .and_then(|until| until.checked_duration_since(Instant::now()))
-            .filter(|wait| !wait.is_zero())
-    }
-
-    /// Remembers the release of `token`.
-    pub(super) fn record_release(&self, token: LeaseToken) {
-        let now = Instant::now();
-        let mut records = self.records();
-        records.retain(|_, until| *until > now);
-        records.insert(token, now + RECORD_TTL);
-    }
-
-    /// Whether a release of `token` is remembered.
-    pub(super) fn was_released(&self, token: LeaseToken) -> bool {
-        self.records()
-            .get(&token)
-            .is_some_and(|until| *until > Instant::now())
-    }
-
-    /// Delivers a wake-up of the `kind` lock of `key` to every instance. An
-    /// instance that waits for it may have it dropped or delayed by a fault; one
-    /// that does not only sees its wake-up generation move.
-    pub(super) fn wake(&self, kind: LockKind, key: &LockKey) {
-        for instance in self.live() {
-            let fault = if instance.wakeups.is_watched(kind, key.as_bytes()) {
-                self.rules.message(Message::Wakeup, key)
-            } else {
-                None
-            };
-            deliver(fault, &instance, key, move |i, k| {
-                i.wakeups.wake(kind, k.as_bytes());
-            });
-        }
-    }
-
-    /// Tells every instance that the leader record of `key` changed, as the
-    /// record scripts' message does on Redis (to every instance: a message to an
-    /// instance that does not observe the key is ignored there).
-    pub(super) fn leader_changed(&self, key: &LockKey) {
-        for instance in self.live() {
-            instance.wakeups.leader_changed(key.as_bytes());
-        }
-    }
-
-    /// Delivers a revocation of `key`'s mutex lease to the instance `id` (the
-    /// holder's), unless a fault drops or delays it.
-    pub(super) fn revoke(&self, id: u64, key: &LockKey) {
-        if let Some(instance) = self.live().into_iter().find(|i| i.id == id) {
-            let fault = self.rules.message(Message::Revocation, key);
-            deliver(fault, &instance, key, |i, k| {
-                i.wakeups.revoke(k.as_bytes());
-            });
-        }
-    }
-}
-
-/// Delivers a message to `instance` now, later or never, as `fault` says.
-fn deliver(
-    fault: Option<MessageFault>,
-    instance: &Arc<Instance>,
-    key: &LockKey,
-    send: impl FnOnce(&Instance, &LockKey) + Send + 'static,
-) {
-    match fault {
-        None => send(instance, key),
-        Some(MessageFault::Drop) => {}
-        Some(MessageFault::Delay(by)) => {
-            let (instance, key) = (Arc::downgrade(instance), key.clone());
-            crate::runtime::spawn(async move {
-                tokio::time::sleep(by).await;
-                if let Some(instance) = instance.upgrade() {
-                    send(&instance, &key);
-                }
-            });
-        }
-    }
-}
-
-/// The error of a request that got no answer.
-fn unreachable(op: Op, key: &LockKey, what: &'static str) -> Error {
-    Error::backend(
-        key,
-        op.phase(),
-        std::io::Error::new(std::io::ErrorKind::ConnectionReset, what),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
 
     use super::*;
-    use crate::backend::{Acquire, LockBackend, WhenBusy};
+    use crate::backend::{Acquire, LockBackend, LockKind, WhenBusy};
+    use crate::testing::Message;
 
     /// A revocation goes to the holder's instance only; a wake-up goes to every
     /// waiting instance, and a wake-up fault counts the copies to waiting
