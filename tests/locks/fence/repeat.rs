@@ -11,7 +11,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy};
 use testkit::{RedisServer, shared, unique_prefix};
 
-use crate::stale;
+use super::stale;
 
 /// The write `id` (a small number, so that the record's fields read plainly).
 fn with_id(id: u64) -> WriteId {

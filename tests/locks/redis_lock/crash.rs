@@ -29,7 +29,7 @@ async fn killed_holder_blocks_at_most_lease_ttl() {
     let (server, _log, prefix) = shared_scene("killed-holder");
     let key = "k";
     let (mut child, mut lines) = spawn_holder_child(
-        "crash::child_holder_process",
+        &testkit::test_path(module_path!(), "child_holder_process"),
         CHILD_ENV,
         server.url(),
         &prefix,

@@ -28,7 +28,8 @@ use lockflight::guard::LossSignal;
 use lockflight::{FencingToken, LockGuard, LockOptions, Locker, RedisBackend};
 use testkit::nemesis::{continue_process, stop_process};
 use testkit::{
-    Counting, RedisServer, count_reaches, shared_scene, spawn_test_child, unique_prefix, within,
+    Counting, RedisServer, count_reaches, shared_scene, spawn_test_child, test_path, unique_prefix,
+    within,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -126,7 +127,7 @@ impl Child {
     /// Starts the child test `test` with `envs` and waits until it prints
     /// `LEADING <epoch>:<seq>`.
     async fn start(test: &str, envs: &[(&str, String)]) -> Child {
-        let (process, mut reader) = spawn_test_child(test, envs);
+        let (process, mut reader) = spawn_test_child(&test_path(module_path!(), test), envs);
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok(Some(line)) = reader.next_line().await {

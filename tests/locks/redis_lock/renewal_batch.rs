@@ -405,7 +405,7 @@ impl LockBackend for PerLease {
 /// private server, renewed every 200 ms for 2 s, lease by lease (`PerLease`) and
 /// batched; prints the `EVALSHA` calls, their server time and the server's CPU
 /// per renewal period. Run with
-/// `cargo test --release --all-features --test redis_lock measure_batched_renewal -- --ignored --nocapture`.
+/// `cargo test --release --all-features --test locks redis_lock::renewal_batch::measure_batched_renewal -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: prints the cost of renewal, per lease and batched"]
 async fn measure_batched_renewal() {

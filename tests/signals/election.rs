@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockflight::Locker;
 use lockflight::testing::SimServer;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use testkit::Logs;
 
 /// The metrics labelled `election=key` since the last snapshot, by name: a
@@ -67,11 +67,7 @@ async fn sees(
 /// subscriber.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn gain_loss_and_resignation_are_logged_and_counted() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let (_serial, snapshotter) = super::recorder().await;
     let (logs, _guard) = Logs::capture();
     let server = SimServer::new();
     let locker = Locker::builder(server.backend())
@@ -97,7 +93,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
         "the leader record was written"
     );
     sees(&mut seen, Some(first.term())).await;
-    let m = metrics(&snapshotter, "jobs");
+    let m = metrics(snapshotter, "jobs");
     changes += m
         .get("lockflight_leader_changes_total")
         .copied()
@@ -121,7 +117,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
     // renewal finds it gone.
     let second = election.campaign().await.unwrap();
     sees(&mut seen, Some(second.term())).await;
-    let m = metrics(&snapshotter, "jobs");
+    let m = metrics(snapshotter, "jobs");
     changes += m
         .get("lockflight_leader_changes_total")
         .copied()

@@ -8,7 +8,7 @@ use lockflight::fence::{Fenced, FencedKey, WriteId};
 use testkit::cluster::Cluster;
 use testkit::unique_prefix;
 
-use crate::{locker, stale};
+use super::{locker, stale};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_writes_on_a_cluster_refuse_an_older_holder() {

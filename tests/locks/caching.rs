@@ -622,8 +622,13 @@ const CHILD_ENV: &str = "LOCKFLIGHT_CACHING_CHILD";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_returns_from_main_leaves_nothing_cached() {
     let prefix = unique_prefix("cached-exit");
-    let child =
-        testkit::spawn_holder_child("looping_child", CHILD_ENV, shared().url(), &prefix, "k");
+    let child = testkit::spawn_holder_child(
+        &testkit::test_path(module_path!(), "looping_child"),
+        CHILD_ENV,
+        shared().url(),
+        &prefix,
+        "k",
+    );
     assert!(
         exits_leaving_the_key_free(child, "LFCHILD CACHED", &prefix, Kind::Mutex, "k").await,
         "the exited process left its cached lease held"
@@ -749,7 +754,7 @@ async fn processes_that_return_right_after_a_drop_leave_nothing_locked(kind: Kin
         let url = proxy.url();
         async move {
             let child = testkit::spawn_holder_child(
-                "dropping_child",
+                &testkit::test_path(module_path!(), "dropping_child"),
                 DROP_CHILD_ENV,
                 url,
                 &prefix,
@@ -866,7 +871,7 @@ async fn pausable_child() {
 async fn a_cached_lease_revoked_while_its_process_is_paused_is_not_used_after_it() {
     let prefix = unique_prefix("cached-paused");
     let (mut child, mut lines) = testkit::spawn_holder_child(
-        "pausable_child",
+        &testkit::test_path(module_path!(), "pausable_child"),
         PAUSE_CHILD_ENV,
         shared().url(),
         &prefix,
@@ -946,7 +951,7 @@ async fn a_waiter_that_crashes_after_revoking_strands_nobody() {
     warm(&a, Some(&counts), "k").await;
     let held = a.lock("k").await.unwrap();
     let (mut child, mut lines) = testkit::spawn_holder_child(
-        "crashing_waiter_child",
+        &testkit::test_path(module_path!(), "crashing_waiter_child"),
         WAITER_CHILD_ENV,
         shared().url(),
         &prefix,

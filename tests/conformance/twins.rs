@@ -31,10 +31,8 @@
 //! `lose_lease` in `loss::a_deleted_lease_is_signalled_lost`, `restart` in
 //! `release::release_after_a_restart_reports_the_loss`. The kit's fenced
 //! resource, `SimFencedKey`, and its knob `lose_reply(Op::Fenced)` have theirs
-//! in `tests/fence/cases.rs`: every fenced-write case runs on `FencedKey` and on
+//! in `tests/locks/fence/cases.rs`: every fenced-write case runs on `FencedKey` and on
 //! the kit.
-
-#![cfg(feature = "testing")]
 
 use std::future::Future;
 use std::sync::Arc;

@@ -27,8 +27,6 @@
 //!   delays the slot map's read, never a renewal.
 //! * `pubsub_classic_vs_sharded`: the measurement behind the choice of classic
 //!   pub/sub for wake-ups (printed; both must deliver).
-#![cfg(feature = "cluster")]
-
 mod counter;
 mod failover;
 mod latency;

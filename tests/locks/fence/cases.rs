@@ -20,7 +20,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use testkit::fault_proxy::FaultProxy;
 use testkit::{CountingProxy, shared, unique_prefix};
 
-use crate::{TTL, paused_then_successor, stale};
+use super::{TTL, paused_then_successor, stale};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

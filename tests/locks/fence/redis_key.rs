@@ -6,7 +6,7 @@ use lockflight::fence::{Fenced, FencedKey, WriteId};
 use lockflight::{Error, FencingToken, RedisBackend};
 use testkit::{shared, unique_prefix};
 
-use crate::{locker, paused_then_successor, stale};
+use super::{locker, paused_then_successor, stale};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_late_set_is_stale_and_the_successors_lands() {

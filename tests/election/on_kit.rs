@@ -16,8 +16,6 @@
 //! * Dropping `run` while its hook runs gives leadership up at once; a work that
 //!   returns at once does not starve the runtime; the new futures are `Send`.
 
-#![cfg(feature = "testing")]
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

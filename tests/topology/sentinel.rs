@@ -21,7 +21,6 @@
 //!   and a permit (with `replica_ack`) work, in the database it names, and after
 //!   `SENTINEL FAILOVER` the backends follow the new primary with the same
 //!   credentials (commands, acknowledged writes, the notification subscription).
-#![cfg(feature = "sentinel")]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

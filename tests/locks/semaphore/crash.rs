@@ -30,7 +30,7 @@ async fn killed_holder_permit_returns_within_its_ttl() {
     let (server, _log, prefix) = shared_scene("sem-killed");
     let key = "k";
     let (mut child, mut lines) = spawn_holder_child(
-        "crash::child_permit_holder",
+        &testkit::test_path(module_path!(), "child_permit_holder"),
         CHILD_ENV,
         server.url(),
         &prefix,

@@ -267,7 +267,7 @@ async fn leaves_nothing_locked(program: Program, flavor: Flavor) -> Result<(), S
         Flavor::MultiThread => "multi",
     };
     let (mut child, mut lines) = testkit::spawn_test_child(
-        "program_child",
+        &testkit::test_path(module_path!(), "program_child"),
         &[
             (CHILD_ENV, program.name().to_owned()),
             ("LOCKFLIGHT_PROGRAM_FLAVOR", flavor_name.to_owned()),

@@ -5,7 +5,7 @@ use lockflight::FencingToken;
 use lockflight::fence::{FenceColumns, Fenced};
 use testkit::{shared, unique_prefix};
 
-use crate::{paused_then_successor, stale};
+use super::{paused_then_successor, stale};
 
 /// The tokens of a paused holder A and its successor B (both leases released).
 async fn tokens(name: &str) -> (FencingToken, FencingToken) {

@@ -1,13 +1,12 @@
 //! The `metrics` feature: counters mirror `Stats`, and wait time, hold time and
 //! renewals per lease are recorded as histograms under their documented names,
 //! labelled with the `kind` of lease (lock, read, write, permit).
-#![cfg(feature = "metrics")]
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use lockflight::{Handoff, Locker, MemoryBackend};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 
 /// Histogram samples and counter values by metric name.
 fn read(snapshotter: &Snapshotter) -> (HashMap<String, Vec<f64>>, HashMap<String, u64>) {
@@ -41,11 +40,7 @@ fn read(snapshotter: &Snapshotter) -> (HashMap<String, Vec<f64>>, HashMap<String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_hold_and_renewals_are_recorded() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let (_serial, snapshotter) = super::recorder().await;
 
     // No handoff: each holder has its own lease (and its own renewals sample).
     let locker = Locker::builder(MemoryBackend::new())
@@ -63,7 +58,7 @@ async fn wait_hold_and_renewals_are_recorded() {
     guard.release().await.unwrap();
     waiter.await.unwrap();
 
-    let (histograms, counters) = read(&snapshotter);
+    let (histograms, counters) = read(snapshotter);
     let waits = &histograms["lockflight_wait_seconds"];
     assert_eq!(waits.len(), 2, "one sample per grant: {waits:?}");
     assert!(
@@ -113,7 +108,7 @@ async fn wait_hold_and_renewals_are_recorded() {
         .release()
         .await
         .unwrap();
-    let (histograms, _) = read(&snapshotter);
+    let (histograms, _) = read(snapshotter);
     for kind in ["read", "write", "permit"] {
         for name in [
             "lockflight_wait_seconds",

@@ -13,7 +13,7 @@ use lockflight::backend::LockBackend;
 use testkit::names::{channel, leader, observers};
 use testkit::{get_string, pttl, query, shared, zcard};
 
-use crate::{assert_foreign, connect, one_instance};
+use super::{assert_foreign, connect, one_instance};
 
 /// A record of the term `epoch.seq` for `identity`, as the election writes it.
 fn record(epoch: u64, seq: u64, identity: &str) -> Vec<u8> {
