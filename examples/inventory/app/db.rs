@@ -98,7 +98,7 @@ END;
 /// process's writers in the pool's fair, asynchronous queue: SQLite's own lock
 /// between connections is taken by polling with sleeps of up to 100 ms, which
 /// would stall whichever SKU's critical section loses the race.
-pub(crate) async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Error> {
+pub async fn open_db(path: Option<&Path>) -> Result<SqlitePool, sqlx::Error> {
     let pool = match path {
         Some(path) => {
             // No `journal_mode` here: switching a new file to WAL takes a lock that
@@ -165,7 +165,7 @@ fn is_busy(e: &sqlx::Error) -> bool {
 
 /// What the database made of a fenced reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WriteOutcome {
+pub enum WriteOutcome {
     /// Written; `remaining` units are left.
     Reserved {
         /// Stock after the reservation.
@@ -187,7 +187,7 @@ pub(crate) enum WriteOutcome {
 
 /// Where the items keep their fence: `fence_epoch`, `fence_seq`, one write per
 /// token (a replayed reservation must not apply twice).
-pub(crate) fn item_fence_columns() -> Result<FenceColumns, AppError> {
+pub fn item_fence_columns() -> Result<FenceColumns, AppError> {
     FenceColumns::new("items", "sku")
         .map(FenceColumns::one_write_per_token)
         .map_err(|e| AppError::Internal(e.to_string()))
@@ -200,7 +200,7 @@ pub(crate) fn item_fence_columns() -> Result<FenceColumns, AppError> {
 ///
 /// A stale token is told by the helper; any other refusal is explained from the
 /// row as read right after it.
-pub(crate) async fn fenced_write(
+pub async fn fenced_write(
     db: &SqlitePool,
     sku: &str,
     qty: i64,
@@ -234,7 +234,7 @@ const UNFENCED_DECREMENT: &str =
 /// Decrements `sku`'s stock by `qty` if enough is left, without a fencing check:
 /// the write of the plain mode. Logged like [`fenced_write`]'s (with the item's
 /// unchanged fence columns).
-pub(crate) async fn unfenced_write(
+pub async fn unfenced_write(
     db: &SqlitePool,
     sku: &str,
     qty: i64,
@@ -277,7 +277,8 @@ async fn explain(
     })
 }
 
-pub(crate) fn to_sql(v: u64) -> Result<i64, AppError> {
+/// A fencing value as SQLite's integer (an error past `i64::MAX`).
+pub fn to_sql(v: u64) -> Result<i64, AppError> {
     i64::try_from(v).map_err(|_| AppError::Internal(format!("fencing value {v} exceeds i64")))
 }
 
@@ -286,11 +287,7 @@ fn from_sql(v: i64) -> u64 {
 }
 
 /// The last accepted fencing token of `sku`, if the item exists.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn item_fence(
-    db: &SqlitePool,
-    sku: &str,
-) -> Result<Option<FencingToken>, sqlx::Error> {
+pub async fn item_fence(db: &SqlitePool, sku: &str) -> Result<Option<FencingToken>, sqlx::Error> {
     let row: Option<(i64, i64)> =
         sqlx::query_as("SELECT fence_epoch, fence_seq FROM items WHERE sku = ?")
             .bind(sku)
@@ -303,8 +300,7 @@ pub(crate) async fn item_fence(
 }
 
 /// Reservations logged with exactly this fencing token.
-#[allow(dead_code)] // used by examples/tests/inventory/
-pub(crate) async fn reservations_with_token(
+pub async fn reservations_with_token(
     db: &SqlitePool,
     token: FencingToken,
 ) -> Result<i64, AppError> {
@@ -318,7 +314,7 @@ pub(crate) async fn reservations_with_token(
 }
 
 /// `(rows, units)` of the reservation log for `sku`.
-pub(crate) async fn reservation_log(db: &SqlitePool, sku: &str) -> Result<(i64, i64), sqlx::Error> {
+pub async fn reservation_log(db: &SqlitePool, sku: &str) -> Result<(i64, i64), sqlx::Error> {
     sqlx::query_as("SELECT count(*), coalesce(sum(qty), 0) FROM reservations WHERE sku = ?")
         .bind(sku)
         .fetch_one(db)

@@ -50,29 +50,29 @@ use super::AppError;
 use super::db::to_sql;
 
 /// The election every instance campaigns in for the job.
-pub(crate) const ELECTION: &str = "inventory:jobs";
+pub const ELECTION: &str = "inventory:jobs";
 /// The job's name: the key of its row in `jobs`.
-pub(crate) const JOB: &str = "release-expired-reservations";
+pub const JOB: &str = "release-expired-reservations";
 /// Most reservations one sweep releases (the rest wait for the next sweep).
 const BATCH: i64 = 100;
 
 /// Default of `JOB_LEASE_TTL_MS`: the job's lease TTL, about the time a dead
 /// leader's successor waits.
-pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(2500);
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(2500);
 /// Default of `JOB_EVERY_MS`: the period of the leader's sweeps.
-pub(crate) const DEFAULT_EVERY: Duration = Duration::from_secs(1);
+pub const DEFAULT_EVERY: Duration = Duration::from_secs(1);
 /// Default of `RESERVATION_HOLD_SECS`: how long a reservation holds its units.
-pub(crate) const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(15 * 60);
 
 /// How the job runs.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct JobConfig {
+pub struct JobConfig {
     /// The job's lease TTL (its locker's).
-    pub(crate) lease_ttl: Duration,
+    pub lease_ttl: Duration,
     /// The period of the leader's sweeps.
-    pub(crate) every: Duration,
+    pub every: Duration,
     /// How long a reservation holds its units before a sweep releases them.
-    pub(crate) hold: Duration,
+    pub hold: Duration,
 }
 
 impl Default for JobConfig {
@@ -89,7 +89,7 @@ impl Default for JobConfig {
 /// sweeps) in a background task stopped when the last clone is dropped, and what
 /// `/stats` shows of it. Cheap to clone.
 #[derive(Clone, Debug)]
-pub(crate) struct LeaderJob {
+pub struct LeaderJob {
     inner: Arc<Inner>,
 }
 
@@ -137,7 +137,7 @@ impl LeaderJob {
     /// # Panics
     ///
     /// Outside a Tokio runtime.
-    pub(crate) fn start(
+    pub fn start(
         builder: LockerBuilder,
         db: SqlitePool,
         identity: &str,
@@ -168,7 +168,7 @@ impl LeaderJob {
     /// The job in `/stats`: its settings, this instance's part (`leading`, its
     /// `term` and `since_ms` while it leads, counts) and who leads (`leader`, as
     /// the election's record says; `null` while nobody does).
-    pub(crate) fn stats_json(&self) -> serde_json::Value {
+    pub fn stats_json(&self) -> serde_json::Value {
         let Inner { status, config, .. } = &*self.inner;
         let leading = status.leading().clone();
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -200,7 +200,7 @@ fn token_json(t: FencingToken) -> serde_json::Value {
 }
 
 /// `t` in milliseconds since the Unix epoch.
-pub(crate) fn unix_ms(t: SystemTime) -> i64 {
+pub fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
@@ -351,7 +351,7 @@ async fn lead(
 
 /// What a sweep did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Swept {
+pub enum Swept {
     /// Applied: the jobs row took the term, and `released` reservations went back
     /// to stock.
     Applied {
@@ -379,7 +379,7 @@ fn job_fence_columns() -> Result<FenceColumns, AppError> {
 ///
 /// Repeating a sweep is safe: a reservation is released at most once (the primary
 /// key of `released_reservations`, and the anti-join that picks them).
-pub(crate) async fn sweep(
+pub async fn sweep(
     db: &SqlitePool,
     term: FencingToken,
     leader: &str,
@@ -466,24 +466,26 @@ pub(crate) async fn sweep(
 /// A period of leadership as `job_sweeps` shows it: consecutive sweeps of one
 /// term and leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TermSweeps {
+pub struct TermSweeps {
     /// The term.
-    pub(crate) term: FencingToken,
+    pub term: FencingToken,
     /// The leader's identity.
-    pub(crate) leader: String,
-    /// Sweeps applied, and reservations they released.
-    pub(crate) sweeps: i64,
-    pub(crate) released: i64,
-    /// The first and last sweep (Unix ms).
-    pub(crate) first_ms: i64,
-    pub(crate) last_ms: i64,
+    pub leader: String,
+    /// Sweeps applied.
+    pub sweeps: i64,
+    /// Reservations the sweeps released.
+    pub released: i64,
+    /// The first sweep (Unix ms).
+    pub first_ms: i64,
+    /// The last sweep (Unix ms).
+    pub last_ms: i64,
 }
 
 /// The job's sweeps in the order they were applied, grouped into periods of
 /// leadership (a new period starts where the term or the leader changes). With
 /// the fence, each term is one period and the terms strictly increase:
 /// [`one_term_at_a_time`] checks it.
-pub(crate) async fn sweeps_by_term(db: &SqlitePool) -> Result<Vec<TermSweeps>, sqlx::Error> {
+pub async fn sweeps_by_term(db: &SqlitePool) -> Result<Vec<TermSweeps>, sqlx::Error> {
     let rows: Vec<(i64, i64, String, i64, i64)> = sqlx::query_as(
         "SELECT fence_epoch, fence_seq, leader, released, swept_at_ms \
          FROM job_sweeps WHERE job = ? ORDER BY id",
@@ -518,6 +520,6 @@ pub(crate) async fn sweeps_by_term(db: &SqlitePool) -> Result<Vec<TermSweeps>, s
 
 /// Whether the periods are one per term, terms strictly increasing: no sweep of
 /// an older term after a newer one, no two leaders in one term.
-pub(crate) fn one_term_at_a_time(periods: &[TermSweeps]) -> bool {
+pub fn one_term_at_a_time(periods: &[TermSweeps]) -> bool {
     periods.windows(2).all(|w| w[0].term < w[1].term)
 }

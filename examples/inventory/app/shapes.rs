@@ -30,7 +30,7 @@ use super::{
 };
 
 /// Checkouts one tenant may run at once, across every instance.
-pub(crate) const TENANT_CHECKOUTS: u32 = 4;
+pub const TENANT_CHECKOUTS: u32 = 4;
 
 /// The optimistic decrement: only if nobody wrote the row since it was read.
 /// Binds: qty, sku, version read, qty.
@@ -39,29 +39,29 @@ const VERSIONED_DECREMENT: &str = "UPDATE items SET stock = stock - ?, version =
 
 /// How often an optimistic reservation re-reads and retries after another writer
 /// changed the row, before it answers 503 `write_conflict`.
-pub(crate) const OPTIMISTIC_ATTEMPTS: u32 = 50;
+pub const OPTIMISTIC_ATTEMPTS: u32 = 50;
 
 /// One line of a `POST /checkout` cart.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct CartLine {
+pub struct CartLine {
     /// The SKU.
-    pub(crate) sku: String,
+    pub sku: String,
     /// Units (at least 1).
-    pub(crate) qty: i64,
+    pub qty: i64,
 }
 
 /// `POST /checkout` body.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Checkout {
+pub struct Checkout {
     /// The cart: each SKU at most once.
-    pub(crate) items: Vec<CartLine>,
+    pub items: Vec<CartLine>,
 }
 
 /// Most lines a cart may have.
-pub(crate) const MAX_CART_LINES: usize = 32;
+pub const MAX_CART_LINES: usize = 32;
 
 /// The routes of this module (`POST /checkout` behind the per-tenant cap).
-pub(crate) fn routes(state: &AppState) -> Router<AppState> {
+pub fn routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route(
             "/checkout",

@@ -40,10 +40,10 @@ use super::error_response;
 
 /// The lock's time to live. It is never renewed, so it must outlast the longest
 /// critical section (a reservation takes milliseconds).
-pub(crate) const PLAIN_LOCK_TTL: Duration = Duration::from_secs(30);
+pub const PLAIN_LOCK_TTL: Duration = Duration::from_secs(30);
 
 /// The pause between two `SET NX` attempts while the lock is taken.
-pub(crate) const RETRY: Duration = Duration::from_millis(1);
+pub const RETRY: Duration = Duration::from_millis(1);
 
 /// The compare-and-delete release. KEYS[1]: the lock; ARGV[1]: the holder's
 /// token. Returns 1 if it deleted the holder's lock, 0 if the lock was gone or
@@ -57,18 +57,17 @@ static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
 /// The connection the lock talks over: one server, or a Redis Cluster (every
 /// command touches one key, so a cluster needs nothing more).
 #[derive(Clone)]
-pub(crate) enum Connection {
+pub enum Connection {
     /// One Redis server.
     Single(redis::aio::MultiplexedConnection),
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
-    #[allow(dead_code)] // built by the examples' `serve`, not by the tests
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Connection {
     /// Connects to the Redis at `url`.
-    pub(crate) async fn single(url: &str) -> redis::RedisResult<Connection> {
+    pub async fn single(url: &str) -> redis::RedisResult<Connection> {
         let client = redis::Client::open(url)?;
         Ok(Connection::Single(
             client.get_multiplexed_async_connection().await?,
@@ -77,8 +76,7 @@ impl Connection {
 
     /// Connects to the Redis Cluster of the seed nodes `nodes`.
     #[cfg(feature = "cluster")]
-    #[allow(dead_code)] // used by the examples' `serve`, not by the tests
-    pub(crate) async fn cluster(nodes: &[String]) -> redis::RedisResult<Connection> {
+    pub async fn cluster(nodes: &[String]) -> redis::RedisResult<Connection> {
         let client = redis::cluster::ClusterClient::new(nodes.to_vec())?;
         Ok(Connection::Cluster(client.get_async_connection().await?))
     }
@@ -129,7 +127,7 @@ struct Counts {
 
 /// A plain Redis lock per key, shared by one instance's requests; cheap to clone.
 #[derive(Clone)]
-pub(crate) struct PlainLock {
+pub struct PlainLock {
     inner: Arc<Inner>,
 }
 
@@ -151,7 +149,7 @@ impl fmt::Debug for PlainLock {
 
 /// Why [`PlainLock::lock`] failed.
 #[derive(Debug)]
-pub(crate) enum PlainLockError {
+pub enum PlainLockError {
     /// Another holder kept the lock for the whole wait timeout.
     Timeout,
     /// Redis failed.
@@ -181,7 +179,7 @@ impl IntoResponse for PlainLockError {
 
 impl PlainLock {
     /// Locks `<prefix><key>` over `con`; a request waits at most `wait_timeout`.
-    pub(crate) fn new(con: Connection, prefix: &str, wait_timeout: Duration) -> Self {
+    pub fn new(con: Connection, prefix: &str, wait_timeout: Duration) -> Self {
         PlainLock {
             inner: Arc::new(Inner {
                 con,
@@ -199,7 +197,7 @@ impl PlainLock {
     ///
     /// Dropping the future after its `SET` succeeded but before it returned
     /// leaves the lock held until [`PLAIN_LOCK_TTL`] (nothing knows its token).
-    pub(crate) async fn lock(&self, key: &str) -> Result<PlainGuard, PlainLockError> {
+    pub async fn lock(&self, key: &str) -> Result<PlainGuard, PlainLockError> {
         let inner = &self.inner;
         let name = format!("{}{key}", inner.prefix);
         let token = format!("{:032x}", rand::random::<u128>());
@@ -229,7 +227,7 @@ impl PlainLock {
     }
 
     /// Requests sent to Redis so far: `(SET NX, compare-and-delete)`.
-    pub(crate) fn requests(&self) -> (u64, u64) {
+    pub fn requests(&self) -> (u64, u64) {
         let c = &self.inner.counts;
         (
             c.set_attempts.load(Ordering::Relaxed),
@@ -238,7 +236,7 @@ impl PlainLock {
     }
 
     /// The lock's counters, for `/stats`.
-    pub(crate) fn stats_json(&self) -> serde_json::Value {
+    pub fn stats_json(&self) -> serde_json::Value {
         let c = &self.inner.counts;
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         json!({
@@ -265,7 +263,7 @@ impl PlainLock {
 /// A held plain lock. [`release`](Self::release) it; dropping it releases it in
 /// the background.
 #[derive(Debug)]
-pub(crate) struct PlainGuard {
+pub struct PlainGuard {
     lock: PlainLock,
     name: String,
     token: String,
@@ -280,7 +278,7 @@ impl PlainGuard {
     ///
     /// If dropped, the release may or may not have run; the lock expires after
     /// its TTL either way.
-    pub(crate) async fn release(mut self) -> redis::RedisResult<bool> {
+    pub async fn release(mut self) -> redis::RedisResult<bool> {
         self.released = true;
         self.lock.release(&self.name, &self.token).await
     }
