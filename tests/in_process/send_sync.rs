@@ -11,6 +11,7 @@ use tower::{Layer, Service, service_fn};
 
 fn send<T: Send>(_: &T) {}
 fn send_sync<T: Send + Sync>() {}
+fn send_only<T: Send>() {}
 fn send_future<F: Future + Send>(_: F) {}
 
 #[test]
@@ -29,6 +30,16 @@ fn handles_are_send_and_sync() {
     send_sync::<lockflight::election::Election>();
     send_sync::<lockflight::election::Leadership>();
     send_sync::<lockflight::fence::FencedKey>();
+    send_sync::<lockflight::rwlock::RwLock>();
+    send_sync::<lockflight::semaphore::Semaphore>();
+    send_only::<lockflight::guard::Loss>();
+    send_sync::<lockflight::guard::LockInfo>();
+    send_sync::<lockflight::FencingToken>();
+    send_sync::<lockflight::LockOptions>();
+    send_sync::<lockflight::backend::RedlockBackend>();
+    send_only::<lockflight::election::Observation>();
+    #[cfg(feature = "inspect")]
+    send_sync::<lockflight::inspect::Inspector>();
     #[cfg(feature = "testing")]
     {
         send_sync::<lockflight::testing::SimServer>();
