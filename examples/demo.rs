@@ -14,23 +14,10 @@
 //! Without `REDIS_URL` it starts a private `redis-server` (temporary directory, no
 //! persistence, stopped at exit) if one is installed; otherwise it runs one
 //! instance on the in-process backend and says so. It is the `inventory` example
-//! (`examples/inventory/`) started in demo mode: it runs copies of its own
-//! executable as the instances and the gateway.
-
-#[path = "inventory/app.rs"]
-mod app;
-#[path = "inventory/cli.rs"]
-mod cli;
-#[path = "inventory/client.rs"]
-mod client;
-#[path = "inventory/demo.rs"]
-mod demo;
-#[path = "inventory/gateway.rs"]
-mod gateway;
-#[path = "inventory/sizing.rs"]
-mod sizing;
+//! (the `inventory` library, `examples/inventory/`) started in demo mode: it runs
+//! copies of its own executable as the instances and the gateway.
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    cli::main("demo").await
+    inventory::cli::main("demo").await
 }

@@ -1,9 +1,9 @@
 //! The inventory service: its state, the item handlers and the axum router.
 //!
 //! Shared by the `inventory` and `demo` examples and by `examples/tests/inventory/`
-//! (which includes this file with `#[path]`), so it only uses `crate::`-free paths.
+//! through the `inventory` library (`inventory/lib.rs`).
 //!
-//! Its parts: `db.rs` (the schema and the reservation's fenced or unfenced
+//! Its parts, in `app/`: `db.rs` (the schema and the reservation's fenced or unfenced
 //! write), `reserve.rs` (`POST /items/{sku}/reserve`, the critical section under
 //! lockflight's lock or, in the `plain` mode, under `plain_lock.rs`'s plain Redis
 //! lock), `shapes.rs` (the other lock shapes) and `job.rs` (the job only the
@@ -27,24 +27,16 @@ use serde_json::json;
 use sqlx::SqlitePool;
 use tokio::sync::mpsc;
 
-// Relative to this file, wherever it is included from.
-#[path = "db.rs"]
-pub(crate) mod db;
-#[path = "job.rs"]
-pub(crate) mod job;
-#[path = "plain_lock.rs"]
-pub(crate) mod plain_lock;
-#[path = "reserve.rs"]
+pub mod db;
+pub mod job;
+pub mod plain_lock;
 mod reserve;
-#[path = "shapes.rs"]
-pub(crate) mod shapes;
-#[allow(unused_imports)] // the tests use some, the examples others
-pub(crate) use db::{
+pub mod shapes;
+pub use db::{
     WriteOutcome, item_fence, item_fence_columns, open_db, reservation_log,
     reservations_with_token, to_sql,
 };
-#[allow(unused_imports)] // used by the demo
-pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;
+pub use shapes::OPTIMISTIC_ATTEMPTS;
 
 // ---------------------------------------------------------------------------
 // State
@@ -52,20 +44,20 @@ pub(crate) use shapes::OPTIMISTIC_ATTEMPTS;
 
 /// The application's own counters.
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub struct Counters {
     /// Reservations written.
-    pub(crate) reservations: AtomicU64,
+    pub reservations: AtomicU64,
     /// Reservations refused for lack of stock.
-    pub(crate) out_of_stock: AtomicU64,
+    pub out_of_stock: AtomicU64,
     /// Writes the database refused because their fencing token was stale.
-    pub(crate) stale_rejected: AtomicU64,
+    pub stale_rejected: AtomicU64,
     /// Executions of the `GET /items/{sku}` handler (requests that share a response run it once).
-    pub(crate) item_reads: AtomicU64,
+    pub item_reads: AtomicU64,
     /// Optimistic writes that found the row changed since they read it (each one
     /// is retried).
-    pub(crate) version_conflicts: AtomicU64,
+    pub version_conflicts: AtomicU64,
     /// Carts checked out (all lines written).
-    pub(crate) checkouts: AtomicU64,
+    pub checkouts: AtomicU64,
 }
 
 impl Counters {
@@ -80,30 +72,29 @@ impl Counters {
 
 /// Test hooks: slow steps and a window into the critical section.
 #[derive(Debug, Default)]
-pub(crate) struct Hooks {
+pub struct Hooks {
     /// Sleep this long inside the reservation critical section, after the stock
     /// check and before the database write.
-    pub(crate) before_write: Duration,
+    pub before_write: Duration,
     /// Sleep this long in the `GET /items/{sku}` handler (so concurrent reads overlap).
-    pub(crate) item_read_delay: Duration,
+    pub item_read_delay: Duration,
     /// Receives the [`LockInfo`] of every reservation critical section as it starts.
-    pub(crate) entered: Option<mpsc::UnboundedSender<LockInfo>>,
+    pub entered: Option<mpsc::UnboundedSender<LockInfo>>,
     /// Counts the reservation critical sections running at once (share one
     /// between instances to see whether their lock excludes them).
-    pub(crate) occupancy: Option<Arc<Occupancy>>,
+    pub occupancy: Option<Arc<Occupancy>>,
 }
 
 /// Reservation critical sections running at once, and the most there ever were.
 #[derive(Debug, Default)]
-pub(crate) struct Occupancy {
+pub struct Occupancy {
     now: AtomicU64,
     most: AtomicU64,
 }
 
 impl Occupancy {
     /// The most critical sections that ever ran at once.
-    #[allow(dead_code)] // used by examples/tests/inventory/
-    pub(crate) fn most(&self) -> u64 {
+    pub fn most(&self) -> u64 {
         self.most.load(Ordering::SeqCst)
     }
 
@@ -123,33 +114,33 @@ impl Occupancy {
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone, Debug)]
-pub(crate) struct AppState {
+pub struct AppState {
     /// The database.
-    pub(crate) db: SqlitePool,
+    pub db: SqlitePool,
     /// The locker (one per process).
-    pub(crate) locker: Locker,
+    pub locker: Locker,
     /// The app's counters.
-    pub(crate) counters: Arc<Counters>,
+    pub counters: Arc<Counters>,
     /// Test hooks.
-    pub(crate) hooks: Arc<Hooks>,
+    pub hooks: Arc<Hooks>,
     /// This instance's name (in responses and in `/stats`).
-    pub(crate) instance: Arc<str>,
+    pub instance: Arc<str>,
     /// What the lock backend is, for `/stats` ("redis", "memory").
-    pub(crate) backend: Arc<str>,
+    pub backend: Arc<str>,
     /// What locking mode the locker runs, for `/stats`.
-    pub(crate) locking: Arc<str>,
+    pub locking: Arc<str>,
     /// More of `/stats` (the lock histograms where a recorder is installed).
-    pub(crate) more_stats: Option<MoreStats>,
+    pub more_stats: Option<MoreStats>,
     /// The `plain` locking mode: `POST /items/{sku}/reserve` takes this plain
     /// Redis lock instead of lockflight's (and its write is not fenced).
-    pub(crate) plain: Option<PlainLock>,
+    pub plain: Option<PlainLock>,
     /// The leader-only job (`job.rs`), where this instance runs it.
-    pub(crate) job: Option<LeaderJob>,
+    pub job: Option<LeaderJob>,
 }
 
 /// A source of extra `/stats` fields, under `"histograms"`.
 #[derive(Clone)]
-pub(crate) struct MoreStats(pub(crate) Arc<dyn Fn() -> serde_json::Value + Send + Sync>);
+pub struct MoreStats(pub Arc<dyn Fn() -> serde_json::Value + Send + Sync>);
 
 impl std::fmt::Debug for MoreStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -159,7 +150,7 @@ impl std::fmt::Debug for MoreStats {
 
 impl AppState {
     /// State for an instance named `instance`, with no test hooks.
-    pub(crate) fn new(db: SqlitePool, locker: Locker, instance: &str) -> Self {
+    pub fn new(db: SqlitePool, locker: Locker, instance: &str) -> Self {
         AppState {
             db,
             locker,
@@ -175,27 +166,26 @@ impl AppState {
     }
 
     /// Shows the leader-only job (this instance's campaign for it) in `/stats`.
-    pub(crate) fn with_job(mut self, job: LeaderJob) -> Self {
+    pub fn with_job(mut self, job: LeaderJob) -> Self {
         self.job = Some(job);
         self
     }
 
     /// Reservations take `plain` (a plain Redis lock, no fencing token) instead
     /// of lockflight's lock: the `plain` locking mode.
-    pub(crate) fn with_plain_lock(mut self, plain: PlainLock) -> Self {
+    pub fn with_plain_lock(mut self, plain: PlainLock) -> Self {
         self.plain = Some(plain);
         self
     }
 
     /// Sets the test hooks.
-    #[allow(dead_code)] // used by examples/tests/inventory/
-    pub(crate) fn with_hooks(mut self, hooks: Hooks) -> Self {
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
         self.hooks = Arc::new(hooks);
         self
     }
 
     /// Describes the backend and locking mode in `/stats`.
-    pub(crate) fn describe(mut self, backend: &str, locking: &str) -> Self {
+    pub fn describe(mut self, backend: &str, locking: &str) -> Self {
         self.backend = Arc::from(backend);
         self.locking = Arc::from(locking);
         self
@@ -204,7 +194,7 @@ impl AppState {
     /// Writes a reservation fenced by `token` ([`db::fenced_write`]), or without a
     /// fence for `None` (the plain lock has no token: [`db::unfenced_write`]), and
     /// counts the outcome.
-    pub(crate) async fn write_reservation(
+    pub async fn write_reservation(
         &self,
         sku: &str,
         qty: i64,
@@ -224,7 +214,7 @@ impl AppState {
     }
 
     /// `/stats` as JSON.
-    pub(crate) fn stats_json(&self) -> serde_json::Value {
+    pub fn stats_json(&self) -> serde_json::Value {
         let s = self.locker.stats();
         let c = &self.counters;
         // The plain lock's requests: `SET NX` attempts and compare-and-deletes.
@@ -279,25 +269,25 @@ impl AppState {
 
 /// An item as stored and returned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
-pub(crate) struct Item {
+pub struct Item {
     /// Stock keeping unit: 1–64 of `A-Z a-z 0-9 - _ . :`.
-    pub(crate) sku: String,
+    pub sku: String,
     /// Display name.
-    pub(crate) name: String,
+    pub name: String,
     /// Units left.
-    pub(crate) stock: i64,
+    pub stock: i64,
 }
 
 /// `POST /items/{sku}/reserve` body.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub(crate) struct ReserveRequest {
+pub struct ReserveRequest {
     /// Units to reserve (at least 1).
-    pub(crate) qty: i64,
+    pub qty: i64,
 }
 
 /// A handler error.
 #[derive(Debug)]
-pub(crate) enum AppError {
+pub enum AppError {
     /// The database failed.
     Db(sqlx::Error),
     /// Anything else that should not happen.
@@ -332,7 +322,7 @@ impl IntoResponse for AppError {
 /// 9457 problem (`application/problem+json`). `body`'s `error` becomes the stable
 /// `code`, its `message` the `detail`; its other members (`sku`, `available`, …)
 /// stay as the problem's extension members.
-pub(crate) fn error_response(status: StatusCode, body: serde_json::Value) -> Response {
+pub fn error_response(status: StatusCode, body: serde_json::Value) -> Response {
     let mut problem = serde_json::Map::new();
     problem.insert("type".into(), json!("about:blank"));
     problem.insert(
@@ -387,7 +377,7 @@ async fn problems_only(res: Response) -> Response {
 
 /// Whether `sku` is a valid SKU: 1–64 of `A-Z a-z 0-9 - _ . :`. The lock key is
 /// the router's percent-decoded `{sku}`, so `%41` and `A` are one SKU and one lock.
-pub(crate) fn valid_sku(sku: &str) -> bool {
+pub fn valid_sku(sku: &str) -> bool {
     (1..=64).contains(&sku.len())
         && sku
             .bytes()
@@ -400,7 +390,7 @@ pub(crate) fn valid_sku(sku: &str) -> bool {
 /// (several SKUs under one multi-key lock, a per-tenant semaphore cap),
 /// `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (read-write lock),
 /// `POST /items/{sku}/reserve-optimistic` (no lock: a version column).
-pub(crate) fn app(state: AppState) -> Router {
+pub fn app(state: AppState) -> Router {
     let locker = state.locker.clone();
     // Locked per SKU, the SKU taken from the router's own `{sku}` parameter, and
     // only once the request is ready: the handler's `Locked<ReserveBody>` extractor
@@ -500,11 +490,7 @@ async fn stats(State(st): State<AppState>) -> Json<serde_json::Value> {
 
 /// The row `query` (one `?`, bound to `sku`) returns, or the response to answer:
 /// 404 `not_found` without a row, 500 on a database error.
-pub(crate) async fn read_row<T>(
-    db: &SqlitePool,
-    query: &'static str,
-    sku: &str,
-) -> Result<T, Response>
+pub async fn read_row<T>(db: &SqlitePool, query: &'static str, sku: &str) -> Result<T, Response>
 where
     T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
 {
@@ -520,14 +506,15 @@ where
 }
 
 /// 404 `not_found` for `sku`.
-pub(crate) fn not_found(sku: &str) -> Response {
+pub fn not_found(sku: &str) -> Response {
     error_response(
         StatusCode::NOT_FOUND,
         json!({ "error": "not_found", "sku": sku }),
     )
 }
 
-pub(crate) fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {
+/// The 409 of a reservation larger than the stock.
+pub fn out_of_stock(sku: &str, requested: i64, available: i64) -> Response {
     error_response(
         StatusCode::CONFLICT,
         json!({

@@ -170,7 +170,7 @@ fn parse_upstream(s: &str) -> Result<(String, String), String> {
 
 /// Runs the command line; `default` (`"serve"` or `"demo"`) when no subcommand is
 /// given (flags after it belong to that default).
-pub(crate) async fn main(default: &str) -> ExitCode {
+pub async fn main(default: &str) -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let has_command = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
         ["serve", "gateway", "demo", "help"].contains(&a)
@@ -209,7 +209,7 @@ async fn demo_until_interrupted(cluster: bool) -> Result<(), BoxError> {
 
 /// Locking modes of an instance (of `POST /items/{sku}/reserve`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Locking {
+pub enum Locking {
     /// No lockflight: a plain Redis lock (SET <key> <random token> NX PX 30000,
     /// retried every 1 ms until the wait timeout, released by a compare-and-delete
     /// script) per request; no fencing token, so the write is not fenced. Needs
@@ -227,7 +227,7 @@ pub(crate) enum Locking {
 
 impl Locking {
     /// The mode's name on the command line (`INVENTORY_LOCKING`).
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Locking::Plain => "plain",
             Locking::Coalesced => "coalesced",
@@ -248,7 +248,7 @@ fn listen_addr(bind: IpAddr, port: u16) -> Result<SocketAddr, BoxError> {
 }
 
 /// Hides the password of `redis://user:password@host`.
-pub(crate) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &url[..scheme], &url[at + 1..])
@@ -406,7 +406,7 @@ async fn run_gateway(args: GatewayArgs) -> Result<(), BoxError> {
 /// Resolves on Ctrl-C, on SIGTERM, and — with `watch_stdin` — when standard input
 /// reaches its end (the demo holds a pipe to each child's stdin, so children stop
 /// even if the demo is killed outright).
-pub(crate) async fn shutdown_signal(watch_stdin: bool) {
+pub async fn shutdown_signal(watch_stdin: bool) {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

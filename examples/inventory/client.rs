@@ -11,39 +11,38 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 /// Errors of this module.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A keep-alive connection pool; cheap to clone.
 #[derive(Clone, Debug)]
-pub(crate) struct Http {
+pub struct Http {
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 /// A buffered response.
 #[derive(Clone, Debug)]
-pub(crate) struct Reply {
+pub struct Reply {
     /// Status.
-    pub(crate) status: StatusCode,
+    pub status: StatusCode,
     /// Headers.
-    #[allow(dead_code)] // used by examples/tests/inventory/
-    pub(crate) headers: HeaderMap,
+    pub headers: HeaderMap,
     /// Body.
-    pub(crate) body: Bytes,
+    pub body: Bytes,
 }
 
 impl Reply {
     /// The body as JSON (`Null` if it is not JSON).
-    pub(crate) fn json(&self) -> serde_json::Value {
+    pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
 
     /// The body as text (lossy).
-    pub(crate) fn text(&self) -> String {
+    pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
     /// The `code` of a problem body (the service's one error format), if any.
-    pub(crate) fn error_code(&self) -> Option<String> {
+    pub fn error_code(&self) -> Option<String> {
         self.json()
             .get("code")
             .and_then(|e| e.as_str())
@@ -59,7 +58,7 @@ impl Default for Http {
 
 impl Http {
     /// A new pool.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
@@ -69,7 +68,7 @@ impl Http {
     }
 
     /// Sends a request and buffers the response.
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         method: Method,
         url: &str,
@@ -79,7 +78,7 @@ impl Http {
     }
 
     /// Like [`send`](Self::send), with extra request headers.
-    pub(crate) async fn send_with(
+    pub async fn send_with(
         &self,
         method: Method,
         url: &str,
@@ -108,16 +107,12 @@ impl Http {
     }
 
     /// `GET url`.
-    pub(crate) async fn get(&self, url: &str) -> Result<Reply, BoxError> {
+    pub async fn get(&self, url: &str) -> Result<Reply, BoxError> {
         self.send(Method::GET, url, None).await
     }
 
     /// `POST url` with a JSON body.
-    pub(crate) async fn post(
-        &self,
-        url: &str,
-        json: &serde_json::Value,
-    ) -> Result<Reply, BoxError> {
+    pub async fn post(&self, url: &str, json: &serde_json::Value) -> Result<Reply, BoxError> {
         self.send(Method::POST, url, Some(json)).await
     }
 }

@@ -19,15 +19,10 @@ use crate::app;
 use crate::cli::Locking;
 use crate::client::BoxError;
 
-#[path = "demo/failover.rs"]
 mod failover;
-#[path = "demo/load.rs"]
 mod load;
-#[path = "demo/report.rs"]
 mod report;
-#[path = "demo/scenario.rs"]
 mod scenario;
-#[path = "demo/servers.rs"]
 mod servers;
 
 use scenario::Scenario;
@@ -137,7 +132,7 @@ const MODES: [Mode; 6] = [
 ];
 
 /// Runs the demo; with `cluster`, on a private 3-shard Redis Cluster.
-pub(crate) async fn run(cluster: bool) -> Result<(), BoxError> {
+pub async fn run(cluster: bool) -> Result<(), BoxError> {
     let started = Instant::now();
     println!("lockflight demo: inventory instances reserving hot SKUs\n");
 

@@ -35,14 +35,14 @@ use tower_service::Service;
 /// Its error type is `Infallible` (a failed upstream becomes a 502 response), which
 /// also keeps clear of the `BoxError` inference limitation noted on [`KeyRouter`].
 #[derive(Clone, Debug)]
-pub(crate) struct Upstream {
+pub struct Upstream {
     client: Client<HttpConnector, Body>,
     base: Arc<str>,
 }
 
 impl Upstream {
     /// Forwards to `base` (`http://host:port`, no trailing slash).
-    pub(crate) fn new(client: Client<HttpConnector, Body>, base: &str) -> Self {
+    pub fn new(client: Client<HttpConnector, Body>, base: &str) -> Self {
         Upstream {
             client,
             base: Arc::from(base.trim_end_matches('/')),
@@ -88,7 +88,7 @@ fn bad_gateway(message: String) -> Response<Body> {
 /// Keys are the second path segment, the SKU of `/items/{sku}` and
 /// `/items/{sku}/reserve` — as it appears in the URI, exactly like the instances'
 /// lock key (`KeyFrom`).
-pub(crate) fn gateway(upstreams: &[(String, String)]) -> (Router, RouterHandle<Upstream>) {
+pub fn gateway(upstreams: &[(String, String)]) -> (Router, RouterHandle<Upstream>) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client = Client::builder(TokioExecutor::new()).build(connector);

@@ -30,14 +30,7 @@
 //! for the leader-only job, `gateway.rs` for the SKU-routing gateway, `sizing.rs`
 //! for the histograms in `/stats` and `demo.rs` for the demo.
 
-mod app;
-mod cli;
-mod client;
-mod demo;
-mod gateway;
-mod sizing;
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    cli::main("serve").await
+    inventory::cli::main("serve").await
 }

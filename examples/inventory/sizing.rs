@@ -35,14 +35,14 @@ impl HistogramFn for Series {
 
 /// The recorder: only the `lockflight_*` histograms, everything else is dropped.
 #[derive(Debug, Default)]
-pub(crate) struct Sizing {
+pub struct Sizing {
     series: Mutex<BTreeMap<String, Arc<Series>>>,
 }
 
 impl Sizing {
     /// Installs a recorder as the process's global `metrics` recorder and returns
     /// it; `None` if another one is installed already.
-    pub(crate) fn install() -> Option<Arc<Sizing>> {
+    pub fn install() -> Option<Arc<Sizing>> {
         let sizing = Arc::new(Sizing::default());
         metrics::set_global_recorder(Shared(Arc::clone(&sizing)))
             .ok()
@@ -50,7 +50,7 @@ impl Sizing {
     }
 
     /// `{ "<name>{labels}": { count, p50, p99, max } }`, seconds for `*_seconds`.
-    pub(crate) fn snapshot(&self) -> Value {
+    pub fn snapshot(&self) -> Value {
         let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = serde_json::Map::new();
         for (name, s) in series.iter() {

@@ -119,9 +119,11 @@ mod relay;
 mod resp;
 mod server;
 mod steps;
+mod test_path;
 
 pub use engine::{ENGINE_VAR, Engine};
 pub use logs::Logs;
 use ports::*;
 pub use postgres::{Postgres, shared_postgres};
+pub use test_path::test_path;
 pub use {acl::*, counting::*, process::*, proxy::*, relay::Relay, resp::*, server::*, steps::*};

@@ -8,7 +8,7 @@
 //!   "dies" (its leadership is dropped on a thread without a runtime, so nothing is
 //!   sent, as after `kill -9`): the waiting instance leads once the lease's TTL
 //!   ends, with a greater term, and observers follow. (Real processes killed and
-//!   stopped: `tests/election_processes.rs`, on one server.)
+//!   stopped: `tests/election/processes.rs`, on one server.)
 
 use std::time::Duration;
 

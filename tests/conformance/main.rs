@@ -28,8 +28,8 @@
 //! its own (a Cluster or Sentinel set per test would cost seconds each); what they
 //! check is the release and renewal scripts' answers and the client's reading of
 //! them, which are the same on every topology (a Sentinel client additionally
-//! follows the new primary on `READONLY`: `tests/sentinel.rs`). Replica
-//! acknowledgement is its own binary (`tests/replication`), one definition for every
+//! follows the new primary on `READONLY`: `tests/topology/sentinel.rs`). Replica
+//! acknowledgement is its own module (`tests/topology/replication`), one definition for every
 //! kind, because its tests stop the one replica and must run one at a time.
 //!
 //! The topologies ([`Topology`]): the memory backend, one server, a 3-primary
@@ -43,16 +43,25 @@
 //! server; the others share one of each topology per test binary, each cell under
 //! its own prefix.
 
-// The matrix runs on every topology, Cluster and Sentinel included.
-#![cfg(all(feature = "cluster", feature = "sentinel"))]
-
+// The matrix runs on every topology, Cluster and Sentinel included: without
+// both features, only the twins (feature `testing`) are compiled.
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod election;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod exclusion;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod kinds;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod lifecycle;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod loss;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod release;
+/// The test kit's fault knobs and their real-server twins.
+#[cfg(feature = "testing")]
+mod twins;
 
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 pub(crate) use kinds::{Held, Kind, Topology};
 
 /// Instantiates `cell` (an `async fn(Kind, Topology)` of the current module) for
@@ -60,6 +69,7 @@ pub(crate) use kinds::{Held, Kind, Topology};
 /// a module named after the cell, a module per topology, a test per kind. With
 /// `every topology, no kind`, `cell` is an `async fn(Topology)` (a cell that no lock
 /// kind varies, such as an election's), with a test per topology.
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 macro_rules! matrix {
     ($cell:ident: every topology) => {
         matrix!(@topologies matrix, $cell);
@@ -116,10 +126,12 @@ macro_rules! matrix {
         }
     };
 }
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 pub(crate) use matrix;
 
 /// [`matrix!`]'s `no kind` form: a test per topology, in a module named after the
 /// cell.
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 macro_rules! topology_only {
     ($cell:ident: $($(#[$attr:meta])* $topo:ident => $variant:ident),+ $(,)?) => {
         mod $cell {
@@ -133,4 +145,5 @@ macro_rules! topology_only {
         }
     };
 }
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
 pub(crate) use topology_only;

@@ -1,4 +1,4 @@
-//! The leader-only job (`examples/inventory/job.rs`): one instance at a time runs
+//! The leader-only job (`examples/inventory/app/job.rs`): one instance at a time runs
 //! it, a killed leader's successor takes over in a greater term, and a stale
 //! term's sweep is refused by the jobs row's fence.
 

@@ -6,12 +6,7 @@
 //! documented, and the leader-only job runs on one instance at a time, its killed
 //! leader replaced in a greater term.
 
-#[path = "../../inventory/app.rs"]
-mod app;
-#[path = "../../inventory/client.rs"]
-mod client;
-#[path = "../../inventory/gateway.rs"]
-mod gateway;
+use inventory::{app, client, gateway};
 
 mod job;
 mod plain;
