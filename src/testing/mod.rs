@@ -9,7 +9,7 @@
 //! `tokio::time::advance`, deterministically and without waiting.
 //!
 //! Then the test breaks what production breaks (in brackets, the test of
-//! `tests/twins.rs` that produces the same fault on a real server and checks
+//! `tests/conformance/twins.rs` that produces the same fault on a real server and checks
 //! the same outcome there and here):
 //!
 //! * **lost replies and lost requests**: [`FaultBuilder::lose_reply`] applies a
@@ -41,7 +41,7 @@
 //! [`FencedKey`](crate::fence::FencedKey) without Redis, with its rule, its
 //! outcomes and its errors; its requests ([`Op::Fenced`]) meet the server's
 //! faults, so a repeat after a lost reply can be tested too (twins: every case
-//! of `tests/fence/cases.rs` runs on both).
+//! of `tests/locks/fence/cases.rs` runs on both).
 //!
 //! When the holder feels each fault (at its next renewal, at the end of its
 //! validity, never) is in the guide's

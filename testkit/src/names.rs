@@ -3,7 +3,7 @@
 //! "Redis key layout") with the prefix the backend was built with
 //! (`RedisBackendBuilder::prefix`, default `RedisBackendBuilder::DEFAULT_PREFIX`).
 //!
-//! The backend does not expose its names; `tests/redis_lock/names.rs` checks these
+//! The backend does not expose its names; `tests/locks/redis_lock/names.rs` checks these
 //! against what it writes.
 
 use lockflight::LockKey;

@@ -371,7 +371,7 @@ impl ReplyParser {
 }
 
 /// Checks the two RESP parsers on tricky streams, cut into chunks of every size.
-/// Public so that a test binary runs it (`tests/harness.rs`): the parsers are
+/// Public so that a test binary runs it (`tests/in_process/harness.rs`): the parsers are
 /// crate-private.
 pub fn parsers_self_test() {
     fn feed_all(p: &mut ReplyParser, data: &[u8], chunk: usize) -> Vec<ReplyStart> {

@@ -2,7 +2,7 @@
 //! the client's connection ends at once, so the request is indeterminate and what
 //! follows goes on a new connection, while the request itself reaches Redis
 //! seconds later). The two shapes the lease protocol must survive (the model in
-//! `src/lease/model.rs` explores them exhaustively; these run them on a real
+//! `src/lease/model/` explores them exhaustively; these run them on a real
 //! server, plain and with `replica_ack`, where grants travel on pooled
 //! connections):
 //!
