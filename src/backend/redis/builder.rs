@@ -12,7 +12,7 @@ use super::cluster;
 #[cfg(feature = "sentinel")]
 use super::sentinel;
 use super::{Conn, Inner, Timeouts, Topology, acked, card, conn, connect_error, life, notify};
-use crate::backend::{RedisBackend, WakeRegistry};
+use crate::backend::{RedisBackend, Signals};
 use crate::error::{Error, Result};
 
 /// The key `connect` runs the extend script on (with a random token: it writes
@@ -341,7 +341,7 @@ impl RedisBackendBuilder {
             instance_id,
             instance,
             channel_prefix,
-            wakeups: WakeRegistry::new(),
+            signals: Signals::new(),
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,

@@ -68,9 +68,7 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{
-    Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry, WhenBusy,
-};
+use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, Signals, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -202,7 +200,7 @@ struct Inner {
     channel: String,
     /// The card's text.
     card: String,
-    wakeups: WakeRegistry,
+    signals: Signals,
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
@@ -692,8 +690,8 @@ impl LockBackend for RedisBackend {
         Ok(())
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
-        &self.inner.wakeups
+    fn signals(&self) -> &Signals {
+        &self.inner.signals
     }
 
     fn rw(&self) -> Option<&dyn crate::backend::rw::RwBackend> {
