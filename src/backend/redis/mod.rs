@@ -74,10 +74,11 @@ use crate::key::LockKey;
 
 mod acked;
 mod card;
+mod client;
+pub(crate) use client::nodelay_client;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
-pub(crate) use conn::nodelay_client;
 mod life;
 mod notify;
 #[cfg(feature = "cluster")]
@@ -90,7 +91,8 @@ mod semaphore;
 mod sentinel;
 
 use acked::LeaseScript;
-use conn::{Conn, Timeouts, Topology};
+use client::Timeouts;
+use conn::{Conn, Topology};
 use notify::leader_message;
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
