@@ -36,7 +36,7 @@ use super::rw::RwBackend;
 use super::semaphore::SemaphoreBackend;
 use super::signals::Signals;
 use super::token::LeaseToken;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key::LockKey;
 
 /// Which lock of a key string a wake-up is for.
@@ -204,14 +204,14 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
         LeaseKind::Read | LeaseKind::Write => match backend.rw() {
             Some(rw) if item.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
             Some(rw) => rw.extend_write(key, token, ttl).await,
-            None => Err(crate::Error::Unsupported {
+            None => Err(Error::Unsupported {
                 key: key.clone(),
                 what: "read-write locks",
             }),
         },
         LeaseKind::Permit => match backend.semaphore() {
             Some(sem) => sem.extend_permit(key, token, ttl).await,
-            None => Err(crate::Error::Unsupported {
+            None => Err(Error::Unsupported {
                 key: key.clone(),
                 what: "semaphores",
             }),
@@ -277,7 +277,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// * the token that owns the key re-arms it, as with `acquire`.
     ///
     /// Backends that cannot order waiters keep the default, which refuses with
-    /// [`Error::Unsupported`](crate::Error::Unsupported), and report `false` from
+    /// [`Error::Unsupported`](Error::Unsupported), and report `false` from
     /// [`supports_fair`](LockBackend::supports_fair); the locker then refuses
     /// to build in fair mode.
     async fn acquire_fair(
@@ -289,7 +289,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         age: Duration,
     ) -> Result<Acquire> {
         let _ = (token, ttl, when_busy, age);
-        Err(crate::Error::Unsupported {
+        Err(Error::Unsupported {
             key: key.clone(),
             what: "fair mode",
         })
@@ -399,10 +399,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// (the term, as decimal digits); a record whose first 40 bytes compare greater
     /// is kept. Returns whether `record` was written.
     ///
-    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
     async fn write_leader(&self, key: &LockKey, record: &[u8], ttl: Duration) -> Result<bool> {
         let _ = (record, ttl);
-        Err(crate::Error::Unsupported {
+        Err(Error::Unsupported {
             key: key.clone(),
             what: "leader election",
         })
@@ -411,9 +411,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// The leader record of the election `key`, if one is stored and has not
     /// expired.
     ///
-    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
     async fn read_leader(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
-        Err(crate::Error::Unsupported {
+        Err(Error::Unsupported {
             key: key.clone(),
             what: "leader election",
         })
@@ -422,10 +422,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Deletes the leader record of the election `key` if it is still `record`
     /// (a newer leader's record stays). Returns whether it was deleted.
     ///
-    /// The default refuses with [`Error::Unsupported`](crate::Error::Unsupported).
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
     async fn clear_leader(&self, key: &LockKey, record: &[u8]) -> Result<bool> {
         let _ = record;
-        Err(crate::Error::Unsupported {
+        Err(Error::Unsupported {
             key: key.clone(),
             what: "leader election",
         })

@@ -58,7 +58,7 @@ use super::rw::{RwNames, fence_ttl_ms};
 use super::semaphore::{SemNames, decode_permit_extend};
 use super::{Names, RedisBackend, decode_extend, map_err, millis, renewal_script, unexpected};
 use crate::backend::{Extend, LeaseKind, RenewItem, extend_one};
-use crate::error::{Phase, Result};
+use crate::error::{Error, Phase, Result};
 
 /// At most this many leases per script call, so that one call holds Redis for a
 /// few milliseconds at most (measured by `measure_batched_renewal` in
@@ -376,7 +376,7 @@ fn scatter<'a>(
         .zip(leases)
         .map(|(result, i)| {
             result.unwrap_or_else(|| {
-                Err(crate::Error::backend(
+                Err(Error::backend(
                     items[i].key,
                     Phase::Renewing,
                     "the batch renewal gave no answer for this lease",
