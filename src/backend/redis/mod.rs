@@ -89,6 +89,7 @@ mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod slots;
 
 use acked::LeaseScript;
 use client::Timeouts;

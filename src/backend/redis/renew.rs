@@ -168,7 +168,7 @@ impl RedisBackend {
     /// The cluster slot of a lease's keys (0 on one server).
     fn slot_of(&self, item: &RenewItem<'_>) -> u16 {
         if self.inner.conn.is_cluster() {
-            super::replay::slot(&Names::new(&self.inner.prefix, item.key).lock)
+            super::slots::slot(&Names::new(&self.inner.prefix, item.key).lock)
         } else {
             0
         }
