@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, WakeRegistry, WhenBusy};
+use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, Signals, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -100,7 +100,7 @@ struct Inner {
     last_epoch: AtomicU64,
     /// The clock that floors the epochs.
     clock: EpochClock,
-    wakeups: WakeRegistry,
+    signals: Signals,
     rw: rw::State,
     semaphores: semaphore::State,
     /// The elections' leader records, with their expiry.
@@ -184,7 +184,7 @@ impl MemoryBackend {
     /// it waits; waiters of the key's read-write lock or semaphore wait for other
     /// locks).
     fn waiting(&self, key: &LockKey) -> u32 {
-        u32::try_from(self.inner.wakeups.watchers(LockKind::Mutex, key.as_bytes()))
+        u32::try_from(self.inner.signals.watchers(LockKind::Mutex, key.as_bytes()))
             .unwrap_or(u32::MAX)
     }
 }
@@ -335,7 +335,7 @@ impl LockBackend for MemoryBackend {
                 // it; an expiry wakes the waiters once.
                 self.inner.locks.remove_if(key, |_, h| h.expires <= now);
                 if expired {
-                    self.inner.wakeups.wake(LockKind::Mutex, key.as_bytes());
+                    self.inner.signals.wake(LockKind::Mutex, key.as_bytes());
                 }
             }
             if when_busy == WhenBusy::Queue {
@@ -395,7 +395,7 @@ impl LockBackend for MemoryBackend {
             released || held.expires <= now
         });
         if removed.is_some() {
-            self.inner.wakeups.wake(LockKind::Mutex, key.as_bytes());
+            self.inner.signals.wake(LockKind::Mutex, key.as_bytes());
         }
         Ok(Released {
             released,
@@ -436,7 +436,7 @@ impl LockBackend for MemoryBackend {
         *expires = now + ttl;
         drop(entry);
         if changed {
-            self.inner.wakeups.leader_changed(key.as_bytes());
+            self.inner.signals.leader_changed(key.as_bytes());
         }
         Ok(true)
     }
@@ -463,7 +463,7 @@ impl LockBackend for MemoryBackend {
             .remove_if(key, |_, e| e.0 == record)
             .is_some();
         if deleted {
-            self.inner.wakeups.leader_changed(key.as_bytes());
+            self.inner.signals.leader_changed(key.as_bytes());
         }
         Ok(deleted)
     }
@@ -480,8 +480,8 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
-        &self.inner.wakeups
+    fn signals(&self) -> &Signals {
+        &self.inner.signals
     }
 
     fn rw(&self) -> Option<&dyn crate::backend::rw::RwBackend> {

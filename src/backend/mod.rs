@@ -9,6 +9,7 @@
 //! any release. ARCHITECTURE.md explains it.
 
 pub(crate) mod detached;
+mod interface;
 pub mod memory;
 pub mod redis;
 pub mod redlock;
@@ -21,19 +22,28 @@ pub(crate) mod schedule;
 pub mod semaphore;
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) mod semaphore;
-mod spi;
+mod signals;
+mod token;
 
+pub(crate) use interface::extend_one;
+#[cfg(feature = "unstable-backend-api")]
+pub use interface::{
+    Acquire, Extend, LeaseKind, LockBackend, LockKind, Released, RenewItem, WhenBusy,
+};
+#[cfg(not(feature = "unstable-backend-api"))]
+pub(crate) use interface::{
+    Acquire, Extend, LeaseKind, LockBackend, LockKind, Released, RenewItem, WhenBusy,
+};
 pub use memory::MemoryBackend;
 pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]
-pub use spi::{
-    Acquire, Extend, LeaderChange, LeaseKind, LeaseToken, LockBackend, LockKind, Released,
-    RenewItem, Revocation, WakeRegistry, Wakeup, WhenBusy,
-};
+pub use signals::{LeaderChange, Revocation, Signals, Wakeup};
+pub(crate) use signals::{Losable, Registration};
 #[cfg(not(feature = "unstable-backend-api"))]
-pub(crate) use spi::{
-    Acquire, Extend, LeaseKind, LeaseToken, LockBackend, LockKind, Released, RenewItem, Revocation,
-    WakeRegistry, Wakeup, WhenBusy,
-};
-pub(crate) use spi::{Held, Holding, drift, extend_one};
+pub(crate) use signals::{Revocation, Signals, Wakeup};
+#[cfg(feature = "unstable-backend-api")]
+pub use token::LeaseToken;
+#[cfg(not(feature = "unstable-backend-api"))]
+pub(crate) use token::LeaseToken;
+pub(crate) use token::drift;

@@ -17,7 +17,7 @@
 //!    acquire returns the last write epoch recorded (0 if none).
 //! 4. When a write lease is released, or the last live read lease leaves, or a
 //!    waiting writer leaves while none remains, every instance that was told to wait
-//!    is woken through its [`wakeups`](super::LockBackend::wakeups) registry, as
+//!    is woken through its [`signals`](super::LockBackend::signals) registry, as
 //!    [`LockKind::ReadWrite`](super::LockKind::ReadWrite) (never as the key's mutex
 //!    or semaphore, which are other locks).
 //! 5. Repeating an acquire with the same token re-arms what it may already hold

@@ -46,7 +46,7 @@ pub struct Permits {
 ///    given all it asked for) is registered in the key's waiting set (entries
 ///    expire); a release or a leave that leaves `k` permits free wakes up to `k`
 ///    waiting instances, oldest first, through their
-///    [`wakeups`](super::LockBackend::wakeups), as
+///    [`signals`](super::LockBackend::signals), as
 ///    [`LockKind::Semaphore`](super::LockKind::Semaphore).
 ///
 /// # Cancel safety

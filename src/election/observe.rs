@@ -272,7 +272,7 @@ pub(super) async fn follow(
     let ttl = locker.lease_ttl();
     // Taken before the first registration and read: a change announced while
     // either runs is kept for the next wait.
-    let mut announced = backend.wakeups().watch_leader(&key);
+    let mut announced = backend.signals().watch_leader(&key);
     loop {
         // Before the read, so a local change during it is not missed.
         let local = changed.notified();

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, LeaseToken, LockKind, WakeRegistry, Wakeup, WhenBusy};
+use crate::backend::{Acquire, LeaseToken, LockKind, Signals, Wakeup, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::engine::Engine;
@@ -47,7 +47,7 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// wake-up that raced with a busy reply is never missed: it only makes the loop ask
 /// again at once), and the backoff after errors.
 pub(crate) struct Pacer<'a> {
-    wakeups: &'a WakeRegistry,
+    wakeups: &'a Signals,
     kind: LockKind,
     key: &'a LockKey,
     one_at_a_time: bool,
@@ -59,9 +59,9 @@ pub(crate) struct Pacer<'a> {
 impl<'a> Pacer<'a> {
     /// A pacer for the `kind` lock of `key`; with `one_at_a_time`, one wake-up
     /// reaches one of the process's loops for the lock
-    /// ([`WakeRegistry::watch_one`]), else every one.
+    /// ([`Signals::watch_one`]), else every one.
     pub(crate) fn new(
-        wakeups: &'a WakeRegistry,
+        wakeups: &'a Signals,
         kind: LockKind,
         key: &'a LockKey,
         one_at_a_time: bool,
@@ -251,7 +251,7 @@ where
         }
     };
     let mut pacer = Pacer::new(
-        engine.backend.wakeups(),
+        engine.backend.signals(),
         kind.lock_kind(),
         key,
         ask.one_at_a_time,
@@ -437,7 +437,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_wake_up_between_the_request_and_the_watch_is_not_missed() {
-        let wakeups = WakeRegistry::new();
+        let wakeups = Signals::new();
         let key = LockKey::from("k");
         let mut pacer = Pacer::new(&wakeups, LockKind::Mutex, &key, false);
         pacer.sending();
@@ -469,7 +469,7 @@ mod tests {
 
     #[test]
     fn the_backoff_doubles_to_its_bound_and_restarts_after_an_answer() {
-        let wakeups = WakeRegistry::new();
+        let wakeups = Signals::new();
         let key = LockKey::from("k");
         let mut pacer = Pacer::new(&wakeups, LockKind::Mutex, &key, false);
         let pauses: Vec<u64> = (0..8).map(|_| pacer.backoff().as_millis() as u64).collect();

@@ -25,7 +25,7 @@
 //! 3. The watchdog stops when the lease is finally released (not when it is handed
 //!    off: one watchdog serves the lease across all its local holders).
 //! 4. From its grant until its final release a lease is registered, by token, with
-//!    its backend's [`WakeRegistry`] (`Renewals::watch`, `Renewals::forget`): a
+//!    its backend's [`Signals`] (`Renewals::watch`, `Renewals::forget`): a
 //!    takeover message (a forced release deleted that token's lease) marks exactly
 //!    that lease lost, at once, never another lease of the key. A cached lease is
 //!    not finally released, so it stays registered, and renewed.
@@ -33,7 +33,7 @@
 //! # Lock order
 //!
 //! The renewal set's mutex, then a lease's `valid_until` mutex (a leaf). A lease's
-//! `holding` mutex is a leaf too: the registry's map is written before it is taken
+//! `registration` mutex is a leaf too: the registry's map is written before it is taken
 //! or after it is let go. None is held across an `.await`.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize};
@@ -43,7 +43,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Held, Holding, LeaseToken, WakeRegistry};
+use crate::backend::{LeaseToken, Losable, Registration, Signals};
 use crate::key::LockKey;
 use crate::stats::StatsInner;
 
@@ -106,8 +106,8 @@ pub(crate) struct Lease {
     /// [`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
     revocation: OnceLock<crate::backend::Revocation>,
     /// The lease's registration for takeovers, from its grant until its final
-    /// release ([`WakeRegistry::hold`](crate::backend::WakeRegistry)).
-    holding: Mutex<Option<Holding>>,
+    /// release ([`Signals::register`](crate::backend::Signals)).
+    registration: Mutex<Option<Registration>>,
     lost: CancellationToken,
     lost_reason: OnceLock<String>,
     stop: CancellationToken,
@@ -142,7 +142,7 @@ impl Lease {
             hold_until: OnceLock::new(),
             arrival_bound: OnceLock::new(),
             revocation: OnceLock::new(),
-            holding: Mutex::new(None),
+            registration: Mutex::new(None),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -185,28 +185,28 @@ impl Lease {
     }
 
     /// Registers the lease with its backend's takeovers: a forced release that
-    /// deletes it marks it lost at once ([`Held::taken_over`]). Until
-    /// [`unhold`](Self::unhold), or the lease's drop.
-    pub(crate) fn hold(self: &Arc<Self>, wakeups: &WakeRegistry) {
-        let weak: Weak<dyn Held> = Arc::downgrade(self) as Weak<Self>;
-        let holding = wakeups.hold(self.token, weak);
+    /// deletes it marks it lost at once ([`Losable::taken_over`]). Until
+    /// [`unregister`](Self::unregister), or the lease's drop.
+    pub(crate) fn register(self: &Arc<Self>, signals: &Signals) {
+        let weak: Weak<dyn Losable> = Arc::downgrade(self) as Weak<Self>;
+        let registration = signals.register(self.token, weak);
         let previous = self
-            .holding
+            .registration
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .replace(holding);
+            .replace(registration);
         drop(previous);
     }
 
     /// Ends the lease's registration with its backend's takeovers (its final
     /// release is under way).
-    pub(crate) fn unhold(&self) {
-        let holding = self
-            .holding
+    pub(crate) fn unregister(&self) {
+        let registration = self
+            .registration
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        drop(holding);
+        drop(registration);
     }
 
     /// The revocations of the lease's key, if it may be cached.
@@ -331,8 +331,8 @@ impl Lease {
     }
 }
 
-impl Held for Lease {
-    /// Signals the loss at once (see [`WakeRegistry::take_over`]). Every path that
+impl Losable for Lease {
+    /// Signals the loss at once (see [`Signals::take_over`]). Every path that
     /// would start a new local section on the lease (a handoff, a cached lease
     /// taken, a reader joining a shared read lease) checks [`Lease::is_lost`]
     /// first, and the release of a lost lease goes to the backend.

@@ -130,11 +130,11 @@ impl Renewals {
 
     /// Starts watching a lease whose acquire was sent at `sent_at`: renewing it,
     /// and registering it with the backend's takeovers
-    /// ([`WakeRegistry::take_over`](crate::backend::WakeRegistry::take_over)),
+    /// ([`Signals::take_over`](crate::backend::Signals::take_over)),
     /// until [`forget`](Self::forget). Must be called within a Tokio runtime
     /// (acquisitions are).
     pub(crate) fn watch(self: &Arc<Self>, lease: &Arc<Lease>, sent_at: Instant) {
-        lease.hold(self.backend.wakeups());
+        lease.register(self.backend.signals());
         self.ensure_driver();
         self.schedule(lease, sent_at + self.every);
     }
@@ -174,7 +174,7 @@ impl Renewals {
     /// for takeovers.
     pub(crate) fn forget(&self, lease: &Lease) {
         lease.stop();
-        lease.unhold();
+        lease.unregister();
         let mut held = self.lock();
         let index = lease.renewal_index.load(Ordering::Relaxed);
         if index != NOT_QUEUED {

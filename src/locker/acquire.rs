@@ -81,7 +81,7 @@ impl LockerState {
     /// with several lockers on one backend, others may); a waiter of the key's
     /// read-write lock or semaphore waits for another lock, with its own queue.
     pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
-        let wakeups = self.backend.wakeups();
+        let wakeups = self.backend.signals();
         let lead = Inheritance {
             queued: lead.queued && !wakeups.is_watched(LockKind::Mutex, key.as_bytes()),
             ..lead
@@ -138,7 +138,7 @@ impl LockerState {
         let linger = self.config.lease_cache;
         let revocation =
             (!self.config.fair && !linger.is_zero() && self.warm.is_warm(key, start, linger))
-                .then(|| self.backend.wakeups().watch_revocation(key));
+                .then(|| self.backend.signals().watch_revocation(key));
         let ask = Ask {
             key,
             kind: LeaseKind::Mutex,

@@ -554,7 +554,7 @@ mod tests {
             async move { sem.acquire().await.unwrap() }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let wakeups = locker.shared().backend.wakeups().clone();
+        let wakeups = locker.shared().backend.signals().clone();
         // Handed on, then lost, before the waiter runs (one thread, no await).
         drop(held);
         assert_eq!(locker.stats().handoffs, 1, "handed on");

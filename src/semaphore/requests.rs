@@ -308,7 +308,7 @@ impl Driver {
         };
         let ttl = semaphores.config.lease_ttl;
         let mut pacer = Pacer::new(
-            semaphores.backend.wakeups(),
+            semaphores.backend.signals(),
             LockKind::Semaphore,
             key,
             false,

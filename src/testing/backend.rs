@@ -15,8 +15,7 @@ use super::shared::{Instance, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{
-    Acquire, Extend, LeaseToken, LockBackend, LockKind, MemoryBackend, Released, WakeRegistry,
-    WhenBusy,
+    Acquire, Extend, LeaseToken, LockBackend, LockKind, MemoryBackend, Released, Signals, WhenBusy,
 };
 use crate::error::Result;
 use crate::key::LockKey;
@@ -244,7 +243,7 @@ impl LockBackend for SimBackend {
         .await
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
+    fn signals(&self) -> &Signals {
         &self.me.wakeups
     }
 

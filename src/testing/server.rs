@@ -13,7 +13,7 @@ use super::fault::FaultBuilder;
 use super::fence::SimFencedKey;
 use super::requests::{Counters, Requests};
 use super::shared::{Instance, Outage, Shared};
-use crate::backend::WakeRegistry;
+use crate::backend::Signals;
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -65,7 +65,7 @@ impl SimServer {
         let id = self.shared.last_instance.fetch_add(1, Ordering::Relaxed) + 1;
         let me = Arc::new(Instance {
             id,
-            wakeups: WakeRegistry::new(),
+            wakeups: Signals::new(),
             requests: Counters::default(),
         });
         let mut instances = self.shared.instances();
@@ -196,8 +196,8 @@ mod tests {
         let granted = a.acquire(&k, ta, ttl, WhenBusy::Queue).await.unwrap();
         assert!(matches!(granted, Acquire::Acquired { waiting: 0, .. }));
 
-        let mut at_holder = a.wakeups().watch_revocation(&k);
-        let mut elsewhere = c.wakeups().watch_revocation(&k);
+        let mut at_holder = a.signals().watch_revocation(&k);
+        let mut elsewhere = c.signals().watch_revocation(&k);
         let busy = b.acquire(&k, b.new_token(), ttl, WhenBusy::Queue).await;
         assert!(matches!(busy, Ok(Acquire::Busy { .. })), "{busy:?}");
         assert!(
@@ -214,16 +214,16 @@ mod tests {
             .next(1)
             .drop_message(Message::Wakeup)
             .unwrap();
-        let mut b_waits = b.wakeups().watch(LockKind::Mutex, &k);
-        let mut c_waits = c.wakeups().watch(LockKind::Mutex, &k);
-        let before = idle.wakeups().generation(LockKind::Mutex, b"k");
+        let mut b_waits = b.signals().watch(LockKind::Mutex, &k);
+        let mut c_waits = c.signals().watch(LockKind::Mutex, &k);
+        let before = idle.signals().generation(LockKind::Mutex, b"k");
         let released = a.release(&k, ta).await.unwrap();
         assert!(released.released);
         assert_eq!(released.waiting, 2, "b and c wait");
         assert!(b_waits.woken().now_or_never().is_none(), "b's copy dropped");
         assert!(c_waits.woken().now_or_never().is_some(), "c's delivered");
         assert_ne!(
-            idle.wakeups().generation(LockKind::Mutex, b"k"),
+            idle.signals().generation(LockKind::Mutex, b"k"),
             before,
             "an instance that does not wait still sees the generation move"
         );

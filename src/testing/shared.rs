@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::fault::{Message, MessageFault, Op, RequestFault, Rules};
 use super::requests::Counters;
 use super::resources::Resources;
-use crate::backend::{LeaseToken, LockKind, MemoryBackend, WakeRegistry};
+use crate::backend::{LeaseToken, LockKind, MemoryBackend, Signals};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
@@ -25,7 +25,7 @@ const RECORD_TTL: Duration = Duration::from_secs(11);
 #[derive(Debug)]
 pub(super) struct Instance {
     pub(super) id: u64,
-    pub(super) wakeups: WakeRegistry,
+    pub(super) wakeups: Signals,
     pub(super) requests: Counters,
 }
 

@@ -11,9 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{
-    Acquire, Extend, LeaseToken, Released, RenewItem, WakeRegistry, WhenBusy,
-};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, RenewItem, Signals, WhenBusy};
 use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
@@ -148,8 +146,8 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);
         self.inner.leave(key).await
     }
-    fn wakeups(&self) -> &WakeRegistry {
-        self.inner.wakeups()
+    fn signals(&self) -> &Signals {
+        self.inner.signals()
     }
     fn fencing(&self) -> bool {
         self.inner.fencing()

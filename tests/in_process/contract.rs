@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
+use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Signals, WhenBusy};
 use lockflight::{
     Error, Handoff, LockKey, Locker, LossPolicy, MemoryBackend, Result, backend::LockBackend,
     error::Phase,
@@ -117,8 +117,8 @@ impl LockBackend for Faulty {
         self.inner.leave(key).await
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
-        self.inner.wakeups()
+    fn signals(&self) -> &Signals {
+        self.inner.signals()
     }
 }
 

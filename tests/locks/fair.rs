@@ -264,7 +264,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
             queued.leave(&key).await.unwrap();
             continue;
         }
-        let before = queued.wakeups().generation(LockKind::Mutex, key.as_bytes());
+        let before = queued.signals().generation(LockKind::Mutex, key.as_bytes());
         assert!(
             fair.try_lock(&key).await.unwrap().is_none(),
             "fair try_lock barged"
@@ -276,7 +276,7 @@ async fn try_lock_is_busy_while_an_earlier_instance_waits() {
         ));
         assert!(
             wait_until(Duration::from_secs(5), || {
-                let woken = queued.wakeups().generation(LockKind::Mutex, key.as_bytes()) != before;
+                let woken = queued.signals().generation(LockKind::Mutex, key.as_bytes()) != before;
                 async move { woken }
             })
             .await,

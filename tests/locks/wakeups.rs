@@ -7,16 +7,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockflight::backend::{
-    Acquire, Extend, LeaseToken, LockKind, Released, WakeRegistry, WhenBusy,
-};
+use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, Signals, WhenBusy};
 use lockflight::{Contention, LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
 /// key as a release by another instance would at that very moment; grants the next.
 #[derive(Debug, Default)]
 struct RacingRelease {
-    wakeups: WakeRegistry,
+    wakeups: Signals,
     acquires: AtomicU32,
 }
 
@@ -58,7 +56,7 @@ impl LockBackend for RacingRelease {
     async fn leave(&self, _key: &LockKey) -> lockflight::Result<()> {
         Ok(())
     }
-    fn wakeups(&self) -> &WakeRegistry {
+    fn signals(&self) -> &Signals {
         &self.wakeups
     }
 }
@@ -87,7 +85,7 @@ async fn a_wake_up_during_the_busy_reply_is_not_lost() {
         assert_eq!(backend.acquires.load(Ordering::SeqCst), 2);
         guard.release().await.unwrap();
         assert!(
-            backend.wakeups().is_empty(),
+            backend.signals().is_empty(),
             "the wake-up registration leaked"
         );
     }
@@ -181,7 +179,7 @@ async fn a_used_claim_does_not_cost_a_newer_queue_entry() {
             .unwrap(),
         Acquire::Acquired { .. }
     ));
-    let _a_waits = a.wakeups().watch(LockKind::Mutex, &key);
+    let _a_waits = a.signals().watch(LockKind::Mutex, &key);
     assert!(matches!(
         a.acquire(&key, LeaseToken::random(), ttl, WhenBusy::Queue)
             .await
@@ -296,7 +294,7 @@ async fn channel_messages_wake_the_kind_they_name() {
     let key = LockKey::from("k");
     let mut watches: Vec<_> = LockKind::ALL
         .into_iter()
-        .map(|kind| b.wakeups().watch(kind, &key))
+        .map(|kind| b.signals().watch(kind, &key))
         .collect();
     let mut con = server.connection().await;
     let short = Duration::from_millis(100);
@@ -433,7 +431,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
     assert!(
         testkit::wait_until(Duration::from_secs(10), || async {
             naive.stats().acquire_attempts == TASKS
-                && a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS as usize
+                && a.signals().watchers(LockKind::Mutex, key.as_bytes()) == TASKS as usize
         })
         .await,
         "{:?}",
@@ -458,7 +456,7 @@ async fn without_coalescing_a_release_wakes_one_local_task() {
         "{attempts} acquire requests for {TASKS} critical sections"
     );
     assert!(
-        testkit::wait_until(Duration::from_secs(5), || async { a.wakeups().is_empty() }).await,
+        testkit::wait_until(Duration::from_secs(5), || async { a.signals().is_empty() }).await,
         "a wake-up registration leaked"
     );
 }
@@ -487,7 +485,7 @@ async fn without_coalescing_cancelled_waiters_strand_nobody() {
     }
     assert!(
         testkit::wait_until(Duration::from_secs(10), || async {
-            a.wakeups().watchers(LockKind::Mutex, key.as_bytes()) == TASKS
+            a.signals().watchers(LockKind::Mutex, key.as_bytes()) == TASKS
         })
         .await
     );

@@ -177,7 +177,7 @@ impl RwBackend for MemoryBackend {
             (released, wake, e.waiting_writers(None))
         });
         if wake {
-            self.inner.wakeups.wake(LockKind::ReadWrite, key.as_bytes());
+            self.inner.signals.wake(LockKind::ReadWrite, key.as_bytes());
         }
         Ok(Released { released, waiting })
     }
@@ -192,7 +192,7 @@ impl RwBackend for MemoryBackend {
             (released, released || withdrew, e.waiting_writers(None))
         });
         if wake {
-            self.inner.wakeups.wake(LockKind::ReadWrite, key.as_bytes());
+            self.inner.signals.wake(LockKind::ReadWrite, key.as_bytes());
         }
         Ok(Released { released, waiting })
     }

@@ -166,7 +166,7 @@ impl SemaphoreBackend for MemoryBackend {
         let wake = self.settle_semaphore(&mut keys, key);
         drop(keys);
         if wake {
-            self.inner.wakeups.wake(LockKind::Semaphore, key.as_bytes());
+            self.inner.signals.wake(LockKind::Semaphore, key.as_bytes());
         }
         Ok(released)
     }
@@ -182,7 +182,7 @@ impl SemaphoreBackend for MemoryBackend {
         let wake = self.settle_semaphore(&mut keys, key);
         drop(keys);
         if wake {
-            self.inner.wakeups.wake(LockKind::Semaphore, key.as_bytes());
+            self.inner.signals.wake(LockKind::Semaphore, key.as_bytes());
         }
         Ok(())
     }
@@ -262,7 +262,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.granted, 1, "one permit came back at its TTL");
         // A release wakes the watchers; a second release of the same token is no-op.
-        let mut w = b.wakeups().watch(LockKind::Semaphore, &k);
+        let mut w = b.signals().watch(LockKind::Semaphore, &k);
         assert!(sem.release_permit(&k, t[0]).await.unwrap());
         w.woken().await;
         assert!(!sem.release_permit(&k, t[0]).await.unwrap());

@@ -25,7 +25,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script, ScriptInvocation, Value};
 use tokio::sync::Semaphore;
 
-use super::conn::Timeouts;
+use super::client::Timeouts;
 
 /// A script that grants or renews a lease: its write is what `replica_ack`
 /// acknowledges.

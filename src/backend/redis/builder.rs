@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::cluster;
 #[cfg(feature = "sentinel")]
 use super::sentinel;
-use super::{Conn, Inner, Timeouts, Topology, acked, card, conn, connect_error, life, notify};
-use crate::backend::{RedisBackend, WakeRegistry};
+use super::{
+    Conn, Inner, Timeouts, Topology, acked, card, client, conn, connect_error, life, notify,
+};
+use crate::backend::{RedisBackend, Signals};
 use crate::error::{Error, Result};
 
 /// The key `connect` runs the extend script on (with a random token: it writes
@@ -341,7 +343,7 @@ impl RedisBackendBuilder {
             instance_id,
             instance,
             channel_prefix,
-            wakeups: WakeRegistry::new(),
+            signals: Signals::new(),
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
@@ -388,20 +390,22 @@ pub(super) async fn open(topology: &Topology, timeouts: Timeouts) -> Result<(Con
         Topology::Single(_) | Topology::Client(..) => {
             let client = match topology {
                 Topology::Client(client, addr) => {
-                    conn::nodelay_client(client.get_connection_info().clone())
+                    client::nodelay_client(client.get_connection_info().clone())
                         .map_err(|e| Error::config(format!("redis client for {addr}: {e}")))?
                 }
                 _ => {
                     let url = topology.urls()[0];
-                    conn::nodelay_client(url)
+                    client::nodelay_client(url)
                         .map_err(|e| Error::config(format!("redis url {}: {e}", redact(url))))?
                 }
             };
             let target = client.get_connection_info().addr().to_string();
-            let conn =
-                ConnectionManager::new_with_config(client.clone(), conn::manager_config(timeouts))
-                    .await
-                    .map_err(|e| connect_error(&target, "connecting", e))?;
+            let conn = ConnectionManager::new_with_config(
+                client.clone(),
+                client::manager_config(timeouts),
+            )
+            .await
+            .map_err(|e| connect_error(&target, "connecting", e))?;
             Ok((
                 Conn::Single(Box::new(conn::Single { conn, client })),
                 target,

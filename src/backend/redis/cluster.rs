@@ -41,7 +41,7 @@
 //!
 //! Classic `PUBLISH` costs one cluster-bus hop and sends every wake-up to every node;
 //! at one message per contended release that is small next to the per-slot
-//! subscriptions sharded pub/sub would need (`tests/cluster/latency.rs` measures both,
+//! subscriptions sharded pub/sub would need (`tests/topology/cluster/latency.rs` measures both,
 //! `pubsub_classic_vs_sharded` and `wakeup_latency_cluster_vs_single`; the figures are
 //! in BENCHMARKS.md).
 //!
@@ -55,13 +55,16 @@
 //! tests, they share one clock.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::time::Duration;
 
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, Script, Value};
 
-use super::conn::Timeouts;
+use super::client::Timeouts;
+use super::owners::{OwnersCache, SlotNodes};
 
 /// At most this many requests in flight per node connection (a burst without a
 /// limit queues behind a slow node until most requests time out).
@@ -76,7 +79,7 @@ pub(in crate::backend::redis) struct ClusterConn {
     detached: std::sync::Arc<Detached>,
     seeds: Vec<ConnectionInfo>,
     /// The slot map batched renewal groups leases by (see `owners`).
-    pub(super) owners: std::sync::Arc<super::owners::OwnersCache>,
+    pub(super) owners: std::sync::Arc<OwnersCache>,
 }
 
 /// What made a backend's cluster connection, to make another on a detached
@@ -199,7 +202,7 @@ impl ClusterConn {
         let template = &self.seeds[0];
         addrs
             .into_iter()
-            .map(|(host, port)| super::conn::nodelay_client(with_addr(template, host, port)))
+            .map(|(host, port)| super::client::nodelay_client(with_addr(template, host, port)))
             .collect()
     }
 }
@@ -228,7 +231,7 @@ impl ClusterConn {
             .0
             .into_iter()
             .filter_map(|(host, port)| {
-                super::conn::nodelay_client(with_addr(template, host, port)).ok()
+                super::client::nodelay_client(with_addr(template, host, port)).ok()
             })
             .collect()
     }
@@ -304,6 +307,64 @@ fn parse_nodes_by_role(text: &str) -> (Vec<HostPort>, Vec<HostPort>) {
         }
     }
     (primaries, replicas)
+}
+
+impl ClusterConn {
+    /// `cmd` on the primary of the slot in `route`, as the cluster client's slot
+    /// map says (it follows `MOVED`); an error reply as an error.
+    pub(super) async fn route(&self, cmd: redis::Cmd, route: Route) -> Result<Value, RedisError> {
+        let reply = self
+            .conn
+            .clone()
+            .route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .await?;
+        match reply {
+            Value::ServerError(e) => Err(e.into()),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Runs `script` with no declared keys on the primary of `slot` (loading it
+    /// there on `NOSCRIPT`).
+    pub(super) async fn invoke_on(
+        &self,
+        script: &Script,
+        source: &str,
+        slot: u16,
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let route = Route::new(slot, SlotAddr::Master);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(0);
+        for a in args {
+            evalsha.arg(*a);
+        }
+        match self.route(evalsha.clone(), route).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                self.route(redis::cmd("SCRIPT").arg("LOAD").arg(source).clone(), route)
+                    .await?;
+                self.route(evalsha, route).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl SlotNodes for ClusterConn {
+    fn cluster_nodes(&self) -> impl Future<Output = Option<String>> + Send {
+        ClusterConn::cluster_nodes(self)
+    }
+
+    fn route(
+        &self,
+        cmd: redis::Cmd,
+        route: Route,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send {
+        ClusterConn::route(self, cmd, route)
+    }
 }
 
 #[cfg(test)]

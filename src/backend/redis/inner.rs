@@ -282,7 +282,7 @@ impl Inner {
         if !self.life.saw(slot, started) {
             return false;
         }
-        let lost = self.wakeups.restarted(|key| {
+        let lost = self.signals.restarted(|key| {
             self.life
                 .holds_in(slot, &Names::new(&self.prefix, key).lock)
         });

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 
-use super::replay::slot;
+use super::slots::slot;
 use super::{PRELUDE, millis};
 
 /// `lua/life.lua`, which the gate and [`CHECK`] call.

@@ -68,18 +68,17 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{
-    Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, WakeRegistry, WhenBusy,
-};
+use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, Signals, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
 mod acked;
 mod card;
+mod client;
+pub(crate) use client::nodelay_client;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
-pub(crate) use conn::nodelay_client;
 mod life;
 mod notify;
 #[cfg(feature = "cluster")]
@@ -90,9 +89,11 @@ mod rw;
 mod semaphore;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod slots;
 
 use acked::LeaseScript;
-use conn::{Conn, Timeouts, Topology};
+use client::Timeouts;
+use conn::{Conn, Topology};
 use notify::leader_message;
 
 const PRELUDE: &str = include_str!("lua/queue.lua");
@@ -202,7 +203,7 @@ struct Inner {
     channel: String,
     /// The card's text.
     card: String,
-    wakeups: WakeRegistry,
+    signals: Signals,
     claim_ttl_ms: u64,
     entry_ttl_ms: u64,
     entry_refresh: Duration,
@@ -692,8 +693,8 @@ impl LockBackend for RedisBackend {
         Ok(())
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
-        &self.inner.wakeups
+    fn signals(&self) -> &Signals {
+        &self.inner.signals
     }
 
     fn rw(&self) -> Option<&dyn crate::backend::rw::RwBackend> {

@@ -27,13 +27,13 @@
 //! * A revocation (tag `0xFC`, then the key) says that another instance queued for
 //!   the key's mutex while this instance held its lease: if the lease is cached
 //!   here and idle ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)), its caching ends
-//!   and it is released at once ([`WakeRegistry::revoke`](crate::backend::WakeRegistry::revoke));
+//!   and it is released at once ([`Signals::revoke`](crate::backend::Signals::revoke));
 //!   if a task uses the lease, its next release keeps it only until that task
 //!   yields.
 //! * A takeover (tag `0xFB`, then the 32 hex digits of a lease token, then the
 //!   key) says that an operator's forced release (`inspect/lua/force_release.lua`)
 //!   deleted that lease of this instance: the lease registered under the token is
-//!   marked lost at once ([`WakeRegistry::take_over`](crate::backend::WakeRegistry::take_over)),
+//!   marked lost at once ([`Signals::take_over`](crate::backend::Signals::take_over)),
 //!   whatever its kind, so no new local section starts on it (a handoff, a cached
 //!   lease, a reader joining a shared read lease) and its holders' releases report
 //!   the loss. Nothing else is touched: a newer lease of the key has another token.
@@ -42,7 +42,7 @@
 //!   term (`lua/leader_write.lua`) or none any more (`lua/leader_clear.lua`). The
 //!   scripts send it to every instance registered as an observer of the record
 //!   (`lua/leader_observe.lua`); the observers here read the record again
-//!   ([`WakeRegistry::leader_changed`](crate::backend::WakeRegistry::leader_changed)).
+//!   ([`Signals::leader_changed`](crate::backend::Signals::leader_changed)).
 //!   It carries no claim and wakes no waiter. Only instances that registered
 //!   receive it, so an older lockflight (which never registers) never does.
 //! * A message without a tag (a bare key) may be for any of the key's locks: it
@@ -206,33 +206,33 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
         Message::Revoke(key) => {
             // Ends an idle cached lease's linger; a lease in use keeps it for its
             // next release (which then caches only briefly).
-            i.wakeups.revoke(key);
+            i.signals.revoke(key);
             return;
         }
         Message::TakenOver(token, key) => {
             // Exactly that lease is lost; a newer one of the key has another token.
-            let held = i.wakeups.take_over(token);
+            let held = i.signals.take_over(token);
             tracing::debug!(key = %String::from_utf8_lossy(key), ?token, held, "takeover message");
             return;
         }
         Message::Leader(key) => {
             // Observers read the record again; no lock is woken.
-            i.wakeups.leader_changed(key);
+            i.signals.leader_changed(key);
             return;
         }
-        Message::Lock(LockKind::Mutex, key) => (key, i.wakeups.wake(LockKind::Mutex, key)),
+        Message::Lock(LockKind::Mutex, key) => (key, i.signals.wake(LockKind::Mutex, key)),
         Message::Lock(kind, key) => {
             // Read-write locks and semaphores give no claim: nothing to pass on (a
             // semaphore's request task that stops waiting leaves the waiting set
             // itself, passing its wake-ups on).
-            i.wakeups.wake(kind, key);
+            i.signals.wake(kind, key);
             return;
         }
         Message::Untagged(key) => {
             // Any of the key's locks: wake them all.
             let mut mutex_watched = false;
             for kind in LockKind::ALL {
-                let watched = i.wakeups.wake(kind, key);
+                let watched = i.signals.wake(kind, key);
                 mutex_watched |= watched && kind == LockKind::Mutex;
             }
             (key, mutex_watched)
@@ -248,7 +248,7 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
     let key = LockKey::from(key);
     tokio::spawn(async move {
         tokio::time::sleep(UNWANTED_GRACE).await;
-        if i.wakeups.is_watched(LockKind::Mutex, key.as_bytes()) {
+        if i.signals.is_watched(LockKind::Mutex, key.as_bytes()) {
             return;
         }
         // Only if the claim is still ours: a leader of this instance may have used
@@ -411,7 +411,7 @@ pub(super) async fn run(
                 }
                 i.subscriber.report(Attempt::Subscribed);
                 // Anything published while we were away is lost: let waiters retry.
-                i.wakeups.wake_all();
+                i.signals.wake_all();
                 drop(i);
                 let mut messages = pubsub.into_on_message();
                 loop {

@@ -19,13 +19,26 @@
 //! from 8.0 (which has the fix; its 7.2 releases are renewed per slot). A primary
 //! whose version cannot be read is renewed per slot.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{RedisError, Script, Value};
+use redis::cluster_routing::{Route, SlotAddr};
+use redis::{RedisError, Value};
 
-use super::cluster::ClusterConn;
+/// What reading the map asks of a cluster connection (`cluster::ClusterConn`
+/// implements it, so that this file imports nothing of `cluster`).
+pub(super) trait SlotNodes: Clone + Send + Sync + 'static {
+    /// `CLUSTER NODES` as one node answers it; `None` if it cannot be asked.
+    fn cluster_nodes(&self) -> impl Future<Output = Option<String>> + Send;
+
+    /// `cmd` on the primary of the slot in `route`; an error reply as an error.
+    fn route(
+        &self,
+        cmd: redis::Cmd,
+        route: Route,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send;
+}
 
 /// How long a slot map is used before it is asked for again.
 pub(super) const FRESH_FOR: Duration = Duration::from_secs(30);
@@ -72,7 +85,7 @@ impl OwnersCache {
     /// (then batched renewal goes per slot). Starts a read in a task of its own
     /// when the map is missing or older than [`FRESH_FOR`] (and none is under
     /// way); a map that cannot be read is asked for again after [`FRESH_FOR`].
-    pub(super) fn get(&self, conn: &ClusterConn) -> Option<Arc<Owners>> {
+    pub(super) fn get(self: &Arc<Self>, conn: &impl SlotNodes) -> Option<Arc<Owners>> {
         let (map, start) = {
             let mut state = lock(&self.state);
             let stale = state.read_at.is_none_or(|at| at.elapsed() >= FRESH_FOR);
@@ -84,7 +97,7 @@ impl OwnersCache {
             // Made before the spawn, so a task dropped unrun (a runtime shutting
             // down) still ends the read; the state's lock is not held here, as
             // that drop may run inside `spawn`.
-            let reading = Reading(Arc::clone(&conn.owners));
+            let reading = Reading(Arc::clone(self));
             let conn = conn.clone();
             crate::runtime::spawn(async move {
                 let map = read(&conn).await.map(Arc::new);
@@ -119,7 +132,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Reads `CLUSTER NODES` and each primary's version.
-async fn read(conn: &ClusterConn) -> Option<Owners> {
+async fn read(conn: &impl SlotNodes) -> Option<Owners> {
     let text = conn.cluster_nodes().await?;
     let primaries = parse_primaries(&text);
     if primaries.is_empty() {
@@ -215,50 +228,6 @@ fn cross_slot_ok(info: &str) -> bool {
     }
     version(info, "redis_version")
         .is_some_and(|v| v >= (7, 0, 0) && !((7, 2, 0)..=(7, 2, 4)).contains(&v))
-}
-
-impl ClusterConn {
-    /// `cmd` on the primary of the slot in `route`, as the cluster client's slot
-    /// map says (it follows `MOVED`); an error reply as an error.
-    pub(super) async fn route(&self, cmd: redis::Cmd, route: Route) -> Result<Value, RedisError> {
-        let reply = self
-            .conn
-            .clone()
-            .route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-            .await?;
-        match reply {
-            Value::ServerError(e) => Err(e.into()),
-            reply => Ok(reply),
-        }
-    }
-
-    /// Runs `script` with no declared keys on the primary of `slot` (loading it
-    /// there on `NOSCRIPT`).
-    pub(super) async fn invoke_on(
-        &self,
-        script: &Script,
-        source: &str,
-        slot: u16,
-        args: &[&[u8]],
-    ) -> Result<Value, RedisError> {
-        let route = Route::new(slot, SlotAddr::Master);
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(0);
-        for a in args {
-            evalsha.arg(*a);
-        }
-        match self.route(evalsha.clone(), route).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                self.route(redis::cmd("SCRIPT").arg("LOAD").arg(source).clone(), route)
-                    .await?;
-                self.route(evalsha, route).await
-            }
-            other => other,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -58,11 +58,11 @@ use super::rw::{RwNames, fence_ttl_ms};
 use super::semaphore::{SemNames, decode_permit_extend};
 use super::{Names, RedisBackend, decode_extend, map_err, millis, renewal_script, unexpected};
 use crate::backend::{Extend, LeaseKind, RenewItem, extend_one};
-use crate::error::{Phase, Result};
+use crate::error::{Error, Phase, Result};
 
 /// At most this many leases per script call, so that one call holds Redis for a
 /// few milliseconds at most (measured by `measure_batched_renewal` in
-/// `tests/redis_lock/renewal_batch.rs`; figures in BENCHMARKS.md).
+/// `tests/locks/redis_lock/renewal_batch.rs`; figures in BENCHMARKS.md).
 pub(super) const CHUNK: usize = 500;
 
 pub(super) static EXTEND_BATCH: LeaseScript = LeaseScript::renewal(
@@ -168,7 +168,7 @@ impl RedisBackend {
     /// The cluster slot of a lease's keys (0 on one server).
     fn slot_of(&self, item: &RenewItem<'_>) -> u16 {
         if self.inner.conn.is_cluster() {
-            super::replay::slot(&Names::new(&self.inner.prefix, item.key).lock)
+            super::slots::slot(&Names::new(&self.inner.prefix, item.key).lock)
         } else {
             0
         }
@@ -376,7 +376,7 @@ fn scatter<'a>(
         .zip(leases)
         .map(|(result, i)| {
             result.unwrap_or_else(|| {
-                Err(crate::Error::backend(
+                Err(Error::backend(
                     items[i].key,
                     Phase::Renewing,
                     "the batch renewal gave no answer for this lease",

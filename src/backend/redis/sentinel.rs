@@ -43,7 +43,7 @@ use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, RedisError, ScriptInvocation, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Timeouts, manager_config};
+use super::client::{Timeouts, manager_config};
 
 /// What a sentinel-mode builder was given.
 #[derive(Clone, Debug)]
@@ -262,7 +262,7 @@ impl SentinelConn {
             .get_connection_info()
             .clone()
             .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
-        let Ok(client) = super::conn::nodelay_client(info) else {
+        let Ok(client) = super::client::nodelay_client(info) else {
             return false;
         };
         let connected =
@@ -391,7 +391,7 @@ async fn resolve(
     let bound = t.connection + t.response;
     let mut s = sentinel.lock().await;
     match tokio::time::timeout(bound, s.async_master_for(master, Some(node))).await {
-        Ok(r) => super::conn::nodelay_client(r?.get_connection_info().clone()),
+        Ok(r) => super::client::nodelay_client(r?.get_connection_info().clone()),
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "asking the sentinels for the primary timed out",
@@ -405,7 +405,7 @@ async fn listen_switch_master(url: String, conn: Weak<SentinelConn>, stop: Cance
     let mut backoff = Duration::from_millis(50);
     loop {
         let attempt = async {
-            let client = super::conn::nodelay_client(url.as_str())?;
+            let client = super::client::nodelay_client(url.as_str())?;
             let mut ps = client.get_async_pubsub().await?;
             ps.subscribe("+switch-master").await?;
             Ok::<_, RedisError>(ps)

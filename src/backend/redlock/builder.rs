@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FENCE, Inner, MAX_NODES, Node, RoundTokens};
 use crate::backend::schedule::release_record_ttl;
-use crate::backend::{RedisBackend, RedlockBackend, WakeRegistry};
+use crate::backend::{RedisBackend, RedlockBackend, Signals};
 use crate::error::{Error, Result};
 /// Settings of a [`RedlockBackend`]; see [`RedlockBackend::builder`].
 #[derive(Clone)]
@@ -126,7 +126,7 @@ impl RedlockBackendBuilder {
                 quorum,
                 node_timeout: self.node_timeout,
                 retry_delay: self.retry_delay,
-                wakeups: WakeRegistry::new(),
+                signals: Signals::new(),
                 rounds: RoundTokens::new(release_record_ttl(self.node_timeout)),
                 forwarders: Arc::default(),
                 stop: stop.clone(),

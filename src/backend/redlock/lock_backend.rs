@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::Outcome;
 use crate::backend::{
-    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, WakeRegistry, WhenBusy,
+    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, Signals, WhenBusy,
 };
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -202,7 +202,7 @@ impl LockBackend for RedlockBackend {
         }
     }
 
-    fn wakeups(&self) -> &WakeRegistry {
-        &self.inner.wakeups
+    fn signals(&self) -> &Signals {
+        &self.inner.signals
     }
 }

@@ -105,7 +105,7 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::WakeRegistry;
+use super::Signals;
 use super::redis::{RedisBackend, RedisBackendBuilder};
 use crate::error::{Error, Result};
 
@@ -173,7 +173,7 @@ struct Inner {
     quorum: usize,
     node_timeout: Duration,
     retry_delay: Duration,
-    wakeups: WakeRegistry,
+    signals: Signals,
     /// The round token each lease is known by at the nodes.
     rounds: RoundTokens,
     /// Per key this instance waits for: the task forwarding its wake node's

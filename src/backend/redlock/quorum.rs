@@ -116,7 +116,7 @@ impl Inner {
             .iter()
             .map(|node| {
                 node.backend
-                    .wakeups()
+                    .signals()
                     .generation(LockKind::Mutex, key.as_bytes())
             })
             .collect();

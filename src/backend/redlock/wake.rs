@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
-use crate::backend::{LockBackend, LockKind, WakeRegistry, Wakeup};
+use crate::backend::{LockBackend, LockKind, Signals, Wakeup};
 use crate::key::LockKey;
 /// Per key this instance waits for: the task forwarding its wake node's wake-ups.
 pub(super) type Forwarders = DashMap<LockKey, Arc<Forwarder>>;
@@ -38,7 +38,7 @@ impl Inner {
             stop: self.stop.child_token(),
         });
         let w = self.wake_node(key);
-        let registry = self.nodes[w].backend.wakeups();
+        let registry = self.nodes[w].backend.signals();
         let watches: Vec<Wakeup> = vec![registry.watch(LockKind::Mutex, key)];
         let mut count = 0;
         if registry.generation(LockKind::Mutex, key.as_bytes()) != before[w] {
@@ -49,14 +49,14 @@ impl Inner {
         }
         if count >= WAKE_THRESHOLD {
             forwarder.woken.store(0, Ordering::Release);
-            self.wakeups.wake(LockKind::Mutex, key.as_bytes());
+            self.signals.wake(LockKind::Mutex, key.as_bytes());
         }
         crate::runtime::spawn(forward(
             key.clone(),
             forwarder,
             watches,
             WAKE_THRESHOLD,
-            self.wakeups.clone(),
+            self.signals.clone(),
             Arc::clone(&self.forwarders),
         ));
     }
@@ -99,7 +99,7 @@ async fn forward(
     forwarder: Arc<Forwarder>,
     mut watches: Vec<Wakeup>,
     threshold: usize,
-    registry: WakeRegistry,
+    registry: Signals,
     forwarders: Arc<Forwarders>,
 ) {
     let mut idle = tokio::time::interval_at(Instant::now() + IDLE_CHECK, IDLE_CHECK);

@@ -390,8 +390,8 @@ impl LockBackend for PerLease {
     async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
         self.0.leave(key).await
     }
-    fn wakeups(&self) -> &lockflight::backend::WakeRegistry {
-        self.0.wakeups()
+    fn signals(&self) -> &lockflight::backend::Signals {
+        self.0.signals()
     }
     fn rw(&self) -> Option<&dyn lockflight::backend::rw::RwBackend> {
         self.0.rw()

@@ -54,10 +54,10 @@ async fn memory_backend_read_write_semantics() {
 async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     use async_trait::async_trait;
     use lockflight::backend::LockBackend;
-    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, WakeRegistry, WhenBusy};
+    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Signals, WhenBusy};
 
     #[derive(Debug, Default)]
-    struct MutexOnly(WakeRegistry);
+    struct MutexOnly(Signals);
 
     #[async_trait]
     impl LockBackend for MutexOnly {
@@ -91,7 +91,7 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
         async fn leave(&self, _: &LockKey) -> lockflight::Result<()> {
             Ok(())
         }
-        fn wakeups(&self) -> &WakeRegistry {
+        fn signals(&self) -> &Signals {
             &self.0
         }
     }

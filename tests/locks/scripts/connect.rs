@@ -84,7 +84,7 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     let Acquire::Busy { .. } = waiter.acquire(&key, t2, TTL, WhenBusy::Queue).await? else {
         panic!("the waiter got a held lock")
     };
-    let mut woken = waiter.wakeups().watch(LockKind::Mutex, &key);
+    let mut woken = waiter.signals().watch(LockKind::Mutex, &key);
     assert_eq!(
         holder.extend(&key, t1, TTL).await?,
         Extend::Extended { waiting: 1 }
@@ -116,7 +116,7 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     else {
         panic!("a writer got a read-locked key")
     };
-    let mut woken = waiter.wakeups().watch(LockKind::ReadWrite, &key);
+    let mut woken = waiter.signals().watch(LockKind::ReadWrite, &key);
     assert!(matches!(
         rw_holder.extend_read(&key, t1, TTL).await?,
         Extend::Extended { .. }
