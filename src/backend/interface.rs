@@ -12,7 +12,7 @@
 //! * **leave** ([`LockBackend::leave`]): a waiter that gives up leaves the queue.
 //!
 //! Wake-ups arrive through a [`Signals`] that the backend fills (for Redis, from
-//! the instance's single pub/sub channel). They are registered per [`LockKind`] and
+//! the instance's single pub/sub channel). They are registered per [`LockKind`](super::LockKind) and
 //! key: the mutex, the read-write lock and the semaphore of one key string are
 //! independent locks, so a waiter of one is never taken for a waiter of another. A
 //! caller that was told to wait starts watching the key only then — an acquire that
@@ -32,165 +32,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::protocol::{Acquire, Extend, LeaseKind, Released, RenewItem, WhenBusy};
 use super::rw::RwBackend;
 use super::semaphore::SemaphoreBackend;
 use super::signals::Signals;
 use super::token::LeaseToken;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-
-/// Which lock of a key string a wake-up is for.
-///
-/// The mutex, the read-write lock and the semaphore of one key string are three
-/// independent locks (with different backend names): a release of one frees nothing
-/// of the others. A [`Signals`] therefore registers waiters and delivers
-/// wake-ups per kind and key, and a backend says, with every wake-up, which lock it
-/// is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum LockKind {
-    /// The exclusive lock: [`LockBackend`], [`Locker::lock`](crate::Locker::lock).
-    Mutex,
-    /// The read-write lock, its readers and writers alike:
-    /// [`RwBackend`], [`RwLock::read`](crate::rwlock::RwLock::read) and
-    /// [`RwLock::write`](crate::rwlock::RwLock::write).
-    ReadWrite,
-    /// The semaphore: [`SemaphoreBackend`],
-    /// [`Locker::semaphore`](crate::Locker::semaphore).
-    Semaphore,
-}
-
-impl LockKind {
-    /// Every kind, in declaration order.
-    pub const ALL: [LockKind; 3] = [LockKind::Mutex, LockKind::ReadWrite, LockKind::Semaphore];
-
-    /// The kind's position in [`ALL`](Self::ALL).
-    pub(crate) fn index(self) -> usize {
-        match self {
-            LockKind::Mutex => 0,
-            LockKind::ReadWrite => 1,
-            LockKind::Semaphore => 2,
-        }
-    }
-}
-
-/// What an acquire asks of the backend when the key is busy: to queue this instance
-/// for the key (it is woken when the key frees; fair mode serves the queue in
-/// arrival order), or only to answer `Busy`. A call that waits for the lock sends
-/// `Queue`; a single attempt (`try_*`) sends `Return`, and its busy answer leaves no
-/// queue entry behind. Either way a free key is granted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WhenBusy {
-    /// Join the key's wait queue (a call that waits).
-    Queue,
-    /// Answer `Busy` and queue nothing (a single attempt).
-    Return,
-}
-
-/// The answer to [`LockBackend::acquire`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Acquire {
-    /// The lock is ours.
-    Acquired {
-        /// The fencing epoch minted for this lease: strictly greater than every
-        /// epoch minted before for the key (0 when the backend has no fencing).
-        epoch: u64,
-        /// How many *other* instances wait in the key's queue.
-        waiting: u32,
-        /// Fair mode: how long before the backend answered the earliest waiter of
-        /// the other waiting instances arrived (its age in the fair queue), when
-        /// another instance waits; `None` when none waits, outside fair mode, or
-        /// when the backend does not tell. A local task that arrived more than this
-        /// long before the request was sent arrived before every other instance's
-        /// waiter, so fair mode may hand the lease to it.
-        earliest_other: Option<Duration>,
-    },
-    /// Someone else holds (or has a claim on) the lock; we are queued.
-    Busy {
-        /// Ask again after this long at the latest, even without a wake-up
-        /// (the remaining TTL, bounded by the queue entry's refresh interval).
-        retry_in: Duration,
-    },
-}
-
-/// The answer to [`LockBackend::release`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Released {
-    /// `true` if the lock was ours and is now deleted; `false` if the token did not
-    /// own it any more (expired, or taken by someone else): nothing was deleted.
-    pub released: bool,
-    /// How many other instances wait in the key's queue.
-    pub waiting: u32,
-}
-
-/// The answer to [`LockBackend::extend`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extend {
-    /// The TTL was re-armed.
-    Extended {
-        /// How many other instances wait in the key's queue.
-        waiting: u32,
-    },
-    /// The token does not own the lock: the lease is lost.
-    NotOwner,
-}
-
-/// Which lease of a key a renewal is for: what [`LockBackend::extend_batch`]
-/// renews each [`RenewItem`] through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LeaseKind {
-    /// The exclusive lock (a mutex): [`LockBackend::extend`].
-    Mutex,
-    /// A shared read lease of a read-write lock: [`RwBackend::extend_read`].
-    Read,
-    /// The write lease of a read-write lock: [`RwBackend::extend_write`].
-    Write,
-    /// One permit of a semaphore: [`SemaphoreBackend::extend_permit`].
-    Permit,
-}
-
-impl LeaseKind {
-    /// The lock this lease is of (its wake-ups and queue).
-    pub(crate) fn lock_kind(self) -> LockKind {
-        match self {
-            LeaseKind::Mutex => LockKind::Mutex,
-            LeaseKind::Read | LeaseKind::Write => LockKind::ReadWrite,
-            LeaseKind::Permit => LockKind::Semaphore,
-        }
-    }
-
-    /// Whether its grant mints a fencing epoch (on a backend with fencing).
-    pub(crate) fn is_fenced(self) -> bool {
-        matches!(self, LeaseKind::Mutex | LeaseKind::Write)
-    }
-}
-
-/// One lease to renew in a [`LockBackend::extend_batch`] call.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub struct RenewItem<'a> {
-    /// Which lease of `key` it is.
-    pub kind: LeaseKind,
-    /// The lock's key.
-    pub key: &'a LockKey,
-    /// The lease's token.
-    pub token: LeaseToken,
-    /// The TTL to re-arm it to.
-    pub ttl: Duration,
-}
-
-impl<'a> RenewItem<'a> {
-    /// The `kind` lease `token` of `key`, to be re-armed to `ttl`.
-    pub fn new(kind: LeaseKind, key: &'a LockKey, token: LeaseToken, ttl: Duration) -> Self {
-        RenewItem {
-            kind,
-            key,
-            token,
-            ttl,
-        }
-    }
-}
 
 /// Renews `item` through the per-lease call of its kind (what the default
 /// [`LockBackend::extend_batch`] does for each item).
@@ -241,7 +89,7 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 ///    has just released as `released: true`.
 /// 5. After a release, a waiting instance is woken through its
 ///    [`signals`](LockBackend::signals) registry: [`Signals::wake`] for
-///    [`LockKind::Mutex`] and the key (the read-write locks and semaphores wake their
+///    [`LockKind::Mutex`](super::LockKind::Mutex) and the key (the read-write locks and semaphores wake their
 ///    own kinds). A spurious wake-up is harmless.
 ///
 /// # Cancel safety
@@ -373,7 +221,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn leave(&self, key: &LockKey) -> Result<()>;
 
     /// The registry through which this backend delivers what it hears for this
-    /// instance: wake-ups for the keys it waits for, of every [`LockKind`] the
+    /// instance: wake-ups for the keys it waits for, of every [`LockKind`](super::LockKind) the
     /// backend has, revocations, leader changes, takeovers and restarts.
     fn signals(&self) -> &Signals;
 
@@ -530,16 +378,5 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
         (**self).semaphore()
-    }
-}
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kind_indexes_its_place_in_all() {
-        for (i, kind) in LockKind::ALL.iter().enumerate() {
-            assert_eq!(kind.index(), i, "{kind:?}");
-        }
     }
 }

@@ -11,6 +11,7 @@
 pub(crate) mod detached;
 mod interface;
 pub mod memory;
+mod protocol;
 pub mod redis;
 pub mod redlock;
 #[cfg(feature = "unstable-backend-api")]
@@ -25,16 +26,16 @@ pub(crate) mod semaphore;
 mod signals;
 mod token;
 
-pub(crate) use interface::extend_one;
 #[cfg(feature = "unstable-backend-api")]
-pub use interface::{
-    Acquire, Extend, LeaseKind, LockBackend, LockKind, Released, RenewItem, WhenBusy,
-};
+pub use interface::LockBackend;
 #[cfg(not(feature = "unstable-backend-api"))]
-pub(crate) use interface::{
-    Acquire, Extend, LeaseKind, LockBackend, LockKind, Released, RenewItem, WhenBusy,
-};
+pub(crate) use interface::LockBackend;
+pub(crate) use interface::extend_one;
 pub use memory::MemoryBackend;
+#[cfg(feature = "unstable-backend-api")]
+pub use protocol::{Acquire, Extend, LeaseKind, LockKind, Released, RenewItem, WhenBusy};
+#[cfg(not(feature = "unstable-backend-api"))]
+pub(crate) use protocol::{Acquire, Extend, LeaseKind, LockKind, Released, RenewItem, WhenBusy};
 pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]

@@ -74,6 +74,7 @@ mod permit;
 mod requests;
 
 pub use permit::Permit;
+use permit::Pool;
 pub(crate) use requests::Semaphores;
 
 /// The most permits a semaphore key may have.
@@ -293,7 +294,8 @@ impl Semaphore {
             })
         })
         .await?;
-        Ok(granted.map(|granted| Permit::new(semaphores, granted.lease)))
+        let queue: Arc<dyn Pool> = Arc::clone(semaphores) as Arc<dyn Pool>;
+        Ok(granted.map(|granted| Permit::new(&queue, granted.lease)))
     }
 }
 

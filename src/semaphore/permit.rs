@@ -5,13 +5,25 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::Semaphores;
 use crate::backend::LeaseToken;
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::acquire::grant;
+use crate::lease::engine::Engine;
 use crate::lease::release::{End, Release, retire};
 use crate::lease::{Lease, LeaseKind};
+
+/// Where a permit goes when its holder is done with it: the locker's semaphores
+/// (`requests.rs`), which make permits and so import this file. A permit reaches
+/// them only through this trait, so the two files do not import each other.
+pub(super) trait Pool: Send + Sync + 'static {
+    /// The engine the permits run on.
+    fn engine(&self) -> &Arc<Engine>;
+
+    /// Passes the permit `lease` to the next local waiter of its key, within the
+    /// handoff budget; `false` if it goes back to the backend instead.
+    fn hand_off(self: Arc<Self>, lease: &Arc<Lease>, fair_bound: u64) -> bool;
+}
 
 /// A held permit of a [`Semaphore`](super::Semaphore).
 ///
@@ -23,7 +35,7 @@ use crate::lease::{Lease, LeaseKind};
 /// than its validity ends.
 #[must_use = "the permit is released when it is dropped"]
 pub struct Permit {
-    pub(super) semaphores: Arc<Semaphores>,
+    pub(super) semaphores: Arc<dyn Pool>,
     pub(super) lease: Arc<Lease>,
     pub(super) done: bool,
     pub(super) granted_at: crate::lease::histograms::Since,
@@ -47,16 +59,17 @@ impl Permit {
     /// `None` (and released in the background) if the reply came back after its
     /// validity window.
     pub(super) fn granted(
-        semaphores: &Arc<Semaphores>,
+        semaphores: &Arc<dyn Pool>,
         key: &LockKey,
         token: LeaseToken,
         sent_at: Instant,
         waiting: u32,
     ) -> Option<Permit> {
-        let ttl = semaphores.config.lease_ttl;
+        let engine = semaphores.engine();
+        let ttl = engine.config.lease_ttl;
         let granted = grant(
-            &semaphores.renewals,
-            &semaphores.stats,
+            &engine.renewals,
+            &engine.stats,
             key,
             LeaseKind::Permit,
             token,
@@ -67,14 +80,14 @@ impl Permit {
         );
         let Some(lease) = granted else {
             // Not held (the reply came after its validity): give the token back.
-            retire(&semaphores.engine, LeaseKind::Permit, key, token);
+            retire(engine, LeaseKind::Permit, key, token);
             return None;
         };
         Some(Permit::new(semaphores, lease))
     }
 
     /// The permit of a granted `lease`.
-    pub(super) fn new(semaphores: &Arc<Semaphores>, lease: Arc<Lease>) -> Permit {
+    pub(super) fn new(semaphores: &Arc<dyn Pool>, lease: Arc<Lease>) -> Permit {
         Permit {
             semaphores: Arc::clone(semaphores),
             lease,
@@ -84,9 +97,9 @@ impl Permit {
         }
     }
 
-    /// The same permit for its next local holder ([`Semaphores::hand_off`]).
+    /// The same permit for its next local holder ([`Pool::hand_off`]).
     pub(super) fn handed_off(
-        semaphores: &Arc<Semaphores>,
+        semaphores: &Arc<dyn Pool>,
         lease: &Arc<Lease>,
         fair_bound: u64,
     ) -> Permit {
@@ -139,10 +152,10 @@ impl Permit {
             return End::Kept;
         }
         crate::lease::histograms::hold(LeaseKind::Permit, self.granted_at);
-        if self.semaphores.hand_off(&self.lease, self.fair_bound) {
+        if Arc::clone(&self.semaphores).hand_off(&self.lease, self.fair_bound) {
             return End::Kept;
         }
-        let engine = Arc::clone(&self.semaphores.engine);
+        let engine = Arc::clone(self.semaphores.engine());
         End::Release(Release::new(engine, Arc::clone(&self.lease), ()))
     }
 }

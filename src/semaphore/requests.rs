@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::{MAX_BATCH, Permit, pending};
+use super::permit::{Permit, Pool};
+use super::{MAX_BATCH, pending};
 use crate::backend::{LeaseToken, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -168,7 +169,11 @@ impl Semaphores {
     }
 }
 
-impl Semaphores {
+impl Pool for Semaphores {
+    fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Passes the permit `lease` (whose holder is done with it) to the first local
     /// waiter of its key, within the handoff budget: no backend request, the same
     /// token, renewed by the same watchdog entry. `false` if it may not be handed
@@ -181,7 +186,7 @@ impl Semaphores {
     /// mutex's ([`Engine::may_hand_off`]), halved while the backend reported other
     /// instances waiting. In fair mode none while others wait, and otherwise only
     /// to a waiter queued before `fair_bound` (see [`Permit`]'s `fair_bound`).
-    pub(super) fn hand_off(self: &Arc<Self>, lease: &Arc<Lease>, fair_bound: u64) -> bool {
+    fn hand_off(self: Arc<Self>, lease: &Arc<Lease>, fair_bound: u64) -> bool {
         if !self.may_hand_off(lease) {
             return false;
         }
@@ -202,7 +207,8 @@ impl Semaphores {
                 // The request task may be waiting for a wake-up for this waiter.
                 state.left.notify_one();
             }
-            let permit = Permit::handed_off(self, lease, fair_bound);
+            let queue: Arc<dyn Pool> = Arc::clone(&self) as Arc<dyn Pool>;
+            let permit = Permit::handed_off(&queue, lease, fair_bound);
             match waiter.tx.send(Ok(permit)) {
                 Ok(()) => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
@@ -296,6 +302,7 @@ impl Driver {
 
     pub(super) async fn drive(&mut self) {
         let semaphores = Arc::clone(&self.semaphores);
+        let queue: Arc<dyn Pool> = Arc::clone(&semaphores) as Arc<dyn Pool>;
         let state = Arc::clone(&self.state);
         let key = &state.key;
         let Some(backend) = semaphores.backend.semaphore() else {
@@ -347,8 +354,7 @@ impl Driver {
                     pacer.answered();
                     let local = u32::try_from(k).unwrap_or(u32::MAX);
                     for token in &tokens[..granted.granted.min(k)] {
-                        let permit =
-                            Permit::granted(&semaphores, key, *token, sent_at, granted.waiting);
+                        let permit = Permit::granted(&queue, key, *token, sent_at, granted.waiting);
                         if let Some(mut permit) = permit {
                             permit.lease.found_waiting.store(local, Ordering::Relaxed);
                             permit.fair_bound = fair_bound;
