@@ -10,12 +10,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt, select_all};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::lease::FencingToken;
+use crate::lease::{FencingToken, Loss};
 use crate::locker::{LockGuard, Locker};
 
 /// Several held locks, taken together by [`Locker::lock_many`].
@@ -77,15 +76,8 @@ impl MultiGuard {
     /// # Cancel safety
     ///
     /// Cancel safe; it only observes.
-    pub fn lost(&self) -> BoxFuture<'static, ()> {
-        let all: Vec<_> = self.guards.iter().map(|g| g.lost().boxed()).collect();
-        async move {
-            if all.is_empty() {
-                return std::future::pending().await;
-            }
-            select_all(all).await;
-        }
-        .boxed()
+    pub fn lost(&self) -> Loss {
+        Loss::any(self.guards.iter().map(LockGuard::lost).collect())
     }
 
     /// Releases every key, in reverse order.

@@ -175,10 +175,7 @@ fn tokens(n: usize) -> Vec<FencingToken> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            FencingToken {
-                epoch: 1_700_000_000_000_000 + (x >> 58),
-                seq: (x >> 20) & 0xff,
-            }
+            FencingToken::new(1_700_000_000_000_000 + (x >> 58), (x >> 20) & 0xff)
         })
         .collect()
 }

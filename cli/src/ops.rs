@@ -106,7 +106,7 @@ fn state_json(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) -> V
             "held_for_ms": ms(s.held_for()),
             "fence_epoch": s.fence_epoch,
             "queue": s.queue.iter().map(waiter_json).collect::<Vec<_>>(),
-            "queue_size": s.sizes[0],
+            "queue_size": s.sizes.queue,
             "claim": s.claim.as_ref().map(|(id, ttl)| json!({ "instance": id, "ttl_ms": ttl.as_millis() as u64 })),
         },
         "rwlock": {
@@ -114,7 +114,7 @@ fn state_json(s: &KeyState, cards: &BTreeMap<String, Option<InstanceCard>>) -> V
             "write_held_for_ms": ms(s.write_held_for()),
             "write_epoch": s.write_epoch,
             "readers": s.readers.iter().map(lease_json).collect::<Vec<_>>(),
-            "readers_size": s.sizes[1],
+            "readers_size": s.sizes.readers,
             "waiting_writers": s.waiting_writers.iter().map(lease_json).collect::<Vec<_>>(),
             "waiting_instances": s.rw_waiting.iter().map(waiter_json).collect::<Vec<_>>(),
         },
@@ -319,7 +319,7 @@ fn row(kind: &'static str, s: &KeyState) -> Row {
             )
         }
         "read" => {
-            let n = live(s.sizes[1], &s.readers);
+            let n = live(s.sizes.readers, &s.readers);
             (
                 (n > 0).then(|| plural(n, "reader", "readers")),
                 longest(&s.readers),
@@ -327,7 +327,7 @@ fn row(kind: &'static str, s: &KeyState) -> Row {
             )
         }
         _ => {
-            let n = live(s.sizes[4], &s.permits);
+            let n = live(s.sizes.permits, &s.permits);
             let holder = match s.permit_count {
                 Some(count) => format!("{n} of {}", plural(count, "permit", "permits")),
                 None => plural(n, "permit", "permits"),
@@ -450,7 +450,7 @@ pub(crate) async fn list(
                 listed
                     .kinds
                     .iter()
-                    .map(|kind| row(kind, s))
+                    .map(|kind| row(kind.as_str(), s))
                     .collect::<Vec<_>>()
             });
             (listed, rows)
@@ -462,7 +462,7 @@ pub(crate) async fn list(
             .map(|(k, rows)| {
                 json!({
                     "key": k.key.to_string(),
-                    "kinds": k.kinds,
+                    "kinds": k.kinds.iter().map(|kind| kind.as_str()).collect::<Vec<_>>(),
                     "held": rows.as_ref().map(|rows| rows.iter().map(|r| r.json.clone()).collect::<Vec<_>>()),
                 })
             })
@@ -490,7 +490,7 @@ pub(crate) async fn list(
                 None => table.extend(k.kinds.iter().map(|kind| {
                     [
                         k.key.to_string(),
-                        (*kind).to_owned(),
+                        kind.as_str().to_owned(),
                         "?".to_owned(),
                         "?".to_owned(),
                     ]
@@ -562,14 +562,10 @@ pub(crate) async fn release(
         .map_err(|e| e.to_string())?;
     // The freed leases' instances (cards outlive the release).
     let instance = |token: &Option<String>| {
-        token.as_ref().and_then(|t| {
-            LeaseState {
-                token: t.clone(),
-                ttl: None,
-            }
-            .instance()
+        token
+            .as_deref()
+            .and_then(LeaseState::instance_of)
             .map(str::to_owned)
-        })
     };
     let (holder_id, writer_id) = (instance(&done.holder), instance(&done.writer));
     let cards = cards(

@@ -44,7 +44,7 @@ const MAX_PACE: Duration = Duration::from_secs(10);
 /// let leadership = election.campaign().await?;
 /// let leader = election.leader().await?.expect("someone leads");
 /// assert_eq!(leader.identity, "worker-1");
-/// assert_eq!(leader.term, leadership.term());
+/// assert_eq!(leader.term, leadership.fencing_token());
 /// leadership.resign().await?;
 /// assert!(election.leader().await?.is_none());
 /// # Ok(()) }
@@ -486,12 +486,15 @@ mod tests {
         let first = a.campaign().await.unwrap();
         let next = tokio::spawn(async move { b.campaign().await });
         tokio::task::yield_now().await;
-        let first_term = first.term();
+        let first_term = first.fencing_token();
         first.resign().await.unwrap();
         let second = next.await.unwrap().unwrap();
-        assert!(second.term() > first_term);
+        assert!(second.fencing_token() > first_term);
         let seen = a.leader().await.unwrap().unwrap();
-        assert_eq!((seen.identity.as_str(), seen.term), ("b", second.term()));
+        assert_eq!(
+            (seen.identity.as_str(), seen.term),
+            ("b", second.fencing_token())
+        );
         drop(second);
         tokio::task::yield_now().await;
         assert_eq!(locker.active_keys(), 0);

@@ -85,9 +85,10 @@ impl Leadership {
         }
     }
 
-    /// This leader's term: the fencing token of its lease, strictly increasing
-    /// across the election's leaders.
-    pub fn term(&self) -> FencingToken {
+    /// This leader's fencing token: its lease's, strictly increasing across the
+    /// election's leaders; the record gives it to observers as the leader's
+    /// term ([`LeaderInfo::term`]).
+    pub fn fencing_token(&self) -> FencingToken {
         self.info.term
     }
 

@@ -85,7 +85,7 @@ mod tests {
 
         let a = candidates.election("jobs").identity("a");
         let first = a.campaign().await.unwrap();
-        let first_term = first.term();
+        let first_term = first.fencing_token();
         match seen.next().await {
             Some(Observed::Leader(l)) => assert_eq!(l.term, first_term),
             other => panic!("{other:?}"),
@@ -102,7 +102,7 @@ mod tests {
             .campaign()
             .await
             .unwrap();
-        let second_term = second.term();
+        let second_term = second.fencing_token();
         assert!(second_term > first_term);
         match seen.next().await {
             Some(Observed::Leader(l)) => {

@@ -73,10 +73,10 @@ pub enum Observed {
 ///
 /// let leadership = election.campaign().await?;
 /// match leaders.next().await {
-///     Some(Observed::Leader(leader)) => assert_eq!(leader.term, leadership.term()),
+///     Some(Observed::Leader(leader)) => assert_eq!(leader.term, leadership.fencing_token()),
 ///     other => panic!("{other:?}"),
 /// }
-/// assert_eq!(leaders.current().map(|l| l.term), Some(leadership.term()));
+/// assert_eq!(leaders.current().map(|l| l.term), Some(leadership.fencing_token()));
 /// leadership.resign().await?;
 /// assert_eq!(leaders.next().await, Some(Observed::NoLeader));
 /// # Ok(()) }
@@ -308,7 +308,7 @@ mod tests {
     fn leader(epoch: u64) -> LeaderInfo {
         LeaderInfo {
             identity: format!("c{epoch}"),
-            term: FencingToken { epoch, seq: 0 },
+            term: FencingToken::new(epoch, 0),
             since: UNIX_EPOCH + Duration::from_secs(epoch),
         }
     }

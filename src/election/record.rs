@@ -43,10 +43,7 @@ pub(crate) fn decode(record: &[u8]) -> Option<LeaderInfo> {
     let (since, identity) = rest.strip_prefix(':')?.split_once(':')?;
     Some(LeaderInfo {
         identity: identity.to_owned(),
-        term: FencingToken {
-            epoch: epoch.parse().ok()?,
-            seq: seq.parse().ok()?,
-        },
+        term: FencingToken::new(epoch.parse().ok()?, seq.parse().ok()?),
         since: UNIX_EPOCH + Duration::from_millis(since.parse().ok()?),
     })
 }
@@ -59,13 +56,13 @@ mod tests {
     fn a_record_decodes_to_what_was_encoded_and_orders_by_term() {
         let info = LeaderInfo {
             identity: "scheduler:7".into(),
-            term: FencingToken { epoch: 42, seq: 3 },
+            term: FencingToken::new(42, 3),
             since: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
         };
         let record = encode(&info);
         assert_eq!(decode(&record), Some(info.clone()));
         let later = encode(&LeaderInfo {
-            term: FencingToken { epoch: 42, seq: 4 },
+            term: FencingToken::new(42, 4),
             ..info
         });
         assert!(later[..40] > record[..40]);

@@ -90,8 +90,8 @@ pub use sql::{FenceColumns, FenceConnection, FencedUpdate, FencedUpsert};
 /// use lockflight::fence::Fenced;
 ///
 /// let refused: Fenced = Fenced::Stale {
-///     last: FencingToken { epoch: 9, seq: 0 },
-///     offered: FencingToken { epoch: 8, seq: 2 },
+///     last: FencingToken::new(9, 0),
+///     offered: FencingToken::new(8, 2),
 /// };
 /// assert!(!refused.is_applied());
 /// assert_eq!(Fenced::Applied(5).applied(), Some(5));

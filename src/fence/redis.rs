@@ -646,7 +646,7 @@ impl FencedKey {
                 let seq = items.get(2).and_then(text).and_then(|s| s.parse().ok());
                 match (epoch, seq) {
                     (Some(epoch), Some(seq)) => Ok(Fenced::Stale {
-                        last: FencingToken { epoch, seq },
+                        last: FencingToken::new(epoch, seq),
                         offered,
                     }),
                     _ => Err(bad()),
@@ -718,10 +718,7 @@ pub(crate) fn no_fields(resource: &[u8]) -> Error {
 fn parse_token(raw: &[u8]) -> Option<FencingToken> {
     let text = std::str::from_utf8(raw).ok()?;
     let (epoch, seq) = text.split_once(':')?;
-    Some(FencingToken {
-        epoch: epoch.parse().ok()?,
-        seq: seq.parse().ok()?,
-    })
+    Some(FencingToken::new(epoch.parse().ok()?, seq.parse().ok()?))
 }
 
 /// The hash tag of a Redis key by Redis Cluster's rule: the bytes between the first
@@ -771,10 +768,7 @@ mod tests {
 
     #[test]
     fn tokens_parse_back() {
-        assert_eq!(
-            parse_token(b"17:3"),
-            Some(FencingToken { epoch: 17, seq: 3 })
-        );
+        assert_eq!(parse_token(b"17:3"), Some(FencingToken::new(17, 3)));
         assert_eq!(parse_token(b"17"), None);
         assert_eq!(parse_token(b"x:1"), None);
     }

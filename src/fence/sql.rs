@@ -226,7 +226,7 @@ where
 /// }
 /// sqlx::query("INSERT INTO stock (sku, qty) VALUES ('a', 10)").execute(&mut db).await?;
 ///
-/// let (old, new) = (FencingToken { epoch: 7, seq: 0 }, FencingToken { epoch: 8, seq: 0 });
+/// let (old, new) = (FencingToken::new(7, 0), FencingToken::new(8, 0));
 /// let take = |token, n: i64| {
 ///     FencedUpdate::new(&columns, token, "a").set(move |q| {
 ///         q.push("qty = qty - ").push_bind(n);
@@ -364,7 +364,7 @@ impl<'a, DB: Database> FencedUpdate<'a, DB> {
 /// .execute(&mut db)
 /// .await?;
 /// let columns = FenceColumns::new("prices", "sku")?;
-/// let (old, new) = (FencingToken { epoch: 7, seq: 0 }, FencingToken { epoch: 8, seq: 0 });
+/// let (old, new) = (FencingToken::new(7, 0), FencingToken::new(8, 0));
 /// let put = |token, cents: i64| FencedUpsert::new(&columns, token, "a").value("cents", cents);
 ///
 /// assert_eq!(put(new, 100)?.execute(&mut db).await?, Fenced::Applied(1));
@@ -533,10 +533,8 @@ impl<DB: Database> Statement<'_, DB> {
     fn outcome<T>(&self, last: Option<(i64, i64)>, not_stale: T) -> Fenced<T> {
         match last {
             Some((e, s)) => {
-                let last = FencingToken {
-                    epoch: u64::try_from(e).unwrap_or(0),
-                    seq: u64::try_from(s).unwrap_or(0),
-                };
+                let last =
+                    FencingToken::new(u64::try_from(e).unwrap_or(0), u64::try_from(s).unwrap_or(0));
                 if last > self.token || (self.columns.once && last == self.token) {
                     Fenced::Stale {
                         last,

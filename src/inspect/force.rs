@@ -28,7 +28,7 @@ pub struct ForcedRelease {
     /// How many read leases were dropped.
     pub readers: usize,
     /// The mutex fence's new epoch: every later mutex token of the key is greater.
-    /// `FencingToken { epoch, seq: 0 }` is newer than every earlier token.
+    /// `FencingToken::new(epoch, 0)` is newer than every earlier token.
     pub fence: FencingToken,
     /// The write fence's new epoch (the same, for write leases).
     pub write_fence: FencingToken,
@@ -117,7 +117,7 @@ impl Inspector {
             text(v?)?
                 .parse::<u64>()
                 .ok()
-                .map(|epoch| FencingToken { epoch, seq: 0 })
+                .map(|epoch| FencingToken::new(epoch, 0))
         };
         let released = ForcedRelease {
             holder: reply.first().and_then(text),

@@ -1,5 +1,7 @@
 //! Listing the held keys under a prefix: `SCAN` on one server, bounded.
 
+use std::fmt;
+
 use redis::aio::ConnectionLike;
 
 use super::inspector::Inspector;
@@ -7,17 +9,53 @@ use super::names::{Names, parse_name};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
+/// What holds a key that [`Inspector::list`] found: which of the key's locks
+/// has a lease at the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum HeldKind {
+    /// The mutex ([`Locker::lock`](crate::Locker::lock)).
+    Mutex,
+    /// The read-write lock's write lease.
+    Write,
+    /// The read-write lock's read leases.
+    Read,
+    /// The semaphore's permits.
+    Semaphore,
+}
+
+impl HeldKind {
+    /// Its name as the `lockflight` command prints it: `"mutex"`, `"write"`,
+    /// `"read"`, `"semaphore"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldKind::Mutex => "mutex",
+            HeldKind::Write => "write",
+            HeldKind::Read => "read",
+            HeldKind::Semaphore => "semaphore",
+        }
+    }
+}
+
+impl fmt::Display for HeldKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A key found by [`Inspector::list`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListedKey {
     /// The key.
     pub key: LockKey,
-    /// What holds it: `"mutex"`, `"write"`, `"read"`, `"semaphore"`.
-    pub kinds: Vec<&'static str>,
+    /// What holds it, in the order the scan met them.
+    pub kinds: Vec<HeldKind>,
 }
 
 /// What [`Inspector::list`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Listing {
     /// Held keys, sorted.
     pub keys: Vec<ListedKey>,
@@ -58,7 +96,7 @@ impl Inspector {
                 if special { vec![b'\\', b] } else { vec![b] }
             })
             .collect();
-        let mut found: std::collections::BTreeMap<LockKey, Vec<&'static str>> = Default::default();
+        let mut found: std::collections::BTreeMap<LockKey, Vec<HeldKind>> = Default::default();
         let mut cursor: u64 = 0;
         let mut truncated = false;
         let calls = max_keys / 10 + 100;
@@ -81,10 +119,10 @@ impl Inspector {
                     continue;
                 };
                 let kind = match suffix {
-                    b"" => "mutex",
-                    b":wr" => "write",
-                    b":rd" => "read",
-                    b":sem" => "semaphore",
+                    b"" => HeldKind::Mutex,
+                    b":wr" => HeldKind::Write,
+                    b":rd" => HeldKind::Read,
+                    b":sem" => HeldKind::Semaphore,
                     _ => continue,
                 };
                 if found.len() < max_keys || found.contains_key(&key) {

@@ -44,5 +44,5 @@ mod state;
 pub use force::ForcedRelease;
 pub use inspector::Inspector;
 pub use instance::InstanceCard;
-pub use list::{ListedKey, Listing};
-pub use state::{KeyState, LeaseState, MEMBERS_SHOWN, WaiterState};
+pub use list::{HeldKind, ListedKey, Listing};
+pub use state::{KeyState, LeaseState, MEMBERS_SHOWN, Sizes, WaiterState};

@@ -22,6 +22,7 @@ pub const MEMBERS_SHOWN: usize = 100;
 /// A lease of a key: its token and how long it lives (from the server's TTL or
 /// sorted-set expiry).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseState {
     /// The lease's token (hex).
     pub token: String,
@@ -35,24 +36,28 @@ impl LeaseState {
     /// [`LeaseToken::for_instance`](crate::backend::LeaseToken::for_instance)).
     /// `None` for a token that is not 32 hex digits. (A token minted by an
     /// earlier lockflight, fully random, names no real instance.)
+    pub fn instance(&self) -> Option<&str> {
+        LeaseState::instance_of(&self.token)
+    }
+
+    /// The id of the instance that minted `token` (hex), as
+    /// [`instance`](Self::instance) reads it.
     ///
     /// ```
     /// use lockflight::inspect::LeaseState;
     ///
-    /// let lease = LeaseState {
-    ///     token: "00000000c0ffee00a1b2c3d4e5f60718".into(),
-    ///     ttl: None,
-    /// };
-    /// assert_eq!(lease.instance(), Some("00000000c0ffee00"));
+    /// let token = "00000000c0ffee00a1b2c3d4e5f60718";
+    /// assert_eq!(LeaseState::instance_of(token), Some("00000000c0ffee00"));
+    /// assert_eq!(LeaseState::instance_of("not a token"), None);
     /// ```
-    pub fn instance(&self) -> Option<&str> {
-        let t = self.token.as_str();
-        (t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit())).then(|| &t[..16])
+    pub fn instance_of(token: &str) -> Option<&str> {
+        (token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())).then(|| &token[..16])
     }
 }
 
 /// A waiting instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WaiterState {
     /// The instance id (what `RedisBackend::instance_id` returns in that process).
     pub instance: String,
@@ -60,6 +65,25 @@ pub struct WaiterState {
     pub waited: Option<Duration>,
     /// Time left before its entry expires (it renews the entry while it waits).
     pub expires_in: Option<Duration>,
+}
+
+/// How many members each of a key's sorted sets has in full: a [`KeyState`]
+/// lists at most [`MEMBERS_SHOWN`] of each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Sizes {
+    /// Instances waiting for the mutex ([`KeyState::queue`]).
+    pub queue: usize,
+    /// Read leases ([`KeyState::readers`]).
+    pub readers: usize,
+    /// Writers waiting ([`KeyState::waiting_writers`]).
+    pub waiting_writers: usize,
+    /// Instances waiting for the read-write lock ([`KeyState::rw_waiting`]).
+    pub rw_waiting: usize,
+    /// Permits out ([`KeyState::permits`]).
+    pub permits: usize,
+    /// Instances waiting for permits ([`KeyState::permit_queue`]).
+    pub permit_queue: usize,
 }
 
 /// Everything lockflight stores for one key, at one instant of the server clock.
@@ -95,9 +119,8 @@ pub struct KeyState {
     /// Instances waiting for permits, in arrival order.
     pub permit_queue: Vec<WaiterState>,
     /// The full sizes of the sorted sets, of which at most [`MEMBERS_SHOWN`]
-    /// members are listed: queue, read leases, waiting writers, rw waiting,
-    /// permits, permit queue.
-    pub sizes: [usize; 6],
+    /// members are listed.
+    pub sizes: Sizes,
     /// Who leads the election of this key, as its leader record says
     /// ([`Election`](crate::election::Election)); `None` when nobody does or the
     /// key is no election's.
@@ -159,7 +182,7 @@ impl KeyState {
 
     /// Free permits of the semaphore, if one is in use.
     pub fn free_permits(&self) -> Option<u32> {
-        let held = u32::try_from(self.sizes[4]).unwrap_or(u32::MAX);
+        let held = u32::try_from(self.sizes.permits).unwrap_or(u32::MAX);
         self.permit_count.map(|n| n.saturating_sub(held))
     }
 }
@@ -283,7 +306,14 @@ fn decode_state(key: LockKey, reply: &[Value]) -> Result<KeyState> {
         permits: by_expiry(&reply[15]),
         permit_count: text(&reply[16]).and_then(|t| t.parse().ok()),
         permit_queue: queue(reply.get(17), reply.get(18)),
-        sizes: [size(0), size(2), size(3), size(4), size(5), size(6)],
+        sizes: Sizes {
+            queue: size(0),
+            readers: size(2),
+            waiting_writers: size(3),
+            rw_waiting: size(4),
+            permits: size(5),
+            permit_queue: size(6),
+        },
         leader: match reply.get(20) {
             Some(Value::BulkString(record)) => crate::election::decode(record),
             _ => None,

@@ -29,17 +29,26 @@ use crate::lease::Lease;
 /// ```
 /// use lockflight::FencingToken;
 ///
-/// let a = FencingToken { epoch: 7, seq: 3 };
-/// let b = FencingToken { epoch: 8, seq: 0 };
+/// let a = FencingToken::new(7, 3);
+/// let b = FencingToken::new(8, 0);
 /// assert!(a < b);
-/// assert!(FencingToken { epoch: 7, seq: 4 } > a);
+/// assert!(FencingToken::new(7, 4) > a);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub struct FencingToken {
     /// The lease's epoch from the backend.
     pub epoch: u64,
     /// The handoff sequence within the lease (0 for the task that acquired it).
     pub seq: u64,
+}
+
+impl FencingToken {
+    /// The token `epoch.seq`: what a resource stored, read back to compare with
+    /// a guard's (tokens are compared by epoch, then by sequence).
+    pub const fn new(epoch: u64, seq: u64) -> FencingToken {
+        FencingToken { epoch, seq }
+    }
 }
 
 impl fmt::Display for FencingToken {
@@ -54,6 +63,7 @@ impl fmt::Display for FencingToken {
 ///
 /// Two infos are equal when they name the same key and fencing token.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LockInfo {
     /// The lock key.
     pub key: LockKey,
@@ -178,6 +188,19 @@ impl Loss {
     pub(crate) fn new(lease: &Arc<Lease>) -> Loss {
         Loss {
             inner: Box::pin(Arc::clone(lease).lost()),
+        }
+    }
+
+    /// The loss of any of several leases (a [`MultiGuard`](crate::guard::MultiGuard)'s):
+    /// resolves with the first of `losses`; never, if there are none.
+    pub(crate) fn any(losses: Vec<Loss>) -> Loss {
+        Loss {
+            inner: Box::pin(async move {
+                if losses.is_empty() {
+                    return std::future::pending().await;
+                }
+                futures::future::select_all(losses).await;
+            }),
         }
     }
 }

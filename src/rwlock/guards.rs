@@ -9,7 +9,7 @@ use super::{Entry, Gate, RwHold};
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::release::{End, Release};
-use crate::lease::{FencingToken, Lease, LeaseKind};
+use crate::lease::{FencingToken, Lease, LeaseKind, LockInfo};
 
 /// The backend release of `lease`, keeping `entry` and `gate` until it is done.
 fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwHold> {
@@ -148,6 +148,30 @@ impl WriteGuard {
     /// earlier write lease of the key (`seq` is always 0).
     pub fn fencing_token(&self) -> FencingToken {
         self.lease.fencing_token(0)
+    }
+
+    /// Key, fencing token and loss signal, as a cloneable value (as
+    /// [`LockGuard::info`](crate::LockGuard::info) gives them).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockflight::Result<()> {
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let write = locker.rwlock("catalog").write().await?;
+    /// let info = write.info();
+    /// assert_eq!(info.key.as_str(), Some("catalog"));
+    /// assert_eq!(info.fencing_token, write.fencing_token());
+    /// write.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn info(&self) -> LockInfo {
+        LockInfo {
+            key: self.lease.key.clone(),
+            fencing_token: self.fencing_token(),
+            loss: self.loss_signal(),
+        }
     }
 
     crate::lease::observe_lease!("write lease", signal);

@@ -48,7 +48,7 @@ use crate::lease::FencingToken;
 /// use lockflight::testing::SimFencedKey;
 ///
 /// let stock = SimFencedKey::new("stock:555")?;
-/// let (old, new) = (FencingToken { epoch: 7, seq: 0 }, FencingToken { epoch: 8, seq: 0 });
+/// let (old, new) = (FencingToken::new(7, 0), FencingToken::new(8, 0));
 /// assert_eq!(stock.set(new, 41).await?, Fenced::Applied(()));
 /// assert_eq!(stock.set(old, 40).await?, Fenced::Stale { last: new, offered: old });
 /// assert_eq!(stock.get().as_deref(), Some(&b"41"[..]));

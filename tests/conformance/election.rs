@@ -74,17 +74,24 @@ async fn a_resignation_hands_over_and_observers_follow(topology: Topology) {
     let watcher = lockers[2].election("leader");
     let mut seen = watcher.observe();
     let a_leads = within(TOLD, "A leads", a.campaign()).await.unwrap();
-    observed(&mut seen, Some("a"), Some(a_leads.term())).await;
+    observed(&mut seen, Some("a"), Some(a_leads.fencing_token())).await;
     let next = tokio::spawn(async move { b.campaign().await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!next.is_finished(), "B leads while A does");
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     a_leads.resign().await.unwrap();
     let b_leads = within(TOLD, "B leads", next).await.unwrap().unwrap();
-    assert!(b_leads.term() > a_term, "{} <= {a_term}", b_leads.term());
-    observed(&mut seen, Some("b"), Some(b_leads.term())).await;
+    assert!(
+        b_leads.fencing_token() > a_term,
+        "{} <= {a_term}",
+        b_leads.fencing_token()
+    );
+    observed(&mut seen, Some("b"), Some(b_leads.fencing_token())).await;
     let read = watcher.leader().await.unwrap().expect("B leads");
-    assert_eq!((read.identity.as_str(), read.term), ("b", b_leads.term()));
+    assert_eq!(
+        (read.identity.as_str(), read.term),
+        ("b", b_leads.fencing_token())
+    );
     b_leads.resign().await.unwrap();
     observed(&mut seen, None, None).await;
     assert_eq!(watcher.leader().await.unwrap(), None);
@@ -101,7 +108,7 @@ async fn a_leader_that_vanishes_is_replaced_after_its_ttl(topology: Topology) {
     let b = lockers[1].election("leader").identity("b");
     let mut seen = lockers[2].election("leader").observe();
     let a_leads = within(TOLD, "A leads", a.campaign()).await.unwrap();
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     observed(&mut seen, Some("a"), Some(a_term)).await;
     let next = tokio::spawn(async move { b.campaign().await });
     // A's process is gone: nothing is sent, its lease ends at its TTL.
@@ -109,8 +116,12 @@ async fn a_leader_that_vanishes_is_replaced_after_its_ttl(topology: Topology) {
         .join()
         .expect("dropped without a runtime");
     let b_leads = within(TOLD, "B leads", next).await.unwrap().unwrap();
-    assert!(b_leads.term() > a_term, "{} <= {a_term}", b_leads.term());
-    observed(&mut seen, Some("b"), Some(b_leads.term())).await;
+    assert!(
+        b_leads.fencing_token() > a_term,
+        "{} <= {a_term}",
+        b_leads.fencing_token()
+    );
+    observed(&mut seen, Some("b"), Some(b_leads.fencing_token())).await;
     b_leads.resign().await.unwrap();
 }
 matrix!(a_leader_that_vanishes_is_replaced_after_its_ttl: every topology, no kind);

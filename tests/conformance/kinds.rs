@@ -5,11 +5,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt};
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
 use lockflight::backend::{Acquire, LeaseToken, LockBackend, RedlockBackend, WhenBusy};
-use lockflight::guard::MultiGuard;
+use lockflight::guard::{Loss, MultiGuard};
 use lockflight::rwlock::{ReadGuard, WriteGuard};
 use lockflight::semaphore::Permit;
 use lockflight::{
@@ -417,12 +416,12 @@ impl Held {
     }
 
     /// Resolves when the lease is lost.
-    pub(crate) fn lost(&self) -> BoxFuture<'static, ()> {
+    pub(crate) fn lost(&self) -> Loss {
         match self {
-            Held::Lock(g) => g.lost().boxed(),
-            Held::Read(g) => g.lost().boxed(),
-            Held::Write(g) => g.lost().boxed(),
-            Held::Permit(p) => p.lost().boxed(),
+            Held::Lock(g) => g.lost(),
+            Held::Read(g) => g.lost(),
+            Held::Write(g) => g.lost(),
+            Held::Permit(p) => p.lost(),
             Held::Many(g) => g.lost(),
         }
     }

@@ -81,7 +81,7 @@ async fn terms_in_turn(candidates: &Locker, terms: usize) -> Vec<Seen> {
             .await
             .unwrap();
         settle().await;
-        expected.push(Seen::Leader(identity, leadership.term()));
+        expected.push(Seen::Leader(identity, leadership.fencing_token()));
         leadership.resign().await.unwrap();
         settle().await;
         expected.push(Seen::Nobody);
@@ -125,7 +125,7 @@ async fn a_slow_observer_beyond_its_buffer_is_told_how_many_it_missed() {
         .campaign()
         .await
         .unwrap();
-    let term = leadership.term();
+    let term = leadership.fencing_token();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(
         waiting(&mut observation).await,
@@ -373,7 +373,7 @@ async fn a_waiting_candidate_asks_about_three_times_per_lease_ttl() {
         .campaign()
         .await
         .unwrap();
-    let term = abandoned.term();
+    let term = abandoned.fencing_token();
     let next = tokio::spawn(async move {
         candidate
             .election("jobs")
@@ -392,7 +392,7 @@ async fn a_waiting_candidate_asks_about_three_times_per_lease_ttl() {
         .join()
         .expect("dropped without a runtime");
     let (led_at, leadership) = next.await.unwrap().unwrap();
-    assert!(leadership.term() > term);
+    assert!(leadership.fencing_token() > term);
     let took = led_at - gone_at;
     assert!(
         took <= TTL + Duration::from_millis(100),

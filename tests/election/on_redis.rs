@@ -91,13 +91,13 @@ async fn one_leader_at_a_time_and_terms_increase() {
                     );
                     {
                         let mut last = last.lock().unwrap();
-                        assert!(leadership.term() > *last, "term did not increase");
-                        *last = leadership.term();
+                        assert!(leadership.fencing_token() > *last, "term did not increase");
+                        *last = leadership.fencing_token();
                     }
                     let seen = election.leader().await.unwrap().expect("a leader");
                     assert_eq!(
                         (seen.identity.as_str(), seen.term),
-                        (me.as_str(), leadership.term())
+                        (me.as_str(), leadership.fencing_token())
                     );
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     assert!(!leadership.is_lost());
@@ -142,20 +142,23 @@ async fn resign_wakes_the_next_instance_with_one_acquire() {
     // Let the busy reply come back, so B waits for its wake-up.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!next.is_finished());
-    let a_term = leadership.term();
+    let a_term = leadership.fencing_token();
     leadership.resign().await.unwrap();
     let b_leads = within(TOLD, "B leads after A resigned", next)
         .await
         .unwrap()
         .unwrap();
-    assert!(b_leads.term() > a_term);
+    assert!(b_leads.fencing_token() > a_term);
     assert_eq!(
         b_counts.acquire.load(Ordering::SeqCst),
         2,
         "B should lead after one wake-up: one busy acquire, one granted"
     );
     let seen = b_election.leader().await.unwrap().unwrap();
-    assert_eq!((seen.identity.as_str(), seen.term), ("b", b_leads.term()));
+    assert_eq!(
+        (seen.identity.as_str(), seen.term),
+        ("b", b_leads.fencing_token())
+    );
     b_leads.resign().await.unwrap();
     assert_eq!(b_election.leader().await.unwrap(), None);
     assert_eq!((a.stats().keys_in_use, b.stats().keys_in_use), (0, 0));
@@ -176,7 +179,7 @@ async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
     let resource = FencedKey::new(format!("{prefix}:schedule")).unwrap();
 
     let a_leads = a.election("cron").identity("a").campaign().await.unwrap();
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     assert!(
         resource
             .set(&mut data, a_term, "a")
@@ -214,11 +217,11 @@ async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
         "A learnt of its loss after its validity"
     );
     assert!(lost_at <= gained_at, "B was elected before A knew it lost");
-    assert!(b_leads.term() > a_term);
+    assert!(b_leads.fencing_token() > a_term);
 
     assert!(
         resource
-            .set(&mut data, b_leads.term(), "b")
+            .set(&mut data, b_leads.fencing_token(), "b")
             .await
             .unwrap()
             .is_applied()
@@ -227,7 +230,7 @@ async fn a_cut_off_leader_learns_first_and_its_fenced_write_is_refused() {
         resource.set(&mut data, a_term, "a again").await.unwrap(),
         Fenced::Stale { .. }
     ));
-    let b_term = b_leads.term();
+    let b_term = b_leads.fencing_token();
     observes(&mut observed, TOLD, "B observes itself", |l| {
         l.is_some_and(|l| l.identity == "b" && l.term == b_term)
     })
@@ -351,14 +354,14 @@ async fn an_observer_elsewhere_sees_each_change_by_its_message() {
     let mut seen = c.election("compactor").observe();
 
     let a_leads = leads(&a, "a").await;
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     sees(&mut seen, "C sees A lead", Some(("a", a_term))).await;
 
     a_leads.resign().await.unwrap();
     sees(&mut seen, "C sees A resign", None).await;
 
     let b_leads = leads(&b, "b").await;
-    let b_term = b_leads.term();
+    let b_term = b_leads.fencing_token();
     assert!(b_term > a_term);
     sees(
         &mut seen,
@@ -393,7 +396,7 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
     // A leads before C observes: C's first read sees A, and no message for C is
     // on its way that could have C read again later.
     let a_leads = leads(&a, "a").await;
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     let mut seen = c.election("compactor").observe();
     sees(&mut seen, "C sees A lead", Some(("a", a_term))).await;
 
@@ -415,7 +418,7 @@ async fn an_observer_reads_again_after_its_subscription_restarts() {
     );
     a_leads.resign().await.unwrap();
     let b_leads = leads(&b, "b").await;
-    let b_term = b_leads.term();
+    let b_term = b_leads.fencing_token();
     assert!(b_term > a_term);
 
     // C subscribes again and reads the record then, long before its periodic
@@ -454,7 +457,7 @@ async fn a_candidate_behind_an_abandoned_lease_asks_a_few_times_per_ttl() {
         .campaign()
         .await
         .unwrap();
-    let a_term = a_leads.term();
+    let a_term = a_leads.fencing_token();
     // Nothing of A reaches Redis any more: its lease stays until its TTL.
     proxy.blackhole(true);
     let b_leads = within(
@@ -464,7 +467,7 @@ async fn a_candidate_behind_an_abandoned_lease_asks_a_few_times_per_ttl() {
     )
     .await
     .unwrap();
-    assert!(b_leads.term() > a_term);
+    assert!(b_leads.fencing_token() > a_term);
     let [acquires, _, _, leaves] = b_counts.snapshot();
     // Paces of a third of the TTL (at least 3 s each) within the lease's
     // remaining TTL (at most 12 s): four asks, and one when the lease ends.

@@ -91,7 +91,7 @@ async fn election_child() {
         .campaign()
         .await
         .expect("child: campaign");
-    let term = leadership.term();
+    let term = leadership.fencing_token();
     say(&format!("LEADING {}:{}", term.epoch, term.seq));
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
@@ -140,17 +140,14 @@ impl Child {
             process,
             lines,
             said: Vec::new(),
-            term: FencingToken { epoch: 0, seq: 0 },
+            term: FencingToken::new(0, 0),
         };
         let leading = within(TOLD, "the child leads", child.next("LEADING ")).await;
         let (epoch, seq) = leading
             .trim_start_matches("LEADING ")
             .split_once(':')
             .expect("LEADING epoch:seq");
-        child.term = FencingToken {
-            epoch: epoch.parse().unwrap(),
-            seq: seq.parse().unwrap(),
-        };
+        child.term = FencingToken::new(epoch.parse().unwrap(), seq.parse().unwrap());
         child
     }
 
@@ -232,9 +229,9 @@ async fn a_killed_leader_is_replaced_once_its_lease_ends() {
         .unwrap();
     let took = killed_at.elapsed();
     assert!(
-        leads.term() > child.term,
+        leads.fencing_token() > child.term,
         "{} <= {}",
-        leads.term(),
+        leads.fencing_token(),
         child.term
     );
     // The dead leader's lease ended at most one TTL after the kill; the waiting
@@ -247,7 +244,7 @@ async fn a_killed_leader_is_replaced_once_its_lease_ends() {
     let resource = FencedKey::new(resource).unwrap();
     assert!(
         resource
-            .set(&mut data, leads.term(), "parent")
+            .set(&mut data, leads.fencing_token(), "parent")
             .await
             .unwrap()
             .is_applied()
@@ -272,12 +269,12 @@ async fn a_stopped_leader_resumes_lost_and_never_writes_after_the_next() {
     let leads = within(TOLD, "the parent leads", election.campaign())
         .await
         .unwrap();
-    assert!(leads.term() > child.term);
+    assert!(leads.fencing_token() > child.term);
     let mut data = server.connection().await;
     let resource = FencedKey::new(resource_name).unwrap();
     assert!(
         resource
-            .set(&mut data, leads.term(), "parent")
+            .set(&mut data, leads.fencing_token(), "parent")
             .await
             .unwrap()
             .is_applied(),
@@ -303,7 +300,7 @@ async fn a_stopped_leader_resumes_lost_and_never_writes_after_the_next() {
     assert_eq!(value.as_deref(), Some("parent"));
     assert_eq!(
         resource.last_token(&mut data).await.unwrap(),
-        Some(leads.term())
+        Some(leads.fencing_token())
     );
     leads.resign().await.unwrap();
 }
@@ -330,7 +327,7 @@ async fn a_leader_whose_runtime_is_blocked_reports_itself_lost() {
                 .campaign()
                 .await
                 .unwrap();
-            led_tx.send(leadership.term()).unwrap();
+            led_tx.send(leadership.fencing_token()).unwrap();
             // The runtime's only thread blocks: no timer, no renewal runs.
             std::thread::sleep(2 * TTL);
             let lost = leadership.is_lost();
@@ -349,7 +346,7 @@ async fn a_leader_whose_runtime_is_blocked_reports_itself_lost() {
     )
     .await
     .unwrap();
-    assert!(leads.term() > blocked_term);
+    assert!(leads.fencing_token() > blocked_term);
     let lost = tokio::task::spawn_blocking(move || blocked.join().unwrap())
         .await
         .unwrap();
@@ -429,9 +426,9 @@ enum Held {
 }
 
 impl Held {
-    fn term(&self) -> FencingToken {
+    fn fencing_token(&self) -> FencingToken {
         match self {
-            Held::Leader(leadership) => leadership.term(),
+            Held::Leader(leadership) => leadership.fencing_token(),
             Held::Lock(guard) => guard.fencing_token(),
         }
     }
@@ -457,7 +454,7 @@ impl Held {
         data: &mut redis::aio::MultiplexedConnection,
     ) -> lockflight::Result<Fenced<i64>> {
         match self {
-            Held::Leader(leadership) => resource.incr_by(data, leadership.term(), 1).await,
+            Held::Leader(leadership) => resource.incr_by(data, leadership.fencing_token(), 1).await,
             Held::Lock(guard) => resource.incr_by(data, guard, 1).await,
         }
     }
@@ -493,7 +490,7 @@ async fn restart_child() {
         .await
         .expect("child: data connection");
     let held = Role::parse(&var("LF_ROLE")).take(&locker, "child").await;
-    let term = held.term();
+    let term = held.fencing_token();
     say(&format!("LEADING {}:{}", term.epoch, term.seq));
     let signal = held.loss_signal();
     let learned = tokio::spawn(async move {
@@ -639,7 +636,7 @@ async fn restart_run(role: Role, server: &Arc<RedisServer>, data: &RedisServer) 
     // Nothing of the old term landed after the new one's act.
     assert_eq!(
         resource.last_token(&mut conn).await.unwrap(),
-        Some(held.term())
+        Some(held.fencing_token())
     );
     let run = RestartRun {
         acts,
@@ -649,7 +646,7 @@ async fn restart_run(role: Role, server: &Arc<RedisServer>, data: &RedisServer) 
         restarted,
         granted,
         old_term,
-        new_term: held.term(),
+        new_term: held.fencing_token(),
     };
     held.end().await.unwrap();
     drop(me);

@@ -230,10 +230,7 @@ async fn run_child(ctx: Arc<Ctx>, i: usize, at: PauseAt) -> Outcome {
 
 fn parse_token(s: &str) -> FencingToken {
     let (epoch, seq) = s.trim().split_once('.').expect("<epoch>.<seq>");
-    FencingToken {
-        epoch: epoch.parse().expect("epoch"),
-        seq: seq.parse().expect("seq"),
-    }
+    FencingToken::new(epoch.parse().expect("epoch"), seq.parse().expect("seq"))
 }
 
 /// Row 1. Several children at once, each on its own key: one stopped right

@@ -121,10 +121,7 @@ impl RedisFence {
                 let (epoch, seq) = token.split_once('.').expect("<epoch>.<seq>");
                 (
                     writer.to_owned(),
-                    FencingToken {
-                        epoch: epoch.parse().expect("epoch"),
-                        seq: seq.parse().expect("seq"),
-                    },
+                    FencingToken::new(epoch.parse().expect("epoch"), seq.parse().expect("seq")),
                 )
             })
             .collect()

@@ -544,10 +544,7 @@ async fn fenced_keys_meet_the_servers_faults_and_restarts() {
     let server = SimServer::new();
     let stock = server.fenced_key("stock:7").unwrap();
     let alone = SimFencedKey::new("stock:7").unwrap();
-    let (old, new) = (
-        FencingToken { epoch: 7, seq: 0 },
-        FencingToken { epoch: 8, seq: 0 },
-    );
+    let (old, new) = (FencingToken::new(7, 0), FencingToken::new(8, 0));
     assert!(stock.set(new, 1).await.unwrap().is_applied());
     assert!(alone.set(new, 1).await.unwrap().is_applied());
     assert_eq!(
@@ -607,7 +604,7 @@ async fn bad_fenced_key_input_is_an_error() {
     let e = server.fenced_key("a}b").unwrap_err();
     assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
     let key = server.fenced_key("k").unwrap();
-    let t = FencingToken { epoch: 1, seq: 0 };
+    let t = FencingToken::new(1, 0);
     let e = key.set(t, vec!["two", "args"]).await.unwrap_err();
     assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
     assert!(e.to_string().contains("one Redis argument"), "{e}");

@@ -92,7 +92,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
         server.requests().leader >= 1,
         "the leader record was written"
     );
-    sees(&mut seen, Some(first.term())).await;
+    sees(&mut seen, Some(first.fencing_token())).await;
     let m = metrics(snapshotter, "jobs");
     changes += m
         .get("lockflight_leader_changes_total")
@@ -101,7 +101,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
     assert_eq!(m["lockflight_leader"], 1.0, "{m:?}");
     assert_eq!(m["lockflight_leader_terms_total"], 1.0, "{m:?}");
     assert_eq!(m["lockflight_elect_seconds"], 1.0, "{m:?}");
-    let term = first.term().to_string();
+    let term = first.fencing_token().to_string();
     assert_eq!(
         logs.lines_with(&["INFO", "leadership gained", "worker-a", &term]),
         1
@@ -116,7 +116,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
     // Gained again, then lost: the lease disappears from the server, and the next
     // renewal finds it gone.
     let second = election.campaign().await.unwrap();
-    sees(&mut seen, Some(second.term())).await;
+    sees(&mut seen, Some(second.fencing_token())).await;
     let m = metrics(snapshotter, "jobs");
     changes += m
         .get("lockflight_leader_changes_total")
@@ -127,7 +127,7 @@ async fn gain_loss_and_resignation_are_logged_and_counted() {
     assert_eq!(m["lockflight_leader_terms_total"], 1.0, "one more: {m:?}");
     assert!(server.lose_lease("jobs").unwrap());
     second.lost().await;
-    let term = second.term().to_string();
+    let term = second.fencing_token().to_string();
     // Virtual time: the refresher sees the loss at once; a second is plenty.
     for _ in 0..100 {
         if logs.lines_with(&["leadership lost"]) > 0 {

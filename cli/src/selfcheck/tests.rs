@@ -22,7 +22,7 @@ impl Subject for Broken {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             Ok(Held {
-                token: FencingToken { epoch: n, seq: 0 },
+                token: FencingToken::new(n, 0),
                 is_lost: Box::new(|| false),
                 release: Box::pin(async { Release::Done }),
             })
@@ -81,7 +81,7 @@ impl Subject for Untruthful {
             let n = self.releases.fetch_add(1, Ordering::SeqCst);
             let stuck = Arc::clone(&self.stuck);
             Ok(Held {
-                token: FencingToken { epoch, seq: 0 },
+                token: FencingToken::new(epoch, 0),
                 is_lost: Box::new(|| false),
                 release: Box::pin(async move {
                     drop(guard);
@@ -144,7 +144,7 @@ impl Subject for Amnesiac {
     fn acquire(&self, _key: String) -> BoxFuture<'_, Result<Held, String>> {
         Box::pin(async {
             Ok(Held {
-                token: FencingToken { epoch: 7, seq: 0 },
+                token: FencingToken::new(7, 0),
                 is_lost: Box::new(|| false),
                 release: Box::pin(async { Release::Done }),
             })

@@ -232,7 +232,7 @@ async fn inspect_shows_who_leads_an_election() {
         .campaign()
         .await
         .unwrap();
-    let term = leadership.term().to_string();
+    let term = leadership.fencing_token().to_string();
 
     let inspect = ["inspect", "--prefix", &prefix, &url, "scheduler"];
     let (code, text) = lockflight_text(&inspect).await;

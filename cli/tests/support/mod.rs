@@ -30,10 +30,7 @@ pub async fn force_release(
     list.extend(["--prefix", prefix, "--fence", fence, url, key]);
     let (code, report) = lockflight(args(&list)).await;
     assert_eq!(code, 0, "{report:#}");
-    let forced = FencingToken {
-        epoch: report["fence"]["epoch"].as_u64().unwrap(),
-        seq: 0,
-    };
+    let forced = FencingToken::new(report["fence"]["epoch"].as_u64().unwrap(), 0);
     (report, forced)
 }
 

@@ -268,10 +268,7 @@ async fn explain(
     Ok(match (row, fence) {
         (None, _) => WriteOutcome::NotFound,
         (Some((_, fe, fs)), Some(token)) if (fe, fs) >= token => WriteOutcome::Stale {
-            current: FencingToken {
-                epoch: from_sql(fe),
-                seq: from_sql(fs),
-            },
+            current: FencingToken::new(from_sql(fe), from_sql(fs)),
         },
         (Some((stock, ..)), _) => WriteOutcome::OutOfStock { available: stock },
     })
@@ -293,10 +290,7 @@ pub async fn item_fence(db: &SqlitePool, sku: &str) -> Result<Option<FencingToke
             .bind(sku)
             .fetch_optional(db)
             .await?;
-    Ok(row.map(|(e, s)| FencingToken {
-        epoch: from_sql(e),
-        seq: from_sql(s),
-    }))
+    Ok(row.map(|(e, s)| FencingToken::new(from_sql(e), from_sql(s))))
 }
 
 /// Reservations logged with exactly this fencing token.

@@ -495,10 +495,10 @@ pub async fn sweeps_by_term(db: &SqlitePool) -> Result<Vec<TermSweeps>, sqlx::Er
     .await?;
     let mut periods: Vec<TermSweeps> = Vec::new();
     for (epoch, seq, leader, released, at) in rows {
-        let term = FencingToken {
-            epoch: u64::try_from(epoch).unwrap_or(0),
-            seq: u64::try_from(seq).unwrap_or(0),
-        };
+        let term = FencingToken::new(
+            u64::try_from(epoch).unwrap_or(0),
+            u64::try_from(seq).unwrap_or(0),
+        );
         match periods.last_mut() {
             Some(p) if p.term == term && p.leader == leader => {
                 p.sweeps += 1;

@@ -208,10 +208,9 @@ async fn parts(http: &Http, procs: &[Proc]) -> Result<Vec<Part>, BoxError> {
         let stats = http.get(&format!("{}/stats", p.url)).await?.json();
         let job = &stats["job"];
         let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-        let term = job["term"].is_object().then(|| FencingToken {
-            epoch: n(&job["term"]["epoch"]),
-            seq: n(&job["term"]["seq"]),
-        });
+        let term = job["term"]
+            .is_object()
+            .then(|| FencingToken::new(n(&job["term"]["epoch"]), n(&job["term"]["seq"])));
         parts.push(Part {
             identity: job["identity"].as_str().unwrap_or(&p.name).to_owned(),
             term,

@@ -86,10 +86,10 @@ pub(super) async fn burst(
                         acks.push((
                             sku.clone(),
                             body["remaining"].as_i64().unwrap_or(-1),
-                            FencingToken {
-                                epoch: token["epoch"].as_u64().unwrap_or(0),
-                                seq: token["seq"].as_u64().unwrap_or(0),
-                            },
+                            FencingToken::new(
+                                token["epoch"].as_u64().unwrap_or(0),
+                                token["seq"].as_u64().unwrap_or(0),
+                            ),
                         ));
                     }
                     Ok(r) if r.error_code().as_deref() == Some("out_of_stock") => {

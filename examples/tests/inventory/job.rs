@@ -144,15 +144,12 @@ async fn a_stale_terms_sweep_is_refused_and_releases_nothing() {
         .await
         .expect("item");
     // Reservations under the SKU's lock tokens (another key's: not the job's).
-    let reserve = |epoch| app::db::fenced_write(&db, "held", 2, FencingToken { epoch, seq: 0 });
+    let reserve = |epoch| app::db::fenced_write(&db, "held", 2, FencingToken::new(epoch, 0));
     assert!(matches!(
         reserve(10).await.expect("reserve"),
         WriteOutcome::Reserved { remaining: 8 }
     ));
-    let (older, newer) = (
-        FencingToken { epoch: 500, seq: 0 },
-        FencingToken { epoch: 600, seq: 0 },
-    );
+    let (older, newer) = (FencingToken::new(500, 0), FencingToken::new(600, 0));
     let later = i64::MAX / 2; // every reservation has expired by then
     let sweep = |term| job::sweep(&db, term, "x", later, Duration::ZERO);
 
@@ -298,10 +295,9 @@ async fn job_parts(http: &Http, urls: &[String]) -> Vec<Part> {
         let n = |v: &serde_json::Value| v.as_u64().expect("a count");
         parts.push(Part {
             identity: job["identity"].as_str().expect("identity").to_owned(),
-            term: job["term"].is_object().then(|| FencingToken {
-                epoch: n(&job["term"]["epoch"]),
-                seq: n(&job["term"]["seq"]),
-            }),
+            term: job["term"]
+                .is_object()
+                .then(|| FencingToken::new(n(&job["term"]["epoch"]), n(&job["term"]["seq"]))),
             terms: n(&job["terms"]),
             sweeps: n(&job["sweeps"]),
             refused: n(&job["refused"]),

@@ -172,7 +172,7 @@ async fn stale_fencing_tokens_are_rejected_by_the_database() {
         .build()
         .expect("locker");
     let state = AppState::new(db, locker, "unit");
-    let t = |epoch, seq| FencingToken { epoch, seq };
+    let t = |epoch, seq| FencingToken::new(epoch, seq);
     let write = |token| {
         let state = state.clone();
         async move {

@@ -233,7 +233,7 @@ fn parse_token(s: &str) -> lockflight::FencingToken {
         .split_whitespace()
         .map(|p| p.parse::<u64>().expect("a number"));
     let (epoch, seq) = (parts.next().expect("epoch"), parts.next().expect("seq"));
-    lockflight::FencingToken { epoch, seq }
+    lockflight::FencingToken::new(epoch, seq)
 }
 
 /// Not a test: the child process of

@@ -51,7 +51,7 @@ enum Rig {
 
 /// `epoch.seq` as a token.
 fn token(epoch: u64, seq: u64) -> FencingToken {
-    FencingToken { epoch, seq }
+    FencingToken::new(epoch, seq)
 }
 
 impl Rig {

@@ -111,7 +111,7 @@ async fn foreign_values_and_bad_input_are_clear_errors_with_nothing_written() {
     let server = shared();
     let prefix = unique_prefix("fence-bad");
     let mut data = server.connection().await;
-    let t = FencingToken { epoch: 5, seq: 0 };
+    let t = FencingToken::new(5, 0);
 
     let list = FencedKey::new(format!("{prefix}:list")).unwrap();
     let _: () = redis::cmd("RPUSH")
@@ -132,7 +132,7 @@ async fn foreign_values_and_bad_input_are_clear_errors_with_nothing_written() {
     let text = FencedKey::new(format!("{prefix}:text")).unwrap();
     assert!(text.set(&mut data, t, "abc").await.unwrap().is_applied());
     let e = text
-        .incr_by(&mut data, FencingToken { epoch: 6, seq: 0 }, 1)
+        .incr_by(&mut data, FencingToken::new(6, 0), 1)
         .await
         .unwrap_err();
     assert!(
@@ -175,7 +175,7 @@ async fn set_with_ttl_expires_the_value_but_never_the_fence() {
     let prefix = unique_prefix("fence-ttl");
     let mut data = server.connection().await;
     let key = FencedKey::new(format!("{prefix}:session")).unwrap();
-    let t = FencingToken { epoch: 9, seq: 1 };
+    let t = FencingToken::new(9, 1);
     assert!(
         key.set_with_ttl(&mut data, t, "v", Duration::from_secs(30))
             .await
@@ -195,7 +195,7 @@ async fn set_with_ttl_expires_the_value_but_never_the_fence() {
     assert!(ttl > 0 && ttl <= 30_000, "{ttl}");
     assert_eq!(fence_ttl, -1, "the fence has no TTL");
     // advance records a newer token only; forget drops the fence.
-    let newer = FencingToken { epoch: 10, seq: 0 };
+    let newer = FencingToken::new(10, 0);
     assert!(key.advance(&mut data, newer).await.unwrap().is_applied());
     assert!(!key.set(&mut data, t, "late").await.unwrap().is_applied());
     key.forget(&mut data).await.unwrap();
@@ -212,7 +212,7 @@ async fn incr_by_reports_values_beyond_2_pow_53_exactly() {
     let mut data = shared().connection().await;
     let prefix = unique_prefix("fence-big");
     let counter = FencedKey::new(format!("{prefix}:big")).unwrap();
-    let t = FencingToken { epoch: 1, seq: 0 };
+    let t = FencingToken::new(1, 0);
     let big = (1_i64 << 53) + 1;
     assert_eq!(
         counter.incr_by(&mut data, t, big).await.unwrap(),

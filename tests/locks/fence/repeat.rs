@@ -64,7 +64,7 @@ async fn a_repeated_incr_by_after_a_lost_reply_applies_once() {
     let prefix = unique_prefix("fence-lost-reply");
     let proxy = FaultProxy::start(server).await;
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
-    let token = FencingToken { epoch: 7, seq: 0 };
+    let token = FencingToken::new(7, 0);
     let client = redis::Client::open(proxy.url()).unwrap();
     let mut data = redis::aio::ConnectionManager::new(client).await.unwrap();
 
@@ -93,7 +93,7 @@ async fn a_repeated_incr_by_after_a_lost_reply_applies_once() {
 async fn a_repeat_sent_while_the_first_attempt_waits_applies_once() {
     let server = RedisServer::start();
     let counter = FencedKey::new("count").unwrap();
-    let token = FencingToken { epoch: 3, seq: 1 };
+    let token = FencingToken::new(3, 1);
     let impatient = server
         .client()
         .get_multiplexed_async_connection_with_config(
@@ -133,7 +133,7 @@ async fn writes_with_different_ids_in_one_section_both_apply() {
     let mut con = shared().connection().await;
     let prefix = unique_prefix("fence-ids");
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
-    let t = FencingToken { epoch: 9, seq: 2 };
+    let t = FencingToken::new(9, 2);
 
     let (a, b) = (WriteId::next(), WriteId::next());
     assert_eq!(
@@ -209,9 +209,9 @@ async fn a_newer_tokens_write_replaces_the_record_and_an_older_token_is_stale() 
     let prefix = unique_prefix("fence-newer");
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
     let (t1, t2, t3) = (
-        FencingToken { epoch: 5, seq: 0 },
-        FencingToken { epoch: 5, seq: 1 },
-        FencingToken { epoch: 6, seq: 0 },
+        FencingToken::new(5, 0),
+        FencingToken::new(5, 1),
+        FencingToken::new(6, 0),
     );
 
     assert!(
@@ -285,7 +285,7 @@ async fn ids_older_than_the_record_keeps_are_refused_never_applied() {
     let mut con = shared().connection().await;
     let prefix = unique_prefix("fence-window");
     let counter = FencedKey::new(format!("{prefix}:count")).unwrap();
-    let t = FencingToken { epoch: 4, seq: 0 };
+    let t = FencingToken::new(4, 0);
     for id in 1..=97 {
         let outcome = counter.incr_by_once(&mut con, t, 1, with_id(id)).await;
         assert_eq!(outcome.unwrap(), Fenced::Applied(id as i64));
@@ -335,7 +335,7 @@ async fn ids_older_than_the_record_keeps_are_refused_never_applied() {
 async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
     let mut con = shared().connection().await;
     let prefix = unique_prefix("fence-record-foreign");
-    let t = FencingToken { epoch: 8, seq: 0 };
+    let t = FencingToken::new(8, 0);
 
     let key = FencedKey::new(format!("{prefix}:a")).unwrap();
     let _: () = redis::cmd("RPUSH")
@@ -409,7 +409,7 @@ async fn a_foreign_write_record_or_a_refused_write_changes_nothing() {
 async fn out_of_memory_refuses_the_whole_write_and_repeats_are_still_answered() {
     let server = RedisServer::start();
     let mut con = server.connection().await;
-    let t = FencingToken { epoch: 2, seq: 0 };
+    let t = FencingToken::new(2, 0);
     let counter = FencedKey::new("count").unwrap();
     let applied = with_id(1);
     assert!(
