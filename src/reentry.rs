@@ -28,10 +28,10 @@ use crate::key::LockKey;
 
 /// The keys held by the current future, each with the id of its locker.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Held(Arc<[(usize, LockKey)]>);
+pub(crate) struct HeldKeys(Arc<[(usize, LockKey)]>);
 
 tokio::task_local! {
-    static HELD: Held;
+    static HELD: HeldKeys;
 }
 
 /// Whether the running future holds `key` of the locker `locker`.
@@ -43,7 +43,11 @@ pub(crate) fn holds(locker: usize, key: &LockKey) -> bool {
 /// Runs `fut` as if the running future did not hold `key` of `locker`: the lock
 /// layer scopes an in-handler route as a holder of its key from the start, and
 /// the handler's extractor then takes that very lock.
-pub(crate) fn without<F: Future>(locker: usize, key: &LockKey, fut: F) -> TaskLocalFuture<Held, F> {
+pub(crate) fn without<F: Future>(
+    locker: usize,
+    key: &LockKey,
+    fut: F,
+) -> TaskLocalFuture<HeldKeys, F> {
     let keys: Vec<_> = HELD
         .try_with(|held| {
             held.0
@@ -53,13 +57,17 @@ pub(crate) fn without<F: Future>(locker: usize, key: &LockKey, fut: F) -> TaskLo
                 .collect()
         })
         .unwrap_or_default();
-    HELD.scope(Held(keys.into()), fut)
+    HELD.scope(HeldKeys(keys.into()), fut)
 }
 
 /// Runs `fut` as a holder of `key` of `locker` (and of whatever the running
 /// future already holds).
-pub(crate) fn scope<F: Future>(locker: usize, key: LockKey, fut: F) -> TaskLocalFuture<Held, F> {
+pub(crate) fn scope<F: Future>(
+    locker: usize,
+    key: LockKey,
+    fut: F,
+) -> TaskLocalFuture<HeldKeys, F> {
     let mut keys = HELD.try_with(|held| held.0.to_vec()).unwrap_or_default();
     keys.push((locker, key));
-    HELD.scope(Held(keys.into()), fut)
+    HELD.scope(HeldKeys(keys.into()), fut)
 }

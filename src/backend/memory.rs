@@ -94,7 +94,7 @@ struct Waiting {
 
 #[derive(Default)]
 struct Inner {
-    locks: DashMap<LockKey, Held>,
+    locks: DashMap<LockKey, MemLease>,
     /// Fair mode's queues of waiting instances (lock order: a queue, then a lock).
     queues: DashMap<LockKey, Vec<Waiting>>,
     last_epoch: AtomicU64,
@@ -133,7 +133,7 @@ impl EpochClock {
 }
 
 #[derive(Clone, Copy)]
-struct Held {
+struct MemLease {
     token: LeaseToken,
     epoch: u64,
     expires: Instant,
@@ -256,7 +256,7 @@ impl LockBackend for MemoryBackend {
         _when_busy: WhenBusy,
     ) -> Result<Acquire> {
         let now = Instant::now();
-        let mut entry = self.inner.locks.entry(key.clone()).or_insert(Held {
+        let mut entry = self.inner.locks.entry(key.clone()).or_insert(MemLease {
             token,
             epoch: 0,
             expires: now,
@@ -270,7 +270,7 @@ impl LockBackend for MemoryBackend {
                 retry_in: held.expires - now,
             });
         }
-        *held = Held {
+        *held = MemLease {
             token,
             epoch: self.mint(),
             expires: now + ttl,
@@ -300,7 +300,7 @@ impl LockBackend for MemoryBackend {
         q.retain(|w| w.expires > now);
         let ahead = q.iter().any(|w| w.id != me && w.arrived < arrived);
         let others = q.iter().filter(|w| w.id != me).count();
-        let mut entry = self.inner.locks.entry(key.clone()).or_insert(Held {
+        let mut entry = self.inner.locks.entry(key.clone()).or_insert(MemLease {
             token,
             epoch: 0,
             expires: now,
@@ -310,7 +310,7 @@ impl LockBackend for MemoryBackend {
         let ours = held.token == token && !free;
         let reply = if ours || (free && !ahead) {
             let epoch = self.mint();
-            *held = Held {
+            *held = MemLease {
                 token,
                 epoch,
                 expires: now + ttl,

@@ -18,7 +18,7 @@ use crate::locker::{LockGuard, Locker};
 ///
 /// While it is held a watchdog renews the lease and refreshes the leader record;
 /// [`lost`](Leadership::lost) resolves if the lease is lost, no later than its
-/// validity ends. Pass [`term`](Leadership::term) with every write to a fenced
+/// validity ends. Pass [`fencing_token`](Leadership::fencing_token) with every write to a fenced
 /// resource ([`fence`](crate::fence)). Dropping it gives up leadership in the
 /// background; [`resign`](Leadership::resign) does it and reports.
 #[must_use = "leadership is given up when it is dropped"]

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::guard::{LockGuard, Loss};
 use crate::key::LockKey;
 use crate::locker::{LockOptions, Locker, LossPolicy};
-use crate::reentry::{self, Held};
+use crate::reentry::{self, HeldKeys};
 use tower::BoxError;
 
 type LockFuture = Pin<Box<dyn Future<Output = Result<LockGuard>> + Send>>;
@@ -66,7 +66,7 @@ where
     /// holder of the key (a nested lock of the same key fails at once).
     Running {
         #[pin]
-        fut: TaskLocalFuture<Held, Oneshot<S, Req>>,
+        fut: TaskLocalFuture<HeldKeys, Oneshot<S, Req>>,
         #[pin]
         lost: Option<Loss>,
         guard: Option<LockGuard>,
@@ -75,7 +75,7 @@ where
     /// ticket); the future then owns the guard and watches for its loss.
     InHandler {
         #[pin]
-        fut: TaskLocalFuture<Held, Oneshot<S, Req>>,
+        fut: TaskLocalFuture<HeldKeys, Oneshot<S, Req>>,
         #[pin]
         lost: Option<Loss>,
         guard: Option<LockGuard>,

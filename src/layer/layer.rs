@@ -6,8 +6,8 @@ use tower_layer::Layer;
 
 use super::service::LockService;
 #[cfg(feature = "axum")]
-use super::settings::Acquire;
-use super::settings::{MissingKey, Settings};
+use super::settings::LockAt;
+use super::settings::{LayerSettings, MissingKey};
 use crate::locker::{LockOptions, Locker};
 
 /// Applies [`LockService`]: every request runs under the lock of its key.
@@ -44,7 +44,7 @@ use crate::locker::{LockOptions, Locker};
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct LockLayer<E> {
-    settings: Settings,
+    settings: LayerSettings,
     extractor: E,
 }
 
@@ -52,7 +52,7 @@ impl<E> LockLayer<E> {
     /// Locks with `locker`, keyed by `extractor`.
     pub fn new(locker: Locker, extractor: E) -> Self {
         LockLayer {
-            settings: Settings::new(locker),
+            settings: LayerSettings::new(locker),
             extractor,
         }
     }
@@ -133,7 +133,7 @@ impl<E> LockLayer<E> {
     /// the first such request of each service is logged at `WARN`.
     #[cfg(feature = "axum")]
     pub fn lock_in_handler(mut self) -> Self {
-        self.settings.acquire = Acquire::InHandler;
+        self.settings.acquire = LockAt::InHandler;
         self
     }
 }

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::request::WithLockInfo;
-use super::settings::{Acquire, MissingKey, Settings, refusal};
+use super::settings::{LayerSettings, LockAt, MissingKey, refusal};
 use super::ticket::Ticket;
 use crate::error::Error;
 use crate::key::{KeyExtractor, LockKey, NoKey};
@@ -49,7 +49,7 @@ use crate::locker::{LockOptions, Locker};
 #[derive(Clone, Debug)]
 pub struct LockService<S, E> {
     inner: S,
-    settings: Settings,
+    settings: LayerSettings,
     extractor: E,
     /// Whether this service already warned of an in-handler route whose lock was
     /// not taken (shared by its clones).
@@ -61,11 +61,11 @@ impl<S, E> LockService<S, E> {
     /// requests without a key are refused (as [`LockLayer`](super::LockLayer)
     /// makes it by default).
     pub fn new(inner: S, locker: Locker, extractor: E) -> Self {
-        LockService::from_settings(inner, Settings::new(locker), extractor)
+        LockService::from_settings(inner, LayerSettings::new(locker), extractor)
     }
 
     /// A service with the settings of a [`LockLayer`](super::LockLayer).
-    pub(super) fn from_settings(inner: S, settings: Settings, extractor: E) -> Self {
+    pub(super) fn from_settings(inner: S, settings: LayerSettings, extractor: E) -> Self {
         LockService {
             inner,
             settings,
@@ -147,10 +147,10 @@ where
             return ResponseFuture::failed(e);
         }
         match settings.acquire {
-            Acquire::BeforeHandler => {
+            LockAt::BeforeHandler => {
                 ResponseFuture::locking(&settings.locker, key, settings.options, inner, req)
             }
-            Acquire::InHandler => {
+            LockAt::InHandler => {
                 let route = req.route();
                 let ticket = Ticket::new(settings.locker.clone(), key, settings.options);
                 let Some(extensions) = req.http_extensions() else {

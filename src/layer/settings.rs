@@ -23,7 +23,7 @@ pub(crate) enum MissingKey {
 /// When the lock is taken: before the handler (the default), or by the handler's
 /// [`Locked`](super::Locked) extractor once the request's body is in and valid.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Acquire {
+pub(crate) enum LockAt {
     #[default]
     BeforeHandler,
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
@@ -33,24 +33,24 @@ pub(crate) enum Acquire {
 /// The settings a [`LockLayer`](super::LockLayer) gives each
 /// [`LockService`](super::LockService) (shared, cheap to clone).
 #[derive(Clone, Debug)]
-pub(crate) struct Settings {
+pub(crate) struct LayerSettings {
     pub(crate) locker: Locker,
     pub(crate) missing: MissingKey,
     pub(crate) options: LockOptions,
     pub(crate) prefix: Option<Arc<[u8]>>,
-    pub(crate) acquire: Acquire,
+    pub(crate) acquire: LockAt,
 }
 
-impl Settings {
+impl LayerSettings {
     /// The defaults: the locker's own options, no prefix, a request without a key
     /// refused, the lock taken before the handler.
     pub(crate) fn new(locker: Locker) -> Self {
-        Settings {
+        LayerSettings {
             locker,
             missing: MissingKey::default(),
             options: LockOptions::default(),
             prefix: None,
-            acquire: Acquire::default(),
+            acquire: LockAt::default(),
         }
     }
 

@@ -352,24 +352,24 @@ where
 /// The tokens of a request in flight that nobody else reconciles (a read-write
 /// leader's, a semaphore request's): released in the background on the shared
 /// schedule if dropped while armed ([`retire`](crate::lease::release::retire)),
-/// keeping `hold` (local state that must outlive the release) until then.
+/// keeping `local` (local state that must outlive the release) until then.
 pub(crate) struct Armed<H: Send + 'static = ()> {
     engine: Arc<Engine>,
     kind: LeaseKind,
     key: LockKey,
     tokens: Vec<LeaseToken>,
     armed: bool,
-    hold: Option<H>,
+    local: Option<H>,
 }
 
 impl<H: Send + 'static> Armed<H> {
-    /// Unarmed tokens of `kind` of `key`, keeping `hold` until they are settled.
+    /// Unarmed tokens of `kind` of `key`, keeping `local` until they are settled.
     pub(crate) fn new(
         engine: &Arc<Engine>,
         kind: LeaseKind,
         key: &LockKey,
         tokens: Vec<LeaseToken>,
-        hold: H,
+        local: H,
     ) -> Armed<H> {
         Armed {
             engine: Arc::clone(engine),
@@ -377,7 +377,7 @@ impl<H: Send + 'static> Armed<H> {
             key: key.clone(),
             tokens,
             armed: false,
-            hold: Some(hold),
+            local: Some(local),
         }
     }
 
@@ -393,13 +393,13 @@ impl<H: Send + 'static> Armed<H> {
     }
 
     /// What it keeps, taken back (a leader that holds the lease now).
-    pub(crate) fn take_hold(&mut self) -> Option<H> {
-        self.hold.take()
+    pub(crate) fn take_local(&mut self) -> Option<H> {
+        self.local.take()
     }
 
     /// What it keeps.
-    pub(crate) fn hold(&self) -> Option<&H> {
-        self.hold.as_ref()
+    pub(crate) fn local(&self) -> Option<&H> {
+        self.local.as_ref()
     }
 }
 
@@ -415,14 +415,14 @@ impl<H: Send + 'static> InFlight for Armed<H> {
 
 impl<H: Send + 'static> Drop for Armed<H> {
     fn drop(&mut self) {
-        let hold = self.hold.take();
+        let local = self.local.take();
         if !self.armed || self.tokens.is_empty() {
             return;
         }
         let (engine, kind, key) = (Arc::clone(&self.engine), self.kind, self.key.clone());
         let tokens = std::mem::take(&mut self.tokens);
         self.engine.spawn_background(async move {
-            let _hold = hold;
+            let _local = local;
             for token in tokens {
                 crate::lease::release::release_token(&engine, kind, &key, token).await;
             }

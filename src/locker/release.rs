@@ -13,7 +13,7 @@ use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::lease::engine::deadline_after;
 use crate::lease::release::{End, Ran, Release as BackendRelease, Settle};
-use crate::slot::{Abandon, Caching, Forward, Grant, Inheritance, Linger, Release, Slot};
+use crate::slot::{Abandon, Caching, Forward, Grant, Inheritance, Linger, ReleaseStep, Slot};
 
 impl LockerState {
     /// Ends a holder's use of `lease` (as handoff number `seq`): hands it to the next
@@ -66,12 +66,12 @@ impl LockerState {
                 }
             });
             match slot.release(&lease, seq + 1, handoff, keep, arrived_by) {
-                Release::HandedOff => {
+                ReleaseStep::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
                     self.stats.handoff();
                     return End::Kept;
                 }
-                Release::Cached(caching, start) => {
+                ReleaseStep::Cached(caching, start) => {
                     // `shutdown` sets `closing` before it scans the slots, and the
                     // slot's mutex orders that scan with this caching: if `closing`
                     // is still unset here, the scan comes after and finds the lease;
@@ -111,7 +111,7 @@ impl LockerState {
                     }
                     return End::Kept;
                 }
-                Release::Backend => {}
+                ReleaseStep::Backend => {}
             }
         }
         End::Release(self.release_job(slot, lease))
@@ -219,7 +219,7 @@ impl LockerState {
         Box::pin(async move {
             let key = lease.key.clone();
             let release = slot.release(&lease, seq, false, None, None);
-            debug_assert_eq!(release, Release::Backend);
+            debug_assert_eq!(release, ReleaseStep::Backend);
             let job = self.release_job(Some(slot), lease);
             match tokio::time::timeout_at(deadline, job.run()).await {
                 Ok(Ok(())) => {}

@@ -190,7 +190,7 @@ impl RwLocks {
             return Ok(None);
         };
         crate::lease::histograms::wait(kind, call.start);
-        let (entry, gate) = leading.armed.take_hold().expect("held until granted");
+        let (entry, gate) = leading.armed.take_local().expect("held until granted");
         Ok(Some((entry, gate, granted.lease)))
     }
 }

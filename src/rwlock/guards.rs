@@ -5,16 +5,16 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
 
-use super::{Entry, Gate, RwHold};
+use super::{Entry, Gate, RwLocal};
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::release::{End, Release};
 use crate::lease::{FencingToken, Lease, LeaseKind, LockInfo};
 
 /// The backend release of `lease`, keeping `entry` and `gate` until it is done.
-fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwHold> {
+fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwLocal> {
     let engine = Arc::clone(&entry.locks.engine);
-    let hold = RwHold {
+    let hold = RwLocal {
         _entry: entry,
         _gate: gate,
     };
@@ -93,7 +93,7 @@ impl ReadGuard {
     }
 
     /// Leaves the share; the backend release when this was the last holder.
-    fn leave(&mut self) -> End<RwHold> {
+    fn leave(&mut self) -> End<RwLocal> {
         let (Some(entry), Some(gate)) = (self.entry.take(), self.gate.take()) else {
             return End::Kept;
         };
@@ -197,7 +197,7 @@ impl WriteGuard {
         }
     }
 
-    fn leave(&mut self) -> End<RwHold> {
+    fn leave(&mut self) -> End<RwLocal> {
         let Some((entry, gate)) = self.job.take() else {
             return End::Kept;
         };

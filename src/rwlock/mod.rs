@@ -211,13 +211,13 @@ fn unsupported(key: &LockKey) -> Error {
 /// What a read-write acquire or release keeps until it is done: the key's local
 /// state and the gate (the next local user does not meet this lease at the
 /// backend).
-struct RwHold {
+struct RwLocal {
     _entry: Entry,
     _gate: Gate,
 }
 
 /// A read-write release lets go of its gate and local state; nothing else.
-impl Settle for RwHold {
+impl Settle for RwLocal {
     fn settle(self, _: Ran) {}
 }
 
@@ -243,7 +243,7 @@ impl Leading {
     }
 
     fn entry(&self) -> &Entry {
-        &self.armed.hold().expect("held until granted").0
+        &self.armed.local().expect("held until granted").0
     }
 }
 
@@ -260,7 +260,7 @@ impl InFlight for Leading {
 impl Drop for Leading {
     fn drop(&mut self) {
         if self.kind == LeaseKind::Read
-            && let Some((entry, _)) = self.armed.hold()
+            && let Some((entry, _)) = self.armed.local()
         {
             entry.rw.share().abandoned();
             entry.rw.changed.notify_waiters();

@@ -57,7 +57,7 @@ pub(crate) enum Arrive<L> {
 }
 
 #[derive(Debug)]
-enum Phase<L> {
+enum ShareState<L> {
     Idle,
     Acquiring,
     Held { lease: L, holders: usize },
@@ -66,7 +66,7 @@ enum Phase<L> {
 /// The shared read lease of one key; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Share<L> {
-    phase: Phase<L>,
+    phase: ShareState<L>,
     /// Lost leases that still have holders, with their holder counts.
     detached: Vec<(L, usize)>,
 }
@@ -74,7 +74,7 @@ pub(crate) struct Share<L> {
 impl<L> Default for Share<L> {
     fn default() -> Self {
         Share {
-            phase: Phase::Idle,
+            phase: ShareState::Idle,
             detached: Vec::new(),
         }
     }
@@ -84,20 +84,20 @@ impl<L: SameLease> Share<L> {
     /// A reader arrives; `admit` judges the current lease, if there is one.
     pub(crate) fn arrive(&mut self, admit: impl FnOnce(&L) -> Admit) -> Arrive<L> {
         match &mut self.phase {
-            Phase::Idle => {
-                self.phase = Phase::Acquiring;
+            ShareState::Idle => {
+                self.phase = ShareState::Acquiring;
                 Arrive::Leader
             }
-            Phase::Acquiring => Arrive::WaitAcquire,
-            Phase::Held { lease, holders } => match admit(lease) {
+            ShareState::Acquiring => Arrive::WaitAcquire,
+            ShareState::Held { lease, holders } => match admit(lease) {
                 Admit::Join => {
                     *holders += 1;
                     Arrive::Join(lease.clone())
                 }
                 Admit::Wait => Arrive::WaitDrain,
                 Admit::Replace => {
-                    let Phase::Held { lease, holders } =
-                        std::mem::replace(&mut self.phase, Phase::Acquiring)
+                    let ShareState::Held { lease, holders } =
+                        std::mem::replace(&mut self.phase, ShareState::Acquiring)
                     else {
                         unreachable!("matched Held above")
                     };
@@ -110,22 +110,22 @@ impl<L: SameLease> Share<L> {
 
     /// The leader's acquisition succeeded: it holds `lease`, which admits joiners.
     pub(crate) fn acquired(&mut self, lease: L) {
-        debug_assert!(matches!(self.phase, Phase::Acquiring));
-        self.phase = Phase::Held { lease, holders: 1 };
+        debug_assert!(matches!(self.phase, ShareState::Acquiring));
+        self.phase = ShareState::Held { lease, holders: 1 };
     }
 
     /// The leader gave up (an error, a timeout, or its future was dropped): the next
     /// newcomer leads.
     pub(crate) fn abandoned(&mut self) {
-        if matches!(self.phase, Phase::Acquiring) {
-            self.phase = Phase::Idle;
+        if matches!(self.phase, ShareState::Acquiring) {
+            self.phase = ShareState::Idle;
         }
     }
 
     /// A holder of `lease` leaves. `true` when it was the last one: release the
     /// lease at the backend.
     pub(crate) fn leave(&mut self, lease: &L) -> bool {
-        if let Phase::Held {
+        if let ShareState::Held {
             lease: current,
             holders,
         } = &mut self.phase
@@ -133,7 +133,7 @@ impl<L: SameLease> Share<L> {
         {
             *holders -= 1;
             if *holders == 0 {
-                self.phase = Phase::Idle;
+                self.phase = ShareState::Idle;
                 return true;
             }
             return false;
@@ -151,7 +151,7 @@ impl<L: SameLease> Share<L> {
     /// Whether nothing is held, led or detached.
     #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
-        matches!(self.phase, Phase::Idle) && self.detached.is_empty()
+        matches!(self.phase, ShareState::Idle) && self.detached.is_empty()
     }
 }
 
@@ -397,9 +397,9 @@ mod tests {
     fn clone_share(s: &Share<u32>) -> Share<u32> {
         Share {
             phase: match &s.phase {
-                Phase::Idle => Phase::Idle,
-                Phase::Acquiring => Phase::Acquiring,
-                Phase::Held { lease, holders } => Phase::Held {
+                ShareState::Idle => ShareState::Idle,
+                ShareState::Acquiring => ShareState::Acquiring,
+                ShareState::Held { lease, holders } => ShareState::Held {
                     lease: *lease,
                     holders: *holders,
                 },

@@ -24,7 +24,7 @@ use crate::lease::failure::Failure;
 #[derive(Debug)]
 pub(crate) struct Semaphores {
     pub(super) engine: Arc<Engine>,
-    pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyState>>>,
+    pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyPermits>>>,
 }
 
 impl Deref for Semaphores {
@@ -36,7 +36,7 @@ impl Deref for Semaphores {
 }
 
 #[derive(Debug)]
-pub(super) struct KeyState {
+pub(super) struct KeyPermits {
     pub(super) key: LockKey,
     pub(super) permits: u32,
     pub(super) queue: Mutex<Queue>,
@@ -58,7 +58,7 @@ pub(super) struct Waiter {
     pub(super) tx: oneshot::Sender<Result<Permit>>,
 }
 
-impl KeyState {
+impl KeyPermits {
     pub(super) fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -66,7 +66,7 @@ impl KeyState {
 
 /// A waiter's place in its key's queue; dropping it leaves the queue.
 pub(super) struct Waiting {
-    pub(super) state: Arc<KeyState>,
+    pub(super) state: Arc<KeyPermits>,
     pub(super) id: u64,
 }
 
@@ -91,7 +91,7 @@ impl Semaphores {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyState>>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyPermits>>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -127,7 +127,7 @@ impl Semaphores {
         }
         let mut keys = self.lock();
         let state = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
-            Arc::new(KeyState {
+            Arc::new(KeyPermits {
                 key: key.clone(),
                 permits,
                 queue: Mutex::default(),
@@ -228,7 +228,7 @@ impl Pool for Semaphores {
 /// next acquire starts afresh.
 pub(super) struct Driver {
     pub(super) semaphores: Arc<Semaphores>,
-    pub(super) state: Arc<KeyState>,
+    pub(super) state: Arc<KeyPermits>,
     pub(super) finished: bool,
 }
 

@@ -21,7 +21,7 @@
 //! takes the lease back only if it is still cached and the deadline has passed
 //! (`Slot::linger`), sleeps on to a later deadline if a later caching moved it,
 //! and ends when the lease is in use, so the next caching starts a new one
-//! (`Release::Cached`'s flag). `Slot::expire` takes back one caching by its
+//! (`ReleaseStep::Cached`'s flag). `Slot::expire` takes back one caching by its
 //! number, for a timer that serves only that caching. A `Cached` slot has no
 //! waiters (a joiner takes the lease instead of queueing).
 //!
@@ -48,7 +48,7 @@
 //! then also gives it a timer of its own). A watcher keeps the deadlines of the
 //! waiters of its own runtime only: one that joins from another runtime, which
 //! may be alive but not driven, keeps a timer of its own from the start
-//! ([`Ticket::needs_own_timer`]).
+//! ([`WaiterPlace::needs_own_timer`]).
 //!
 //! All transitions are synchronous steps under one mutex; the async work (backend
 //! calls) happens between steps, outside the lock. That is what makes the machine
@@ -169,7 +169,7 @@ pub(crate) enum Join {
     /// The caller is the leader: it acquires from the backend.
     Leader(Arc<Slot>),
     /// The caller waits for a grant.
-    Wait(Ticket),
+    Wait(WaiterPlace),
     /// The caller takes the cached lease (as handoff number `seq`); it holds the
     /// slot, and must check the lease is still good enough to use (else release it).
     Cached(Arc<Slot>, Arc<Lease>, u64),
@@ -179,7 +179,7 @@ pub(crate) enum Join {
 
 /// A waiter's place in the queue. Dropping it leaves the queue, passing on a grant
 /// that arrived in the meantime.
-pub(crate) struct Ticket {
+pub(crate) struct WaiterPlace {
     slot: Arc<Slot>,
     id: u64,
     /// The ticket has left: it took its grant, or found itself dropped.
@@ -190,9 +190,9 @@ pub(crate) struct Ticket {
     fwd: Arc<dyn Forward>,
 }
 
-impl std::fmt::Debug for Ticket {
+impl std::fmt::Debug for WaiterPlace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ticket")
+        f.debug_struct("WaiterPlace")
             .field("key", &self.slot.key)
             .field("id", &self.id)
             .finish()
@@ -201,7 +201,7 @@ impl std::fmt::Debug for Ticket {
 
 /// What the caller must do after a release decision.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Release {
+pub(crate) enum ReleaseStep {
     /// The lease went to a local waiter; nothing else to do.
     HandedOff,
     /// Release the lease at the backend, then call [`Slot::released`].
@@ -370,7 +370,7 @@ impl Slot {
         } else if earlier {
             self.rearm.notify_one();
         }
-        Some(Join::Wait(Ticket {
+        Some(Join::Wait(WaiterPlace {
             slot: self,
             id,
             done: false,
@@ -434,7 +434,7 @@ impl Slot {
         handoff: bool,
         cache: Option<Caching>,
         arrived_by: Option<Instant>,
-    ) -> Release {
+    ) -> ReleaseStep {
         let mut st = self.lock();
         debug_assert_eq!(st.mode, Mode::Held);
         if handoff {
@@ -442,7 +442,7 @@ impl Slot {
                 // The first live waiter decides (waiters that left are skipped).
                 if st.waiters.front_arrival().is_some_and(|at| at > by) {
                     st.mode = Mode::Releasing;
-                    return Release::Backend;
+                    return ReleaseStep::Backend;
                 }
             }
             if let Ok(waker) = Self::grant_next(&mut st, Grant::Lease(Arc::clone(lease), seq)) {
@@ -450,7 +450,7 @@ impl Slot {
                 if let Some(waker) = waker {
                     waker.wake();
                 }
-                return Release::HandedOff;
+                return ReleaseStep::HandedOff;
             }
             if let Some(caching) = cache {
                 st.mode = Mode::Cached;
@@ -465,11 +465,11 @@ impl Slot {
                 if start {
                     st.lingering = Some(Arc::downgrade(lease));
                 }
-                return Release::Cached(st.cachings, start);
+                return ReleaseStep::Cached(st.cachings, start);
             }
         }
         st.mode = Mode::Releasing;
-        Release::Backend
+        ReleaseStep::Backend
     }
 
     /// Whether the slot keeps a cached lease.
@@ -647,7 +647,7 @@ impl Slot {
     }
 }
 
-impl Ticket {
+impl WaiterPlace {
     /// Waits for the grant; `None` if the slot dropped this waiter ungranted: its
     /// deadline passed, or the watcher ended with its runtime (the caller tells
     /// which by the time, and joins again in the second case). After it returns,
@@ -736,7 +736,7 @@ pub(crate) trait Forward: Send + Sync {
     fn watch(&self, slot: &Arc<Slot>);
 }
 
-impl Drop for Ticket {
+impl Drop for WaiterPlace {
     fn drop(&mut self) {
         if let Some(grant) = self.leave() {
             self.fwd.forward(&self.slot, grant);

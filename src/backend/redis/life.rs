@@ -109,7 +109,7 @@ pub(super) struct Life {
     /// The longest lease TTL asked for through this backend, in ms.
     longest_ms: AtomicU64,
     /// How long a release record lives (ms): a grant that reaches the server
-    /// later than that after it was sent is refused (see [`Ticket`]).
+    /// later than that after it was sent is refused (see [`GateArgs`]).
     record_ttl_ms: u64,
 }
 
@@ -126,7 +126,7 @@ struct Place {
 }
 
 /// The gate's arguments for one request, sent now.
-pub(super) struct Ticket {
+pub(super) struct GateArgs {
     /// The place the request goes to.
     pub(super) slot: u16,
     key: Vec<u8>,
@@ -213,10 +213,10 @@ impl Life {
     }
 
     /// The gate's arguments for a request to `slot_of`, sent now.
-    pub(super) fn ticket(&self, slot_of: u16) -> Ticket {
+    pub(super) fn ticket(&self, slot_of: u16) -> GateArgs {
         let grace = self.longest_ms.load(Ordering::Relaxed).to_string();
         let record_ttl_ms = self.record_ttl_ms;
-        self.with_place(slot_of, |place| Ticket {
+        self.with_place(slot_of, |place| GateArgs {
             slot: slot_of,
             key: place.key.clone(),
             seen: place.seen.clone(),
@@ -231,7 +231,7 @@ impl Life {
 
     /// The keys and arguments of a granting script: the gate's, then the script's.
     pub(super) fn gate<'a>(
-        ticket: &'a Ticket,
+        ticket: &'a GateArgs,
         keys: &[&'a [u8]],
         args: &[&'a [u8]],
     ) -> (Vec<&'a [u8]>, Vec<&'a [u8]>) {
@@ -249,7 +249,7 @@ impl Life {
     }
 
     /// The script that reads the life of `slot_of`, and its arguments.
-    pub(super) fn check(&self, slot_of: u16) -> (&'static Script, Ticket) {
+    pub(super) fn check(&self, slot_of: u16) -> (&'static Script, GateArgs) {
         (&*CHECK, self.ticket(slot_of))
     }
 
@@ -322,7 +322,7 @@ impl Life {
     }
 }
 
-impl Ticket {
+impl GateArgs {
     /// Whether `started` is a life other than the one seen last, itself known.
     pub(super) fn is_restart(&self, started: &str) -> bool {
         !self.seen.is_empty() && self.seen != started

@@ -79,7 +79,7 @@ struct Flight {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Phase {
+enum Stage {
     /// Not started (A's second task: waiting locally for the slot).
     Waiting,
     /// About to send an acquire with this token.
@@ -104,7 +104,7 @@ struct State {
     records: u32,
     /// Tokens retired by a release that found nothing to delete (`Retire` only).
     retired: u32,
-    tasks: [Phase; 3],
+    tasks: [Stage; 3],
     /// The backend's lock was not the task's token at some point of its section.
     overlapped: [bool; 3],
     /// Requests on the wire, in send order per instance.
@@ -146,7 +146,7 @@ impl Model {
             lock: None,
             records: 0,
             retired: 0,
-            tasks: [Phase::Ready(0), Phase::Waiting, Phase::Ready(1)],
+            tasks: [Stage::Ready(0), Stage::Waiting, Stage::Ready(1)],
             overlapped: [false; 3],
             wire: Vec::new(),
             replies: Vec::new(),
@@ -199,12 +199,12 @@ impl Model {
     /// A's first task is done: its second task leads, with `inherited` (a token
     /// to acquire with) or a fresh token.
     fn pass_lead(st: &mut State, task: u8, inherited: Option<Tok>) {
-        if task == 0 && st.tasks[1] == Phase::Waiting {
+        if task == 0 && st.tasks[1] == Stage::Waiting {
             let tok = inherited.unwrap_or_else(|| {
                 st.next_tok += 1;
                 st.next_tok - 1
             });
-            st.tasks[1] = Phase::Ready(tok);
+            st.tasks[1] = Stage::Ready(tok);
         }
     }
 
@@ -236,25 +236,25 @@ impl Model {
             let t = usize::from(task);
             let label = Step::Read(task, reply);
             match (s.tasks[t], reply) {
-                (Phase::Acquiring(tok), Reply::Granted) => {
-                    s.tasks[t] = Phase::Holding {
+                (Stage::Acquiring(tok), Reply::Granted) => {
+                    s.tasks[t] = Stage::Holding {
                         tok,
                         renewed: false,
                     };
                     s.overlapped[t] = false;
                 }
-                (Phase::Acquiring(tok), Reply::Busy) => s.tasks[t] = Phase::Ready(tok),
-                (Phase::Acquiring(_), Reply::Retired) => {
-                    s.tasks[t] = Phase::Done;
+                (Stage::Acquiring(tok), Reply::Busy) => s.tasks[t] = Stage::Ready(tok),
+                (Stage::Acquiring(_), Reply::Retired) => {
+                    s.tasks[t] = Stage::Done;
                     Self::pass_lead(&mut s, task, None);
                 }
-                (Phase::Holding { tok, .. }, Reply::Extended(false)) => {
-                    s.tasks[t] = Phase::Lost(tok);
+                (Stage::Holding { tok, .. }, Reply::Extended(false)) => {
+                    s.tasks[t] = Stage::Lost(tok);
                 }
-                (Phase::Holding { .. }, Reply::Extended(true)) => {}
-                (Phase::Releasing(_), Reply::Released(ok)) => {
+                (Stage::Holding { .. }, Reply::Extended(true)) => {}
+                (Stage::Releasing(_), Reply::Released(ok)) => {
                     s.untruthful |= ok && s.overlapped[t];
-                    s.tasks[t] = Phase::Done;
+                    s.tasks[t] = Stage::Done;
                     Self::pass_lead(&mut s, task, None);
                 }
                 // A renewal's answer after the section ended.
@@ -268,29 +268,29 @@ impl Model {
             let awaiting = st.wire.iter().any(|f| f.task == task && f.awaited)
                 || st.replies.iter().any(|&(r, _)| r == task);
             match st.tasks[t] {
-                Phase::Ready(tok) => {
+                Stage::Ready(tok) => {
                     let mut s = st.clone();
-                    s.tasks[t] = Phase::Acquiring(tok);
+                    s.tasks[t] = Stage::Acquiring(tok);
                     Self::send(&mut s, task, Req::Acquire(tok), true);
                     next.push((Step::Send(task, Req::Acquire(tok)), s));
                 }
-                Phase::Holding { tok, renewed } => {
+                Stage::Holding { tok, renewed } => {
                     if !renewed {
                         let mut s = st.clone();
-                        s.tasks[t] = Phase::Holding { tok, renewed: true };
+                        s.tasks[t] = Stage::Holding { tok, renewed: true };
                         Self::send(&mut s, task, Req::Extend(tok), true);
                         next.push((Step::Send(task, Req::Extend(tok)), s));
                     }
                     // The section ends: a release at the backend, or (A's first
                     // task, its second waiting) a local handoff.
                     let mut s = st.clone();
-                    s.tasks[t] = Phase::Releasing(tok);
+                    s.tasks[t] = Stage::Releasing(tok);
                     Self::send(&mut s, task, Req::Release(tok), true);
                     next.push((Step::Send(task, Req::Release(tok)), s));
-                    if task == 0 && st.tasks[1] == Phase::Waiting {
+                    if task == 0 && st.tasks[1] == Stage::Waiting {
                         let mut s = st.clone();
-                        s.tasks[0] = Phase::Done;
-                        s.tasks[1] = Phase::Holding {
+                        s.tasks[0] = Stage::Done;
+                        s.tasks[1] = Stage::Holding {
                             tok,
                             renewed: false,
                         };
@@ -298,9 +298,9 @@ impl Model {
                         next.push((Step::HandOff(tok), s));
                     }
                 }
-                Phase::Lost(tok) => {
+                Stage::Lost(tok) => {
                     let mut s = st.clone();
-                    s.tasks[t] = Phase::Releasing(tok);
+                    s.tasks[t] = Stage::Releasing(tok);
                     s.overlapped[t] = true;
                     Self::send(&mut s, task, Req::Release(tok), true);
                     next.push((Step::Send(task, Req::Release(tok)), s));
@@ -317,7 +317,7 @@ impl Model {
                 }
                 base.replies.retain(|&(r, _)| r != task);
                 match st.tasks[t] {
-                    Phase::Acquiring(tok) => {
+                    Stage::Acquiring(tok) => {
                         let mut s = base.clone();
                         Self::send(&mut s, task, Req::Acquire(tok), true);
                         next.push((Step::Resend(task, Req::Acquire(tok)), s));
@@ -325,22 +325,22 @@ impl Model {
                         // acquire may have landed; no release was sent), else the
                         // token is released in the background.
                         let mut s = base;
-                        s.tasks[t] = Phase::Done;
-                        if task == 0 && s.tasks[1] == Phase::Waiting {
+                        s.tasks[t] = Stage::Done;
+                        if task == 0 && s.tasks[1] == Stage::Waiting {
                             Self::pass_lead(&mut s, task, Some(tok));
                         } else {
                             Self::send(&mut s, task, Req::Release(tok), false);
                         }
                         next.push((Step::GiveUp(task, Req::Acquire(tok)), s));
                     }
-                    Phase::Releasing(tok) => {
+                    Stage::Releasing(tok) => {
                         let mut s = base.clone();
                         Self::send(&mut s, task, Req::Release(tok), true);
                         next.push((Step::Resend(task, Req::Release(tok)), s));
                         // Gives up: the lock may still be held for the token.
                         let mut s = base;
-                        s.tasks[t] = Phase::Done;
-                        let waiting = task == 0 && s.tasks[1] == Phase::Waiting;
+                        s.tasks[t] = Stage::Done;
+                        let waiting = task == 0 && s.tasks[1] == Stage::Waiting;
                         match self.design {
                             Design::Reuse if waiting => Self::pass_lead(&mut s, task, Some(tok)),
                             _ => {
@@ -350,7 +350,7 @@ impl Model {
                         }
                         next.push((Step::GiveUp(task, Req::Release(tok)), s));
                     }
-                    Phase::Holding { .. } => {
+                    Stage::Holding { .. } => {
                         // A renewal that timed out: retried later (not modelled).
                         next.push((Step::RenewalTimesOut(task), base));
                     }
@@ -367,7 +367,7 @@ impl Model {
             return Some(Violation::UntruthfulRelease);
         }
         for t in 0..3 {
-            if let Phase::Holding { tok, .. } = st.tasks[t]
+            if let Stage::Holding { tok, .. } = st.tasks[t]
                 && st.lock != Some(tok)
             {
                 st.overlapped[t] = true;
@@ -376,7 +376,7 @@ impl Model {
         let holders = st
             .tasks
             .iter()
-            .filter(|p| matches!(p, Phase::Holding { .. }))
+            .filter(|p| matches!(p, Stage::Holding { .. }))
             .count();
         if holders > 1 {
             return Some(Violation::TwoHolders);
@@ -385,11 +385,11 @@ impl Model {
             && let Some(tok) = st.lock
         {
             let used = st.tasks.iter().any(|p| match *p {
-                Phase::Ready(t) | Phase::Acquiring(t) | Phase::Lost(t) | Phase::Releasing(t) => {
+                Stage::Ready(t) | Stage::Acquiring(t) | Stage::Lost(t) | Stage::Releasing(t) => {
                     t == tok
                 }
-                Phase::Holding { tok: t, .. } => t == tok,
-                Phase::Waiting | Phase::Done => false,
+                Stage::Holding { tok: t, .. } => t == tok,
+                Stage::Waiting | Stage::Done => false,
             });
             if !used {
                 return Some(Violation::Stranded);

@@ -25,7 +25,7 @@ impl Wakes {
     }
 
     /// Polls `ticket`'s wait once with this waker.
-    fn poll(self: &Arc<Self>, ticket: &mut Ticket) -> Poll<Option<Grant>> {
+    fn poll(self: &Arc<Self>, ticket: &mut WaiterPlace) -> Poll<Option<Grant>> {
         let waker = Waker::from(Arc::clone(self));
         let mut granted = std::pin::pin!(ticket.granted());
         granted.as_mut().poll(&mut Context::from_waker(&waker))
@@ -52,7 +52,7 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
         Join::Wait(ticket) => ticket,
         other => panic!("{other:?}"),
     };
-    let queued = |ticket: &mut Ticket| {
+    let queued = |ticket: &mut WaiterPlace| {
         let wakes = Wakes::new();
         assert!(wakes.poll(ticket).is_pending());
         wakes
@@ -64,7 +64,10 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     let wakes = queued(&mut ticket);
     slot.acquired();
     let held = lease(slot.key());
-    assert_eq!(slot.release(&held, 0, true, None, None), Release::HandedOff);
+    assert_eq!(
+        slot.release(&held, 0, true, None, None),
+        ReleaseStep::HandedOff
+    );
     assert_eq!(wakes.count(), 1);
     assert!(matches!(
         wakes.poll(&mut ticket),
@@ -94,7 +97,10 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     let mut ticket = waiter("released");
     let wakes = queued(&mut ticket);
     slot.acquired();
-    assert_eq!(slot.release(&held, 0, false, None, None), Release::Backend);
+    assert_eq!(
+        slot.release(&held, 0, false, None, None),
+        ReleaseStep::Backend
+    );
     assert_eq!(wakes.count(), 0);
     assert_eq!(slot.released(map, Inheritance::default()), None);
     assert_eq!(wakes.count(), 1);
@@ -119,7 +125,10 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     let mut queued_too = waiter("dropped");
     let (wakes, wakes_too) = (queued(&mut granted), queued(&mut queued_too));
     slot.acquired();
-    assert_eq!(slot.release(&held, 0, true, None, None), Release::HandedOff);
+    assert_eq!(
+        slot.release(&held, 0, true, None, None),
+        ReleaseStep::HandedOff
+    );
     slot.watch_dropped();
     assert_eq!((wakes.count(), wakes_too.count()), (1, 1));
     assert!(matches!(
@@ -134,7 +143,10 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     let mut second = waiter("passed on");
     let wakes = queued(&mut second);
     slot.acquired();
-    assert_eq!(slot.release(&held, 7, true, None, None), Release::HandedOff);
+    assert_eq!(
+        slot.release(&held, 7, true, None, None),
+        ReleaseStep::HandedOff
+    );
     assert_eq!(wakes.count(), 0, "the grant went to the first waiter");
     drop(first);
     assert_eq!(wakes.count(), 1);

@@ -27,7 +27,7 @@ pub(super) enum Task {
     Start,
     Looked(Arc<Slot>),
     Leading(Arc<Slot>),
-    Waiting(Ticket),
+    Waiting(WaiterPlace),
     /// The slot dropped the waiter; it has not looked yet.
     Dropped,
     Holding(Arc<Slot>, Arc<Lease>, u64),
@@ -92,13 +92,13 @@ impl ModelForward {
     }
 
     /// What the locker does after a holder's release decision.
-    pub(super) fn after_release(&self, slot: &Arc<Slot>, lease: &Arc<Lease>, release: Release) {
+    pub(super) fn after_release(&self, slot: &Arc<Slot>, lease: &Arc<Lease>, release: ReleaseStep) {
         let timer = match release {
-            Release::HandedOff => return,
-            Release::Backend => return self.pending.lock().unwrap().push(Arc::clone(slot)),
-            Release::Cached(_, true) => Timer::Linger(Arc::clone(slot), Arc::downgrade(lease)),
-            Release::Cached(_, false) if self.cache == Some(true) => return,
-            Release::Cached(n, false) => Timer::Expire(Arc::clone(slot), n),
+            ReleaseStep::HandedOff => return,
+            ReleaseStep::Backend => return self.pending.lock().unwrap().push(Arc::clone(slot)),
+            ReleaseStep::Cached(_, true) => Timer::Linger(Arc::clone(slot), Arc::downgrade(lease)),
+            ReleaseStep::Cached(_, false) if self.cache == Some(true) => return,
+            ReleaseStep::Cached(n, false) => Timer::Expire(Arc::clone(slot), n),
         };
         self.lingering.lock().unwrap().push(timer);
     }
@@ -352,9 +352,9 @@ impl World {
             (Task::Holding(slot, lease, seq), Action::Release) => {
                 self.holders -= 1;
                 match slot.release(&lease, seq + 1, handoff, self.fwd.caching(), None) {
-                    Release::HandedOff => Task::Done { held: true },
-                    Release::Backend => Task::Releasing(slot),
-                    cached @ Release::Cached(..) => {
+                    ReleaseStep::HandedOff => Task::Done { held: true },
+                    ReleaseStep::Backend => Task::Releasing(slot),
+                    cached @ ReleaseStep::Cached(..) => {
                         self.fwd.after_release(&slot, &lease, cached);
                         Task::Done { held: true }
                     }

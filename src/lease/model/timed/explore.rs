@@ -31,7 +31,7 @@ impl Explorer {
                 started: -TTL,
                 held: false,
             },
-            tasks: [Phase::Ready(0), Phase::Ready(ROUNDS)],
+            tasks: [Stage::Ready(0), Stage::Ready(ROUNDS)],
             seen: [Some(0), (!self.config.fresh).then_some(0)],
             wire: Bag::EMPTY,
             replies: Bag::EMPTY,
@@ -86,16 +86,16 @@ impl Explorer {
                 // Answers whose reading depends on nothing else (not the time,
                 // not what other tasks do) are read at once: reading them
                 // later adds states, no outcomes.
-                (true, Phase::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated)
+                (true, Stage::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated)
                     if known =>
                 {
-                    s.tasks[t] = Phase::Ready(tok);
+                    s.tasks[t] = Stage::Ready(tok);
                 }
-                (true, Phase::Acquiring(tok), Reply::Retired)
-                | (true, Phase::Releasing(tok), Reply::Released)
+                (true, Stage::Acquiring(tok), Reply::Retired)
+                | (true, Stage::Releasing(tok), Reply::Released)
                     if known =>
                 {
-                    s.tasks[t] = Phase::after(tok, c.rounds);
+                    s.tasks[t] = Stage::after(tok, c.rounds);
                 }
                 (true, ..) => s.replies.push((f.task, reply, f.sent_at, life)),
             }
@@ -110,34 +110,34 @@ impl Explorer {
             s.tasks[t] = match (st.tasks[t], reply) {
                 // A reply after the validity it would give is no grant: ask
                 // again with the same token.
-                (Phase::Acquiring(tok), Reply::Granted) if believed_until <= 0 => Phase::Ready(tok),
-                (Phase::Acquiring(tok), Reply::Granted) => Phase::Holding {
+                (Stage::Acquiring(tok), Reply::Granted) if believed_until <= 0 => Stage::Ready(tok),
+                (Stage::Acquiring(tok), Reply::Granted) => Stage::Holding {
                     tok,
                     valid_until: believed_until,
                     renewing: false,
                 },
                 (
-                    Phase::Holding {
+                    Stage::Holding {
                         tok, valid_until, ..
                     },
                     Reply::Extended(true),
-                ) => Phase::Holding {
+                ) => Stage::Holding {
                     tok,
                     valid_until: valid_until.max(believed_until),
                     renewing: false,
                 },
-                (Phase::Holding { tok, .. }, Reply::Extended(false)) => {
+                (Stage::Holding { tok, .. }, Reply::Extended(false)) => {
                     s.lose(task, tok);
                     s.tasks[t]
                 }
                 // A renewal's answer after the lease ended, kept for the life
                 // it tells of.
                 (phase, Reply::Extended(_)) => phase,
-                (Phase::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated) => {
-                    Phase::Ready(tok)
+                (Stage::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated) => {
+                    Stage::Ready(tok)
                 }
-                (Phase::Acquiring(tok), Reply::Retired)
-                | (Phase::Releasing(tok), Reply::Released) => Phase::after(tok, c.rounds),
+                (Stage::Acquiring(tok), Reply::Retired)
+                | (Stage::Releasing(tok), Reply::Released) => Stage::after(tok, c.rounds),
                 (phase, reply) => unreachable!("{phase:?} cannot read {reply:?}"),
             };
             s.learn(task, life);
@@ -147,21 +147,21 @@ impl Explorer {
             let t = usize::from(task);
             match st.tasks[t] {
                 // B, started after the restart, sends nothing before it.
-                Phase::Ready(_) if task == 1 && c.fresh && st.restarts < c.restarts => {}
-                Phase::Ready(tok) => {
+                Stage::Ready(_) if task == 1 && c.fresh && st.restarts < c.restarts => {}
+                Stage::Ready(tok) => {
                     let mut s = *st;
-                    s.tasks[t] = Phase::Acquiring(tok);
+                    s.tasks[t] = Stage::Acquiring(tok);
                     s.send(task, Req::Acquire(tok), true);
                     push(Step::Send(task, Req::Acquire(tok)), s, None);
                 }
-                Phase::Holding {
+                Stage::Holding {
                     tok,
                     valid_until,
                     renewing,
                 } => {
                     if !renewing {
                         let mut s = *st;
-                        s.tasks[t] = Phase::Holding {
+                        s.tasks[t] = Stage::Holding {
                             tok,
                             valid_until,
                             renewing: true,
@@ -173,7 +173,7 @@ impl Explorer {
                         let mut s = *st;
                         s.faults += 1;
                         s.stop_waiting(task);
-                        s.tasks[t] = Phase::Holding {
+                        s.tasks[t] = Stage::Holding {
                             tok,
                             valid_until,
                             renewing: false,
@@ -181,23 +181,23 @@ impl Explorer {
                         push(Step::GiveUp(task, Req::Extend(tok)), s, None);
                     }
                     let mut s = *st;
-                    s.tasks[t] = Phase::Releasing(tok);
+                    s.tasks[t] = Stage::Releasing(tok);
                     s.send(task, Req::Release(tok), true);
                     push(Step::Send(task, Req::Release(tok)), s, None);
                 }
-                Phase::Acquiring(tok) | Phase::Releasing(tok) if st.faults < c.faults => {
+                Stage::Acquiring(tok) | Stage::Releasing(tok) if st.faults < c.faults => {
                     // Gives up: the token is released in the background (an
                     // abandoned acquire's cleanup, a failed release's repeat),
                     // and the task goes on with a fresh one.
                     let given_up = match st.tasks[t] {
-                        Phase::Acquiring(_) => Req::Acquire(tok),
+                        Stage::Acquiring(_) => Req::Acquire(tok),
                         _ => Req::Release(tok),
                     };
                     let mut s = *st;
                     s.faults += 1;
                     s.stop_waiting(task);
                     s.send(task, Req::Release(tok), false);
-                    s.tasks[t] = Phase::after(tok, c.rounds);
+                    s.tasks[t] = Stage::after(tok, c.rounds);
                     push(Step::GiveUp(task, given_up), s, None);
                 }
                 _ => {}

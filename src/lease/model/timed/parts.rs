@@ -114,7 +114,7 @@ pub(super) struct Flight {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum Phase {
+pub(super) enum Stage {
     /// About to send an acquire with this token.
     Ready(Tok),
     Acquiring(Tok),
@@ -129,23 +129,23 @@ pub(super) enum Phase {
     Done,
 }
 
-impl Phase {
+impl Stage {
     pub(super) fn token(self) -> Option<Tok> {
         match self {
-            Phase::Ready(t)
-            | Phase::Acquiring(t)
-            | Phase::Releasing(t)
-            | Phase::Holding { tok: t, .. } => Some(t),
-            Phase::Done => None,
+            Stage::Ready(t)
+            | Stage::Acquiring(t)
+            | Stage::Releasing(t)
+            | Stage::Holding { tok: t, .. } => Some(t),
+            Stage::Done => None,
         }
     }
 
     /// The task's next lease, once it is done with `tok`.
-    pub(super) fn after(tok: Tok, rounds: u8) -> Phase {
+    pub(super) fn after(tok: Tok, rounds: u8) -> Stage {
         if tok % ROUNDS + 1 >= rounds {
-            Phase::Done
+            Stage::Done
         } else {
-            Phase::Ready(tok + 1)
+            Stage::Ready(tok + 1)
         }
     }
 }

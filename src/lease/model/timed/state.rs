@@ -10,7 +10,7 @@ pub(super) struct State {
     pub(super) restarts: u8,
     pub(super) faults: u8,
     pub(super) server: Server,
-    pub(super) tasks: [Phase; 2],
+    pub(super) tasks: [Stage; 2],
     /// The life each task's instance saw last (`None`: none yet).
     pub(super) seen: [Option<u8>; 2],
     /// Requests on the wire (any may be delivered next).
@@ -23,7 +23,7 @@ pub(super) struct State {
 impl State {
     /// Task `task` lost its lease: it sends the release at once.
     pub(super) fn lose(&mut self, task: u8, tok: Tok) {
-        self.tasks[usize::from(task)] = Phase::Releasing(tok);
+        self.tasks[usize::from(task)] = Stage::Releasing(tok);
         self.send(task, Req::Release(tok), true);
     }
 
@@ -38,14 +38,14 @@ impl State {
         self.replies
             .map(|(task, reply, sent_at, life)| (task, reply, age(sent_at), life));
         for task in 0..2u8 {
-            if let Phase::Holding {
+            if let Stage::Holding {
                 tok,
                 valid_until,
                 renewing,
             } = self.tasks[usize::from(task)]
             {
                 if valid_until > 1 {
-                    self.tasks[usize::from(task)] = Phase::Holding {
+                    self.tasks[usize::from(task)] = Stage::Holding {
                         tok,
                         valid_until: valid_until - 1,
                         renewing,
@@ -64,7 +64,7 @@ impl State {
         let seen = self.seen;
         self.replies.retain(|&(task, reply, _, life)| {
             !matches!(reply, Reply::Extended(_))
-                || matches!(tasks[usize::from(task)], Phase::Holding { .. })
+                || matches!(tasks[usize::from(task)], Stage::Holding { .. })
                 || seen[usize::from(task)].is_none_or(|l| life > l)
         });
     }
@@ -84,7 +84,7 @@ impl State {
             if life == self.server.life {
                 self.server.report();
             }
-            if let Phase::Holding { tok, .. } = self.tasks[t] {
+            if let Stage::Holding { tok, .. } = self.tasks[t] {
                 self.lose(task, tok);
             }
         }
@@ -96,7 +96,7 @@ impl State {
         let valid = self
             .tasks
             .iter()
-            .filter(|p| matches!(p, Phase::Holding { .. }))
+            .filter(|p| matches!(p, Stage::Holding { .. }))
             .count();
         if valid > 1 {
             found.push(Finding::TwoValidHolders);
