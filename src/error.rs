@@ -294,6 +294,29 @@ impl LockKey {
     }
 }
 
+/// What an error says about the request that met it ([`Error::class`]): the one
+/// classification every caller asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The request may or may not have reached the backend (I/O, a dropped
+    /// connection, a timeout waiting for the reply).
+    Indeterminate,
+    /// Too few Redlock nodes answered.
+    NoQuorum,
+    /// A grant written but not acknowledged by enough replicas (`NOREPLICAS`).
+    Unacknowledged,
+    /// The server refused at once (out of memory, read-only, an ACL refusal);
+    /// a partly run script may have written.
+    Refused,
+    /// The lock was busy: a wait timed out, a try found it held, too many waiters.
+    Contended,
+    /// The lease was lost.
+    Lost,
+    /// A definite answer that retrying will not change (bad input, a foreign
+    /// value, an unsupported kind, a panic in guarded work, a reentrant lock).
+    Definite,
+}
+
 impl Error {
     /// The key this error is about, if any.
     pub fn key(&self) -> Option<&LockKey> {
@@ -320,15 +343,10 @@ impl Error {
     /// backend I/O, a lost lease); `false` for bad input, foreign values,
     /// permissions and refusals.
     pub fn is_transient(&self) -> bool {
-        self.is_indeterminate()
-            || matches!(
-                self,
-                Error::Timeout { .. }
-                    | Error::Busy { .. }
-                    | Error::Overloaded { .. }
-                    | Error::LeaseLost { .. }
-                    | Error::QuorumNotReached { .. }
-            )
+        matches!(
+            self.class(),
+            Class::Indeterminate | Class::NoQuorum | Class::Contended | Class::Lost
+        )
     }
 
     /// Whether the request may or may not have reached the backend: an I/O error,
@@ -338,7 +356,30 @@ impl Error {
     /// finds the lock already its own) instead of guessing. Every other error is a
     /// definite answer: repeating the request at once would get the same one.
     pub(crate) fn is_indeterminate(&self) -> bool {
-        matches!(self, Error::Backend { .. } | Error::Connect { .. })
+        self.class() == Class::Indeterminate
+    }
+
+    /// The one classification of errors: what every question asked of an error
+    /// (transient? indeterminate? an outage at the edge? what an acquire does
+    /// with its token, `lease::failure::Failure`) answers from.
+    pub(crate) fn class(&self) -> Class {
+        match self {
+            Error::Backend { .. } | Error::Connect { .. } => Class::Indeterminate,
+            Error::QuorumNotReached { .. } => Class::NoQuorum,
+            Error::Refused { code, .. } if code == "NOREPLICAS" => Class::Unacknowledged,
+            Error::Refused { .. } | Error::NoPermission { .. } => Class::Refused,
+            Error::Timeout { .. } | Error::Busy { .. } | Error::Overloaded { .. } => {
+                Class::Contended
+            }
+            Error::LeaseLost { .. } => Class::Lost,
+            Error::InvalidConfig { .. }
+            | Error::InvalidKey { .. }
+            | Error::ForeignValue { .. }
+            | Error::Panicked { .. }
+            | Error::Reentrant { .. }
+            | Error::Unsupported { .. }
+            | Error::PermitMismatch { .. } => Class::Definite,
+        }
     }
 
     /// A short, stable code for this error (`lock_timeout`, `lease_lost`, …): what

@@ -2,14 +2,14 @@
 //! extractor's one way to acquire, which tells an unreachable backend apart from a
 //! busy lock and keeps the locker's outage state.
 
-use crate::error::{Error, Phase, Result};
+use crate::error::{Class, Error, Phase, Result};
 use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::locker::{LockOptions, Locker};
 
 /// Whether `e` says the backend could not be reached or did not answer.
 pub(crate) fn is_outage(e: &Error) -> bool {
-    e.is_indeterminate() || matches!(e, Error::QuorumNotReached { .. })
+    matches!(e.class(), Class::Indeterminate | Class::NoQuorum)
 }
 
 /// Takes the lock of `key` with `options`.

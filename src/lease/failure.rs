@@ -2,7 +2,7 @@
 //! the acquire loop ([`acquire`](super::acquire)) and the release job
 //! ([`release`](super::release)).
 
-use crate::error::Error;
+use crate::error::{Class, Error};
 
 /// What an error answering an acquire means for its token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,12 +28,10 @@ impl Failure {
     /// the grant was written, unacknowledged, and a replica that catches up within
     /// the caller's wait acknowledges the re-grant.
     pub(crate) fn of(e: &Error) -> Failure {
-        if e.is_indeterminate() || Failure::unavailable(e) {
-            Failure::Retry
-        } else if matches!(e, Error::Refused { .. } | Error::NoPermission { .. }) {
-            Failure::Refused
-        } else {
-            Failure::Definite
+        match e.class() {
+            Class::Indeterminate | Class::NoQuorum | Class::Unacknowledged => Failure::Retry,
+            Class::Refused => Failure::Refused,
+            Class::Contended | Class::Lost | Class::Definite => Failure::Definite,
         }
     }
 
@@ -41,11 +39,7 @@ impl Failure {
     /// replica acknowledgements): retried by a waiting acquire, reported at once by
     /// a single attempt (`try_*`).
     pub(crate) fn unavailable(e: &Error) -> bool {
-        match e {
-            Error::QuorumNotReached { .. } => true,
-            Error::Refused { code, .. } => code == "NOREPLICAS",
-            _ => false,
-        }
+        matches!(e.class(), Class::NoQuorum | Class::Unacknowledged)
     }
 
     /// Whether the token may hold something at the backend after this error.
