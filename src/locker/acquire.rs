@@ -81,7 +81,7 @@ impl LockerState {
     /// with several lockers on one backend, others may); a waiter of the key's
     /// read-write lock or semaphore waits for another lock, with its own queue.
     pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
-        let wakeups = self.backend.signals();
+        let wakeups = self.engine.backend.signals();
         let lead = Inheritance {
             queued: lead.queued && !wakeups.is_watched(LockKind::Mutex, key.as_bytes()),
             ..lead
@@ -91,7 +91,7 @@ impl LockerState {
         }
         let key = key.clone();
         let engine = Arc::clone(&self.engine);
-        self.spawn_background(async move {
+        self.engine.spawn_background(async move {
             if let Some(token) = lead.token {
                 release_token(&engine, LeaseKind::Mutex, &key, token).await;
             }
@@ -119,7 +119,9 @@ impl LockerState {
             mode,
             ttl,
         } = call;
-        let token = inherited.token.unwrap_or_else(|| self.backend.new_token());
+        let token = inherited
+            .token
+            .unwrap_or_else(|| self.engine.backend.new_token());
         let mut leading = Leading {
             shared: self.arc(),
             key: key.clone(),
@@ -135,10 +137,11 @@ impl LockerState {
         // before the request on, kept by the lease (another instance that queues
         // while a local task uses the lease makes its release cache only for a
         // moment).
-        let linger = self.config.lease_cache;
-        let revocation =
-            (!self.config.fair && !linger.is_zero() && self.warm.is_warm(key, start, linger))
-                .then(|| self.backend.signals().watch_revocation(key));
+        let linger = self.engine.config.lease_cache;
+        let revocation = (!self.engine.config.fair
+            && !linger.is_zero()
+            && self.warm.is_warm(key, start, linger))
+        .then(|| self.engine.backend.signals().watch_revocation(key));
         let ask = Ask {
             key,
             kind: LeaseKind::Mutex,
@@ -150,19 +153,24 @@ impl LockerState {
             // Without coalescing every task of this process waits on its own: one
             // wake-up wakes one of them (and a task that stops waiting passes one
             // on), not all.
-            one_at_a_time: !self.config.coalescing,
+            one_at_a_time: !self.engine.config.coalescing,
         };
-        let (backend, fair) = (&self.backend, self.config.fair);
-        let granted = acquire(self, ask, &mut leading, |token, mode, sent_at| async move {
-            if fair {
-                // This leader is the instance's oldest waiting task (local FIFO):
-                // its age places the instance in the queue.
-                let age = sent_at.saturating_duration_since(start);
-                backend.acquire_fair(key, token, ttl, mode, age).await
-            } else {
-                backend.acquire(key, token, ttl, mode).await
-            }
-        })
+        let (backend, fair) = (&self.engine.backend, self.engine.config.fair);
+        let granted = acquire(
+            &self.engine,
+            ask,
+            &mut leading,
+            |token, mode, sent_at| async move {
+                if fair {
+                    // This leader is the instance's oldest waiting task (local FIFO):
+                    // its age places the instance in the queue.
+                    let age = sent_at.saturating_duration_since(start);
+                    backend.acquire_fair(key, token, ttl, mode, age).await
+                } else {
+                    backend.acquire(key, token, ttl, mode).await
+                }
+            },
+        )
         .await?;
         let Some(Granted {
             lease,
@@ -204,7 +212,7 @@ impl LockerState {
     }
 
     pub(super) fn timed_out(&self, key: &LockKey, start: Instant) -> Error {
-        self.stats.timeout();
+        self.engine.stats.timeout();
         Error::timeout(key, Phase::Acquiring, start.elapsed())
     }
 }

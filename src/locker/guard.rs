@@ -77,7 +77,7 @@ impl LockGuard {
 
     /// The backend of the lease.
     pub(crate) fn backend(&self) -> Arc<dyn crate::backend::LockBackend> {
-        Arc::clone(&self.shared.backend)
+        Arc::clone(&self.shared.engine.backend)
     }
 
     pub(crate) fn lost_error(&self) -> Error {

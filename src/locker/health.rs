@@ -172,10 +172,11 @@ impl Locker {
     async fn probe(&self, within: Duration) -> Result<Duration> {
         let key = probe_key();
         let started = Instant::now();
-        let ask = self
-            .shared
-            .backend
-            .extend(&key, LeaseToken::random(), Duration::from_secs(1));
+        let ask =
+            self.shared
+                .engine
+                .backend
+                .extend(&key, LeaseToken::random(), Duration::from_secs(1));
         match tokio::time::timeout(within, ask).await {
             Ok(Ok(_)) => Ok(started.elapsed()),
             Ok(Err(e)) => Err(e),

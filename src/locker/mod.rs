@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::ops::Deref;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -93,19 +92,19 @@ impl Locker {
 impl fmt::Debug for Locker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locker")
-            .field("backend", &self.shared.backend)
-            .field("config", &self.shared.config)
+            .field("backend", &self.shared.engine.backend)
+            .field("config", &self.shared.engine.config)
             .field("active_keys", &self.shared.slots.len())
             .finish()
     }
 }
 
 /// A locker's state: the [`Engine`] every lock kind runs on, and each kind's
-/// local per-key state. It derefs to the engine (`shared.backend`,
-/// `shared.config`, ...).
+/// local per-key state (the engine is a field, `shared.engine.backend`, not a
+/// deref: a kind's state and the engine stay two things).
 pub(crate) struct LockerState {
     me: Weak<LockerState>,
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     /// The exclusive locks' slots.
     pub(crate) slots: SlotMap,
     /// The shared computations of [`Locker::singleflight`].
@@ -137,14 +136,6 @@ impl LockerState {
             health: health::Health::default(),
             engine,
         })
-    }
-}
-
-impl Deref for LockerState {
-    type Target = Engine;
-
-    fn deref(&self) -> &Engine {
-        &self.engine
     }
 }
 
@@ -180,7 +171,8 @@ impl Locker {
     /// dropped leader passes leadership and its token to the next waiter, or releases
     /// that token and leaves the backend queue in the background when nobody waits.
     pub async fn lock(&self, key: impl Into<LockKey>) -> Result<LockGuard> {
-        self.lock_within(key, self.shared.config.wait_timeout).await
+        self.lock_within(key, self.shared.engine.config.wait_timeout)
+            .await
     }
 
     /// [`lock`](Self::lock) with an explicit wait timeout (what the lock layer and
@@ -194,7 +186,7 @@ impl Locker {
         key.validate()?;
         self.check_reentry(&key)?;
         let span = tracing::debug_span!("lockflight.lock", key = %key);
-        let ttl = self.shared.config.lease_ttl;
+        let ttl = self.shared.engine.config.lease_ttl;
         self.lock_inner(key, wait, ttl).instrument(span).await
     }
 
@@ -244,7 +236,7 @@ impl Locker {
         let key = key.into();
         key.validate()?;
         self.check_reentry(&key)?;
-        let config = &self.shared.config;
+        let config = &self.shared.engine.config;
         let ttl = match options.lease_ttl {
             Some(ttl) => {
                 validate_ttl(ttl, config.renew_every).map_err(|reason| {
@@ -281,11 +273,11 @@ impl Locker {
         let shared = &self.shared;
         let mut own_timer = false;
         loop {
-            let (slot, lead) = if !shared.config.coalescing {
+            let (slot, lead) = if !shared.engine.config.coalescing {
                 (None, Inheritance::default())
             } else {
                 let fwd: Arc<dyn Forward> = shared.arc();
-                let max = shared.config.max_waiters;
+                let max = shared.engine.config.max_waiters;
                 match Slot::join(&shared.slots, &key, max, (start, deadline), &fwd) {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Cached(slot, lease, seq) => {
@@ -300,11 +292,11 @@ impl Locker {
                     Join::Overloaded => {
                         return Err(Error::Overloaded {
                             key,
-                            waiters: shared.config.max_waiters,
+                            waiters: shared.engine.config.max_waiters,
                         });
                     }
                     Join::Wait(mut ticket) => {
-                        shared.stats.local_wait();
+                        shared.engine.stats.local_wait();
                         // The slot's watcher keeps the deadline when it runs on
                         // this runtime: a waiter dropped ungranted timed out, or
                         // before the deadline, a watcher that ended with its
@@ -326,7 +318,7 @@ impl Locker {
                                 continue;
                             }
                             None => {
-                                shared.stats.timeout();
+                                shared.engine.stats.timeout();
                                 return Err(Error::timeout(
                                     &key,
                                     Phase::WaitingLocally,
@@ -389,7 +381,7 @@ impl Locker {
         let key = key.into();
         key.validate()?;
         self.check_reentry(&key)?;
-        self.try_lock_inner(&key, self.shared.config.lease_ttl)
+        self.try_lock_inner(&key, self.shared.engine.config.lease_ttl)
             .await
     }
 
@@ -408,9 +400,9 @@ impl Locker {
         ttl: Duration,
     ) -> Result<Option<LockGuard>> {
         let key = key.clone();
-        let deadline = deadline_after(start, self.shared.config.wait_timeout);
+        let deadline = deadline_after(start, self.shared.engine.config.wait_timeout);
         let shared = &self.shared;
-        let slot = if shared.config.coalescing {
+        let slot = if shared.engine.config.coalescing {
             let fwd: Arc<dyn Forward> = shared.arc();
             loop {
                 match Slot::try_join(&shared.slots, &key, start, &fwd) {
@@ -500,7 +492,7 @@ impl Locker {
     {
         let guard = self.lock(key).await?;
         let work = crate::reentry::scope(self.id(), guard.key().clone(), work(guard.info()));
-        let out = match self.shared.config.on_loss {
+        let out = match self.shared.engine.config.on_loss {
             LossPolicy::Signal => work.await,
             LossPolicy::Abort => {
                 let lost = guard.lost();
@@ -529,7 +521,7 @@ impl Locker {
     /// Counters since the locker was built, and the keys in use now
     /// ([`Stats::keys_in_use`]).
     pub fn stats(&self) -> Stats {
-        let mut stats = self.shared.stats.snapshot();
+        let mut stats = self.shared.engine.stats.snapshot();
         let keys = self.active_keys() + self.active_rw_keys() + self.active_semaphores();
         stats.keys_in_use = keys as u64;
         stats
@@ -544,22 +536,22 @@ impl Locker {
 
     /// The backend (what an election writes its leader record to).
     pub(crate) fn backend(&self) -> Arc<dyn LockBackend> {
-        Arc::clone(&self.shared.backend)
+        Arc::clone(&self.shared.engine.backend)
     }
 
     /// The configured lease TTL.
     pub(crate) fn lease_ttl(&self) -> Duration {
-        self.shared.config.lease_ttl
+        self.shared.engine.config.lease_ttl
     }
 
     /// The configured renewal interval.
     pub(crate) fn renew_every(&self) -> Duration {
-        self.shared.config.renew_every
+        self.shared.engine.config.renew_every
     }
 
     /// The configured wait timeout.
     pub(crate) fn wait_timeout(&self) -> Duration {
-        self.shared.config.wait_timeout
+        self.shared.engine.config.wait_timeout
     }
 
     /// This locker's identity (shared by its clones), for the reentry check.
@@ -576,7 +568,7 @@ impl Locker {
     }
 
     pub(crate) fn loss_policy(&self) -> LossPolicy {
-        self.shared.config.on_loss
+        self.shared.engine.config.on_loss
     }
 
     #[cfg(test)]

@@ -28,10 +28,11 @@ impl LockerState {
             // One reading of the clock for this synchronous step: the handoff
             // decision and the caching's deadline.
             let now = Instant::now();
-            let handoff = self.may_hand_off_at(&lease, now);
+            let handoff = self.engine.may_hand_off_at(&lease, now);
             // Fair: only to a waiter that arrived before every other instance's
             // waiter (the lease's arrival bound; none: no handoff in fair mode).
             let arrived_by = self
+                .engine
                 .config
                 .fair
                 .then(|| lease.arrival_bound().unwrap_or(lease.acquired_at));
@@ -60,7 +61,8 @@ impl LockerState {
                     until: if contended {
                         now
                     } else {
-                        deadline_after(now, self.config.lease_cache).min(self.hand_off_ends(&lease))
+                        deadline_after(now, self.engine.config.lease_cache)
+                            .min(self.engine.hand_off_ends(&lease))
                     },
                     linger: !contended,
                 }
@@ -68,7 +70,7 @@ impl LockerState {
             match slot.release(&lease, seq + 1, handoff, keep, arrived_by) {
                 ReleaseStep::HandedOff => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
-                    self.stats.handoff();
+                    self.engine.stats.handoff();
                     return End::Kept;
                 }
                 ReleaseStep::Cached(caching, start) => {
@@ -94,7 +96,7 @@ impl LockerState {
                         crate::runtime::spawn(async move {
                             // Counted before the lease leaves the cache, so that a
                             // `shutdown` that finds it gone waits for its release.
-                            let _under_way = shared.background.under_way();
+                            let _under_way = shared.engine.background.under_way();
                             if let Some((lease, _)) = slot.expire(caching) {
                                 // Kept for nothing while another instance wanted it.
                                 shared.warm.cool(slot.key());
@@ -143,7 +145,7 @@ impl LockerState {
             // Counted before the lease leaves the cache, so that a `shutdown` that
             // finds it gone waits for its release (and not before: a wait for this
             // task would wait out the linger).
-            let under_way = self.background.under_way();
+            let under_way = self.engine.background.under_way();
             match slot.linger(&lease, Instant::now(), revoked) {
                 Linger::Until(next) => until = next,
                 Linger::Done => {
@@ -209,9 +211,9 @@ impl LockerState {
         start: Instant,
         deadline: Instant,
     ) -> Result<Option<LockGuard>> {
-        if self.may_hand_off(&lease) {
+        if self.engine.may_hand_off(&lease) {
             lease.handoffs.fetch_add(1, Ordering::Relaxed);
-            self.stats.handoff();
+            self.engine.stats.handoff();
             return Ok(Some(LockGuard::new(self.arc(), Some(slot), lease, seq)));
         }
         // Spent, lost or too short-lived to hand on: release it at the backend.
@@ -238,7 +240,7 @@ impl LockerState {
     /// every kind ([`BackgroundWork`](crate::lease::engine::BackgroundWork)).
     pub(super) async fn release_cached(&self) {
         self.release_cached_leases().await;
-        self.background.idle().await;
+        self.engine.background.idle().await;
     }
 
     /// Stops caching and releases every cached lease at the backend, side by
@@ -286,7 +288,7 @@ impl LockerState {
     /// waited for.
     pub(super) fn release_cached_at_exit(self: &Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
-        let under_way = !self.background.is_idle();
+        let under_way = !self.engine.background.is_idle();
         // The slots are cloned out of the map first: a slot's mutex is never taken
         // under a shard lock of the map (the lock order is slot, then shard; a
         // release that empties a slot holds its mutex while it removes it).
@@ -362,7 +364,7 @@ impl Settle for SlotEnd {
     /// (its arrival time), so the release wakes whoever arrived first.
     fn requeue(&self) -> Option<Instant> {
         match &self.slot {
-            Some(slot) if self.shared.config.fair => slot.oldest_waiter(),
+            Some(slot) if self.shared.engine.config.fair => slot.oldest_waiter(),
             _ => None,
         }
     }
@@ -502,7 +504,7 @@ mod tests {
                 });
                 go.store(true, Ordering::Release);
             });
-            rt.block_on(locker.shared().background.idle());
+            rt.block_on(locker.shared().engine.background.idle());
             assert_eq!(
                 locker.active_keys(),
                 0,

@@ -102,7 +102,7 @@ impl RwLock {
         let this = self.clone();
         async move {
             let rw = &this.locker.shared.rw;
-            let default_wait = this.locker.shared.config.wait_timeout;
+            let default_wait = this.locker.shared.engine.config.wait_timeout;
             match options.wait_at_locker_ttl("read_with_options", &this.key, default_wait)? {
                 Some(wait) => rw.read_within(this.key.clone(), wait).await,
                 None => rw
@@ -165,7 +165,7 @@ impl RwLock {
         let this = self.clone();
         async move {
             let rw = &this.locker.shared.rw;
-            let default_wait = this.locker.shared.config.wait_timeout;
+            let default_wait = this.locker.shared.engine.config.wait_timeout;
             match options.wait_at_locker_ttl("write_with_options", &this.key, default_wait)? {
                 Some(wait) => rw.write_within(this.key.clone(), wait).await,
                 None => rw

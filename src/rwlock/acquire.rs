@@ -32,7 +32,7 @@ impl RwLocks {
     /// [`RwLock::try_read`](crate::rwlock::RwLock::try_read).
     pub(crate) async fn try_read(self: &Arc<Self>, key: LockKey) -> Result<Option<ReadGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, WhenBusy::Return);
+        let call = Call::new(self.engine.config.wait_timeout, WhenBusy::Return);
         self.read_inner(key, call).await
     }
 
@@ -52,7 +52,7 @@ impl RwLocks {
     /// [`RwLock::try_write`](crate::rwlock::RwLock::try_write).
     pub(crate) async fn try_write(self: &Arc<Self>, key: LockKey) -> Result<Option<WriteGuard>> {
         key.validate()?;
-        let call = Call::new(self.config.wait_timeout, WhenBusy::Return);
+        let call = Call::new(self.engine.config.wait_timeout, WhenBusy::Return);
         self.write_inner(key, call).await
     }
 
@@ -62,14 +62,14 @@ impl RwLocks {
         call: Call,
     ) -> Result<Option<ReadGuard>> {
         let locks = self;
-        if locks.backend.rw().is_none() {
+        if locks.engine.backend.rw().is_none() {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
         let gate = if call.mode == WhenBusy::Queue {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).read_owned())
                 .await
-                .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
+                .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?
         } else {
             match Arc::clone(&entry.rw.gate).try_read_owned() {
                 Ok(gate) => gate,
@@ -98,10 +98,10 @@ impl RwLocks {
                 Arrive::Leader => break,
                 Arrive::WaitDrain if call.mode == WhenBusy::Return => return Ok(None),
                 Arrive::WaitAcquire | Arrive::WaitDrain => {
-                    locks.stats.local_wait();
+                    locks.engine.stats.local_wait();
                     tokio::time::timeout_at(call.deadline, notified)
                         .await
-                        .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?;
+                        .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?;
                 }
             }
         }
@@ -128,14 +128,14 @@ impl RwLocks {
         call: Call,
     ) -> Result<Option<WriteGuard>> {
         let locks = self;
-        if locks.backend.rw().is_none() {
+        if locks.engine.backend.rw().is_none() {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
         let gate = if call.mode == WhenBusy::Queue {
             tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).write_owned())
                 .await
-                .map_err(|_| call.timed_out(locks, &key, Phase::WaitingLocally))?
+                .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?
         } else {
             match Arc::clone(&entry.rw.gate).try_write_owned() {
                 Ok(gate) => gate,
@@ -165,8 +165,8 @@ impl RwLocks {
         call: Call,
     ) -> Result<Option<(Entry, Gate, Arc<Lease>)>> {
         let key = leading.entry().key.clone();
-        let rw = self.backend.rw().ok_or_else(|| unsupported(&key))?;
-        let (kind, ttl) = (leading.kind, self.config.lease_ttl);
+        let rw = self.engine.backend.rw().ok_or_else(|| unsupported(&key))?;
+        let (kind, ttl) = (leading.kind, self.engine.config.lease_ttl);
         let ask = Ask {
             key: &key,
             kind,
@@ -178,13 +178,18 @@ impl RwLocks {
             one_at_a_time: false,
         };
         let key = &key;
-        let granted = acquire(self, ask, &mut leading, |token, mode, _| async move {
-            if kind == LeaseKind::Read {
-                rw.acquire_read(key, token, ttl, mode).await
-            } else {
-                rw.acquire_write(key, token, ttl, mode).await
-            }
-        })
+        let granted = acquire(
+            &self.engine,
+            ask,
+            &mut leading,
+            |token, mode, _| async move {
+                if kind == LeaseKind::Read {
+                    rw.acquire_read(key, token, ttl, mode).await
+                } else {
+                    rw.acquire_write(key, token, ttl, mode).await
+                }
+            },
+        )
         .await?;
         let Some(granted) = granted else {
             return Ok(None);

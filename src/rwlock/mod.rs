@@ -74,7 +74,6 @@
 //! ```
 
 use std::collections::HashMap;
-use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -114,20 +113,11 @@ impl SameLease for Arc<Lease> {
     }
 }
 
-/// The read-write locks of one locker, per key, over the locker's engine (which
-/// it derefs to).
+/// The read-write locks of one locker, per key, over the locker's engine.
 #[derive(Debug)]
 pub(crate) struct RwLocks {
     engine: Arc<Engine>,
     keys: Mutex<HashMap<LockKey, (Arc<KeyRw>, usize)>>,
-}
-
-impl Deref for RwLocks {
-    type Target = Engine;
-
-    fn deref(&self) -> &Engine {
-        &self.engine
-    }
 }
 
 impl RwLocks {
@@ -233,7 +223,7 @@ struct Leading {
 
 impl Leading {
     fn new(locks: &Arc<RwLocks>, kind: LeaseKind, entry: Entry, gate: Gate) -> Leading {
-        let token = locks.backend.new_token();
+        let token = locks.engine.backend.new_token();
         let key = entry.key.clone();
         Leading {
             kind,

@@ -150,6 +150,7 @@ impl Semaphore {
             )));
         }
         self.semaphores
+            .engine
             .backend
             .semaphore()
             .ok_or_else(|| Error::Unsupported {
@@ -181,7 +182,7 @@ impl Semaphore {
     /// the backend, so no permit leaks. When the last local waiter of a key is
     /// gone, the request task leaves the backend's waiting set and ends.
     pub async fn acquire(&self) -> Result<Permit> {
-        self.acquire_within(self.semaphores.config.wait_timeout)
+        self.acquire_within(self.semaphores.engine.config.wait_timeout)
             .await
     }
 
@@ -200,7 +201,7 @@ impl Semaphore {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_with_options(&self, options: LockOptions) -> Result<Permit> {
-        let default_wait = self.semaphores.config.wait_timeout;
+        let default_wait = self.semaphores.engine.config.wait_timeout;
         match options.wait_at_locker_ttl("acquire_with_options", &self.key, default_wait)? {
             Some(wait) => self.acquire_within(wait).await,
             None => self.try_acquire().await?.ok_or_else(|| Error::Busy {
@@ -238,7 +239,7 @@ impl Semaphore {
                     "the semaphore's request task ended (its runtime shut down)",
                 )),
                 Err(_) => {
-                    semaphores.stats.timeout();
+                    semaphores.engine.stats.timeout();
                     Err(Error::timeout(&self.key, Phase::Acquiring, start.elapsed()))
                 }
             };
@@ -263,8 +264,8 @@ impl Semaphore {
         let backend = self.check()?;
         let semaphores = &self.semaphores;
         semaphores.check_permits(&self.key, self.permits)?;
-        let (key, permits, ttl) = (&self.key, self.permits, semaphores.config.lease_ttl);
-        let token = semaphores.backend.new_token();
+        let (key, permits, ttl) = (&self.key, self.permits, semaphores.engine.config.lease_ttl);
+        let token = semaphores.engine.backend.new_token();
         let mut armed = Armed::new(&semaphores.engine, LeaseKind::Permit, key, vec![token], ());
         let start = Instant::now();
         let ask = Ask {
@@ -274,25 +275,30 @@ impl Semaphore {
             ttl,
             mode: WhenBusy::Return,
             start,
-            deadline: deadline_after(start, semaphores.config.wait_timeout),
+            deadline: deadline_after(start, semaphores.engine.config.wait_timeout),
             one_at_a_time: false,
         };
-        let granted = acquire(semaphores, ask, &mut armed, |token, mode, _| async move {
-            let reply = backend
-                .acquire_permits(key, permits, &[token], ttl, mode)
-                .await?;
-            Ok(if reply.granted >= 1 {
-                Acquire::Acquired {
-                    epoch: 0,
-                    waiting: reply.waiting,
-                    earliest_other: None,
-                }
-            } else {
-                Acquire::Busy {
-                    retry_in: reply.retry_in,
-                }
-            })
-        })
+        let granted = acquire(
+            &semaphores.engine,
+            ask,
+            &mut armed,
+            |token, mode, _| async move {
+                let reply = backend
+                    .acquire_permits(key, permits, &[token], ttl, mode)
+                    .await?;
+                Ok(if reply.granted >= 1 {
+                    Acquire::Acquired {
+                        epoch: 0,
+                        waiting: reply.waiting,
+                        earliest_other: None,
+                    }
+                } else {
+                    Acquire::Busy {
+                        retry_in: reply.retry_in,
+                    }
+                })
+            },
+        )
         .await?;
         let queue: Arc<dyn Pool> = Arc::clone(semaphores) as Arc<dyn Pool>;
         Ok(granted.map(|granted| Permit::new(&queue, granted.lease)))
@@ -399,7 +405,7 @@ mod tests {
         ));
         assert!(matches!(waiting.await.unwrap(), Err(Error::Timeout { .. })));
         // Lost: its entry is removed behind its back; the watchdog notices.
-        let backend = Arc::clone(&locker.shared().backend);
+        let backend = Arc::clone(&locker.shared().engine.backend);
         let lost = held.lost();
         let token = held.lease.token;
         let sem_backend = backend.semaphore().unwrap();
@@ -522,7 +528,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
             if handoff.is_enabled() {
                 // Lost: removed behind its back.
-                let backend = Arc::clone(&locker.shared().backend);
+                let backend = Arc::clone(&locker.shared().engine.backend);
                 let sem_backend = backend.semaphore().unwrap();
                 assert!(
                     sem_backend
@@ -556,7 +562,7 @@ mod tests {
             async move { sem.acquire().await.unwrap() }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let wakeups = locker.shared().backend.signals().clone();
+        let wakeups = locker.shared().engine.backend.signals().clone();
         // Handed on, then lost, before the waiter runs (one thread, no await).
         drop(held);
         assert_eq!(locker.stats().handoffs, 1, "handed on");

@@ -2,7 +2,6 @@
 //! waiter, and the FIFO hand-out of what it grants.
 
 use std::collections::{HashMap, VecDeque};
-use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,20 +18,11 @@ use crate::lease::acquire::Pacer;
 use crate::lease::engine::Engine;
 use crate::lease::failure::Failure;
 
-/// The semaphores of one locker, per key, over the locker's engine (which it
-/// derefs to).
+/// The semaphores of one locker, per key, over the locker's engine.
 #[derive(Debug)]
 pub(crate) struct Semaphores {
     pub(super) engine: Arc<Engine>,
     pub(super) keys: Mutex<HashMap<LockKey, Arc<KeyPermits>>>,
-}
-
-impl Deref for Semaphores {
-    type Target = Engine;
-
-    fn deref(&self) -> &Engine {
-        &self.engine
-    }
 }
 
 #[derive(Debug)]
@@ -142,10 +132,10 @@ impl Semaphores {
             });
         }
         let mut q = state.queue();
-        if q.waiters.len() >= self.config.max_waiters {
+        if q.waiters.len() >= self.engine.config.max_waiters {
             return Err(Error::Overloaded {
                 key: key.clone(),
-                waiters: self.config.max_waiters,
+                waiters: self.engine.config.max_waiters,
             });
         }
         let (tx, rx) = oneshot::channel();
@@ -161,7 +151,7 @@ impl Semaphores {
             };
             crate::runtime::spawn(driver.run());
         } else {
-            self.stats.local_wait();
+            self.engine.stats.local_wait();
         }
         drop(q);
         drop(keys);
@@ -187,7 +177,7 @@ impl Pool for Semaphores {
     /// instances waiting. In fair mode none while others wait, and otherwise only
     /// to a waiter queued before `fair_bound` (see [`Permit`]'s `fair_bound`).
     fn hand_off(self: Arc<Self>, lease: &Arc<Lease>, fair_bound: u64) -> bool {
-        if !self.may_hand_off(lease) {
+        if !self.engine.may_hand_off(lease) {
             return false;
         }
         let Some(state) = self.lock().get(&lease.key).map(Arc::clone) else {
@@ -195,7 +185,7 @@ impl Pool for Semaphores {
         };
         loop {
             let mut q = state.queue();
-            if self.config.fair && q.waiters.front().is_some_and(|w| w.id >= fair_bound) {
+            if self.engine.config.fair && q.waiters.front().is_some_and(|w| w.id >= fair_bound) {
                 return false;
             }
             let Some(waiter) = q.waiters.pop_front() else {
@@ -212,7 +202,7 @@ impl Pool for Semaphores {
             match waiter.tx.send(Ok(permit)) {
                 Ok(()) => {
                     lease.handoffs.fetch_add(1, Ordering::Relaxed);
-                    self.stats.handoff();
+                    self.engine.stats.handoff();
                     return true;
                 }
                 // That waiter is gone (its call was dropped): the next one.
@@ -305,7 +295,7 @@ impl Driver {
         let queue: Arc<dyn Pool> = Arc::clone(&semaphores) as Arc<dyn Pool>;
         let state = Arc::clone(&self.state);
         let key = &state.key;
-        let Some(backend) = semaphores.backend.semaphore() else {
+        let Some(backend) = semaphores.engine.backend.semaphore() else {
             self.fail_all(&Error::Unsupported {
                 key: key.clone(),
                 what: "semaphores",
@@ -313,9 +303,9 @@ impl Driver {
             self.try_finish();
             return;
         };
-        let ttl = semaphores.config.lease_ttl;
+        let ttl = semaphores.engine.config.lease_ttl;
         let mut pacer = Pacer::new(
-            semaphores.backend.signals(),
+            semaphores.engine.backend.signals(),
             LockKind::Semaphore,
             key,
             false,
@@ -338,12 +328,14 @@ impl Driver {
                     continue;
                 }
             };
-            let tokens: Vec<LeaseToken> = (0..k).map(|_| semaphores.backend.new_token()).collect();
+            let tokens: Vec<LeaseToken> = (0..k)
+                .map(|_| semaphores.engine.backend.new_token())
+                .collect();
             // Local waiters queued so far arrived before this request was sent.
             let fair_bound = state.queue().next_id;
             let mut pending = pending(&semaphores, key, tokens.clone());
             let sent_at = pacer.sending();
-            semaphores.stats.acquire_attempt();
+            semaphores.engine.stats.acquire_attempt();
             queued = true;
             let reply = backend
                 .acquire_permits(key, state.permits, &tokens, ttl, WhenBusy::Queue)
