@@ -113,6 +113,7 @@ mod locker;
 mod multi;
 mod reentry;
 mod runtime;
+mod rw;
 pub mod rwlock;
 pub mod semaphore;
 mod settings;

@@ -66,7 +66,7 @@
 
 use crate::guard::{FencingToken, LockInfo};
 use crate::locker::LockGuard;
-use crate::rwlock::WriteGuard;
+use crate::rw::WriteGuard;
 
 mod redis;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]

@@ -13,7 +13,7 @@ use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
 use crate::lease::engine::{Engine, deadline_after};
-use crate::rwlock::RwLocks;
+use crate::rw::RwLocks;
 use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;
 use crate::slot::{Forward, Grant, Inheritance, Join, Slot, SlotMap};

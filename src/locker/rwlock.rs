@@ -6,7 +6,7 @@ use std::future::Future;
 
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::rwlock::{ReadGuard, WriteGuard};
+use crate::rw::{ReadGuard, WriteGuard};
 use crate::settings::LockOptions;
 
 use super::Locker;
