@@ -117,3 +117,46 @@ async fn every_public_future_is_send() {
     let mut coalesce_svc = SharedResponseLayer::new(locker, KeyFrom::path_segment(0)).layer(inner);
     send_future(coalesce_svc.call(http::Request::new(())));
 }
+
+/// The fenced writes' futures, over any `Send` connection: checked when this
+/// compiles (it is never called).
+#[allow(dead_code)]
+fn fenced_writes_are_send<C: lockflight::redis::aio::ConnectionLike + Send>(
+    key: &lockflight::fence::FencedKey,
+    conn: &mut C,
+) {
+    use lockflight::fence::WriteId;
+    let token = lockflight::FencingToken::new(1, 0);
+    send_future(key.set(conn, token, "v"));
+    send_future(key.set_once(conn, token, "v", WriteId::next()));
+    send_future(key.set_with_ttl(conn, token, "v", std::time::Duration::from_secs(1)));
+    send_future(key.set_with_ttl_once(
+        conn,
+        token,
+        "v",
+        std::time::Duration::from_secs(1),
+        WriteId::next(),
+    ));
+    send_future(key.incr_by(conn, token, 1));
+    send_future(key.incr_by_once(conn, token, 1, WriteId::next()));
+    send_future(key.hset(conn, token, [("f", "v")]));
+    send_future(key.hset_once(conn, token, [("f", "v")], WriteId::next()));
+    send_future(key.delete(conn, token));
+    send_future(key.delete_once(conn, token, WriteId::next()));
+    send_future(key.advance(conn, token));
+    send_future(key.last_token(conn));
+    send_future(key.forget(conn));
+}
+
+/// The operator's reads and forced release, over any `Send` connection.
+#[cfg(feature = "inspect")]
+#[allow(dead_code)]
+fn inspect_futures_are_send<C: lockflight::redis::aio::ConnectionLike + Send>(
+    inspector: &lockflight::inspect::Inspector,
+    conn: &mut C,
+) {
+    send_future(inspector.key(conn, "k"));
+    send_future(inspector.list(conn, "", 10));
+    send_future(inspector.instance(conn, "0000000000000000"));
+    send_future(inspector.force_release(conn, "k", &[]));
+}
