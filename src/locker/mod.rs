@@ -295,7 +295,7 @@ impl Locker {
                             waiters: shared.engine.config.max_waiters,
                         });
                     }
-                    Join::Wait(mut ticket) => {
+                    Join::Wait(mut place) => {
                         shared.engine.stats.local_wait();
                         // The slot's watcher keeps the deadline when it runs on
                         // this runtime: a waiter dropped ungranted timed out, or
@@ -306,11 +306,11 @@ impl Locker {
                         // instead of spinning. A waiter whose slot's watcher runs
                         // on another runtime has the timer from the start: that
                         // runtime may be alive but not driven.
-                        let granted = if own_timer || ticket.needs_own_timer() {
-                            let wait = tokio::time::timeout_at(deadline, ticket.granted());
+                        let granted = if own_timer || place.needs_own_timer() {
+                            let wait = tokio::time::timeout_at(deadline, place.granted());
                             Box::pin(wait).await.ok().flatten()
                         } else {
-                            ticket.granted().await
+                            place.granted().await
                         };
                         match granted {
                             None if Instant::now() < deadline => {
@@ -326,7 +326,7 @@ impl Locker {
                                 ));
                             }
                             Some(Grant::Lease(lease, seq)) => {
-                                let slot = Arc::clone(ticket.slot());
+                                let slot = Arc::clone(place.slot());
                                 let guard = LockGuard::new(shared.arc(), Some(slot), lease, seq);
                                 if !guard.is_lost() {
                                     return Ok(guard);
@@ -337,9 +337,7 @@ impl Locker {
                                 drop(guard);
                                 continue;
                             }
-                            Some(Grant::Leadership(lead)) => {
-                                (Some(Arc::clone(ticket.slot())), lead)
-                            }
+                            Some(Grant::Leadership(lead)) => (Some(Arc::clone(place.slot())), lead),
                         }
                     }
                 }

@@ -66,8 +66,8 @@
 //!    someone uses, or whose lease is cached (until its linger ends).
 //! 3. A grant is never lost: it goes to the first live waiter, which leaves the
 //!    queue in the same step, and stays in `State::granted` until that waiter's
-//!    ticket takes it, by a poll or, if the ticket is dropped first, from its
-//!    `Drop`, which passes it on. A ticket leaves the queue under the mutex, so a
+//!    place takes it, by a poll or, if the place is dropped first, from its
+//!    `Drop`, which passes it on. A place leaves the queue under the mutex, so a
 //!    queued waiter is always there to take a grant.
 //! 4. Waiters are served in FIFO order; a waiter that leaves is removed without
 //!    disturbing the others.
@@ -134,7 +134,7 @@ struct State {
     next_id: u64,
     /// Waiters in FIFO order, with their arrivals, deadlines and wakers.
     waiters: Waiters,
-    /// The grant in flight and the id of its waiter, until that waiter's ticket
+    /// The grant in flight and the id of its waiter, until that waiter's place
     /// takes it (at most one: a grant moves the slot's one role).
     granted: Option<(u64, Grant)>,
     /// When the slot's watcher wakes next; `None`: no watcher runs.
@@ -182,7 +182,7 @@ pub(crate) enum Join {
 pub(crate) struct WaiterPlace {
     slot: Arc<Slot>,
     id: u64,
-    /// The ticket has left: it took its grant, or found itself dropped.
+    /// The place has left: it took its grant, or found itself dropped.
     done: bool,
     /// The slot's watcher runs on another runtime than this waiter's: the waiter
     /// keeps its deadline with a timer of its own.
@@ -591,7 +591,7 @@ impl Slot {
     }
 
     /// The watcher woke at `now`: drops the waiters due by then (and wakes them:
-    /// their tickets find themselves dropped) and returns when to wake next;
+    /// their places find themselves dropped) and returns when to wake next;
     /// `None`: no waiter is left and the watcher ends (a later join starts a new
     /// one).
     pub(crate) fn time_out(&self, now: Instant) -> Option<Instant> {
@@ -655,8 +655,8 @@ impl WaiterPlace {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: if the future is dropped, the ticket keeps its place, and
-    /// dropping the ticket passes on any grant.
+    /// Cancel safe: if the future is dropped, the waiter keeps its place, and
+    /// dropping the place passes on any grant.
     pub(crate) async fn granted(&mut self) -> Option<Grant> {
         std::future::poll_fn(|cx| self.poll_granted(cx)).await
     }

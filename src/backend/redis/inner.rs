@@ -218,8 +218,8 @@ impl Inner {
         // answer.
         let place = self.life.place_of(keys);
         for _ in 0..3 {
-            let ticket = self.life.ticket(place);
-            let (k, a) = Life::gate(&ticket, keys, args);
+            let gate_args = self.life.gate_args(place);
+            let (k, a) = Life::gate(&gate_args, keys, args);
             let (reply, acks) = self.invoke_lease_once(lease, &k, &a).await?;
             match self
                 .life
@@ -251,8 +251,8 @@ impl Inner {
     /// [`check_life`](Self::check_life) for the life of one place: the server,
     /// or on a Cluster the slot `slot`.
     pub(super) async fn check_life_at(&self, slot: u16) -> Result<(), RedisError> {
-        let (script, ticket) = self.life.check(slot);
-        let (keys, args) = ticket.check_args();
+        let (script, gate_args) = self.life.check(slot);
+        let (keys, args) = gate_args.check_args();
         let reply = self.conn.invoke(script, false, &keys, &args).await?;
         match self
             .life
@@ -262,8 +262,8 @@ impl Inner {
                 // An instance that never asked for a lease holds none, and its
                 // quarantine would be 0: it keeps the earlier life, so its first grant
                 // reports the restart with that grant's TTL.
-                if !(ticket.is_restart(&started) && ticket.grace_is_zero()) {
-                    self.saw_life(ticket.slot, &started);
+                if !(gate_args.is_restart(&started) && gate_args.grace_is_zero()) {
+                    self.saw_life(gate_args.slot, &started);
                 }
                 Ok(())
             }

@@ -213,7 +213,7 @@ impl Life {
     }
 
     /// The gate's arguments for a request to `slot_of`, sent now.
-    pub(super) fn ticket(&self, slot_of: u16) -> GateArgs {
+    pub(super) fn gate_args(&self, slot_of: u16) -> GateArgs {
         let grace = self.longest_ms.load(Ordering::Relaxed).to_string();
         let record_ttl_ms = self.record_ttl_ms;
         self.with_place(slot_of, |place| GateArgs {
@@ -231,18 +231,18 @@ impl Life {
 
     /// The keys and arguments of a granting script: the gate's, then the script's.
     pub(super) fn gate<'a>(
-        ticket: &'a GateArgs,
+        gate_args: &'a GateArgs,
         keys: &[&'a [u8]],
         args: &[&'a [u8]],
     ) -> (Vec<&'a [u8]>, Vec<&'a [u8]>) {
         let mut k = Vec::with_capacity(keys.len() + 1);
-        k.push(ticket.key.as_slice());
+        k.push(gate_args.key.as_slice());
         k.extend_from_slice(keys);
         let mut a = Vec::with_capacity(args.len() + 3);
         a.extend([
-            ticket.seen.as_bytes(),
-            ticket.grace.as_bytes(),
-            ticket.not_after.as_bytes(),
+            gate_args.seen.as_bytes(),
+            gate_args.grace.as_bytes(),
+            gate_args.not_after.as_bytes(),
         ]);
         a.extend_from_slice(args);
         (k, a)
@@ -250,7 +250,7 @@ impl Life {
 
     /// The script that reads the life of `slot_of`, and its arguments.
     pub(super) fn check(&self, slot_of: u16) -> (&'static Script, GateArgs) {
-        (&*CHECK, self.ticket(slot_of))
+        (&*CHECK, self.gate_args(slot_of))
     }
 
     /// Whether the lives are per slot (a Cluster).

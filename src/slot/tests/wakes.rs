@@ -24,10 +24,10 @@ impl Wakes {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Polls `ticket`'s wait once with this waker.
-    fn poll(self: &Arc<Self>, ticket: &mut WaiterPlace) -> Poll<Option<Grant>> {
+    /// Polls `place`'s wait once with this waker.
+    fn poll(self: &Arc<Self>, place: &mut WaiterPlace) -> Poll<Option<Grant>> {
         let waker = Waker::from(Arc::clone(self));
-        let mut granted = std::pin::pin!(ticket.granted());
+        let mut granted = std::pin::pin!(place.granted());
         granted.as_mut().poll(&mut Context::from_waker(&waker))
     }
 }
@@ -35,7 +35,7 @@ impl Wakes {
 /// A waiter that polled is woken by every step that takes it out of the queue,
 /// and then finds what that step left it: a handed-off lease, leadership from a
 /// failed leader or after a backend release, nothing at its deadline or at the
-/// watcher's drop. A grant in flight survives the watcher's drop, and a ticket
+/// watcher's drop. A grant in flight survives the watcher's drop, and a place
 /// dropped with its grant in flight passes the grant to the next waiter.
 #[test]
 fn every_way_out_of_the_queue_wakes_the_waiter() {
@@ -49,19 +49,19 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
         other => panic!("{other:?}"),
     };
     let waiter = |key: &str| match join(key) {
-        Join::Wait(ticket) => ticket,
+        Join::Wait(place) => place,
         other => panic!("{other:?}"),
     };
-    let queued = |ticket: &mut WaiterPlace| {
+    let queued = |place: &mut WaiterPlace| {
         let wakes = Wakes::new();
-        assert!(wakes.poll(ticket).is_pending());
+        assert!(wakes.poll(place).is_pending());
         wakes
     };
 
     // A handoff.
     let slot = leader("handoff");
-    let mut ticket = waiter("handoff");
-    let wakes = queued(&mut ticket);
+    let mut place = waiter("handoff");
+    let wakes = queued(&mut place);
     slot.acquired();
     let held = lease(slot.key());
     assert_eq!(
@@ -70,32 +70,32 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     );
     assert_eq!(wakes.count(), 1);
     assert!(matches!(
-        wakes.poll(&mut ticket),
+        wakes.poll(&mut place),
         Poll::Ready(Some(Grant::Lease(_, 0)))
     ));
     assert!(
-        wakes.poll(&mut ticket).is_pending(),
-        "a ticket completes once"
+        wakes.poll(&mut place).is_pending(),
+        "a place completes once"
     );
 
     // Leadership from a leader that failed.
     let slot = leader("abandon");
-    let mut ticket = waiter("abandon");
-    let wakes = queued(&mut ticket);
+    let mut place = waiter("abandon");
+    let wakes = queued(&mut place);
     assert_eq!(
         slot.abandon(map, Inheritance::default()),
         Abandon::Succeeded
     );
     assert_eq!(wakes.count(), 1);
     assert!(matches!(
-        wakes.poll(&mut ticket),
+        wakes.poll(&mut place),
         Poll::Ready(Some(Grant::Leadership(_)))
     ));
 
     // Leadership after a backend release.
     let slot = leader("released");
-    let mut ticket = waiter("released");
-    let wakes = queued(&mut ticket);
+    let mut place = waiter("released");
+    let wakes = queued(&mut place);
     slot.acquired();
     assert_eq!(
         slot.release(&held, 0, false, None, None),
@@ -105,19 +105,19 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     assert_eq!(slot.released(map, Inheritance::default()), None);
     assert_eq!(wakes.count(), 1);
     assert!(matches!(
-        wakes.poll(&mut ticket),
+        wakes.poll(&mut place),
         Poll::Ready(Some(Grant::Leadership(_)))
     ));
 
     // The deadline.
     let slot = leader("timeout");
-    let mut ticket = waiter("timeout");
-    let wakes = queued(&mut ticket);
+    let mut place = waiter("timeout");
+    let wakes = queued(&mut place);
     assert_eq!(slot.time_out(t0), Some(wait.1));
     assert_eq!(wakes.count(), 0);
     assert_eq!(slot.time_out(wait.1), None);
     assert_eq!(wakes.count(), 1);
-    assert!(matches!(wakes.poll(&mut ticket), Poll::Ready(None)));
+    assert!(matches!(wakes.poll(&mut place), Poll::Ready(None)));
 
     // The watcher's drop, with one waiter granted and one queued.
     let slot = leader("dropped");
@@ -137,7 +137,7 @@ fn every_way_out_of_the_queue_wakes_the_waiter() {
     ));
     assert!(matches!(wakes_too.poll(&mut queued_too), Poll::Ready(None)));
 
-    // A ticket dropped with its grant in flight.
+    // A place dropped with its grant in flight.
     let slot = leader("passed on");
     let first = waiter("passed on");
     let mut second = waiter("passed on");

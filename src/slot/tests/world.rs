@@ -196,11 +196,11 @@ impl World {
     /// Moves the waiters the slot dropped to `Dropped`.
     pub(super) fn see_drops(&mut self) {
         for (_, task) in &mut self.tasks {
-            if let Task::Waiting(ticket) = task {
-                if ticket.has_grant() {
+            if let Task::Waiting(place) = task {
+                if place.has_grant() {
                     continue;
                 }
-                match ticket.granted().now_or_never() {
+                match place.granted().now_or_never() {
                     None => {}
                     Some(None) => *task = Task::Dropped,
                     Some(Some(grant)) => panic!("{grant:?} arrived unseen"),
@@ -225,8 +225,8 @@ impl World {
                         Action::Acquire
                     },
                 )),
-                Task::Waiting(ticket) => {
-                    if ticket.has_grant() {
+                Task::Waiting(place) => {
+                    if place.has_grant() {
                         out.push((i, Action::Receive));
                     }
                     if *kind != Kind::Patient {
@@ -307,7 +307,7 @@ impl World {
                 match slot.enter(8, (self.now, self.deadline(i)), &self.dynfwd) {
                     None => Task::Start,
                     Some(Join::Leader(slot)) => Task::Leading(slot),
-                    Some(Join::Wait(ticket)) => Task::Waiting(ticket),
+                    Some(Join::Wait(place)) => Task::Waiting(place),
                     Some(Join::Cached(slot, lease, seq)) => {
                         assert!(
                             self.fwd.cache.is_some(),
@@ -326,21 +326,21 @@ impl World {
                 let _ = slot.abandon(&self.map, Inheritance::default());
                 Task::Done { held: false }
             }
-            (Task::Waiting(mut ticket), Action::Receive) => {
-                let grant = ticket
+            (Task::Waiting(mut place), Action::Receive) => {
+                let grant = place
                     .granted()
                     .now_or_never()
                     .flatten()
                     .expect("grant is ready");
-                let slot = Arc::clone(ticket.slot());
-                drop(ticket);
+                let slot = Arc::clone(place.slot());
+                drop(place);
                 match grant {
                     Grant::Leadership(_) => Task::Leading(slot),
                     Grant::Lease(lease, seq) => self.hold(&slot, lease, seq),
                 }
             }
-            (Task::Waiting(ticket), Action::GiveUp) => {
-                drop(ticket);
+            (Task::Waiting(place), Action::GiveUp) => {
+                drop(place);
                 Task::Done { held: false }
             }
             (Task::Dropped, Action::Observe) if self.now >= self.deadline(i) => {
