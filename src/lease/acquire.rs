@@ -30,11 +30,9 @@ use tokio::time::Instant;
 use crate::backend::{Acquire, LeaseToken, LockKind, Signals, Wakeup, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::engine::Engine;
+use crate::lease::engine::{Engine, deadline_after};
 use crate::lease::failure::Failure;
-use crate::lease::renewal::Renewals;
 use crate::lease::{Lease, LeaseKind};
-use crate::stats::StatsInner;
 
 /// The first pause after an indeterminate error; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
@@ -133,24 +131,35 @@ impl<'a> Pacer<'a> {
     }
 }
 
-/// What a grant of `kind` for `token` with `epoch` gives, to a request sent at
-/// `sent_at` with lease TTL `ttl`: the lease (counted as acquired and watched by
-/// the renewal watchdog from `sent_at`), or `None` when the reply came back after
-/// the lease's validity had already ended, which is not a grant (the caller asks
-/// again with the same token, which re-arms the lease if it still exists, or
-/// releases the token).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn grant(
-    renewals: &Arc<Renewals>,
-    stats: &Arc<StatsInner>,
-    key: &LockKey,
-    kind: LeaseKind,
-    token: LeaseToken,
-    epoch: u64,
-    ttl: Duration,
-    sent_at: Instant,
-    waiting: u32,
-) -> Option<Arc<Lease>> {
+/// A lease a reply granted: what the request asked for (`key`, `kind`, `token`,
+/// `ttl`) and what the reply said (`epoch`, the `waiting` count), with the send
+/// time `sent_at` from which its validity counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewLease<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) kind: LeaseKind,
+    pub(crate) token: LeaseToken,
+    pub(crate) ttl: Duration,
+    pub(crate) epoch: u64,
+    pub(crate) sent_at: Instant,
+    pub(crate) waiting: u32,
+}
+
+/// What a grant gives: the lease (counted as acquired and watched by the renewal
+/// watchdog from `sent_at`), or `None` when the reply came back after the lease's
+/// validity had already ended, which is not a grant (the caller asks again with
+/// the same token, which re-arms the lease if it still exists, or releases the
+/// token).
+pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
+    let NewLease {
+        key,
+        kind,
+        token,
+        ttl,
+        epoch,
+        sent_at,
+        waiting,
+    } = new;
     let lease = Lease::new(
         key.clone(),
         token,
@@ -158,10 +167,10 @@ pub(crate) fn grant(
         ttl,
         sent_at,
         waiting,
-        Arc::clone(stats),
+        Arc::clone(&engine.stats),
     )
     .with_kind(kind);
-    if let Some(end) = renewals.hold_end(lease.acquired_at) {
+    if let Some(end) = engine.renewals.hold_end(lease.acquired_at) {
         lease.limit_hold(end);
     }
     if Instant::now() >= lease.valid_until() {
@@ -169,9 +178,41 @@ pub(crate) fn grant(
         return None;
     }
     let lease = Arc::new(lease);
-    stats.acquired();
-    renewals.watch(&lease, sent_at);
+    engine.stats.acquired();
+    engine.renewals.watch(&lease, sent_at);
     Some(lease)
+}
+
+/// What one call of any kind asks: when it started (its wait is measured from
+/// here), its deadline, whether it waits, and the TTL of the lease it acquires.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub(crate) start: Instant,
+    pub(crate) deadline: Instant,
+    /// `Queue`: the call waits for the lock until its deadline, woken by the
+    /// backend's messages. `Return`: one attempt; busy is an answer, and too few
+    /// nodes answering is reported at once.
+    pub(crate) mode: WhenBusy,
+    pub(crate) ttl: Duration,
+}
+
+impl Call {
+    /// A call starting now that waits at most `wait`.
+    pub(crate) fn new(wait: Duration, ttl: Duration, mode: WhenBusy) -> Call {
+        let start = Instant::now();
+        Call {
+            start,
+            deadline: deadline_after(start, wait),
+            mode,
+            ttl,
+        }
+    }
+
+    /// The call's wait for `key` ran out in `phase` (counted).
+    pub(crate) fn timed_out(&self, engine: &Engine, key: &LockKey, phase: Phase) -> Error {
+        engine.stats.timeout();
+        Error::timeout(key, phase, self.start.elapsed())
+    }
 }
 
 /// One call's acquire of a lease of `kind` of `key` at the backend: what
@@ -181,14 +222,7 @@ pub(crate) struct Ask<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) kind: LeaseKind,
     pub(crate) token: LeaseToken,
-    pub(crate) ttl: Duration,
-    /// `Queue`: the call waits for the lock until its deadline, woken by the
-    /// backend's messages. `Return`: one attempt; busy is an answer, and too few
-    /// nodes answering is reported at once.
-    pub(crate) mode: WhenBusy,
-    /// When the call started (its wait is measured from here).
-    pub(crate) start: Instant,
-    pub(crate) deadline: Instant,
+    pub(crate) call: Call,
     /// One wake-up reaches one of the process's loops for the lock, not every one
     /// (a mutex without coalescing).
     pub(crate) one_at_a_time: bool,
@@ -237,6 +271,12 @@ where
     let Ask {
         key, kind, token, ..
     } = ask;
+    let Call {
+        start,
+        deadline,
+        mode,
+        ttl,
+    } = ask.call;
     // The last attempt that failed rather than found the lock busy: a wait that
     // runs out after it names it (a refusal's cause must not become a bare
     // timeout).
@@ -246,7 +286,7 @@ where
         Error::Timeout {
             key: key.clone(),
             phase: Phase::Acquiring,
-            waited: ask.start.elapsed(),
+            waited: start.elapsed(),
             last_error: last_error.take().map(Box::new),
         }
     };
@@ -258,9 +298,9 @@ where
     );
     loop {
         let sent_at = pacer.sending();
-        in_flight.sending(ask.mode);
+        in_flight.sending(mode);
         engine.stats.acquire_attempt();
-        let reply = tokio::time::timeout_at(ask.deadline, request(token, ask.mode, sent_at))
+        let reply = tokio::time::timeout_at(deadline, request(token, mode, sent_at))
             .await
             .map_err(|_| timed_out(&mut last_error))?;
         match reply {
@@ -277,20 +317,21 @@ where
                     ));
                 }
                 let granted = grant(
-                    &engine.renewals,
-                    &engine.stats,
-                    key,
-                    kind,
-                    token,
-                    epoch,
-                    ask.ttl,
-                    sent_at,
-                    waiting,
+                    engine,
+                    NewLease {
+                        key,
+                        kind,
+                        token,
+                        ttl,
+                        epoch,
+                        sent_at,
+                        waiting,
+                    },
                 );
                 let Some(lease) = granted else {
                     // Not held: ask again with the same token, which re-arms it if
                     // it still exists.
-                    if Instant::now() >= ask.deadline {
+                    if Instant::now() >= deadline {
                         return Err(timed_out(&mut last_error));
                     }
                     continue;
@@ -309,9 +350,9 @@ where
                 last_error = None;
                 // Busy: nothing held but a waiting writer's registration, which a
                 // write that waits may have left.
-                let registered = kind == LeaseKind::Write && ask.mode == WhenBusy::Queue;
+                let registered = kind == LeaseKind::Write && mode == WhenBusy::Queue;
                 in_flight.answered(registered);
-                if ask.mode == WhenBusy::Return {
+                if mode == WhenBusy::Return {
                     return Ok(None);
                 }
                 if !pacer.watch() {
@@ -319,17 +360,17 @@ where
                 }
                 tokio::select! {
                     _ = pacer.woken_or(Instant::now() + retry_in) => {}
-                    _ = tokio::time::sleep_until(ask.deadline) => return Err(timed_out(&mut last_error)),
+                    _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&mut last_error)),
                 }
             }
             Err(e) => match Failure::of(&e) {
                 // A single attempt reports too few nodes answering at once: they
                 // answered.
-                Failure::Retry if ask.mode == WhenBusy::Queue || !Failure::unavailable(&e) => {
+                Failure::Retry if mode == WhenBusy::Queue || !Failure::unavailable(&e) => {
                     // The token stays armed: a retry (or the cleanup) reconciles it.
                     tracing::debug!(%key, ?kind, error = %e, "acquire failed; retrying");
                     let pause = pacer.backoff();
-                    if Instant::now() + pause >= ask.deadline {
+                    if Instant::now() + pause >= deadline {
                         return Err(e);
                     }
                     tokio::time::sleep(pause).await;
@@ -349,16 +390,24 @@ where
     }
 }
 
-/// The tokens of a request in flight that nobody else reconciles (a read-write
-/// leader's, a semaphore request's): released in the background on the shared
-/// schedule if dropped while armed ([`retire`](crate::lease::release::retire)),
-/// keeping `local` (local state that must outlive the release) until then.
+/// What an acquire in flight may have left at the backend, for whoever settles it:
+/// its tokens (armed from each send until a definite answer says nothing of them
+/// remains) and, for a mutex, this instance's place in the key's backend queue.
+/// Every kind's acquire keeps one. Dropped unsettled, it releases the armed tokens
+/// in the background on the shared schedule
+/// ([`release_token`](crate::lease::release::release_token)) and leaves the queue
+/// (unless another task of this process still waits for that lock: the place is
+/// the process's), keeping `local` (local state that must outlive the release)
+/// until then. A mutex leader hands what is left to the key's next local waiter
+/// instead, when there is one ([`disarm`](Self::disarm)).
 pub(crate) struct Armed<H: Send + 'static = ()> {
     engine: Arc<Engine>,
     kind: LeaseKind,
     key: LockKey,
     tokens: Vec<LeaseToken>,
     armed: bool,
+    /// A waiting mutex acquire may have queued this instance.
+    queued: bool,
     local: Option<H>,
 }
 
@@ -377,8 +426,17 @@ impl<H: Send + 'static> Armed<H> {
             key: key.clone(),
             tokens,
             armed: false,
+            queued: false,
             local: Some(local),
         }
+    }
+
+    /// What an earlier acquire left, taken over: its tokens armed (`armed`: a
+    /// request with them may have landed) and its place in the queue (`queued`).
+    pub(crate) fn inheriting(mut self, armed: bool, queued: bool) -> Armed<H> {
+        self.armed = armed;
+        self.queued = queued;
+        self
     }
 
     /// Armed: a request with the tokens may have landed.
@@ -387,9 +445,17 @@ impl<H: Send + 'static> Armed<H> {
     }
 
     /// Disarmed: nothing of the tokens remains at the backend, or something else
-    /// owns them now (a grant).
+    /// owns them now (a grant, the next local leader).
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
+        self.queued = false;
+    }
+
+    /// What is left to settle: the first token if armed (a guard of one token),
+    /// and whether the instance may be queued.
+    pub(crate) fn left(&self) -> (Option<LeaseToken>, bool) {
+        let token = self.tokens.first().copied().filter(|_| self.armed);
+        (token, self.queued)
     }
 
     /// What it keeps, taken back (a leader that holds the lease now).
@@ -404,8 +470,11 @@ impl<H: Send + 'static> Armed<H> {
 }
 
 impl<H: Send + 'static> InFlight for Armed<H> {
-    fn sending(&mut self, _: WhenBusy) {
+    fn sending(&mut self, mode: WhenBusy) {
         self.arm();
+        // Only the mutex's waiting acquire queues the instance (a waiting
+        // writer's registration is its token).
+        self.queued |= mode == WhenBusy::Queue && self.kind == LeaseKind::Mutex;
     }
 
     fn answered(&mut self, holds: bool) {
@@ -416,15 +485,28 @@ impl<H: Send + 'static> InFlight for Armed<H> {
 impl<H: Send + 'static> Drop for Armed<H> {
     fn drop(&mut self) {
         let local = self.local.take();
-        if !self.armed || self.tokens.is_empty() {
+        let signals = self.engine.backend.signals();
+        let leave = self.queued && !signals.is_watched(self.kind.lock_kind(), self.key.as_bytes());
+        let release = self.armed && !self.tokens.is_empty();
+        if !release && !leave {
             return;
         }
         let (engine, kind, key) = (Arc::clone(&self.engine), self.kind, self.key.clone());
-        let tokens = std::mem::take(&mut self.tokens);
+        let tokens = if release {
+            std::mem::take(&mut self.tokens)
+        } else {
+            Vec::new()
+        };
         self.engine.spawn_background(async move {
             let _local = local;
             for token in tokens {
                 crate::lease::release::release_token(&engine, kind, &key, token).await;
+            }
+            if leave {
+                engine.stats.left();
+                if let Err(e) = engine.backend.leave(&key).await {
+                    tracing::debug!(%key, error = %e, "leaving the queue failed");
+                }
             }
         });
     }

@@ -3,67 +3,37 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{LockGuard, LockerState};
-use crate::backend::{LeaseToken, LockBackend, LockKind, WhenBusy};
+use crate::backend::{LeaseToken, LockBackend};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
-use crate::lease::acquire::{Ask, Granted, InFlight, acquire};
-use crate::lease::release::release_token;
+use crate::lease::acquire::{Armed, Ask, Call, Granted, acquire};
 use crate::slot::{Abandon, Inheritance, Slot};
 
-/// What one call asks of the leader loop.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Call {
-    pub(super) start: Instant,
-    pub(super) deadline: Instant,
-    /// Wait (joining the backend's queue when busy), or one attempt.
-    pub(super) mode: WhenBusy,
-    /// The TTL of a lease acquired by this call.
-    pub(super) ttl: Duration,
-}
-
 /// The one task that talks to the backend for a key, until it holds the lease or
-/// gives up. Dropping it unfinished passes leadership on (see [`Slot::abandon`]).
-pub(super) struct Leading {
+/// gives up. Dropped unfinished, it passes leadership and what its acquire left at
+/// the backend (the token, the queue place) to the next local waiter (see
+/// [`Slot::abandon`]); with nobody waiting, its [`Armed`] guard settles them.
+struct Leading {
     shared: Arc<LockerState>,
-    key: LockKey,
     slot: Option<Arc<Slot>>,
-    token: LeaseToken,
-    lead: Inheritance,
-    finished: bool,
-}
-
-impl InFlight for Leading {
-    fn sending(&mut self, mode: WhenBusy) {
-        // From here until a definite answer, the acquire may have landed, and may
-        // have queued this instance.
-        self.lead.token = Some(self.token);
-        self.lead.queued |= mode == WhenBusy::Queue;
-    }
-
-    fn answered(&mut self, holds: bool) {
-        self.lead.token = holds.then_some(self.token);
-    }
+    armed: Armed,
 }
 
 impl Drop for Leading {
     fn drop(&mut self) {
-        if self.finished {
+        let Some(slot) = self.slot.take() else {
             return;
-        }
-        let cleanup = match &self.slot {
-            Some(slot) => match slot.abandon(&self.shared.slots, self.lead) {
-                Abandon::Succeeded => return,
-                Abandon::Cleanup(lead) => lead,
-            },
-            None => self.lead,
         };
-        self.shared.cleanup(&self.key, cleanup);
+        let (token, queued) = self.armed.left();
+        if let Abandon::Succeeded = slot.abandon(&self.shared.slots, Inheritance { token, queued })
+        {
+            self.armed.disarm();
+        }
     }
 }
 
@@ -74,34 +44,22 @@ impl LockerState {
             .expect("a Locker's shared state is alive while it is used")
     }
 
-    /// Releases a token whose acquire may have landed (on the shared schedule,
-    /// [`release_token`]) and leaves the backend queue, in the background. The
-    /// queue entry is this process's (the backend's), so it is left only if no other
-    /// task of the process still waits for the key's mutex (without coalescing, or
-    /// with several lockers on one backend, others may); a waiter of the key's
-    /// read-write lock or semaphore waits for another lock, with its own queue.
+    /// What a mutex acquire left at the backend (`lead`), for no local task to
+    /// take over: its [`Armed`] guard, dropped here, releases the token and leaves
+    /// the backend queue in the background (the queue entry is this process's, so
+    /// it is left only if no other task of the process still waits for the key's
+    /// mutex: without coalescing, or with several lockers on one backend, others
+    /// may; a waiter of the key's read-write lock or semaphore waits for another
+    /// lock, with its own queue).
     pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
-        let wakeups = self.engine.backend.signals();
-        let lead = Inheritance {
-            queued: lead.queued && !wakeups.is_watched(LockKind::Mutex, key.as_bytes()),
-            ..lead
-        };
-        if lead.token.is_none() && !lead.queued {
-            return;
-        }
-        let key = key.clone();
-        let engine = Arc::clone(&self.engine);
-        self.engine.spawn_background(async move {
-            if let Some(token) = lead.token {
-                release_token(&engine, LeaseKind::Mutex, &key, token).await;
-            }
-            if lead.queued {
-                engine.stats.left();
-                if let Err(e) = engine.backend.leave(&key).await {
-                    tracing::debug!(%key, error = %e, "leaving the queue failed");
-                }
-            }
-        });
+        drop(self.armed(key, lead.token.into_iter().collect(), lead));
+    }
+
+    /// The guard of a mutex acquire with `tokens` (its token, which is `lead`'s
+    /// when it has one) that takes over what an earlier one left (`lead`).
+    fn armed(&self, key: &LockKey, tokens: Vec<LeaseToken>, lead: Inheritance) -> Armed {
+        Armed::new(&self.engine, LeaseKind::Mutex, key, tokens, ())
+            .inheriting(lead.token.is_some(), lead.queued)
     }
 
     /// Acquires from the backend as the key's leader. `Ok(None)` only in
@@ -113,25 +71,14 @@ impl LockerState {
         inherited: Inheritance,
         call: Call,
     ) -> Result<Option<LockGuard>> {
-        let Call {
-            start,
-            deadline,
-            mode,
-            ttl,
-        } = call;
+        let Call { start, ttl, .. } = call;
         let token = inherited
             .token
             .unwrap_or_else(|| self.engine.backend.new_token());
         let mut leading = Leading {
             shared: self.arc(),
-            key: key.clone(),
             slot,
-            token,
-            lead: Inheritance {
-                token: Some(token),
-                queued: inherited.queued,
-            },
-            finished: false,
+            armed: self.armed(key, vec![token], inherited),
         };
         // A lease of a warm key may be cached: the revocations of this key from
         // before the request on, kept by the lease (another instance that queues
@@ -146,10 +93,7 @@ impl LockerState {
             key,
             kind: LeaseKind::Mutex,
             token,
-            ttl,
-            mode,
-            start,
-            deadline,
+            call,
             // Without coalescing every task of this process waits on its own: one
             // wake-up wakes one of them (and a task that stops waiting passes one
             // on), not all.
@@ -159,7 +103,7 @@ impl LockerState {
         let granted = acquire(
             &self.engine,
             ask,
-            &mut leading,
+            &mut leading.armed,
             |token, mode, sent_at| async move {
                 if fair {
                     // This leader is the instance's oldest waiting task (local FIFO):
@@ -181,7 +125,7 @@ impl LockerState {
         else {
             return Ok(None);
         };
-        leading.finished = true;
+        leading.armed.disarm();
         if fair {
             // Who may be handed this lease in fair mode: local tasks that arrived
             // before the request was sent when nobody else waited (any later remote

@@ -12,7 +12,8 @@ use crate::backend::{LockBackend, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LockInfo;
-use crate::lease::engine::{Engine, deadline_after};
+use crate::lease::acquire::Call;
+use crate::lease::engine::Engine;
 use crate::rw::RwLocks;
 use crate::semaphore::Semaphores;
 use crate::singleflight::Flights;
@@ -31,7 +32,6 @@ mod warm;
 
 pub use crate::settings::{Contention, Handoff, LockOptions, LossPolicy};
 use crate::settings::{Settings, validate_ttl};
-use acquire::Call;
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 pub use rwlock::RwLock;
@@ -182,20 +182,8 @@ impl Locker {
         key: impl Into<LockKey>,
         wait: Duration,
     ) -> Result<LockGuard> {
-        let key = key.into();
-        key.validate()?;
-        self.check_reentry(&key)?;
-        let span = tracing::debug_span!("lockflight.lock", key = %key);
         let ttl = self.shared.engine.config.lease_ttl;
-        self.lock_inner(key, wait, ttl).instrument(span).await
-    }
-
-    /// Records the wait of a granted call.
-    fn granted<T>(start: Instant, result: Result<T>) -> Result<T> {
-        if result.is_ok() {
-            crate::lease::histograms::wait(crate::lease::LeaseKind::Mutex, start);
-        }
-        result
+        self.acquire(key.into(), wait, ttl, WhenBusy::Queue).await
     }
 
     /// Like [`lock`](Self::lock) with per-call settings: a wait timeout, a lease
@@ -234,8 +222,6 @@ impl Locker {
         options: LockOptions,
     ) -> Result<LockGuard> {
         let key = key.into();
-        key.validate()?;
-        self.check_reentry(&key)?;
         let config = &self.shared.engine.config;
         let ttl = match options.lease_ttl {
             Some(ttl) => {
@@ -246,31 +232,70 @@ impl Locker {
             }
             None => config.lease_ttl,
         };
-        let span = tracing::debug_span!("lockflight.lock", key = %key);
-        if options.try_only {
-            return match self.try_lock_inner(&key, ttl).instrument(span).await? {
-                Some(guard) => Ok(guard),
-                None => Err(Error::Busy { key }),
-            };
-        }
         let wait = options.wait_timeout.unwrap_or(config.wait_timeout);
-        self.lock_inner(key, wait, ttl).instrument(span).await
+        let mode = match options.try_only {
+            true => WhenBusy::Return,
+            false => WhenBusy::Queue,
+        };
+        self.acquire(key, wait, ttl, mode).await
     }
 
-    async fn lock_inner(&self, key: LockKey, wait: Duration, ttl: Duration) -> Result<LockGuard> {
-        let start = Instant::now();
-        Self::granted(start, self.lock_inner_at(key, start, wait, ttl).await)
+    /// Takes the lock of `key` if it is free right now: one backend request, no
+    /// waiting. Returns `None` when another task of this process or another instance
+    /// holds it.
+    ///
+    /// A lease another instance keeps cached ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)) counts as held:
+    /// the try then sends that instance a revocation (Redis backend), so a try a
+    /// round trip later finds the key free if that instance no longer uses it.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), except that a busy lock is `Ok(None)`, not a timeout
+    /// (a backend that does not answer within the wait timeout is a timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a request that may have landed is released in the background.
+    pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
+        let config = &self.shared.engine.config;
+        let (wait, ttl) = (config.wait_timeout, config.lease_ttl);
+        match self.acquire(key.into(), wait, ttl, WhenBusy::Return).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::Busy { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
-    async fn lock_inner_at(
+    /// Every acquire of the mutex: `lock`, `lock_within`, `lock_with_options` and
+    /// `try_lock` differ only in these arguments. `wait` bounds the whole call (in
+    /// [`WhenBusy::Return`], the one backend request); a busy key in
+    /// [`WhenBusy::Return`] is [`Error::Busy`], the one error no other path gives.
+    async fn acquire(
         &self,
         key: LockKey,
-        start: Instant,
         wait: Duration,
         ttl: Duration,
+        mode: WhenBusy,
     ) -> Result<LockGuard> {
-        let deadline = deadline_after(start, wait);
+        key.validate()?;
+        self.check_reentry(&key)?;
+        let call = Call::new(wait, ttl, mode);
+        let span = tracing::debug_span!("lockflight.lock", key = %key);
+        let got = self.acquire_at(key, call).instrument(span).await;
+        if got.is_ok() {
+            crate::lease::histograms::wait(crate::lease::LeaseKind::Mutex, call.start);
+        }
+        got
+    }
+
+    /// The one path of an acquire: join the key's slot (a cached lease, a place in
+    /// the local queue, or leadership) and, as the leader, acquire at the backend.
+    async fn acquire_at(&self, key: LockKey, call: Call) -> Result<LockGuard> {
         let shared = &self.shared;
+        let Call {
+            start, deadline, ..
+        } = call;
+        let queue = call.mode == WhenBusy::Queue;
         let mut own_timer = false;
         loop {
             let (slot, lead) = if !shared.engine.config.coalescing {
@@ -278,16 +303,23 @@ impl Locker {
             } else {
                 let fwd: Arc<dyn Forward> = shared.arc();
                 let max = shared.engine.config.max_waiters;
-                match Slot::join(&shared.slots, &key, max, (start, deadline), &fwd) {
+                let joined = match call.mode {
+                    WhenBusy::Queue => {
+                        Slot::join(&shared.slots, &key, max, (start, deadline), &fwd)
+                    }
+                    WhenBusy::Return => Slot::try_join(&shared.slots, &key, start, &fwd),
+                };
+                match joined {
                     Join::Leader(slot) => (Some(slot), Inheritance::default()),
                     Join::Cached(slot, lease, seq) => {
-                        match shared
-                            .take_cached(slot, lease, seq, start, deadline)
-                            .await?
-                        {
+                        let taken = shared.take_cached(slot, lease, seq, start, deadline);
+                        match taken.await? {
                             Some(guard) => return Ok(guard),
                             None => continue,
                         }
+                    }
+                    Join::Wait(_) | Join::Overloaded if !queue => {
+                        return Err(Error::Busy { key });
                     }
                     Join::Overloaded => {
                         return Err(Error::Overloaded {
@@ -345,91 +377,16 @@ impl Locker {
             // Boxed: the backend path is the rare one (a handed-on or cached lease
             // serves most calls), and its future would otherwise size (and be
             // copied with) every call's.
-            let call = Call {
-                start,
-                deadline,
-                mode: WhenBusy::Queue,
-                ttl,
+            return match Box::pin(shared.lead(&key, slot, lead, call)).await? {
+                Some(guard) => Ok(guard),
+                None if queue => Err(Error::backend(
+                    &key,
+                    Phase::Acquiring,
+                    "busy reply to a waiting acquire",
+                )),
+                None => Err(Error::Busy { key }),
             };
-            return Box::pin(shared.lead(&key, slot, lead, call))
-                .await?
-                .ok_or_else(|| {
-                    Error::backend(&key, Phase::Acquiring, "busy reply to a waiting acquire")
-                });
         }
-    }
-
-    /// Takes the lock of `key` if it is free right now: one backend request, no
-    /// waiting. Returns `None` when another task of this process or another instance
-    /// holds it.
-    ///
-    /// A lease another instance keeps cached ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)) counts as held:
-    /// the try then sends that instance a revocation (Redis backend), so a try a
-    /// round trip later finds the key free if that instance no longer uses it.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock), except that a busy lock is `Ok(None)`, not a timeout
-    /// (a backend that does not answer within the wait timeout is a timeout).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a request that may have landed is released in the background.
-    pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
-        let key = key.into();
-        key.validate()?;
-        self.check_reentry(&key)?;
-        self.try_lock_inner(&key, self.shared.engine.config.lease_ttl)
-            .await
-    }
-
-    async fn try_lock_inner(&self, key: &LockKey, ttl: Duration) -> Result<Option<LockGuard>> {
-        let start = Instant::now();
-        match self.try_lock_at(key, start, ttl).await {
-            Ok(Some(guard)) => Self::granted(start, Ok(Some(guard))),
-            other => other,
-        }
-    }
-
-    async fn try_lock_at(
-        &self,
-        key: &LockKey,
-        start: Instant,
-        ttl: Duration,
-    ) -> Result<Option<LockGuard>> {
-        let key = key.clone();
-        let deadline = deadline_after(start, self.shared.engine.config.wait_timeout);
-        let shared = &self.shared;
-        let slot = if shared.engine.config.coalescing {
-            let fwd: Arc<dyn Forward> = shared.arc();
-            loop {
-                match Slot::try_join(&shared.slots, &key, start, &fwd) {
-                    Join::Leader(slot) => break Some(slot),
-                    Join::Cached(slot, lease, seq) => {
-                        let taken = shared.take_cached(slot, lease, seq, start, deadline);
-                        if let Some(guard) = taken.await? {
-                            return Ok(Some(guard));
-                        }
-                    }
-                    Join::Wait(_) | Join::Overloaded => return Ok(None),
-                }
-            }
-        } else {
-            None
-        };
-        shared
-            .lead(
-                &key,
-                slot,
-                Inheritance::default(),
-                Call {
-                    start,
-                    deadline,
-                    mode: WhenBusy::Return,
-                    ttl,
-                },
-            )
-            .await
     }
 
     /// Releases every lease this locker keeps cached for its next local task

@@ -6,13 +6,11 @@ use std::time::Duration;
 use share::Arrive;
 use tracing::Instrument;
 
-use super::{
-    Call, Entry, Gate, Leading, ReadGuard, RwLocks, WriteGuard, admit, share, unsupported,
-};
+use super::{Entry, Gate, Leading, ReadGuard, RwLocks, WriteGuard, admit, share, unsupported};
 use crate::backend::WhenBusy;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
-use crate::lease::acquire::{Ask, acquire};
+use crate::lease::acquire::{Ask, Call, acquire};
 use crate::lease::{Lease, LeaseKind};
 
 impl RwLocks {
@@ -23,7 +21,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<ReadGuard> {
         key.validate()?;
-        let call = Call::new(wait, WhenBusy::Queue);
+        let call = Call::new(wait, self.engine.config.lease_ttl, WhenBusy::Queue);
         let span = tracing::debug_span!("lockflight.read", key = %key);
         let guard = self.read_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting read"))
@@ -32,7 +30,11 @@ impl RwLocks {
     /// [`RwLock::try_read`](crate::rwlock::RwLock::try_read).
     pub(crate) async fn try_read(self: &Arc<Self>, key: LockKey) -> Result<Option<ReadGuard>> {
         key.validate()?;
-        let call = Call::new(self.engine.config.wait_timeout, WhenBusy::Return);
+        let call = Call::new(
+            self.engine.config.wait_timeout,
+            self.engine.config.lease_ttl,
+            WhenBusy::Return,
+        );
         self.read_inner(key, call).await
     }
 
@@ -43,7 +45,7 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<WriteGuard> {
         key.validate()?;
-        let call = Call::new(wait, WhenBusy::Queue);
+        let call = Call::new(wait, self.engine.config.lease_ttl, WhenBusy::Queue);
         let span = tracing::debug_span!("lockflight.write", key = %key);
         let guard = self.write_inner(key.clone(), call).instrument(span).await?;
         guard.ok_or_else(|| Error::backend(&key, Phase::Acquiring, "busy reply to a waiting write"))
@@ -52,7 +54,11 @@ impl RwLocks {
     /// [`RwLock::try_write`](crate::rwlock::RwLock::try_write).
     pub(crate) async fn try_write(self: &Arc<Self>, key: LockKey) -> Result<Option<WriteGuard>> {
         key.validate()?;
-        let call = Call::new(self.engine.config.wait_timeout, WhenBusy::Return);
+        let call = Call::new(
+            self.engine.config.wait_timeout,
+            self.engine.config.lease_ttl,
+            WhenBusy::Return,
+        );
         self.write_inner(key, call).await
     }
 
@@ -166,15 +172,12 @@ impl RwLocks {
     ) -> Result<Option<(Entry, Gate, Arc<Lease>)>> {
         let key = leading.entry().key.clone();
         let rw = self.engine.backend.rw().ok_or_else(|| unsupported(&key))?;
-        let (kind, ttl) = (leading.kind, self.engine.config.lease_ttl);
+        let (kind, ttl) = (leading.kind, call.ttl);
         let ask = Ask {
             key: &key,
             kind,
             token: leading.token,
-            ttl,
-            mode: call.mode,
-            start: call.start,
-            deadline: call.deadline,
+            call,
             one_at_a_time: false,
         };
         let key = &key;

@@ -11,13 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as TokioRwLock};
-use tokio::time::Instant;
 
 use crate::backend::{LeaseToken, WhenBusy};
-use crate::error::{Error, Phase};
+use crate::error::Error;
 use crate::key::LockKey;
 use crate::lease::acquire::{Armed, InFlight};
-use crate::lease::engine::{Engine, deadline_after};
+use crate::lease::engine::Engine;
 use crate::lease::release::{Ran, Settle};
 use crate::lease::{Lease, LeaseKind};
 
@@ -201,30 +200,5 @@ fn admit(lease: &Lease, waited_for_acquire: bool) -> Admit {
         Admit::Join
     } else {
         Admit::Wait
-    }
-}
-
-/// What one call asks.
-#[derive(Clone, Copy)]
-struct Call {
-    start: Instant,
-    deadline: Instant,
-    /// Wait when busy, or one attempt (`try_read` / `try_write`).
-    mode: WhenBusy,
-}
-
-impl Call {
-    fn new(wait: Duration, mode: WhenBusy) -> Call {
-        let start = Instant::now();
-        Call {
-            start,
-            deadline: deadline_after(start, wait),
-            mode,
-        }
-    }
-
-    fn timed_out(&self, engine: &Engine, key: &LockKey, phase: Phase) -> Error {
-        engine.stats.timeout();
-        Error::timeout(key, phase, self.start.elapsed())
     }
 }

@@ -67,7 +67,7 @@ use crate::backend::{Acquire, LeaseToken, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::LeaseKind;
-use crate::lease::acquire::{Armed, Ask, acquire};
+use crate::lease::acquire::{Armed, Ask, Call, acquire};
 use crate::lease::engine::deadline_after;
 use crate::settings::LockOptions;
 mod permit;
@@ -267,15 +267,12 @@ impl Semaphore {
         let (key, permits, ttl) = (&self.key, self.permits, semaphores.engine.config.lease_ttl);
         let token = semaphores.engine.backend.new_token();
         let mut armed = Armed::new(&semaphores.engine, LeaseKind::Permit, key, vec![token], ());
-        let start = Instant::now();
+        let call = Call::new(semaphores.engine.config.wait_timeout, ttl, WhenBusy::Return);
         let ask = Ask {
             key,
             kind: LeaseKind::Permit,
             token,
-            ttl,
-            mode: WhenBusy::Return,
-            start,
-            deadline: deadline_after(start, semaphores.engine.config.wait_timeout),
+            call,
             one_at_a_time: false,
         };
         let granted = acquire(

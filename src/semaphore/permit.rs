@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::backend::LeaseToken;
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::lease::acquire::grant;
+use crate::lease::acquire::{NewLease, grant};
 use crate::lease::engine::Engine;
 use crate::lease::release::{End, Release, retire};
 use crate::lease::{Lease, LeaseKind};
@@ -66,17 +66,17 @@ impl Permit {
         waiting: u32,
     ) -> Option<Permit> {
         let engine = semaphores.engine();
-        let ttl = engine.config.lease_ttl;
         let granted = grant(
-            &engine.renewals,
-            &engine.stats,
-            key,
-            LeaseKind::Permit,
-            token,
-            0,
-            ttl,
-            sent_at,
-            waiting,
+            engine,
+            NewLease {
+                key,
+                kind: LeaseKind::Permit,
+                token,
+                ttl: engine.config.lease_ttl,
+                epoch: 0,
+                sent_at,
+                waiting,
+            },
         );
         let Some(lease) = granted else {
             // Not held (the reply came after its validity): give the token back.

@@ -196,6 +196,37 @@ async fn a_reply_after_the_validity_window_is_not_a_grant() {
     guard.release().await.unwrap();
 }
 
+/// Defect: `lock_with_options` with `try_only` bounded its one backend request by
+/// the locker's wait timeout, not the call's own `wait_timeout`.
+#[tokio::test(start_paused = true)]
+async fn a_try_only_call_is_bounded_by_its_own_wait_timeout() {
+    let backend = Faulty::default();
+    backend.plan().acquire.push_back(Fault::Hang);
+    let locker = locker(&backend, Duration::from_secs(1)); // waits 5 s by default
+    let options = lockflight::LockOptions::new()
+        .try_only()
+        .wait_timeout(Duration::from_millis(200));
+    let start = Instant::now();
+    let got = locker.lock_with_options("k", options).await;
+    assert!(
+        matches!(
+            got,
+            Err(Error::Timeout {
+                phase: Phase::Acquiring,
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(1),
+        "waited {waited:?}"
+    );
+    // The key is free: nothing of the hung request stays behind.
+    drop(locker.lock("k").await.unwrap());
+}
+
 /// Defect: a handed-off lease is checked at the local grant too: a waiter that
 /// wakes after the lease's validity ended competes again instead of holding it.
 #[test]
