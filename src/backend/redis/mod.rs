@@ -100,7 +100,7 @@ const PRELUDE: &str = include_str!("lua/queue.lua");
 /// The semaphore scripts' helpers (after the prelude).
 const SEM_COMMON: &str = include_str!("lua/sem_common.lua");
 /// The renewal of one lease of each kind, as functions (after both of the above).
-const RENEW: &str = include_str!("lua/renew.lua");
+const RENEW_COMMON: &str = include_str!("lua/renew.lua");
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
@@ -114,7 +114,7 @@ fn renewal_script(body: &str) -> Script {
 
 /// The source of a renewal script (see [`renewal_script`]).
 fn renewal_source(body: &str) -> String {
-    format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW}\n{body}")
+    format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW_COMMON}\n{body}")
 }
 
 static ACQUIRE: LeaseScript = LeaseScript::grant(
@@ -122,8 +122,8 @@ static ACQUIRE: LeaseScript = LeaseScript::grant(
     acked::first_is_one,
 );
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
-static EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/extend.lua")),
+static RENEW_LOCK: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/renew_lock.lua")),
     acked::first_is_one,
 );
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
@@ -599,7 +599,7 @@ impl LockBackend for RedisBackend {
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
         let reply = inner
             .invoke_lease(
-                &EXTEND,
+                &RENEW_LOCK,
                 &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
@@ -613,7 +613,7 @@ impl LockBackend for RedisBackend {
         decode_extend(key, &reply)
     }
 
-    /// Up to 500 leases of any kinds per script call (`lua/extend_batch.lua`), per
+    /// Up to 500 leases of any kinds per script call (`lua/renew_batch.lua`), per
     /// cluster slot on a Cluster; see the watchdog's docs.
     async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
         self.renew_batch(items).await

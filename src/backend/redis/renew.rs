@@ -2,7 +2,7 @@
 //! for Redis.
 //!
 //! The watchdog hands over the leases due in one scan. They are renewed by
-//! `lua/extend_batch.lua`, up to [`CHUNK`] leases per call, of any kinds mixed: per
+//! `lua/renew_batch.lua`, up to [`CHUNK`] leases per call, of any kinds mixed: per
 //! lease, the script runs the very function of `lua/renew.lua` that the lease's own
 //! renewal script runs, so each lease gets the reply its single renewal would get,
 //! and an error of one lease (a value of another type) is that lease's alone. A
@@ -65,25 +65,25 @@ use crate::error::{Error, Phase, Result};
 /// `tests/locks/redis_lock/renewal_batch.rs`; figures in BENCHMARKS.md).
 pub(super) const CHUNK: usize = 500;
 
-pub(super) static EXTEND_BATCH: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/extend_batch.lua")),
+pub(super) static RENEW_BATCH: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/renew_batch.lua")),
     any_renewed,
 );
 
-/// The source of [`EXTEND_BATCH_CROSS_SLOT`]: the same script, flagged
+/// The source of [`RENEW_BATCH_CROSS_SLOT`]: the same script, flagged
 /// `allow-cross-slot-keys` (Redis 7), which a node's batch on a cluster runs with
 /// its keys undeclared.
 #[cfg(feature = "cluster")]
 static CROSS_SLOT_SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "#!lua flags=allow-cross-slot-keys\n{}",
-        super::renewal_source(include_str!("lua/extend_batch.lua"))
+        super::renewal_source(include_str!("lua/renew_batch.lua"))
     )
 });
 
 /// The batch renewal of a cluster node's leases of several slots.
 #[cfg(feature = "cluster")]
-static EXTEND_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
+static RENEW_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(&CROSS_SLOT_SOURCE));
 
 /// Whether a batch reply re-armed at least one lease (then `replica_ack` waits).
@@ -207,7 +207,7 @@ impl RedisBackend {
     }
 
     /// The keys and the arguments of a batch of `items[i]` for each `i` of
-    /// `chunk`, in the order of `lua/extend_batch.lua`.
+    /// `chunk`, in the order of `lua/renew_batch.lua`.
     fn batch_args(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let inner = &*self.inner;
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 4);
@@ -251,7 +251,7 @@ impl RedisBackend {
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let (reply, too_few) = match self
             .inner
-            .invoke_lease_acked(&EXTEND_BATCH, &keys, &args)
+            .invoke_lease_acked(&RENEW_BATCH, &keys, &args)
             .await
         {
             Ok(answer) => answer,
@@ -294,7 +294,7 @@ impl RedisBackend {
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let slot = self.slot_of(&items[chunk[0]]);
         let reply = match cluster
-            .invoke_on(&EXTEND_BATCH_CROSS_SLOT, &CROSS_SLOT_SOURCE, slot, &args)
+            .invoke_on(&RENEW_BATCH_CROSS_SLOT, &CROSS_SLOT_SOURCE, slot, &args)
             .await
         {
             Ok(reply) => reply,

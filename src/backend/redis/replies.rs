@@ -92,7 +92,7 @@ pub(super) fn decode_release(key: &LockKey, reply: &Value) -> Result<(Released, 
     Err(unexpected(key, Phase::Releasing, reply))
 }
 
-/// The reply of `lua/extend.lua`.
+/// The reply of `lua/renew_lock.lua`.
 pub(super) fn decode_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
     match reply {
         Value::Array(items) => match items.as_slice() {

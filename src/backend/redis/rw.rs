@@ -20,7 +20,7 @@
 //!   cleared.
 //!
 //! Scripts: `lua/rw_read.lua`, `lua/rw_write.lua`, `lua/rw_release.lua`,
-//! `lua/rw_extend.lua`; each documents its KEYS, ARGV and replies.
+//! `lua/rw_renew.lua`; each documents its KEYS, ARGV and replies.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -45,8 +45,8 @@ static READ: LeaseScript =
 static WRITE: LeaseScript =
     LeaseScript::grant(|| gated(&[include_str!("lua/rw_write.lua")]), first_is_one);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_release.lua")));
-static EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/rw_extend.lua")),
+static RENEW: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/rw_renew.lua")),
     first_is_one,
 );
 
@@ -184,7 +184,7 @@ impl RedisBackend {
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
             .invoke_lease(
-                &EXTEND,
+                &RENEW,
                 &[&n.readers, &n.writer, &n.writers, &n.fence],
                 &[
                     kind.arg(),

@@ -27,7 +27,7 @@
 //!   broadcast), on each instance's channel `<prefix>:inst:<id>`;
 //! * `sem_leave`: a waiting instance gives up, passing on the wake-ups it may have
 //!   been sent;
-//! * `sem_extend`: re-arms one permit if it is still live.
+//! * `sem_renew`: re-arms one permit if it is still live.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -58,8 +58,8 @@ static SEM_RELEASE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_release.lua")));
 static SEM_LEAVE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_leave.lua")));
-static SEM_EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/sem_extend.lua")),
+static SEM_RENEW: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/sem_renew.lua")),
     first_is_one,
 );
 
@@ -286,7 +286,7 @@ impl SemaphoreBackend for RedisBackend {
         let reply = self
             .inner
             .sem_invoke_lease(
-                &SEM_EXTEND,
+                &SEM_RENEW,
                 key,
                 Phase::Renewing,
                 &[
@@ -299,7 +299,7 @@ impl SemaphoreBackend for RedisBackend {
     }
 }
 
-/// The reply of `lua/sem_extend.lua`.
+/// The reply of `lua/sem_renew.lua`.
 pub(super) fn decode_permit_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
     match reply {
         Value::Array(items) => match items.as_slice() {
