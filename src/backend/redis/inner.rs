@@ -9,8 +9,8 @@ use redis::{RedisError, Script, Value};
 use super::life::{Gate, Life};
 use super::notify::wake_message;
 use super::{
-    ACQUIRE, CheckFailed, Class, RENEW_LOCK, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE,
-    classify, connect_error, decode_acquire, decode_extend, decode_leave, decode_release,
+    ACQUIRE, CheckFailed, Class, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE, RENEW_LOCK,
+    classify, connect_error, decode_acquire, decode_leave, decode_release, decode_renewal,
     is_auth_failure, map_err, millis, notify, warn_refused_publish,
 };
 use crate::backend::{Acquire, LeaseToken, LockKind, Released, WhenBusy};
@@ -376,9 +376,12 @@ impl Inner {
             .await
             .map_err(|e| {
                 let name = String::from_utf8_lossy(&n.lock);
-                self.check_error(&format!("running the renewal script (EVALSHA) on {name}"), e)
+                self.check_error(
+                    &format!("running the renewal script (EVALSHA) on {name}"),
+                    e,
+                )
             })?;
-        decode_extend(&probe, &reply)?;
+        decode_renewal(&probe, &reply)?;
         self.first_subscription().await?;
         let mut publish = redis::cmd("PUBLISH");
         publish.arg(&self.channel).arg("");

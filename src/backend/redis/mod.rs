@@ -68,7 +68,7 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, Signals, WhenBusy};
+use super::{Acquire, LeaseToken, LockBackend, Released, RenewItem, Renewal, Signals, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -592,7 +592,7 @@ impl LockBackend for RedisBackend {
         self.inner.release(key, token, Some(next_waiter_age)).await
     }
 
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         let inner = &*self.inner;
         let n = Names::new(&inner.prefix, key);
         let ttl_ms = millis(ttl);
@@ -610,13 +610,13 @@ impl LockBackend for RedisBackend {
             )
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
-        decode_extend(key, &reply)
+        decode_renewal(key, &reply)
     }
 
     /// Up to 500 leases of any kinds per script call (`lua/renew_batch.lua`), per
     /// cluster slot on a Cluster; see the watchdog's docs.
-    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
-        self.renew_batch(items).await
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
+        self.renew_all(items).await
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {
