@@ -203,7 +203,7 @@ pub enum Error {
         key: LockKey,
         /// The operation.
         phase: Phase,
-        /// How many nodes granted (or extended) the lock.
+        /// How many nodes granted (or renewed) the lock.
         granted: usize,
         /// How many nodes are needed (a majority).
         needed: usize,

@@ -38,7 +38,7 @@ pub(crate) struct WorkerResult {
     pub(crate) id: u64,
     pub(crate) sections: u64,
     pub(crate) elapsed_us: u64,
-    /// Client-side requests `[acquire, release, extend, leave]` (the plain lock:
+    /// Client-side requests `[acquire, release, renew, leave]` (the plain lock:
     /// `[SET NX attempts, releases, 0, 0]`).
     pub(crate) requests: [u64; 4],
     /// The locker's counters over the run; `null` for the modes without a locker.

@@ -235,12 +235,12 @@ impl AppState {
             },
             // Requests sent to the lock backend; with Redis each is one round
             // trip: lockflight's EVALSHAs (acquire-or-enqueue, release-and-wake-next,
-            // extend, leave) plus, in the plain mode, the plain lock's `SET NX`
+            // renew, leave) plus, in the plain mode, the plain lock's `SET NX`
             // attempts (acquire) and compare-and-deletes (release).
             "lock_requests": {
                 "acquire": s.acquire_attempts + plain_set,
                 "release": s.releases + plain_release,
-                "extend": s.renew_attempts,
+                "renew": s.renew_attempts,
                 "leave": s.leaves,
                 "total": s.acquire_attempts + s.releases + s.renew_attempts + s.leaves
                     + plain_set + plain_release,

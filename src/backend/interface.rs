@@ -8,7 +8,7 @@
 //!   or join the key's queue of waiting instances and say how long to wait at most;
 //! * **release-and-wake-next** ([`LockBackend::release`]): free the lock if the token
 //!   still owns it and wake *one* waiting instance;
-//! * **extend** ([`LockBackend::extend`]): re-arm the TTL if the token still owns it;
+//! * **renew** ([`LockBackend::renew`]): re-arm the TTL if the token still owns it;
 //! * **leave** ([`LockBackend::leave`]): a waiter that gives up leaves the queue.
 //!
 //! Wake-ups arrive through a [`Signals`] that the backend fills (for Redis, from
@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::protocol::{Acquire, Extend, LeaseKind, Released, RenewItem, WhenBusy};
+use super::protocol::{Acquire, LeaseKind, Released, RenewItem, Renewal, WhenBusy};
 use super::rw::RwBackend;
 use super::semaphore::SemaphoreBackend;
 use super::signals::Signals;
@@ -41,24 +41,24 @@ use crate::error::{Error, Result};
 use crate::key::LockKey;
 
 /// Renews `item` through the per-lease call of its kind (what the default
-/// [`LockBackend::extend_batch`] does for each item).
-pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
+/// [`LockBackend::renew_batch`] does for each item).
+pub(crate) async fn renew_one<B: LockBackend + ?Sized>(
     backend: &B,
     item: &RenewItem<'_>,
-) -> Result<Extend> {
+) -> Result<Renewal> {
     let (key, token, ttl) = (item.key, item.token, item.ttl);
     match item.kind {
-        LeaseKind::Mutex => backend.extend(key, token, ttl).await,
+        LeaseKind::Mutex => backend.renew(key, token, ttl).await,
         LeaseKind::Read | LeaseKind::Write => match backend.rw() {
-            Some(rw) if item.kind == LeaseKind::Read => rw.extend_read(key, token, ttl).await,
-            Some(rw) => rw.extend_write(key, token, ttl).await,
+            Some(rw) if item.kind == LeaseKind::Read => rw.renew_read(key, token, ttl).await,
+            Some(rw) => rw.renew_write(key, token, ttl).await,
             None => Err(Error::Unsupported {
                 key: key.clone(),
                 what: "read-write locks",
             }),
         },
         LeaseKind::Permit => match backend.semaphore() {
-            Some(sem) => sem.extend_permit(key, token, ttl).await,
+            Some(sem) => sem.renew_permit(key, token, ttl).await,
             None => Err(Error::Unsupported {
                 key: key.clone(),
                 what: "semaphores",
@@ -73,7 +73,7 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 /// semantics, which the [`Locker`](crate::Locker) and the tests rely on:
 ///
 /// 1. At most one token owns a key at a time; ownership ends at the TTL unless
-///    extended.
+///    renewed.
 /// 2. `acquire` with the token that already owns the key re-arms the TTL and returns
 ///    `Acquired` with a **newly minted** epoch, greater than the one it replaces (a
 ///    retry after a lost reply, or a new leader that inherits the token of an
@@ -84,7 +84,7 @@ pub(crate) async fn extend_one<B: LockBackend + ?Sized>(
 ///    scripts read the token's release record).
 /// 3. Epochs of one key strictly increase across acquisitions, same-token ones
 ///    included.
-/// 4. `release` and `extend` change nothing unless the token owns the key. A
+/// 4. `release` and `renew` change nothing unless the token owns the key. A
 ///    backend whose replies can be lost reports a repeated release of a token it
 ///    has just released as `released: true`.
 /// 5. After a release, a waiting instance is woken through its
@@ -188,16 +188,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Re-arm the TTL of `key` to `ttl` if `token` owns it.
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend>;
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal>;
 
     /// Renews many held leases, of any kinds, at once: the renewal watchdog's call
     /// (one per scan of a locker's due leases).
     ///
     /// Returns one result per item, in the order of `items`, and each must be what
-    /// the item's own call would return ([`extend`](LockBackend::extend),
-    /// [`extend_read`](RwBackend::extend_read),
-    /// [`extend_write`](RwBackend::extend_write) or
-    /// [`extend_permit`](SemaphoreBackend::extend_permit)): `Extended` only if that
+    /// the item's own call would return ([`renew`](LockBackend::renew),
+    /// [`renew_read`](RwBackend::renew_read),
+    /// [`renew_write`](RwBackend::renew_write) or
+    /// [`renew_permit`](SemaphoreBackend::renew_permit)): `Renewed` only if that
     /// lease was re-armed, `NotOwner` if it is not held by its token, the same
     /// errors otherwise. A failure that stops a whole group (a connection error)
     /// is that error for each lease of the group. Leases of one batch are
@@ -212,8 +212,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// As the per-lease calls: dropping the future may leave some leases renewed
     /// and others not.
-    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
-        futures::future::join_all(items.iter().map(|item| extend_one(self, item))).await
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
+        futures::future::join_all(items.iter().map(|item| renew_one(self, item))).await
     }
 
     /// Leave the queue of `key` (this instance no longer wants it) and pass on any
@@ -346,11 +346,11 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     ) -> Result<Released> {
         (**self).release_fair(key, token, next_waiter_age).await
     }
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
-        (**self).extend(key, token, ttl).await
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
+        (**self).renew(key, token, ttl).await
     }
-    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
-        (**self).extend_batch(items).await
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
+        (**self).renew_batch(items).await
     }
     async fn leave(&self, key: &LockKey) -> Result<()> {
         (**self).leave(key).await

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, LockKind, Released, Signals, WhenBusy};
+use super::{Acquire, LeaseToken, LockBackend, LockKind, Released, Renewal, Signals, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -403,17 +403,17 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         let now = Instant::now();
         match self.inner.locks.get_mut(key) {
             Some(mut held) if held.token == token && held.expires > now => {
                 held.expires = now + ttl;
                 drop(held);
-                Ok(Extend::Extended {
+                Ok(Renewal::Renewed {
                     waiting: self.waiting(key),
                 })
             }
-            _ => Ok(Extend::NotOwner),
+            _ => Ok(Renewal::NotOwner),
         }
     }
 
@@ -518,18 +518,18 @@ mod tests {
         assert!(e1b > e1, "{e1b} after {e1}");
         tokio::time::advance(Duration::from_millis(600)).await;
         assert_eq!(
-            b.extend(&k, t1, ttl).await.unwrap(),
-            Extend::Extended { waiting: 0 }
+            b.renew(&k, t1, ttl).await.unwrap(),
+            Renewal::Renewed { waiting: 0 }
         );
         let e1 = e1b;
         assert!(matches!(
             b.acquire(&k, t2, ttl, WhenBusy::Queue).await.unwrap(),
             Acquire::Busy { .. }
         ));
-        assert_eq!(b.extend(&k, t2, ttl).await.unwrap(), Extend::NotOwner);
+        assert_eq!(b.renew(&k, t2, ttl).await.unwrap(), Renewal::NotOwner);
         assert!(!b.release(&k, t2).await.unwrap().released);
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(b.extend(&k, t1, ttl).await.unwrap(), Extend::NotOwner);
+        assert_eq!(b.renew(&k, t1, ttl).await.unwrap(), Renewal::NotOwner);
         let Acquire::Acquired { epoch: e2, .. } =
             b.acquire(&k, t2, ttl, WhenBusy::Queue).await.unwrap()
         else {

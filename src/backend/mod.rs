@@ -30,12 +30,12 @@ mod token;
 pub use interface::LockBackend;
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) use interface::LockBackend;
-pub(crate) use interface::extend_one;
+pub(crate) use interface::renew_one;
 pub use memory::MemoryBackend;
 #[cfg(feature = "unstable-backend-api")]
-pub use protocol::{Acquire, Extend, LeaseKind, LockKind, Released, RenewItem, WhenBusy};
+pub use protocol::{Acquire, LeaseKind, LockKind, Released, RenewItem, Renewal, WhenBusy};
 #[cfg(not(feature = "unstable-backend-api"))]
-pub(crate) use protocol::{Acquire, Extend, LeaseKind, LockKind, Released, RenewItem, WhenBusy};
+pub(crate) use protocol::{Acquire, LeaseKind, LockKind, Released, RenewItem, Renewal, WhenBusy};
 pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]

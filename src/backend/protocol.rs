@@ -1,7 +1,7 @@
 //! The values the backend interface speaks (feature `unstable-backend-api`,
 //! outside semver): which lock of a key string ([`LockKind`]), what a busy lock
 //! asks of an acquire ([`WhenBusy`]), the replies of the four questions
-//! ([`Acquire`], [`Released`], [`Extend`]) and a renewal's item ([`RenewItem`]).
+//! ([`Acquire`], [`Released`], [`Renewal`]) and a renewal's item ([`RenewItem`]).
 //! Every backend trait ([`LockBackend`](super::LockBackend), the read-write and
 //! semaphore traits) and the signals take them from here, so none of those
 //! files imports another.
@@ -94,11 +94,11 @@ pub struct Released {
     pub waiting: u32,
 }
 
-/// The answer to [`LockBackend::extend`](super::LockBackend::extend).
+/// The answer to [`LockBackend::renew`](super::LockBackend::renew).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extend {
+pub enum Renewal {
     /// The TTL was re-armed.
-    Extended {
+    Renewed {
         /// How many other instances wait in the key's queue.
         waiting: u32,
     },
@@ -106,18 +106,18 @@ pub enum Extend {
     NotOwner,
 }
 
-/// Which lease of a key a renewal is for: what [`LockBackend::extend_batch`](super::LockBackend::extend_batch)
+/// Which lease of a key a renewal is for: what [`LockBackend::renew_batch`](super::LockBackend::renew_batch)
 /// renews each [`RenewItem`] through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LeaseKind {
-    /// The exclusive lock (a mutex): [`LockBackend::extend`](super::LockBackend::extend).
+    /// The exclusive lock (a mutex): [`LockBackend::renew`](super::LockBackend::renew).
     Mutex,
-    /// A shared read lease of a read-write lock: [`RwBackend::extend_read`](super::rw::RwBackend::extend_read).
+    /// A shared read lease of a read-write lock: [`RwBackend::renew_read`](super::rw::RwBackend::renew_read).
     Read,
-    /// The write lease of a read-write lock: [`RwBackend::extend_write`](super::rw::RwBackend::extend_write).
+    /// The write lease of a read-write lock: [`RwBackend::renew_write`](super::rw::RwBackend::renew_write).
     Write,
-    /// One permit of a semaphore: [`SemaphoreBackend::extend_permit`](super::semaphore::SemaphoreBackend::extend_permit).
+    /// One permit of a semaphore: [`SemaphoreBackend::renew_permit`](super::semaphore::SemaphoreBackend::renew_permit).
     Permit,
 }
 
@@ -137,7 +137,7 @@ impl LeaseKind {
     }
 }
 
-/// One lease to renew in a [`LockBackend::extend_batch`](super::LockBackend::extend_batch) call.
+/// One lease to renew in a [`LockBackend::renew_batch`](super::LockBackend::renew_batch) call.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct RenewItem<'a> {

@@ -9,7 +9,7 @@
 //! rely on them):
 //!
 //! 1. A write lease excludes every other write lease and every live read lease; read
-//!    leases share the key with each other. Leases end at their TTL unless extended.
+//!    leases share the key with each other. Leases end at their TTL unless renewed.
 //! 2. A **new** read lease is refused while a write lease is held or a live writer
 //!    waits (registered by a waiting [`acquire_write`](RwBackend::acquire_write);
 //!    registrations expire unless the writer keeps asking).
@@ -21,7 +21,7 @@
 //!    [`LockKind::ReadWrite`](super::LockKind::ReadWrite) (never as the key's mutex
 //!    or semaphore, which are other locks).
 //! 5. Repeating an acquire with the same token re-arms what it may already hold
-//!    (and mints a new write epoch); release and extend change nothing unless the
+//!    (and mints a new write epoch); release and renew change nothing unless the
 //!    token holds (or, for a writer, waits for) the lock.
 
 use std::fmt;
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Acquire, Extend, LeaseToken, Released, WhenBusy};
+use super::{Acquire, LeaseToken, Released, Renewal, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -74,12 +74,12 @@ pub trait RwBackend: Send + Sync + fmt::Debug {
     /// `token` did not hold the write lease.
     async fn release_write(&self, key: &LockKey, token: LeaseToken) -> Result<Released>;
 
-    /// Re-arm the TTL of the read lease `token` of `key`. `Extended.waiting` counts
+    /// Re-arm the TTL of the read lease `token` of `key`. `Renewed.waiting` counts
     /// the live waiting writers.
-    async fn extend_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend>;
+    async fn renew_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal>;
 
-    /// Re-arm the TTL of the write lease `token` of `key`. `Extended.waiting` counts
+    /// Re-arm the TTL of the write lease `token` of `key`. `Renewed.waiting` counts
     /// the live waiting writers.
-    async fn extend_write(&self, key: &LockKey, token: LeaseToken, ttl: Duration)
-    -> Result<Extend>;
+    async fn renew_write(&self, key: &LockKey, token: LeaseToken, ttl: Duration)
+    -> Result<Renewal>;
 }

@@ -2,14 +2,14 @@
 //!
 //! A semaphore key has `N` permits, fixed at first use (while any permit or waiting
 //! instance of the key lives). Each permit is a lease: a random token that expires at
-//! its TTL unless extended, so the permit of a holder that died comes back by itself.
+//! its TTL unless renewed, so the permit of a holder that died comes back by itself.
 
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Extend, LeaseToken, WhenBusy};
+use super::{LeaseToken, Renewal, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -35,7 +35,7 @@ pub struct Permits {
 ///
 /// Semantics the [`Semaphore`](crate::semaphore::Semaphore) relies on:
 ///
-/// 1. At most `N` live permits per key; a permit ends at its TTL unless extended,
+/// 1. At most `N` live permits per key; a permit ends at its TTL unless renewed,
 ///    and expired permits are never counted.
 /// 2. `N` is fixed per key while any permit or waiting instance of the key lives; a
 ///    request with another `N` is answered [`Error::PermitMismatch`](crate::Error::PermitMismatch),
@@ -80,10 +80,10 @@ pub trait SemaphoreBackend: Send + Sync + fmt::Debug {
     async fn leave_permits(&self, key: &LockKey) -> Result<()>;
 
     /// Re-arm the TTL of the permit `token` of `key`.
-    async fn extend_permit(
+    async fn renew_permit(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend>;
+    ) -> Result<Renewal>;
 }

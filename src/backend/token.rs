@@ -11,7 +11,7 @@ use std::time::Duration;
 /// and 64 random bits in the low ones ([`for_instance`](Self::for_instance)), so
 /// that whoever reads a lock key can tell which instance holds it, while the
 /// token still cannot be guessed (2⁶⁴ values) by another process that would
-/// release or extend it.
+/// release or renew it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseToken(u128);
 

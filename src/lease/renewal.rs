@@ -4,7 +4,7 @@
 //!
 //! The driver scans the set every `tick` (a quarter of the renewal interval) and
 //! hands **all** the leases due in that scan to one spawned batch task, which
-//! renews them with one [`LockBackend::extend_batch`] call. The backend decides how
+//! renews them with one [`LockBackend::renew_batch`] call. The backend decides how
 //! to group them: the default makes the per-lease calls concurrently (the memory
 //! and Redlock backends); the Redis backend renews up to 500 leases of any kinds per
 //! script call, grouped by cluster primary on a Cluster (`backend/redis/renew.rs`;
@@ -12,7 +12,7 @@
 //!
 //! # Why batching keeps every guarantee of a lease renewed alone
 //!
-//! * **Each lease gets its own answer.** `extend_batch` returns one result per
+//! * **Each lease gets its own answer.** `renew_batch` returns one result per
 //!   lease, the one its own renewal would return (the Redis batch script runs the
 //!   single renewals' own functions per lease), and each is applied to its lease
 //!   alone (`settle`): renewed (validity `sent_at + ttl − drift`, clamped to the
@@ -54,7 +54,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{HOLD_LIMIT_REACHED, Lease, drift};
 use crate::backend::schedule::tick;
-use crate::backend::{Extend, LockBackend, RenewItem};
+use crate::backend::{LockBackend, RenewItem, Renewal};
 use crate::error::{Error, Result};
 use crate::stats::StatsInner;
 
@@ -243,7 +243,7 @@ enum Settled {
     Retry,
 }
 
-/// Renews the leases of one scan with one [`LockBackend::extend_batch`] call,
+/// Renews the leases of one scan with one [`LockBackend::renew_batch`] call,
 /// retrying the leases whose renewal failed (each, as alone, every `retry` until
 /// its validity ends), then puts each back in the set — or signals its loss.
 async fn renew_batch(mut requeue: Requeue) {
@@ -274,7 +274,7 @@ async fn renew_batch(mut requeue: Requeue) {
             .iter()
             .map(|lease| RenewItem::new(lease.kind, &lease.key, lease.token, lease.ttl))
             .collect();
-        let Some(outcomes) = await_batch(renewals.backend.extend_batch(&items), &pending).await
+        let Some(outcomes) = await_batch(renewals.backend.renew_batch(&items), &pending).await
         else {
             // Every lease lost or released meanwhile.
             requeue.leases.clear();
@@ -300,9 +300,9 @@ async fn renew_batch(mut requeue: Requeue) {
 /// validity ends before the reply (as the per-lease watchdog did: loss is signalled
 /// at `valid_until`, not when a slow reply comes). `None` once every lease is lost
 /// or released: the reply would change nothing.
-async fn await_batch<F>(call: F, leases: &[Arc<Lease>]) -> Option<Vec<Result<Extend>>>
+async fn await_batch<F>(call: F, leases: &[Arc<Lease>]) -> Option<Vec<Result<Renewal>>>
 where
-    F: std::future::Future<Output = Vec<Result<Extend>>>,
+    F: std::future::Future<Output = Vec<Result<Renewal>>>,
 {
     tokio::pin!(call);
     loop {
@@ -329,7 +329,7 @@ fn settle(
     renewals: &Arc<Renewals>,
     lease: &Arc<Lease>,
     sent_at: Instant,
-    outcome: Result<Extend>,
+    outcome: Result<Renewal>,
 ) -> Settled {
     if lease.is_stopped() {
         // Released while the call was in flight: nothing to keep or signal.
@@ -337,7 +337,7 @@ fn settle(
     }
     let stats = &renewals.stats;
     match outcome {
-        Ok(Extend::Extended { waiting }) => {
+        Ok(Renewal::Renewed { waiting }) => {
             stats.renewed();
             lease.renewed.fetch_add(1, Ordering::Relaxed);
             lease.waiting.store(waiting, Ordering::Relaxed);
@@ -349,7 +349,7 @@ fn settle(
             }
             Settled::Done
         }
-        Ok(Extend::NotOwner) => {
+        Ok(Renewal::NotOwner) => {
             lease.mark_lost("the backend reports the lock is no longer ours");
             Settled::Done
         }

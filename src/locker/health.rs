@@ -176,7 +176,7 @@ impl Locker {
             self.shared
                 .engine
                 .backend
-                .extend(&key, LeaseToken::random(), Duration::from_secs(1));
+                .renew(&key, LeaseToken::random(), Duration::from_secs(1));
         match tokio::time::timeout(within, ask).await {
             Ok(Ok(_)) => Ok(started.elapsed()),
             Ok(Err(e)) => Err(e),

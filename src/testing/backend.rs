@@ -15,7 +15,7 @@ use super::shared::{Instance, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{
-    Acquire, Extend, LeaseToken, LockBackend, LockKind, MemoryBackend, Released, Signals, WhenBusy,
+    Acquire, LeaseToken, LockBackend, LockKind, MemoryBackend, Released, Renewal, Signals, WhenBusy,
 };
 use crate::error::Result;
 use crate::key::LockKey;
@@ -199,13 +199,13 @@ impl LockBackend for SimBackend {
         .await
     }
 
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         self.request(Op::Renew, key, async {
-            Ok(match self.memory.extend(key, token, ttl).await? {
-                Extend::Extended { .. } => Extend::Extended {
+            Ok(match self.memory.renew(key, token, ttl).await? {
+                Renewal::Renewed { .. } => Renewal::Renewed {
                     waiting: self.others_waiting(key),
                 },
-                Extend::NotOwner => Extend::NotOwner,
+                Renewal::NotOwner => Renewal::NotOwner,
             })
         })
         .await
@@ -318,18 +318,18 @@ impl RwBackend for SimBackend {
         .await
     }
 
-    async fn extend_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
-        let apply = self.memory.extend_read(key, token, ttl);
+    async fn renew_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
+        let apply = self.memory.renew_read(key, token, ttl);
         self.request(Op::Renew, key, apply).await
     }
 
-    async fn extend_write(
+    async fn renew_write(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
-        let apply = self.memory.extend_write(key, token, ttl);
+    ) -> Result<Renewal> {
+        let apply = self.memory.renew_write(key, token, ttl);
         self.request(Op::Renew, key, apply).await
     }
 }
@@ -379,13 +379,13 @@ impl SemaphoreBackend for SimBackend {
         .await
     }
 
-    async fn extend_permit(
+    async fn renew_permit(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
-        let apply = self.memory.extend_permit(key, token, ttl);
+    ) -> Result<Renewal> {
+        let apply = self.memory.renew_permit(key, token, ttl);
         self.request(Op::Renew, key, apply).await
     }
 }

@@ -19,7 +19,7 @@ use crate::key::LockKey;
 pub enum Op {
     /// Acquire-or-enqueue: a lock, a read or write lease, semaphore permits.
     Acquire,
-    /// A renewal (an extend) of a held lease, one request per lease.
+    /// A renewal of a held lease, one request per lease.
     Renew,
     /// A release of a held lease (or permit).
     Release,

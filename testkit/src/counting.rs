@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, RenewItem, Signals, WhenBusy};
+use lockflight::backend::{Acquire, LeaseToken, Released, RenewItem, Renewal, Signals, WhenBusy};
 use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
@@ -21,11 +21,11 @@ pub struct Counts {
     pub acquire: AtomicU64,
     /// `release` and `release_fair` requests sent.
     pub release: AtomicU64,
-    /// Leases renewed: one per `extend` request, one per lease of an
-    /// `extend_batch` request.
-    pub extend: AtomicU64,
-    /// `extend_batch` requests sent (the renewal watchdog's batches).
-    pub extend_batch: AtomicU64,
+    /// Leases renewed: one per `renew` request, one per lease of a
+    /// `renew_batch` request.
+    pub renew: AtomicU64,
+    /// `renew_batch` requests sent (the renewal watchdog's batches).
+    pub renew_batch: AtomicU64,
     /// `leave` requests sent.
     pub leave: AtomicU64,
     /// Acquires sent and not answered yet.
@@ -35,12 +35,12 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// `[acquire, release, extend, leave]`.
+    /// `[acquire, release, renew, leave]`.
     pub fn snapshot(&self) -> [u64; 4] {
         [
             self.acquire.load(Ordering::Relaxed),
             self.release.load(Ordering::Relaxed),
-            self.extend.load(Ordering::Relaxed),
+            self.renew.load(Ordering::Relaxed),
             self.leave.load(Ordering::Relaxed),
         ]
     }
@@ -120,12 +120,12 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release_fair(key, token, next_waiter_age).await
     }
-    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<lockflight::Result<Extend>> {
-        self.counts.extend_batch.fetch_add(1, Ordering::Relaxed);
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<lockflight::Result<Renewal>> {
+        self.counts.renew_batch.fetch_add(1, Ordering::Relaxed);
         self.counts
-            .extend
+            .renew
             .fetch_add(items.len() as u64, Ordering::Relaxed);
-        self.inner.extend_batch(items).await
+        self.inner.renew_batch(items).await
     }
     fn rw(&self) -> Option<&dyn RwBackend> {
         self.inner.rw()
@@ -133,14 +133,14 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     fn semaphore(&self) -> Option<&dyn SemaphoreBackend> {
         self.inner.semaphore()
     }
-    async fn extend(
+    async fn renew(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        self.counts.extend.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, token, ttl).await
+    ) -> lockflight::Result<Renewal> {
+        self.counts.renew.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(key, token, ttl).await
     }
     async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);

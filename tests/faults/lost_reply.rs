@@ -1,5 +1,5 @@
 //! Row 4: the **reply is lost after the server applied the command**, for
-//! acquire, extend and release ([`FaultProxy`] forwards the request, and closes
+//! acquire, renew and release ([`FaultProxy`] forwards the request, and closes
 //! the connection at the first byte of its reply).
 //!
 //! Instance A talks to Redis through the proxy, instance B directly. The proxy
@@ -22,7 +22,7 @@ const QUICKLY: Duration = Duration::from_secs(2);
 
 pub(crate) struct Scripts {
     pub(crate) acquire: Vec<u8>,
-    pub(crate) extend: Vec<u8>,
+    pub(crate) renew: Vec<u8>,
     pub(crate) release: Vec<u8>,
 }
 
@@ -103,7 +103,7 @@ async fn b_lock_after(b: &Locker, since: Instant, what: &str) -> Duration {
 
 /// Watches one acquire, renewal and release through the proxy: the first script
 /// run on the key is the acquire, the last the release, the one in between the
-/// extend.
+/// renewal.
 pub(crate) async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
     let backend = backend_at(&proxy.url(), prefix).await;
     let name = testkit::names::lock(prefix, &LockKey::from("calibrate"));
@@ -130,15 +130,15 @@ pub(crate) async fn learn_scripts(proxy: &FaultProxy, prefix: &str) -> Scripts {
         .collect();
     proxy.record(false);
     let (acquire, release) = (shas[0].clone(), shas[shas.len() - 1].clone());
-    let extend = shas
+    let renew = shas
         .iter()
         .find(|s| **s != acquire && **s != release)
         .cloned()
-        .unwrap_or_else(|| panic!("no extend among the scripts seen: {shas:?}"));
+        .unwrap_or_else(|| panic!("no renewal among the scripts seen: {shas:?}"));
     assert_ne!(acquire, release);
     Scripts {
         acquire,
-        extend,
+        renew,
         release,
     }
 }
@@ -214,14 +214,14 @@ async fn lost_acquire_replies_until_the_caller_gives_up_leave_no_lock() {
 /// Two renewal replies are lost (the renewals did happen): the watchdog retries,
 /// and the lease is neither lost nor taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_extend_replies_are_retried_without_a_false_loss() {
+async fn lost_renewal_replies_are_retried_without_a_false_loss() {
     let _serial = serial().await;
-    let s = Setup::new("lost-extend").await;
+    let s = Setup::new("lost-renewal").await;
     let a = s.a(TTL, Duration::from_secs(5)).await;
     let b = s.b(TTL).await;
 
     let guard = a.lock(KEY).await.unwrap();
-    s.lose_replies(&s.scripts.extend, 2);
+    s.lose_replies(&s.scripts.renew, 2);
     let dropped = wait_until(Duration::from_secs(5), || {
         let n = s.proxy.dropped();
         async move { n >= 2 }

@@ -5,7 +5,7 @@
 //! | 1 | the holder's **process** is SIGSTOPped for 2 × TTL | [`holder_pause::paused_holder_process_sees_loss_or_is_fenced`] |
 //! | 2 | **Redis** is SIGSTOPped for 2 × TTL while a lock is held and waited on | [`redis_pause::paused_redis_signals_loss_in_time_and_never_overlaps`] |
 //! | 3 | Redis is **killed and restarted empty**, twice, under a hot key; and once under leases of every kind | [`restart::tokens_increase_and_progress_resumes_across_empty_restarts`], [`restart::a_restart_ends_every_lease_at_once_and_grants_nothing_until_their_ttl`] |
-//! | 4 | the **reply is lost** after the server applied acquire / extend / release (and the release **request** is lost) | [`lost_reply`]`::*` (6 tests) |
+//! | 4 | the **reply is lost** after the server applied acquire / renew / release (and the release **request** is lost) | [`lost_reply`]`::*` (6 tests) |
 //! | 5 | `CLIENT KILL TYPE normal` / `pubsub` every 200 ms under load | [`client_kill::killed_connections_keep_the_counter_exact`] |
 //! | 6 | **handoff** while Redis becomes a **black hole** | [`blackhole::handoff_into_a_black_hole_grants_only_valid_leases_and_signals_loss`] |
 //! | 7 | a seeded **nemesis soak** of all of the above | [`soak::nemesis_soak`] |

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Signals, WhenBusy};
+use lockflight::backend::{Acquire, LeaseToken, Released, Renewal, Signals, WhenBusy};
 use lockflight::{
     Error, Handoff, LockKey, Locker, LossPolicy, MemoryBackend, Result, backend::LockBackend,
     error::Phase,
@@ -34,17 +34,17 @@ enum Fault {
     Acquire(Acquire),
     /// Answer this release reply without doing anything.
     Release(Released),
-    /// Answer this extend reply without doing anything.
-    Extend(Extend),
+    /// Answer this renewal reply without doing anything.
+    Renewal(Renewal),
 }
 
 #[derive(Debug, Default)]
 struct Plan {
     acquire: VecDeque<Fault>,
     release: VecDeque<Fault>,
-    extend: VecDeque<Fault>,
-    /// Applied to every extend once its queue is empty.
-    extend_always: Option<Fault>,
+    renew: VecDeque<Fault>,
+    /// Applied to every renewal once its queue is empty.
+    renew_always: Option<Fault>,
 }
 
 /// [`MemoryBackend`] with a queue of faults per operation, and call counters.
@@ -54,7 +54,7 @@ struct Faulty {
     plan: Arc<Mutex<Plan>>,
     acquires: Arc<AtomicU32>,
     releases: Arc<AtomicU32>,
-    extends: Arc<AtomicU32>,
+    renewals: Arc<AtomicU32>,
 }
 
 impl Faulty {
@@ -105,11 +105,11 @@ impl LockBackend for Faulty {
         }
     }
 
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
-        self.extends.fetch_add(1, Ordering::SeqCst);
-        match self.next(|p| p.extend.pop_front().or_else(|| p.extend_always.clone())) {
-            Some(Fault::Extend(reply)) => Ok(reply),
-            fault => apply(fault, self.inner.extend(key, token, ttl)).await,
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        match self.next(|p| p.renew.pop_front().or_else(|| p.renew_always.clone())) {
+            Some(Fault::Renewal(reply)) => Ok(reply),
+            fault => apply(fault, self.inner.renew(key, token, ttl)).await,
         }
     }
 
@@ -157,7 +157,7 @@ fn locker(backend: &Faulty, ttl: Duration) -> Locker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_is_counted_before_it_is_signalled() {
     let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    backend.plan().renew_always = Some(Fault::Renewal(Renewal::NotOwner));
     let locker = Locker::builder(backend.clone())
         .lease_ttl(Duration::from_millis(100))
         .build()
@@ -290,7 +290,7 @@ async fn settings_that_cannot_renew_in_time_are_rejected_and_loss_is_on_time() {
     assert!(err.to_string().contains("renew_every"), "{err}");
 
     // The slowest accepted interval, with renewals that never answer.
-    backend.plan().extend_always = Some(Fault::Hang);
+    backend.plan().renew_always = Some(Fault::Hang);
     let locker = Locker::builder(backend.clone())
         .lease_ttl(ttl)
         .renew_every(Duration::from_millis(390))
@@ -305,7 +305,7 @@ async fn settings_that_cannot_renew_in_time_are_rejected_and_loss_is_on_time() {
         "loss signalled {at:?} after the acquire, TTL {ttl:?}"
     );
     assert!(at >= ttl * 9 / 10, "loss signalled early: {at:?}");
-    assert!(backend.extends.load(Ordering::SeqCst) >= 1);
+    assert!(backend.renewals.load(Ordering::SeqCst) >= 1);
     assert!(guard.is_lost());
 }
 
@@ -490,7 +490,7 @@ async fn with_lock_reports_a_release_that_found_the_lock_gone() {
 /// taken (`NotOwner`).
 fn signal_locker_losing_its_lease() -> Locker {
     let backend = Faulty::default();
-    backend.plan().extend_always = Some(Fault::Extend(Extend::NotOwner));
+    backend.plan().renew_always = Some(Fault::Renewal(Renewal::NotOwner));
     Locker::builder(backend)
         .lease_ttl(Duration::from_secs(3))
         .on_loss(LossPolicy::Signal)
@@ -565,7 +565,7 @@ async fn refusals_are_answered_at_once() {
 
     backend
         .plan()
-        .extend
+        .renew
         .push_back(Fault::Fail(refused("READONLY", Phase::Renewing)));
     let guard = locker.lock("k").await.unwrap();
     let acquired = Instant::now();
@@ -687,9 +687,9 @@ async fn taking_a_spent_cached_lease_keeps_the_callers_deadline() {
             "{call}: the lease is not cached"
         );
         // Its renewals fail until less than `min_validity` (1 s) is left.
-        backend.plan().extend_always = Some(Fault::Fail(transient(key, Phase::Renewing)));
+        backend.plan().renew_always = Some(Fault::Fail(transient(key, Phase::Renewing)));
         tokio::time::sleep(Duration::from_millis(2_500)).await;
-        backend.plan().extend_always = None;
+        backend.plan().renew_always = None;
         backend.plan().release.push_back(Fault::Hang);
         let start = Instant::now();
         let taken = tokio::time::timeout(Duration::from_secs(60), async {

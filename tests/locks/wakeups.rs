@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, Signals, WhenBusy};
+use lockflight::backend::{Acquire, LeaseToken, LockKind, Released, Renewal, Signals, WhenBusy};
 use lockflight::{Contention, LockKey, Locker, backend::LockBackend};
 
 /// Answers the first acquire with Busy and a far-away retry time, after waking the
@@ -45,13 +45,13 @@ impl LockBackend for RacingRelease {
             waiting: 0,
         })
     }
-    async fn extend(
+    async fn renew(
         &self,
         _key: &LockKey,
         _token: LeaseToken,
         _ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        Ok(Extend::Extended { waiting: 0 })
+    ) -> lockflight::Result<Renewal> {
+        Ok(Renewal::Renewed { waiting: 0 })
     }
     async fn leave(&self, _key: &LockKey) -> lockflight::Result<()> {
         Ok(())

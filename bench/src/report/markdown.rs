@@ -80,7 +80,7 @@ pub(crate) fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> Strin
         let _ = writeln!(s, "### {}\n", w.name());
         let _ = writeln!(
             s,
-            "| mode | P×T | cs/s | wait p50 | wait p99 | wait max | lock req/cs (acq/rel/ext/leave) | \
+            "| mode | P×T | cs/s | wait p50 | wait p99 | wait max | lock req/cs (acq/rel/renew/leave) | \
              server lock cmds/cs | server scripts/cs | handoffs/cs | per-process share |"
         );
         let _ = writeln!(s, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|");

@@ -47,7 +47,7 @@ pub struct Point {
     pub wait_p99_us: u64,
     /// Lock wait, maximum, µs.
     pub wait_max_us: u64,
-    /// Client-side requests `[acquire, release, extend, leave]`.
+    /// Client-side requests `[acquire, release, renew, leave]`.
     pub requests: [u64; 4],
     /// Server-side command calls by name (`INFO commandstats` delta, `info` excluded).
     pub server: BTreeMap<String, u64>,
@@ -134,7 +134,7 @@ impl Point {
             "wait_us": {"p50": self.wait_p50_us, "p99": self.wait_p99_us, "max": self.wait_max_us},
             "requests": {
                 "acquire": self.requests[0], "release": self.requests[1],
-                "extend": self.requests[2], "leave": self.requests[3],
+                "renew": self.requests[2], "leave": self.requests[3],
             },
             "requests_per_cs": self.requests_per_cs(),
             "server_commands": self.server,

@@ -157,7 +157,7 @@ fn print_legend(with_redis: bool) {
          the database refused for an outdated fencing token. 503 = lock timeouts, lost leases and\n\
          stale writers. p50/p99 = client-side latency of POST /items/{{sku}}/reserve.\n\
          lock/req = requests the instances sent to the {what} lock backend (acquire-or-enqueue,\n\
-         release-and-wake-next, extend, leave; one script round trip each) per reserve request\n\
+         release-and-wake-next, renew, leave; one script round trip each) per reserve request\n\
          (each runs one critical section). handoffs = leases passed to a local waiter in memory.\n\
          optimistic = no lock: read the row and its version, write only if the version is\n\
          unchanged, else read again (retries counted above; after {OPTIMISTIC_ATTEMPTS} the request\n\

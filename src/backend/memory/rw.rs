@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
+use crate::backend::{Acquire, LeaseToken, LockKind, Released, Renewal, WhenBusy};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -197,32 +197,32 @@ impl RwBackend for MemoryBackend {
         Ok(Released { released, waiting })
     }
 
-    async fn extend_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    async fn renew_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         Ok(self.with_rw(key, |e, now| match e.readers.get_mut(&token) {
             Some(until) => {
                 *until = now + ttl;
-                Extend::Extended {
+                Renewal::Renewed {
                     waiting: e.waiting_writers(None),
                 }
             }
-            None => Extend::NotOwner,
+            None => Renewal::NotOwner,
         }))
     }
 
-    async fn extend_write(
+    async fn renew_write(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
+    ) -> Result<Renewal> {
         Ok(self.with_rw(key, |e, now| match &mut e.writer {
             Some((holder, until)) if *holder == token => {
                 *until = now + ttl;
-                Extend::Extended {
+                Renewal::Renewed {
                     waiting: e.waiting_writers(None),
                 }
             }
-            _ => Extend::NotOwner,
+            _ => Renewal::NotOwner,
         }))
     }
 }
@@ -273,8 +273,8 @@ mod tests {
                 .unwrap()
         ));
         assert_eq!(
-            b.extend_read(&k, r1, ttl).await.unwrap(),
-            Extend::Extended { waiting: 1 }
+            b.renew_read(&k, r1, ttl).await.unwrap(),
+            Renewal::Renewed { waiting: 1 }
         );
         assert!(b.release_read(&k, r1).await.unwrap().released);
         assert!(b.release_read(&k, r2).await.unwrap().released);
@@ -293,7 +293,7 @@ mod tests {
         ));
         let e2 = acquired(b.acquire_write(&k, w2, ttl, WhenBusy::Queue).await.unwrap());
         assert!(e2 > e1, "{e2} after {e1}");
-        assert_eq!(b.extend_write(&k, w1, ttl).await.unwrap(), Extend::NotOwner);
+        assert_eq!(b.renew_write(&k, w1, ttl).await.unwrap(), Renewal::NotOwner);
         assert!(b.release_write(&k, w2).await.unwrap().released);
         assert_eq!(
             acquired(b.acquire_read(&k, r3, ttl, WhenBusy::Queue).await.unwrap()),
@@ -301,7 +301,7 @@ mod tests {
         );
         // Leases expire at their TTL.
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(b.extend_read(&k, r3, ttl).await.unwrap(), Extend::NotOwner);
+        assert_eq!(b.renew_read(&k, r3, ttl).await.unwrap(), Renewal::NotOwner);
         let e3 = acquired(b.acquire_write(&k, w1, ttl, WhenBusy::Queue).await.unwrap());
         assert!(e3 > e2);
         // A writer that gives up withdraws its registration.

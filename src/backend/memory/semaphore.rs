@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken, LockKind, WhenBusy};
+use crate::backend::{LeaseToken, LockKind, Renewal, WhenBusy};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
@@ -187,12 +187,12 @@ impl SemaphoreBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn extend_permit(
+    async fn renew_permit(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
+    ) -> Result<Renewal> {
         let now = Instant::now();
         let mut keys = self.semaphores();
         match keys
@@ -201,9 +201,9 @@ impl SemaphoreBackend for MemoryBackend {
         {
             Some(expires) if *expires > now => {
                 *expires = now + ttl;
-                Ok(Extend::Extended { waiting: 0 })
+                Ok(Renewal::Renewed { waiting: 0 })
             }
-            _ => Ok(Extend::NotOwner),
+            _ => Ok(Renewal::NotOwner),
         }
     }
 }
@@ -249,12 +249,12 @@ mod tests {
         tokio::time::advance(Duration::from_millis(600)).await;
         // t[1] expired; t[0] was re-armed.
         assert_eq!(
-            sem.extend_permit(&k, t[1], ttl).await.unwrap(),
-            Extend::NotOwner
+            sem.renew_permit(&k, t[1], ttl).await.unwrap(),
+            Renewal::NotOwner
         );
         assert_eq!(
-            sem.extend_permit(&k, t[0], ttl).await.unwrap(),
-            Extend::Extended { waiting: 0 }
+            sem.renew_permit(&k, t[0], ttl).await.unwrap(),
+            Renewal::Renewed { waiting: 0 }
         );
         let p = sem
             .acquire_permits(&k, 2, &t[2..4], ttl, WhenBusy::Return)

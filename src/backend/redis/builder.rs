@@ -17,7 +17,7 @@ use super::{
 use crate::backend::{RedisBackend, Signals};
 use crate::error::{Error, Result};
 
-/// The key `connect` runs the extend script on (with a random token: it writes
+/// The key `connect` runs the renewal script on (with a random token: it writes
 /// nothing) to check the key permissions: `<prefix>:{lockflight-probe}`.
 pub(super) const PROBE_KEY: &str = "lockflight-probe";
 
@@ -288,7 +288,7 @@ impl RedisBackendBuilder {
     }
 
     /// Connects, then checks that the server lets this backend do its work: loads the
-    /// scripts (`SCRIPT LOAD`), runs the extend script once on the probe key
+    /// scripts (`SCRIPT LOAD`), runs the renewal script once on the probe key
     /// `<prefix>:{lockflight-probe}` (a random token: it writes nothing), waits for the
     /// notification subscription and publishes one empty message on this instance's
     /// channel. A backend that connects is one whose password and ACL rules work; see

@@ -9,8 +9,8 @@ use redis::{RedisError, Script, Value};
 use super::life::{Gate, Life};
 use super::notify::wake_message;
 use super::{
-    ACQUIRE, CheckFailed, Class, EXTEND, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE,
-    classify, connect_error, decode_acquire, decode_extend, decode_leave, decode_release,
+    ACQUIRE, CheckFailed, Class, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE, RENEW_LOCK,
+    classify, connect_error, decode_acquire, decode_leave, decode_release, decode_renewal,
     is_auth_failure, map_err, millis, notify, warn_refused_publish,
 };
 use crate::backend::{Acquire, LeaseToken, LockKind, Released, WhenBusy};
@@ -341,7 +341,7 @@ impl Inner {
         ));
     }
 
-    /// The checks of `connect`: the scripts load, the extend script runs on the
+    /// The checks of `connect`: the scripts load, the renewal script runs on the
     /// probe key, the subscription comes up, and this instance may publish on its
     /// channel.
     pub(super) async fn verify(&self) -> Result<()> {
@@ -350,9 +350,9 @@ impl Inner {
         // error, and a smaller request first gets the clear NOAUTH.
         for script in [
             &*RELEASE,
-            &*EXTEND,
+            &*RENEW_LOCK,
             &*LEAVE,
-            &*super::renew::EXTEND_BATCH,
+            &*super::renew::RENEW_BATCH,
             &*ACQUIRE,
         ] {
             self.conn
@@ -364,7 +364,7 @@ impl Inner {
         let n = Names::new(&self.prefix, &probe);
         let reply = self
             .invoke_lease(
-                &EXTEND,
+                &RENEW_LOCK,
                 &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     LeaseToken::random().to_hex().as_bytes(),
@@ -376,9 +376,12 @@ impl Inner {
             .await
             .map_err(|e| {
                 let name = String::from_utf8_lossy(&n.lock);
-                self.check_error(&format!("running the extend script (EVALSHA) on {name}"), e)
+                self.check_error(
+                    &format!("running the renewal script (EVALSHA) on {name}"),
+                    e,
+                )
             })?;
-        decode_extend(&probe, &reply)?;
+        decode_renewal(&probe, &reply)?;
         self.first_subscription().await?;
         let mut publish = redis::cmd("PUBLISH");
         publish.arg(&self.channel).arg("");

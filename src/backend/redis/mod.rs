@@ -68,7 +68,7 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, Extend, LeaseToken, LockBackend, Released, RenewItem, Signals, WhenBusy};
+use super::{Acquire, LeaseToken, LockBackend, Released, RenewItem, Renewal, Signals, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -100,7 +100,7 @@ const PRELUDE: &str = include_str!("lua/queue.lua");
 /// The semaphore scripts' helpers (after the prelude).
 const SEM_COMMON: &str = include_str!("lua/sem_common.lua");
 /// The renewal of one lease of each kind, as functions (after both of the above).
-const RENEW: &str = include_str!("lua/renew.lua");
+const RENEW_COMMON: &str = include_str!("lua/renew.lua");
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
@@ -114,7 +114,7 @@ fn renewal_script(body: &str) -> Script {
 
 /// The source of a renewal script (see [`renewal_script`]).
 fn renewal_source(body: &str) -> String {
-    format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW}\n{body}")
+    format!("{PRELUDE}\n{SEM_COMMON}\n{RENEW_COMMON}\n{body}")
 }
 
 static ACQUIRE: LeaseScript = LeaseScript::grant(
@@ -122,8 +122,8 @@ static ACQUIRE: LeaseScript = LeaseScript::grant(
     acked::first_is_one,
 );
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/release.lua")));
-static EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/extend.lua")),
+static RENEW_LOCK: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/renew_lock.lua")),
     acked::first_is_one,
 );
 static LEAVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/leave.lua")));
@@ -592,14 +592,14 @@ impl LockBackend for RedisBackend {
         self.inner.release(key, token, Some(next_waiter_age)).await
     }
 
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         let inner = &*self.inner;
         let n = Names::new(&inner.prefix, key);
         let ttl_ms = millis(ttl);
         let fence_ttl_ms = (ttl_ms.saturating_mul(10)).max(60_000);
         let reply = inner
             .invoke_lease(
-                &EXTEND,
+                &RENEW_LOCK,
                 &[&n.lock, &n.fence, &n.queue, &n.queue_expiry],
                 &[
                     token.to_hex().as_bytes(),
@@ -610,13 +610,13 @@ impl LockBackend for RedisBackend {
             )
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
-        decode_extend(key, &reply)
+        decode_renewal(key, &reply)
     }
 
-    /// Up to 500 leases of any kinds per script call (`lua/extend_batch.lua`), per
+    /// Up to 500 leases of any kinds per script call (`lua/renew_batch.lua`), per
     /// cluster slot on a Cluster; see the watchdog's docs.
-    async fn extend_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
-        self.renew_batch(items).await
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
+        self.renew_all(items).await
     }
 
     async fn leave(&self, key: &LockKey) -> Result<()> {

@@ -1,8 +1,8 @@
-//! Batched renewal: [`LockBackend::extend_batch`](crate::backend::LockBackend::extend_batch)
+//! Batched renewal: [`LockBackend::renew_batch`](crate::backend::LockBackend::renew_batch)
 //! for Redis.
 //!
 //! The watchdog hands over the leases due in one scan. They are renewed by
-//! `lua/extend_batch.lua`, up to [`CHUNK`] leases per call, of any kinds mixed: per
+//! `lua/renew_batch.lua`, up to [`CHUNK`] leases per call, of any kinds mixed: per
 //! lease, the script runs the very function of `lua/renew.lua` that the lease's own
 //! renewal script runs, so each lease gets the reply its single renewal would get,
 //! and an error of one lease (a value of another type) is that lease's alone. A
@@ -55,9 +55,9 @@ use redis::{RedisError, Value};
 
 use super::acked::{LeaseScript, first_is_one};
 use super::rw::{RwNames, fence_ttl_ms};
-use super::semaphore::{SemNames, decode_permit_extend};
-use super::{Names, RedisBackend, decode_extend, map_err, millis, renewal_script, unexpected};
-use crate::backend::{Extend, LeaseKind, RenewItem, extend_one};
+use super::semaphore::{SemNames, decode_permit_renewal};
+use super::{Names, RedisBackend, decode_renewal, map_err, millis, renewal_script, unexpected};
+use crate::backend::{LeaseKind, RenewItem, Renewal, renew_one};
 use crate::error::{Error, Phase, Result};
 
 /// At most this many leases per script call, so that one call holds Redis for a
@@ -65,25 +65,25 @@ use crate::error::{Error, Phase, Result};
 /// `tests/locks/redis_lock/renewal_batch.rs`; figures in BENCHMARKS.md).
 pub(super) const CHUNK: usize = 500;
 
-pub(super) static EXTEND_BATCH: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/extend_batch.lua")),
+pub(super) static RENEW_BATCH: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/renew_batch.lua")),
     any_renewed,
 );
 
-/// The source of [`EXTEND_BATCH_CROSS_SLOT`]: the same script, flagged
+/// The source of [`RENEW_BATCH_CROSS_SLOT`]: the same script, flagged
 /// `allow-cross-slot-keys` (Redis 7), which a node's batch on a cluster runs with
 /// its keys undeclared.
 #[cfg(feature = "cluster")]
 static CROSS_SLOT_SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "#!lua flags=allow-cross-slot-keys\n{}",
-        super::renewal_source(include_str!("lua/extend_batch.lua"))
+        super::renewal_source(include_str!("lua/renew_batch.lua"))
     )
 });
 
 /// The batch renewal of a cluster node's leases of several slots.
 #[cfg(feature = "cluster")]
-static EXTEND_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
+static RENEW_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(&CROSS_SLOT_SOURCE));
 
 /// Whether a batch reply re-armed at least one lease (then `replica_ack` waits).
@@ -127,15 +127,15 @@ enum Group {
 
 impl RedisBackend {
     /// See the module docs.
-    pub(super) async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
-        let results = self.renew_batch_inner(items).await;
+    pub(super) async fn renew_all(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
+        let results = self.renew_all_inner(items).await;
         // A lease gone may be a server restarted without its data: its holders
         // learn that reason (and every other lease there is lost with it) before
         // this renewal reports "not the owner" (`life`).
         let mut places: Vec<u16> = items
             .iter()
             .zip(&results)
-            .filter(|(_, r)| matches!(r, Ok(Extend::NotOwner)))
+            .filter(|(_, r)| matches!(r, Ok(Renewal::NotOwner)))
             .map(|(item, _)| self.slot_of(item))
             .collect();
         places.sort_unstable();
@@ -148,9 +148,9 @@ impl RedisBackend {
         results
     }
 
-    async fn renew_batch_inner(&self, items: &[RenewItem<'_>]) -> Vec<Result<Extend>> {
+    async fn renew_all_inner(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
         if items.len() <= 1 {
-            return join_all(items.iter().map(|item| extend_one(self, item))).await;
+            return join_all(items.iter().map(|item| renew_one(self, item))).await;
         }
         let chunks = self.chunks(items);
         let replies = join_all(chunks.iter().map(|(group, chunk)| async move {
@@ -207,7 +207,7 @@ impl RedisBackend {
     }
 
     /// The keys and the arguments of a batch of `items[i]` for each `i` of
-    /// `chunk`, in the order of `lua/extend_batch.lua`.
+    /// `chunk`, in the order of `lua/renew_batch.lua`.
     fn batch_args(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let inner = &*self.inner;
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 4);
@@ -242,16 +242,16 @@ impl RedisBackend {
 
     /// Renews `items[i]` for each `i` of `chunk` (one slot's) in one script call;
     /// returns their results in the order of `chunk`.
-    async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Extend>> {
+    async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Renewal>> {
         if let [i] = chunk {
-            return vec![extend_one(self, &items[*i]).await];
+            return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, args) = self.batch_args(items, chunk);
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let (reply, too_few) = match self
             .inner
-            .invoke_lease_acked(&EXTEND_BATCH, &keys, &args)
+            .invoke_lease_acked(&RENEW_BATCH, &keys, &args)
             .await
         {
             Ok(answer) => answer,
@@ -280,21 +280,21 @@ impl RedisBackend {
         &self,
         items: &[RenewItem<'_>],
         chunk: &[usize],
-    ) -> Vec<Result<Extend>> {
+    ) -> Vec<Result<Renewal>> {
         use super::errors::{Class, classify};
 
         let Some(cluster) = self.inner.conn.cluster() else {
             return self.renew_chunk(items, chunk).await;
         };
         if let [i] = chunk {
-            return vec![extend_one(self, &items[*i]).await];
+            return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, mut args) = self.batch_args(items, chunk);
         args.extend(keys);
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let slot = self.slot_of(&items[chunk[0]]);
         let reply = match cluster
-            .invoke_on(&EXTEND_BATCH_CROSS_SLOT, &CROSS_SLOT_SOURCE, slot, &args)
+            .invoke_on(&RENEW_BATCH_CROSS_SLOT, &CROSS_SLOT_SOURCE, slot, &args)
             .await
         {
             Ok(reply) => reply,
@@ -322,7 +322,7 @@ impl RedisBackend {
         }
         if !alone.is_empty() {
             cluster.owners.forget();
-            let again = join_all(alone.iter().map(|&j| extend_one(self, &items[chunk[j]]))).await;
+            let again = join_all(alone.iter().map(|&j| renew_one(self, &items[chunk[j]]))).await;
             for (j, result) in alone.into_iter().zip(again) {
                 out[j] = Some(result);
             }
@@ -337,7 +337,7 @@ impl RedisBackend {
         &self,
         items: &[RenewItem<'_>],
         chunk: &[usize],
-    ) -> Vec<Result<Extend>> {
+    ) -> Vec<Result<Renewal>> {
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (j, &i) in chunk.iter().enumerate() {
             by_slot.entry(self.slot_of(&items[i])).or_default().push(j);
@@ -364,9 +364,9 @@ fn scatter<'a>(
     items: &[RenewItem<'_>],
     leases: Vec<usize>,
     groups: impl Iterator<Item = &'a [usize]>,
-    results: Vec<Vec<Result<Extend>>>,
-) -> Vec<Result<Extend>> {
-    let mut out: Vec<Option<Result<Extend>>> = leases.iter().map(|_| None).collect();
+    results: Vec<Vec<Result<Renewal>>>,
+) -> Vec<Result<Renewal>> {
+    let mut out: Vec<Option<Result<Renewal>>> = leases.iter().map(|_| None).collect();
     for (positions, results) in groups.zip(results) {
         for (&j, result) in positions.iter().zip(results) {
             out[j] = Some(result);
@@ -387,7 +387,7 @@ fn scatter<'a>(
 }
 
 /// A batch call's failure, as every lease of its chunk's.
-fn chunk_failed(items: &[RenewItem<'_>], chunk: &[usize], e: RedisError) -> Vec<Result<Extend>> {
+fn chunk_failed(items: &[RenewItem<'_>], chunk: &[usize], e: RedisError) -> Vec<Result<Renewal>> {
     chunk
         .iter()
         .map(|&i| Err(map_err(items[i].key, Phase::Renewing, e.clone())))
@@ -399,7 +399,7 @@ fn unexpected_for_all(
     items: &[RenewItem<'_>],
     chunk: &[usize],
     reply: &Value,
-) -> Vec<Result<Extend>> {
+) -> Vec<Result<Renewal>> {
     chunk
         .iter()
         .map(|&i| Err(unexpected(items[i].key, Phase::Renewing, reply)))
@@ -434,7 +434,7 @@ fn not_local(reply: &Value) -> bool {
 }
 
 /// One lease's part of a batch reply.
-fn decode(item: &RenewItem<'_>, reply: &Value, too_few: Option<&RedisError>) -> Result<Extend> {
+fn decode(item: &RenewItem<'_>, reply: &Value, too_few: Option<&RedisError>) -> Result<Renewal> {
     if let Value::Array(parts) = reply
         && let [Value::Int(-1), Value::BulkString(message)] = parts.as_slice()
     {
@@ -446,8 +446,8 @@ fn decode(item: &RenewItem<'_>, reply: &Value, too_few: Option<&RedisError>) -> 
         return Err(map_err(item.key, Phase::Renewing, e.clone()));
     }
     match item.kind {
-        LeaseKind::Permit => decode_permit_extend(item.key, reply),
-        _ => decode_extend(item.key, reply),
+        LeaseKind::Permit => decode_permit_renewal(item.key, reply),
+        _ => decode_renewal(item.key, reply),
     }
 }
 

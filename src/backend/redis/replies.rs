@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::unexpected;
-use crate::backend::{Acquire, Extend, Released};
+use crate::backend::{Acquire, Released, Renewal};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -92,14 +92,14 @@ pub(super) fn decode_release(key: &LockKey, reply: &Value) -> Result<(Released, 
     Err(unexpected(key, Phase::Releasing, reply))
 }
 
-/// The reply of `lua/extend.lua`.
-pub(super) fn decode_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
+/// The reply of `lua/renew_lock.lua`.
+pub(super) fn decode_renewal(key: &LockKey, reply: &Value) -> Result<Renewal> {
     match reply {
         Value::Array(items) => match items.as_slice() {
-            [Value::Int(1), others] => Ok(Extend::Extended {
+            [Value::Int(1), others] => Ok(Renewal::Renewed {
                 waiting: waiting(others),
             }),
-            [Value::Int(0), _] => Ok(Extend::NotOwner),
+            [Value::Int(0), _] => Ok(Renewal::NotOwner),
             _ => Err(unexpected(key, Phase::Renewing, reply)),
         },
         _ => Err(unexpected(key, Phase::Renewing, reply)),

@@ -20,7 +20,7 @@
 //!   cleared.
 //!
 //! Scripts: `lua/rw_read.lua`, `lua/rw_write.lua`, `lua/rw_release.lua`,
-//! `lua/rw_extend.lua`; each documents its KEYS, ARGV and replies.
+//! `lua/rw_renew.lua`; each documents its KEYS, ARGV and replies.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -36,7 +36,7 @@ use super::{
     warn_refused_publish,
 };
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
+use crate::backend::{Acquire, LeaseToken, LockKind, Released, Renewal, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -45,8 +45,8 @@ static READ: LeaseScript =
 static WRITE: LeaseScript =
     LeaseScript::grant(|| gated(&[include_str!("lua/rw_write.lua")]), first_is_one);
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rw_release.lua")));
-static EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/rw_extend.lua")),
+static RENEW: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/rw_renew.lua")),
     first_is_one,
 );
 
@@ -77,7 +77,7 @@ pub(super) fn fence_ttl_ms(ttl: Duration) -> u64 {
     millis(ttl).saturating_mul(10).max(60_000)
 }
 
-/// Which lease a release or extend is about.
+/// Which lease a release or a renewal is about.
 #[derive(Clone, Copy)]
 enum Kind {
     Read,
@@ -173,18 +173,18 @@ impl RedisBackend {
         Ok(released)
     }
 
-    async fn rw_extend(
+    async fn rw_renew(
         &self,
         kind: Kind,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
+    ) -> Result<Renewal> {
         let inner = &self.inner;
         let n = RwNames::new(&inner.prefix, key);
         let reply = inner
             .invoke_lease(
-                &EXTEND,
+                &RENEW,
                 &[&n.readers, &n.writer, &n.writers, &n.fence],
                 &[
                     kind.arg(),
@@ -195,7 +195,7 @@ impl RedisBackend {
             )
             .await
             .map_err(|e| map_err(key, Phase::Renewing, e))?;
-        super::decode_extend(key, &reply)
+        super::decode_renewal(key, &reply)
     }
 }
 
@@ -229,17 +229,17 @@ impl RwBackend for RedisBackend {
         self.rw_release(Kind::Write, key, token).await
     }
 
-    async fn extend_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
-        self.rw_extend(Kind::Read, key, token, ttl).await
+    async fn renew_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
+        self.rw_renew(Kind::Read, key, token, ttl).await
     }
 
-    async fn extend_write(
+    async fn renew_write(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
-        self.rw_extend(Kind::Write, key, token, ttl).await
+    ) -> Result<Renewal> {
+        self.rw_renew(Kind::Write, key, token, ttl).await
     }
 }
 

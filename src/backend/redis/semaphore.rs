@@ -27,7 +27,7 @@
 //!   broadcast), on each instance's channel `<prefix>:inst:<id>`;
 //! * `sem_leave`: a waiting instance gives up, passing on the wake-ups it may have
 //!   been sent;
-//! * `sem_extend`: re-arms one permit if it is still live.
+//! * `sem_renew`: re-arms one permit if it is still live.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -42,7 +42,7 @@ use super::{
     warn_refused_publish,
 };
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
-use crate::backend::{Extend, LeaseToken, LockKind, WhenBusy};
+use crate::backend::{LeaseToken, LockKind, Renewal, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 
@@ -58,8 +58,8 @@ static SEM_RELEASE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_release.lua")));
 static SEM_LEAVE: LazyLock<Script> =
     LazyLock::new(|| sem_script(include_str!("lua/sem_leave.lua")));
-static SEM_EXTEND: LeaseScript = LeaseScript::renewal(
-    || renewal_script(include_str!("lua/sem_extend.lua")),
+static SEM_RENEW: LeaseScript = LeaseScript::renewal(
+    || renewal_script(include_str!("lua/sem_renew.lua")),
     first_is_one,
 );
 
@@ -277,16 +277,16 @@ impl SemaphoreBackend for RedisBackend {
         Err(unexpected(key, Phase::Acquiring, &reply))
     }
 
-    async fn extend_permit(
+    async fn renew_permit(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> Result<Extend> {
+    ) -> Result<Renewal> {
         let reply = self
             .inner
             .sem_invoke_lease(
-                &SEM_EXTEND,
+                &SEM_RENEW,
                 key,
                 Phase::Renewing,
                 &[
@@ -295,16 +295,16 @@ impl SemaphoreBackend for RedisBackend {
                 ],
             )
             .await?;
-        decode_permit_extend(key, &reply)
+        decode_permit_renewal(key, &reply)
     }
 }
 
-/// The reply of `lua/sem_extend.lua`.
-pub(super) fn decode_permit_extend(key: &LockKey, reply: &Value) -> Result<Extend> {
+/// The reply of `lua/sem_renew.lua`.
+pub(super) fn decode_permit_renewal(key: &LockKey, reply: &Value) -> Result<Renewal> {
     match reply {
         Value::Array(items) => match items.as_slice() {
-            [Value::Int(1)] => Ok(Extend::Extended { waiting: 0 }),
-            [Value::Int(0)] => Ok(Extend::NotOwner),
+            [Value::Int(1)] => Ok(Renewal::Renewed { waiting: 0 }),
+            [Value::Int(0)] => Ok(Renewal::NotOwner),
             _ => Err(unexpected(key, Phase::Renewing, reply)),
         },
         _ => Err(unexpected(key, Phase::Renewing, reply)),

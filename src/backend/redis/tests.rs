@@ -132,14 +132,17 @@ fn decodes_every_release_reply() {
 }
 
 #[test]
-fn decodes_every_extend_and_leave_reply() {
+fn decodes_every_renewal_and_leave_reply() {
     let k = key();
     assert_eq!(
-        decode_extend(&k, &ints(&[1, 4])).unwrap(),
-        Extend::Extended { waiting: 4 }
+        decode_renewal(&k, &ints(&[1, 4])).unwrap(),
+        Renewal::Renewed { waiting: 4 }
     );
-    assert_eq!(decode_extend(&k, &ints(&[0, 0])).unwrap(), Extend::NotOwner);
-    assert_backend_error(decode_extend(&k, &Value::Int(1)), "unexpected");
+    assert_eq!(
+        decode_renewal(&k, &ints(&[0, 0])).unwrap(),
+        Renewal::NotOwner
+    );
+    assert_backend_error(decode_renewal(&k, &Value::Int(1)), "unexpected");
 
     assert_eq!(decode_leave(&k, &ints(&[1, 0])).unwrap(), (true, None));
     assert_eq!(decode_leave(&k, &ints(&[0, 0])).unwrap(), (false, None));

@@ -1,4 +1,4 @@
-//! The [`LockBackend`] calls: acquire, release, extend and leave, each over every
+//! The [`LockBackend`] calls: acquire, release, renew and leave, each over every
 //! node.
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::Outcome;
 use crate::backend::{
-    Acquire, Extend, LeaseToken, LockBackend, RedlockBackend, Released, Signals, WhenBusy,
+    Acquire, LeaseToken, LockBackend, RedlockBackend, Released, Renewal, Signals, WhenBusy,
 };
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -136,44 +136,44 @@ impl LockBackend for RedlockBackend {
         ))
     }
 
-    /// Extends the lease's round token on every node; a lease no round of which
+    /// Renews the lease's round token on every node; a lease no round of which
     /// may hold anything is not the owner, without a request.
     ///
     /// # Errors
     ///
     /// [`Error::QuorumNotReached`] (phase renewing) when fewer than a majority
-    /// extended and not enough nodes answered "not yours" to call it lost.
-    async fn extend(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Extend> {
+    /// renewed and not enough nodes answered "not yours" to call it lost.
+    async fn renew(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {
         let inner = &*self.inner;
         let Some(round) = inner.rounds.current(key, token, Some(Instant::now() + ttl)) else {
-            return Ok(Extend::NotOwner);
+            return Ok(Renewal::NotOwner);
         };
         let outcomes = inner
             .round(key, Phase::Renewing, |node| {
-                node.backend.extend(key, round, ttl)
+                node.backend.renew(key, round, ttl)
             })
             .await;
-        let (mut extended, mut not_owner, mut waiting) = (0, 0, 0);
+        let (mut renewed, mut not_owner, mut waiting) = (0, 0, 0);
         for o in &outcomes {
             match o {
-                Outcome::Ok(Extend::Extended { waiting: w }) => {
-                    extended += 1;
+                Outcome::Ok(Renewal::Renewed { waiting: w }) => {
+                    renewed += 1;
                     waiting = waiting.max(*w);
                 }
-                Outcome::Ok(Extend::NotOwner) => not_owner += 1,
+                Outcome::Ok(Renewal::NotOwner) => not_owner += 1,
                 Outcome::Failed(_) | Outcome::TimedOut => {}
             }
         }
-        if extended >= inner.quorum {
-            return Ok(Extend::Extended { waiting });
+        if renewed >= inner.quorum {
+            return Ok(Renewal::Renewed { waiting });
         }
         if not_owner > inner.nodes.len() - inner.quorum {
-            return Ok(Extend::NotOwner);
+            return Ok(Renewal::NotOwner);
         }
         Err(Error::QuorumNotReached {
             key: key.clone(),
             phase: Phase::Renewing,
-            granted: extended,
+            granted: renewed,
             needed: inner.quorum,
         })
     }

@@ -15,7 +15,7 @@
 //!   majority: contention or a split vote, retry after a randomized delay) or
 //!   [`Error::QuorumNotReached`] (too few nodes answered for a majority to be
 //!   possible). The elapsed time counts from when the requests were sent.
-//! * **extend**: on every node; extended when a majority re-armed it, lost
+//! * **renew**: on every node; renewed when a majority re-armed it, lost
 //!   (not the owner) when too many nodes say "not yours" for a majority to be
 //!   possible, else [`Error::QuorumNotReached`] (the watchdog retries it until the
 //!   lease's validity ends).
@@ -33,7 +33,7 @@
 //! ended: asking again re-grants what it may hold), and a fresh one after a round
 //! that ended without a grant, whose token is retired before the release of what
 //! it took is sent, and released with its record like any lease. The lease's
-//! extend and release go to the round token that was granted. So every round
+//! renew and release go to the round token that was granted. So every round
 //! token obeys the single-node rule (never granted again once a release of it was
 //! sent), and a failed round's release that lands late, after a later round was
 //! granted on that node, deletes nothing: the lock there is held under another

@@ -27,13 +27,13 @@
 //!    of what it took is sent, and the next round makes a new entry), until a
 //!    definite answer to the lease's release ([`RoundTokens::forget`]), or until
 //!    it is pruned (3). Without an entry, no round token of the lease is asked
-//!    with again, extended or released: its retired rounds' grants were released,
+//!    with again, renewed or released: its retired rounds' grants were released,
 //!    and one whose release is lost expires with its TTL.
 //! 2. A retired round token is never handed out again (a fresh token is random,
 //!    128 bits).
 //! 3. An entry is pruned only once its lease has expired on every node for longer
 //!    than a release record lives (`until` + `margin`): by then the nodes answer
-//!    an extend or a release of it "not the owner", as the backend does for a
+//!    a renewal or a release of it "not the owner", as the backend does for a
 //!    token it does not know. Pruning keeps the map bounded when a lease's
 //!    releases never get an answer.
 //!
@@ -68,7 +68,7 @@ struct Map {
 struct Round {
     token: LeaseToken,
     /// The latest a lease of `token` may expire at the nodes: the send of its
-    /// last acquire or extend plus the TTL.
+    /// last acquire or renewal plus the TTL.
     until: Instant,
 }
 
@@ -123,7 +123,7 @@ impl RoundTokens {
     }
 
     /// The round token the nodes know the lease `lease` by, if a round of it may
-    /// hold something; with `until`, an extend about to be sent may keep it at
+    /// hold something; with `until`, a renewal about to be sent may keep it at
     /// the nodes until then.
     pub(super) fn current(
         &self,
@@ -199,7 +199,7 @@ mod tests {
         }
         let renewed = expired[0];
         tokio::time::advance(ttl + margin).await;
-        // An extend sent now keeps one of them.
+        // A renewal sent now keeps one of them.
         rounds.current(&key(), renewed, Some(Instant::now() + ttl));
         tokio::time::advance(Duration::from_millis(1)).await;
         let fresh = LeaseToken::random();

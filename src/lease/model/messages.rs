@@ -36,7 +36,7 @@ type Tok = u8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Req {
     Acquire(Tok),
-    Extend(Tok),
+    Renew(Tok),
     Release(Tok),
 }
 
@@ -46,7 +46,7 @@ enum Reply {
     Busy,
     /// The token was released: a late copy of an acquire (`Retire` only).
     Retired,
-    Extended(bool),
+    Renewed(bool),
     Released(bool),
 }
 
@@ -175,7 +175,7 @@ impl Model {
                     Reply::Busy
                 }
             }
-            Req::Extend(t) => Reply::Extended(st.lock == Some(t)),
+            Req::Renew(t) => Reply::Renewed(st.lock == Some(t)),
             Req::Release(t) => {
                 if st.lock == Some(t) {
                     st.lock = None;
@@ -248,17 +248,17 @@ impl Model {
                     s.tasks[t] = Stage::Done;
                     Self::pass_lead(&mut s, task, None);
                 }
-                (Stage::Holding { tok, .. }, Reply::Extended(false)) => {
+                (Stage::Holding { tok, .. }, Reply::Renewed(false)) => {
                     s.tasks[t] = Stage::Lost(tok);
                 }
-                (Stage::Holding { .. }, Reply::Extended(true)) => {}
+                (Stage::Holding { .. }, Reply::Renewed(true)) => {}
                 (Stage::Releasing(_), Reply::Released(ok)) => {
                     s.untruthful |= ok && s.overlapped[t];
                     s.tasks[t] = Stage::Done;
                     Self::pass_lead(&mut s, task, None);
                 }
                 // A renewal's answer after the section ended.
-                (_, Reply::Extended(_)) => {}
+                (_, Reply::Renewed(_)) => {}
                 (phase, reply) => unreachable!("{phase:?} cannot read {reply:?}"),
             }
             next.push((label, s));
@@ -278,8 +278,8 @@ impl Model {
                     if !renewed {
                         let mut s = st.clone();
                         s.tasks[t] = Stage::Holding { tok, renewed: true };
-                        Self::send(&mut s, task, Req::Extend(tok), true);
-                        next.push((Step::Send(task, Req::Extend(tok)), s));
+                        Self::send(&mut s, task, Req::Renew(tok), true);
+                        next.push((Step::Send(task, Req::Renew(tok)), s));
                     }
                     // The section ends: a release at the backend, or (A's first
                     // task, its second waiting) a local handoff.

@@ -18,7 +18,7 @@
 //! 3. **Nothing stranded**: once no request is in flight, the lock is not held for
 //!    a token that no task will use or release (it would wait out its TTL).
 //!
-//! It covers acquire (with re-grant of an owned token), extend (a renewal: "not
+//! It covers acquire (with re-grant of an owned token), renew ("not
 //! the owner" is a loss), release (with its record), local handoff, the local
 //! leader's inheritance after a failed release or an abandoned acquire, and the
 //! background release of an abandoned token; each request may be re-sent after a

@@ -26,10 +26,10 @@ async fn release_with_foreign_token_deletes_nothing() {
     assert!(exists(&mut con, &name).await, "the lock key was deleted");
     assert_eq!(
         backend
-            .extend(&key, stranger, Duration::from_secs(1))
+            .renew(&key, stranger, Duration::from_secs(1))
             .await
             .unwrap(),
-        Extend::NotOwner
+        Renewal::NotOwner
     );
     // The stranger's release retired its token: never granted from now on.
     assert!(matches!(

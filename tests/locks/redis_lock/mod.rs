@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken, WhenBusy};
+use lockflight::backend::{Acquire, LeaseToken, Renewal, WhenBusy};
 use lockflight::{
     Contention, Error, FencingToken, Handoff, LockGuard, LockKey, Locker, LockerBuilder,
     MemoryBackend, RedisBackend, backend::LockBackend, error::Phase,

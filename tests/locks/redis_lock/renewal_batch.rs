@@ -1,5 +1,5 @@
 //! Batched renewal: the watchdog renews the leases due in a scan with a few script
-//! calls (`LockBackend::extend_batch`), not one per lease, and each lease still gets
+//! calls (`LockBackend::renew_batch`), not one per lease, and each lease still gets
 //! the answer its own renewal would get.
 
 use futures::StreamExt;
@@ -316,14 +316,14 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
         RenewItem::new(LeaseKind::Write, &r, stranger, ttl),
         RenewItem::new(LeaseKind::Permit, &p, stranger, ttl),
     ];
-    let batch = backend.extend_batch(&items).await;
+    let batch = backend.renew_batch(&items).await;
     assert_eq!(batch.len(), items.len());
     for (item, answer) in items.iter().zip(&batch) {
         let alone = match item.kind {
-            LeaseKind::Mutex => backend.extend(item.key, item.token, ttl).await,
-            LeaseKind::Read => rw.extend_read(item.key, item.token, ttl).await,
-            LeaseKind::Write => rw.extend_write(item.key, item.token, ttl).await,
-            _ => sem.extend_permit(item.key, item.token, ttl).await,
+            LeaseKind::Mutex => backend.renew(item.key, item.token, ttl).await,
+            LeaseKind::Read => rw.renew_read(item.key, item.token, ttl).await,
+            LeaseKind::Write => rw.renew_write(item.key, item.token, ttl).await,
+            _ => sem.renew_permit(item.key, item.token, ttl).await,
         };
         match (answer, &alone) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "{item:?}"),
@@ -334,16 +334,16 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
     assert!(
         batch[..4]
             .iter()
-            .all(|a| matches!(a, Ok(Extend::Extended { .. })))
+            .all(|a| matches!(a, Ok(Renewal::Renewed { .. })))
     );
-    assert!(matches!(batch[4], Ok(Extend::NotOwner)));
+    assert!(matches!(batch[4], Ok(Renewal::NotOwner)));
     assert!(
         matches!(batch[5], Err(Error::ForeignValue { .. })),
         "{:?}",
         batch[5]
     );
-    assert!(matches!(batch[6], Ok(Extend::NotOwner)));
-    assert!(matches!(batch[7], Ok(Extend::NotOwner)));
+    assert!(matches!(batch[6], Ok(Renewal::NotOwner)));
+    assert!(matches!(batch[7], Ok(Renewal::NotOwner)));
     del(
         &mut con,
         &[&testkit::names::lock(&prefix, &foreign)[..], b":rd"].concat(),
@@ -356,7 +356,7 @@ async fn a_batch_answers_each_lease_as_its_own_call_would() {
 }
 
 /// A Redis backend that renews lease by lease: every call forwarded, except
-/// `extend_batch`, which keeps the trait's default (one call per lease, all at
+/// `renew_batch`, which keeps the trait's default (one call per lease, all at
 /// once): the watchdog's cost before batching.
 #[derive(Debug)]
 struct PerLease(RedisBackend);
@@ -379,13 +379,13 @@ impl LockBackend for PerLease {
     ) -> lockflight::Result<lockflight::backend::Released> {
         self.0.release(key, token).await
     }
-    async fn extend(
+    async fn renew(
         &self,
         key: &LockKey,
         token: LeaseToken,
         ttl: Duration,
-    ) -> lockflight::Result<Extend> {
-        self.0.extend(key, token, ttl).await
+    ) -> lockflight::Result<Renewal> {
+        self.0.renew(key, token, ttl).await
     }
     async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
         self.0.leave(key).await

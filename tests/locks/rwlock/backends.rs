@@ -54,7 +54,7 @@ async fn memory_backend_read_write_semantics() {
 async fn unsupported_backends_and_bad_keys_are_clear_errors() {
     use async_trait::async_trait;
     use lockflight::backend::LockBackend;
-    use lockflight::backend::{Acquire, Extend, LeaseToken, Released, Signals, WhenBusy};
+    use lockflight::backend::{Acquire, LeaseToken, Released, Renewal, Signals, WhenBusy};
 
     #[derive(Debug, Default)]
     struct MutexOnly(Signals);
@@ -80,13 +80,13 @@ async fn unsupported_backends_and_bad_keys_are_clear_errors() {
                 waiting: 0,
             })
         }
-        async fn extend(
+        async fn renew(
             &self,
             _: &LockKey,
             _: LeaseToken,
             _: Duration,
-        ) -> lockflight::Result<Extend> {
-            Ok(Extend::Extended { waiting: 0 })
+        ) -> lockflight::Result<Renewal> {
+            Ok(Renewal::Renewed { waiting: 0 })
         }
         async fn leave(&self, _: &LockKey) -> lockflight::Result<()> {
             Ok(())

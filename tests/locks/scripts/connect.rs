@@ -86,8 +86,8 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     };
     let mut woken = waiter.signals().watch(LockKind::Mutex, &key);
     assert_eq!(
-        holder.extend(&key, t1, TTL).await?,
-        Extend::Extended { waiting: 1 }
+        holder.renew(&key, t1, TTL).await?,
+        Renewal::Renewed { waiting: 1 }
     );
     assert!(holder.release(&key, t1).await?.released);
     tokio::time::timeout(Duration::from_secs(5), woken.woken())
@@ -118,8 +118,8 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
     };
     let mut woken = waiter.signals().watch(LockKind::ReadWrite, &key);
     assert!(matches!(
-        rw_holder.extend_read(&key, t1, TTL).await?,
-        Extend::Extended { .. }
+        rw_holder.renew_read(&key, t1, TTL).await?,
+        Renewal::Renewed { .. }
     ));
     assert!(rw_holder.release_read(&key, t1).await?.released);
     tokio::time::timeout(Duration::from_secs(5), woken.woken())
@@ -131,8 +131,8 @@ async fn exercise(url: &str) -> lockflight::Result<()> {
             .await?,
     );
     assert!(matches!(
-        rw_waiter.extend_write(&key, t2, TTL).await?,
-        Extend::Extended { .. }
+        rw_waiter.renew_write(&key, t2, TTL).await?,
+        Renewal::Renewed { .. }
     ));
     assert!(rw_waiter.release_write(&key, t2).await?.released);
     Ok(())

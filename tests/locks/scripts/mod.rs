@@ -20,7 +20,7 @@ mod runtime;
 
 use std::time::{Duration, Instant};
 
-use lockflight::backend::{Acquire, Extend, LeaseToken, LockKind, Released, WhenBusy};
+use lockflight::backend::{Acquire, LeaseToken, LockKind, Released, Renewal, WhenBusy};
 use lockflight::{Error, LockKey, Locker, RedisBackend, backend::LockBackend};
 use redis::aio::MultiplexedConnection;
 use testkit::{

@@ -73,21 +73,21 @@ async fn foreign_values_stop_release_before_any_write() {
     }
 }
 
-/// extend re-arms nothing.
+/// renew re-arms nothing.
 #[tokio::test]
-async fn foreign_values_stop_extend_before_any_write() {
-    let (_log, a, mut con, prefix) = one_instance("reads-first-extend").await;
-    let key = LockKey::from("extend");
+async fn foreign_values_stop_renewal_before_any_write() {
+    let (_log, a, mut con, prefix) = one_instance("reads-first-renew").await;
+    let key = LockKey::from("renew");
     let token = LeaseToken::random();
     epoch_of(a.acquire(&key, token, TTL, WhenBusy::Queue).await.unwrap());
     put_foreign(&mut con, &name(&prefix, &key, ":wq"), ":wq").await;
     assert_foreign(
-        "extend with a list at :wq",
-        a.extend(&key, token, Duration::from_secs(300)).await,
+        "renew with a list at :wq",
+        a.renew(&key, token, Duration::from_secs(300)).await,
     );
     assert!(
         pttl(&mut con, &testkit::names::lock(&prefix, &key)).await <= 30_000,
-        "extend re-armed the lock although it failed"
+        "renew re-armed the lock although it failed"
     );
 }
 

@@ -107,7 +107,7 @@ async fn out_of_memory_is_refused_at_once() {
     assert!(!exists(&mut admin, &testkit::names::lock("lfoom", &key)).await);
 }
 
-/// A read-only replica: acquire and extend answer `Refused { code: "READONLY" }`.
+/// A read-only replica: acquire and renew answer `Refused { code: "READONLY" }`.
 #[tokio::test]
 async fn a_read_only_replica_is_refused() {
     let primary = RedisServer::start();
@@ -159,8 +159,8 @@ async fn a_read_only_replica_is_refused() {
         .await,
         "the lock never reached the replica"
     );
-    match r.extend(&key, token, TTL).await {
+    match r.renew(&key, token, TTL).await {
         Err(Error::Refused { code, .. }) => assert_eq!(code, "READONLY"),
-        other => panic!("extend: expected Refused(READONLY), got {other:?}"),
+        other => panic!("renew: expected Refused(READONLY), got {other:?}"),
     }
 }

@@ -38,8 +38,8 @@ async fn acquire_replies() {
     let queue = name(&prefix, &key, ":wq");
     assert!(queued(&mut con, &queue, b.instance_id()).await);
     assert_eq!(
-        a.extend(&key, t1, TTL).await.unwrap(),
-        Extend::Extended { waiting: 1 }
+        a.renew(&key, t1, TTL).await.unwrap(),
+        Renewal::Renewed { waiting: 1 }
     );
 
     // Busy, not queued (try_lock).
@@ -162,10 +162,10 @@ async fn release_replies_and_records() {
     assert!(!exists(&mut con, &lock).await);
 }
 
-/// extend: extended (TTL re-armed, waiting count) / not the owner (nothing changed).
+/// renew: renewed (TTL re-armed, waiting count) / not the owner (nothing changed).
 #[tokio::test]
-async fn extend_replies() {
-    let (_log, a, mut con, prefix) = one_instance("extend-replies").await;
+async fn renew_replies() {
+    let (_log, a, mut con, prefix) = one_instance("renew-replies").await;
     let key = LockKey::from("k");
     let lock = testkit::names::lock(&prefix, &key);
     let t1 = LeaseToken::random();
@@ -184,15 +184,15 @@ async fn extend_replies() {
     )
     .await;
     assert_eq!(
-        a.extend(&key, t1, TTL).await.unwrap(),
-        Extend::Extended { waiting: 1 }
+        a.renew(&key, t1, TTL).await.unwrap(),
+        Renewal::Renewed { waiting: 1 }
     );
     assert!(pttl(&mut con, &lock).await > 10_000);
     assert_eq!(
-        a.extend(&key, LeaseToken::random(), Duration::from_secs(60))
+        a.renew(&key, LeaseToken::random(), Duration::from_secs(60))
             .await
             .unwrap(),
-        Extend::NotOwner
+        Renewal::NotOwner
     );
     assert!(pttl(&mut con, &lock).await <= 30_000);
 }

@@ -1,12 +1,12 @@
 -- Renewal of one lease of each kind, as functions: the single renewal scripts
--- (extend.lua, rw_extend.lua, sem_extend.lua) call one of them once, the batch
--- renewal script (extend_batch.lua) once per lease, so a lease renewed in a batch
+-- (renew_lock.lua, rw_renew.lua, sem_renew.lua) call one of them once, the batch
+-- renewal script (renew_batch.lua) once per lease, so a lease renewed in a batch
 -- gets exactly the reply its own script would give. Prepended after queue.lua and
 -- sem_common.lua. Each does all its reads before its first write.
 
 -- The mutex: compare-and-PEXPIRE.
 --
--- Returns { 1, others } when extended, { 0, 0 } when `token` does not own the lock.
+-- Returns { 1, others } when renewed, { 0, 0 } when `token` does not own the lock.
 local function renew_lock(lock, fence, queue, expiry, token, ttl_ms, fence_ttl_ms, me)
   -- Reads.
   if read('lock', 'GET', lock) ~= token then

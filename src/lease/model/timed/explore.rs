@@ -120,19 +120,19 @@ impl Explorer {
                     Stage::Holding {
                         tok, valid_until, ..
                     },
-                    Reply::Extended(true),
+                    Reply::Renewed(true),
                 ) => Stage::Holding {
                     tok,
                     valid_until: valid_until.max(believed_until),
                     renewing: false,
                 },
-                (Stage::Holding { tok, .. }, Reply::Extended(false)) => {
+                (Stage::Holding { tok, .. }, Reply::Renewed(false)) => {
                     s.lose(task, tok);
                     s.tasks[t]
                 }
                 // A renewal's answer after the lease ended, kept for the life
                 // it tells of.
-                (phase, Reply::Extended(_)) => phase,
+                (phase, Reply::Renewed(_)) => phase,
                 (Stage::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated) => {
                     Stage::Ready(tok)
                 }
@@ -166,8 +166,8 @@ impl Explorer {
                             valid_until,
                             renewing: true,
                         };
-                        s.send(task, Req::Extend(tok), true);
-                        push(Step::Send(task, Req::Extend(tok)), s, None);
+                        s.send(task, Req::Renew(tok), true);
+                        push(Step::Send(task, Req::Renew(tok)), s, None);
                     } else if st.faults < c.faults {
                         // The renewal timed out; the next one may be sent.
                         let mut s = *st;
@@ -178,7 +178,7 @@ impl Explorer {
                             valid_until,
                             renewing: false,
                         };
-                        push(Step::GiveUp(task, Req::Extend(tok)), s, None);
+                        push(Step::GiveUp(task, Req::Renew(tok)), s, None);
                     }
                     let mut s = *st;
                     s.tasks[t] = Stage::Releasing(tok);

@@ -82,7 +82,7 @@ pub(crate) enum Finding {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum Req {
     Acquire(Tok),
-    Extend(Tok),
+    Renew(Tok),
     Release(Tok),
 }
 
@@ -97,7 +97,7 @@ pub(super) enum Reply {
     /// The life gate answered busy, granting nothing: the acquire carried
     /// another life than the server's, or grants are held.
     Gated,
-    Extended(bool),
+    Renewed(bool),
     Released,
 }
 

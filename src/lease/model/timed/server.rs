@@ -112,12 +112,12 @@ impl Server {
                     }
                 }
             }
-            Req::Extend(t) => {
+            Req::Renew(t) => {
                 let ours = self.lock.is_some_and(|(holder, _)| holder == t);
                 if ours {
                     self.lock = Some((t, TTL));
                 }
-                (Reply::Extended(ours), true)
+                (Reply::Renewed(ours), true)
             }
             Req::Release(t) => {
                 let record = &mut self.records[usize::from(t)];

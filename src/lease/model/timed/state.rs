@@ -63,7 +63,7 @@ impl State {
         let tasks = self.tasks;
         let seen = self.seen;
         self.replies.retain(|&(task, reply, _, life)| {
-            !matches!(reply, Reply::Extended(_))
+            !matches!(reply, Reply::Renewed(_))
                 || matches!(tasks[usize::from(task)], Stage::Holding { .. })
                 || seen[usize::from(task)].is_none_or(|l| life > l)
         });

@@ -1,4 +1,4 @@
--- semaphore extend: compare-and-re-arm one permit (renew_permit in renew.lua)
+-- semaphore renew: compare-and-re-arm one permit (renew_permit in renew.lua)
 --
 -- KEYS[1] permit set   KEYS[2] count (N)
 -- ARGV[1] token   ARGV[2] permit ttl ms

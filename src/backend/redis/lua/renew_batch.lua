@@ -1,4 +1,4 @@
--- extend_batch: renew many leases, of any kinds, in one call
+-- renew_batch: renew many leases, of any kinds, in one call
 --
 -- ARGV[1] instance id   ARGV[2] n, the number of leases
 -- then 4 arguments per lease: its kind ("m" mutex, "r" read, "w" write, "p" permit),
@@ -13,7 +13,7 @@
 -- own, with Redis' "non local key" error; the caller renews it on its own.
 --
 -- Returns one reply per lease, in order: the reply of its single renewal script
--- (extend.lua, rw_extend.lua, sem_extend.lua run the same functions), or
+-- (renew_lock.lua, rw_renew.lua, sem_renew.lua run the same functions), or
 -- { -1, error } when its renewal raised an error (a value of another type, an ACL
 -- refusal): the leases around it are renewed all the same. Each lease does its
 -- reads before its writes, so one that fails wrote nothing. READONLY (this node is
@@ -41,7 +41,7 @@ for i = 1, n do
     ok, reply = pcall(renew_permit, K[k], K[k + 1], token, ttl)
     k = k + 2
   else
-    return redis.error_reply('ERR extend_batch: unknown lease kind ' .. tostring(kind))
+    return redis.error_reply('ERR renew_batch: unknown lease kind ' .. tostring(kind))
   end
   if not ok then
     local message = type(reply) == 'table' and reply.err or tostring(reply)
