@@ -52,6 +52,10 @@ impl LockerState {
     /// may; a waiter of the key's read-write lock or semaphore waits for another
     /// lock, with its own queue).
     pub(super) fn cleanup(&self, key: &LockKey, lead: Inheritance) {
+        // Most releases leave nothing: no guard to build.
+        if lead.token.is_none() && !lead.queued {
+            return;
+        }
         drop(self.armed(key, lead.token.into_iter().collect(), lead));
     }
 
