@@ -389,7 +389,7 @@ fn max_pace(ttl: Duration) -> Duration {
     base + base / 4
 }
 
-/// A campaign's pace, told to the backend ([`LockBackend::pace_waits`]) for as
+/// A campaign's pace, told to the backend ([`LockBackend::pace_waits`](crate::backend::LockBackend::pace_waits)) for as
 /// long as it lives.
 struct Paced {
     backend: std::sync::Arc<dyn crate::backend::LockBackend>,

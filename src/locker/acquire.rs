@@ -67,7 +67,7 @@ impl LockerState {
     }
 
     /// Acquires from the backend as the key's leader. `Ok(None)` only in
-    /// [`WhenBusy::Return`] when the lock is busy.
+    /// [`WhenBusy::Return`](crate::backend::WhenBusy::Return) when the lock is busy.
     pub(super) async fn lead(
         &self,
         key: &LockKey,
@@ -84,15 +84,7 @@ impl LockerState {
             slot,
             armed: self.armed(key, vec![token], inherited),
         };
-        // A lease of a warm key may be cached: the revocations of this key from
-        // before the request on, kept by the lease (another instance that queues
-        // while a local task uses the lease makes its release cache only for a
-        // moment).
-        let linger = self.engine.config.lease_cache;
-        let revocation = (!self.engine.config.fair
-            && !linger.is_zero()
-            && self.warm.is_warm(key, start, linger))
-        .then(|| self.engine.backend.signals().watch_revocation(key));
+        let revocation = self.revocations_to_cache(key, start);
         let ask = Ask {
             key,
             kind: LeaseKind::Mutex,

@@ -22,13 +22,13 @@ use crate::stats::Stats;
 
 mod acquire;
 mod builder;
+mod cache;
 mod env;
 mod family;
 mod guard;
 mod health;
 mod release;
 mod rwlock;
-mod warm;
 
 pub use crate::settings::{Contention, Handoff, LockOptions, LossPolicy};
 use crate::settings::{Settings, validate_ttl};
@@ -117,7 +117,7 @@ pub(crate) struct LockerState {
     /// cached any more.
     pub(crate) closing: std::sync::atomic::AtomicBool,
     /// The keys whose leases may be cached ([`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
-    pub(crate) warm: warm::WarmKeys,
+    pub(crate) warm: cache::warm::WarmKeys,
     /// The backend's health as the edge and the probe saw it.
     pub(crate) health: health::Health,
 }

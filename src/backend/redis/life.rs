@@ -56,7 +56,7 @@
 //! # Grants delayed past their release record
 //!
 //! The gate also refuses a grant that reaches the server later than a release
-//! record's lifetime after it was sent ([`Life::not_after`]): a token is never
+//! record's lifetime after it was sent ([`GateArgs::not_after`]): a token is never
 //! granted again once its release was sent, and the release record that enforces
 //! it lives only that long (ARCHITECTURE.md, "The order of requests").
 //!
