@@ -7,8 +7,8 @@ use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
 use super::inspector::Inspector;
-use super::names::Names;
 use super::reply::{int, text};
+use crate::backend::redis::names::key_name;
 use crate::error::{Error, Phase, Result};
 use crate::fence::FencedKey;
 use crate::key::LockKey;
@@ -85,12 +85,11 @@ impl Inspector {
     {
         let key = key.into();
         key.validate()?;
-        let n = Names::new(&self.prefix, &key);
         let mut invocation = FORCE.prepare_invoke();
         for suffix in [
             "", ":fence", ":claim", ":wr", ":wf", ":rd", ":wq", ":rwq", ":sem", ":semn", ":semq",
         ] {
-            invocation.key(n.with(suffix));
+            invocation.key(key_name(&self.prefix, &key, suffix));
         }
         // The wake-up messages of the mutex, the read-write lock and the semaphore
         // (`backend/redis/notify.rs`: a tag byte, then the key); the script builds

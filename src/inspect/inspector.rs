@@ -1,6 +1,6 @@
 //! [`Inspector`]: the key prefix it reads under, and a key's lock name.
 
-use super::names::Names;
+use crate::backend::redis::names::lock_name;
 use crate::key::LockKey;
 
 /// Reads and operates on lockflight's Redis names under one prefix.
@@ -31,6 +31,6 @@ impl Inspector {
     /// assert_eq!(Inspector::new("app").lock_name(&"a{b}".into()), b"app:{a%7Bb%7D}");
     /// ```
     pub fn lock_name(&self, key: &LockKey) -> Vec<u8> {
-        Names::new(&self.prefix, key).base
+        lock_name(&self.prefix, key)
     }
 }

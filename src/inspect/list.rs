@@ -5,7 +5,7 @@ use std::fmt;
 use redis::aio::ConnectionLike;
 
 use super::inspector::Inspector;
-use super::names::{Names, parse_name};
+use crate::backend::redis::names::{lock_name, parse_lock_name};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -82,7 +82,7 @@ impl Inspector {
         C: ConnectionLike + Send,
     {
         let probe = LockKey::from(format!("{key_prefix}*"));
-        let mut pattern = Names::new(&self.prefix, &LockKey::from(key_prefix)).base;
+        let mut pattern = lock_name(&self.prefix, &LockKey::from(key_prefix));
         pattern.pop(); // the closing brace: any key that starts with key_prefix
         for b in [b'*', b'}', b'*'] {
             pattern.push(b);
@@ -115,7 +115,7 @@ impl Inspector {
                 .await
                 .map_err(|e| crate::fence::redis_error(&probe, Phase::Inspecting, e))?;
             for name in names {
-                let Some((key, suffix)) = parse_name(&self.prefix, &name) else {
+                let Some((key, suffix)) = parse_lock_name(&self.prefix, &name) else {
                     continue;
                 };
                 let kind = match suffix {

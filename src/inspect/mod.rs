@@ -37,7 +37,6 @@ mod force;
 mod inspector;
 mod instance;
 mod list;
-mod names;
 mod reply;
 mod state;
 

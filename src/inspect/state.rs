@@ -8,8 +8,8 @@ use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
 use super::inspector::Inspector;
-use super::names::Names;
 use super::reply::{int, millis, pairs, text};
+use crate::backend::redis::names::key_name;
 use crate::election::LeaderInfo;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -213,13 +213,12 @@ impl Inspector {
     {
         let key = key.into();
         key.validate()?;
-        let n = Names::new(&self.prefix, &key);
         let mut invocation = INSPECT.prepare_invoke();
         for suffix in [
             "", ":fence", ":wq", ":wqx", ":claim", ":rd", ":wr", ":ww", ":wf", ":rwq", ":sem",
             ":semn", ":semq", ":semqx", ":leader",
         ] {
-            invocation.key(n.with(suffix));
+            invocation.key(key_name(&self.prefix, &key, suffix));
         }
         invocation.arg(MEMBERS_SHOWN);
         let reply: Vec<Value> = invocation

@@ -80,6 +80,8 @@ pub(crate) use client::nodelay_client;
 mod cluster;
 mod conn;
 mod life;
+pub(crate) mod names;
+use names::Names;
 mod notify;
 #[cfg(feature = "cluster")]
 mod owners;
@@ -233,64 +235,6 @@ impl fmt::Debug for RedisBackend {
             .field("prefix", &self.inner.prefix)
             .field("instance_id", &self.inner.instance_id)
             .finish()
-    }
-}
-
-/// The Redis names of one key.
-struct Names {
-    lock: Vec<u8>,
-    fence: Vec<u8>,
-    queue: Vec<u8>,
-    claim: Vec<u8>,
-    queue_expiry: Vec<u8>,
-}
-
-impl Names {
-    fn new(prefix: &str, key: &LockKey) -> Names {
-        let mut lock = Vec::with_capacity(prefix.len() + key.len() + 4);
-        lock.extend_from_slice(prefix.as_bytes());
-        lock.extend_from_slice(b":{");
-        for &b in key.as_bytes() {
-            match b {
-                b'%' => lock.extend_from_slice(b"%25"),
-                b'{' => lock.extend_from_slice(b"%7B"),
-                b'}' => lock.extend_from_slice(b"%7D"),
-                _ => lock.push(b),
-            }
-        }
-        lock.push(b'}');
-        let with = |suffix: &[u8]| [&lock[..], suffix].concat();
-        Names {
-            fence: with(b":fence"),
-            queue: with(b":wq"),
-            claim: with(b":claim"),
-            queue_expiry: with(b":wqx"),
-            lock,
-        }
-    }
-
-    /// The leader record of an election on this key (`<lock name>:leader`):
-    /// written by `lua/leader_write.lua`, deleted by `lua/leader_clear.lua`.
-    fn leader(&self) -> Vec<u8> {
-        [&self.lock[..], b":leader"].concat()
-    }
-
-    /// The observers of the leader record (`<lock name>:observers`, a sorted set:
-    /// an observing instance's channel → its registration's expiry in ms):
-    /// written by `lua/leader_observe.lua`, read and pruned by
-    /// `lua/leader_write.lua` and `lua/leader_clear.lua`, which publish a leader
-    /// message to each live observer when they change the record.
-    fn observers(&self) -> Vec<u8> {
-        [&self.lock[..], b":observers"].concat()
-    }
-
-    /// The release record of the lease `token` of this key, whatever its kind
-    /// (`<lock name>:rel:<token hex>`): written by the release scripts after they
-    /// delete the lease, read by a retried release (see `lua/release.lua`). Tokens
-    /// are random per lease, so the leases of the mutex, the read-write lock and the
-    /// semaphore of one key never share a record.
-    fn release_record(&self, token: &str) -> Vec<u8> {
-        [&self.lock[..], b":rel:", token.as_bytes()].concat()
     }
 }
 
