@@ -18,13 +18,13 @@ use crate::slot::{Abandon, Inheritance, Slot};
 /// gives up. Dropped unfinished, it passes leadership and what its acquire left at
 /// the backend (the token, the queue place) to the next local waiter (see
 /// [`Slot::abandon`]); with nobody waiting, its [`Armed`] guard settles them.
-struct Leading {
+struct MutexLeading {
     shared: Arc<LockerState>,
     slot: Option<Arc<Slot>>,
     armed: Armed,
 }
 
-impl Drop for Leading {
+impl Drop for MutexLeading {
     fn drop(&mut self) {
         let Some(slot) = self.slot.take() else {
             return;
@@ -79,7 +79,7 @@ impl LockerState {
         let token = inherited
             .token
             .unwrap_or_else(|| self.engine.backend.new_token());
-        let mut leading = Leading {
+        let mut leading = MutexLeading {
             shared: self.arc(),
             slot,
             armed: self.armed(key, vec![token], inherited),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use share::Arrive;
 use tracing::Instrument;
 
-use super::{Entry, Gate, Leading, ReadGuard, RwLocks, WriteGuard, admit, share, unsupported};
+use super::{Entry, Gate, ReadGuard, RwLeading, RwLocks, WriteGuard, admit, share, unsupported};
 use crate::backend::WhenBusy;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -111,7 +111,7 @@ impl RwLocks {
                 }
             }
         }
-        let leading = Leading::new(self, LeaseKind::Read, entry, Gate::Read(gate));
+        let leading = RwLeading::new(self, LeaseKind::Read, entry, Gate::Read(gate));
         let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
@@ -148,7 +148,7 @@ impl RwLocks {
                 Err(_) => return Ok(None),
             }
         };
-        let leading = Leading::new(self, LeaseKind::Write, entry, Gate::Write(gate));
+        let leading = RwLeading::new(self, LeaseKind::Write, entry, Gate::Write(gate));
         let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
@@ -167,7 +167,7 @@ impl RwLocks {
     /// entry and gate `leading` kept are the caller's.
     pub(super) async fn acquire(
         self: &Arc<Self>,
-        mut leading: Leading,
+        mut leading: RwLeading,
         call: Call,
     ) -> Result<Option<(Entry, Gate, Arc<Lease>)>> {
         let key = leading.entry().key.clone();

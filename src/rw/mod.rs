@@ -145,17 +145,17 @@ impl Settle for RwLocal {
 /// lets the next local reader lead (for a read), and its token, if a request may
 /// have landed (an acquire, a writer's registration), is released in the
 /// background while the gate stays held ([`Armed`]).
-struct Leading {
+struct RwLeading {
     kind: LeaseKind,
     token: LeaseToken,
     armed: Armed<(Entry, Gate)>,
 }
 
-impl Leading {
-    fn new(locks: &Arc<RwLocks>, kind: LeaseKind, entry: Entry, gate: Gate) -> Leading {
+impl RwLeading {
+    fn new(locks: &Arc<RwLocks>, kind: LeaseKind, entry: Entry, gate: Gate) -> RwLeading {
         let token = locks.engine.backend.new_token();
         let key = entry.key.clone();
-        Leading {
+        RwLeading {
             kind,
             token,
             armed: Armed::new(&locks.engine, kind, &key, vec![token], (entry, gate)),
@@ -167,7 +167,7 @@ impl Leading {
     }
 }
 
-impl InFlight for Leading {
+impl InFlight for RwLeading {
     fn sending(&mut self, mode: WhenBusy) {
         self.armed.sending(mode);
     }
@@ -177,7 +177,7 @@ impl InFlight for Leading {
     }
 }
 
-impl Drop for Leading {
+impl Drop for RwLeading {
     fn drop(&mut self) {
         if self.kind == LeaseKind::Read
             && let Some((entry, _)) = self.armed.local()
