@@ -76,7 +76,7 @@ impl SimBackend {
             .shared
             .live()
             .iter()
-            .filter(|i| i.id != self.me.id && i.wakeups.is_watched(LockKind::Mutex, key.as_bytes()))
+            .filter(|i| i.id != self.me.id && i.signals.is_watched(LockKind::Mutex, key.as_bytes()))
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     }
@@ -244,7 +244,7 @@ impl LockBackend for SimBackend {
     }
 
     fn signals(&self) -> &Signals {
-        &self.me.wakeups
+        &self.me.signals
     }
 
     fn fencing(&self) -> bool {

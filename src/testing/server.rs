@@ -65,7 +65,7 @@ impl SimServer {
         let id = self.shared.last_instance.fetch_add(1, Ordering::Relaxed) + 1;
         let me = Arc::new(Instance {
             id,
-            wakeups: Signals::new(),
+            signals: Signals::new(),
             requests: Counters::default(),
         });
         let mut instances = self.shared.instances();
@@ -138,8 +138,8 @@ impl SimServer {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + longest);
         for instance in self.shared.live() {
-            instance.wakeups.restarted(|_| true);
-            instance.wakeups.wake_all();
+            instance.signals.restarted(|_| true);
+            instance.signals.wake_all();
         }
     }
 

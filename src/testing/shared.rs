@@ -25,7 +25,7 @@ const RECORD_TTL: Duration = Duration::from_secs(11);
 #[derive(Debug)]
 pub(super) struct Instance {
     pub(super) id: u64,
-    pub(super) wakeups: Signals,
+    pub(super) signals: Signals,
     pub(super) requests: Counters,
 }
 
@@ -160,13 +160,13 @@ impl Shared {
     /// that does not only sees its wake-up generation move.
     pub(super) fn wake(&self, kind: LockKind, key: &LockKey) {
         for instance in self.live() {
-            let fault = if instance.wakeups.is_watched(kind, key.as_bytes()) {
+            let fault = if instance.signals.is_watched(kind, key.as_bytes()) {
                 self.rules.message(Message::Wakeup, key)
             } else {
                 None
             };
             deliver(fault, &instance, key, move |i, k| {
-                i.wakeups.wake(kind, k.as_bytes());
+                i.signals.wake(kind, k.as_bytes());
             });
         }
     }
@@ -176,7 +176,7 @@ impl Shared {
     /// instance that does not observe the key is ignored there).
     pub(super) fn leader_changed(&self, key: &LockKey) {
         for instance in self.live() {
-            instance.wakeups.leader_changed(key.as_bytes());
+            instance.signals.leader_changed(key.as_bytes());
         }
     }
 
@@ -186,7 +186,7 @@ impl Shared {
         if let Some(instance) = self.live().into_iter().find(|i| i.id == id) {
             let fault = self.rules.message(Message::Revocation, key);
             deliver(fault, &instance, key, |i, k| {
-                i.wakeups.revoke(k.as_bytes());
+                i.signals.revoke(k.as_bytes());
             });
         }
     }
