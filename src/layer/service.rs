@@ -111,7 +111,6 @@ impl<S, E> LockService<S, E> {
 impl<S, E, Req> Service<Req> for LockService<S, E>
 where
     S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     E: KeyExtractor<Req>,
     Req: WithLockInfo + Send + 'static,
