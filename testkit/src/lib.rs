@@ -69,6 +69,18 @@
 //! chosen commands after the server applied them. [`nemesis`] stops and continues
 //! any process (a child holder), kills client connections, and samples Zipf ranks.
 //!
+//! # Waiting in tests
+//!
+//! A test waits for the event it means, never for a guess of how long the event
+//! takes: a signal the code offers (a guard's `lost()`, a channel, an idle wait),
+//! else [`eventually`] (a condition polled every few ms up to a generous
+//! [`EVENTUALLY`], failing with the name of what never happened), or
+//! [`count_first_poll`] for what a future does before its first await. A fixed
+//! sleep stays only where real time is the point (a TTL running out on a server, a
+//! paused process), as a window for something that must *not* happen (a slow
+//! machine can only hide it, never fail the test), as a workload's pace, or under
+//! a paused clock.
+//!
 //! # Layout
 //!
 //! `server` (the servers and small helpers), `process` (supervised children,

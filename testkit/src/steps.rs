@@ -30,6 +30,42 @@ pub async fn count_reaches(counter: &AtomicU64, n: u64) {
     }
 }
 
+/// How long [`eventually`] waits: generous, so that a busy machine cannot break a
+/// test that waits for an event (the wait ends as soon as the event is seen).
+pub const EVENTUALLY: Duration = Duration::from_secs(30);
+
+/// Waits until `cond` holds, checking it every few ms up to [`EVENTUALLY`]; panics
+/// naming `what` (the event that never happened) otherwise. For events that only
+/// polling can see (a counter, a queue's length, a task's state); where the code
+/// offers a signal (a guard's `lost()`, a channel, an idle wait), wait for that.
+pub async fn eventually<F, Fut>(what: &str, cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    assert!(
+        wait_until(EVENTUALLY, cond).await,
+        "{what}: did not happen within {EVENTUALLY:?}"
+    );
+}
+
+/// `fut`, counting into `polled` once its first poll has returned: whatever a
+/// future does synchronously before its first await (joining a singleflight,
+/// entering a local queue) is done once `polled` shows it, so a test waits for
+/// that count instead of guessing how long the step takes.
+pub async fn count_first_poll<F: Future>(polled: &AtomicU64, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut first = true;
+    std::future::poll_fn(|cx| {
+        let out = fut.as_mut().poll(cx);
+        if std::mem::take(&mut first) {
+            polled.fetch_add(1, Ordering::SeqCst);
+        }
+        out
+    })
+    .await
+}
+
 /// Joins every task; re-raises the first panic.
 pub async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
     let mut out = Vec::new();

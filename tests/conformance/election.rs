@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use lockflight::{Error, Locker};
-use testkit::within;
+use testkit::{eventually, within};
 
 use crate::{Topology, matrix};
 
@@ -75,7 +75,13 @@ async fn a_resignation_hands_over_and_observers_follow(topology: Topology) {
     let mut seen = watcher.observe();
     let a_leads = within(TOLD, "A leads", a.campaign()).await.unwrap();
     observed(&mut seen, Some("a"), Some(a_leads.fencing_token())).await;
+    let asked = lockers[1].stats().acquire_attempts;
     let next = tokio::spawn(async move { b.campaign().await });
+    // B asked (and was told to wait), then a window for a wrong grant to show.
+    eventually("B's campaign asked", || async {
+        lockers[1].stats().acquire_attempts > asked
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!next.is_finished(), "B leads while A does");
     let a_term = a_leads.fencing_token();

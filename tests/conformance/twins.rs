@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 use lockflight::testing::{Message, Op, SimServer};
 use lockflight::{Error, Handoff, LockKey, Locker};
 use testkit::fault_proxy::{CommandMatcher, FaultProxy, any_command, evalsha_on};
-use testkit::{CountingProxy, RedisServer, backend_at, unique_prefix, wait_until, within};
+use testkit::{
+    CountingProxy, RedisServer, backend_at, eventually, unique_prefix, wait_until, within,
+};
 
 /// The lease TTL of every twin (renewed about every third of it).
 const TTL: Duration = Duration::from_secs(1);
@@ -403,13 +405,19 @@ async fn a_lost_renewal_reply_keeps_the_lease(engine: Engine) {
     let guard = a.lock(KEY).await.unwrap();
     let before = rig.sent(Op::Renew);
     rig.lose_reply(Op::Renew, 1);
+    // Real time: the lease outlives three TTLs.
     tokio::time::sleep(TTL * 3).await;
     assert!(!guard.is_lost(), "{engine:?}: the lease was kept");
-    assert!(
-        rig.sent(Op::Renew) >= before + 3,
-        "{engine:?}: renewals went on ({} sent)",
-        rig.sent(Op::Renew) - before
-    );
+    // Renewals went on: three of them seen, however slowly this machine sent them.
+    eventually(
+        &format!("{engine:?}: three renewals after the lost reply"),
+        || {
+            let sent = rig.sent(Op::Renew);
+            async move { sent >= before + 3 }
+        },
+    )
+    .await;
+    assert!(!guard.is_lost(), "{engine:?}: the lease was kept");
     assert!(!free_for(&b).await, "{engine:?}: A still holds the key");
     rig.assert_proxy_lost(1, false);
     guard.release().await.unwrap();

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockflight::backend::{LockBackend, LockKind};
 use lockflight::election::{LeaderInfo, Leadership, Observation, Observed};
 use lockflight::fence::{Fenced, FencedKey};
 use lockflight::{FencingToken, Locker, RedisBackend};
@@ -125,7 +126,8 @@ async fn resign_wakes_the_next_instance_with_one_acquire() {
     let (server, _log, prefix) = shared_scene("election-resign");
     let ttl = Duration::from_secs(60);
     let a = locker(backend(server.url(), &prefix).await, ttl);
-    let (b_backend, b_counts) = Counting::new(backend(server.url(), &prefix).await);
+    let b_redis = backend(server.url(), &prefix).await;
+    let (b_backend, b_counts) = Counting::new(b_redis.clone());
     let b = locker(b_backend, ttl);
     let leadership = a.election("relay").identity("a").campaign().await.unwrap();
     let b_election = b.election("relay").identity("b");
@@ -139,8 +141,11 @@ async fn resign_wakes_the_next_instance_with_one_acquire() {
         count_reaches(&b_counts.acquire, 1),
     )
     .await;
-    // Let the busy reply come back, so B waits for its wake-up.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The busy reply came back: B waits for its wake-up.
+    testkit::eventually("B watches for its wake-up", || async {
+        b_redis.signals().watchers(LockKind::Mutex, b"relay") >= 1
+    })
+    .await;
     assert!(!next.is_finished());
     let a_term = leadership.fencing_token();
     leadership.resign().await.unwrap();

@@ -10,7 +10,10 @@ use std::time::Duration;
 use lockflight::{
     Contention, Error, FencingToken, Handoff, LockKey, Locker, MemoryBackend, RedisBackend,
 };
-use testkit::{Counting, Counts, RedisServer, counter_value, increment, wait_until};
+use testkit::{
+    Counting, Counts, RedisServer, count_first_poll, counter_value, eventually, increment,
+    wait_until,
+};
 
 async fn redis_locker(
     url: &str,
@@ -256,27 +259,27 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
     let (locker, _) = redis_locker(&server.url(), &prefix, Handoff::disabled(), true).await;
     let runs = Arc::new(AtomicU64::new(0));
     let gate = Arc::new(tokio::sync::Notify::new());
+    let joined = Arc::new(AtomicU64::new(0));
     let mut callers = Vec::new();
     for _ in 0..1_000 {
         let (locker, runs, gate) = (locker.clone(), runs.clone(), gate.clone());
+        let joined = joined.clone();
         callers.push(tokio::spawn(async move {
-            locker
-                .singleflight("user:7", || async move {
-                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                    gate.notified().await;
-                    format!("generation {n}")
-                })
-                .await
+            let call = locker.singleflight("user:7", || async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                gate.notified().await;
+                format!("generation {n}")
+            });
+            count_first_poll(&joined, call).await
         }));
     }
-    // Everyone joins the first flight before it finishes.
-    assert!(
-        wait_until(Duration::from_secs(10), || async {
-            runs.load(Ordering::SeqCst) == 1
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Everyone joins the first flight before it finishes (a call joins in its
+    // first poll).
+    eventually("1,000 callers joined the flight", || async {
+        joined.load(Ordering::SeqCst) == 1_000
+    })
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
     gate.notify_one();
     for c in callers {
         assert_eq!(c.await.unwrap().unwrap(), "generation 1");
@@ -366,13 +369,21 @@ async fn coalesce_leader_panic_gives_followers_an_error_and_releases() {
 async fn coalesce_cancelled_leader_passes_the_flight_to_a_follower() {
     let locker = coalescing_locker("coalesce-cancel").await;
     let leader = started_leader(&locker, std::future::pending::<&'static str>()).await;
+    let joined = Arc::new(AtomicU64::new(0));
     let followers: Vec<_> = (0..10)
         .map(|_| {
-            let locker = locker.clone();
-            tokio::spawn(async move { locker.singleflight("k", || async { "follower ran" }).await })
+            let (locker, joined) = (locker.clone(), joined.clone());
+            tokio::spawn(async move {
+                let call = locker.singleflight("k", || async { "follower ran" });
+                count_first_poll(&joined, call).await
+            })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Each follower joins the leader's flight in its first poll.
+    eventually("10 followers joined the flight", || async {
+        joined.load(Ordering::SeqCst) == 10
+    })
+    .await;
     leader.abort();
     for f in followers {
         let out = tokio::time::timeout(Duration::from_secs(10), f)

@@ -14,7 +14,9 @@ use lockflight::{
     Contention, Error, LockKey, LockOptions, Locker, RedisBackend, backend::LockBackend,
     backend::RedlockBackend,
 };
-use testkit::{CountingProxy, RedisServer, backend_at, shared, unique_prefix, wait_until};
+use testkit::{
+    CountingProxy, RedisServer, backend_at, eventually, shared, unique_prefix, wait_until,
+};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
@@ -78,7 +80,10 @@ async fn grant_order(
     let guard = holder.lock(key).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
+    let asked = |l: &Locker| l.stats().acquire_attempts + l.stats().local_waits;
+    let queued_key = key;
     for (i, &inst) in waiters.iter().enumerate() {
+        let before = asked(&lockers[inst]);
         let (started, arrived) = oneshot::channel();
         let (locker, key, order) = (lockers[inst].clone(), key.clone(), Arc::clone(&order));
         tasks.spawn(async move {
@@ -89,6 +94,18 @@ async fn grant_order(
             guard.release().await.unwrap();
         });
         arrived.await.unwrap();
+        // This arrival has landed (its instance queued at Redis, the task asked or
+        // waits locally) before the next one starts: the order is the arrival order
+        // however slow the machine.
+        let queued = waiters[..=i]
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len() as i64;
+        eventually("the arrival landed", || async {
+            asked(&lockers[inst]) > before && queue_len(prefix, queued_key).await == queued
+        })
+        .await;
+        // And the server's clock, which places fair arrivals, moves on between two.
         tokio::time::sleep(gap).await;
     }
     // Every instance's request has landed (queued) before the holder lets go.
@@ -321,6 +338,8 @@ async fn handoff_respects_arrival_order() {
             [("remote", remote), ("local", home)]
         };
         for (name, locker) in starts {
+            let asked = || locker.stats().acquire_attempts + locker.stats().local_waits;
+            let before = asked();
             let (started, arrived) = oneshot::channel();
             let (locker, k, order) = (locker.clone(), key.clone(), Arc::clone(&order));
             tasks.spawn(async move {
@@ -330,6 +349,9 @@ async fn handoff_respects_arrival_order() {
                 guard.release().await.unwrap();
             });
             arrived.await.unwrap();
+            // The task asked (or waits locally) before the next one starts.
+            eventually("the arrival landed", || async { asked() > before }).await;
+            // Real time: fair arrivals are placed on the server's clock.
             tokio::time::sleep(GAP).await;
             if name == "remote" {
                 // Its request has landed: the arrival order is unambiguous.
@@ -392,6 +414,7 @@ async fn a_cancelled_waiter_leaves_the_fair_queue() {
         .await,
         "the early instance never queued"
     );
+    // Real time: fair arrivals are placed on the server's clock.
     tokio::time::sleep(GAP).await;
     let later = locker(backend_at(&url, &prefix).await, true);
     let waiting = tokio::spawn({

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use http::Request;
 use lockflight::layer::LockLayer;
 use lockflight::{Error, LockKey, LockOptions, Locker, RedisBackend, layer::KeyFrom};
-use testkit::{shared, unique_prefix};
+use testkit::{eventually, shared, unique_prefix};
 use tower::{Layer, ServiceExt, service_fn};
 
 const LOCKER_WAIT: Duration = Duration::from_secs(30);
@@ -162,7 +162,13 @@ async fn a_fail_fast_route_answers_at_once_when_busy() {
     assert!(matches!(*err, Error::Busy { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
 
+    let local_waits = locker.stats().local_waits;
     let waiting = tokio::spawn(patient.oneshot(req()));
+    // It waits (behind this task's hold), then a window for a wrong grant to show.
+    eventually("the patient route waits for the lock", || async {
+        locker.stats().local_waits > local_waits
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         !waiting.is_finished(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lockflight::inspect::{ForcedRelease, Inspector};
 use lockflight::{Error, Handoff, Locker, RedisBackend};
-use testkit::{shared_scene, wait_until, within};
+use testkit::{eventually, shared_scene, wait_until, within};
 
 /// How long a loss message may take here: far less than a renewal (20 s).
 const TOLD: Duration = Duration::from_secs(10);
@@ -65,10 +65,16 @@ async fn cache_a_lease(a: &Locker, key: &str) -> lockflight::FencingToken {
 /// and once B lets go it gets a lease with a token newer than B's.
 async fn next_lock_waits_for_b(a: &Locker, key: &'static str, b_guard: lockflight::LockGuard) {
     let tb = b_guard.fencing_token();
+    let asked = a.stats().acquire_attempts;
     let next = tokio::spawn({
         let a = a.clone();
         async move { a.lock(key).await }
     });
+    // A asked (and was told to wait), then a window for a wrong grant to show.
+    eventually("A's next lock asked", || async {
+        a.stats().acquire_attempts > asked
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !next.is_finished(),

@@ -54,7 +54,17 @@ async fn wait_hold_and_renewals_are_recorded() {
         let locker = locker.clone();
         async move { locker.lock("k").await.unwrap().release().await.unwrap() }
     });
+    // The hold the samples measure (real time: the histograms record it).
     tokio::time::sleep(Duration::from_millis(250)).await;
+    // And a renewal of it seen, not guessed from the hold's length.
+    assert!(
+        testkit::wait_until(testkit::EVENTUALLY, || async {
+            locker.stats().renewals >= 1
+        })
+        .await,
+        "the long holder's lease was never renewed: {:?}",
+        locker.stats()
+    );
     guard.release().await.unwrap();
     waiter.await.unwrap();
 

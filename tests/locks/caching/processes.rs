@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lockflight::{Handoff, Locker, RedisBackend};
-use testkit::{CountingProxy, shared, unique_prefix, wait_until, within};
+use testkit::{CountingProxy, eventually, shared, unique_prefix, wait_until, within};
 
 use super::{budget, instance, warm};
 
@@ -417,7 +417,21 @@ async fn a_waiter_that_crashes_after_revoking_strands_nobody() {
         g.release().await.unwrap();
         waited
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // B queues behind the dead waiter.
+    eventually("B queued behind the dead waiter", || {
+        let (mut con, queue, child_id) = (con.clone(), queue.clone(), child_id.clone());
+        async move {
+            let queued: Vec<String> = redis::cmd("ZRANGE")
+                .arg(queue)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            queued.iter().any(|id| *id != child_id)
+        }
+    })
+    .await;
     held.release().await.unwrap();
     let waited = within(Duration::from_secs(20), "B's lock", waiter)
         .await

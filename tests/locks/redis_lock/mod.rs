@@ -21,9 +21,9 @@ use lockflight::{
 use redis::aio::MultiplexedConnection;
 use testkit::{
     CountingProxy, RedisServer, assert_strictly_increasing, backend_at, child_line, counter_value,
-    del, exists, get_string, holder_child_target, increment, join_all, pttl, set_for_30s, shared,
-    shared_scene, spawn_holder_child, tell_parent, unique_prefix, wait_idle, wait_until, within,
-    zcard,
+    del, eventually, exists, get_string, holder_child_target, increment, join_all, pttl,
+    set_for_30s, shared, shared_scene, spawn_holder_child, tell_parent, unique_prefix, wait_idle,
+    wait_until, within, zcard,
 };
 use tokio::task::JoinSet;
 mod bad_input;

@@ -171,8 +171,11 @@ async fn paused_redis_ends_in_loss_by_valid_until() {
         .unwrap();
 
     let guard = locker.lock(&key).await.unwrap();
-    // Let a renewal or two happen first.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Let a renewal happen first.
+    eventually("the first renewal", || async {
+        locker.stats().renewals >= 1
+    })
+    .await;
     assert!(!guard.is_lost());
     server.pause();
     // A reply sent before the pause has arrived by now; no later one can.

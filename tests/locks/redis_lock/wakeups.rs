@@ -1,6 +1,7 @@
 //! Wake-ups.
 
 use super::*;
+use lockflight::backend::LockKind;
 
 /// The waiter's fallback timer: a third of its queue entry TTL (30 s).
 const LONG_FALLBACK: Duration = Duration::from_secs(10);
@@ -60,7 +61,13 @@ async fn waiter_is_woken_by_release() {
             .await,
             "the waiter never queued"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        eventually("the waiter watches for its wake-up", || async {
+            waiter_backend
+                .signals()
+                .watchers(LockKind::Mutex, key.as_bytes())
+                >= 1
+        })
+        .await;
         let before_release = Instant::now();
         held.release().await.unwrap();
         let released = Instant::now();

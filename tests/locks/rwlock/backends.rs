@@ -10,7 +10,7 @@ async fn memory_backend_read_write_semantics() {
     let backend = MemoryBackend::new();
     let a = Locker::builder(backend.clone()).build().unwrap();
     let b = Locker::builder(backend.clone()).build().unwrap();
-    let c = Locker::builder(backend).build().unwrap();
+    let c = Locker::builder(backend.clone()).build().unwrap();
     let r1 = a.rwlock("k").read().await.unwrap();
     let r2 = b.rwlock("k").read().await.unwrap();
     assert!(a.rwlock("k").try_write().await.unwrap().is_none());
@@ -20,17 +20,33 @@ async fn memory_backend_read_write_semantics() {
         async move { c.rwlock("k").write().await }
     });
     // The waiting writer (registered at the backend) refuses new read leases of
-    // the other locker.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // the other locker: a fourth locker's reads are refused once it is.
+    let probe = Locker::builder(backend.clone()).build().unwrap();
+    eventually("the waiting writer registered at the backend", || async {
+        match probe.rwlock("k").try_read().await.unwrap() {
+            Some(g) => {
+                g.release().await.unwrap();
+                false
+            }
+            None => true,
+        }
+    })
+    .await;
     assert!(a.rwlock("other-key").try_read().await.unwrap().is_some());
     let late = Arc::new(Mutex::new(None));
     r1.release().await.unwrap();
     let (a2, late2) = (a.clone(), Arc::clone(&late));
+    let asked = a.stats().acquire_attempts;
     let late_reader = tokio::spawn(async move {
         let g = a2.rwlock("k").read().await.unwrap();
         *late2.lock().unwrap() = Some(Instant::now());
         g
     });
+    eventually("the late reader asked the backend", || async {
+        a.stats().acquire_attempts > asked
+    })
+    .await;
+    // A window for a wrong grant to show (a slow machine can only hide it).
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         late.lock().unwrap().is_none(),

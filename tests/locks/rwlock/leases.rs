@@ -61,12 +61,19 @@ async fn cancelled_waiting_reads_and_writes_leave_nothing_locked() {
     // A reader that leads at Redis (the key write-locked) is dropped while another
     // local reader waits for it: the waiter takes over and gets the lock.
     let held = lockers[0].rwlock("k").write().await.unwrap();
+    let before = lockers[1].stats();
     let l = lockers[1].clone();
     let leader = tokio::spawn(async move { l.rwlock("k").read().await.map(drop) });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("the leading reader asked Redis", || async {
+        lockers[1].stats().acquire_attempts > before.acquire_attempts
+    })
+    .await;
     let l = lockers[1].clone();
     let follower = tokio::spawn(async move { l.rwlock("k").read().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("the second reader waits locally for the leader", || async {
+        lockers[1].stats().local_waits > before.local_waits
+    })
+    .await;
     leader.abort();
     let _ = leader.await;
     held.release().await.unwrap();

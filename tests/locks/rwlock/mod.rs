@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use lockflight::rwlock::READ_ADMISSION_WINDOW;
 use lockflight::{Error, FencingToken, LockKey, Locker, MemoryBackend, RedisBackend};
 use testkit::{
-    CountingProxy, backend_at, exists, join_all, keys_in_use, shared, shared_scene, suffixed,
-    unique_prefix, wait_until, wait_zero, zcard,
+    CountingProxy, backend_at, eventually, exists, join_all, keys_in_use, shared, shared_scene,
+    suffixed, unique_prefix, wait_until, wait_zero, zcard,
 };
 use tokio::task::JoinSet;
 

@@ -20,17 +20,20 @@ async fn readers_of_three_instances_overlap() {
             tasks.spawn(async move {
                 let guard = locker.rwlock("k").read().await.unwrap();
                 inside[i].fetch_add(1, Ordering::SeqCst);
-                let together = inside
-                    .iter()
-                    .filter(|n| n.load(Ordering::SeqCst) > 0)
-                    .count();
-                max_instances.fetch_max(together, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let together = inside
-                    .iter()
-                    .filter(|n| n.load(Ordering::SeqCst) > 0)
-                    .count();
-                max_instances.fetch_max(together, Ordering::SeqCst);
+                // Held until readers of two instances were seen inside at once (by
+                // any reader), not for a guessed time: if they cannot share, the
+                // wait runs out and the assertion below fails.
+                wait_until(testkit::EVENTUALLY, || {
+                    let together = inside
+                        .iter()
+                        .filter(|n| n.load(Ordering::SeqCst) > 0)
+                        .count();
+                    let seen = max_instances
+                        .fetch_max(together, Ordering::SeqCst)
+                        .max(together);
+                    async move { seen > 1 }
+                })
+                .await;
                 inside[i].fetch_sub(1, Ordering::SeqCst);
                 guard.release().await.unwrap();
             });

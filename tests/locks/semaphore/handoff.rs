@@ -107,7 +107,11 @@ async fn handoff_turns_are_bounded_while_another_instance_waits() {
             }
         });
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The busy instance's tasks pass its permits among themselves.
+    eventually("the busy instance ran 50 sections", || async {
+        sections.load(Ordering::Relaxed) >= 50
+    })
+    .await;
     let asked = Instant::now();
     let permit = other
         .semaphore("pool", 2)
@@ -184,6 +188,7 @@ async fn fair_mode_returns_a_permit_while_another_instance_waits() {
         }
     };
     for (name, l, n) in [("a", &a, Some(1)), ("c", &c, Some(2)), ("a", &a, None)] {
+        let local_waits = a.stats().local_waits;
         let (sem, order) = (l.semaphore("k", 1), Arc::clone(&order));
         set.spawn(async move {
             let p = sem.acquire().await.expect("acquire");
@@ -194,7 +199,12 @@ async fn fair_mode_returns_a_permit_while_another_instance_waits() {
         match n {
             Some(n) => queued(n).await,
             // A's second task joins A's local queue.
-            None => tokio::time::sleep(Duration::from_millis(100)).await,
+            None => {
+                eventually("A's second task waits in A's local queue", || async {
+                    a.stats().local_waits > local_waits
+                })
+                .await
+            }
         }
     }
     held.release().await.unwrap();

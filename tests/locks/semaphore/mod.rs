@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use lockflight::semaphore::Permit;
 use lockflight::{Contention, Error, LockKey, Locker, RedisBackend, error::Phase};
 use testkit::{
-    CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, holder_child_target, join_all,
-    key_count, keys_in_use, set_acl_user, shared, shared_scene, spawn_holder_child, suffixed,
-    tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,
+    CountingProxy, MINIMAL_ACL_RULES, backend_at, child_line, eventually, holder_child_target,
+    join_all, key_count, keys_in_use, set_acl_user, shared, shared_scene, spawn_holder_child,
+    suffixed, tell_parent, unique_prefix, wait_until, wait_zero, within, zcard,
 };
 use tokio::task::JoinSet;
 

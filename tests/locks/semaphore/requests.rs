@@ -86,8 +86,11 @@ async fn local_waiters_share_one_request() {
         let mut set = JoinSet::new();
         let first = sem.clone();
         set.spawn(async move { first.acquire().await.unwrap() });
-        // The first waiter's request is now in flight (delayed by the proxy).
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The first waiter's request is in flight (delayed by the proxy).
+        eventually("the first waiter's request was sent", || async {
+            l.stats().acquire_attempts > attempts
+        })
+        .await;
         for _ in 1..k {
             let sem = sem.clone();
             set.spawn(async move { sem.acquire().await.unwrap() });

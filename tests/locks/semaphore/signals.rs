@@ -81,8 +81,13 @@ async fn the_documented_acl_rules_suffice() {
         let sem = b.semaphore("k", 1);
         async move { sem.acquire().await }
     });
-    // Renewals run (every 100 ms) while b waits.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Renewals run (every 100 ms) while b waits: three of them, past the first TTL.
+    let renewed = a.stats().renewals;
+    eventually(
+        "three renewals of the held permit under the ACL",
+        || async { a.stats().renewals >= renewed + 3 },
+    )
+    .await;
     assert!(!held.is_lost(), "renewed under the ACL");
     held.release().await.expect("release");
     let p = within(Duration::from_secs(5), "b's permit", waiting)

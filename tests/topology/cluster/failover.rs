@@ -69,7 +69,11 @@ async fn killed_primary_while_held() {
             });
         }
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The other shards' workload is under way.
+    testkit::eventually("sections on the other shards", || async {
+        other_done.load(Ordering::SeqCst) >= 20
+    })
+    .await;
     let replica = c.replicas_of(&victim.id).await;
     assert_eq!(replica.len(), 1, "one replica per primary");
     let replica = replica[0].clone();

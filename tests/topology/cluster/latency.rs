@@ -1,6 +1,8 @@
 //! Wake-up latency on a cluster vs one server (printed: a measurement, asserted only
 //! to come from a message), and the measurement behind classic pub/sub for wake-ups.
 
+use lockflight::backend::LockBackend;
+
 use super::*;
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -27,15 +29,15 @@ async fn wakeup_p50(holder_b: RedisBackend, waiter_b: RedisBackend, rounds: usiz
                 (g, Instant::now())
             })
         };
-        // Queued in Redis (one busy reply) and asleep on the wake-up.
-        assert!(
-            wait_until(Duration::from_secs(10), || {
-                let n = waiter.stats().acquire_attempts;
-                async move { n >= 1 }
-            })
-            .await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Queued in Redis (one busy reply) and asleep on the wake-up: this round's
+        // waiter watches the key.
+        testkit::eventually("the waiter watches for its wake-up", || async {
+            waiter_b
+                .signals()
+                .watchers(lockflight::backend::LockKind::Mutex, key.as_bytes())
+                >= 1
+        })
+        .await;
         held.release().await.unwrap();
         let released = Instant::now();
         let (g, at) = task.await.unwrap();
