@@ -85,8 +85,22 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     let primaries = c.primaries().await;
     let held = hold_all(&locker, keys).await;
     let n = held.len();
-    // The first scans go per slot while the slot map is read in the background.
-    tokio::time::sleep(2 * every).await;
+    // The first scans go per slot while the slot map is read in the background:
+    // wait until a period's renewals go per primary (per slot they would be
+    // about 160 calls on each).
+    let scans_per_period = 4;
+    testkit::eventually("the renewals go per primary", || async {
+        for p in &primaries {
+            evalsha_calls(&p.addr, true).await;
+        }
+        tokio::time::sleep(every).await;
+        let mut batched = true;
+        for p in &primaries {
+            batched &= evalsha_calls(&p.addr, false).await <= 2 * scans_per_period + 5;
+        }
+        batched
+    })
+    .await;
     for p in &primaries {
         evalsha_calls(&p.addr, true).await;
     }
@@ -95,7 +109,6 @@ async fn leases_renew_per_primary_and_a_deleted_one_is_lost_alone() {
     tokio::time::sleep(window).await;
     let stats = locker.stats() - before;
     let periods = (window.as_millis() / every.as_millis()) as u64 + 1;
-    let scans_per_period = 4;
     let mut total = 0;
     for p in &primaries {
         let calls = evalsha_calls(&p.addr, false).await;
