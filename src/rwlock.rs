@@ -14,7 +14,7 @@
 //!   one release. The lease is renewed once for all of them, and its loss is
 //!   signalled to each of them.
 //! * **One local writer at a time talks to the backend.** Locally, readers and
-//!   writers pass a fair (FIFO) read-write gate per key: a writer waits there for the
+//!   writers pass a fair (FIFO) local read-write lock per key: a writer waits there for the
 //!   local readers to leave, and readers that arrive after a waiting writer queue
 //!   behind it (local writer preference).
 //! * **Writer preference across instances.** A writer that has to wait registers at
@@ -36,7 +36,7 @@
 //! message, or at worst the backend's retry interval: a third of the Redis
 //! backend's queue entry TTL, 1 s by default) — unless another *writer* gets it
 //! first: writers are not ordered among themselves. Before it registers, a writer
-//! passes its own process's gate, behind the local readers that arrived before it
+//! passes its own process's local lock, behind the local readers that arrived before it
 //! (they may take one more read lease, under the same window).
 //!
 //! Proved by the `a_stream_of_readers_cannot_starve_a_waiting_writer` test: with

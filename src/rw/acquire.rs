@@ -6,7 +6,9 @@ use std::time::Duration;
 use share::Arrive;
 use tracing::Instrument;
 
-use super::{Entry, Gate, ReadGuard, RwLeading, RwLocks, WriteGuard, admit, share, unsupported};
+use super::{
+    Entry, LocalLock, ReadGuard, RwLeading, RwLocks, WriteGuard, admit, share, unsupported,
+};
 use crate::backend::WhenBusy;
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -72,13 +74,13 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.mode == WhenBusy::Queue {
-            tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).read_owned())
+        let local_lock = if call.mode == WhenBusy::Queue {
+            tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.local_lock).read_owned())
                 .await
                 .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?
         } else {
-            match Arc::clone(&entry.rw.gate).try_read_owned() {
-                Ok(gate) => gate,
+            match Arc::clone(&entry.rw.local_lock).try_read_owned() {
+                Ok(local_lock) => local_lock,
                 Err(_) => return Ok(None),
             }
         };
@@ -97,7 +99,7 @@ impl RwLocks {
                     return Ok(Some(ReadGuard {
                         lease,
                         entry: Some(entry),
-                        gate: Some(gate),
+                        local_lock: Some(local_lock),
                         granted_at: crate::lease::histograms::Since::now(),
                     }));
                 }
@@ -111,19 +113,19 @@ impl RwLocks {
                 }
             }
         }
-        let leading = RwLeading::new(self, LeaseKind::Read, entry, Gate::Read(gate));
-        let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
+        let leading = RwLeading::new(self, LeaseKind::Read, entry, LocalLock::Read(local_lock));
+        let Some((entry, local_lock, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
-        let Gate::Read(gate) = gate else {
-            unreachable!("a read leader holds the read gate")
+        let LocalLock::Read(local_lock) = local_lock else {
+            unreachable!("a read leader holds the local read lock")
         };
         entry.rw.share().acquired(Arc::clone(&lease));
         entry.rw.changed.notify_waiters();
         Ok(Some(ReadGuard {
             lease,
             entry: Some(entry),
-            gate: Some(gate),
+            local_lock: Some(local_lock),
             granted_at: crate::lease::histograms::Since::now(),
         }))
     }
@@ -138,38 +140,41 @@ impl RwLocks {
             return Err(unsupported(&key));
         }
         let entry = Entry::enter(locks, &key);
-        let gate = if call.mode == WhenBusy::Queue {
-            tokio::time::timeout_at(call.deadline, Arc::clone(&entry.rw.gate).write_owned())
-                .await
-                .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?
+        let local_lock = if call.mode == WhenBusy::Queue {
+            tokio::time::timeout_at(
+                call.deadline,
+                Arc::clone(&entry.rw.local_lock).write_owned(),
+            )
+            .await
+            .map_err(|_| call.timed_out(&locks.engine, &key, Phase::WaitingLocally))?
         } else {
-            match Arc::clone(&entry.rw.gate).try_write_owned() {
-                Ok(gate) => gate,
+            match Arc::clone(&entry.rw.local_lock).try_write_owned() {
+                Ok(local_lock) => local_lock,
                 Err(_) => return Ok(None),
             }
         };
-        let leading = RwLeading::new(self, LeaseKind::Write, entry, Gate::Write(gate));
-        let Some((entry, gate, lease)) = self.acquire(leading, call).await? else {
+        let leading = RwLeading::new(self, LeaseKind::Write, entry, LocalLock::Write(local_lock));
+        let Some((entry, local_lock, lease)) = self.acquire(leading, call).await? else {
             return Ok(None);
         };
-        let Gate::Write(gate) = gate else {
-            unreachable!("a writer holds the write gate")
+        let LocalLock::Write(local_lock) = local_lock else {
+            unreachable!("a writer holds the local write lock")
         };
         Ok(Some(WriteGuard {
             lease,
-            job: Some((entry, gate)),
+            job: Some((entry, local_lock)),
             granted_at: crate::lease::histograms::Since::now(),
         }))
     }
 
     /// Acquires `leading`'s lease at the backend ([`acquire`]), waiting unless
     /// `call.mode` is [`WhenBusy::Return`]. On success the lease is being renewed, and the
-    /// entry and gate `leading` kept are the caller's.
+    /// entry and local lock `leading` kept are the caller's.
     pub(super) async fn acquire(
         self: &Arc<Self>,
         mut leading: RwLeading,
         call: Call,
-    ) -> Result<Option<(Entry, Gate, Arc<Lease>)>> {
+    ) -> Result<Option<(Entry, LocalLock, Arc<Lease>)>> {
         let key = leading.entry().key.clone();
         let rw = self.engine.backend.rw().ok_or_else(|| unsupported(&key))?;
         let (kind, ttl) = (leading.kind, call.ttl);
@@ -198,7 +203,7 @@ impl RwLocks {
             return Ok(None);
         };
         crate::lease::histograms::wait(kind, call.start);
-        let (entry, gate) = leading.armed.take_local().expect("held until granted");
-        Ok(Some((entry, gate, granted.lease)))
+        let (entry, local_lock) = leading.armed.take_local().expect("held until granted");
+        Ok(Some((entry, local_lock, granted.lease)))
     }
 }

@@ -5,18 +5,18 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
 
-use super::{Entry, Gate, RwLocal};
+use super::{Entry, LocalLock, RwLocal};
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::release::{End, Release};
 use crate::lease::{FencingToken, Lease, LeaseKind, LockInfo};
 
-/// The backend release of `lease`, keeping `entry` and `gate` until it is done.
-fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwLocal> {
+/// The backend release of `lease`, keeping `entry` and `local_lock` until it is done.
+fn release_job(lease: &Arc<Lease>, entry: Entry, local_lock: LocalLock) -> End<RwLocal> {
     let engine = Arc::clone(&entry.locks.engine);
     let hold = RwLocal {
         _entry: entry,
-        _gate: gate,
+        _local_lock: local_lock,
     };
     End::Release(Release::new(engine, Arc::clone(lease), hold))
 }
@@ -32,7 +32,7 @@ fn release_job(lease: &Arc<Lease>, entry: Entry, gate: Gate) -> End<RwLocal> {
 pub struct ReadGuard {
     pub(super) lease: Arc<Lease>,
     pub(super) entry: Option<Entry>,
-    pub(super) gate: Option<OwnedRwLockReadGuard<()>>,
+    pub(super) local_lock: Option<OwnedRwLockReadGuard<()>>,
     pub(super) granted_at: crate::lease::histograms::Since,
 }
 
@@ -94,7 +94,7 @@ impl ReadGuard {
 
     /// Leaves the share; the backend release when this was the last holder.
     fn leave(&mut self) -> End<RwLocal> {
-        let (Some(entry), Some(gate)) = (self.entry.take(), self.gate.take()) else {
+        let (Some(entry), Some(local_lock)) = (self.entry.take(), self.local_lock.take()) else {
             return End::Kept;
         };
         crate::lease::histograms::hold(LeaseKind::Read, self.granted_at);
@@ -105,7 +105,7 @@ impl ReadGuard {
             return End::Kept;
         }
         entry.rw.changed.notify_waiters();
-        release_job(&self.lease, entry, Gate::Read(gate))
+        release_job(&self.lease, entry, LocalLock::Read(local_lock))
     }
 }
 
@@ -198,11 +198,11 @@ impl WriteGuard {
     }
 
     fn leave(&mut self) -> End<RwLocal> {
-        let Some((entry, gate)) = self.job.take() else {
+        let Some((entry, local_lock)) = self.job.take() else {
             return End::Kept;
         };
         crate::lease::histograms::hold(LeaseKind::Write, self.granted_at);
-        release_job(&self.lease, entry, Gate::Write(gate))
+        release_job(&self.lease, entry, LocalLock::Write(local_lock))
     }
 }
 

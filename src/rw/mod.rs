@@ -1,5 +1,5 @@
 //! The read-write lock's local state: the shared read lease of each key
-//! (`share.rs`), the local gate, the one local task acquiring at the backend
+//! (`share.rs`), the local lock, the one local task acquiring at the backend
 //! (`acquire.rs`) and the guards (`guards.rs`). Its public path and its docs are
 //! [`lockflight::rwlock`](crate::rwlock), with the handle
 //! [`RwLock`](crate::rwlock::RwLock), which lives with the [`Locker`](crate::Locker)
@@ -68,10 +68,10 @@ impl RwLocks {
     }
 }
 
-/// One key's local state: the gate, the shared read lease, and its wake-ups.
+/// One key's local state: the local lock, the shared read lease, and its wake-ups.
 #[derive(Debug, Default)]
 struct KeyRw {
-    gate: Arc<TokioRwLock<()>>,
+    local_lock: Arc<TokioRwLock<()>>,
     share: Mutex<Share<Arc<Lease>>>,
     changed: Notify,
 }
@@ -115,8 +115,8 @@ impl Drop for Entry {
     }
 }
 
-/// The local gate a guard holds.
-enum Gate {
+/// The local lock a guard holds.
+enum LocalLock {
     Read(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
     Write(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
 }
@@ -129,14 +129,14 @@ fn unsupported(key: &LockKey) -> Error {
 }
 
 /// What a read-write acquire or release keeps until it is done: the key's local
-/// state and the gate (the next local user does not meet this lease at the
+/// state and the local lock (the next local user does not meet this lease at the
 /// backend).
 struct RwLocal {
     _entry: Entry,
-    _gate: Gate,
+    _local_lock: LocalLock,
 }
 
-/// A read-write release lets go of its gate and local state; nothing else.
+/// A read-write release lets go of its local lock and local state; nothing else.
 impl Settle for RwLocal {
     fn settle(self, _: Ran) {}
 }
@@ -144,21 +144,26 @@ impl Settle for RwLocal {
 /// The one local task acquiring a lease at the backend. Dropped unfinished, it
 /// lets the next local reader lead (for a read), and its token, if a request may
 /// have landed (an acquire, a writer's registration), is released in the
-/// background while the gate stays held ([`Armed`]).
+/// background while the local lock stays held ([`Armed`]).
 struct RwLeading {
     kind: LeaseKind,
     token: LeaseToken,
-    armed: Armed<(Entry, Gate)>,
+    armed: Armed<(Entry, LocalLock)>,
 }
 
 impl RwLeading {
-    fn new(locks: &Arc<RwLocks>, kind: LeaseKind, entry: Entry, gate: Gate) -> RwLeading {
+    fn new(
+        locks: &Arc<RwLocks>,
+        kind: LeaseKind,
+        entry: Entry,
+        local_lock: LocalLock,
+    ) -> RwLeading {
         let token = locks.engine.backend.new_token();
         let key = entry.key.clone();
         RwLeading {
             kind,
             token,
-            armed: Armed::new(&locks.engine, kind, &key, vec![token], (entry, gate)),
+            armed: Armed::new(&locks.engine, kind, &key, vec![token], (entry, local_lock)),
         }
     }
 

@@ -74,7 +74,7 @@ mod permit;
 mod requests;
 
 pub use permit::Permit;
-use permit::Pool;
+use permit::PermitPool;
 pub(crate) use requests::Semaphores;
 
 /// The most permits a semaphore key may have.
@@ -297,7 +297,7 @@ impl Semaphore {
             },
         )
         .await?;
-        let queue: Arc<dyn Pool> = Arc::clone(semaphores) as Arc<dyn Pool>;
+        let queue: Arc<dyn PermitPool> = Arc::clone(semaphores) as Arc<dyn PermitPool>;
         Ok(granted.map(|granted| Permit::new(&queue, granted.lease)))
     }
 }

@@ -16,7 +16,7 @@ use crate::lease::{Lease, LeaseKind};
 /// Where a permit goes when its holder is done with it: the locker's semaphores
 /// (`requests.rs`), which make permits and so import this file. A permit reaches
 /// them only through this trait, so the two files do not import each other.
-pub(super) trait Pool: Send + Sync + 'static {
+pub(super) trait PermitPool: Send + Sync + 'static {
     /// The engine the permits run on.
     fn engine(&self) -> &Arc<Engine>;
 
@@ -35,7 +35,7 @@ pub(super) trait Pool: Send + Sync + 'static {
 /// than its validity ends.
 #[must_use = "the permit is released when it is dropped"]
 pub struct Permit {
-    pub(super) semaphores: Arc<dyn Pool>,
+    pub(super) semaphores: Arc<dyn PermitPool>,
     pub(super) lease: Arc<Lease>,
     pub(super) done: bool,
     pub(super) granted_at: crate::lease::histograms::Since,
@@ -59,7 +59,7 @@ impl Permit {
     /// `None` (and released in the background) if the reply came back after its
     /// validity window.
     pub(super) fn granted(
-        semaphores: &Arc<dyn Pool>,
+        semaphores: &Arc<dyn PermitPool>,
         key: &LockKey,
         token: LeaseToken,
         sent_at: Instant,
@@ -87,7 +87,7 @@ impl Permit {
     }
 
     /// The permit of a granted `lease`.
-    pub(super) fn new(semaphores: &Arc<dyn Pool>, lease: Arc<Lease>) -> Permit {
+    pub(super) fn new(semaphores: &Arc<dyn PermitPool>, lease: Arc<Lease>) -> Permit {
         Permit {
             semaphores: Arc::clone(semaphores),
             lease,
@@ -97,9 +97,9 @@ impl Permit {
         }
     }
 
-    /// The same permit for its next local holder ([`Pool::hand_off`]).
+    /// The same permit for its next local holder ([`PermitPool::hand_off`]).
     pub(super) fn handed_off(
-        semaphores: &Arc<dyn Pool>,
+        semaphores: &Arc<dyn PermitPool>,
         lease: &Arc<Lease>,
         fair_bound: u64,
     ) -> Permit {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::permit::{Permit, Pool};
+use super::permit::{Permit, PermitPool};
 use super::{MAX_BATCH, pending};
 use crate::backend::{LeaseToken, LockKind, WhenBusy};
 use crate::error::{Error, Phase, Result};
@@ -159,7 +159,7 @@ impl Semaphores {
     }
 }
 
-impl Pool for Semaphores {
+impl PermitPool for Semaphores {
     fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
@@ -197,7 +197,7 @@ impl Pool for Semaphores {
                 // The request task may be waiting for a wake-up for this waiter.
                 state.left.notify_one();
             }
-            let queue: Arc<dyn Pool> = Arc::clone(&self) as Arc<dyn Pool>;
+            let queue: Arc<dyn PermitPool> = Arc::clone(&self) as Arc<dyn PermitPool>;
             let permit = Permit::handed_off(&queue, lease, fair_bound);
             match waiter.tx.send(Ok(permit)) {
                 Ok(()) => {
@@ -292,7 +292,7 @@ impl Driver {
 
     pub(super) async fn drive(&mut self) {
         let semaphores = Arc::clone(&self.semaphores);
-        let queue: Arc<dyn Pool> = Arc::clone(&semaphores) as Arc<dyn Pool>;
+        let queue: Arc<dyn PermitPool> = Arc::clone(&semaphores) as Arc<dyn PermitPool>;
         let state = Arc::clone(&self.state);
         let key = &state.key;
         let Some(backend) = semaphores.engine.backend.semaphore() else {

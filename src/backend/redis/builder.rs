@@ -366,7 +366,7 @@ impl RedisBackendBuilder {
         // fails the connect: a read-only replica, say, refuses the life's first
         // write like every other, and the first grant learns the life instead.
         if let Err(e) = inner.check_life().await {
-            if super::is_auth_failure(&e) || super::classify(&e) == super::Class::NoPermission {
+            if super::is_auth_failure(&e) || super::mapping(&e) == super::Mapping::NoPermission {
                 let name = format!("{}:life", inner.prefix);
                 return Err(inner.check_error(&format!("reading the server's life ({name})"), e));
             }

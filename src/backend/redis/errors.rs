@@ -47,9 +47,9 @@ pub(super) fn connect_error(target: &str, doing: &str, e: RedisError) -> Error {
     }
 }
 
-/// How a Redis error is reported; see [`map_err`].
+/// Which [`Error`] a Redis error maps to; see [`map_err`].
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Class {
+pub(super) enum Mapping {
     /// The ACL refused a command, a key or a channel.
     NoPermission,
     /// `WRONGTYPE`: a value lockflight did not write.
@@ -60,16 +60,16 @@ pub(super) enum Class {
     Transient,
 }
 
-pub(super) fn classify(e: &RedisError) -> Class {
+pub(super) fn mapping(e: &RedisError) -> Mapping {
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return Class::Transient;
+        return Mapping::Transient;
     }
     if e.kind() == ErrorKind::AuthenticationFailed {
         // A reconnection whose AUTH was refused (the password changed).
-        return Class::Refused("WRONGPASS".into());
+        return Mapping::Refused("WRONGPASS".into());
     }
     match e.code() {
-        Some("NOPERM") => Class::NoPermission,
+        Some("NOPERM") => Mapping::NoPermission,
         // Redis 7.0 answers an ACL refusal inside a script with ERR, and so does
         // Valkey 9.1 ("ACL failure in script: User … has no permissions to run …").
         Some("ERR")
@@ -78,17 +78,17 @@ pub(super) fn classify(e: &RedisError) -> Class {
                     || d.starts_with("ACL failure in script")
             }) =>
         {
-            Class::NoPermission
+            Mapping::NoPermission
         }
-        Some("WRONGTYPE") => Class::Foreign,
+        Some("WRONGTYPE") => Mapping::Foreign,
         // A cluster in flux: a redirect still unresolved after the cluster client's
         // retries (a failover or a migration in progress) is retried by the caller.
         Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK") => {
-            Class::Transient
+            Mapping::Transient
         }
-        Some(code) => Class::Refused(code.to_owned()),
+        Some(code) => Mapping::Refused(code.to_owned()),
         // Client-side: a protocol error (the connection is replaced), a lost reply.
-        None => Class::Transient,
+        None => Mapping::Transient,
     }
 }
 
@@ -100,13 +100,13 @@ pub(super) fn classify(e: &RedisError) -> Class {
 /// [`Error::Backend`] (transient).
 pub(crate) fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
     let key = key.clone();
-    match classify(&e) {
-        Class::NoPermission => Error::NoPermission {
+    match mapping(&e) {
+        Mapping::NoPermission => Error::NoPermission {
             key,
             phase,
             source: Arc::new(e),
         },
-        Class::Foreign => Error::ForeignValue {
+        Mapping::Foreign => Error::ForeignValue {
             key,
             phase,
             // Without the script's location that Redis appends.
@@ -116,13 +116,13 @@ pub(crate) fn map_err(key: &LockKey, phase: Phase, e: RedisError) -> Error {
                 .unwrap_or("a value of another type")
                 .to_owned(),
         },
-        Class::Refused(code) => Error::Refused {
+        Mapping::Refused(code) => Error::Refused {
             key,
             phase,
             code,
             source: Arc::new(e),
         },
-        Class::Transient => Error::Backend {
+        Mapping::Transient => Error::Backend {
             key,
             phase,
             source: Arc::new(e),

@@ -9,9 +9,9 @@ use redis::{RedisError, Script, Value};
 use super::life::{Gate, Life};
 use super::notify::wake_message;
 use super::{
-    ACQUIRE, CheckFailed, Class, Inner, LEAVE, LeaseScript, Names, PROBE_KEY, RELEASE, RENEW_LOCK,
-    classify, connect_error, decode_acquire, decode_leave, decode_release, decode_renewal,
-    is_auth_failure, map_err, millis, notify, warn_refused_publish,
+    ACQUIRE, CheckFailed, Inner, LEAVE, LeaseScript, Mapping, Names, PROBE_KEY, RELEASE,
+    RENEW_LOCK, connect_error, decode_acquire, decode_leave, decode_release, decode_renewal,
+    is_auth_failure, map_err, mapping, millis, notify, warn_refused_publish,
 };
 use crate::backend::{Acquire, LeaseToken, LockKind, Released, WhenBusy};
 use crate::error::{Error, Phase, Result};
@@ -402,7 +402,7 @@ impl Inner {
             match &*attempts.borrow_and_update() {
                 notify::Attempt::Subscribed => return Ok(()),
                 notify::Attempt::Failed(e) => {
-                    if is_auth_failure(e) || classify(e) == Class::NoPermission {
+                    if is_auth_failure(e) || mapping(e) == Mapping::NoPermission {
                         return Err(
                             self.check_error(&format!("SUBSCRIBE to {}", self.channel), e.clone())
                         );
@@ -439,19 +439,19 @@ impl Inner {
             check: format!("connect check: {check}"),
             source: e,
         });
-        match classify(&failed.source) {
-            Class::NoPermission => Error::NoPermission {
+        match mapping(&failed.source) {
+            Mapping::NoPermission => Error::NoPermission {
                 key: LockKey::from(PROBE_KEY),
                 phase: Phase::Acquiring,
                 source: failed,
             },
-            Class::Refused(code) => Error::Refused {
+            Mapping::Refused(code) => Error::Refused {
                 key: LockKey::from(PROBE_KEY),
                 phase: Phase::Acquiring,
                 code,
                 source: failed,
             },
-            Class::Foreign | Class::Transient => Error::Connect {
+            Mapping::Foreign | Mapping::Transient => Error::Connect {
                 target: self.target.clone(),
                 source: failed,
             },

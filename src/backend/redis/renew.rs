@@ -281,7 +281,7 @@ impl RedisBackend {
         items: &[RenewItem<'_>],
         chunk: &[usize],
     ) -> Vec<Result<Renewal>> {
-        use super::errors::{Class, classify};
+        use super::errors::{Mapping, mapping};
 
         let Some(cluster) = self.inner.conn.cluster() else {
             return self.renew_chunk(items, chunk).await;
@@ -298,7 +298,7 @@ impl RedisBackend {
             .await
         {
             Ok(reply) => reply,
-            Err(e) if classify(&e) == Class::Transient || e.code() == Some("READONLY") => {
+            Err(e) if mapping(&e) == Mapping::Transient || e.code() == Some("READONLY") => {
                 return chunk_failed(items, chunk, e);
             }
             Err(e) => {

@@ -168,17 +168,17 @@ fn classifies_server_errors() {
     use redis::ServerErrorKind;
     let known = |kind: ServerErrorKind| RedisError::from((ErrorKind::Server(kind), "detail"));
     assert_eq!(
-        classify(&known(ServerErrorKind::NoPerm)),
-        Class::NoPermission
+        mapping(&known(ServerErrorKind::NoPerm)),
+        Mapping::NoPermission
     );
     assert_eq!(
-        classify(&server_error(
+        mapping(&server_error(
             "ERR",
             "The user executing the script can't run this command or subcommand script: x"
         )),
-        Class::NoPermission
+        Mapping::NoPermission
     );
-    assert_eq!(classify(&server_error("WRONGTYPE", "x")), Class::Foreign);
+    assert_eq!(mapping(&server_error("WRONGTYPE", "x")), Mapping::Foreign);
     for (error, code) in [
         (server_error("OOM", "command not allowed"), "OOM"),
         (known(ServerErrorKind::ReadOnly), "READONLY"),
@@ -192,7 +192,7 @@ fn classifies_server_errors() {
             "WRONGPASS",
         ),
     ] {
-        assert_eq!(classify(&error), Class::Refused(code.into()), "{error}");
+        assert_eq!(mapping(&error), Mapping::Refused(code.into()), "{error}");
     }
     for error in [
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
@@ -206,7 +206,7 @@ fn classifies_server_errors() {
         server_error("MOVED", "3999 127.0.0.1:6381"),
         server_error("ASK", "3999 127.0.0.1:6381"),
     ] {
-        assert_eq!(classify(&error), Class::Transient, "{error}");
+        assert_eq!(mapping(&error), Mapping::Transient, "{error}");
     }
 }
 

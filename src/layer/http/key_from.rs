@@ -26,10 +26,10 @@ use crate::key::{KeyExtractor, LockKey, NoKey};
 /// assert_eq!(KeyFrom::path_segment(7).extract(&req), None);
 /// ```
 #[derive(Clone, Debug)]
-pub struct KeyFrom(Place);
+pub struct KeyFrom(Source);
 
 #[derive(Clone, Debug)]
-enum Place {
+enum Source {
     Header(http::HeaderName),
     Segment(usize),
     #[cfg(feature = "axum")]
@@ -39,13 +39,13 @@ enum Place {
 impl KeyFrom {
     /// The raw bytes of the header `name`.
     pub fn header(name: http::HeaderName) -> Self {
-        KeyFrom(Place::Header(name))
+        KeyFrom(Source::Header(name))
     }
 
     /// Segment number `index` of the URI path (0-based after the leading `/`:
     /// `/items/{sku}` has `sku` at 1), as it appears in the URI (percent-encoded).
     pub fn path_segment(index: usize) -> Self {
-        KeyFrom(Place::Segment(index))
+        KeyFrom(Source::Segment(index))
     }
 
     /// The parameter `name` (`{name}` or `{*name}`) of the matched axum route,
@@ -70,7 +70,7 @@ impl KeyFrom {
     /// ```
     #[cfg(feature = "axum")]
     pub fn path_param(name: &str) -> Self {
-        KeyFrom(Place::Param(PathParam::new(name)))
+        KeyFrom(Source::Param(PathParam::new(name)))
     }
 }
 
@@ -79,8 +79,8 @@ impl<B> KeyExtractor<http::Request<B>> for KeyFrom {
     /// path parameter, through a copy of the request's extensions).
     fn extract(&self, req: &http::Request<B>) -> Option<LockKey> {
         match &self.0 {
-            Place::Header(name) => req.headers().get(name).map(|v| LockKey::from(v.as_bytes())),
-            Place::Segment(index) => req
+            Source::Header(name) => req.headers().get(name).map(|v| LockKey::from(v.as_bytes())),
+            Source::Segment(index) => req
                 .uri()
                 .path()
                 .trim_start_matches('/')
@@ -89,20 +89,20 @@ impl<B> KeyExtractor<http::Request<B>> for KeyFrom {
                 .filter(|s| !s.is_empty())
                 .map(LockKey::from),
             #[cfg(feature = "axum")]
-            Place::Param(param) => param.value_in(&mut req.extensions().clone()).ok(),
+            Source::Param(param) => param.value_in(&mut req.extensions().clone()).ok(),
         }
     }
 
     fn extract_key(&self, req: &mut http::Request<B>) -> Result<LockKey, NoKey> {
         match &self.0 {
-            Place::Header(name) => self
+            Source::Header(name) => self
                 .extract(req)
                 .ok_or_else(|| NoKey::client(format!("no `{name}` header"))),
-            Place::Segment(index) => self
+            Source::Segment(index) => self
                 .extract(req)
                 .ok_or_else(|| NoKey::client(format!("the path has no segment {index}"))),
             #[cfg(feature = "axum")]
-            Place::Param(param) => param.value_in(req.extensions_mut()),
+            Source::Param(param) => param.value_in(req.extensions_mut()),
         }
     }
 }
