@@ -272,7 +272,14 @@ async fn renew_batch(mut requeue: Requeue) {
         }
         let items: Vec<RenewItem<'_>> = pending
             .iter()
-            .map(|lease| RenewItem::new(lease.kind, &lease.key, lease.token, lease.ttl))
+            .map(|lease| {
+                RenewItem::new(
+                    lease.kind,
+                    &lease.key,
+                    lease.token,
+                    renewal_ttl(lease, sent_at),
+                )
+            })
             .collect();
         let Some(outcomes) = await_batch(renewals.backend.renew_batch(&items), &pending).await
         else {
@@ -325,6 +332,20 @@ where
 }
 
 /// Applies one lease's renewal outcome, from a call sent at `sent_at`.
+/// The TTL a renewal sent at `sent_at` asks for: the lease's, but never past its
+/// hold limit (plus the drift allowance, so the server holds it at least as long
+/// as its holder believes it valid): a lease at its hold limit ends at the server
+/// then too, not a TTL later.
+fn renewal_ttl(lease: &Lease, sent_at: Instant) -> Duration {
+    match lease.hold_until() {
+        Some(end) => {
+            let left = end.saturating_duration_since(sent_at);
+            lease.ttl.min(left + drift(left))
+        }
+        None => lease.ttl,
+    }
+}
+
 fn settle(
     renewals: &Arc<Renewals>,
     lease: &Arc<Lease>,
