@@ -156,6 +156,10 @@ pub struct LockOptions {
     pub(crate) wait_timeout: Option<Duration>,
     pub(crate) lease_ttl: Option<Duration>,
     pub(crate) try_only: bool,
+    /// The latest end of a lease this call acquires, from its request (a
+    /// scheduled job's `at_most`); the earlier of it and the locker's hold limit
+    /// holds.
+    pub(crate) hold_limit: Option<Duration>,
 }
 
 impl LockOptions {

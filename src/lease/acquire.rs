@@ -143,6 +143,8 @@ pub(crate) struct NewLease<'a> {
     pub(crate) epoch: u64,
     pub(crate) sent_at: Instant,
     pub(crate) waiting: u32,
+    /// The call's own hold limit ([`Call::hold_limit`]).
+    pub(crate) hold_limit: Option<Duration>,
 }
 
 /// What a grant gives: the lease (counted as acquired and watched by the renewal
@@ -159,6 +161,7 @@ pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
         epoch,
         sent_at,
         waiting,
+        hold_limit,
     } = new;
     let lease = Lease::new(
         key.clone(),
@@ -170,7 +173,12 @@ pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
         Arc::clone(&engine.stats),
     )
     .with_kind(kind);
-    if let Some(end) = engine.renewals.hold_end(lease.acquired_at) {
+    let own_end = hold_limit.map(|limit| deadline_after(lease.acquired_at, limit));
+    let end = match (engine.renewals.hold_end(lease.acquired_at), own_end) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if let Some(end) = end {
         lease.limit_hold(end);
     }
     if Instant::now() >= lease.valid_until() {
@@ -194,6 +202,9 @@ pub(crate) struct Call {
     /// nodes answering is reported at once.
     pub(crate) mode: WhenBusy,
     pub(crate) ttl: Duration,
+    /// The latest end of the lease from its request, besides the locker's hold
+    /// limit (a scheduled job's `at_most`).
+    pub(crate) hold_limit: Option<Duration>,
 }
 
 impl Call {
@@ -205,6 +216,7 @@ impl Call {
             deadline: deadline_after(start, wait),
             mode,
             ttl,
+            hold_limit: None,
         }
     }
 
@@ -276,6 +288,7 @@ where
         deadline,
         mode,
         ttl,
+        hold_limit,
     } = ask.call;
     // The last attempt that failed rather than found the lock busy: a wait that
     // runs out after it names it (a refusal's cause must not become a bare
@@ -326,6 +339,7 @@ where
                         epoch,
                         sent_at,
                         waiting,
+                        hold_limit,
                     },
                 );
                 let Some(lease) = granted else {

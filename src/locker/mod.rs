@@ -183,7 +183,8 @@ impl Locker {
         wait: Duration,
     ) -> Result<LockGuard> {
         let ttl = self.shared.engine.config.lease_ttl;
-        self.acquire(key.into(), wait, ttl, WhenBusy::Queue).await
+        let call = Call::new(wait, ttl, WhenBusy::Queue);
+        self.acquire(key.into(), call).await
     }
 
     /// Like [`lock`](Self::lock) with per-call settings: a wait timeout, a lease
@@ -237,7 +238,11 @@ impl Locker {
             true => WhenBusy::Return,
             false => WhenBusy::Queue,
         };
-        self.acquire(key, wait, ttl, mode).await
+        let call = Call {
+            hold_limit: options.hold_limit,
+            ..Call::new(wait, ttl, mode)
+        };
+        self.acquire(key, call).await
     }
 
     /// Takes the lock of `key` if it is free right now: one backend request, no
@@ -259,7 +264,10 @@ impl Locker {
     pub async fn try_lock(&self, key: impl Into<LockKey>) -> Result<Option<LockGuard>> {
         let config = &self.shared.engine.config;
         let (wait, ttl) = (config.wait_timeout, config.lease_ttl);
-        match self.acquire(key.into(), wait, ttl, WhenBusy::Return).await {
+        match self
+            .acquire(key.into(), Call::new(wait, ttl, WhenBusy::Return))
+            .await
+        {
             Ok(guard) => Ok(Some(guard)),
             Err(Error::Busy { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -267,19 +275,12 @@ impl Locker {
     }
 
     /// Every acquire of the mutex: `lock`, `lock_within`, `lock_with_options` and
-    /// `try_lock` differ only in these arguments. `wait` bounds the whole call (in
-    /// [`WhenBusy::Return`], the one backend request); a busy key in
+    /// `try_lock` differ only in their [`Call`]. Its deadline bounds the whole call
+    /// (in [`WhenBusy::Return`], the one backend request); a busy key in
     /// [`WhenBusy::Return`] is [`Error::Busy`], the one error no other path gives.
-    async fn acquire(
-        &self,
-        key: LockKey,
-        wait: Duration,
-        ttl: Duration,
-        mode: WhenBusy,
-    ) -> Result<LockGuard> {
+    async fn acquire(&self, key: LockKey, call: Call) -> Result<LockGuard> {
         key.validate()?;
         self.check_reentry(&key)?;
-        let call = Call::new(wait, ttl, mode);
         let span = tracing::debug_span!("lockflight.lock", key = %key);
         let got = self.acquire_at(key, call).instrument(span).await;
         if got.is_ok() {

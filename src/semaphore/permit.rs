@@ -76,6 +76,7 @@ impl Permit {
                 epoch: 0,
                 sent_at,
                 waiting,
+                hold_limit: None,
             },
         );
         let Some(lease) = granted else {
