@@ -29,12 +29,13 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::schedule::{RELEASE_ATTEMPTS, RELEASE_BACKOFF, RELEASE_WINDOW};
-use crate::backend::{LeaseToken, LockBackend};
+use crate::backend::{LeaseToken, LockBackend, Renewal};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
 use crate::lease::engine::Engine;
@@ -126,6 +127,21 @@ pub(crate) async fn send(
     }
 }
 
+/// One renewal of the mutex `lease` with `ttl`, instead of its release
+/// ([`Release::keeping`]): whether the backend still held it.
+async fn keep(backend: &dyn LockBackend, lease: &Lease, ttl: Duration) -> Result<bool> {
+    if lease.kind != LeaseKind::Mutex {
+        return Err(Error::Unsupported {
+            key: lease.key.clone(),
+            what: "keeping a lease other than a mutex's",
+        });
+    }
+    Ok(matches!(
+        backend.renew(&lease.key, lease.token, ttl).await?,
+        Renewal::Renewed { .. }
+    ))
+}
+
 /// Releases `token` of `kind` on the shared schedule, for a token that may hold
 /// something at the backend and that nobody holds locally: an abandoned acquire
 /// that may have landed, a release that failed. Errors are logged: the lease then
@@ -191,6 +207,9 @@ pub(crate) struct Release<S: Settle> {
     settle: Option<S>,
     /// Renewal stopped and the renewals counted (once, however often it runs).
     forgotten: bool,
+    /// Not a release: the lease is left at the backend to expire `keep` from now
+    /// (a mutex lease renewed once with that TTL; see [`Release::keeping`]).
+    keep: Option<Duration>,
 }
 
 impl<S: Settle> Release<S> {
@@ -203,7 +222,25 @@ impl<S: Settle> Release<S> {
             attempts: Attempts::default(),
             settle: Some(settle),
             forgotten: false,
+            keep: None,
         }
+    }
+
+    /// Instead of a release, the mutex `lease` is left at the backend until `ttl`
+    /// from now (a scheduled job's `at_least`): one renewal with that TTL, then
+    /// the lease is forgotten here as after a release. The lease's TTL was at
+    /// least as long when it was last granted or renewed, so a keep that fails
+    /// leaves it held longer, never shorter; it is not retried, and its token is
+    /// not retired (a release would end it early).
+    pub(crate) fn keeping(
+        engine: Arc<Engine>,
+        lease: Arc<Lease>,
+        settle: S,
+        ttl: Duration,
+    ) -> Release<S> {
+        let mut job = Release::new(engine, lease, settle);
+        job.keep = Some(ttl);
+        job
     }
 
     fn forget(&mut self) {
@@ -228,6 +265,14 @@ impl<S: Settle> Release<S> {
         job.forget();
         let requeue = job.settle.as_ref().and_then(S::requeue);
         let (engine, lease) = (Arc::clone(&job.engine), Arc::clone(&job.lease));
+        if let Some(ttl) = job.keep {
+            let mut job = rearm.0.take().expect("armed");
+            let result = keep(&*engine.backend, &lease, ttl).await;
+            if let Some(settle) = job.settle.take() {
+                settle.settle(Ran::Sent { requeued: false });
+            }
+            return outcome(&lease, result?);
+        }
         let span = tracing::debug_span!("lockflight.release", key = %lease.key, kind = ?lease.kind);
         let result = job
             .attempts

@@ -119,6 +119,31 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// Ends this hold by leaving the lease at the backend until `ttl` from now,
+    /// where nobody else can take it ([`LockerState::keep`]): what a scheduled
+    /// job does after its work, until `at_least` has passed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the backend no longer held the lease; backend
+    /// errors as they come (the lease then expires at its TTL, which is at least
+    /// `ttl`'s end).
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before the backend answered, the lease is left
+    /// as it is: it expires at its TTL.
+    pub(crate) async fn keep_for(mut self, ttl: std::time::Duration) -> Result<()> {
+        self.done = true;
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at);
+        let job = self
+            .shared
+            .keep(self.slot.take(), Arc::clone(&self.lease), self.seq, ttl);
+        job.run().await
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.done {

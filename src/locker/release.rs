@@ -50,6 +50,29 @@ impl LockerState {
         End::Release(self.release_job(slot, lease))
     }
 
+    /// Ends a holder's use of `lease` (as handoff number `seq`) by leaving it at
+    /// the backend until `ttl` from now: no handoff, no caching, and no release
+    /// ([`BackendRelease::keeping`]); the slot's next waiter leads, and meets the
+    /// lease at the backend.
+    pub(crate) fn keep(
+        &self,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+        ttl: std::time::Duration,
+    ) -> BackendRelease<SlotEnd> {
+        if let Some(slot) = &slot {
+            let step = slot.release(&lease, seq + 1, false, None, None);
+            debug_assert_eq!(step, ReleaseStep::Backend);
+        }
+        let end = SlotEnd {
+            shared: self.arc(),
+            key: lease.key.clone(),
+            slot,
+        };
+        BackendRelease::keeping(Arc::clone(&self.engine), lease, end, ttl)
+    }
+
     /// The backend release of `lease`, held by `slot` (none without coalescing),
     /// from its first attempt.
     pub(super) fn release_job(
