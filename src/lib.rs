@@ -106,6 +106,8 @@ pub mod guard;
 pub mod guide;
 #[cfg(feature = "inspect")]
 pub mod inspect;
+#[doc(hidden)]
+pub mod job;
 mod key;
 pub mod layer;
 mod lease;
