@@ -35,11 +35,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::WhenBusy;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
+use crate::lease::acquire::Call;
 use crate::lease::{FencingToken, Loss, LossSignal, drift};
-use crate::locker::Locker;
-use crate::settings::LockOptions;
+use crate::locker::{LockGuard, Locker};
+use crate::settings::ttl_in_bounds;
 
 /// How long a job's lock is held: at most `at_most` from its grant (the work is
 /// told of the loss then), and at least `at_least` (kept after the work returns).
@@ -124,6 +126,27 @@ impl JobLease {
 }
 
 impl Locker {
+    /// The one attempt of a job's tick: no wait, a lease whose TTL is at least
+    /// `at_least` (so that even a lease never renewed stays that long) and at
+    /// most `at_most`, and `at_most` as the call's hold limit, so no renewal
+    /// carries the lease past it either.
+    fn job_call(&self, key: &LockKey, options: JobOptions) -> Result<Call> {
+        options.validate(key)?;
+        let ttl = self.lease_ttl().max(options.at_least).min(options.at_most);
+        // A lease shorter than `at_most` is at least the locker's, which fits
+        // its renewal interval; one of `at_most` is never renewed.
+        ttl_in_bounds(ttl).map_err(|reason| {
+            Error::config(format!(
+                "run_exclusive({key}): at_most {:?} and at_least {:?} make a lease of {ttl:?}: {reason}",
+                options.at_most, options.at_least
+            ))
+        })?;
+        Ok(Call {
+            hold_limit: Some(options.at_most),
+            ..Call::new(self.wait_timeout(), ttl, WhenBusy::Return)
+        })
+    }
+
     /// Runs `work` for this tick of the job `key`, unless another replica (or
     /// another task of this process) holds the job's lock: then the tick is
     /// [`Tick::Skipped`], which is an outcome, not an error. The lock is taken
@@ -142,9 +165,10 @@ impl Locker {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future before the work returns drops the work and releases
-    /// the lock in the background, before `at_least`: the tick may run again
-    /// elsewhere.
+    /// Dropping the future before the work returns drops the work; the tick
+    /// still counts as run here: the lock is kept until `at_least` from its grant
+    /// (or released, if that has passed) in the background, as if the work had
+    /// returned.
     pub async fn run_exclusive<F, Fut, T>(
         &self,
         key: impl Into<LockKey>,
@@ -156,44 +180,82 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let key = key.into();
-        options.validate(&key)?;
-        // Never past `at_most` at the server either, and never shorter than
-        // `at_least` (a lease that is never renewed stays that long).
-        let ttl = self.lease_ttl().max(options.at_least).min(options.at_most);
-        let lock = LockOptions {
-            hold_limit: Some(options.at_most),
-            ..LockOptions::new().try_only().lease_ttl(ttl)
-        };
-        let guard = match self.lock_with_options(key.clone(), lock).await {
+        let call = self.job_call(&key, options)?;
+        let guard = match self.acquire(key.clone(), call).await {
             Ok(guard) => guard,
-            Err(Error::Busy { .. }) => return Ok(Tick::Skipped),
+            Err(Error::Busy { .. }) => {
+                self.counters().job_skipped();
+                return Ok(Tick::Skipped);
+            }
             Err(e) => return Err(e),
         };
-        // After the grant's reply, so no earlier than the server's grant: the
-        // kept lease ends no earlier than `at_least` after it.
-        let granted = Instant::now();
+        self.counters().job_ran();
+        let hold = Hold {
+            guard: Some(guard),
+            // After the grant's reply, so no earlier than the server's grant:
+            // the kept lease ends no earlier than `at_least` after it.
+            granted: Instant::now(),
+            at_least: options.at_least,
+        };
         let lease = JobLease {
             key,
-            token: guard.fencing_token(),
-            loss: guard.loss_signal(),
+            token: hold.guard().fencing_token(),
+            loss: hold.guard().loss_signal(),
         };
         let output = work(lease).await;
-        // With the drift allowance: the server's clock may run a little slower.
-        let left = options.at_least.saturating_sub(granted.elapsed());
-        let left = if left.is_zero() {
-            left
-        } else {
-            left + drift(left)
-        };
-        let end = if left.is_zero() {
-            guard.release().await
-        } else {
-            guard.keep_for(left).await
-        };
-        if let Err(e) = end {
+        if let Err(e) = hold.end().await {
             tracing::debug!(error = %e, "the end of a job's hold failed");
         }
         Ok(Tick::Ran(output))
+    }
+}
+
+/// A job's lease while its work runs. Its end keeps the lease at the backend
+/// until `at_least` from the grant, or releases it there once that has passed;
+/// dropped with a cancelled tick, it ends the same way in the background, so a
+/// cancelled tick still counts as this tick's run.
+struct Hold {
+    guard: Option<LockGuard>,
+    granted: Instant,
+    at_least: Duration,
+}
+
+impl Hold {
+    fn guard(&self) -> &LockGuard {
+        self.guard.as_ref().expect("held until its end")
+    }
+
+    async fn end(mut self) -> Result<()> {
+        let guard = self.guard.take().expect("held until its end");
+        end_hold(guard, self.granted, self.at_least).await
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            let (granted, at_least) = (self.granted, self.at_least);
+            // Without a runtime the guard is dropped here, and ends as any
+            // dropped guard does.
+            let _ = crate::runtime::spawn(async move {
+                if let Err(e) = end_hold(guard, granted, at_least).await {
+                    tracing::debug!(error = %e, "the end of a cancelled job's hold failed");
+                }
+            });
+        }
+    }
+}
+
+/// Keeps `guard`'s lease until `at_least` after `granted`, with the drift
+/// allowance (the server's clock may run a little slower), or releases it at the
+/// backend if that has passed: never handed on or cached, so the next tick takes
+/// a lease of its own.
+async fn end_hold(guard: LockGuard, granted: Instant, at_least: Duration) -> Result<()> {
+    let left = at_least.saturating_sub(granted.elapsed());
+    if left.is_zero() {
+        guard.release_at_backend().await
+    } else {
+        guard.keep_for(left + drift(left)).await
     }
 }
 
@@ -204,7 +266,7 @@ mod tests {
     use super::{JobOptions, Tick};
     use crate::backend::MemoryBackend;
     use crate::error::Error;
-    use crate::locker::Locker;
+    use crate::locker::{LockGuard, Locker};
 
     /// Two replicas on one server fire the same tick, one of them late (its
     /// clock behind): the late one finds the lock kept until `at_least` and
@@ -283,5 +345,92 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
         assert!(err.to_string().contains("job"), "{err}");
+    }
+
+    /// A tick never runs on a lease this process keeps cached for its other
+    /// users of the key (granted for another call, with another hold limit):
+    /// the cached lease goes back to the backend and the tick takes its own.
+    #[tokio::test]
+    async fn a_tick_takes_a_lease_of_its_own_never_a_cached_one() {
+        // A linger no busy machine outlasts (a paused clock would skip it).
+        let locker = Locker::builder(MemoryBackend::new())
+            .cache_leases_for(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        // A key locked again within the linger of its release is warm: one of
+        // its next releases leaves the lease cached (no backend release).
+        let mut cached = None;
+        for _ in 0..5 {
+            let guard = locker.lock("job").await.unwrap();
+            let token = guard.fencing_token();
+            let before = locker.stats();
+            guard.release().await.unwrap();
+            if (locker.stats() - before).releases == 0 {
+                cached = Some(token);
+                break;
+            }
+        }
+        let cached_token = cached.expect("a lease of the warm key was cached");
+        let before_job = locker.stats();
+        let options = JobOptions::new(Duration::from_secs(60));
+        let tick = locker
+            .run_exclusive("job", options, |lease| async move { lease.fencing_token() })
+            .await
+            .unwrap();
+        let Tick::Ran(token) = tick else {
+            panic!("the tick was skipped")
+        };
+        assert!(token > cached_token, "{token:?} after {cached_token:?}");
+        let delta = locker.stats() - before_job;
+        assert_eq!((delta.acquire_attempts, delta.jobs_run), (1, 1));
+        // Nor does the tick leave its lease cached: the next takes its own.
+        let Tick::Ran(next) = locker
+            .run_exclusive("job", options, |lease| async move { lease.fencing_token() })
+            .await
+            .unwrap()
+        else {
+            panic!("the next tick was skipped")
+        };
+        assert!(next > token);
+    }
+
+    /// A tick whose future is dropped while its work runs still counts as run:
+    /// the lock stays until `at_least`, and a skipped tick is counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_tick_keeps_the_lock_until_at_least() {
+        let backend = MemoryBackend::new();
+        let a = Locker::builder(backend.clone()).build().unwrap();
+        let b = Locker::builder(backend).build().unwrap();
+        let options = JobOptions::new(Duration::from_secs(60)).at_least(Duration::from_secs(10));
+        let work = |_| std::future::pending::<()>();
+        let cancelled = tokio::time::timeout(
+            Duration::from_secs(1),
+            a.run_exclusive("job", options, work),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the work never returns");
+        let before = b.stats();
+        let skipped = b.run_exclusive("job", options, |_| async {}).await.unwrap();
+        assert_eq!(skipped, Tick::Skipped);
+        assert_eq!((b.stats() - before).jobs_skipped, 1);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let ran = b.run_exclusive("job", options, |_| async {}).await.unwrap();
+        assert_eq!(ran, Tick::Ran(()));
+    }
+
+    /// A lease outside the lease TTL's bounds is refused, naming the call, the
+    /// key and the bounds.
+    #[tokio::test]
+    async fn a_lease_out_of_bounds_is_refused_naming_run_exclusive() {
+        let locker = Locker::builder(MemoryBackend::new()).build().unwrap();
+        let tiny = JobOptions::new(Duration::from_micros(1));
+        let err = locker
+            .run_exclusive("nightly", tiny, |_| async {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("run_exclusive(nightly)"), "{text}");
+        assert!(text.contains("at_most"), "{text}");
     }
 }

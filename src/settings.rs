@@ -347,7 +347,7 @@ pub(crate) struct Config {
 }
 
 /// Checks that `ttl` is within [`MIN_LEASE_TTL`] and [`MAX_LEASE_TTL`].
-fn ttl_in_bounds(ttl: Duration) -> std::result::Result<(), String> {
+pub(crate) fn ttl_in_bounds(ttl: Duration) -> std::result::Result<(), String> {
     if (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) {
         return Ok(());
     }

@@ -56,6 +56,12 @@ pub struct Stats {
     pub leases_lost: u64,
     /// Calls that ended in [`Error::Timeout`](crate::Error::Timeout).
     pub timeouts: u64,
+    /// Ticks of scheduled jobs this process ran
+    /// ([`Tick::Ran`](crate::job::Tick::Ran)).
+    pub jobs_run: u64,
+    /// Ticks of scheduled jobs this process skipped because another replica or
+    /// task held the job's lock ([`Tick::Skipped`](crate::job::Tick::Skipped)).
+    pub jobs_skipped: u64,
     /// Keys with local state in this process when the snapshot was taken, of
     /// every kind (a holder, a leader, waiters, a cached lease, a semaphore
     /// handle's state). Not a counter: zero once every task is done with its keys,
@@ -84,6 +90,8 @@ impl std::ops::Sub for Stats {
             leaves: self.leaves.saturating_sub(earlier.leaves),
             leases_lost: self.leases_lost.saturating_sub(earlier.leases_lost),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            jobs_run: self.jobs_run.saturating_sub(earlier.jobs_run),
+            jobs_skipped: self.jobs_skipped.saturating_sub(earlier.jobs_skipped),
             keys_in_use: self.keys_in_use,
         }
     }
@@ -101,6 +109,8 @@ pub(crate) struct StatsInner {
     leaves: AtomicU64,
     leases_lost: AtomicU64,
     timeouts: AtomicU64,
+    jobs_run: AtomicU64,
+    jobs_skipped: AtomicU64,
 }
 
 macro_rules! counter {
@@ -132,6 +142,8 @@ counter! {
     left => leaves, "lockflight_leaves_total";
     lost => leases_lost, "lockflight_leases_lost_total";
     timeout => timeouts, "lockflight_timeouts_total";
+    job_ran => jobs_run, "lockflight_jobs_run_total";
+    job_skipped => jobs_skipped, "lockflight_jobs_skipped_total";
 }
 
 #[cfg(test)]

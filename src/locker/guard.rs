@@ -144,6 +144,27 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// Ends this hold with the lease's backend release: never handed to a local
+    /// waiter nor cached ([`LockerState::finish_at_backend`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release): the release is re-run in the background.
+    pub(crate) async fn release_at_backend(mut self) -> Result<()> {
+        self.done = true;
+        crate::lease::histograms::hold(crate::lease::LeaseKind::Mutex, self.granted_at);
+        let job =
+            self.shared
+                .finish_at_backend(self.slot.take(), Arc::clone(&self.lease), self.seq);
+        Box::pin(job.run()).await
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.done {

@@ -278,7 +278,7 @@ impl Locker {
     /// `try_lock` differ only in their [`Call`]. Its deadline bounds the whole call
     /// (in [`WhenBusy::Return`], the one backend request); a busy key in
     /// [`WhenBusy::Return`] is [`Error::Busy`], the one error no other path gives.
-    async fn acquire(&self, key: LockKey, call: Call) -> Result<LockGuard> {
+    pub(crate) async fn acquire(&self, key: LockKey, call: Call) -> Result<LockGuard> {
         key.validate()?;
         self.check_reentry(&key)?;
         let span = tracing::debug_span!("lockflight.lock", key = %key);
@@ -315,6 +315,16 @@ impl Locker {
                     Join::Cached(slot, lease, seq) => {
                         let taken = shared.take_cached(slot, lease, seq, start, deadline);
                         match taken.await? {
+                            // A call with a hold limit of its own (a scheduled
+                            // job's) needs a lease that ends by it: a cached one
+                            // was granted for another call. It goes back to the
+                            // backend and the call acquires afresh.
+                            Some(guard) if call.hold_limit.is_some() => {
+                                if let Err(e) = guard.release_at_backend().await {
+                                    tracing::debug!(%key, error = %e, "the release of a cached lease failed");
+                                }
+                                continue;
+                            }
                             Some(guard) => return Ok(guard),
                             None => continue,
                         }
@@ -493,6 +503,11 @@ impl Locker {
     /// The backend (what an election writes its leader record to).
     pub(crate) fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::clone(&self.shared.engine.backend)
+    }
+
+    /// The locker's counters.
+    pub(crate) fn counters(&self) -> &crate::stats::StatsInner {
+        &self.shared.engine.stats
     }
 
     /// The configured lease TTL.

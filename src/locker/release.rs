@@ -61,16 +61,27 @@ impl LockerState {
         seq: u64,
         ttl: std::time::Duration,
     ) -> BackendRelease<SlotEnd> {
-        if let Some(slot) = &slot {
-            let step = slot.release(&lease, seq + 1, false, None, None);
-            debug_assert_eq!(step, ReleaseStep::Backend);
-        }
+        leave_slot(slot.as_ref(), &lease, seq);
         let end = SlotEnd {
             shared: self.arc(),
             key: lease.key.clone(),
             slot,
         };
         BackendRelease::keeping(Arc::clone(&self.engine), lease, end, ttl)
+    }
+
+    /// Ends a holder's use of `lease` (as handoff number `seq`) with its backend
+    /// release: no handoff and no caching, so the key's next holder, here or
+    /// elsewhere, takes a lease of its own (a scheduled job's end: the next tick
+    /// gets a fresh TTL, hold limit and fencing token).
+    pub(crate) fn finish_at_backend(
+        &self,
+        slot: Option<Arc<Slot>>,
+        lease: Arc<Lease>,
+        seq: u64,
+    ) -> BackendRelease<SlotEnd> {
+        leave_slot(slot.as_ref(), &lease, seq);
+        self.release_job(slot, lease)
     }
 
     /// The backend release of `lease`, held by `slot` (none without coalescing),
@@ -88,6 +99,14 @@ impl LockerState {
             slot,
         };
         BackendRelease::new(Arc::clone(&self.engine), lease, end)
+    }
+}
+
+/// Leaves `slot` without handing `lease` on or caching it: the backend ends it.
+fn leave_slot(slot: Option<&Arc<Slot>>, lease: &Arc<Lease>, seq: u64) {
+    if let Some(slot) = slot {
+        let step = slot.release(lease, seq + 1, false, None, None);
+        debug_assert_eq!(step, ReleaseStep::Backend);
     }
 }
 
