@@ -8,6 +8,8 @@
 //! * [`election`]: leader election, failover, identities, the term as a fencing
 //!   token, compared with etcd, Curator and client-go.
 //! * [`fencing`]: fenced writes to Redis, PostgreSQL and SQLite.
+//! * [`scheduled_jobs`]: a job every replica fires, run at most once per tick,
+//!   with `at_most` and `at_least`.
 //! * [`axum`]: the tower layer and its axum glue: keys from path parameters, the
 //!   lock after the body, failing closed, errors as problem responses.
 //! * [`topology`]: connecting to one server, Sentinel, Cluster or Redlock; what
@@ -47,6 +49,9 @@ pub mod election {}
 
 #[doc = include_str!("../docs/guide/fencing.md")]
 pub mod fencing {}
+
+#[doc = include_str!("../docs/guide/scheduled_jobs.md")]
+pub mod scheduled_jobs {}
 
 #[cfg_attr(
     any(not(doctest), feature = "axum"),

@@ -9,7 +9,8 @@
 //! behind fires the same tick late and finds the lock still held. Neither bound
 //! reads a wall clock; both are durations the server applies (the lease's TTL),
 //! measured here on the monotonic clock from the grant's reply, which arrives
-//! after the server granted.
+//! after the server granted. The [scheduled jobs](crate::guide::scheduled_jobs)
+//! page of the guide says what happens at each event.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -46,6 +47,7 @@ use crate::settings::ttl_in_bounds;
 /// How long a job's lock is held: at most `at_most` from its grant (the work is
 /// told of the loss then), and at least `at_least` (kept after the work returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
 pub struct JobOptions {
     at_most: Duration,
     at_least: Duration,
@@ -266,7 +268,7 @@ mod tests {
     use super::{JobOptions, Tick};
     use crate::backend::MemoryBackend;
     use crate::error::Error;
-    use crate::locker::{LockGuard, Locker};
+    use crate::locker::Locker;
 
     /// Two replicas on one server fire the same tick, one of them late (its
     /// clock behind): the late one finds the lock kept until `at_least` and

@@ -76,6 +76,8 @@
 //!   ([`Contention::Fair`]).
 //! * [`election`]: leader election on the mutex's lease ([`Locker::election`]):
 //!   campaign, run while leading, resign, and who leads, for anyone.
+//! * [`job`]: scheduled jobs that run at most once per tick across replicas
+//!   ([`Locker::run_exclusive`]), composed with any timer.
 //! * [`RedisBackend`] for one Redis server, a Redis Cluster (feature `cluster`) or a
 //!   primary behind Sentinel (feature `sentinel`); [`RedlockBackend`](backend::RedlockBackend) for a quorum
 //!   of independent primaries; [`MemoryBackend`] for a single process.
@@ -106,7 +108,6 @@ pub mod guard;
 pub mod guide;
 #[cfg(feature = "inspect")]
 pub mod inspect;
-#[doc(hidden)]
 pub mod job;
 mod key;
 pub mod layer;

@@ -331,7 +331,6 @@ where
     }
 }
 
-/// Applies one lease's renewal outcome, from a call sent at `sent_at`.
 /// The TTL a renewal sent at `sent_at` asks for: the lease's, but never past its
 /// hold limit (plus the drift allowance, so the server holds it at least as long
 /// as its holder believes it valid): a lease at its hold limit ends at the server
@@ -346,6 +345,7 @@ fn renewal_ttl(lease: &Lease, sent_at: Instant) -> Duration {
     }
 }
 
+/// Applies one lease's renewal outcome, from a call sent at `sent_at`.
 fn settle(
     renewals: &Arc<Renewals>,
     lease: &Arc<Lease>,

@@ -8,6 +8,7 @@
 //!   [`wakeups`]: a wake-up racing a Busy reply; [`reentry`]; [`options`]: per-call
 //!   and per-route settings; [`takeover`] (feature `inspect`): announced forced
 //!   releases; [`programs`]: the guide's programs as child processes.
+//! * [`jobs`]: scheduled jobs (`run_exclusive`) across replica processes.
 //! * [`fence`]: fenced writes on Redis, a Cluster, PostgreSQL and SQLite.
 //! * [`scripts`]: the Redis backend's scripts and connection checks (also run on
 //!   Valkey by `scripts/test`).
@@ -19,6 +20,7 @@ mod caching;
 mod coalescing;
 mod fair;
 mod fence;
+mod jobs;
 mod multi;
 mod options;
 mod programs;

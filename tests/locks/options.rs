@@ -189,6 +189,12 @@ async fn a_fail_fast_route_answers_at_once_when_busy() {
 /// A locker with a 400 ms hold limit and leases of `ttl` renewed every 200 ms,
 /// and a second instance without a limit, under one fresh prefix.
 async fn limited_pair(name: &str, ttl: Duration) -> (Locker, Locker) {
+    let (limited, other, _) = limited_pair_in(name, ttl).await;
+    (limited, other)
+}
+
+/// [`limited_pair`], and their prefix.
+async fn limited_pair_in(name: &str, ttl: Duration) -> (Locker, Locker, String) {
     let prefix = unique_prefix(name);
     let connect = || async {
         RedisBackend::builder(shared().url())
@@ -207,7 +213,7 @@ async fn limited_pair(name: &str, ttl: Duration) -> (Locker, Locker) {
         .wait_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    (limited, other)
+    (limited, other, prefix)
 }
 
 /// `with_lock` over work that would run for a minute: at the hold limit the lease
@@ -244,11 +250,13 @@ async fn the_hold_limit_ends_a_runaway_with_lock() {
 }
 
 /// A stuck holder that never releases (its guard stays alive): at the limit its
-/// lease is lost and no longer renewed, so another instance gets the key within a
-/// lease TTL, for the mutex, a write lease, a read lease and a permit alike.
+/// lease is lost and no longer renewed, and it ends at the server then too (no
+/// renewal asked for a TTL past the limit), so another instance gets the key, for
+/// the mutex, a write lease, a read lease and a permit alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
-    let (limited, other) = limited_pair("hold-limit-stuck", Duration::from_secs(1)).await;
+    let (limited, other, prefix) =
+        limited_pair_in("hold-limit-stuck", Duration::from_secs(1)).await;
     let mutex = limited.lock("m").await.unwrap();
     let write = limited.rwlock("rw").write().await.unwrap();
     let read = limited.rwlock("rd").read().await.unwrap();
@@ -270,7 +278,36 @@ async fn a_stuck_holder_loses_every_kind_of_lease_at_the_hold_limit() {
         "{:?}",
         mutex.loss_signal().reason()
     );
-    // The guards are still alive: the key frees itself at its TTL.
+    // At the server each lease ends by the limit (plus the drift allowance), not
+    // a TTL after its last renewal (800 ms later here): read after the losses,
+    // so a slow machine only finds less left.
+    let mut conn = shared().connection().await;
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let bound = 300;
+    for name in ["{m}", "{rw}:wr"] {
+        let left: i64 = redis::cmd("PTTL")
+            .arg(format!("{prefix}:{name}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(left <= bound, "{name} still has {left} ms at the server");
+    }
+    for name in ["{rd}:rd", "{sem}:sem"] {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(format!("{prefix}:{name}"))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for (_, expiry) in members {
+            let left = expiry as i64 - now_ms;
+            assert!(left <= bound, "{name} still has {left} ms at the server");
+        }
+    }
+    // The guards are still alive: the keys are free for another instance.
     let sem = other.semaphore("sem", 1);
     let (m, w, r, p) = tokio::join!(
         other.lock("m"),
