@@ -1,7 +1,8 @@
 //! The values the backend interface speaks (feature `unstable-backend-api`,
 //! outside semver): which lock of a key string ([`LockKind`]), what a busy lock
 //! asks of an acquire ([`WhenBusy`]), the replies of the four questions
-//! ([`Acquire`], [`Released`], [`Renewal`]) and a renewal's item ([`RenewItem`]).
+//! ([`Acquire`], [`Released`], [`Renewal`]), a renewal's item ([`RenewItem`]) and
+//! the idempotency record's fence and claim ([`RecordFence`], [`RecordClaim`]).
 //! Every backend trait ([`LockBackend`](super::LockBackend), the read-write and
 //! semaphore traits) and the signals take them from here, so none of those
 //! files imports another.
@@ -161,6 +162,27 @@ impl<'a> RenewItem<'a> {
             ttl,
         }
     }
+}
+
+/// A fencing token as a backend stores it beside an idempotency record: the
+/// lease's epoch, then its handoff sequence, compared in that order (the
+/// backend's side of [`FencingToken`](crate::FencingToken), which it does not
+/// import).
+pub type RecordFence = (u64, u64);
+
+/// The reply of [`LockBackend::claim_record`](super::LockBackend::claim_record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordClaim {
+    /// No response is stored: the record's fence now holds the claimer's token,
+    /// so every store of an older token is refused from now on.
+    Claimed,
+    /// A response is stored (these bytes); nothing changed.
+    Stored(Vec<u8>),
+    /// The record's fence holds a newer token than the claimer's: a newer
+    /// executor has claimed the record (the claimer's lease was lost); nothing
+    /// changed.
+    Stale,
 }
 
 #[cfg(test)]
