@@ -1,7 +1,8 @@
 //! axum integration (feature `axum`): problem responses for lockflight's errors,
 //! [`handle_error`], and the layers' `handle_errors()`.
 //!
-//! The `handle_errors()` methods of [`LockLayer`] and [`SharedResponseLayer`] are
+//! The `handle_errors()` methods of [`LockLayer`], [`SharedResponseLayer`] and
+//! [`IdempotencyLayer`] are
 //! written here, so that the layers import nothing of the HTTP side.
 
 use axum::error_handling::HandleErrorLayer;
@@ -12,7 +13,7 @@ use tower::BoxError;
 use super::problem::Problem;
 use crate::error::Error;
 use crate::layer::edge::is_outage;
-use crate::layer::{LockLayer, SharedResponseLayer};
+use crate::layer::{IdempotencyLayer, LockLayer, SharedResponseLayer};
 
 /// The status of `e`: the table in the docs of `IntoResponse for Error`.
 /// Exhaustive on purpose: a new variant does not compile until it has a status.
@@ -173,6 +174,16 @@ impl<E> LockLayer<E> {
     /// # let _ = app;
     /// # Ok(()) }
     /// ```
+    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
+        (error_handler(), self)
+    }
+}
+
+impl<E> IdempotencyLayer<E> {
+    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`]
+    /// (feature `axum`), as [`LockLayer::handle_errors`]: an outage of the
+    /// backend becomes `503 lock_backend_unavailable`. Its own refusals (`400`,
+    /// `409`, `413`, `422`) are problem responses already.
     pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
         (error_handler(), self)
     }
