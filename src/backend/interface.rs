@@ -33,7 +33,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::protocol::{
-    Acquire, LeaseKind, RecordClaim, RecordFence, Released, RenewItem, Renewal, WhenBusy,
+    Acquire, LeaseKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
 };
 use super::rw::RwBackend;
 use super::semaphore::SemaphoreBackend;
@@ -306,22 +306,22 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
-    /// Claims the idempotency record of `key` for the executor whose lease on the
+    /// Fences the idempotency record of `key` for the executor whose lease on the
     /// mutex of `key` has the fencing token `fence` (see
     /// [`IdempotencyLayer`](crate::layer::IdempotencyLayer)), in one step: if a
-    /// response is stored, returns it ([`RecordClaim::Stored`]); else, unless the
-    /// record's fence holds a newer token ([`RecordClaim::Stale`]), advances the
+    /// response is stored, returns it ([`RecordState::Stored`]); else, unless the
+    /// record's fence holds a newer token ([`RecordState::Stale`]), advances the
     /// fence to `fence` and keeps the record for `retention`
-    /// ([`RecordClaim::Claimed`]). After a claim, a
+    /// ([`RecordState::Fenced`]). From then on, a
     /// [`store_record`](LockBackend::store_record) of an older token is refused.
     ///
     /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
-    async fn claim_record(
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> Result<RecordClaim> {
+    ) -> Result<RecordState> {
         let _ = (fence, retention);
         Err(Error::Unsupported {
             key: key.clone(),
@@ -331,7 +331,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Stores `response` in the idempotency record of `key` for `retention`, with
     /// the fence `fence`, unless the record's fence holds a newer token. Returns
-    /// whether it was stored. A store and a claim of one record never interleave.
+    /// whether it was stored. A store and a [`fence_record`](LockBackend::fence_record)
+    /// of one record never interleave.
     ///
     /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
     async fn store_record(
@@ -428,13 +429,13 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> Result<()> {
         (**self).observe_leader(key, ttl).await
     }
-    async fn claim_record(
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> Result<RecordClaim> {
-        (**self).claim_record(key, fence, retention).await
+    ) -> Result<RecordState> {
+        (**self).fence_record(key, fence, retention).await
     }
     async fn store_record(
         &self,

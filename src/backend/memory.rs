@@ -10,7 +10,7 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, LeaseToken, LockBackend, LockKind, RecordClaim, RecordFence, Released, Renewal,
+    Acquire, LeaseToken, LockBackend, LockKind, RecordFence, RecordState, Released, Renewal,
     Signals, WhenBusy,
 };
 use crate::error::Result;
@@ -108,7 +108,7 @@ struct Inner {
     semaphores: semaphore::State,
     /// The elections' leader records, with their expiry.
     leaders: DashMap<LockKey, (Vec<u8>, Instant)>,
-    /// The idempotency records (`claim_record`, `store_record`).
+    /// The idempotency records (`fence_record`, `store_record`).
     records: DashMap<LockKey, Record>,
 }
 
@@ -481,14 +481,14 @@ impl LockBackend for MemoryBackend {
         Ok(deleted)
     }
 
-    /// The record's entry is locked for the whole step (a claim and a store of
+    /// The record's entry is locked for the whole step (a fence and a store of
     /// one key never interleave); an expired record counts as none.
-    async fn claim_record(
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> Result<RecordClaim> {
+    ) -> Result<RecordState> {
         let now = Instant::now();
         let mut entry = self.inner.records.entry(key.clone()).or_insert(Record {
             fence,
@@ -500,14 +500,14 @@ impl LockBackend for MemoryBackend {
             (record.fence, record.response) = (fence, None);
         }
         if let Some(response) = &record.response {
-            return Ok(RecordClaim::Stored(response.clone()));
+            return Ok(RecordState::Stored(response.clone()));
         }
         if record.fence > fence {
-            return Ok(RecordClaim::Stale);
+            return Ok(RecordState::Stale);
         }
         record.fence = fence;
         record.expires = now + retention;
-        Ok(RecordClaim::Claimed)
+        Ok(RecordState::Fenced)
     }
 
     async fn store_record(
@@ -585,17 +585,17 @@ mod tests {
         let k = LockKey::from("idem");
         let day = Duration::from_secs(86_400);
         assert_eq!(
-            a.claim_record(&k, (5, 0), day).await.unwrap(),
-            RecordClaim::Claimed
+            a.fence_record(&k, (5, 0), day).await.unwrap(),
+            RecordState::Fenced
         );
-        // A newer executor claims (the first one's lease was lost) and stores.
+        // A newer executor fences (the first one's lease was lost) and stores.
         assert_eq!(
-            b.claim_record(&k, (7, 0), day).await.unwrap(),
-            RecordClaim::Claimed
+            b.fence_record(&k, (7, 0), day).await.unwrap(),
+            RecordState::Fenced
         );
         assert_eq!(
-            a.claim_record(&k, (6, 9), day).await.unwrap(),
-            RecordClaim::Stale
+            a.fence_record(&k, (6, 9), day).await.unwrap(),
+            RecordState::Stale
         );
         assert!(b.store_record(&k, (7, 0), b"newer", day).await.unwrap());
         // The stalled first executor's store is refused, on every clone.
@@ -605,8 +605,8 @@ mod tests {
             Some(&b"newer"[..])
         );
         assert_eq!(
-            a.claim_record(&k, (9, 0), day).await.unwrap(),
-            RecordClaim::Stored(b"newer".to_vec())
+            a.fence_record(&k, (9, 0), day).await.unwrap(),
+            RecordState::Stored(b"newer".to_vec())
         );
         tokio::time::advance(day).await;
         assert_eq!(a.read_record(&k).await.unwrap(), None, "expired");
@@ -615,8 +615,8 @@ mod tests {
             "an expired record is dropped when read"
         );
         assert_eq!(
-            a.claim_record(&k, (1, 0), day).await.unwrap(),
-            RecordClaim::Claimed
+            a.fence_record(&k, (1, 0), day).await.unwrap(),
+            RecordState::Fenced
         );
     }
 

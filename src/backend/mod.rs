@@ -34,11 +34,11 @@ pub(crate) use interface::renew_one;
 pub use memory::MemoryBackend;
 #[cfg(feature = "unstable-backend-api")]
 pub use protocol::{
-    Acquire, LeaseKind, LockKind, RecordClaim, RecordFence, Released, RenewItem, Renewal, WhenBusy,
+    Acquire, LeaseKind, LockKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
 };
 #[cfg(not(feature = "unstable-backend-api"))]
 pub(crate) use protocol::{
-    Acquire, LeaseKind, LockKind, RecordClaim, RecordFence, Released, RenewItem, Renewal, WhenBusy,
+    Acquire, LeaseKind, LockKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
 };
 pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};

@@ -2,7 +2,7 @@
 //! outside semver): which lock of a key string ([`LockKind`]), what a busy lock
 //! asks of an acquire ([`WhenBusy`]), the replies of the four questions
 //! ([`Acquire`], [`Released`], [`Renewal`]), a renewal's item ([`RenewItem`]) and
-//! the idempotency record's fence and claim ([`RecordFence`], [`RecordClaim`]).
+//! the idempotency record's fence and state ([`RecordFence`], [`RecordState`]).
 //! Every backend trait ([`LockBackend`](super::LockBackend), the read-write and
 //! semaphore traits) and the signals take them from here, so none of those
 //! files imports another.
@@ -170,17 +170,18 @@ impl<'a> RenewItem<'a> {
 /// import).
 pub type RecordFence = (u64, u64);
 
-/// The reply of [`LockBackend::claim_record`](super::LockBackend::claim_record).
+/// The reply of [`LockBackend::fence_record`](super::LockBackend::fence_record):
+/// the record as the fencing executor finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum RecordClaim {
-    /// No response is stored: the record's fence now holds the claimer's token,
+pub enum RecordState {
+    /// No response is stored: the record's fence now holds the executor's token,
     /// so every store of an older token is refused from now on.
-    Claimed,
+    Fenced,
     /// A response is stored (these bytes); nothing changed.
     Stored(Vec<u8>),
-    /// The record's fence holds a newer token than the claimer's: a newer
-    /// executor has claimed the record (the claimer's lease was lost); nothing
+    /// The record's fence holds a newer token than the executor's: a newer
+    /// executor has fenced the record (this one's lease was lost); nothing
     /// changed.
     Stale,
 }

@@ -15,7 +15,7 @@ use super::shared::{Instance, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{
-    Acquire, LeaseToken, LockBackend, LockKind, MemoryBackend, RecordClaim, RecordFence, Released,
+    Acquire, LeaseToken, LockBackend, LockKind, MemoryBackend, RecordFence, RecordState, Released,
     Renewal, Signals, WhenBusy,
 };
 use crate::error::Result;
@@ -244,16 +244,16 @@ impl LockBackend for SimBackend {
         .await
     }
 
-    async fn claim_record(
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> Result<RecordClaim> {
+    ) -> Result<RecordState> {
         self.request(
             Op::Record,
             key,
-            self.memory.claim_record(key, fence, retention),
+            self.memory.fence_record(key, fence, retention),
         )
         .await
     }

@@ -32,7 +32,7 @@ pub enum Op {
     /// read of its last token, a forget. [`FaultBuilder::on_key`] names the
     /// resource.
     Fenced,
-    /// A claim, store or read of an idempotency record
+    /// A fence, store or read of an idempotency record
     /// ([`IdempotencyLayer`](crate::layer::IdempotencyLayer)).
     Record,
 }

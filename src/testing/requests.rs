@@ -26,7 +26,7 @@ pub struct Requests {
     /// Requests of fenced keys ([`Op::Fenced`]): counted by the server only, as
     /// they come from no instance.
     pub fenced: u64,
-    /// Idempotency record claims, stores and reads ([`Op::Record`]).
+    /// Idempotency record fences, stores and reads ([`Op::Record`]).
     pub record: u64,
 }
 

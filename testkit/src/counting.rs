@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
 use lockflight::backend::{
-    Acquire, LeaseToken, RecordClaim, RecordFence, Released, RenewItem, Renewal, Signals, WhenBusy,
+    Acquire, LeaseToken, RecordState, RecordFence, Released, RenewItem, Renewal, Signals, WhenBusy,
 };
 use lockflight::{LockKey, backend::LockBackend};
 
@@ -30,7 +30,7 @@ pub struct Counts {
     pub renew_batch: AtomicU64,
     /// `leave` requests sent.
     pub leave: AtomicU64,
-    /// Idempotency record requests sent: `claim_record`, `store_record`,
+    /// Idempotency record requests sent: `fence_record`, `store_record`,
     /// `read_record` (not in [`snapshot`](Self::snapshot) or
     /// [`total`](Self::total), which count the lock's requests).
     pub record: AtomicU64,
@@ -152,14 +152,14 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);
         self.inner.leave(key).await
     }
-    async fn claim_record(
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> lockflight::Result<RecordClaim> {
+    ) -> lockflight::Result<RecordState> {
         self.counts.record.fetch_add(1, Ordering::Relaxed);
-        self.inner.claim_record(key, fence, retention).await
+        self.inner.fence_record(key, fence, retention).await
     }
     async fn store_record(
         &self,

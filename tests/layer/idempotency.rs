@@ -2,7 +2,7 @@
 //! refusals, in-process duplicates coalesced (counted), the failure policy, and
 //! the record's fence refusing a stale executor's store.
 
-use lockflight::backend::{LockBackend, RecordClaim};
+use lockflight::backend::{LockBackend, RecordState};
 use lockflight::layer::IdempotencyLayer;
 use testkit::Counting;
 
@@ -199,7 +199,7 @@ async fn idempotency_on_redis_coalesces_duplicates_in_flight() {
     assert_eq!(
         counts.record.load(Ordering::Relaxed),
         3,
-        "the leader's read, claim and store; nothing from the duplicates"
+        "the leader's read, fence and store; nothing from the duplicates"
     );
 }
 
@@ -211,24 +211,24 @@ async fn idempotency_on_redis_the_fence_refuses_a_stale_executors_store() {
     let locker = Locker::builder(backend.clone()).build().unwrap();
     let key = LockKey::from("idempotency:POST /orders k");
     let day = Duration::from_secs(86_400);
-    // The first executor takes the lease and claims the record, then stalls
+    // The first executor takes the lease and fences the record, then stalls
     // past its lease: its lease ends (here: released) and a newer one runs.
     let stalled = locker.lock(key.clone()).await.unwrap();
     let old = stalled.fencing_token();
-    let claim = backend.claim_record(&key, (old.epoch, old.seq), day).await;
-    assert_eq!(claim.unwrap(), RecordClaim::Claimed);
+    let state = backend.fence_record(&key, (old.epoch, old.seq), day).await;
+    assert_eq!(state.unwrap(), RecordState::Fenced);
     stalled.release().await.unwrap();
     let newer = locker.lock(key.clone()).await.unwrap();
     let new = newer.fencing_token();
     assert!(new > old);
-    let claim = backend.claim_record(&key, (new.epoch, new.seq), day).await;
-    assert_eq!(claim.unwrap(), RecordClaim::Claimed);
-    // The stalled one is stale from the newer claim on, before and after the
+    let state = backend.fence_record(&key, (new.epoch, new.seq), day).await;
+    assert_eq!(state.unwrap(), RecordState::Fenced);
+    // The stalled one is stale from the newer fence on, before and after the
     // newer store.
     let stale = backend.store_record(&key, (old.epoch, old.seq), b"old", day);
     assert!(!stale.await.unwrap());
-    let claim = backend.claim_record(&key, (old.epoch, old.seq), day).await;
-    assert_eq!(claim.unwrap(), RecordClaim::Stale);
+    let state = backend.fence_record(&key, (old.epoch, old.seq), day).await;
+    assert_eq!(state.unwrap(), RecordState::Stale);
     assert!(
         backend
             .store_record(&key, (new.epoch, new.seq), b"new", day)
@@ -242,8 +242,8 @@ async fn idempotency_on_redis_the_fence_refuses_a_stale_executors_store() {
         backend.read_record(&key).await.unwrap().as_deref(),
         Some(&b"new"[..])
     );
-    let claim = backend.claim_record(&key, (new.epoch + 1, 0), day).await;
-    assert_eq!(claim.unwrap(), RecordClaim::Stored(b"new".to_vec()));
+    let state = backend.fence_record(&key, (new.epoch + 1, 0), day).await;
+    assert_eq!(state.unwrap(), RecordState::Stored(b"new".to_vec()));
     // The record lives in the lock's hash tag, with the retention as its TTL.
     let record = [&testkit::names::lock(&prefix, &key)[..], b":idem"].concat();
     let mut con = testkit::shared().connection().await;

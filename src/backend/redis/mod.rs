@@ -69,7 +69,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{
-    Acquire, LeaseToken, LockBackend, RecordClaim, RecordFence, Released, RenewItem, Renewal,
+    Acquire, LeaseToken, LockBackend, RecordFence, RecordState, Released, RenewItem, Renewal,
     Signals, WhenBusy,
 };
 use crate::error::{Phase, Result};
@@ -142,7 +142,7 @@ static LEADER_CLEAR: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_clear.lua")));
 static LEADER_OBSERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_observe.lua")));
-/// The idempotency records: claim, store and read (no prelude: a record is no
+/// The idempotency records: fence, store and read (no prelude: a record is no
 /// lease, and its fence orders its writers).
 static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/record.lua")));
 
@@ -654,13 +654,13 @@ impl LockBackend for RedisBackend {
         Ok(())
     }
 
-    /// `lua/record.lua`'s claim: one script call.
-    async fn claim_record(
+    /// `lua/record.lua`'s fence: one script call.
+    async fn fence_record(
         &self,
         key: &LockKey,
         fence: RecordFence,
         retention: Duration,
-    ) -> Result<RecordClaim> {
+    ) -> Result<RecordState> {
         let (epoch, seq, ms) = (
             fence.0.to_string(),
             fence.1.to_string(),
@@ -670,15 +670,15 @@ impl LockBackend for RedisBackend {
             .record(
                 key,
                 Phase::Acquiring,
-                &[b"claim", epoch.as_bytes(), seq.as_bytes(), ms.as_bytes()],
+                &[b"fence", epoch.as_bytes(), seq.as_bytes(), ms.as_bytes()],
             )
             .await?;
         match reply {
             redis::Value::Array(items) => match items.as_slice() {
-                [redis::Value::Int(1)] => Ok(RecordClaim::Claimed),
-                [redis::Value::Int(0)] => Ok(RecordClaim::Stale),
+                [redis::Value::Int(1)] => Ok(RecordState::Fenced),
+                [redis::Value::Int(0)] => Ok(RecordState::Stale),
                 [redis::Value::Int(2), redis::Value::BulkString(response)] => {
-                    Ok(RecordClaim::Stored(response.clone()))
+                    Ok(RecordState::Stored(response.clone()))
                 }
                 _ => Err(unexpected(
                     key,

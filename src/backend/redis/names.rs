@@ -79,7 +79,7 @@ impl Names {
     }
 
     /// The idempotency record of this key (`<lock name>:idem`, a hash: its
-    /// fence and the stored response): claimed, stored and read by
+    /// fence and the stored response): fenced, stored and read by
     /// `lua/record.lua`.
     pub(super) fn record(&self) -> Vec<u8> {
         [&self.lock[..], b":idem"].concat()

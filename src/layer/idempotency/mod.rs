@@ -57,7 +57,7 @@
 //!   outside writes fenced with the request's fencing token may happen twice.
 //! * A handler whose lease is lost while it runs (a pause longer than the
 //!   lease's TTL) may run beside a newer request with the key; the newer one's
-//!   claim makes the record refuse the older one's response, which is then
+//!   fence on the record refuses the older one's response, which is then
 //!   answered with the stored one (or `409`). Only fenced writes keep the
 //!   resource right.
 //! * A response that could not be stored (the backend failed after the

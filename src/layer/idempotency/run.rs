@@ -8,7 +8,7 @@
 //! 4. else it takes the lease of the key, waiting at most `wait` (a duplicate
 //!    running in another instance holds it; its release wakes this one), else
 //!    `409`;
-//! 5. claims the record under the lease's fencing token (one script: a response
+//! 5. fences the record under the lease's fencing token (one script: a response
 //!    stored meanwhile is replayed; else the record's fence holds the token, and
 //!    every older executor's store is refused from now on);
 //! 6. runs the handler with the lease's [`LockInfo`](crate::guard::LockInfo) as
@@ -32,7 +32,7 @@ use tower_service::Service;
 use super::record::{Fingerprint, Stored};
 use super::refusal::Refusal;
 use super::settings::Settings;
-use crate::backend::RecordClaim;
+use crate::backend::RecordState;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::layer::edge;
@@ -176,14 +176,14 @@ where
         };
         let token = guard.fencing_token();
         let fence = (token.epoch, token.seq);
-        match backend.claim_record(key, fence, settings.retention).await {
-            Ok(RecordClaim::Claimed) => {}
-            Ok(RecordClaim::Stored(bytes)) => {
+        match backend.fence_record(key, fence, settings.retention).await {
+            Ok(RecordState::Fenced) => {}
+            Ok(RecordState::Stored(bytes)) => {
                 end(guard).await;
                 return replay(key, bytes);
             }
-            // A newer executor claimed the record: this lease was lost.
-            Ok(RecordClaim::Stale) => return Ok(Outcome::InProgress),
+            // A newer executor fenced the record: this lease was lost.
+            Ok(RecordState::Stale) => return Ok(Outcome::InProgress),
             Err(e) => return Err(noted(locker, e)),
         }
         let Some(mut req) = self.req.take() else {
@@ -239,7 +239,7 @@ where
         match written {
             Ok(true) => {}
             Ok(false) => {
-                // A newer executor claimed the record after this lease was lost:
+                // A newer executor fenced the record after this lease was lost:
                 // its response, if stored, is the key's one outcome.
                 tracing::warn!(key = %key, fencing_token = %token, "lockflight: an idempotent response was refused by the record's fence (the lease was lost and a newer request ran)");
                 return match backend.read_record(key).await {

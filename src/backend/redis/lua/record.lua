@@ -1,18 +1,18 @@
 -- record: an idempotency record (the IdempotencyLayer's stored response) and its
--- fence, claimed by the executor that holds the key's mutex lease and stored
+-- fence, fenced by the executor that holds the key's mutex lease and stored
 -- only under a token at least as new as the fence
 --
 -- KEYS[1] the record `<prefix>:{<key>}:idem`, a hash: 'fence' -> "epoch:seq" (the
---         newest token that claimed or stored it), 'response' -> the stored
+--         newest token that fenced or stored it), 'response' -> the stored
 --         response (absent until one is stored); one key, in the lock's hash tag,
 --         so on a Cluster it lives in the lock's cluster slot
--- ARGV[1] the operation: 'claim', 'store' or 'read'
+-- ARGV[1] the operation: 'fence', 'store' or 'read'
 -- ARGV[2] epoch   ARGV[3] seq (decimal u64, no leading zeros; not for 'read')
 -- ARGV[4] the retention in ms (not for 'read')
 -- ARGV[5] the response ('store' only)
 --
 -- Returns:
---   claim   { 1 }            claimed: no response stored; the fence now holds the
+--   fence   { 1 }            fenced: no response stored; the fence now holds the
 --                            token and the record lives for the retention
 --           { 2, response }  a response is stored; nothing changed
 --           { 0 }            stale: the fence holds a newer token; nothing changed
@@ -47,7 +47,7 @@ local function stale()
   return less(epoch, le) or (le == epoch and less(seq, ls))
 end
 
-if op == 'claim' then
+if op == 'fence' then
   local stored = redis.call('HGET', record, 'response')
   if stored then
     return { 2, stored }
