@@ -3,7 +3,8 @@
 //! the record's fence refusing a stale executor's store.
 
 use lockflight::backend::{LockBackend, RecordState};
-use lockflight::layer::IdempotencyLayer;
+use lockflight::layer::idempotency::future::ResponseFuture;
+use lockflight::layer::{IdempotencyLayer, IdempotencyService};
 use testkit::Counting;
 
 use super::*;
@@ -249,4 +250,48 @@ async fn idempotency_on_redis_the_fence_refuses_a_stale_executors_store() {
     let mut con = testkit::shared().connection().await;
     let ttl: i64 = testkit::query(&mut con, redis::cmd("PTTL").arg(&record)).await;
     assert!(ttl > 86_000_000 && ttl <= 86_400_000, "{ttl}");
+}
+
+/// An inner service whose type can be named, with a field to reach through the
+/// accessors.
+#[derive(Clone)]
+struct Named {
+    answer: &'static str,
+}
+
+impl Service<Request<Body>> for Named {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<Body>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Full::new(Bytes::from(self.answer)))))
+    }
+}
+
+#[tokio::test]
+async fn the_idempotency_service_s_future_is_named_send_and_debug() {
+    fn send<T: Send>(_: &T) {}
+    let locker = memory_locker();
+    let mut svc: IdempotencyService<Named, KeyFrom> = IdempotencyLayer::new(locker.clone())
+        .required()
+        .layer(Named { answer: "a" });
+    let keyed: ResponseFuture<Named, Body, Body> = svc.call(post("named", "x"));
+    send(&keyed);
+    assert!(format!("{keyed:?}").contains("keyed"), "{keyed:?}");
+    assert_eq!(bytes_of(keyed.await.unwrap()).await, "a");
+    let refused = svc.call(Request::new(Body::default()));
+    assert!(format!("{refused:?}").contains("refused"), "{refused:?}");
+    assert_eq!(refused.await.unwrap().status(), StatusCode::BAD_REQUEST);
+    assert_eq!(svc.get_ref().answer, "a");
+    svc.get_mut().answer = "b";
+    let mut alone = IdempotencyLayer::new(locker.clone()).layer(svc.into_inner());
+    let passing = alone.call(Request::new(Body::default()));
+    assert!(format!("{passing:?}").contains("alone"), "{passing:?}");
+    assert_eq!(bytes_of(passing.await.unwrap()).await, "b");
+    assert!(no_active_keys(&locker).await, "a slot remained");
 }
