@@ -47,7 +47,7 @@
 //! The records live in the lock's backend: [`MemoryBackend`](crate::MemoryBackend)
 //! (shared by the lockers of its clones), [`RedisBackend`](crate::RedisBackend)
 //! on one server, a Cluster (the record is one hash in the lock's hash tag) and
-//! Sentinel, and the test kit's simulated server. [`RedlockBackend`](crate::RedlockBackend)
+//! Sentinel, and the test kit's simulated server. [`RedlockBackend`](crate::backend::RedlockBackend)
 //! has none: the first request fails with [`Error::Unsupported`](crate::Error::Unsupported).
 //!
 //! # What it cannot promise
