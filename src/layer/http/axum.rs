@@ -1,8 +1,7 @@
 //! axum integration (feature `axum`): problem responses for lockflight's errors,
 //! [`handle_error`], and the layers' `handle_errors()`.
 //!
-//! The `handle_errors()` methods of [`LockLayer`], [`SharedResponseLayer`] and
-//! [`IdempotencyLayer`] are
+//! The `handle_errors()` methods of [`LockLayer`] and [`SharedResponseLayer`] are
 //! written here, so that the layers import nothing of the HTTP side.
 
 use axum::error_handling::HandleErrorLayer;
@@ -13,7 +12,7 @@ use tower::BoxError;
 use super::problem::Problem;
 use crate::error::Error;
 use crate::layer::edge::is_outage;
-use crate::layer::{IdempotencyLayer, LockLayer, SharedResponseLayer};
+use crate::layer::{LockLayer, SharedResponseLayer};
 
 /// The status of `e`: the table in the docs of `IntoResponse for Error`.
 /// Exhaustive on purpose: a new variant does not compile until it has a status.
@@ -152,7 +151,7 @@ pub async fn handle_error(err: BoxError) -> Response {
 /// `HandleErrorLayer` with [`handle_error`], as a nameable function.
 pub(crate) type ErrorHandler = fn(BoxError) -> std::future::Ready<Response>;
 
-fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
+pub(crate) fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
     HandleErrorLayer::new(|err| std::future::ready(error_response(err)))
 }
 
@@ -174,16 +173,6 @@ impl<E> LockLayer<E> {
     /// # let _ = app;
     /// # Ok(()) }
     /// ```
-    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
-        (error_handler(), self)
-    }
-}
-
-impl<E> IdempotencyLayer<E> {
-    /// This layer behind axum's `HandleErrorLayer` with [`handle_error`]
-    /// (feature `axum`), as [`LockLayer::handle_errors`]: an outage of the
-    /// backend becomes `503 lock_backend_unavailable`. Its own refusals (`400`,
-    /// `409`, `413`, `422`) are problem responses already.
     pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
         (error_handler(), self)
     }

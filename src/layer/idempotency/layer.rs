@@ -9,6 +9,8 @@ use tower_layer::Layer;
 use super::service::IdempotencyService;
 use super::settings::Settings;
 use crate::layer::KeyFrom;
+#[cfg(feature = "axum")]
+use crate::layer::http::{ErrorHandler, error_handler};
 use crate::locker::Locker;
 
 /// Applies [`IdempotencyService`]: a request with an idempotency key runs once,
@@ -161,6 +163,37 @@ impl<E> IdempotencyLayer<E> {
     ) -> Self {
         self.settings.retryable = Arc::new(retryable);
         self
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<E> IdempotencyLayer<E> {
+    /// This layer behind axum's `HandleErrorLayer` with
+    /// [`handle_error`](crate::layer::handle_error) (feature `axum`), as
+    /// [`LockLayer::handle_errors`](crate::layer::LockLayer::handle_errors): an
+    /// outage of the backend becomes `503 lock_backend_unavailable`. Its own
+    /// refusals (`400`, `409`, `413`, `422`) are problem responses already.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use lockflight::layer::IdempotencyLayer;
+    /// use lockflight::{Locker, MemoryBackend};
+    ///
+    /// # fn main() -> lockflight::Result<()> {
+    /// let locker = Locker::builder(MemoryBackend::new()).build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/payments", post(|| async { "paid" }))
+    ///     .route_layer(IdempotencyLayer::new(locker).required().handle_errors());
+    /// # let _ = app;
+    /// # Ok(()) }
+    /// ```
+    pub fn handle_errors(
+        self,
+    ) -> (
+        axum::error_handling::HandleErrorLayer<ErrorHandler, ()>,
+        Self,
+    ) {
+        (error_handler(), self)
     }
 }
 
