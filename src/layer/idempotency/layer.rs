@@ -12,6 +12,8 @@ use crate::layer::KeyFrom;
 #[cfg(feature = "axum")]
 use crate::layer::http::{ErrorHandler, error_handler};
 use crate::locker::Locker;
+#[cfg(feature = "axum")]
+use axum::error_handling::HandleErrorLayer;
 
 /// Applies [`IdempotencyService`]: a request with an idempotency key runs once,
 /// and its response is stored and replayed for the key's later requests; see
@@ -187,12 +189,7 @@ impl<E> IdempotencyLayer<E> {
     /// # let _ = app;
     /// # Ok(()) }
     /// ```
-    pub fn handle_errors(
-        self,
-    ) -> (
-        axum::error_handling::HandleErrorLayer<ErrorHandler, ()>,
-        Self,
-    ) {
+    pub fn handle_errors(self) -> (HandleErrorLayer<ErrorHandler, ()>, Self) {
         (error_handler(), self)
     }
 }
