@@ -273,3 +273,66 @@ async fn another_instance_waits_for_the_first_then_replays_or_gets_409() {
     assert_eq!(text(res).await, first);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stored_response_is_replayed_for_the_retention_only() {
+    let backend = MemoryBackend::new();
+    let (inner, runs) = handler(StatusCode::OK, None);
+    let svc = IdempotencyLayer::new(locker(&backend))
+        .retention(Duration::from_secs(60))
+        .layer(inner);
+    svc.clone().oneshot(post(Some("r"), "a")).await.unwrap();
+    tokio::time::advance(Duration::from_secs(59)).await;
+    let res = svc.clone().oneshot(post(Some("r"), "a")).await.unwrap();
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let res = svc.clone().oneshot(post(Some("r"), "b")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "a new request once forgotten");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The test kit stands in for a stall: the first executor's lease is lost while
+/// its handler runs, a request in another instance runs and stores, and the
+/// first one's late store is refused: it answers with the newer response.
+#[cfg(feature = "testing")]
+#[tokio::test(start_paused = true)]
+async fn a_stalled_executors_late_response_is_refused_by_the_fence() {
+    use crate::testing::SimServer;
+
+    let server = SimServer::new();
+    let on_kit = || Locker::builder(server.backend()).build().unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (stalled, stalled_runs) = handler(StatusCode::OK, Some(Arc::clone(&gate)));
+    let first = IdempotencyLayer::new(on_kit()).layer(stalled);
+    let mut first = Box::pin(first.oneshot(post(Some("k"), "a")));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    for _ in 0..100 {
+        if stalled_runs.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        assert!(futures::poll!(first.as_mut()).is_pending());
+    }
+    assert_eq!(stalled_runs.load(Ordering::SeqCst), 1, "the first one runs");
+    assert!(server.lose_lease("idempotency:POST /payments k").unwrap());
+    let (newer, newer_runs) = handler(StatusCode::CREATED, None);
+    let newer = IdempotencyLayer::new(on_kit()).layer(newer);
+    let stored = newer.oneshot(post(Some("k"), "a")).await.unwrap();
+    assert_eq!(stored.status(), StatusCode::CREATED);
+    let stored = text(stored).await;
+    gate.add_permits(1);
+    let late = first.await.unwrap();
+    assert_eq!(
+        late.status(),
+        StatusCode::CREATED,
+        "the newer executor's outcome"
+    );
+    assert_eq!(late.headers()["idempotent-replayed"], "true");
+    assert_eq!(text(late).await, stored);
+    assert_eq!(newer_runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        server.requests().record,
+        7,
+        "2 reads, 2 fences, 2 stores, 1 read"
+    );
+}
