@@ -19,8 +19,8 @@
 --   store   1 stored (the fence now holds the token), 0 stale (nothing changed)
 --   read    the response, or nil
 --
--- A value of another type at KEYS[1] fails the script (WRONGTYPE) before any
--- write. Tokens are compared as decimal strings (length first), exact for every
+-- A value of another type at KEYS[1], or a 'fence' that is no token, fails the
+-- script with WRONGTYPE before any write (a value lockflight did not write). Tokens are compared as decimal strings (length first), exact for every
 -- u64, as lua/fenced.lua compares them.
 local record, op = KEYS[1], ARGV[1]
 
@@ -42,7 +42,7 @@ local function stale()
   end
   local le, ls = string.match(last, '^(%d+):(%d+)$')
   if le == nil then
-    return redis.error_reply('ERR lockflight: the idempotency record holds a foreign fence')
+    return redis.error_reply('WRONGTYPE lockflight: the idempotency record holds a foreign fence')
   end
   return less(epoch, le) or (le == epoch and less(seq, ls))
 end
