@@ -35,6 +35,7 @@
 //! | duplicate in this process while the first runs | waits for the first and gets a copy of its response, marked `idempotent-replayed: true`, with no backend request of its own; another fingerprint: `422` once the first ends |
 //! | duplicate in another instance while the first runs | waits up to [`wait`](IdempotencyLayer::wait) for the first's lease, woken by its release, then replays the stored response; past the wait, `409 idempotency_request_in_progress` with `Retry-After` |
 //! | retryable response (default 5xx), handler error, panic, cancellation | not stored; the lease is released, so a retry runs again |
+//! | the lease is lost while the handler runs | with the locker's [`LossPolicy::Abort`](crate::LossPolicy::Abort) (the default) the handler is dropped at its next `.await`: [`Error::LeaseLost`](crate::Error::LeaseLost) (`503 lease_lost`), nothing stored; with [`LossPolicy::Signal`](crate::LossPolicy::Signal) it runs on, and its store is fenced |
 //! | the backend does not answer | the lock layer's outage answer (`503 lock_backend_unavailable` through [`handle_errors`](IdempotencyLayer::handle_errors)); the handler does not run |
 //!
 //! Every refusal is an RFC 9457 problem (`application/problem+json`) with a
@@ -56,10 +57,10 @@
 //!   retry runs the handler again once the lease has expired. Side effects
 //!   outside writes fenced with the request's fencing token may happen twice.
 //! * A handler whose lease is lost while it runs (a pause longer than the
-//!   lease's TTL) may run beside a newer request with the key; the newer one's
-//!   fence on the record refuses the older one's response, which is then
-//!   answered with the stored one (or `409`). Only fenced writes keep the
-//!   resource right.
+//!   lease's TTL, which it does not see; or under `LossPolicy::Signal`) may run
+//!   beside a newer request with the key; the newer one's fence on the record
+//!   refuses the older one's response, which is then answered with the stored
+//!   one (or `409`). Only fenced writes keep the resource right.
 //! * A response that could not be stored (the backend failed after the
 //!   handler ran, a body over [`max_response`](IdempotencyLayer::max_response))
 //!   is answered, and a retry runs again.

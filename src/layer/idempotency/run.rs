@@ -12,8 +12,10 @@
 //!    stored meanwhile is replayed; else the record's fence holds the token, and
 //!    every older executor's store is refused from now on);
 //! 6. runs the handler with the lease's [`LockInfo`](crate::guard::LockInfo) as
-//!    a request extension, and stores its response under the same token unless
-//!    the policy calls it retryable;
+//!    a request extension (dropped when the lease is lost under
+//!    [`LossPolicy::Abort`], as the lock layer does: nothing is stored), and
+//!    stores its response under the same token unless the policy calls it
+//!    retryable;
 //! 7. releases the lease (waking the next instance) and shares the response.
 //!
 //! Every caller compares the outcome's fingerprint with its own: another
@@ -36,7 +38,7 @@ use crate::backend::RecordState;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::layer::edge;
-use crate::locker::{LockGuard, LockOptions, Locker};
+use crate::locker::{LockGuard, LockOptions, Locker, LossPolicy};
 
 /// The layer's response: its own (a replay, a shared copy, a refusal) or the
 /// inner service's body, untouched.
@@ -195,7 +197,18 @@ where
             let ready: Result<&mut S, BoxError> = service.ready().await.map_err(Into::into);
             ready?.call(req).await.map_err(Into::into)
         };
-        let ran: Result<_, BoxError> = crate::reentry::scope(locker.id(), key.clone(), call).await;
+        let scoped = crate::reentry::scope(locker.id(), key.clone(), call);
+        let ran: Result<_, BoxError> = match locker.loss_policy() {
+            LossPolicy::Signal => scoped.await,
+            LossPolicy::Abort => {
+                let lost = guard.lost();
+                tokio::select! {
+                    biased;
+                    _ = lost => return Err(guard.lost_error()),
+                    out = scoped => out,
+                }
+            }
+        };
         let res = match ran {
             Ok(res) => res,
             Err(e) => {

@@ -300,7 +300,13 @@ async fn a_stalled_executors_late_response_is_refused_by_the_fence() {
     use crate::testing::SimServer;
 
     let server = SimServer::new();
-    let on_kit = || Locker::builder(server.backend()).build().unwrap();
+    // A stalled process does not see its loss: its handler runs on.
+    let on_kit = || {
+        Locker::builder(server.backend())
+            .on_loss(crate::LossPolicy::Signal)
+            .build()
+            .unwrap()
+    };
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let (stalled, stalled_runs) = handler(StatusCode::OK, Some(Arc::clone(&gate)));
     let first = IdempotencyLayer::new(on_kit()).layer(stalled);
@@ -335,4 +341,37 @@ async fn a_stalled_executors_late_response_is_refused_by_the_fence() {
         7,
         "2 reads, 2 fences, 2 stores, 1 read"
     );
+}
+
+/// Under the default `LossPolicy::Abort`, a handler whose lease is lost is
+/// dropped, as behind the lock layer: `LeaseLost`, nothing stored, and the
+/// retry runs.
+#[cfg(feature = "testing")]
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_aborts_the_handler_under_the_abort_policy() {
+    use crate::testing::SimServer;
+
+    let server = SimServer::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (inner, runs) = handler(StatusCode::OK, Some(Arc::clone(&gate)));
+    let svc =
+        IdempotencyLayer::new(Locker::builder(server.backend()).build().unwrap()).layer(inner);
+    let mut first = Box::pin(svc.clone().oneshot(post(Some("k"), "a")));
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        tokio::task::yield_now().await;
+    }
+    assert!(server.lose_lease("idempotency:POST /payments k").unwrap());
+    let err = first.await.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref(), Some(crate::Error::LeaseLost { .. })),
+        "{err}"
+    );
+    gate.add_permits(1);
+    let retry = svc.oneshot(post(Some("k"), "a")).await.unwrap();
+    assert!(
+        retry.headers().get("idempotent-replayed").is_none(),
+        "ran again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
