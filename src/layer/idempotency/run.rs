@@ -165,10 +165,8 @@ where
         let settings = Arc::clone(&self.settings);
         let (locker, key) = (&settings.locker, &self.key);
         let backend = locker.backend();
-        match backend.read_record(key).await {
-            Ok(Some(bytes)) => return replay(key, bytes),
-            Ok(None) => {}
-            Err(e) => return Err(noted(locker, e)),
+        if let Some(bytes) = noted(locker, backend.read_record(key).await)? {
+            return replay(key, bytes);
         }
         let options = LockOptions::new().wait_timeout(settings.wait);
         let guard = match edge::acquire(locker, key.clone(), options).await {
@@ -178,15 +176,15 @@ where
         };
         let token = guard.fencing_token();
         let fence = (token.epoch, token.seq);
-        match backend.fence_record(key, fence, settings.retention).await {
-            Ok(RecordState::Fenced) => {}
-            Ok(RecordState::Stored(bytes)) => {
+        let fenced = backend.fence_record(key, fence, settings.retention).await;
+        match noted(locker, fenced)? {
+            RecordState::Fenced => {}
+            RecordState::Stored(bytes) => {
                 end(guard).await;
                 return replay(key, bytes);
             }
             // A newer executor fenced the record: this lease was lost.
-            Ok(RecordState::Stale) => return Ok(Outcome::InProgress),
-            Err(e) => return Err(noted(locker, e)),
+            RecordState::Stale => return Ok(Outcome::InProgress),
         }
         let Some(mut req) = self.req.take() else {
             return Err(Error::config("lockflight: the idempotent request was lost"));
@@ -249,7 +247,7 @@ where
             .store_record(key, fence, &bytes, settings.retention)
             .await;
         end(guard).await;
-        match written {
+        match noted(locker, written) {
             Ok(true) => {}
             Ok(false) => {
                 // A newer executor fenced the record after this lease was lost:
@@ -261,7 +259,6 @@ where
                 };
             }
             Err(e) => {
-                noted(locker, e.clone());
                 tracing::warn!(key = %key, error = %e, "lockflight: an idempotent response could not be stored; a retry runs again");
             }
         }
@@ -280,12 +277,15 @@ fn replay(key: &LockKey, bytes: Vec<u8>) -> Result<Outcome> {
     })
 }
 
-/// Reports an outage to the locker's health (as the edge's acquire does).
-fn noted(locker: &Locker, e: Error) -> Error {
-    if edge::is_outage(&e) {
-        locker.health().failed(&e);
+/// Reports a backend call's outcome to the locker's health, as the edge's
+/// acquire does: an outage starts with a failure and ends with an answer.
+fn noted<T>(locker: &Locker, result: Result<T>) -> Result<T> {
+    match &result {
+        Ok(_) => locker.health().succeeded(),
+        Err(e) if edge::is_outage(e) => locker.health().failed(e),
+        Err(_) => {}
     }
-    e
+    result
 }
 
 /// Ends a hold: the release wakes a duplicate waiting in another instance. A
