@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
 use lockflight::backend::{
-    Acquire, LeaseToken, RecordState, RecordFence, Released, RenewItem, Renewal, Signals, WhenBusy,
+    Acquire, LeaseToken, RecordFence, RecordState, Released, RenewItem, Renewal, Signals, WhenBusy,
 };
 use lockflight::{LockKey, backend::LockBackend};
 
