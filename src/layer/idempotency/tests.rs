@@ -375,3 +375,49 @@ async fn a_lost_lease_aborts_the_handler_under_the_abort_policy() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn settings_choose_the_key_its_scope_the_stored_headers_and_the_policy() {
+    let backend = MemoryBackend::new();
+    let (inner, runs) = handler(StatusCode::CONFLICT, None);
+    let layer = |tenant: &str| {
+        IdempotencyLayer::new(locker(&backend))
+            .key_from(crate::layer::KeyFrom::header(
+                http::HeaderName::from_static("x-request-id"),
+            ))
+            .key_prefix(format!("{tenant}:"))
+            .store_headers([http::HeaderName::from_static("x-run")])
+            .retryable(|status| status == StatusCode::CONFLICT)
+    };
+    let req = || {
+        Request::post("/payments")
+            .header("x-request-id", "r1")
+            .body(Full::new(Bytes::from_static(b"a")))
+            .unwrap()
+    };
+    let a = layer("a").layer(inner.clone());
+    for n in 1..=2 {
+        let res = a.clone().oneshot(req()).await.unwrap();
+        assert_eq!(
+            res.headers()["x-run"],
+            n.to_string(),
+            "409 is retryable here"
+        );
+    }
+    let stored = IdempotencyLayer::new(locker(&backend))
+        .key_from(crate::layer::KeyFrom::header(
+            http::HeaderName::from_static("x-request-id"),
+        ))
+        .key_prefix("a:")
+        .store_headers([http::HeaderName::from_static("x-run")])
+        .layer(inner.clone());
+    stored.clone().oneshot(req()).await.unwrap();
+    let replay = stored.clone().oneshot(req()).await.unwrap();
+    assert_eq!(replay.headers()["x-run"], "3", "the stored header");
+    assert!(replay.headers().get("content-type").is_none(), "not stored");
+    // Another tenant's prefix is another key.
+    let b = layer("b").layer(inner);
+    let res = b.oneshot(req()).await.unwrap();
+    assert!(res.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
