@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::protocol::{Acquire, LeaseKind, Released, RenewItem, Renewal, WhenBusy};
+use super::protocol::{
+    Acquire, LeaseKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
+};
 use super::rw::RwBackend;
 use super::semaphore::SemaphoreBackend;
 use super::signals::Signals;
@@ -303,6 +305,60 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         let _ = (key, ttl);
         Ok(())
     }
+
+    /// Fences the idempotency record of `key` for the executor whose lease on the
+    /// mutex of `key` has the fencing token `fence` (see
+    /// [`IdempotencyLayer`](crate::layer::IdempotencyLayer)), in one step: if a
+    /// response is stored, returns it ([`RecordState::Stored`]); else, unless the
+    /// record's fence holds a newer token ([`RecordState::Stale`]), advances the
+    /// fence to `fence` and keeps the record for `retention`
+    /// ([`RecordState::Fenced`]). From then on, a
+    /// [`store_record`](LockBackend::store_record) of an older token is refused.
+    ///
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> Result<RecordState> {
+        let _ = (fence, retention);
+        Err(Error::Unsupported {
+            key: key.clone(),
+            what: "idempotency records",
+        })
+    }
+
+    /// Stores `response` in the idempotency record of `key` for `retention`, with
+    /// the fence `fence`, unless the record's fence holds a newer token. Returns
+    /// whether it was stored. A store and a [`fence_record`](LockBackend::fence_record)
+    /// of one record never interleave.
+    ///
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        let _ = (fence, response, retention);
+        Err(Error::Unsupported {
+            key: key.clone(),
+            what: "idempotency records",
+        })
+    }
+
+    /// The response stored in the idempotency record of `key`, if one is stored
+    /// and its retention has not ended. Changes nothing.
+    ///
+    /// The default refuses with [`Error::Unsupported`](Error::Unsupported).
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        Err(Error::Unsupported {
+            key: key.clone(),
+            what: "idempotency records",
+        })
+    }
 }
 
 #[async_trait]
@@ -372,6 +428,26 @@ impl<B: LockBackend + ?Sized> LockBackend for Arc<B> {
     }
     async fn observe_leader(&self, key: &LockKey, ttl: Duration) -> Result<()> {
         (**self).observe_leader(key, ttl).await
+    }
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> Result<RecordState> {
+        (**self).fence_record(key, fence, retention).await
+    }
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        (**self).store_record(key, fence, response, retention).await
+    }
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        (**self).read_record(key).await
     }
     fn rw(&self) -> Option<&dyn RwBackend> {
         (**self).rw()

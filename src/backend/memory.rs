@@ -9,7 +9,10 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Acquire, LeaseToken, LockBackend, LockKind, Released, Renewal, Signals, WhenBusy};
+use super::{
+    Acquire, LeaseToken, LockBackend, LockKind, RecordFence, RecordState, Released, Renewal,
+    Signals, WhenBusy,
+};
 use crate::error::Result;
 use crate::key::LockKey;
 
@@ -105,6 +108,15 @@ struct Inner {
     semaphores: semaphore::State,
     /// The elections' leader records, with their expiry.
     leaders: DashMap<LockKey, (Vec<u8>, Instant)>,
+    /// The idempotency records (`fence_record`, `store_record`).
+    records: DashMap<LockKey, Record>,
+}
+
+/// An idempotency record: its fence, the stored response if any, its expiry.
+struct Record {
+    fence: RecordFence,
+    response: Option<Vec<u8>>,
+    expires: Instant,
 }
 
 /// The clock that floors the epochs a backend mints (`max(last + 1, clock µs)`).
@@ -231,8 +243,9 @@ impl MemoryBackend {
         mutex || rw || semaphore
     }
 
-    /// Deletes every lock, queue and leader record.
+    /// Deletes every lock, queue, leader record and idempotency record.
     pub(crate) fn flush(&self) {
+        self.inner.records.clear();
         self.inner.locks.clear();
         self.inner.queues.clear();
         self.inner.rw.flush();
@@ -468,6 +481,74 @@ impl LockBackend for MemoryBackend {
         Ok(deleted)
     }
 
+    /// The record's entry is locked for the whole step (a fence and a store of
+    /// one key never interleave); an expired record counts as none.
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> Result<RecordState> {
+        let now = Instant::now();
+        let mut entry = self.inner.records.entry(key.clone()).or_insert(Record {
+            fence,
+            response: None,
+            expires: now,
+        });
+        let record = &mut *entry;
+        if record.expires <= now {
+            (record.fence, record.response) = (fence, None);
+        }
+        if let Some(response) = &record.response {
+            return Ok(RecordState::Stored(response.clone()));
+        }
+        if record.fence > fence {
+            return Ok(RecordState::Stale);
+        }
+        record.fence = fence;
+        record.expires = now + retention;
+        Ok(RecordState::Fenced)
+    }
+
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        let now = Instant::now();
+        let mut entry = self.inner.records.entry(key.clone()).or_insert(Record {
+            fence,
+            response: None,
+            expires: now,
+        });
+        let record = &mut *entry;
+        if record.expires > now && record.fence > fence {
+            return Ok(false);
+        }
+        *record = Record {
+            fence,
+            response: Some(response.to_vec()),
+            expires: now + retention,
+        };
+        Ok(true)
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        let now = Instant::now();
+        let found = self
+            .inner
+            .records
+            .get(key)
+            .filter(|r| r.expires > now)
+            .and_then(|r| r.response.clone());
+        if found.is_none() {
+            self.inner.records.remove_if(key, |_, r| r.expires <= now);
+        }
+        Ok(found)
+    }
+
     async fn leave(&self, key: &LockKey) -> Result<()> {
         if let Some(mut q) = self.inner.queues.get_mut(key) {
             q.retain(|w| w.id != self.id);
@@ -496,6 +577,48 @@ impl LockBackend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn records_are_fenced_and_expire() {
+        let a = MemoryBackend::new();
+        let b = a.clone();
+        let k = LockKey::from("idem");
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            a.fence_record(&k, (5, 0), day).await.unwrap(),
+            RecordState::Fenced
+        );
+        // A newer executor fences (the first one's lease was lost) and stores.
+        assert_eq!(
+            b.fence_record(&k, (7, 0), day).await.unwrap(),
+            RecordState::Fenced
+        );
+        assert_eq!(
+            a.fence_record(&k, (6, 9), day).await.unwrap(),
+            RecordState::Stale
+        );
+        assert!(b.store_record(&k, (7, 0), b"newer", day).await.unwrap());
+        // The stalled first executor's store is refused, on every clone.
+        assert!(!a.store_record(&k, (5, 0), b"stale", day).await.unwrap());
+        assert_eq!(
+            a.read_record(&k).await.unwrap().as_deref(),
+            Some(&b"newer"[..])
+        );
+        assert_eq!(
+            a.fence_record(&k, (9, 0), day).await.unwrap(),
+            RecordState::Stored(b"newer".to_vec())
+        );
+        tokio::time::advance(day).await;
+        assert_eq!(a.read_record(&k).await.unwrap(), None, "expired");
+        assert!(
+            a.inner.records.is_empty(),
+            "an expired record is dropped when read"
+        );
+        assert_eq!(
+            a.fence_record(&k, (1, 0), day).await.unwrap(),
+            RecordState::Fenced
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn ttl_expiry_epochs_and_ownership() {

@@ -33,9 +33,13 @@ pub(crate) use interface::LockBackend;
 pub(crate) use interface::renew_one;
 pub use memory::MemoryBackend;
 #[cfg(feature = "unstable-backend-api")]
-pub use protocol::{Acquire, LeaseKind, LockKind, Released, RenewItem, Renewal, WhenBusy};
+pub use protocol::{
+    Acquire, LeaseKind, LockKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
+};
 #[cfg(not(feature = "unstable-backend-api"))]
-pub(crate) use protocol::{Acquire, LeaseKind, LockKind, Released, RenewItem, Renewal, WhenBusy};
+pub(crate) use protocol::{
+    Acquire, LeaseKind, LockKind, RecordFence, RecordState, Released, RenewItem, Renewal, WhenBusy,
+};
 pub use redis::{RedisBackend, RedisBackendBuilder};
 pub use redlock::{RedlockBackend, RedlockBackendBuilder};
 #[cfg(feature = "unstable-backend-api")]

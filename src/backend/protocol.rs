@@ -1,7 +1,8 @@
 //! The values the backend interface speaks (feature `unstable-backend-api`,
 //! outside semver): which lock of a key string ([`LockKind`]), what a busy lock
 //! asks of an acquire ([`WhenBusy`]), the replies of the four questions
-//! ([`Acquire`], [`Released`], [`Renewal`]) and a renewal's item ([`RenewItem`]).
+//! ([`Acquire`], [`Released`], [`Renewal`]), a renewal's item ([`RenewItem`]) and
+//! the idempotency record's fence and state ([`RecordFence`], [`RecordState`]).
 //! Every backend trait ([`LockBackend`](super::LockBackend), the read-write and
 //! semaphore traits) and the signals take them from here, so none of those
 //! files imports another.
@@ -161,6 +162,28 @@ impl<'a> RenewItem<'a> {
             ttl,
         }
     }
+}
+
+/// A fencing token as a backend stores it beside an idempotency record: the
+/// lease's epoch, then its handoff sequence, compared in that order (the
+/// backend's side of [`FencingToken`](crate::FencingToken), which it does not
+/// import).
+pub type RecordFence = (u64, u64);
+
+/// The reply of [`LockBackend::fence_record`](super::LockBackend::fence_record):
+/// the record as the fencing executor finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// No response is stored: the record's fence now holds the executor's token,
+    /// so every store of an older token is refused from now on.
+    Fenced,
+    /// A response is stored (these bytes); nothing changed.
+    Stored(Vec<u8>),
+    /// The record's fence holds a newer token than the executor's: a newer
+    /// executor has fenced the record (this one's lease was lost); nothing
+    /// changed.
+    Stale,
 }
 
 #[cfg(test)]

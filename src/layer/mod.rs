@@ -11,9 +11,12 @@
 //!   lock in the handler, once the request's body is received and valid.
 //! * [`SharedResponseLayer`] makes concurrent identical reads (same key) share one
 //!   execution and one buffered response.
+//! * [`IdempotencyLayer`] runs a request with an idempotency key once across the
+//!   fleet, and stores and replays its response ([`idempotency`]).
 //!
-//! Each service has a named response future: [`future::ResponseFuture`] and
-//! [`shared_response::future::ResponseFuture`].
+//! Each service has a named response future: [`future::ResponseFuture`],
+//! [`shared_response::future::ResponseFuture`] and
+//! [`idempotency::future::ResponseFuture`].
 //!
 //! # With axum
 //!
@@ -124,6 +127,7 @@
 mod edge;
 pub mod future;
 mod http;
+pub mod idempotency;
 #[allow(clippy::module_inception)]
 mod layer;
 mod request;
@@ -135,6 +139,7 @@ mod ticket;
 pub use self::http::KeyFrom;
 #[cfg(feature = "axum")]
 pub use self::http::{Locked, PROBLEM_JSON, Problem, handle_error};
+pub use self::idempotency::{IdempotencyLayer, IdempotencyService};
 pub use self::layer::LockLayer;
 pub use self::service::LockService;
 pub use self::shared_response::{SharedResponseLayer, SharedResponseService};

@@ -137,4 +137,19 @@ impl Locker {
             .run(key, f, |key, f| self.with_lock(key, |_| f()))
             .await
     }
+
+    /// [`singleflight`](Self::singleflight) without the lock: the leader's `f`
+    /// takes what it needs itself (the idempotency layer takes the lease and reads
+    /// its fencing token). Flights are per key and per `T`, so a private `T` never
+    /// meets a user's flight.
+    pub(crate) async fn coalesce<T, F, Fut>(&self, key: LockKey, f: F) -> Result<T>
+    where
+        T: Clone + Send + Sync + 'static,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        key.validate()?;
+        self.check_reentry(&key)?;
+        self.shared.flights.run(key, f, |_, f| f()).await
+    }
 }

@@ -15,7 +15,8 @@ use super::shared::{Instance, Shared};
 use crate::backend::rw::RwBackend;
 use crate::backend::semaphore::{Permits, SemaphoreBackend};
 use crate::backend::{
-    Acquire, LeaseToken, LockBackend, LockKind, MemoryBackend, Released, Renewal, Signals, WhenBusy,
+    Acquire, LeaseToken, LockBackend, LockKind, MemoryBackend, RecordFence, RecordState, Released,
+    Renewal, Signals, WhenBusy,
 };
 use crate::error::Result;
 use crate::key::LockKey;
@@ -241,6 +242,40 @@ impl LockBackend for SimBackend {
             Ok(cleared)
         })
         .await
+    }
+
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> Result<RecordState> {
+        self.request(
+            Op::Record,
+            key,
+            self.memory.fence_record(key, fence, retention),
+        )
+        .await
+    }
+
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        self.request(
+            Op::Record,
+            key,
+            self.memory.store_record(key, fence, response, retention),
+        )
+        .await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        self.request(Op::Record, key, self.memory.read_record(key))
+            .await
     }
 
     fn signals(&self) -> &Signals {

@@ -32,17 +32,21 @@ pub enum Op {
     /// read of its last token, a forget. [`FaultBuilder::on_key`] names the
     /// resource.
     Fenced,
+    /// A fence, store or read of an idempotency record
+    /// ([`IdempotencyLayer`](crate::layer::IdempotencyLayer)).
+    Record,
 }
 
 impl Op {
     /// Every kind of request, in declaration order.
-    pub(super) const ALL: [Op; 6] = [
+    pub(super) const ALL: [Op; 7] = [
         Op::Acquire,
         Op::Renew,
         Op::Release,
         Op::Leave,
         Op::Leader,
         Op::Fenced,
+        Op::Record,
     ];
 
     /// The position in [`ALL`](Self::ALL).
@@ -54,13 +58,14 @@ impl Op {
             Op::Leave => 3,
             Op::Leader => 4,
             Op::Fenced => 5,
+            Op::Record => 6,
         }
     }
 
     /// What the caller was doing, for its error.
     pub(super) fn phase(self) -> Phase {
         match self {
-            Op::Acquire | Op::Leave | Op::Leader => Phase::Acquiring,
+            Op::Acquire | Op::Leave | Op::Leader | Op::Record => Phase::Acquiring,
             Op::Renew => Phase::Renewing,
             Op::Release => Phase::Releasing,
             Op::Fenced => Phase::Writing,

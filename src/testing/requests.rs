@@ -26,12 +26,20 @@ pub struct Requests {
     /// Requests of fenced keys ([`Op::Fenced`]): counted by the server only, as
     /// they come from no instance.
     pub fenced: u64,
+    /// Idempotency record fences, stores and reads ([`Op::Record`]).
+    pub record: u64,
 }
 
 impl Requests {
     /// All requests.
     pub fn total(&self) -> u64 {
-        self.acquire + self.renew + self.release + self.leave + self.leader + self.fenced
+        self.acquire
+            + self.renew
+            + self.release
+            + self.leave
+            + self.leader
+            + self.fenced
+            + self.record
     }
 }
 
@@ -45,7 +53,7 @@ impl Counters {
     }
 
     pub(super) fn snapshot(&self) -> Requests {
-        let [acquire, renew, release, leave, leader, fenced] =
+        let [acquire, renew, release, leave, leader, fenced, record] =
             Op::ALL.map(|op| self.0[op.index()].load(Ordering::Relaxed));
         Requests {
             acquire,
@@ -54,6 +62,7 @@ impl Counters {
             leave,
             leader,
             fenced,
+            record,
         }
     }
 }

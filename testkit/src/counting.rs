@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockflight::backend::rw::RwBackend;
 use lockflight::backend::semaphore::SemaphoreBackend;
-use lockflight::backend::{Acquire, LeaseToken, Released, RenewItem, Renewal, Signals, WhenBusy};
+use lockflight::backend::{
+    Acquire, LeaseToken, RecordFence, RecordState, Released, RenewItem, Renewal, Signals, WhenBusy,
+};
 use lockflight::{LockKey, backend::LockBackend};
 
 /// Requests sent through a [`Counting`] backend.
@@ -28,6 +30,10 @@ pub struct Counts {
     pub renew_batch: AtomicU64,
     /// `leave` requests sent.
     pub leave: AtomicU64,
+    /// Idempotency record requests sent: `fence_record`, `store_record`,
+    /// `read_record` (not in [`snapshot`](Self::snapshot) or
+    /// [`total`](Self::total), which count the lock's requests).
+    pub record: AtomicU64,
     /// Acquires sent and not answered yet.
     pub in_flight: AtomicUsize,
     /// The most acquires in flight at once.
@@ -145,6 +151,31 @@ impl<B: LockBackend> LockBackend for Counting<B> {
     async fn leave(&self, key: &LockKey) -> lockflight::Result<()> {
         self.counts.leave.fetch_add(1, Ordering::Relaxed);
         self.inner.leave(key).await
+    }
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> lockflight::Result<RecordState> {
+        self.counts.record.fetch_add(1, Ordering::Relaxed);
+        self.inner.fence_record(key, fence, retention).await
+    }
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> lockflight::Result<bool> {
+        self.counts.record.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .store_record(key, fence, response, retention)
+            .await
+    }
+    async fn read_record(&self, key: &LockKey) -> lockflight::Result<Option<Vec<u8>>> {
+        self.counts.record.fetch_add(1, Ordering::Relaxed);
+        self.inner.read_record(key).await
     }
     fn signals(&self) -> &Signals {
         self.inner.signals()

@@ -22,6 +22,7 @@
 //! | `lifecycle::an_abandoned_acquire_is_released_with_retries` | one server, the test kit | an acquire that landed (its reply lost) is abandoned, and the first attempt of its background release is lost too: the release is repeated, `shutdown` waits for it, the key is free at once |
 //! | `election::a_resignation_hands_over_and_observers_follow` | all (Redlock: `Unsupported`) | the election column: A resigns, the waiting B leads with a greater term, a third instance's `observe()` and `leader()` follow, and nobody leads after B resigns |
 //! | `election::a_leader_that_vanishes_is_replaced_after_its_ttl` | all (Redlock: `Unsupported`) | a leader gone without a word (dropped without a runtime, as after `kill -9`): the waiting instance leads after the TTL with a greater term; observers follow |
+//! | `idempotency::one_instance_runs_the_others_replay` | all (Redlock: `Unsupported`) | the idempotency column: A runs a request with a key while B's duplicate waits for A's lease; B, woken by A's release, and a later C replay A's stored response byte for byte; another body under the key is `422`; the handler ran once |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
@@ -49,6 +50,8 @@
 mod election;
 #[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod exclusion;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
+mod idempotency;
 #[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod kinds;
 #[cfg(all(feature = "cluster", feature = "sentinel"))]

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 
-use lockflight::layer::{LockLayer, SharedResponseLayer};
+use lockflight::layer::{IdempotencyLayer, LockLayer, SharedResponseLayer};
 use lockflight::{LockGuard, Locker, MemoryBackend, RedisBackend, layer::KeyFrom, stats::Stats};
 use tower::{Layer, Service, service_fn};
 
@@ -114,8 +114,18 @@ async fn every_public_future_is_send() {
     )
     .layer(inner);
     send_future(lock_svc.call(http::Request::new(())));
-    let mut coalesce_svc = SharedResponseLayer::new(locker, KeyFrom::path_segment(0)).layer(inner);
+    let mut coalesce_svc =
+        SharedResponseLayer::new(locker.clone(), KeyFrom::path_segment(0)).layer(inner);
     send_future(coalesce_svc.call(http::Request::new(())));
+    let buffered = service_fn(
+        |_req: http::Request<http_body_util::Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                bytes::Bytes::new(),
+            )))
+        },
+    );
+    let mut idempotent_svc = IdempotencyLayer::new(locker).layer(buffered);
+    send_future(idempotent_svc.call(http::Request::new(Default::default())));
 }
 
 /// The fenced writes' futures, over any `Send` connection: checked when this

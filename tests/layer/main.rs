@@ -1,9 +1,10 @@
 //! The tower layers with mock inner services: readiness, guard lifetime, key
-//! policies, error mapping, lease loss, response sharing, and the named response
-//! futures and accessors.
+//! policies, error mapping, lease loss, response sharing, idempotent requests,
+//! and the named response futures and accessors.
 
 mod errors;
 mod guard;
+mod idempotency;
 mod loss;
 mod mocks;
 mod named;

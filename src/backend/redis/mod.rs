@@ -68,7 +68,10 @@ use redis::Script;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Acquire, LeaseToken, LockBackend, Released, RenewItem, Renewal, Signals, WhenBusy};
+use super::{
+    Acquire, LeaseToken, LockBackend, RecordFence, RecordState, Released, RenewItem, Renewal,
+    Signals, WhenBusy,
+};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -139,6 +142,9 @@ static LEADER_CLEAR: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_clear.lua")));
 static LEADER_OBSERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/leader_observe.lua")));
+/// The idempotency records: fence, store and read (no prelude: a record is no
+/// lease, and its fence orders its writers).
+static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/record.lua")));
 
 mod builder;
 mod errors;
@@ -438,6 +444,17 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// Runs `lua/record.lua` on the idempotency record of `key` with `args`.
+    async fn record(&self, key: &LockKey, phase: Phase, args: &[&[u8]]) -> Result<redis::Value> {
+        let n = Names::new(&self.inner.prefix, key);
+        self.inner
+            .invoke(&RECORD, &[&n.record()], args)
+            .await
+            .map_err(|e| map_err(key, phase, e))
+    }
+}
+
+impl RedisBackend {
     /// This instance's random id (its queue entries and its channel carry it).
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
@@ -635,6 +652,77 @@ impl LockBackend for RedisBackend {
             .await
             .map_err(|e| map_err(key, Phase::Acquiring, e))?;
         Ok(())
+    }
+
+    /// `lua/record.lua`'s fence: one script call.
+    async fn fence_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        retention: Duration,
+    ) -> Result<RecordState> {
+        let (epoch, seq, ms) = (
+            fence.0.to_string(),
+            fence.1.to_string(),
+            millis(retention).max(1).to_string(),
+        );
+        let reply = self
+            .record(
+                key,
+                Phase::Acquiring,
+                &[b"fence", epoch.as_bytes(), seq.as_bytes(), ms.as_bytes()],
+            )
+            .await?;
+        match reply {
+            redis::Value::Array(items) => match items.as_slice() {
+                [redis::Value::Int(1)] => Ok(RecordState::Fenced),
+                [redis::Value::Int(0)] => Ok(RecordState::Stale),
+                [redis::Value::Int(2), redis::Value::BulkString(response)] => {
+                    Ok(RecordState::Stored(response.clone()))
+                }
+                _ => Err(unexpected(
+                    key,
+                    Phase::Acquiring,
+                    &redis::Value::Array(items),
+                )),
+            },
+            other => Err(unexpected(key, Phase::Acquiring, &other)),
+        }
+    }
+
+    /// `lua/record.lua`'s store: one script call.
+    async fn store_record(
+        &self,
+        key: &LockKey,
+        fence: RecordFence,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        let (epoch, seq, ms) = (
+            fence.0.to_string(),
+            fence.1.to_string(),
+            millis(retention).max(1).to_string(),
+        );
+        let args: [&[u8]; 5] = [
+            b"store",
+            epoch.as_bytes(),
+            seq.as_bytes(),
+            ms.as_bytes(),
+            response,
+        ];
+        match self.record(key, Phase::Writing, &args).await? {
+            redis::Value::Int(stored) => Ok(stored == 1),
+            other => Err(unexpected(key, Phase::Writing, &other)),
+        }
+    }
+
+    /// `lua/record.lua`'s read: one script call.
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Vec<u8>>> {
+        match self.record(key, Phase::Acquiring, &[b"read"]).await? {
+            redis::Value::BulkString(bytes) => Ok(Some(bytes)),
+            redis::Value::Nil => Ok(None),
+            other => Err(unexpected(key, Phase::Acquiring, &other)),
+        }
     }
 
     fn signals(&self) -> &Signals {

@@ -78,6 +78,13 @@ impl Names {
         [&self.lock[..], b":leader"].concat()
     }
 
+    /// The idempotency record of this key (`<lock name>:idem`, a hash: its
+    /// fence and the stored response): fenced, stored and read by
+    /// `lua/record.lua`.
+    pub(super) fn record(&self) -> Vec<u8> {
+        [&self.lock[..], b":idem"].concat()
+    }
+
     /// The observers of the leader record (`<lock name>:observers`, a sorted set:
     /// an observing instance's channel → its registration's expiry in ms):
     /// written by `lua/leader_observe.lua`, read and pruned by

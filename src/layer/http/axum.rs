@@ -151,7 +151,7 @@ pub async fn handle_error(err: BoxError) -> Response {
 /// `HandleErrorLayer` with [`handle_error`], as a nameable function.
 pub(crate) type ErrorHandler = fn(BoxError) -> std::future::Ready<Response>;
 
-fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
+pub(crate) fn error_handler() -> HandleErrorLayer<ErrorHandler, ()> {
     HandleErrorLayer::new(|err| std::future::ready(error_response(err)))
 }
 

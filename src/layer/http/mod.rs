@@ -18,6 +18,8 @@ mod request;
 
 #[cfg(feature = "axum")]
 pub use self::axum::handle_error;
+#[cfg(feature = "axum")]
+pub(crate) use self::axum::{ErrorHandler, error_handler};
 pub use key_from::KeyFrom;
 #[cfg(feature = "axum")]
 pub use locked::Locked;

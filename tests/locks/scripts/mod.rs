@@ -3,8 +3,8 @@
 //! before anything is written, release reconciliation by release record, a refused
 //! wake-up `PUBLISH`, the classification of server refusals (`OOM`, `READONLY`),
 //! `connect()`'s verification (passwords, ACLs, the minimal ACL line) and the
-//! notifier's restart on a new runtime, the fast paths' server commands, and the
-//! elections' leader records.
+//! notifier's restart on a new runtime, the fast paths' server commands, the
+//! elections' leader records, and the idempotency records.
 //!
 //! Tests that only need *a* Redis use [`testkit::shared`] with their own
 //! [`testkit::unique_prefix`]; tests that change the server's configuration or ACLs

@@ -105,3 +105,30 @@ async fn foreign_values_stop_leave_before_any_write() {
         "leave removed the queue entry although it failed"
     );
 }
+
+/// An idempotency record that is not lockflight's (`lua/record.lua`): a value of
+/// another type, or a fence that is no token, is refused by every step with
+/// nothing changed.
+#[tokio::test]
+async fn foreign_values_stop_the_idempotency_record_before_any_write() {
+    let (_log, a, mut con, prefix) = one_instance("reads-first-record").await;
+    let day = Duration::from_secs(86_400);
+    let key = LockKey::from("record-string");
+    let record = name(&prefix, &key, ":idem");
+    query::<()>(&mut con, redis::cmd("SET").arg(&record).arg("x")).await;
+    assert_foreign("fence", a.fence_record(&key, (1, 0), day).await);
+    assert_foreign("store", a.store_record(&key, (1, 0), b"r", day).await);
+    assert_foreign("read", a.read_record(&key).await);
+    assert_eq!(type_of(&mut con, &record).await, "string");
+    let key = LockKey::from("record-fence");
+    let record = name(&prefix, &key, ":idem");
+    hset(&mut con, &record, "fence", "not a token").await;
+    assert_foreign("fence", a.fence_record(&key, (1, 0), day).await);
+    assert_foreign("store", a.store_record(&key, (1, 0), b"r", day).await);
+    assert!(
+        !hexists(&mut con, &record, "response").await,
+        "nothing stored"
+    );
+    let ttl: i64 = query(&mut con, redis::cmd("PTTL").arg(&record)).await;
+    assert_eq!(ttl, -1, "no expiry set");
+}
