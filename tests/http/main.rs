@@ -8,6 +8,7 @@
 mod body;
 mod fail_closed;
 mod idempotency;
+mod idempotency_fleet;
 mod keys;
 mod outage;
 mod support;
