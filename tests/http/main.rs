@@ -8,6 +8,8 @@
 mod body;
 mod fail_closed;
 mod idempotency;
+mod idempotency_fleet;
+mod idempotency_paused;
 mod keys;
 mod outage;
 mod support;
