@@ -31,7 +31,7 @@
 //! taking the SKU's lock. The decrement is fenced by the SKU lock's token, not
 //! by the idempotency lease's: a process that dies mid-request leaves no stored
 //! answer, and the retry, run again once that lease expires, reserves again.
-//! A request without the header runs as before.
+//! A request without the header runs as before; the `plain` mode has no such layer.
 //!
 //! In the `plain` mode the handler takes a plain Redis lock itself
 //! ([`PlainLock`](super::plain_lock::PlainLock)) around the same critical section.
