@@ -12,6 +12,8 @@
 //!   with `at_most` and `at_least`.
 //! * [`axum`]: the tower layer and its axum glue: keys from path parameters, the
 //!   lock after the body, failing closed, errors as problem responses.
+//! * [`idempotency`]: `Idempotency-Key` requests run once and replayed, the
+//!   answers, the settings, fencing the handler's writes, what it cannot promise.
 //! * [`topology`]: connecting to one server, Sentinel, Cluster or Redlock; what
 //!   mutual exclusion rests on in each; what each lock kind offers on each.
 //! * [`testing`]: testing code that holds locks on a simulated lock server with
@@ -58,6 +60,12 @@ pub mod scheduled_jobs {}
     doc = include_str!("../docs/guide/axum.md")
 )]
 pub mod axum {}
+
+#[cfg_attr(
+    any(not(doctest), feature = "axum"),
+    doc = include_str!("../docs/guide/idempotency.md")
+)]
+pub mod idempotency {}
 
 #[cfg_attr(
     any(not(doctest), all(feature = "cluster", feature = "sentinel")),

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use job::LeaderJob;
-use lockflight::layer::{KeyFrom, LockLayer, PROBLEM_JSON, SharedResponseLayer};
+use lockflight::layer::{IdempotencyLayer, KeyFrom, LockLayer, PROBLEM_JSON, SharedResponseLayer};
 use lockflight::{FencingToken, Locker, guard::LockInfo};
 use plain_lock::PlainLock;
 use serde::{Deserialize, Serialize};
@@ -385,9 +385,10 @@ pub fn valid_sku(sku: &str) -> bool {
 }
 
 /// The service: `POST /items`, `GET /items`, `GET /items/{sku}` (a shared response),
-/// `POST /items/{sku}/reserve` (locked by SKU, fenced at the database),
-/// `GET /stats`, and the other lock shapes of [`shapes`]: `POST /checkout`
-/// (several SKUs under one multi-key lock, a per-tenant semaphore cap),
+/// `POST /items/{sku}/reserve` (locked by SKU, fenced at the database, replayed
+/// for a repeated `Idempotency-Key`), `GET /stats`, and the other lock shapes of
+/// [`shapes`]: `POST /checkout` (several SKUs under one multi-key lock, a
+/// per-tenant semaphore cap),
 /// `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (read-write lock),
 /// `POST /items/{sku}/reserve-optimistic` (no lock: a version column).
 pub fn app(state: AppState) -> Router {
@@ -400,6 +401,10 @@ pub fn app(state: AppState) -> Router {
     // lock_timeout + Retry-After, Redis down → 503 lock_backend_unavailable, lease
     // lost → 503 lease_lost). In the plain mode the handler takes the plain Redis
     // lock itself instead.
+    // Outside the lock, a client may send `Idempotency-Key`: a retried reservation
+    // with the same key runs once (across instances) and its answer is replayed,
+    // marked `idempotent-replayed: true`, without taking the SKU's lock; the same
+    // key with another body is 422. A request without the key runs as before.
     let reserve = match state.plain {
         Some(_) => Router::new().route("/items/{sku}/reserve", post(reserve::reserve_plain)),
         None => Router::new()
@@ -408,7 +413,8 @@ pub fn app(state: AppState) -> Router {
                 LockLayer::new(locker.clone(), KeyFrom::path_param("sku"))
                     .lock_in_handler()
                     .handle_errors(),
-            ),
+            )
+            .route_layer(IdempotencyLayer::new(locker.clone()).handle_errors()),
     };
     // Concurrent identical reads share one execution (under the SKU's lock, so a
     // read never overlaps a reservation of the same SKU).

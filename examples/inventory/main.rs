@@ -10,10 +10,12 @@
 //!
 //! Endpoints: `POST /items {sku, name, stock}`, `GET /items`, `GET /items/{sku}`
 //! (concurrent identical reads share one response), `POST /items/{sku}/reserve {qty}`
-//! (under the SKU's lock, fenced at the database), `GET /stats`, and the other lock
-//! shapes of `shapes.rs`: `POST /checkout` (a multi-key lock, a per-tenant
-//! semaphore cap), `GET /items/{sku}/stock` and `POST /items/{sku}/restock` (a
-//! read-write lock), `POST /items/{sku}/reserve-optimistic` (no lock).
+//! (under the SKU's lock, fenced at the database; with an `Idempotency-Key`, a
+//! retry is replayed and reserves once, except in the `plain` mode), `GET /stats`,
+//! and the other lock shapes of `shapes.rs`: `POST /checkout` (a multi-key lock, a
+//! per-tenant semaphore cap), `GET /items/{sku}/stock` and
+//! `POST /items/{sku}/restock` (a read-write lock),
+//! `POST /items/{sku}/reserve-optimistic` (no lock).
 //!
 //! In the background the instances elect a leader for one job (election
 //! `inventory:jobs`, identity `name@port`, lease TTL `JOB_LEASE_TTL_MS`): only the

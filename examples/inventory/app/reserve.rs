@@ -24,6 +24,15 @@
 //! before it can write (503). A trigger logs every accepted decrement, with its
 //! token, in `reservations`, within the same statement.
 //!
+//! Outside the lock, the route runs behind [`IdempotencyLayer`]: a client that
+//! retries a reservation (a timeout, a double submit) sends the same
+//! `Idempotency-Key`, and the reservation runs once across the instances; the
+//! retry gets the first answer back, marked `idempotent-replayed: true`, without
+//! taking the SKU's lock. The decrement is fenced by the SKU lock's token, not
+//! by the idempotency lease's: a process that dies mid-request leaves no stored
+//! answer, and the retry, run again once that lease expires, reserves again.
+//! A request without the header runs as before; the `plain` mode has no such layer.
+//!
 //! In the `plain` mode the handler takes a plain Redis lock itself
 //! ([`PlainLock`](super::plain_lock::PlainLock)) around the same critical section.
 //! A plain lock has no fencing token, so that write is not fenced: only the lock
@@ -31,6 +40,7 @@
 //! outlived it.
 //!
 //! [`LockLayer`]: lockflight::layer::LockLayer
+//! [`IdempotencyLayer`]: lockflight::layer::IdempotencyLayer
 //! [`LockInfo`]: lockflight::guard::LockInfo
 //! [`LockLayer::lock_in_handler`]: lockflight::layer::LockLayer::lock_in_handler
 

@@ -281,6 +281,61 @@ async fn lock_timeout_is_503_with_retry_after() {
     assert_eq!(res.json()["remaining"], 4);
 }
 
+/// A reservation sent again with the same `Idempotency-Key`, to the other
+/// instance, is replayed (the first answer, byte for byte, marked
+/// `idempotent-replayed: true`) and reserves once; the key with another body is
+/// 422 and reserves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_reservation_is_replayed_and_reserves_once() {
+    let _log = testkit::shared().log_on_panic();
+    let prefix = testkit::unique_prefix("inventory-idempotent");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut urls = Vec::new();
+    for name in ["a", "b"] {
+        let state = instance(name, &prefix, file_db(dir.path()).await, |b| b).await;
+        urls.push(serve(app::app(state)).await);
+    }
+    let http = Http::new();
+    create_item(&http, &urls[0], "gadget", 5).await;
+
+    let reserve = |url: &str, qty: u32| {
+        let http = http.clone();
+        let url = format!("{url}/items/gadget/reserve");
+        async move {
+            http.send_with(
+                http::Method::POST,
+                &url,
+                Some(&json!({ "qty": qty })),
+                &[("idempotency-key", "order-17")],
+            )
+            .await
+            .expect("request")
+        }
+    };
+    let first = reserve(&urls[0], 2).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    assert_eq!(first.json()["remaining"], 3);
+    assert!(!first.headers.contains_key("idempotent-replayed"));
+
+    let again = reserve(&urls[1], 2).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text());
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.body, first.body, "the first answer, replayed");
+
+    let reused = reserve(&urls[1], 1).await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        reused.error_code().as_deref(),
+        Some("idempotency_key_reused")
+    );
+
+    let item = http
+        .get(&format!("{}/items/gadget", urls[1]))
+        .await
+        .expect("GET");
+    assert_eq!(item.json()["stock"], 3, "reserved once");
+}
+
 /// A route whose requests carry no key (no `{sku}` in the route): the lock layer
 /// refuses them, unless told to run them unlocked.
 #[tokio::test]
