@@ -110,7 +110,14 @@ struct Inner {
     leaders: DashMap<LockKey, (Vec<u8>, Instant)>,
     /// The idempotency records (`fence_record`, `store_record`).
     records: DashMap<LockKey, Record>,
+    /// Record writes so far, and the count at which the next sweep of expired
+    /// records runs ([`MemoryBackend::sweep_records`]).
+    record_writes: AtomicU64,
+    next_record_sweep: AtomicU64,
 }
+
+/// The fewest record writes between two sweeps of the expired records.
+const RECORD_SWEEP_MIN: u64 = 1024;
 
 /// An idempotency record: its fence, the stored response if any, its expiry.
 struct Record {
@@ -189,6 +196,23 @@ impl MemoryBackend {
                 Ok(_) => return next,
                 Err(seen) => last = seen,
             }
+        }
+    }
+
+    /// Counts a record write and, once as many writes have come since the last
+    /// sweep as records were left by it (at least [`RECORD_SWEEP_MIN`]), drops
+    /// the expired records: a key written once and never read again does not
+    /// stay for the process's life, at an amortized constant cost per write.
+    /// Called before the write takes its record's entry (a sweep takes every
+    /// shard of the map).
+    fn sweep_records(&self, now: Instant) {
+        let inner = &self.inner;
+        let writes = inner.record_writes.fetch_add(1, Ordering::Relaxed) + 1;
+        if writes >= inner.next_record_sweep.load(Ordering::Relaxed) {
+            inner.records.retain(|_, r| r.expires > now);
+            let left = u64::try_from(inner.records.len()).unwrap_or(u64::MAX);
+            let next = writes.saturating_add(left.max(RECORD_SWEEP_MIN));
+            inner.next_record_sweep.store(next, Ordering::Relaxed);
         }
     }
 
@@ -490,6 +514,7 @@ impl LockBackend for MemoryBackend {
         retention: Duration,
     ) -> Result<RecordState> {
         let now = Instant::now();
+        self.sweep_records(now);
         let mut entry = self.inner.records.entry(key.clone()).or_insert(Record {
             fence,
             response: None,
@@ -518,6 +543,7 @@ impl LockBackend for MemoryBackend {
         retention: Duration,
     ) -> Result<bool> {
         let now = Instant::now();
+        self.sweep_records(now);
         let mut entry = self.inner.records.entry(key.clone()).or_insert(Record {
             fence,
             response: None,
@@ -617,6 +643,30 @@ mod tests {
         assert_eq!(
             a.fence_record(&k, (1, 0), day).await.unwrap(),
             RecordState::Fenced
+        );
+    }
+
+    /// Records written once and never read again are swept once they expired,
+    /// so the map does not grow for the process's life.
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_swept_by_later_writes() {
+        let b = MemoryBackend::new();
+        let minute = Duration::from_secs(60);
+        let n = RECORD_SWEEP_MIN * 2;
+        for i in 0..n {
+            let key = LockKey::from(format!("once-{i}"));
+            assert!(b.store_record(&key, (1, 0), b"r", minute).await.unwrap());
+        }
+        assert_eq!(b.inner.records.len() as u64, n, "all live");
+        tokio::time::advance(minute).await;
+        for i in 0..n {
+            let key = LockKey::from(format!("later-{i}"));
+            b.fence_record(&key, (1, 0), minute).await.unwrap();
+        }
+        assert!(
+            (b.inner.records.len() as u64) < n + RECORD_SWEEP_MIN,
+            "{} records left; the first {n} expired",
+            b.inner.records.len()
         );
     }
 

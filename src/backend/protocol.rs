@@ -168,6 +168,9 @@ impl<'a> RenewItem<'a> {
 /// lease's epoch, then its handoff sequence, compared in that order (the
 /// backend's side of [`FencingToken`](crate::FencingToken), which it does not
 /// import).
+// Public with `unstable-backend-api`, crate-wide without it, as every type here;
+// the lint takes a public alias re-exported to the crate only for unreachable.
+#[cfg_attr(not(feature = "unstable-backend-api"), allow(unreachable_pub))]
 pub type RecordFence = (u64, u64);
 
 /// The reply of [`LockBackend::fence_record`](super::LockBackend::fence_record):

@@ -133,6 +133,7 @@ mod layer;
 mod request;
 mod service;
 mod settings;
+mod shared_error;
 pub mod shared_response;
 mod ticket;
 

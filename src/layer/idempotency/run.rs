@@ -21,7 +21,6 @@
 //! Every caller compares the outcome's fingerprint with its own: another
 //! request under the same key is `422`.
 
-use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -38,6 +37,7 @@ use crate::backend::RecordState;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::layer::edge;
+use crate::layer::shared_error::SharedError;
 use crate::locker::{LockGuard, LockOptions, Locker, LossPolicy};
 
 /// The layer's response: its own (a replay, a shared copy, a refusal) or the
@@ -312,26 +312,4 @@ fn reply<B>(stored: &Stored, replayed: bool) -> Reply<B> {
 /// A refusal as the layer's response.
 pub(super) fn refused<B>(refusal: Refusal) -> Reply<B> {
     refusal.response().map(Either::Left)
-}
-
-/// An inner error shared by every caller of a flight.
-#[derive(Clone)]
-struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
-
-impl fmt::Debug for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl fmt::Display for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl std::error::Error for SharedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
-    }
 }

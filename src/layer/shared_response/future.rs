@@ -17,6 +17,7 @@ use tower::{BoxError, ServiceExt};
 use tower_service::Service;
 
 use crate::key::LockKey;
+use crate::layer::shared_error::SharedError;
 use crate::locker::Locker;
 
 /// The response of a [`SharedResponseService`](super::SharedResponseService)
@@ -146,28 +147,6 @@ enum FlightOutcome {
     /// everyone else runs their own request.
     Bypass,
     Failed(Arc<dyn std::error::Error + Send + Sync>),
-}
-
-/// An inner error shared by every caller of a flight.
-#[derive(Clone)]
-struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
-
-impl fmt::Debug for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl fmt::Display for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl std::error::Error for SharedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
-    }
 }
 
 /// Runs `req` in the flight of `key`: as its leader, under the lock, sharing the
