@@ -159,9 +159,10 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a zero `at_most` or an `at_least` longer than
-    /// it; [`Error::InvalidKey`]; backend errors of the acquire (the work did not
-    /// run). Once the work has run its output is returned as [`Tick::Ran`]
+    /// [`Error::InvalidConfig`] for a zero `at_most`, an `at_least` longer than
+    /// it, or a lease TTL they make outside the lease TTL's bounds;
+    /// [`Error::InvalidKey`]; [`Error::Reentrant`] when this task already holds
+    /// the key's lock; backend errors of the acquire (the work did not run). Once the work has run its output is returned as [`Tick::Ran`]
     /// whatever the end of the hold answers (a lease lost meanwhile was signalled
     /// to the work).
     ///
