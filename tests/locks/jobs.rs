@@ -1,7 +1,7 @@
 //! Scheduled jobs (`Locker::run_exclusive`) against a real Redis.
 //!
 //! * Three replicas, each a child process (this test binary, re-executed) whose
-//!   timer runs on a clock offset by -500, 0 and +500 ms, fire the same 20 ticks:
+//!   timer runs on a clock offset by -500, 0 and +500 ms, fire the same 12 ticks:
 //!   each tick runs exactly once, with strictly increasing fencing tokens. The
 //!   replicas' clocks are a second apart; `at_least` (2 s) covers that spread and
 //!   the period (3 s) leaves as much again before the next tick, so a child's
@@ -21,7 +21,7 @@ use testkit::{child_line, shared_scene, spawn_test_child, test_path, within};
 /// A limit that only a hang reaches.
 const TOLD: Duration = Duration::from_secs(30);
 const CHILD_ENV: &str = "LOCKFLIGHT_JOB_CHILD";
-const TICKS: u64 = 20;
+const TICKS: u64 = 12;
 const PERIOD: Duration = Duration::from_secs(3);
 const AT_LEAST: Duration = Duration::from_secs(2);
 const AT_MOST: Duration = Duration::from_millis(2_900);
