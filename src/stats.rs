@@ -62,6 +62,10 @@ pub struct Stats {
     /// Ticks of scheduled jobs this process skipped because another replica or
     /// task held the job's lock ([`Tick::Skipped`](crate::job::Tick::Skipped)).
     pub jobs_skipped: u64,
+    /// Mutex leases this process took from a grant message (another instance's
+    /// release gave the lock to this process's waiting acquire on the server), with
+    /// no request of their own; each is counted in `acquired` too.
+    pub grants: u64,
     /// Keys with local state in this process when the snapshot was taken, of
     /// every kind (a holder, a leader, waiters, a cached lease, a semaphore
     /// handle's state). Not a counter: zero once every task is done with its keys,
@@ -92,6 +96,7 @@ impl std::ops::Sub for Stats {
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
             jobs_run: self.jobs_run.saturating_sub(earlier.jobs_run),
             jobs_skipped: self.jobs_skipped.saturating_sub(earlier.jobs_skipped),
+            grants: self.grants.saturating_sub(earlier.grants),
             keys_in_use: self.keys_in_use,
         }
     }
@@ -111,6 +116,7 @@ pub(crate) struct StatsInner {
     timeouts: AtomicU64,
     jobs_run: AtomicU64,
     jobs_skipped: AtomicU64,
+    grants: AtomicU64,
 }
 
 macro_rules! counter {
@@ -144,6 +150,7 @@ counter! {
     timeout => timeouts, "lockflight_timeouts_total";
     job_ran => jobs_run, "lockflight_jobs_run_total";
     job_skipped => jobs_skipped, "lockflight_jobs_skipped_total";
+    grant_taken => grants, "lockflight_grants_total";
 }
 
 #[cfg(test)]

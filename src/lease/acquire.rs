@@ -153,6 +153,15 @@ pub(crate) struct NewLease<'a> {
 /// the same token, which re-arms the lease if it still exists, or releases the
 /// token).
 pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
+    grant_within(engine, new, new.ttl)
+}
+
+/// [`grant`], for a lease the server keeps for `window` (at most its TTL) from the
+/// request sent at `sent_at` until its first renewal: a grant by another
+/// instance's release (`Signals::take_grant`). Its validity counts `window` from
+/// `sent_at`, and its first renewal is due a third of the way through it, not a
+/// renewal interval after.
+fn grant_within(engine: &Engine, new: NewLease<'_>, window: Duration) -> Option<Arc<Lease>> {
     let NewLease {
         key,
         kind,
@@ -173,6 +182,10 @@ pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
         Arc::clone(&engine.stats),
     )
     .with_kind(kind);
+    let window = window.min(ttl);
+    if window < ttl {
+        lease.granted_for(window, sent_at);
+    }
     let own_end = hold_limit.map(|limit| deadline_after(lease.acquired_at, limit));
     let end = match (engine.renewals.hold_end(lease.acquired_at), own_end) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -187,7 +200,11 @@ pub(crate) fn grant(engine: &Engine, new: NewLease<'_>) -> Option<Arc<Lease>> {
     }
     let lease = Arc::new(lease);
     engine.stats.acquired();
-    engine.renewals.watch(&lease, sent_at);
+    if window < ttl {
+        engine.renewals.watch_soon(&lease, sent_at + window / 3);
+    } else {
+        engine.renewals.watch(&lease, sent_at);
+    }
     Some(lease)
 }
 
@@ -255,8 +272,12 @@ pub(crate) trait InFlight {
 #[derive(Debug)]
 pub(crate) struct Granted {
     pub(crate) lease: Arc<Lease>,
+    /// When the granting request was sent; for a grant by message, the anchor of
+    /// `earliest_other` (see `take_grant` in [`acquire`]).
     pub(crate) sent_at: Instant,
     pub(crate) waiting: u32,
+    /// Fair mode: how long before `sent_at` the earliest other waiting instance
+    /// arrived, at the latest.
     pub(crate) earliest_other: Option<Duration>,
 }
 
@@ -309,6 +330,71 @@ where
         key,
         ask.one_at_a_time,
     );
+    // A waiting mutex acquire may be granted the lock by another instance's
+    // release, on the server (`Signals::grants`): from its first busy answer
+    // (`busy_sent`) its token may hold the lock without another reply, so it stays
+    // armed, and a grant message for it is a grant whose validity counts from the
+    // send of the ask it was made from, which the message echoes (see "The grant"
+    // in ARCHITECTURE.md).
+    let grantable =
+        kind == LeaseKind::Mutex && mode == WhenBusy::Queue && engine.backend.signals().grants();
+    let mut busy_sent: Option<Instant> = None;
+    let mut grant_watch = None;
+    // Takes a grant for this token, if one came: `Some(granted)`, where `None`
+    // means it came too late to use (ask again: the token still holds the lock
+    // or its grant expired).
+    let take_grant = |busy_sent: Option<Instant>| {
+        busy_sent?;
+        let g = engine.backend.signals().take_grant(key.as_bytes(), token)?;
+        // The granted ask's own send, echoed: not the last busy answer's, which
+        // may be a later ask's (a grant read after it expired and the token was
+        // answered busy again).
+        let sent_at = g.sent;
+        let lease = grant_within(
+            engine,
+            NewLease {
+                key,
+                kind,
+                token,
+                ttl,
+                epoch: g.epoch,
+                sent_at,
+                waiting: g.waiting,
+                hold_limit,
+            },
+            g.window,
+        );
+        if lease.is_some() {
+            engine.stats.grant_taken();
+        }
+        // Fair mode's hand-on bound, which an acquire reply gives as `sent_at`
+        // less `earliest_other`: here the earliest other instance arrived the
+        // message's offset after the ask arrived, and the ask was sent before
+        // it arrived, so `sent_at` plus the offset is never later than that
+        // instance's arrival (with nobody waiting, `sent_at` itself: a later
+        // waiter arrived after the grant, which came after the ask).
+        let (anchor, earliest_other) = match g.earliest_after_ask {
+            None => (sent_at, None),
+            Some(us) => {
+                let offset = Duration::from_micros(us.unsigned_abs());
+                let at = if us >= 0 {
+                    sent_at.checked_add(offset)
+                } else {
+                    sent_at.checked_sub(offset)
+                };
+                match at {
+                    Some(at) => (at, Some(Duration::ZERO)),
+                    None => (sent_at, None),
+                }
+            }
+        };
+        Some(lease.map(|lease| Granted {
+            lease,
+            sent_at: anchor,
+            waiting: g.waiting,
+            earliest_other,
+        }))
+    };
     loop {
         let sent_at = pacer.sending();
         in_flight.sending(mode);
@@ -364,17 +450,43 @@ where
                 last_error = None;
                 // Busy: nothing held but a waiting writer's registration, which a
                 // write that waits may have left.
+                // Or, where releases grant, the lock itself from now on.
                 let registered = kind == LeaseKind::Write && mode == WhenBusy::Queue;
-                in_flight.answered(registered);
+                if grantable {
+                    busy_sent = Some(sent_at);
+                }
+                in_flight.answered(registered || grantable);
                 if mode == WhenBusy::Return {
                     return Ok(None);
                 }
-                if !pacer.watch() {
-                    continue;
+                if grantable && grant_watch.is_none() {
+                    grant_watch = Some(engine.backend.signals().watch_grant(key.as_bytes(), token));
                 }
-                tokio::select! {
-                    _ = pacer.woken_or(Instant::now() + retry_in) => {}
-                    _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&mut last_error)),
+                // A grant that came while the request was in flight is taken now;
+                // one that comes later wakes this loop through `grant_watch`.
+                let ready = busy_sent.is_some()
+                    && engine.backend.signals().has_grant(key.as_bytes(), token);
+                if !ready && pacer.watch() {
+                    let granted = async {
+                        match &grant_watch {
+                            Some(watch) => watch.granted().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = pacer.woken_or(Instant::now() + retry_in) => {}
+                        _ = granted => {}
+                        _ = tokio::time::sleep_until(deadline) => return Err(timed_out(&mut last_error)),
+                    }
+                }
+                match take_grant(busy_sent) {
+                    Some(Some(granted)) => {
+                        in_flight.answered(false);
+                        return Ok(Some(granted));
+                    }
+                    // Too late to use: ask again with the token.
+                    Some(None) => busy_sent = None,
+                    None => {}
                 }
             }
             Err(e) => match Failure::of(&e) {
@@ -394,7 +506,7 @@ where
                     // A refusal keeps the token armed for the cleanup, which releases
                     // whatever a partly run script (or an unacknowledged grant)
                     // wrote; a definite answer wrote nothing.
-                    if !failure.may_have_written() {
+                    if !failure.may_have_written() && busy_sent.is_none() {
                         in_flight.answered(false);
                     }
                     return Err(e);

@@ -75,7 +75,7 @@ impl Engine {
         }
         if lease
             .left_at(now)
-            .is_none_or(|left| left < self.config.min_validity)
+            .is_none_or(|left| left < self.min_validity(lease))
         {
             return false;
         }
@@ -87,6 +87,20 @@ impl Engine {
         let (max_n, max_hold) = self.budget(lease);
         lease.handoffs.load(Ordering::Relaxed) < max_n
             && now.saturating_duration_since(lease.acquired_at) < max_hold
+    }
+
+    /// The validity a lease must have left to be handed on: the locker's
+    /// `min_validity`, or, for a lease taken from a grant whose first renewal has
+    /// not come back yet, half the grant's window if that is less (its validity
+    /// counts the window, not a TTL, until that renewal; see "The grant" in
+    /// ARCHITECTURE.md).
+    fn min_validity(&self, lease: &Lease) -> Duration {
+        match lease.grant_window() {
+            Some(window) if lease.renewed.load(Ordering::Relaxed) == 0 => {
+                self.config.min_validity.min(window / 2)
+            }
+            _ => self.config.min_validity,
+        }
     }
 
     /// The most handoffs and the longest hold of `lease`'s budget, as things stand.

@@ -101,6 +101,9 @@ pub(crate) struct Lease {
     /// of every other instance, and may be handed the lease (unset: none may while
     /// other instances wait).
     arrival_bound: OnceLock<Instant>,
+    /// A lease taken from a grant: the window the server keeps it for until its
+    /// first renewal (`lease::acquire::grant_within`).
+    grant_window: OnceLock<Duration>,
     /// A mutex lease that may be cached (its key was warm when it was asked for):
     /// the revocations of its key since the request that took it (see
     /// [`LockerBuilder::cache_leases_for`](crate::LockerBuilder::cache_leases_for)).
@@ -141,6 +144,7 @@ impl Lease {
             valid_until: Mutex::new(sent_at + ttl.saturating_sub(drift(ttl))),
             hold_until: OnceLock::new(),
             arrival_bound: OnceLock::new(),
+            grant_window: OnceLock::new(),
             revocation: OnceLock::new(),
             registration: Mutex::new(None),
             lost: CancellationToken::new(),
@@ -172,6 +176,19 @@ impl Lease {
         if self.hold_until.set(end).is_ok() {
             self.set_valid_until(self.valid_until());
         }
+    }
+
+    /// A lease taken from a grant: its validity counts `window` from its request's
+    /// send until its first renewal (set once, before it is shared).
+    pub(crate) fn granted_for(&self, window: Duration, sent_at: Instant) {
+        if self.grant_window.set(window).is_ok() {
+            self.set_valid_until(sent_at + window.saturating_sub(drift(window)));
+        }
+    }
+
+    /// The window of a lease taken from a grant ([`granted_for`](Self::granted_for)).
+    pub(crate) fn grant_window(&self) -> Option<Duration> {
+        self.grant_window.get().copied()
     }
 
     /// Fair mode: sets who may be handed the lease (see `arrival_bound`), once.

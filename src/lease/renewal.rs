@@ -139,6 +139,27 @@ impl Renewals {
         self.schedule(lease, sent_at + self.every);
     }
 
+    /// [`watch`](Self::watch), for a lease whose first renewal is due at `due`,
+    /// sooner than the scan would find it (a grant's short window): a task of its
+    /// own renews it then, on the same path as a scan's batch, which puts it back
+    /// in the set on the usual interval.
+    pub(crate) fn watch_soon(self: &Arc<Self>, lease: &Arc<Lease>, due: Instant) {
+        lease.register(self.backend.signals());
+        self.ensure_driver();
+        let requeue = Requeue {
+            renewals: Arc::clone(self),
+            leases: vec![Arc::clone(lease)],
+        };
+        let first = async move {
+            tokio::time::sleep_until(due).await;
+            renew_batch(requeue).await;
+        };
+        if crate::runtime::spawn(first).is_none() {
+            // No runtime: the scan renews it (the requeue went back in the set).
+            tracing::debug!(key = %lease.key, "no runtime for a grant's first renewal");
+        }
+    }
+
     /// Starts the scanning task on the current runtime unless one is running.
     fn ensure_driver(self: &Arc<Self>) {
         let mut driver = self.driver.lock().unwrap_or_else(|e| e.into_inner());

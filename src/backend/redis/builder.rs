@@ -360,6 +360,7 @@ impl RedisBackendBuilder {
             stop: stop.clone(),
             _stop: stop.drop_guard(),
         });
+        inner.signals.set_grants(inner.grants());
         inner.ensure_notifier();
         inner.verify().await?;
         // The server's life this instance starts in (`life`). Only an ACL refusal

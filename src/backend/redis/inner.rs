@@ -13,6 +13,7 @@ use super::{
     RENEW_LOCK, connect_error, decode_acquire, decode_leave, decode_release, decode_renewal,
     is_auth_failure, map_err, mapping, millis, notify, warn_refused_publish,
 };
+use crate::backend::signals::send_stamp;
 use crate::backend::{Acquire, LeaseToken, LockKind, Released, WhenBusy};
 use crate::error::{Error, Phase, Result};
 use crate::key::LockKey;
@@ -29,19 +30,32 @@ impl Inner {
         let n = Names::new(&self.prefix, key);
         let token = token.to_hex();
         let record = n.release_record(&token);
-        let keys: [&[u8]; 5] = [&n.lock, &n.queue, &n.claim, &record, &n.queue_expiry];
+        let life = self.life.key_of(self.life.place_of(&[&n.lock]));
+        let keys: [&[u8]; 7] = [
+            &n.lock,
+            &n.queue,
+            &n.claim,
+            &record,
+            &n.queue_expiry,
+            &n.fence,
+            &life,
+        ];
         let (claim_ttl_ms, record_ttl_ms) = (
             self.claim_ttl_ms.to_string(),
             self.release_record_ttl_ms.to_string(),
         );
         let message = wake_message(LockKind::Mutex, key);
-        let args: [&[u8]; 6] = [
+        // Whether the release may grant the key to the next instance (see
+        // `grants`).
+        let grants: &[u8] = if self.grants() { b"1" } else { b"" };
+        let args: [&[u8]; 7] = [
             token.as_bytes(),
             self.instance_id.as_bytes(),
             claim_ttl_ms.as_bytes(),
             self.channel_prefix.as_bytes(),
             &message,
             record_ttl_ms.as_bytes(),
+            grants,
         ];
         let sent = self.replay_version(&keys);
         let reply = match requeue {
@@ -59,6 +73,14 @@ impl Inner {
             warn_refused_publish(key, "release", &error);
         }
         Ok(released)
+    }
+
+    /// Whether a mutex release grants the key to the next waiting instance on the
+    /// server (`lua/release.lua`): not with `replica_ack`, whose grants are
+    /// acknowledged by a `WAIT` after the granting script before anyone uses them,
+    /// and a release's grant would be used on its message alone.
+    pub(super) fn grants(&self) -> bool {
+        self.acks.is_none()
     }
 
     /// Runs `lua/acquire.lua`; `fair` is the caller's age in fair mode.
@@ -122,11 +144,14 @@ impl Inner {
         // The channel prefix and the wake-up message: a caller that queues anew
         // sends the holder's instance a revocation built from them.
         let message = wake_message(LockKind::Mutex, key);
+        // Last, the send stamp that a grant message echoes: taken before the send,
+        // so a grant's validity never counts from after it (see `lua/release.lua`).
+        let stamp = send_stamp(tokio::time::Instant::now()).to_string();
         let reply = match fair {
             None => {
                 let mut all = Vec::with_capacity(args.len() + 2);
                 all.extend_from_slice(&args);
-                all.extend([self.channel_prefix.as_bytes(), &message]);
+                all.extend([self.channel_prefix.as_bytes(), &message, stamp.as_bytes()]);
                 self.invoke_lease(&ACQUIRE, &keys, &all).await
             }
             Some(age) => {
@@ -140,6 +165,7 @@ impl Inner {
                     claim_ttl_ms.as_bytes(),
                     self.channel_prefix.as_bytes(),
                     &message,
+                    stamp.as_bytes(),
                 ]);
                 self.invoke_lease(&ACQUIRE, &keys, &all).await
             }
@@ -461,18 +487,41 @@ impl Inner {
     /// Leaves the queue of `key`; with `only_if_claimed`, only if this instance
     /// holds the key's claim (see `lua/leave.lua`). Returns whether it left.
     pub(super) async fn leave(&self, key: &LockKey, only_if_claimed: bool) -> Result<bool> {
+        self.leave_giving_back(key, only_if_claimed, None).await
+    }
+
+    /// Leaves the queue of `key` and gives back the lock a release granted to
+    /// `token` if it is still that token's (an unwanted grant: nobody here waits
+    /// with it; see `lua/leave.lua`).
+    pub(super) async fn give_back(&self, key: &LockKey, token: LeaseToken) -> Result<bool> {
+        self.leave_giving_back(key, false, Some(token)).await
+    }
+
+    async fn leave_giving_back(
+        &self,
+        key: &LockKey,
+        only_if_claimed: bool,
+        token: Option<LeaseToken>,
+    ) -> Result<bool> {
         let n = Names::new(&self.prefix, key);
+        let token = token.map(|t| t.to_hex());
+        let claim_ttl_ms = self.claim_ttl_ms.to_string();
+        let message = wake_message(LockKind::Mutex, key);
+        let mut args: Vec<&[u8]> = vec![
+            self.instance_id.as_bytes(),
+            claim_ttl_ms.as_bytes(),
+            self.channel_prefix.as_bytes(),
+            &message,
+            if only_if_claimed { b"1" } else { b"0" },
+        ];
+        if let Some(token) = &token {
+            args.push(token.as_bytes());
+        }
         let reply = self
             .invoke(
                 &LEAVE,
                 &[&n.lock, &n.queue, &n.claim, &n.queue_expiry],
-                &[
-                    self.instance_id.as_bytes(),
-                    self.claim_ttl_ms.to_string().as_bytes(),
-                    self.channel_prefix.as_bytes(),
-                    &wake_message(LockKind::Mutex, key),
-                    if only_if_claimed { b"1" } else { b"0" },
-                ],
+                &args,
             )
             .await
             .map_err(|e| map_err(key, Phase::Acquiring, e))?;

@@ -213,6 +213,11 @@ impl Life {
     }
 
     /// The gate's arguments for a request to `slot_of`, sent now.
+    /// The life key of the place `slot_of` (see [`place_of`](Self::place_of)).
+    pub(super) fn key_of(&self, slot_of: u16) -> Vec<u8> {
+        self.with_place(slot_of, |place| place.key.clone())
+    }
+
     pub(super) fn gate_args(&self, slot_of: u16) -> GateArgs {
         let grace = self.longest_ms.load(Ordering::Relaxed).to_string();
         let record_ttl_ms = self.record_ttl_ms;

@@ -45,6 +45,17 @@
 //!   ([`Signals::leader_changed`](crate::backend::Signals::leader_changed)).
 //!   It carries no claim and wakes no waiter. Only instances that registered
 //!   receive it, so an older lockflight (which never registers) never does.
+//! * A grant (tag `0xF9`, then the 32 hex digits of a lease token, the fencing
+//!   epoch, a space, the instances still waiting, a space, the grant's window in
+//!   ms, a space, when the earliest instance still waiting arrived, in µs after
+//!   the granted ask's arrival (or `-`), a space, the ask's send stamp, a space,
+//!   the key) says that a release gave the key's mutex to this
+//!   instance's waiting acquire with that token, on the server
+//!   (`lua/release.lua`): it is kept for that acquire (`Signals::grant`), which
+//!   takes it without another request. It carries no claim. A grant for a key
+//!   whose mutex nobody here waits for (still nobody after the grace period
+//!   below) is given back: the lock is deleted if that token still holds it
+//!   (`lua/leave.lua`).
 //! * A message without a tag (a bare key) may be for any of the key's locks: it
 //!   wakes the watchers of every kind of that key, a spurious wake-up at worst.
 //!
@@ -71,6 +82,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Inner;
 use super::conn::Conn;
+use crate::backend::signals::{Grant, stamp_instant};
 use crate::backend::{LeaseToken, LockKind};
 use crate::key::LockKey;
 
@@ -142,6 +154,12 @@ const REVOKE: u8 = 0xFC;
 /// it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
 const TAKEN_OVER: u8 = 0xFB;
 
+/// The tag byte of a grant: a release gave the mutex of the key to this
+/// instance's waiting acquire on the server (`lua/release.lua`): then the 32 hex
+/// digits of the token, the epoch, a space, the waiting count, a space, the key.
+/// Not a [`LockKind`]'s tag, and not valid UTF-8 either.
+const GRANTED: u8 = 0xF9;
+
 /// The tag byte of a leader message: the leader record of the election of the key
 /// that follows changed (`lua/leader_write.lua` and `lua/leader_clear.lua` publish
 /// it as they are given it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
@@ -167,6 +185,8 @@ enum Message<'a> {
     TakenOver(LeaseToken, &'a [u8]),
     /// The leader record of the election of a key changed.
     Leader(&'a [u8]),
+    /// A release granted the mutex of a key to this instance's acquire.
+    Granted(Grant, &'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
     /// A bare key without a tag: any of its locks.
@@ -180,6 +200,11 @@ fn read_message(raw: &[u8]) -> Message<'_> {
     {
         return Message::TakenOver(token, &body[32..]);
     }
+    if let [GRANTED, body @ ..] = raw
+        && let Some((grant, key)) = read_grant(body)
+    {
+        return Message::Granted(grant, key);
+    }
     match raw {
         [] => Message::Probe,
         [REVOKE, key @ ..] if !key.is_empty() => Message::Revoke(key),
@@ -190,6 +215,46 @@ fn read_message(raw: &[u8]) -> Message<'_> {
             .map_or(Message::Untagged(raw), |kind| Message::Lock(kind, key)),
         _ => Message::Untagged(raw),
     }
+}
+
+/// The body of a grant message: the token, the epoch and the waiting count, and
+/// the key (not empty).
+fn read_grant(body: &[u8]) -> Option<(Grant, &[u8])> {
+    let token = taken_token(body)?;
+    let rest = &body[32..];
+    let number = |bytes: &[u8]| std::str::from_utf8(bytes).ok()?.parse::<u64>().ok();
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let epoch = number(&rest[..space])?;
+    let rest = &rest[space + 1..];
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let waiting = u32::try_from(number(&rest[..space])?).unwrap_or(u32::MAX);
+    let rest = &rest[space + 1..];
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let window = Duration::from_millis(number(&rest[..space])?);
+    let rest = &rest[space + 1..];
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let earliest_after_ask = match &rest[..space] {
+        b"-" => None,
+        at => Some(std::str::from_utf8(at).ok()?.parse::<i64>().ok()?),
+    };
+    let rest = &rest[space + 1..];
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let sent = stamp_instant(number(&rest[..space])?)?;
+    let key = &rest[space + 1..];
+    if key.is_empty() {
+        return None;
+    }
+    Some((
+        Grant {
+            token,
+            epoch,
+            waiting,
+            window,
+            earliest_after_ask,
+            sent,
+        },
+        key,
+    ))
 }
 
 /// The token that begins the body of a takeover message: 32 hex digits.
@@ -213,6 +278,30 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
             // Exactly that lease is lost; a newer one of the key has another token.
             let held = i.signals.take_over(token);
             tracing::debug!(key = %String::from_utf8_lossy(key), ?token, held, "takeover message");
+            return;
+        }
+        Message::Granted(grant, key) => {
+            // Kept for the acquire waiting with that token, which takes it. If
+            // nobody here waits for the key's mutex (still nobody after the grace
+            // period), nobody will: the lock goes back at once rather than at the
+            // end of its window.
+            i.signals.grant(key, grant);
+            let key = LockKey::from(key);
+            tokio::spawn(async move {
+                tokio::time::sleep(UNWANTED_GRACE).await;
+                // A lease held here with that token took this grant already (a
+                // second copy of its message: a Cluster may deliver one through
+                // the key's node and one over the cluster bus).
+                if i.signals.is_watched(LockKind::Mutex, key.as_bytes())
+                    || i.signals.holds(grant.token)
+                    || i.signals.take_grant(key.as_bytes(), grant.token).is_none()
+                {
+                    return;
+                }
+                if let Err(e) = i.give_back(&key, grant.token).await {
+                    tracing::debug!(%key, error = %e, "giving back an unwanted grant failed");
+                }
+            });
             return;
         }
         Message::Leader(key) => {
@@ -521,5 +610,59 @@ mod tests {
         let not_hex = [&[TAKEN_OVER][..], &[b'g'; 32][..], b"k"].concat();
         assert_eq!(read_message(&not_hex), Message::Untagged(&not_hex));
         assert!(std::str::from_utf8(&message).is_err(), "0xFB begins UTF-8");
+    }
+
+    #[test]
+    fn a_grant_names_its_token_epoch_waiting_count_and_key() {
+        let token = LeaseToken::for_instance(0x00c0_ffee);
+        let sent = tokio::time::Instant::now();
+        let stamp = crate::backend::signals::send_stamp(sent);
+        let message = [
+            &[GRANTED][..],
+            token.to_hex().as_bytes(),
+            format!("1764000000000001 3 500 -1200 {stamp} sku: 5 5").as_bytes(),
+        ]
+        .concat();
+        let grant = Grant {
+            token,
+            epoch: 1_764_000_000_000_001,
+            waiting: 3,
+            window: Duration::from_millis(500),
+            earliest_after_ask: Some(-1200),
+            sent: stamp_instant(stamp).unwrap(),
+        };
+        assert!(grant.sent <= sent);
+        assert_eq!(read_message(&message), Message::Granted(grant, b"sku: 5 5"));
+        let none = [
+            &[GRANTED][..],
+            token.to_hex().as_bytes(),
+            format!("1 0 500 - {stamp} k").as_bytes(),
+        ]
+        .concat();
+        assert!(matches!(
+            read_message(&none),
+            Message::Granted(
+                Grant {
+                    earliest_after_ask: None,
+                    ..
+                },
+                b"k"
+            )
+        ));
+        // Anything malformed is no grant: a bare key, a spurious wake-up at worst.
+        for body in [
+            &b"12 3 5 - 0"[..],
+            b"12 3 5 - 0 ",
+            b"x 3 5 - 0 k",
+            b"12 -1 5 - 0 k",
+            b"12 3 5 - k",
+            b"12 3 5 x 0 k",
+            b"12 3 5 - x k",
+            b"12",
+        ] {
+            let bad = [&[GRANTED][..], token.to_hex().as_bytes(), body].concat();
+            assert_eq!(read_message(&bad), Message::Untagged(&bad), "{body:?}");
+        }
+        assert!(std::str::from_utf8(&message).is_err(), "0xF9 begins UTF-8");
     }
 }

@@ -81,7 +81,12 @@ pub(super) fn decode_acquire(key: &LockKey, reply: &Value, max_wait: Duration) -
 pub(super) fn decode_release(key: &LockKey, reply: &Value) -> Result<(Released, Option<String>)> {
     if let Value::Array(items) = reply
         && let [Value::Int(released @ (0 | 1)), others, rest @ ..] = items.as_slice()
-        && let Some(refused) = refused_publish(rest)
+        && let Some(refused) = match rest {
+            // The key was granted to the next instance: `[error or nil, 1]`.
+            [Value::Nil, Value::Int(1)] => Some(None),
+            [error, Value::Int(1)] => refused_publish(std::slice::from_ref(error)),
+            rest => refused_publish(rest),
+        }
     {
         let released = Released {
             released: *released == 1,

@@ -5,6 +5,7 @@
 //! once (`leases.rs`). A backend fills them (for Redis, from the instance's one
 //! pub/sub channel); [`Signals`] is the one registry of them all.
 
+mod grants;
 mod keyed;
 mod leader;
 mod leases;
@@ -13,9 +14,11 @@ mod wakeup;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use dashmap::DashMap;
 
+pub(crate) use grants::{Grant, send_stamp, stamp_instant};
 use keyed::{KeySignal, Watchers};
 #[cfg(feature = "unstable-backend-api")]
 pub use leader::LeaderChange;
@@ -92,6 +95,14 @@ pub struct Signals {
     /// The election keys whose leader this instance observes: an announced change
     /// of the leader record (or a reconnect) has their observers read it again.
     leaders: Arc<Watchers>,
+    /// The grants of a key's mutex to this instance not taken yet, by key
+    /// (`grants.rs`).
+    granted: Arc<DashMap<Vec<u8>, Grant>>,
+    /// The acquire loops waiting with a token that a grant may name, by key and
+    /// token (`grants.rs`).
+    grant_watches: Arc<grants::GrantWatches>,
+    /// Whether the backend's releases grant (`grants.rs`).
+    grants: Arc<AtomicBool>,
 }
 
 impl Default for Signals {
@@ -101,6 +112,9 @@ impl Default for Signals {
             revocations: Arc::new(DashMap::new()),
             registered: Arc::new(DashMap::new()),
             leaders: Arc::new(DashMap::new()),
+            granted: Arc::new(DashMap::new()),
+            grant_watches: Arc::new(DashMap::new()),
+            grants: Arc::new(AtomicBool::new(false)),
         }
     }
 }

@@ -33,6 +33,7 @@ mod counter;
 mod crash;
 mod fencing;
 mod foreign_token;
+mod grants;
 mod names;
 mod regressions;
 mod renewal;

@@ -10,6 +10,9 @@
 -- Fair mode: ARGV[7] the caller's age in µs (how long ago its instance's oldest local
 -- waiter arrived)  ARGV[8] claim ttl ms  ARGV[9] channel prefix  ARGV[10] the wake-up
 -- message.
+-- Last in both modes (ARGV[9], fair ARGV[11]): the request's send stamp, a number on
+-- the caller's own clock that the script never reads, only keeps in the grant
+-- entry for the grant message to echo (see Grants).
 --
 -- Revocation: a caller that joins the queue anew while the lock is held, or a try
 -- (ARGV[6] "0") that finds it held, publishes a revocation (the wake-up message with the tag byte 0xFC) on the holder's instance
@@ -38,6 +41,11 @@
 --   { -3 }                 this token's release was recorded (KEYS[5] exists): a late
 --                          copy of an acquire; nothing changed
 --
+-- Grants: a caller that joins the queue (or refreshes its entry) also writes its
+-- grant entry, `<lock>:g:<instance id>` = "<token> <ttl ms> <TIME ms> <entry ttl
+-- ms> <send stamp>", living as long as its queue entry; a release may then give it the lock on the server
+-- (release.lua). An acquire that takes the lock deletes its own grant entry.
+--
 -- Fast path (the lock free, no claim, nobody queued): the life gate's TIME and GET
 -- life (`life_gate.lua`), EXISTS record, GET lock, GET claim, ZCARD queue, SET fence …
 -- GET (reads the last epoch and writes the new one in one call), SET lock: 8 commands
@@ -46,9 +54,9 @@ local lock, fence, queue, claim, record, expiry = KEYS[1], KEYS[2], KEYS[3], KEY
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair = ARGV[10] ~= nil
-local channel_prefix, message = ARGV[7], ARGV[8]
+local channel_prefix, message, stamp = ARGV[7], ARGV[8], ARGV[9]
 if fair then
-  channel_prefix, message = ARGV[9], ARGV[10]
+  channel_prefix, message, stamp = ARGV[9], ARGV[10], ARGV[11]
 end
 local join = ARGV[6] == '1'
 
@@ -109,6 +117,9 @@ if free then
   end
   if current == token then
     redis.call('PEXPIRE', lock, ttl)
+    -- A grant's mark (release.lua), if this is a granted token asking: it holds
+    -- the lock now, so the grant can no longer be given back.
+    redis.call('DEL', lock .. ':g:' .. me)
   else
     redis.call('SET', lock, token, 'PX', ttl)
   end
@@ -117,6 +128,7 @@ if free then
   end
   if q.mine then
     dequeue(queue, expiry, me)
+    redis.call('DEL', lock .. ':g:' .. me)
   end
   purge(queue, expiry, q)
   if fair then
@@ -153,6 +165,12 @@ if join then
     at = now().us
   end
   enqueue(queue, expiry, me, at, entry_ttl)
+  -- What a release needs to grant the lock to this instance on the server (see
+  -- release.lua): this request's token and TTL and its arrival by the server's
+  -- clock. Rewritten by every ask, so it always names the latest one.
+  redis.call('SET', lock .. ':g:' .. me, token .. ' ' .. ARGV[2] .. ' '
+    .. string.format('%.0f', now().ms) .. ' ' .. ARGV[4] .. ' ' .. (stamp or '-'),
+    'PX', entry_ttl)
 end
 if behind then
   -- Fair, the lock free and nobody told to take it (it expired, or its holder's

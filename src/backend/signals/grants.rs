@@ -1,0 +1,214 @@
+//! Grants: the server gave this instance's waiting mutex acquire the lock itself
+//! (`lua/release.lua` of the Redis backend), and the message says so: the token
+//! it was granted to, its fencing epoch, and the instances still waiting.
+//!
+//! A grant is kept here, by key, until the acquire loop waiting with that token
+//! takes it ([`Signals::take_grant`]), and it wakes that loop alone, through the
+//! handle the loop registered for its token ([`Signals::watch_grant`]): the other
+//! tasks waiting for the key (without coalescing, each asks on its own) are not
+//! disturbed, since the lock is held again. The message may come before the loop
+//! registers (the busy reply that queued it and the release that grants race on
+//! two connections), so a grant nobody watches is kept too, and a loop looks for
+//! one right after it registers. What nobody takes is replaced by the key's next
+//! grant, or swept once more than [`KEPT`] keys hold one: a grant for a token
+//! whose acquire was given up is never taken here, and that token's release
+//! (which the given-up acquire sends) frees the lock at the server.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Signals;
+use crate::backend::LeaseToken;
+
+/// The acquire loops waiting with a token that a grant may name, by key and token.
+pub(super) type GrantWatches = dashmap::DashMap<(Vec<u8>, LeaseToken), Arc<Notify>>;
+
+/// The keys with an untaken grant beyond which those nobody watches are swept.
+const KEPT: usize = 256;
+
+/// The origin of this process's send stamps.
+static ORIGIN: OnceLock<Instant> = OnceLock::new();
+
+/// The send stamp of a request sent now (`at`): µs on this process's clock, which
+/// the acquire script keeps in the grant entry and the grant message echoes
+/// unread. Rounded down, so the instant it names is never later than `at`.
+pub(crate) fn send_stamp(at: Instant) -> u64 {
+    let origin = *ORIGIN.get_or_init(|| at);
+    u64::try_from(at.saturating_duration_since(origin).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The instant a [`send_stamp`] names (`None` for one this process never made).
+pub(crate) fn stamp_instant(stamp: u64) -> Option<Instant> {
+    ORIGIN.get()?.checked_add(Duration::from_micros(stamp))
+}
+
+/// A grant of a key's mutex to one token, from the server's message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) token: LeaseToken,
+    pub(crate) epoch: u64,
+    /// The instances still waiting for the key.
+    pub(crate) waiting: u32,
+    /// How long the server keeps the lock for the token at least, counted from
+    /// the arrival of the token's last ask (its renewal makes it a full lease).
+    pub(crate) window: Duration,
+    /// When the granted ask was sent, from its echoed [`send_stamp`]: the
+    /// grant's validity counts from here.
+    pub(crate) sent: Instant,
+    /// When the earliest instance still waiting arrived, in µs after the
+    /// arrival of the token's last ask (negative: before it), if one waits: fair
+    /// mode's hand-on bound.
+    pub(crate) earliest_after_ask: Option<i64>,
+}
+
+/// The registration of one acquire loop waiting with `token` for a key's mutex:
+/// [`granted`](Self::granted) resolves when a grant to that token arrives.
+/// Dropping it ends the registration.
+#[derive(Debug)]
+pub(crate) struct GrantWatch {
+    signals: Signals,
+    at: (Vec<u8>, LeaseToken),
+    notify: Arc<Notify>,
+}
+
+impl GrantWatch {
+    /// Resolves once a grant to this token arrived since the registration (or
+    /// since the last call that resolved).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a grant that arrives while no call is pending is kept for the
+    /// next call (a stored permit).
+    pub(crate) async fn granted(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for GrantWatch {
+    fn drop(&mut self) {
+        self.signals.grant_watches.remove(&self.at);
+    }
+}
+
+impl Signals {
+    /// Whether this backend's releases grant the lock to the next waiting
+    /// instance: a waiting mutex acquire may then hold the lock without asking,
+    /// so its token stays armed (released if the acquire is given up).
+    pub(crate) fn grants(&self) -> bool {
+        self.grants.load(Ordering::Relaxed)
+    }
+
+    /// Says whether this backend's releases grant (see [`grants`](Self::grants)).
+    pub(crate) fn set_grants(&self, grants: bool) {
+        self.grants.store(grants, Ordering::Relaxed);
+    }
+
+    /// Registers an acquire loop waiting with `token` for the mutex of `key`.
+    pub(crate) fn watch_grant(&self, key: &[u8], token: LeaseToken) -> GrantWatch {
+        let at = (key.to_vec(), token);
+        let notify = Arc::clone(self.grant_watches.entry(at.clone()).or_default().value());
+        GrantWatch {
+            signals: self.clone(),
+            at,
+            notify,
+        }
+    }
+
+    /// A grant of the mutex of `key` arrived: keeps it for the acquire waiting
+    /// with its token and wakes that one (or, if none registered that token, the
+    /// key's mutex waiters).
+    pub(crate) fn grant(&self, key: &[u8], grant: Grant) {
+        if self.granted.len() >= KEPT {
+            self.granted
+                .retain(|key, grant| self.grant_watches.contains_key(&(key.clone(), grant.token)));
+        }
+        self.granted.insert(key.to_vec(), grant);
+        match self.grant_watches.get(&(key.to_vec(), grant.token)) {
+            Some(notify) => notify.notify_one(),
+            // Nobody registered that token (yet): the key's waiters, if any, are
+            // woken as by a release, and whoever asks with the token is answered
+            // "already yours".
+            None => {
+                self.wake(crate::backend::LockKind::Mutex, key);
+            }
+        }
+    }
+
+    /// Whether a lease with `token` is held here (registered): a copy of a grant
+    /// message already taken (a Cluster delivers some twice) is then no unwanted
+    /// grant.
+    pub(crate) fn holds(&self, token: LeaseToken) -> bool {
+        self.registered.contains_key(&token)
+    }
+
+    /// Whether a grant of the mutex of `key` to `token` came and was not taken.
+    pub(crate) fn has_grant(&self, key: &[u8], token: LeaseToken) -> bool {
+        self.granted
+            .get(key)
+            .is_some_and(|grant| grant.token == token)
+    }
+
+    /// The grant of the mutex of `key` to `token`, if one came: taken (a second
+    /// call returns `None`). A grant to another token stays.
+    pub(crate) fn take_grant(&self, key: &[u8], token: LeaseToken) -> Option<Grant> {
+        self.granted
+            .remove_if(key, |_, grant| grant.token == token)
+            .map(|(_, grant)| grant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_grant_wakes_its_token_alone_and_is_taken_once() {
+        let signals = Signals::new();
+        let (mine, other) = (LeaseToken::random(), LeaseToken::random());
+        let watch = signals.watch_grant(b"k", mine);
+        let theirs = signals.watch_grant(b"k", other);
+        let grant = Grant {
+            token: mine,
+            epoch: 7,
+            waiting: 1,
+            window: Duration::from_millis(500),
+            earliest_after_ask: None,
+            sent: Instant::now(),
+        };
+        // Before anyone waits: the permit is kept.
+        signals.grant(b"k", grant);
+        watch.granted().await;
+        let woke = tokio::time::timeout(Duration::from_millis(20), theirs.granted());
+        assert!(woke.await.is_err(), "another token's loop was woken");
+        assert_eq!(signals.take_grant(b"k", other), None);
+        assert_eq!(signals.take_grant(b"k", mine), Some(grant));
+        assert_eq!(signals.take_grant(b"k", mine), None);
+        drop((watch, theirs));
+        assert!(signals.grant_watches.is_empty());
+    }
+
+    #[test]
+    fn grants_nobody_watches_are_swept_beyond_the_bound() {
+        let signals = Signals::new();
+        let token = LeaseToken::random();
+        let _watch = signals.watch_grant(b"watched", token);
+        let grant = Grant {
+            token,
+            epoch: 1,
+            waiting: 0,
+            window: Duration::from_millis(500),
+            earliest_after_ask: None,
+            sent: Instant::now(),
+        };
+        signals.grant(b"watched", grant);
+        for i in 0..KEPT + 10 {
+            signals.grant(format!("k{i}").as_bytes(), grant);
+        }
+        assert!(signals.granted.len() <= KEPT + 1);
+        assert_eq!(signals.take_grant(b"watched", token), Some(grant));
+    }
+}
