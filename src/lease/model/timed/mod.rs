@@ -103,6 +103,9 @@
 //! [`Grant::AS_WRITTEN`] counts from the send of the last request answered
 //! busy, and breaks exclusion: a grant message delayed past the granted
 //! lock's expiry is read after a later busy answer, while another task holds.
+//! (There, a grant message read before its token's first busy answer has no
+//! send to count from: the model's waiter asks again, the safe reading of a
+//! case the design leaves open; the echoed send has no such case.)
 //! Three wrong variants are caught: the validity counted from the message's
 //! arrival ([`Validity::Arrival`]: two believed-valid holders), a grant that
 //! ignores the release record (`checks_record: false`: the abandoned
