@@ -23,7 +23,11 @@
 //! leader's inheritance after a failed release or an abandoned acquire, and the
 //! background release of an abandoned token; each request may be re-sent after a
 //! timeout while its first copy is still in flight. It does not cover the queue,
-//! claims and wake-ups (they decide who asks when, not who holds), the read-write
+//! claims and wake-ups (they decide who asks when, not who holds), nor the grant
+//! path (a release that grants the lock on the server to the queue's head: its
+//! safety is a matter of time, and [`timed`] explores it, its grant messages
+//! lost, delayed past anything, duplicated and read after their waiter gave
+//! up), the read-write
 //! lock and the semaphore (their grants never reuse a token; their scripts keep
 //! the same record rule), and Redlock's quorum (`backend/redlock/model.rs`). Time
 //! is the second model's, [`timed`]: TTL expiry of the lock, release records that

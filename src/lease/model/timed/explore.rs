@@ -30,11 +30,14 @@ impl Explorer {
                 life: 0,
                 started: -TTL,
                 held: false,
+                queue: [None; 2],
             },
             tasks: [Stage::Ready(0), Stage::Ready(ROUNDS)],
             seen: [Some(0), (!self.config.fresh).then_some(0)],
             wire: Bag::EMPTY,
             replies: Bag::EMPTY,
+            busy: [None; 2],
+            grants: Bag::EMPTY,
         }
     }
 
@@ -47,6 +50,9 @@ impl Explorer {
             Some(ttl) if c.late_gate => STALE.min(-ttl - 1),
             _ => STALE,
         };
+        let counts_from_busy = c
+            .grant
+            .is_some_and(|g| g.validity == Validity::LastBusySend);
         let mut next = Vec::new();
         let mut push = |step, mut s: State, found| {
             s.settle();
@@ -75,7 +81,7 @@ impl Explorer {
             }
             let mut s = *st;
             s.wire.take(i);
-            let (reply, increased) = s.server.apply(f.req, -f.sent_at, f.life, &c);
+            let (reply, increased) = s.server.apply(f.task, f.req, -f.sent_at, f.life, &c);
             let life = s.server.life;
             let t = usize::from(f.task);
             // A reply of a life its reader has not seen is read later: when,
@@ -85,22 +91,43 @@ impl Explorer {
                 (false, ..) => {}
                 // Answers whose reading depends on nothing else (not the time,
                 // not what other tasks do) are read at once: reading them
-                // later adds states, no outcomes.
+                // later adds states, no outcomes. When a grant counts from the
+                // last busy answer, when that is read matters.
                 (true, Stage::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated)
-                    if known =>
+                    if known && (reply != Reply::Busy || !counts_from_busy) =>
                 {
+                    if reply == Reply::Busy && c.grant.is_some() {
+                        s.busy[t] = Some((tok, None));
+                    }
                     s.tasks[t] = Stage::Ready(tok);
                 }
                 (true, Stage::Acquiring(tok), Reply::Retired)
                 | (true, Stage::Releasing(tok), Reply::Released)
                     if known =>
                 {
-                    s.tasks[t] = Stage::after(tok, c.rounds);
+                    s.tasks[t] = Stage::after(tok, c.rounds[t]);
                 }
                 (true, ..) => s.replies.push((f.task, reply, f.sent_at, life)),
             }
+            let step = Step::Deliver(f.task, f.req, reply);
             let found = (!increased).then_some(Finding::TokenNotIncreasing);
-            push(Step::Deliver(f.task, f.req, reply), s, found);
+            if !matches!(f.req, Req::Release(_)) {
+                push(step, s, found);
+                continue;
+            }
+            // A release that leaves the lock free may grant it to a queue
+            // entry, or grant nothing.
+            let (to, refused) = s.server.grantable(&c);
+            for task in to.iter().copied() {
+                let mut g = s;
+                let (msg, minted) = g.server.grant(task);
+                g.grants.push(msg);
+                let found = (!minted).then_some(Finding::TokenNotIncreasing);
+                push(Step::DeliverGranting(f.task, f.req, task), g, found);
+            }
+            if to.is_empty() || refused {
+                push(step, s, found);
+            }
         }
         for (i, (task, reply, sent_at, life)) in st.replies.iter() {
             let mut s = *st;
@@ -133,19 +160,64 @@ impl Explorer {
                 // A renewal's answer after the lease ended, kept for the life
                 // it tells of.
                 (phase, Reply::Renewed(_)) => phase,
+                (Stage::Acquiring(tok), Reply::Busy) if c.grant.is_some() => {
+                    s.busy[t] = Some((tok, Some(sent_at)));
+                    Stage::Ready(tok)
+                }
                 (Stage::Acquiring(tok), Reply::Busy | Reply::TooLate | Reply::Gated) => {
                     Stage::Ready(tok)
                 }
                 (Stage::Acquiring(tok), Reply::Retired)
-                | (Stage::Releasing(tok), Reply::Released) => Stage::after(tok, c.rounds),
+                | (Stage::Releasing(tok), Reply::Released) => Stage::after(tok, c.rounds[t]),
                 (phase, reply) => unreachable!("{phase:?} cannot read {reply:?}"),
             };
             s.learn(task, life);
             push(Step::Read(task, reply), s, None);
         }
+        if let Some(g) = c.grant {
+            for (i, m) in st.grants.iter() {
+                let mut s = *st;
+                s.grants.take(i);
+                // Lost, or read too late (the same: the task asks again).
+                push(Step::LoseGrant(m.task, m.tok), s, None);
+                // Read in time: the task takes the lease, without a request.
+                let t = usize::from(m.task);
+                let from = match g.validity {
+                    Validity::LastBusySend => st.busy[t].and_then(|(_, b)| b),
+                    Validity::EchoedSend => m.sent,
+                    Validity::Arrival => Some(0),
+                };
+                if let Some(valid_until) = from.map(|b| b + TTL - DRIFT).filter(|v| *v > 0) {
+                    s.stop_waiting(m.task);
+                    s.tasks[t] = Stage::Holding {
+                        tok: m.tok,
+                        valid_until,
+                        renewing: false,
+                    };
+                    push(Step::ReadGrant(m.task, m.tok), s, None);
+                }
+            }
+        }
         for task in 0..2u8 {
             let t = usize::from(task);
             match st.tasks[t] {
+                // A waiter gives up between asks (deadline, cancel): it
+                // releases its token, armed since its busy answer (not armed:
+                // nothing), and leaves the queue. Or it asks again.
+                Stage::Ready(tok) if st.busy[t].is_some() && st.faults < c.faults => {
+                    let mut s = *st;
+                    s.faults += 1;
+                    if c.grant.is_some_and(|g| g.armed) {
+                        s.send(task, Req::Release(tok), false);
+                    }
+                    s.send(task, Req::Leave(tok), false);
+                    s.tasks[t] = Stage::after(tok, c.rounds[t]);
+                    push(Step::Abandon(task, tok), s, None);
+                    let mut s = *st;
+                    s.tasks[t] = Stage::Acquiring(tok);
+                    s.send(task, Req::Acquire(tok), true);
+                    push(Step::Send(task, Req::Acquire(tok)), s, None);
+                }
                 // B, started after the restart, sends nothing before it.
                 Stage::Ready(_) if task == 1 && c.fresh && st.restarts < c.restarts => {}
                 Stage::Ready(tok) => {
@@ -197,7 +269,10 @@ impl Explorer {
                     s.faults += 1;
                     s.stop_waiting(task);
                     s.send(task, Req::Release(tok), false);
-                    s.tasks[t] = Stage::after(tok, c.rounds);
+                    if c.grant.is_some() && given_up == Req::Acquire(tok) {
+                        s.send(task, Req::Leave(tok), false);
+                    }
+                    s.tasks[t] = Stage::after(tok, c.rounds[t]);
                     push(Step::GiveUp(task, given_up), s, None);
                 }
                 _ => {}
@@ -222,13 +297,17 @@ impl Explorer {
         self.found.push((finding, trace));
     }
 
-    /// Breadth first, so that each trace is a shortest one.
+    /// Breadth first, so that each trace is a shortest one; with
+    /// `Config::until_found`, up to the first finding.
     pub(super) fn run(mut self) -> Explored {
         let start = self.start();
         self.seen.insert(start);
         self.parents.push((0, Step::Start));
         let mut queue = VecDeque::from([(start, 0u32)]);
         while let Some((st, at)) = queue.pop_front() {
+            if self.config.until_found && !self.found.is_empty() {
+                break;
+            }
             for finding in st.check() {
                 self.record(finding, at, None);
             }

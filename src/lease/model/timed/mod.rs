@@ -1,5 +1,6 @@
 //! The lease protocol in time: the lock's TTL expiry, release records that
-//! expire, and a server restart without persistence.
+//! expire, a server restart without persistence, and the grant path (a
+//! release that grants the lock on the server to a waiting task).
 //!
 //! The model above has no clock. This one has one, and fewer moving parts: two
 //! instances with one task each, each task taking one or two leases (a token each)
@@ -68,6 +69,50 @@
 //! then B starts after the restart, having seen no life; its first acquire is
 //! answered with the life and writes no quarantine.
 //!
+//! **The grant path** (`Config::grant`; the mutex's release on one server,
+//! Cluster or Sentinel). An acquire answered busy writes its task's queue
+//! entry (the `grants` field of its instance): its token, its arrival on the
+//! server's clock and, with [`Validity::EchoedSend`], its send on the
+//! sender's clock; each later busy answer rewrites it, a grant by the acquire
+//! script removes it. A release that leaves the lock free grants it to an
+//! entry whose token has no release record and whose age is below both half
+//! the TTL and a record's lifetime: it mints an epoch, locks until the
+//! entry's arrival plus the TTL, removes the entry and puts a grant message on
+//! the wire. When an entry may not be granted, the release may also grant
+//! nothing (that entry may be the queue's head); which entry is the head is
+//! not modelled (either may be granted). A grant message may be lost, read
+//! after any delay, or read after its task gave up or took another lease
+//! (then dropped); a duplicate adds nothing to that (a copy read too late is
+//! no read, and once one copy is taken the others are dropped). The waiter
+//! reads the busy answer and the grant message in either order; it takes a
+//! grant whose validity (`Grant::validity`, plus the TTL less the drift) has
+//! not ended, without a request (a request in flight is no longer awaited);
+//! otherwise it asks again with the same token, as for a lost grant, and is
+//! answered as the acquire script answers ("already yours" when the lock is
+//! its token's). A waiter gives up between asks ([`Step::Abandon`], a fault)
+//! or while an ask is in flight: it releases its token (armed since its busy
+//! answer) and leaves the queue ([`Req::Leave`], a request of its own that
+//! may land before or after the release); a release of a granted lock passes
+//! it on. A dead waiter is one that takes no more steps: its grant expires at
+//! its TTL. Grants with a restart, the life or the late gate are not explored,
+//! nor the claim and wake-up of a release that does not grant (they decide
+//! who asks when, not who holds).
+//!
+//! Designs: [`Grant::ECHOED`] (the waiter counts from the send the grant's
+//! entry was written by, echoed in the message) keeps every property.
+//! [`Grant::AS_WRITTEN`] counts from the send of the last request answered
+//! busy, and breaks exclusion: a grant message delayed past the granted
+//! lock's expiry is read after a later busy answer, while another task holds.
+//! (There, a grant message read before its token's first busy answer has no
+//! send to count from: the model's waiter asks again, the safe reading of a
+//! case the design leaves open; the echoed send has no such case.)
+//! Three wrong variants are caught: the validity counted from the message's
+//! arrival ([`Validity::Arrival`]: two believed-valid holders), a grant that
+//! ignores the release record (`checks_record: false`: the abandoned
+//! waiter's own release grants its retired token, an orphan), a waiter not
+//! armed after a busy answer (`armed: false`: it gives up without a release
+//! and a grant lands for nobody, an orphan).
+//!
 //! Checked in every state and step:
 //!
 //! 1. **Exclusion of believed-valid holders** ([`Finding::TwoValidHolders`]): at
@@ -83,6 +128,8 @@
 
 mod bag;
 mod explore;
+#[cfg(test)]
+mod grant_tests;
 mod parts;
 mod server;
 mod state;
@@ -90,4 +137,4 @@ mod state;
 mod tests;
 
 pub(crate) use explore::{Explored, explore};
-pub(crate) use parts::{Config, DRIFT, Finding};
+pub(crate) use parts::{Config, DRIFT, Finding, Grant, Validity};

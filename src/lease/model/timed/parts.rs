@@ -37,8 +37,8 @@ pub(crate) struct Config {
     pub(crate) clock_back: bool,
     /// Timeouts in all: a task gives up an acquire, a release or a renewal.
     pub(crate) faults: u8,
-    /// Leases each task takes, one after the other (1 or 2).
-    pub(crate) rounds: u8,
+    /// Leases each task (A, B) takes, one after the other (1 or 2).
+    pub(crate) rounds: [u8; 2],
     /// The gate of `lua/life_gate.lua` that refuses a grant landing more
     /// than a record's lifetime after its send (`{ -6 }`; the caller asks
     /// again). The model's send time is the server's (clocks in step: use it
@@ -52,6 +52,11 @@ pub(crate) struct Config {
     /// B starts after the restart, having seen no life (an instance started
     /// then): it sends nothing before it. With `life` and a restart.
     pub(crate) fresh: bool,
+    /// The grant path (`None`: a release never grants).
+    pub(crate) grant: Option<Grant>,
+    /// Stop at the first finding (for a design known to be wrong: the
+    /// states are then those visited until its shortest trace).
+    pub(crate) until_found: bool,
 }
 
 impl Config {
@@ -63,11 +68,57 @@ impl Config {
         restarts: 0,
         clock_back: false,
         faults: 1,
-        rounds: 1,
+        rounds: [1, 1],
         late_gate: false,
         life: false,
         fresh: false,
+        grant: None,
+        until_found: false,
     };
+}
+
+/// The grant path: a release that finds the lock free grants it on the server
+/// to a waiting task's queue entry, and publishes a grant message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// What the waiter counts its validity from when it takes a grant message.
+    pub(crate) validity: Validity,
+    /// The release grants only a token without a release record (wrong
+    /// without).
+    pub(crate) checks_record: bool,
+    /// A waiter's token is armed from its first busy answer: one that gives
+    /// up between asks releases it (wrong without: it only leaves the queue).
+    pub(crate) armed: bool,
+}
+
+impl Grant {
+    /// The design as written: validity from the send of the last request
+    /// answered busy.
+    pub(crate) const AS_WRITTEN: Grant = Grant {
+        validity: Validity::LastBusySend,
+        checks_record: true,
+        armed: true,
+    };
+    /// The design with its validity taken from the send time that the entry
+    /// the grant was minted from carries, echoed in the grant message.
+    pub(crate) const ECHOED: Grant = Grant {
+        validity: Validity::EchoedSend,
+        ..Grant::AS_WRITTEN
+    };
+}
+
+/// Where a waiter's validity starts when it takes a grant message (it ends a
+/// TTL less the drift later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Validity {
+    /// The send of the last request whose busy answer it read.
+    LastBusySend,
+    /// The send of the request whose queue entry the grant was minted from:
+    /// the request carries its send time (on its sender's clock, opaque to
+    /// the server), the entry keeps it, the grant message echoes it.
+    EchoedSend,
+    /// The grant message's arrival (wrong).
+    Arrival,
 }
 
 /// A property that failed (for [`OrphanLease`](Finding::OrphanLease), a
@@ -84,6 +135,9 @@ pub(super) enum Req {
     Acquire(Tok),
     Renew(Tok),
     Release(Tok),
+    /// A waiter that gave up leaves the queue: its entry goes if it is still
+    /// for this token.
+    Leave(Tok),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,6 +153,8 @@ pub(super) enum Reply {
     Gated,
     Renewed(bool),
     Released,
+    /// The queue was left (never awaited).
+    Left,
 }
 
 /// A request on the wire, with its send time on its sender's clock.
@@ -167,4 +223,34 @@ pub(super) enum Step {
     Read(u8, Reply),
     /// A timeout: the task stops waiting for its request.
     GiveUp(u8, Req),
+    /// A waiter gives up between asks (deadline, cancel), with the token of
+    /// its queue entry.
+    Abandon(u8, Tok),
+    /// The server applies a task's release, which grants the lock to the
+    /// other task's queue entry.
+    DeliverGranting(u8, Req, u8),
+    /// A task reads a grant message for its token and takes the lease.
+    ReadGrant(u8, Tok),
+    /// A grant message is lost.
+    LoseGrant(u8, Tok),
+}
+
+/// A waiting task's queue entry (the `grants` hash field of its instance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Entry {
+    pub(super) tok: Tok,
+    /// The arrival of the request that wrote it, on the server's clock.
+    pub(super) at: Rel,
+    /// That request's send, on its sender's clock (kept with
+    /// [`Validity::EchoedSend`] only).
+    pub(super) sent: Option<Rel>,
+}
+
+/// A grant message on the wire: its task, token, and the echoed send (as in
+/// [`Entry::sent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct GrantMsg {
+    pub(super) task: u8,
+    pub(super) tok: Tok,
+    pub(super) sent: Option<Rel>,
 }

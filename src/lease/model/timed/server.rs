@@ -23,6 +23,9 @@ pub(super) struct Server {
     /// A quarantine was written into the current life, and is not over: grants
     /// wait until `started + TTL`.
     pub(super) held: bool,
+    /// Each task's queue entry (the grant path): what its last busy-answered
+    /// request wrote.
+    pub(super) queue: [Option<Entry>; 2],
 }
 
 impl Server {
@@ -44,6 +47,64 @@ impl Server {
         self.floor = self.floor.map(|f| f - SCALE).filter(|f| *f >= 0);
         self.started = (self.started - 1).max(-TTL);
         self.held &= self.started > -TTL;
+        // An entry older than a TTL is as old as any other: never granted.
+        for e in self.queue.iter_mut().flatten() {
+            e.at = (e.at - 1).max(-TTL);
+        }
+    }
+
+    /// The holders' clock advanced a tick: the send times the entries keep
+    /// age (down to `oldest`, as every send does).
+    pub(super) fn age_sends(&mut self, oldest: Rel) {
+        for e in self.queue.iter_mut().flatten() {
+            e.sent = e.sent.map(|t| (t - 1).max(oldest));
+        }
+    }
+
+    /// The tasks whose entries a release that left the lock free may grant
+    /// to now, and whether some entry may not be granted (then the release
+    /// may grant nothing: that entry may be the queue's head).
+    pub(super) fn grantable(&self, c: &Config) -> (Vec<u8>, bool) {
+        let Some(g) = c.grant else {
+            return (Vec::new(), false);
+        };
+        let mut to = Vec::new();
+        let mut refused = false;
+        if self.lock.is_some() {
+            return (to, false);
+        }
+        for (task, e) in (0u8..).zip(self.queue) {
+            let Some(e) = e else { continue };
+            let age = -e.at;
+            let fresh = 2 * age < TTL && c.record_ttl.is_none_or(|r| age < r);
+            let retired = g.checks_record && self.records[usize::from(e.tok)].is_some();
+            if fresh && !retired {
+                to.push(task);
+            } else {
+                refused = true;
+            }
+        }
+        (to, refused)
+    }
+
+    /// Grants the lock to `task`'s entry: mints an epoch, locks until the
+    /// entry's arrival plus the TTL, removes the entry; the grant message,
+    /// and whether the epoch increased.
+    pub(super) fn grant(&mut self, task: u8) -> (GrantMsg, bool) {
+        let e = self.queue[usize::from(task)].take().expect("an entry");
+        let increased = self.mint();
+        let expiry = TTL + e.at;
+        assert!(
+            expiry > 0 && expiry <= TTL,
+            "a grant's expiry within its TTL"
+        );
+        self.lock = Some((e.tok, expiry));
+        let msg = GrantMsg {
+            task,
+            tok: e.tok,
+            sent: e.sent,
+        };
+        (msg, increased)
     }
 
     /// An instance that had seen an earlier life reports the restart: grants
@@ -62,6 +123,7 @@ impl Server {
         self.lock = None;
         self.fence = OLD;
         self.records = [None; 4];
+        self.queue = [None; 2];
         if life {
             self.life += 1;
             self.started = 0;
@@ -77,12 +139,13 @@ impl Server {
         self.floor.take().is_none_or(|floor| epoch > floor)
     }
 
-    /// The mutex's scripts, reduced to the lock, the fence and the records,
-    /// for a request sent `age` ticks ago by an instance that had seen
-    /// `seen` (an acquire's gate reads it); whether the epoch it minted, if
-    /// any, increased.
+    /// The mutex's scripts, reduced to the lock, the fence, the records and
+    /// the queue entries, for a request of `task` sent `age` ticks ago by an
+    /// instance that had seen `seen` (an acquire's gate reads it); whether
+    /// the epoch it minted, if any, increased.
     pub(super) fn apply(
         &mut self,
+        task: u8,
         req: Req,
         age: Rel,
         seen: Option<u8>,
@@ -103,11 +166,24 @@ impl Server {
                 if self.records[usize::from(t)].is_some() {
                     return (Reply::Retired, true);
                 }
+                let entry = usize::from(task);
                 match self.lock {
-                    Some((holder, _)) if holder != t => (Reply::Busy, true),
+                    Some((holder, _)) if holder != t => {
+                        // Queued, or the entry refreshed.
+                        if let Some(g) = c.grant {
+                            let sent = (g.validity == Validity::EchoedSend).then_some(-age);
+                            self.queue[entry] = Some(Entry {
+                                tok: t,
+                                at: 0,
+                                sent,
+                            });
+                        }
+                        (Reply::Busy, true)
+                    }
                     _ => {
                         let increased = self.mint();
                         self.lock = Some((t, TTL));
+                        self.queue[entry] = None;
                         (Reply::Granted, increased)
                     }
                 }
@@ -129,6 +205,13 @@ impl Server {
                     *record = Some(record_until);
                 }
                 (Reply::Released, true)
+            }
+            Req::Leave(t) => {
+                let entry = &mut self.queue[usize::from(task)];
+                if entry.is_some_and(|e| e.tok == t) {
+                    *entry = None;
+                }
+                (Reply::Left, true)
             }
         }
     }

@@ -18,6 +18,13 @@ pub(super) struct State {
     /// Replies to tasks that wait for them, with their request's send time
     /// and the life they were made in.
     pub(super) replies: Bag<(u8, Reply, Rel, u8), 6>,
+    /// The grant path: each task's token whose busy answer it read (`None`:
+    /// none read for this token), with the send of the last such request
+    /// (kept with [`Validity::LastBusySend`] only).
+    pub(super) busy: [Option<(Tok, Option<Rel>)>; 2],
+    /// Grant messages on the wire (any may be read next, read again, or
+    /// lost).
+    pub(super) grants: Bag<GrantMsg, 3>,
 }
 
 impl State {
@@ -37,6 +44,14 @@ impl State {
         });
         self.replies
             .map(|(task, reply, sent_at, life)| (task, reply, age(sent_at), life));
+        self.grants.map(|m| GrantMsg {
+            sent: m.sent.map(age),
+            ..m
+        });
+        for (_, b) in self.busy.iter_mut().flatten() {
+            *b = b.map(age);
+        }
+        self.server.age_sends(oldest);
         for task in 0..2u8 {
             if let Stage::Holding {
                 tok,
@@ -58,9 +73,19 @@ impl State {
     }
 
     /// The canonical form: a renewal's answer to a task that no longer holds
-    /// is dropped (it would be ignored), unless it tells of a newer life.
+    /// is dropped (it would be ignored), unless it tells of a newer life; so
+    /// is a grant message for a token its task no longer waits with (a task
+    /// never waits again with a token it held or gave up).
     pub(super) fn settle(&mut self) {
         let tasks = self.tasks;
+        self.grants.retain(|m| match tasks[usize::from(m.task)] {
+            Stage::Ready(t) | Stage::Acquiring(t) => t == m.tok,
+            _ => false,
+        });
+        for (b, stage) in self.busy.iter_mut().zip(tasks) {
+            let waits = matches!(stage, Stage::Ready(_) | Stage::Acquiring(_));
+            *b = b.filter(|(t, _)| waits && stage.token() == Some(*t));
+        }
         let seen = self.seen;
         self.replies.retain(|&(task, reply, _, life)| {
             !matches!(reply, Reply::Renewed(_))

@@ -1,7 +1,7 @@
 use super::{Config, DRIFT, Explored, Finding, explore};
 
 /// Explores `config`, printing what it found, each with its shortest trace.
-fn in_time(config: Config) -> Explored {
+pub(super) fn in_time(config: Config) -> Explored {
     let explored = explore(config);
     for (finding, trace) in &explored.found {
         eprintln!("{finding:?}:\n  {}", trace.join("\n  "));
@@ -17,7 +17,7 @@ fn in_time(config: Config) -> Explored {
 /// Leases each task takes in the timed model's configurations that hold: 1
 /// by default, 2 with `LOCKFLIGHT_MODEL_ROUNDS=2` (40 to 60 times the states,
 /// 1.2 to 6 million each, about six minutes in all in a debug build).
-fn rounds() -> u8 {
+pub(super) fn rounds() -> u8 {
     std::env::var("LOCKFLIGHT_MODEL_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -32,7 +32,7 @@ fn rounds() -> u8 {
 fn ttl_expiry_keeps_believed_valid_holders_apart_and_tokens_increasing() {
     let explored = in_time(Config {
         gain: DRIFT.unsigned_abs(),
-        rounds: rounds(),
+        rounds: [rounds(); 2],
         ..Config::BASE
     });
     assert!(
@@ -68,7 +68,7 @@ fn a_server_clock_gaining_more_than_the_drift_breaks_exclusion() {
 fn an_acquire_later_than_its_release_record_orphans_the_lock_and_nothing_else() {
     let explored = in_time(Config {
         record_ttl: Some(1),
-        rounds: rounds(),
+        rounds: [rounds(); 2],
         ..Config::BASE
     });
     assert_eq!(
@@ -87,7 +87,7 @@ fn the_late_grant_gate_closes_the_expired_record_window() {
     let explored = in_time(Config {
         record_ttl: Some(1),
         late_gate: true,
-        rounds: rounds(),
+        rounds: [rounds(); 2],
         ..Config::BASE
     });
     assert!(
@@ -106,7 +106,7 @@ fn the_late_grant_gate_closes_the_expired_record_window() {
 fn a_restart_keeps_tokens_increasing_but_not_exclusion() {
     let explored = in_time(Config {
         restarts: 1,
-        rounds: rounds(),
+        rounds: [rounds(); 2],
         ..Config::BASE
     });
     assert_eq!(
@@ -147,7 +147,7 @@ fn the_life_and_its_hold_keep_holders_apart_across_a_restart() {
     let explored = in_time(Config {
         restarts: 1,
         life: true,
-        rounds: rounds(),
+        rounds: [rounds(); 2],
         ..Config::BASE
     });
     assert!(
