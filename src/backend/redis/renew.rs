@@ -6,7 +6,9 @@
 //! lease, the script runs the very function of `lua/renew.lua` that the lease's own
 //! renewal script runs, so each lease gets the reply its single renewal would get,
 //! and an error of one lease (a value of another type) is that lease's alone. A
-//! chunk of one lease runs the lease's own script.
+//! chunk of one lease whose fence is due ([`RenewItem::fence_due`]) runs the
+//! lease's own script (which re-arms the fence); the batch script re-arms a fence
+//! only when it is due.
 //!
 //! * **One server, Sentinel**: `ceil(leases / CHUNK)` script calls per scan, sent
 //!   at once on the shared connection (on Sentinel through the same primary
@@ -88,7 +90,7 @@ static RENEW_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
 
 /// Whether a batch reply re-armed at least one lease (then `replica_ack` waits).
 fn any_renewed(reply: &Value) -> bool {
-    matches!(reply, Value::Array(items) if items.iter().any(first_is_one))
+    matches!(reply, Value::Array(items) if items.chunks(2).any(|pair| matches!(pair, [Value::Int(1), _])))
 }
 
 /// The script's argument for a lease kind.
@@ -149,8 +151,10 @@ impl RedisBackend {
     }
 
     async fn renew_all_inner(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
-        if items.len() <= 1 {
-            return join_all(items.iter().map(|item| renew_one(self, item))).await;
+        if let [item] = items
+            && item.fence_due
+        {
+            return vec![renew_one(self, item).await];
         }
         let chunks = self.chunks(items);
         let replies = join_all(chunks.iter().map(|(group, chunk)| async move {
@@ -234,7 +238,11 @@ impl RedisBackend {
                 kind_arg(item.kind).to_vec(),
                 item.token.to_hex().into_bytes(),
                 millis(item.ttl).to_string().into_bytes(),
-                fence_ttl_ms(item.ttl).to_string().into_bytes(),
+                if item.fence_due {
+                    fence_ttl_ms(item.ttl).to_string().into_bytes()
+                } else {
+                    b"0".to_vec()
+                },
             ]);
         }
         (keys, args)
@@ -243,7 +251,9 @@ impl RedisBackend {
     /// Renews `items[i]` for each `i` of `chunk` (one slot's) in one script call;
     /// returns their results in the order of `chunk`.
     async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Renewal>> {
-        if let [i] = chunk {
+        if let [i] = chunk
+            && items[*i].fence_due
+        {
             return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, args) = self.batch_args(items, chunk);
@@ -257,12 +267,12 @@ impl RedisBackend {
             Ok(answer) => answer,
             Err(e) => return chunk_failed(items, chunk, e),
         };
-        let Some(replies) = per_lease(&reply, chunk.len()) else {
+        let Some(replies) = per_lease(items, chunk, &reply) else {
             return unexpected_for_all(items, chunk, &reply);
         };
         chunk
             .iter()
-            .zip(replies)
+            .zip(&replies)
             .map(|(&i, reply)| decode(&items[i], reply, too_few.as_ref()))
             .collect()
     }
@@ -286,7 +296,9 @@ impl RedisBackend {
         let Some(cluster) = self.inner.conn.cluster() else {
             return self.renew_chunk(items, chunk).await;
         };
-        if let [i] = chunk {
+        if let [i] = chunk
+            && items[*i].fence_due
+        {
             return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, mut args) = self.batch_args(items, chunk);
@@ -307,12 +319,12 @@ impl RedisBackend {
                 return self.renew_per_slot(items, chunk).await;
             }
         };
-        let Some(replies) = per_lease(&reply, chunk.len()) else {
+        let Some(replies) = per_lease(items, chunk, &reply) else {
             return unexpected_for_all(items, chunk, &reply);
         };
         let mut out = Vec::with_capacity(chunk.len());
         let mut alone = Vec::new();
-        for (&i, reply) in chunk.iter().zip(replies) {
+        for (&i, reply) in chunk.iter().zip(&replies) {
             if not_local(reply) {
                 alone.push(out.len());
                 out.push(None);
@@ -406,10 +418,23 @@ fn unexpected_for_all(
         .collect()
 }
 
-/// The per-lease replies of a batch reply of `n` leases.
-fn per_lease(reply: &Value, n: usize) -> Option<&[Value]> {
+/// The per-lease replies of a batch reply of `n` leases (two values each: a
+/// lease's `{ code, value }`), each as its single renewal's reply: `{ code, value }`,
+/// or a permit's `{ code }`.
+fn per_lease(items: &[RenewItem<'_>], chunk: &[usize], reply: &Value) -> Option<Vec<Value>> {
     match reply {
-        Value::Array(replies) if replies.len() == n => Some(replies),
+        Value::Array(values) if values.len() == 2 * chunk.len() => Some(
+            chunk
+                .iter()
+                .zip(values.chunks(2))
+                .map(|(&i, pair)| match (items[i].kind, pair) {
+                    (LeaseKind::Permit, [code @ Value::Int(0 | 1), _]) => {
+                        Value::Array(vec![code.clone()])
+                    }
+                    _ => Value::Array(pair.to_vec()),
+                })
+                .collect(),
+        ),
         _ => None,
     }
 }
@@ -495,8 +520,9 @@ mod tests {
     #[test]
     fn a_batch_reply_wrote_if_any_lease_was_re_armed() {
         let ints = |v: &[i64]| Value::Array(v.iter().map(|n| Value::Int(*n)).collect());
-        assert!(any_renewed(&Value::Array(vec![ints(&[0, 0]), ints(&[1])])));
-        assert!(!any_renewed(&Value::Array(vec![ints(&[0, 0]), ints(&[0])])));
+        assert!(any_renewed(&ints(&[0, 0, 1, 0])));
+        assert!(!any_renewed(&ints(&[0, 0, 0, 0])));
+        assert!(!any_renewed(&ints(&[0, 1, -1, 1])));
         assert!(!any_renewed(&Value::Array(vec![])));
         assert!(!any_renewed(&Value::Nil));
     }

@@ -2,7 +2,8 @@
 --
 -- ARGV[1] instance id   ARGV[2] n, the number of leases
 -- then 4 arguments per lease: its kind ("m" mutex, "r" read, "w" write, "p" permit),
--- token, lease ttl ms, fence ttl ms (not used by a permit)
+-- token, lease ttl ms, fence ttl ms ("0": leave the fence's TTL as it is; not used
+-- by a permit)
 -- KEYS, per lease in the same order: a mutex's lock, fence, queue, queue expiry
 -- index; a read or write lease's read leases, write lease, waiting writers, write
 -- fence; a permit's permit set and count.
@@ -12,45 +13,101 @@
 -- not serve (a stale slot map, a migration) fails alone, before any write of its
 -- own, with Redis' "non local key" error; the caller renews it on its own.
 --
--- Returns one reply per lease, in order: the reply of its single renewal script
--- (renew_lock.lua, rw_renew.lua, sem_renew.lua run the same functions), or
--- { -1, error } when its renewal raised an error (a value of another type, an ACL
+-- Returns two values per lease, in order (flat: { code1, value1, code2, value2, … }):
+-- the reply of its single renewal script (renew_lock.lua, rw_renew.lua,
+-- sem_renew.lua run the same functions) unpacked, a permit's { n } as n, 0; or
+-- -1, error when its renewal raised an error (a value of another type, an ACL
 -- refusal): the leases around it are renewed all the same. Each lease does its
 -- reads before its writes, so one that fails wrote nothing. READONLY (this node is
 -- a replica now) is raised for the whole call: every single renewal here would be
 -- refused the same way, and the caller treats it as a loss.
+--
+-- The common case, a mutex or write lease that its token holds and that nobody
+-- waits for, takes a shorter path with the same reply: one MGET reads every such
+-- lease's key and one EXISTS every such lease's queue (mutex) or waiting writers
+-- (write lease) for the whole batch, and the lease costs one PEXPIRE (two when its
+-- fence is due). A lease whose MGET value is not its token (lost, or a value of
+-- another type, which MGET reads as nil), or whose queue exists, runs its single
+-- renewal's function, which gives the exact reply or error. An absent queue is one
+-- the function would count as empty (its ZCARD is 0). With undeclared keys (a
+-- cluster node's batch), or when the MGET or EXISTS is refused (an ACL), every
+-- lease runs its function.
 local me, n = ARGV[1], tonumber(ARGV[2])
-local out = {}
-local K, k = KEYS, 1
+local K, k0 = KEYS, 1
 if #KEYS == 0 then
-  K, k = ARGV, 3 + n * 4
+  K, k0 = ARGV, 3 + n * 4
 end
+
+-- Where each lease's keys start, and the shared reads of the short path.
+local at, owned, queues, slot = {}, {}, {}, {}
+local k = k0
 for i = 1, n do
-  local a = 2 + (i - 1) * 4
-  local kind, token, ttl, fence_ttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local ok, reply
+  local kind = ARGV[3 + (i - 1) * 4]
+  at[i] = k
   if kind == 'm' then
-    ok, reply = pcall(renew_lock, K[k], K[k + 1], K[k + 2], K[k + 3], token, ttl,
-      fence_ttl, me)
+    owned[#owned + 1], queues[#queues + 1], slot[i] = K[k], K[k + 2], #owned + 1
     k = k + 4
-  elseif kind == 'r' or kind == 'w' then
-    ok, reply = pcall(renew_rw, K[k], K[k + 1], K[k + 2], K[k + 3], kind, token, ttl,
-      fence_ttl)
+  elseif kind == 'w' then
+    owned[#owned + 1], queues[#queues + 1], slot[i] = K[k + 1], K[k + 2], #owned + 1
+    k = k + 4
+  elseif kind == 'r' then
     k = k + 4
   elseif kind == 'p' then
-    ok, reply = pcall(renew_permit, K[k], K[k + 1], token, ttl)
     k = k + 2
   else
     return redis.error_reply('ERR renew_batch: unknown lease kind ' .. tostring(kind))
   end
+end
+local values, queued
+if #KEYS > 0 and #owned > 0 then
+  values = redis.pcall('MGET', unpack(owned))
+  queued = redis.pcall('EXISTS', unpack(queues))
+  if type(values) ~= 'table' or values.err or type(queued) ~= 'number' then
+    values = nil
+  end
+end
+
+-- The message of a raised error or of an error reply.
+local function message_of(e)
+  return type(e) == 'table' and e.err or tostring(e)
+end
+
+local out = {}
+for i = 1, n do
+  local a = 2 + (i - 1) * 4
+  local kind, token, ttl, fence_ttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local k = at[i]
+  local ok, reply
+  local s = slot[i]
+  if values and s and values[s] == token
+    and (queued == 0 or redis.call('EXISTS', queues[s]) == 0) then
+    -- The short path: held by `token`, nobody waiting; the lease's key and fence.
+    local fence = kind == 'm' and K[k + 1] or K[k + 3]
+    reply = redis.pcall('PEXPIRE', owned[s], tonumber(ttl))
+    if type(reply) ~= 'table' and fence_ttl ~= '0' then
+      reply = redis.pcall('PEXPIRE', fence, tonumber(fence_ttl))
+    end
+    ok = type(reply) ~= 'table'
+    if ok then
+      reply = { 1, 0 }
+    end
+  elseif kind == 'm' then
+    ok, reply = pcall(renew_lock, K[k], K[k + 1], K[k + 2], K[k + 3], token, ttl,
+      fence_ttl, me)
+  elseif kind == 'r' or kind == 'w' then
+    ok, reply = pcall(renew_rw, K[k], K[k + 1], K[k + 2], K[k + 3], kind, token, ttl,
+      fence_ttl)
+  else
+    ok, reply = pcall(renew_permit, K[k], K[k + 1], token, ttl)
+  end
   if not ok then
-    local message = type(reply) == 'table' and reply.err or tostring(reply)
+    local message = message_of(reply)
     if string.find(message, 'READONLY', 1, true) then
       -- As a reply of its own, so that it keeps its code (a raised string is ERR).
       return redis.error_reply(message)
     end
     reply = { -1, message }
   end
-  out[i] = reply
+  out[2 * i - 1], out[2 * i] = reply[1], reply[2] or 0
 end
 return out
