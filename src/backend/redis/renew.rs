@@ -51,6 +51,7 @@
 //! batch after another lease's write (never the reverse).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::join_all;
 use redis::{RedisError, Value};
@@ -93,13 +94,16 @@ fn any_renewed(reply: &Value) -> bool {
     matches!(reply, Value::Array(items) if items.chunks(2).any(|pair| matches!(pair, [Value::Int(1), _])))
 }
 
-/// The script's argument for a lease kind.
-fn kind_arg(kind: LeaseKind) -> &'static [u8] {
-    match kind {
-        LeaseKind::Mutex => b"m",
-        LeaseKind::Read => b"r",
-        LeaseKind::Write => b"w",
-        LeaseKind::Permit => b"p",
+/// The script's argument for a lease's kind, upper case when its fence is due.
+fn kind_arg(item: &RenewItem<'_>) -> &'static [u8] {
+    match (item.kind, item.fence_due) {
+        (LeaseKind::Mutex, false) => b"m",
+        (LeaseKind::Mutex, true) => b"M",
+        (LeaseKind::Read, false) => b"r",
+        (LeaseKind::Read, true) => b"R",
+        (LeaseKind::Write, false) => b"w",
+        (LeaseKind::Write, true) => b"W",
+        (LeaseKind::Permit, _) => b"p",
     }
 }
 
@@ -180,7 +184,8 @@ impl RedisBackend {
 
     /// The indices of `items`, in groups that one script call may renew: on a
     /// cluster by primary where the primary takes cross-slot batches (see
-    /// `owners`), else by slot; then at most [`CHUNK`] each.
+    /// `owners`), else by slot; and by TTL (a call's leases share one: the
+    /// watchdog's differ only at a hold limit); then at most [`CHUNK`] each.
     fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<(Group, Vec<usize>)> {
         #[cfg(feature = "cluster")]
         let owners = match self.inner.conn.cluster() {
@@ -189,19 +194,25 @@ impl RedisBackend {
             Some(c) if self.inner.acks.is_none() => c.owners.get(c),
             _ => None,
         };
-        let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Group, Duration), Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
             let slot = self.slot_of(item);
             #[cfg(feature = "cluster")]
             if let Some(node) = owners.as_ref().and_then(|o| o.batching_node(slot)) {
-                groups.entry(Group::Node(node)).or_default().push(i);
+                groups
+                    .entry((Group::Node(node), item.ttl))
+                    .or_default()
+                    .push(i);
                 continue;
             }
-            groups.entry(Group::Slot(slot)).or_default().push(i);
+            groups
+                .entry((Group::Slot(slot), item.ttl))
+                .or_default()
+                .push(i);
         }
         groups
             .into_iter()
-            .flat_map(|(group, indices)| {
+            .flat_map(|((group, _), indices)| {
                 indices
                     .chunks(CHUNK)
                     .map(|chunk| (group, chunk.to_vec()))
@@ -211,39 +222,43 @@ impl RedisBackend {
     }
 
     /// The keys and the arguments of a batch of `items[i]` for each `i` of
-    /// `chunk`, in the order of `lua/renew_batch.lua`.
+    /// `chunk` (leases of one TTL, see [`chunks`](Self::chunks)), in the order of
+    /// `lua/renew_batch.lua`.
     fn batch_args(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let inner = &*self.inner;
+        let ttl = chunk.first().map_or(Duration::ZERO, |&i| items[i].ttl);
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 4);
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + chunk.len() * 4);
-        args.push(inner.instance_id.as_bytes().to_vec());
-        args.push(chunk.len().to_string().into_bytes());
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + chunk.len() * 2);
+        args.extend([
+            inner.instance_id.as_bytes().to_vec(),
+            chunk.len().to_string().into_bytes(),
+            millis(ttl).to_string().into_bytes(),
+            fence_ttl_ms(ttl).to_string().into_bytes(),
+        ]);
         for &i in chunk {
             let item = &items[i];
-            match item.kind {
+            debug_assert_eq!(item.ttl, ttl, "a batch call's leases share one TTL");
+            let fence = match item.kind {
                 LeaseKind::Mutex => {
                     let n = Names::new(&inner.prefix, item.key);
-                    keys.extend([n.lock, n.fence, n.queue, n.queue_expiry]);
+                    keys.extend([n.lock, n.queue, n.queue_expiry]);
+                    Some(n.fence)
                 }
                 LeaseKind::Read | LeaseKind::Write => {
                     let n = RwNames::new(&inner.prefix, item.key);
-                    keys.extend([n.readers, n.writer, n.writers, n.fence]);
+                    keys.extend([n.readers, n.writer, n.writers]);
+                    Some(n.fence)
                 }
                 LeaseKind::Permit => {
                     let n = SemNames::new(&inner.prefix, item.key);
                     keys.extend([n.permits, n.count]);
+                    None
                 }
+            };
+            if item.fence_due {
+                keys.extend(fence);
             }
-            args.extend([
-                kind_arg(item.kind).to_vec(),
-                item.token.to_hex().into_bytes(),
-                millis(item.ttl).to_string().into_bytes(),
-                if item.fence_due {
-                    fence_ttl_ms(item.ttl).to_string().into_bytes()
-                } else {
-                    b"0".to_vec()
-                },
-            ]);
+            args.extend([kind_arg(item).to_vec(), item.token.to_hex().into_bytes()]);
         }
         (keys, args)
     }
@@ -350,9 +365,13 @@ impl RedisBackend {
         items: &[RenewItem<'_>],
         chunk: &[usize],
     ) -> Vec<Result<Renewal>> {
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        // (A call's leases share one TTL.)
+        let mut by_slot: BTreeMap<(u16, Duration), Vec<usize>> = BTreeMap::new();
         for (j, &i) in chunk.iter().enumerate() {
-            by_slot.entry(self.slot_of(&items[i])).or_default().push(j);
+            by_slot
+                .entry((self.slot_of(&items[i]), items[i].ttl))
+                .or_default()
+                .push(j);
         }
         let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
         let replies = join_all(groups.iter().map(|positions| {
