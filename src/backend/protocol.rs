@@ -150,17 +150,36 @@ pub struct RenewItem<'a> {
     pub token: LeaseToken,
     /// The TTL to re-arm it to.
     pub ttl: Duration,
+    /// Whether the lease's fence (the key its fencing epochs are minted from) is
+    /// due: a renewal with `fence_due` keeps the fence alive at least
+    /// [`FENCE_TTL_FACTOR`](Self::FENCE_TTL_FACTOR) × `ttl` from the moment it runs; without it, a backend
+    /// may leave the fence's TTL as it is (the Redis batch renewal does). `true`
+    /// unless the caller knows when the fence was last re-armed (the watchdog).
+    pub fence_due: bool,
 }
 
 impl<'a> RenewItem<'a> {
-    /// The `kind` lease `token` of `key`, to be re-armed to `ttl`.
+    /// A renewal with [`fence_due`](Self::fence_due) keeps the fence alive for at
+    /// least this many lease TTLs.
+    pub const FENCE_TTL_FACTOR: u32 = 10;
+
+    /// The `kind` lease `token` of `key`, to be re-armed to `ttl`, its fence
+    /// re-armed too.
     pub fn new(kind: LeaseKind, key: &'a LockKey, token: LeaseToken, ttl: Duration) -> Self {
         RenewItem {
             kind,
             key,
             token,
             ttl,
+            fence_due: true,
         }
+    }
+
+    /// With [`fence_due`](Self::fence_due) set to `due`.
+    #[must_use]
+    pub fn with_fence_due(mut self, due: bool) -> Self {
+        self.fence_due = due;
+        self
     }
 }
 

@@ -44,6 +44,28 @@
 //! The cost: the leases of one call share its fate (a call that times out is
 //! retried for all of them); in exchange one task and one timer serve a whole
 //! scan.
+//!
+//! # The fence
+//!
+//! A lease's fence (the key its fencing epochs are minted from) outlives the lease
+//! by far: a renewal that re-arms it keeps it alive at least
+//! [`RenewItem::FENCE_TTL_FACTOR`] (10) × its TTL from the moment it runs. So the
+//! watchdog asks for the fence ([`RenewItem::fence_due`]) only at a lease's first
+//! renewal (whether its grant armed the fence is not known here) and then once half
+//! of that time has passed since the send of the renewal that last re-armed it
+//! (`fence_half_life`); the renewals between leave the fence's TTL as it is.
+//!
+//! **The fence never expires under a live lease.** Say the renewal that last
+//! re-armed the fence was sent at `f` with TTL `T`: it ran at the server at `f` or
+//! later, so the fence lives until at least `f + 10 T`. Every later renewal that
+//! skips the fence was sent at some `s < f + 5 T`, with a TTL `t ≤ T` (a renewal's
+//! TTL only shrinks, towards the hold limit), so the lock it re-arms ends by
+//! `r + t`, where `r` is when it ran. The holder counts the lease valid until
+//! `s + t − drift < f + 6 T` at most, well before `f + 10 T`; at the server the
+//! lock outlives the fence only if the renewal ran more than `4 T` after it was
+//! sent, long after its holder stopped counting it valid (a renewal re-arming the
+//! fence every time would keep the fence `10 T` past such a late run). A renewal
+//! that fails leaves the fence due: the retry asks for it again.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -60,9 +82,24 @@ use crate::stats::StatsInner;
 
 const NOT_QUEUED: usize = usize::MAX;
 
+/// A lease the watchdog renews, with when its fence is due again (`None`: at its
+/// next renewal; see "The fence" in the module docs).
+#[derive(Clone)]
+struct Watched {
+    lease: Arc<Lease>,
+    fence_due: Option<Instant>,
+}
+
+impl Watched {
+    /// Whether a renewal sent at `sent_at` re-arms the fence.
+    fn fence_due_at(&self, sent_at: Instant) -> bool {
+        self.fence_due.is_none_or(|due| sent_at >= due)
+    }
+}
+
 /// The held leases of one locker, with the time each is due for renewal.
 pub(crate) struct Renewals {
-    held: Mutex<Vec<(Instant, Arc<Lease>)>>,
+    held: Mutex<Vec<(Instant, Watched)>>,
     backend: Arc<dyn LockBackend>,
     every: Duration,
     stats: Arc<StatsInner>,
@@ -118,7 +155,7 @@ impl Renewals {
         self.hold_limit.map(|limit| granted_at + limit)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(Instant, Arc<Lease>)>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<(Instant, Watched)>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -136,7 +173,13 @@ impl Renewals {
     pub(crate) fn watch(self: &Arc<Self>, lease: &Arc<Lease>, sent_at: Instant) {
         lease.register(self.backend.signals());
         self.ensure_driver();
-        self.schedule(lease, sent_at + self.every);
+        // Whether the grant armed the fence (a read lease's does not) is not known
+        // here: the first renewal re-arms it.
+        let watched = Watched {
+            lease: Arc::clone(lease),
+            fence_due: None,
+        };
+        self.schedule(&watched, sent_at + self.every);
     }
 
     /// [`watch`](Self::watch), for a lease whose first renewal is due at `due`,
@@ -172,23 +215,29 @@ impl Renewals {
     }
 
     /// Puts `lease` (back) in the set, due at `due`, unless it was released.
-    fn schedule(&self, lease: &Arc<Lease>, due: Instant) {
+    fn schedule(&self, watched: &Watched, due: Instant) {
         let mut held = self.lock();
-        if lease.is_stopped() {
+        if watched.lease.is_stopped() {
             return;
         }
-        lease.renewal_index.store(held.len(), Ordering::Relaxed);
-        held.push((due, Arc::clone(lease)));
+        watched
+            .lease
+            .renewal_index
+            .store(held.len(), Ordering::Relaxed);
+        held.push((due, watched.clone()));
     }
 
     /// Takes the entry at `index` out of the set (the caller holds the lock).
-    fn take(held: &mut Vec<(Instant, Arc<Lease>)>, index: usize) -> Arc<Lease> {
-        let (_, lease) = held.swap_remove(index);
-        lease.renewal_index.store(NOT_QUEUED, Ordering::Relaxed);
+    fn take(held: &mut Vec<(Instant, Watched)>, index: usize) -> Watched {
+        let (_, watched) = held.swap_remove(index);
+        watched
+            .lease
+            .renewal_index
+            .store(NOT_QUEUED, Ordering::Relaxed);
         if let Some((_, moved)) = held.get(index) {
-            moved.renewal_index.store(index, Ordering::Relaxed);
+            moved.lease.renewal_index.store(index, Ordering::Relaxed);
         }
-        lease
+        watched
     }
 
     /// The lease is finally released: stop renewing it, and end its registration
@@ -204,7 +253,7 @@ impl Renewals {
     }
 
     /// Takes the leases that are due out of the set.
-    fn due(&self, now: Instant) -> Vec<Arc<Lease>> {
+    fn due(&self, now: Instant) -> Vec<Watched> {
         let mut held = self.lock();
         let mut due = Vec::new();
         let mut i = 0;
@@ -244,14 +293,14 @@ async fn drive(renewals: Weak<Renewals>, tick: Duration) {
 /// set, due at once, so the next driver renews them.
 struct Requeue {
     renewals: Arc<Renewals>,
-    leases: Vec<Arc<Lease>>,
+    leases: Vec<Watched>,
 }
 
 impl Drop for Requeue {
     fn drop(&mut self) {
         let now = Instant::now();
-        for lease in self.leases.drain(..) {
-            self.renewals.schedule(&lease, now);
+        for watched in self.leases.drain(..) {
+            self.renewals.schedule(&watched, now);
         }
     }
 }
@@ -272,7 +321,7 @@ async fn renew_batch(mut requeue: Requeue) {
     let retry = (renewals.every / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     loop {
         // Settle what needs no call: released, at the hold limit, past validity.
-        requeue.leases.retain(|lease| {
+        requeue.leases.retain(|Watched { lease, .. }| {
             if lease.is_stopped() {
                 return false;
             }
@@ -291,31 +340,37 @@ async fn renew_batch(mut requeue: Requeue) {
         for _ in &pending {
             renewals.stats.renew_attempt();
         }
+        let leases: Vec<Arc<Lease>> = pending.iter().map(|w| Arc::clone(&w.lease)).collect();
         let items: Vec<RenewItem<'_>> = pending
             .iter()
-            .map(|lease| {
+            .zip(&leases)
+            .map(|(watched, lease)| {
                 RenewItem::new(
                     lease.kind,
                     &lease.key,
                     lease.token,
                     renewal_ttl(lease, sent_at),
                 )
+                .with_fence_due(watched.fence_due_at(sent_at))
             })
             .collect();
-        let Some(outcomes) = await_batch(renewals.backend.renew_batch(&items), &pending).await
+        let Some(outcomes) = await_batch(renewals.backend.renew_batch(&items), &leases).await
         else {
             // Every lease lost or released meanwhile.
             requeue.leases.clear();
             return;
         };
         let mut failed = Vec::new();
-        for (lease, outcome) in pending.into_iter().zip(outcomes) {
-            if let Settled::Retry = settle(&renewals, &lease, sent_at, outcome) {
-                failed.push(lease);
+        for ((mut watched, item), outcome) in pending.into_iter().zip(&items).zip(outcomes) {
+            if matches!(outcome, Ok(Renewal::Renewed { .. })) && item.fence_due {
+                watched.fence_due = Some(sent_at + fence_half_life(item.ttl));
+            }
+            if let Settled::Retry = settle(&renewals, &watched, sent_at, outcome) {
+                failed.push(watched);
             }
         }
         requeue.leases = failed;
-        let Some(first_end) = requeue.leases.iter().map(|l| l.valid_until()).min() else {
+        let Some(first_end) = requeue.leases.iter().map(|w| w.lease.valid_until()).min() else {
             return;
         };
         // As alone: the next attempt after `retry`, or at once at a validity's end
@@ -366,13 +421,21 @@ fn renewal_ttl(lease: &Lease, sent_at: Instant) -> Duration {
     }
 }
 
+/// When a fence re-armed by a renewal of `ttl` is due again: when half of the
+/// time it is kept alive for (at least [`RenewItem::FENCE_TTL_FACTOR`] × `ttl`)
+/// has passed.
+fn fence_half_life(ttl: Duration) -> Duration {
+    ttl.saturating_mul(RenewItem::FENCE_TTL_FACTOR) / 2
+}
+
 /// Applies one lease's renewal outcome, from a call sent at `sent_at`.
 fn settle(
     renewals: &Arc<Renewals>,
-    lease: &Arc<Lease>,
+    watched: &Watched,
     sent_at: Instant,
     outcome: Result<Renewal>,
 ) -> Settled {
+    let lease = &watched.lease;
     if lease.is_stopped() {
         // Released while the call was in flight: nothing to keep or signal.
         return Settled::Done;
@@ -387,7 +450,7 @@ fn settle(
             // the lease: every observer may already have seen it lost.
             if !lease.is_lost() {
                 lease.set_valid_until(sent_at + lease.ttl.saturating_sub(drift(lease.ttl)));
-                renewals.schedule(lease, sent_at + renewals.every);
+                renewals.schedule(watched, sent_at + renewals.every);
             }
             Settled::Done
         }
@@ -441,25 +504,33 @@ mod tests {
         ));
         let leases: Vec<_> = (0..5).map(lease).collect();
         for l in &leases {
-            r.schedule(l, Instant::now() + Duration::from_secs(1));
+            let watched = Watched {
+                lease: Arc::clone(l),
+                fence_due: None,
+            };
+            r.schedule(&watched, Instant::now() + Duration::from_secs(1));
         }
         r.forget(&leases[1]);
         r.forget(&leases[4]);
         r.forget(&leases[1]); // twice is harmless
-        let left: Vec<u64> = r.lock().iter().map(|(_, l)| l.epoch).collect();
+        let left: Vec<u64> = r.lock().iter().map(|(_, w)| w.lease.epoch).collect();
         assert_eq!(left.len(), 3);
-        for (i, (_, l)) in r.lock().iter().enumerate() {
-            assert_eq!(l.renewal_index.load(Ordering::Relaxed), i);
+        for (i, (_, w)) in r.lock().iter().enumerate() {
+            assert_eq!(w.lease.renewal_index.load(Ordering::Relaxed), i);
         }
         assert!(r.due(Instant::now()).is_empty());
         let due = r.due(Instant::now() + Duration::from_secs(1));
-        let mut epochs: Vec<u64> = due.iter().map(|l| l.epoch).collect();
+        let mut epochs: Vec<u64> = due.iter().map(|w| w.lease.epoch).collect();
         epochs.sort();
         assert_eq!(epochs, vec![0, 2, 3]);
         assert!(r.lock().is_empty());
         // A released lease is never put back.
         r.forget(&leases[0]);
-        r.schedule(&leases[0], Instant::now());
+        let released = Watched {
+            lease: Arc::clone(&leases[0]),
+            fence_due: None,
+        };
+        r.schedule(&released, Instant::now());
         assert!(r.lock().is_empty());
     }
 }

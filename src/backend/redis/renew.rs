@@ -6,7 +6,9 @@
 //! lease, the script runs the very function of `lua/renew.lua` that the lease's own
 //! renewal script runs, so each lease gets the reply its single renewal would get,
 //! and an error of one lease (a value of another type) is that lease's alone. A
-//! chunk of one lease runs the lease's own script.
+//! chunk of one lease whose fence is due ([`RenewItem::fence_due`]) runs the
+//! lease's own script (which re-arms the fence); the batch script re-arms a fence
+//! only when it is due.
 //!
 //! * **One server, Sentinel**: `ceil(leases / CHUNK)` script calls per scan, sent
 //!   at once on the shared connection (on Sentinel through the same primary
@@ -49,6 +51,7 @@
 //! batch after another lease's write (never the reverse).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::join_all;
 use redis::{RedisError, Value};
@@ -88,16 +91,19 @@ static RENEW_BATCH_CROSS_SLOT: std::sync::LazyLock<redis::Script> =
 
 /// Whether a batch reply re-armed at least one lease (then `replica_ack` waits).
 fn any_renewed(reply: &Value) -> bool {
-    matches!(reply, Value::Array(items) if items.iter().any(first_is_one))
+    matches!(reply, Value::Array(items) if items.chunks(2).any(|pair| matches!(pair, [Value::Int(1), _])))
 }
 
-/// The script's argument for a lease kind.
-fn kind_arg(kind: LeaseKind) -> &'static [u8] {
-    match kind {
-        LeaseKind::Mutex => b"m",
-        LeaseKind::Read => b"r",
-        LeaseKind::Write => b"w",
-        LeaseKind::Permit => b"p",
+/// The script's argument for a lease's kind, upper case when its fence is due.
+fn kind_arg(item: &RenewItem<'_>) -> &'static [u8] {
+    match (item.kind, item.fence_due) {
+        (LeaseKind::Mutex, false) => b"m",
+        (LeaseKind::Mutex, true) => b"M",
+        (LeaseKind::Read, false) => b"r",
+        (LeaseKind::Read, true) => b"R",
+        (LeaseKind::Write, false) => b"w",
+        (LeaseKind::Write, true) => b"W",
+        (LeaseKind::Permit, _) => b"p",
     }
 }
 
@@ -149,8 +155,10 @@ impl RedisBackend {
     }
 
     async fn renew_all_inner(&self, items: &[RenewItem<'_>]) -> Vec<Result<Renewal>> {
-        if items.len() <= 1 {
-            return join_all(items.iter().map(|item| renew_one(self, item))).await;
+        if let [item] = items
+            && item.fence_due
+        {
+            return vec![renew_one(self, item).await];
         }
         let chunks = self.chunks(items);
         let replies = join_all(chunks.iter().map(|(group, chunk)| async move {
@@ -176,7 +184,8 @@ impl RedisBackend {
 
     /// The indices of `items`, in groups that one script call may renew: on a
     /// cluster by primary where the primary takes cross-slot batches (see
-    /// `owners`), else by slot; then at most [`CHUNK`] each.
+    /// `owners`), else by slot; and by TTL (a call's leases share one: the
+    /// watchdog's differ only at a hold limit); then at most [`CHUNK`] each.
     fn chunks(&self, items: &[RenewItem<'_>]) -> Vec<(Group, Vec<usize>)> {
         #[cfg(feature = "cluster")]
         let owners = match self.inner.conn.cluster() {
@@ -185,19 +194,25 @@ impl RedisBackend {
             Some(c) if self.inner.acks.is_none() => c.owners.get(c),
             _ => None,
         };
-        let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Group, Duration), Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
             let slot = self.slot_of(item);
             #[cfg(feature = "cluster")]
             if let Some(node) = owners.as_ref().and_then(|o| o.batching_node(slot)) {
-                groups.entry(Group::Node(node)).or_default().push(i);
+                groups
+                    .entry((Group::Node(node), item.ttl))
+                    .or_default()
+                    .push(i);
                 continue;
             }
-            groups.entry(Group::Slot(slot)).or_default().push(i);
+            groups
+                .entry((Group::Slot(slot), item.ttl))
+                .or_default()
+                .push(i);
         }
         groups
             .into_iter()
-            .flat_map(|(group, indices)| {
+            .flat_map(|((group, _), indices)| {
                 indices
                     .chunks(CHUNK)
                     .map(|chunk| (group, chunk.to_vec()))
@@ -207,35 +222,43 @@ impl RedisBackend {
     }
 
     /// The keys and the arguments of a batch of `items[i]` for each `i` of
-    /// `chunk`, in the order of `lua/renew_batch.lua`.
+    /// `chunk` (leases of one TTL, see [`chunks`](Self::chunks)), in the order of
+    /// `lua/renew_batch.lua`.
     fn batch_args(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let inner = &*self.inner;
+        let ttl = chunk.first().map_or(Duration::ZERO, |&i| items[i].ttl);
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 4);
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + chunk.len() * 4);
-        args.push(inner.instance_id.as_bytes().to_vec());
-        args.push(chunk.len().to_string().into_bytes());
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + chunk.len() * 2);
+        args.extend([
+            inner.instance_id.as_bytes().to_vec(),
+            chunk.len().to_string().into_bytes(),
+            millis(ttl).to_string().into_bytes(),
+            fence_ttl_ms(ttl).to_string().into_bytes(),
+        ]);
         for &i in chunk {
             let item = &items[i];
-            match item.kind {
+            debug_assert_eq!(item.ttl, ttl, "a batch call's leases share one TTL");
+            let fence = match item.kind {
                 LeaseKind::Mutex => {
                     let n = Names::new(&inner.prefix, item.key);
-                    keys.extend([n.lock, n.fence, n.queue, n.queue_expiry]);
+                    keys.extend([n.lock, n.queue, n.queue_expiry]);
+                    Some(n.fence)
                 }
                 LeaseKind::Read | LeaseKind::Write => {
                     let n = RwNames::new(&inner.prefix, item.key);
-                    keys.extend([n.readers, n.writer, n.writers, n.fence]);
+                    keys.extend([n.readers, n.writer, n.writers]);
+                    Some(n.fence)
                 }
                 LeaseKind::Permit => {
                     let n = SemNames::new(&inner.prefix, item.key);
                     keys.extend([n.permits, n.count]);
+                    None
                 }
+            };
+            if item.fence_due {
+                keys.extend(fence);
             }
-            args.extend([
-                kind_arg(item.kind).to_vec(),
-                item.token.to_hex().into_bytes(),
-                millis(item.ttl).to_string().into_bytes(),
-                fence_ttl_ms(item.ttl).to_string().into_bytes(),
-            ]);
+            args.extend([kind_arg(item).to_vec(), item.token.to_hex().into_bytes()]);
         }
         (keys, args)
     }
@@ -243,7 +266,9 @@ impl RedisBackend {
     /// Renews `items[i]` for each `i` of `chunk` (one slot's) in one script call;
     /// returns their results in the order of `chunk`.
     async fn renew_chunk(&self, items: &[RenewItem<'_>], chunk: &[usize]) -> Vec<Result<Renewal>> {
-        if let [i] = chunk {
+        if let [i] = chunk
+            && items[*i].fence_due
+        {
             return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, args) = self.batch_args(items, chunk);
@@ -257,12 +282,12 @@ impl RedisBackend {
             Ok(answer) => answer,
             Err(e) => return chunk_failed(items, chunk, e),
         };
-        let Some(replies) = per_lease(&reply, chunk.len()) else {
+        let Some(replies) = per_lease(items, chunk, &reply) else {
             return unexpected_for_all(items, chunk, &reply);
         };
         chunk
             .iter()
-            .zip(replies)
+            .zip(&replies)
             .map(|(&i, reply)| decode(&items[i], reply, too_few.as_ref()))
             .collect()
     }
@@ -286,7 +311,9 @@ impl RedisBackend {
         let Some(cluster) = self.inner.conn.cluster() else {
             return self.renew_chunk(items, chunk).await;
         };
-        if let [i] = chunk {
+        if let [i] = chunk
+            && items[*i].fence_due
+        {
             return vec![renew_one(self, &items[*i]).await];
         }
         let (keys, mut args) = self.batch_args(items, chunk);
@@ -307,12 +334,12 @@ impl RedisBackend {
                 return self.renew_per_slot(items, chunk).await;
             }
         };
-        let Some(replies) = per_lease(&reply, chunk.len()) else {
+        let Some(replies) = per_lease(items, chunk, &reply) else {
             return unexpected_for_all(items, chunk, &reply);
         };
         let mut out = Vec::with_capacity(chunk.len());
         let mut alone = Vec::new();
-        for (&i, reply) in chunk.iter().zip(replies) {
+        for (&i, reply) in chunk.iter().zip(&replies) {
             if not_local(reply) {
                 alone.push(out.len());
                 out.push(None);
@@ -338,9 +365,13 @@ impl RedisBackend {
         items: &[RenewItem<'_>],
         chunk: &[usize],
     ) -> Vec<Result<Renewal>> {
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        // (A call's leases share one TTL.)
+        let mut by_slot: BTreeMap<(u16, Duration), Vec<usize>> = BTreeMap::new();
         for (j, &i) in chunk.iter().enumerate() {
-            by_slot.entry(self.slot_of(&items[i])).or_default().push(j);
+            by_slot
+                .entry((self.slot_of(&items[i]), items[i].ttl))
+                .or_default()
+                .push(j);
         }
         let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
         let replies = join_all(groups.iter().map(|positions| {
@@ -406,10 +437,23 @@ fn unexpected_for_all(
         .collect()
 }
 
-/// The per-lease replies of a batch reply of `n` leases.
-fn per_lease(reply: &Value, n: usize) -> Option<&[Value]> {
+/// The per-lease replies of a batch reply of `n` leases (two values each: a
+/// lease's `{ code, value }`), each as its single renewal's reply: `{ code, value }`,
+/// or a permit's `{ code }`.
+fn per_lease(items: &[RenewItem<'_>], chunk: &[usize], reply: &Value) -> Option<Vec<Value>> {
     match reply {
-        Value::Array(replies) if replies.len() == n => Some(replies),
+        Value::Array(values) if values.len() == 2 * chunk.len() => Some(
+            chunk
+                .iter()
+                .zip(values.chunks(2))
+                .map(|(&i, pair)| match (items[i].kind, pair) {
+                    (LeaseKind::Permit, [code @ Value::Int(0 | 1), _]) => {
+                        Value::Array(vec![code.clone()])
+                    }
+                    _ => Value::Array(pair.to_vec()),
+                })
+                .collect(),
+        ),
         _ => None,
     }
 }
@@ -495,8 +539,9 @@ mod tests {
     #[test]
     fn a_batch_reply_wrote_if_any_lease_was_re_armed() {
         let ints = |v: &[i64]| Value::Array(v.iter().map(|n| Value::Int(*n)).collect());
-        assert!(any_renewed(&Value::Array(vec![ints(&[0, 0]), ints(&[1])])));
-        assert!(!any_renewed(&Value::Array(vec![ints(&[0, 0]), ints(&[0])])));
+        assert!(any_renewed(&ints(&[0, 0, 1, 0])));
+        assert!(!any_renewed(&ints(&[0, 0, 0, 0])));
+        assert!(!any_renewed(&ints(&[0, 1, -1, 1])));
         assert!(!any_renewed(&Value::Array(vec![])));
         assert!(!any_renewed(&Value::Nil));
     }

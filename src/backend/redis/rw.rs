@@ -13,7 +13,8 @@
 //!   backend's queue entry TTL). While it holds a live entry no new read lease is
 //!   granted (writer preference).
 //! * `:wf` the write fence: the last write epoch, `max(last + 1, TIME in µs)`, kept
-//!   for `max(60 s, 10 × TTL)` after the last use of the lock.
+//!   for `max(60 s, 10 × TTL)` after a grant or a renewal that re-arms it (the
+//!   watchdog's renewals do when half of that time has passed: `lease/renewal.rs`).
 //! * `:rwq` the instances told to wait, a sorted set of instance ids scored by
 //!   expiry: when the lock frees up for them, each gets the read-write lock's
 //!   wake-up message for the key on its channel (see `notify`), and the set is
@@ -36,7 +37,7 @@ use super::{
     warn_refused_publish,
 };
 use crate::backend::rw::RwBackend;
-use crate::backend::{Acquire, LeaseToken, LockKind, Released, Renewal, WhenBusy};
+use crate::backend::{Acquire, LeaseToken, LockKind, Released, RenewItem, Renewal, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
 
@@ -74,7 +75,9 @@ impl RwNames {
 }
 
 pub(super) fn fence_ttl_ms(ttl: Duration) -> u64 {
-    millis(ttl).saturating_mul(10).max(60_000)
+    millis(ttl)
+        .saturating_mul(u64::from(RenewItem::FENCE_TTL_FACTOR))
+        .max(60_000)
 }
 
 /// Which lease a release or a renewal is about.

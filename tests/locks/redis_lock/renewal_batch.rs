@@ -454,3 +454,158 @@ async fn measure_batched_renewal() {
         wait_idle(&[locker], IDLE).await;
     }
 }
+
+/// `PEXPIRE name ms`.
+async fn pexpire(con: &mut MultiplexedConnection, name: &[u8], ms: u64) {
+    let set: i64 = redis::cmd("PEXPIRE")
+        .arg(name)
+        .arg(ms)
+        .query_async(con)
+        .await
+        .expect("PEXPIRE");
+    assert_eq!(set, 1, "no key to PEXPIRE");
+}
+
+/// A batch re-arms a lease's fence only when the item says it is due, and still
+/// re-arms the lease itself, counts the instances waiting for it and reports a
+/// lost lease and a value of another type, each as its own call would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_re_arms_a_fence_only_when_it_is_due() {
+    let (server, _log, prefix) = shared_scene("batch-fence");
+    let backend = backend_at(&server.url(), &prefix).await;
+    let waiter = backend_at(&server.url(), &prefix).await;
+    let ttl = Duration::from_secs(5);
+    let (busy, quiet, lost, w, foreign) = (
+        LockKey::from("busy"),
+        LockKey::from("quiet"),
+        LockKey::from("lost"),
+        LockKey::from("w"),
+        LockKey::from("foreign"),
+    );
+    let tokens: Vec<LeaseToken> = (0..4).map(|_| LeaseToken::random()).collect();
+    for (key, token) in [(&busy, tokens[0]), (&quiet, tokens[1]), (&lost, tokens[2])] {
+        let granted = backend.acquire(key, token, ttl, WhenBusy::Return).await;
+        assert!(matches!(granted, Ok(Acquire::Acquired { .. })), "{key}");
+    }
+    let rw = backend.rw().unwrap();
+    let granted = rw.acquire_write(&w, tokens[3], ttl, WhenBusy::Return).await;
+    assert!(matches!(granted, Ok(Acquire::Acquired { .. })));
+    // Another instance waits for `busy`.
+    let queued = waiter
+        .acquire(&busy, LeaseToken::random(), ttl, WhenBusy::Queue)
+        .await
+        .unwrap();
+    assert!(!matches!(queued, Acquire::Acquired { .. }), "{queued:?}");
+    let mut con = server.connection().await;
+    let lock = |key: &LockKey| testkit::names::lock(&prefix, key);
+    let fences = [
+        testkit::suffixed(&lock(&busy), ":fence"),
+        testkit::suffixed(&lock(&quiet), ":fence"),
+        testkit::suffixed(&lock(&w), ":wf"),
+    ];
+    for fence in &fences {
+        pexpire(&mut con, fence, 5_000).await;
+    }
+    del(&mut con, &lock(&lost)).await;
+    let _: () = redis::cmd("HSET")
+        .arg(lock(&foreign))
+        .arg("f")
+        .arg("v")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let items = |due: bool| {
+        [
+            RenewItem::new(LeaseKind::Mutex, &busy, tokens[0], ttl),
+            RenewItem::new(LeaseKind::Mutex, &quiet, tokens[1], ttl),
+            RenewItem::new(LeaseKind::Mutex, &lost, tokens[2], ttl),
+            RenewItem::new(LeaseKind::Write, &w, tokens[3], ttl),
+            RenewItem::new(LeaseKind::Mutex, &foreign, tokens[0], ttl),
+        ]
+        .map(|item| item.with_fence_due(due))
+    };
+    for due in [false, true] {
+        let batch = backend.renew_batch(&items(due)).await;
+        assert!(
+            matches!(batch[0], Ok(Renewal::Renewed { waiting: 1 })),
+            "{batch:?}"
+        );
+        assert!(
+            matches!(batch[1], Ok(Renewal::Renewed { waiting: 0 })),
+            "{batch:?}"
+        );
+        assert!(matches!(batch[2], Ok(Renewal::NotOwner)), "{batch:?}");
+        assert!(
+            matches!(batch[3], Ok(Renewal::Renewed { waiting: 0 })),
+            "{batch:?}"
+        );
+        assert!(
+            matches!(batch[4], Err(Error::ForeignValue { .. })),
+            "{batch:?}"
+        );
+        for key in [&busy, &quiet] {
+            assert!(pttl(&mut con, &lock(key)).await > 4_000, "{key}");
+        }
+        for fence in &fences {
+            let left = pttl(&mut con, fence).await;
+            if due {
+                assert!(left > 50_000, "a due fence left at {left} ms");
+            } else {
+                assert!(
+                    (1..=5_000).contains(&left),
+                    "a fence not due re-armed to {left} ms"
+                );
+            }
+        }
+    }
+    del(&mut con, &lock(&foreign)).await;
+    assert!(backend.release(&busy, tokens[0]).await.unwrap().released);
+    assert!(backend.release(&quiet, tokens[1]).await.unwrap().released);
+    assert!(rw.release_write(&w, tokens[3]).await.unwrap().released);
+}
+
+/// The watchdog re-arms a held lease's fence at its first renewal and then only
+/// once half of the fence's time (10 × the TTL) has passed: in between, a fence
+/// cut short behind its back stays as it was; after, it is re-armed again. The
+/// lease stays held throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_re_arms_the_fence_when_half_of_its_time_has_passed() {
+    let (server, _log, prefix) = shared_scene("watchdog-fence");
+    let ttl = Duration::from_millis(300);
+    let locker = Locker::builder(backend_at(&server.url(), &prefix).await)
+        .lease_ttl(ttl)
+        .build()
+        .unwrap();
+    let key = LockKey::from("k");
+    let fence = testkit::suffixed(&testkit::names::lock(&prefix, &key), ":fence");
+    let mut con = server.connection().await;
+    let guard = locker.lock(&key).await.unwrap();
+    let taken = Instant::now();
+    // The first renewal (after ttl / 3) re-arms the fence; the next is due 1.5 s
+    // after that one's send.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    pexpire(&mut con, &fence, 20_000).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left = pttl(&mut con, &fence).await;
+    assert!(left > 0, "the fence expired under a live lease");
+    // (On a machine too slow to get here before the fence is due, the check says
+    // nothing.)
+    if taken.elapsed() < Duration::from_millis(1_500) {
+        assert!(
+            left <= 20_000,
+            "the fence was re-armed before it was due: {left} ms left after {:?}",
+            taken.elapsed()
+        );
+    }
+    eventually("the fence re-armed once due", || {
+        let mut con = con.clone();
+        let fence = fence.clone();
+        async move { pttl(&mut con, &fence).await > 50_000 }
+    })
+    .await;
+    assert!(!guard.is_lost());
+    assert!(locker.stats().renewals >= 5, "{:?}", locker.stats());
+    guard.release().await.expect("the lease is still ours");
+    wait_idle(&[locker], IDLE).await;
+}

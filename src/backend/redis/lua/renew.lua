@@ -4,6 +4,10 @@
 -- gets exactly the reply its own script would give. Prepended after queue.lua and
 -- sem_common.lua. Each does all its reads before its first write.
 
+-- The fence of a lease (the mutex's, a read-write lock's write fence) is re-armed
+-- only when `fence_ttl_ms` is not "0": the batch renewal's caller asks for it when
+-- the fence is due (see `lease/renewal.rs`), a single renewal always does.
+
 -- The mutex: compare-and-PEXPIRE.
 --
 -- Returns { 1, others } when renewed, { 0, 0 } when `token` does not own the lock.
@@ -16,7 +20,9 @@ local function renew_lock(lock, fence, queue, expiry, token, ttl_ms, fence_ttl_m
 
   -- Writes.
   redis.call('PEXPIRE', lock, tonumber(ttl_ms))
-  redis.call('PEXPIRE', fence, tonumber(fence_ttl_ms))
+  if fence_ttl_ms ~= '0' then
+    redis.call('PEXPIRE', fence, tonumber(fence_ttl_ms))
+  end
   purge(queue, expiry, q)
   return { 1, q.others }
 end
@@ -52,7 +58,9 @@ local function renew_rw(readers, writer, writers, fence, kind, token, ttl_ms, fe
       redis.call('PEXPIRE', readers, ttl)
     end
   end
-  redis.call('PEXPIRE', fence, tonumber(fence_ttl_ms))
+  if fence_ttl_ms ~= '0' then
+    redis.call('PEXPIRE', fence, tonumber(fence_ttl_ms))
+  end
   return { 1, live_writers }
 end
 
