@@ -191,7 +191,10 @@ impl Renewals {
         self.ensure_driver();
         let requeue = Requeue {
             renewals: Arc::clone(self),
-            leases: vec![Arc::clone(lease)],
+            leases: vec![Watched {
+                lease: Arc::clone(lease),
+                fence_due: None,
+            }],
         };
         let first = async move {
             tokio::time::sleep_until(due).await;
