@@ -515,15 +515,15 @@ async fn lost_replies_on_a_minority_leave_nothing_behind() {
 // The rounds of one acquire
 // ---------------------------------------------------------------------------
 
-/// Matches the release script run on the lock `lock` (five keys, the fourth a
+/// Matches the release script run on the lock `lock` (seven keys, the fourth a
 /// release record): a failed round's release of what it took, or a lease's
-/// release; never an acquire (six keys).
+/// release; never an acquire (seven keys too, the first its gate's life key).
 fn release_of(lock: Vec<u8>) -> CommandMatcher {
     let record = [&lock[..], b":rel:"].concat();
     Arc::new(move |args: &[Vec<u8>]| {
         args.len() > 6
             && args[0].eq_ignore_ascii_case(b"EVALSHA")
-            && args[2] == b"5"
+            && args[2] == b"7"
             && args[3] == lock
             && args[6].starts_with(&record)
     })

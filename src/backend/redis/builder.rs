@@ -33,6 +33,10 @@ pub struct RedisBackendBuilder {
     claim_ttl: Duration,
     queue_entry_ttl: Duration,
     instance_name: Option<String>,
+    /// Whether a mutex release may grant the key to the next waiting instance
+    /// (`lua/release.lua`); off for a Redlock node, whose single node's grant is no
+    /// quorum.
+    grants: bool,
     /// See [`primary_connection_info`](Self::primary_connection_info).
     #[cfg(feature = "sentinel")]
     primary: Option<redis::RedisConnectionInfo>,
@@ -211,6 +215,13 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// A backend whose mutex releases never grant the key on the server, only
+    /// wake the next instance (a Redlock node: a grant on one node is no quorum).
+    pub(crate) fn without_grants(mut self) -> Self {
+        self.grants = false;
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         #[cfg(feature = "sentinel")]
         if self.primary.is_some() && !matches!(self.topology, Topology::Sentinel(_)) {
@@ -347,6 +358,7 @@ impl RedisBackendBuilder {
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
+            grants: self.grants && self.replica_ack.is_none(),
             acks: self
                 .replica_ack
                 .map(|(replicas, timeout)| acked::Pool::new(replicas, timeout, timeouts)),
@@ -489,6 +501,7 @@ impl RedisBackendBuilder {
             claim_ttl: RedisBackendBuilder::DEFAULT_CLAIM_TTL,
             queue_entry_ttl: RedisBackendBuilder::DEFAULT_QUEUE_ENTRY_TTL,
             instance_name: None,
+            grants: true,
             #[cfg(feature = "sentinel")]
             primary: None,
         }

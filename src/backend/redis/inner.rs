@@ -78,9 +78,10 @@ impl Inner {
     /// Whether a mutex release grants the key to the next waiting instance on the
     /// server (`lua/release.lua`): not with `replica_ack`, whose grants are
     /// acknowledged by a `WAIT` after the granting script before anyone uses them,
-    /// and a release's grant would be used on its message alone.
+    /// and a release's grant would be used on its message alone; not on a Redlock
+    /// node, where one node's grant is no quorum.
     pub(super) fn grants(&self) -> bool {
-        self.acks.is_none()
+        self.grants
     }
 
     /// Runs `lua/acquire.lua`; `fair` is the caller's age in fair mode.

@@ -216,6 +216,9 @@ struct Inner {
     entry_ttl_ms: u64,
     entry_refresh: Duration,
     /// The connections of acknowledged writes, with `replica_ack`.
+    /// Whether a mutex release grants the key to the next waiting instance (see
+    /// `Inner::grants`).
+    grants: bool,
     acks: Option<acked::Pool>,
     /// How long a release record lives: see `backend::schedule::release_record_ttl`.
     release_record_ttl_ms: u64,

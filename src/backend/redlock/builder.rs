@@ -140,6 +140,7 @@ impl RedlockBackendBuilder {
             .prefix(self.prefix.clone())
             .response_timeout(self.node_timeout)
             .connection_timeout(self.connection_timeout)
+            .without_grants()
             .connect()
             .await?;
         let target = format!("{backend:?}");
