@@ -343,6 +343,17 @@ where
     // Takes a grant for this token, if one came: `Some(granted)`, where `None`
     // means it came too late to use (ask again: the token still holds the lock
     // or its grant expired).
+    // What this loop's request asked for, with what a reply or grant said.
+    let new_lease = |epoch: u64, sent_at: Instant, waiting: u32| NewLease {
+        key,
+        kind,
+        token,
+        ttl,
+        epoch,
+        sent_at,
+        waiting,
+        hold_limit,
+    };
     let take_grant = |busy_sent: Option<Instant>| {
         busy_sent?;
         let g = engine.backend.signals().take_grant(key.as_bytes(), token)?;
@@ -350,20 +361,7 @@ where
         // may be a later ask's (a grant read after it expired and the token was
         // answered busy again).
         let sent_at = g.sent;
-        let lease = grant_within(
-            engine,
-            NewLease {
-                key,
-                kind,
-                token,
-                ttl,
-                epoch: g.epoch,
-                sent_at,
-                waiting: g.waiting,
-                hold_limit,
-            },
-            g.window,
-        );
+        let lease = grant_within(engine, new_lease(g.epoch, sent_at, g.waiting), g.window);
         if lease.is_some() {
             engine.stats.grant_taken();
         }
@@ -415,19 +413,7 @@ where
                         "the backend granted the lock without a fencing epoch",
                     ));
                 }
-                let granted = grant(
-                    engine,
-                    NewLease {
-                        key,
-                        kind,
-                        token,
-                        ttl,
-                        epoch,
-                        sent_at,
-                        waiting,
-                        hold_limit,
-                    },
-                );
+                let granted = grant(engine, new_lease(epoch, sent_at, waiting));
                 let Some(lease) = granted else {
                     // Not held: ask again with the same token, which re-arms it if
                     // it still exists.

@@ -2,8 +2,9 @@
 //! (`lua/release.lua`), and the waiter takes the lease from the message alone.
 //! Each failure of the message has a test: a grant lost on the way, one that
 //! lands after its waiter timed out, one that lands after its waiter was
-//! cancelled (the waiter's process killed is
-//! `caching::processes::a_waiter_that_crashes_after_revoking_strands_nobody`).
+//! cancelled, a second copy of one (the waiter's process killed is
+//! `caching::processes::a_waiter_that_crashes_after_revoking_strands_nobody`),
+//! and no grant while a restarted server's quarantine lasts.
 //!
 //! Windows here are long (queue entries of 30 s, leases of 60 s), so a key left to
 //! a grant nobody uses would stay locked for tens of seconds: every bound below
@@ -290,4 +291,58 @@ async fn a_second_copy_of_a_taken_grant_changes_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(get_string(&mut con, &lock).await, Some(token));
     guard.release().await.expect("the lease is still held");
+}
+
+/// A release during a restart's quarantine (grants wait: `redis/life.rs`) does not
+/// grant: the head is woken with a claim, as before, and asks (and is told to wait
+/// by its own gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_grant_during_a_restarts_quarantine() {
+    let (server, _log, prefix) = shared_scene("grant-quarantine");
+    let (a, b) = (
+        connect(&server.url(), &prefix).await,
+        connect(&server.url(), &prefix).await,
+    );
+    let key = LockKey::from("k");
+    let ttl = Duration::from_secs(60);
+    let (ta, tb) = (LeaseToken::random(), LeaseToken::random());
+    assert!(matches!(
+        a.acquire(&key, ta, ttl, WhenBusy::Queue).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    assert!(matches!(
+        b.acquire(&key, tb, ttl, WhenBusy::Queue).await.unwrap(),
+        Acquire::Busy { .. }
+    ));
+    let _b_waits = b
+        .signals()
+        .watch(lockflight::backend::LockKind::Mutex, &key);
+    // A quarantine a minute long, as an instance of an earlier life would write.
+    let mut con = server.connection().await;
+    let life = format!("{prefix}:life").into_bytes();
+    let started = get_string(&mut con, &life)
+        .await
+        .expect("the server's life");
+    let started = started.split(' ').next().unwrap().to_owned();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let until = secs * 1000 + micros / 1000 + 60_000;
+    let _: () = redis::cmd("SET")
+        .arg(&life)
+        .arg(format!("{started} {until}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(a.release(&key, ta).await.unwrap().released);
+    let lock = testkit::names::lock(&prefix, &key);
+    assert_eq!(
+        get_string(&mut con, &lock).await,
+        None,
+        "granted in quarantine"
+    );
+    let claim = [&lock[..], b":claim"].concat();
+    assert_eq!(
+        get_string(&mut con, &claim).await.as_deref(),
+        Some(b.instance_id()),
+        "the head was given a claim instead"
+    );
 }
