@@ -340,9 +340,6 @@ where
         kind == LeaseKind::Mutex && mode == WhenBusy::Queue && engine.backend.signals().grants();
     let mut busy_sent: Option<Instant> = None;
     let mut grant_watch = None;
-    // Takes a grant for this token, if one came: `Some(granted)`, where `None`
-    // means it came too late to use (ask again: the token still holds the lock
-    // or its grant expired).
     // What this loop's request asked for, with what a reply or grant said.
     let new_lease = |epoch: u64, sent_at: Instant, waiting: u32| NewLease {
         key,
@@ -354,6 +351,9 @@ where
         waiting,
         hold_limit,
     };
+    // Takes a grant for this token, if one came: `Some(granted)`, where `None`
+    // means it came too late to use (ask again: the token still holds the lock
+    // or its grant expired).
     let take_grant = |busy_sent: Option<Instant>| {
         busy_sent?;
         let g = engine.backend.signals().take_grant(key.as_bytes(), token)?;
