@@ -4,22 +4,37 @@
 use super::world::Kind::*;
 use super::world::*;
 
+// Caching on: every interleaving of releases that cache, arrivals that take the
+// cached lease, linger timers (stale or not) and background releases keeps one
+// holder, loses no waiter and leaves the map empty. One test per cast of tasks, so
+// the explorations run side by side.
+
+/// `linger`: a linger task per cached lease (`true`), or a timer per caching, as
+/// for a contended key (`false`).
+fn cached_lease_vs_arrivals_and_expiry(kinds: &[Kind], linger: bool) {
+    let n = explore_with(kinds, true, Some(linger));
+    assert!(n > 1_000, "only {n} schedules explored for {kinds:?}");
+}
+
 #[test]
-fn cached_lease_vs_arrivals_and_expiry() {
-    // Caching on: every interleaving of releases that cache, arrivals that take the
-    // cached lease, linger timers (stale or not) and background releases keeps one
-    // holder, loses no waiter and leaves the map empty.
-    for kinds in [
-        &[Patient, Patient, Patient][..],
-        &[Patient, Impatient, Patient],
-        &[Canceller, Patient, Patient],
-    ] {
-        let n = explore_with(kinds, true, Some(true));
-        assert!(n > 1_000, "only {n} schedules explored for {kinds:?}");
-    }
-    // A timer per caching (a contended key's), with a task that gives up.
-    let n = explore_with(&[Patient, Impatient, Patient], true, Some(false));
-    assert!(n > 1_000, "only {n} schedules explored");
+fn cached_lease_vs_arrivals_and_expiry_patient_tasks() {
+    cached_lease_vs_arrivals_and_expiry(&[Patient, Patient, Patient], true);
+}
+
+#[test]
+fn cached_lease_vs_arrivals_and_expiry_with_a_task_that_gives_up() {
+    cached_lease_vs_arrivals_and_expiry(&[Patient, Impatient, Patient], true);
+}
+
+#[test]
+fn cached_lease_vs_arrivals_and_expiry_with_a_cancelled_task() {
+    cached_lease_vs_arrivals_and_expiry(&[Canceller, Patient, Patient], true);
+}
+
+/// A timer per caching (a contended key's), with a task that gives up.
+#[test]
+fn cached_lease_vs_arrivals_and_expiry_with_a_timer_per_caching() {
+    cached_lease_vs_arrivals_and_expiry(&[Patient, Impatient, Patient], false);
 }
 
 #[test]
