@@ -358,10 +358,7 @@ impl RedisBackendBuilder {
             claim_ttl_ms: millis(self.claim_ttl),
             entry_ttl_ms: millis(self.queue_entry_ttl),
             entry_refresh: self.queue_entry_ttl / 3,
-            // Not on a Cluster yet: its counter test once saw a granted lease gone
-            // at its release (on Valkey), a loss not yet explained; the release
-            // wakes there, as before.
-            grants: self.grants && self.replica_ack.is_none() && !conn_is_cluster,
+            grants: self.grants && self.replica_ack.is_none(),
             acks: self
                 .replica_ack
                 .map(|(replicas, timeout)| acked::Pool::new(replicas, timeout, timeouts)),

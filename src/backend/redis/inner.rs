@@ -79,8 +79,7 @@ impl Inner {
     /// server (`lua/release.lua`): not with `replica_ack`, whose grants are
     /// acknowledged by a `WAIT` after the granting script before anyone uses them,
     /// and a release's grant would be used on its message alone; not on a Redlock
-    /// node, where one node's grant is no quorum; not on a Cluster yet (see the
-    /// builder).
+    /// node, where one node's grant is no quorum.
     pub(super) fn grants(&self) -> bool {
         self.grants
     }

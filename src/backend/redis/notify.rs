@@ -284,15 +284,20 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
             // Kept for the acquire waiting with that token, which takes it. If
             // nobody here waits for the key's mutex (still nobody after the grace
             // period), nobody will: the lock goes back at once rather than at the
-            // end of its window.
-            i.signals.grant(key, grant);
+            // end of its window. A copy of a grant already taken (a Cluster may
+            // deliver one through the key's node and one over the cluster bus)
+            // is dropped where it arrives (`signals/grants.rs`).
+            if !i.signals.grant(key, grant) {
+                tracing::debug!(key = %String::from_utf8_lossy(key), "a copy of a taken grant");
+                return;
+            }
             let key = LockKey::from(key);
             tokio::spawn(async move {
                 tokio::time::sleep(UNWANTED_GRACE).await;
-                // A lease held here with that token took this grant already (a
-                // second copy of its message: a Cluster may deliver one through
-                // the key's node and one over the cluster bus).
+                // Taking it here remembers its token too, so a later copy is
+                // dropped as well.
                 if i.signals.is_watched(LockKind::Mutex, key.as_bytes())
+                    || i.signals.wants_grant(key.as_bytes(), grant.token)
                     || i.signals.holds(grant.token)
                     || i.signals.take_grant(key.as_bytes(), grant.token).is_none()
                 {

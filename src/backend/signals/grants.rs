@@ -13,9 +13,27 @@
 //! grant, or swept once more than [`KEPT`] keys hold one: a grant for a token
 //! whose acquire was given up is never taken here, and that token's release
 //! (which the given-up acquire sends) frees the lock at the server.
+//!
+//! **A grant is taken once, and a copy of it is no grant.** A Cluster may deliver
+//! a message twice (once through the key's node, once over the cluster bus), so a
+//! second copy of a grant may come after the first was taken, while its lease is
+//! held or while that lease's release is on the wire. Kept, it would be a grant
+//! nobody takes: the notifier would give it back (`leave.lua` deletes the lock
+//! if it is still the token's and no ask took the grant, which taking it from a
+//! message does not show the server), deleting a lease this instance holds or
+//! is releasing. So the tokens whose grant was taken (or given back) are kept,
+//! the last [`TAKEN_KEPT`], under the same lock as the untaken grants, and a
+//! grant for one of them is dropped where it arrives: no take can fall between
+//! the check and the keeping. A token names one acquire of this process and is
+//! granted at most once (a release grants only a queued token without a release
+//! record, and a granted token leaves the queue), so every later grant for it is
+//! a copy. A copy later than [`TAKEN_KEPT`] further takes finds the lease
+//! registered (`holds`) or released: `leave.lua` then finds the lock another
+//! token's, and changes nothing.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -29,6 +47,42 @@ pub(super) type GrantWatches = dashmap::DashMap<(Vec<u8>, LeaseToken), Arc<Notif
 
 /// The keys with an untaken grant beyond which those nobody watches are swept.
 const KEPT: usize = 256;
+
+/// How many tokens whose grant was taken are remembered, so that a copy of
+/// their grant message is dropped.
+const TAKEN_KEPT: usize = 4096;
+
+/// The grants not taken yet, by key, and the tokens whose grant was taken.
+#[derive(Debug, Default)]
+pub(crate) struct Granted {
+    by_key: HashMap<Vec<u8>, Grant>,
+    taken: HashSet<LeaseToken>,
+    /// `taken` in the order of taking, for the bound.
+    order: VecDeque<LeaseToken>,
+}
+
+impl Granted {
+    /// Takes the grant of `key` if it is for `token`, and remembers the token.
+    fn take(&mut self, key: &[u8], token: LeaseToken) -> Option<Grant> {
+        if self
+            .by_key
+            .get(key)
+            .is_none_or(|grant| grant.token != token)
+        {
+            return None;
+        }
+        let grant = self.by_key.remove(key);
+        if self.taken.insert(token) {
+            self.order.push_back(token);
+            if self.order.len() > TAKEN_KEPT
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.taken.remove(&oldest);
+            }
+        }
+        grant
+    }
+}
 
 /// The origin of this process's send stamps.
 static ORIGIN: OnceLock<Instant> = OnceLock::new();
@@ -120,13 +174,21 @@ impl Signals {
 
     /// A grant of the mutex of `key` arrived: keeps it for the acquire waiting
     /// with its token and wakes that one (or, if none registered that token, the
-    /// key's mutex waiters).
-    pub(crate) fn grant(&self, key: &[u8], grant: Grant) {
-        if self.granted.len() >= KEPT {
-            self.granted
-                .retain(|key, grant| self.grant_watches.contains_key(&(key.clone(), grant.token)));
+    /// key's mutex waiters). Returns `false`, keeping and waking nothing, for a
+    /// copy of a grant already taken.
+    pub(crate) fn grant(&self, key: &[u8], grant: Grant) -> bool {
+        {
+            let mut granted = self.granted();
+            if granted.taken.contains(&grant.token) {
+                return false;
+            }
+            if granted.by_key.len() >= KEPT {
+                granted.by_key.retain(|key, grant| {
+                    self.grant_watches.contains_key(&(key.clone(), grant.token))
+                });
+            }
+            granted.by_key.insert(key.to_vec(), grant);
         }
-        self.granted.insert(key.to_vec(), grant);
         match self.grant_watches.get(&(key.to_vec(), grant.token)) {
             Some(notify) => notify.notify_one(),
             // Nobody registered that token (yet): the key's waiters, if any, are
@@ -136,6 +198,13 @@ impl Signals {
                 self.wake(crate::backend::LockKind::Mutex, key);
             }
         }
+        true
+    }
+
+    /// Whether an acquire loop of this instance waits with `token` for a grant
+    /// of the mutex of `key`.
+    pub(crate) fn wants_grant(&self, key: &[u8], token: LeaseToken) -> bool {
+        self.grant_watches.contains_key(&(key.to_vec(), token))
     }
 
     /// Whether a lease with `token` is held here (registered): a copy of a grant
@@ -147,17 +216,21 @@ impl Signals {
 
     /// Whether a grant of the mutex of `key` to `token` came and was not taken.
     pub(crate) fn has_grant(&self, key: &[u8], token: LeaseToken) -> bool {
-        self.granted
+        self.granted()
+            .by_key
             .get(key)
             .is_some_and(|grant| grant.token == token)
     }
 
     /// The grant of the mutex of `key` to `token`, if one came: taken (a second
-    /// call returns `None`). A grant to another token stays.
+    /// call, or a copy of its message, finds none). A grant to another token
+    /// stays.
     pub(crate) fn take_grant(&self, key: &[u8], token: LeaseToken) -> Option<Grant> {
-        self.granted
-            .remove_if(key, |_, grant| grant.token == token)
-            .map(|(_, grant)| grant)
+        self.granted().take(key, token)
+    }
+
+    fn granted(&self) -> MutexGuard<'_, Granted> {
+        self.granted.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -208,7 +281,68 @@ mod tests {
         for i in 0..KEPT + 10 {
             signals.grant(format!("k{i}").as_bytes(), grant);
         }
-        assert!(signals.granted.len() <= KEPT + 1);
+        assert!(signals.granted().by_key.len() <= KEPT + 1);
         assert_eq!(signals.take_grant(b"watched", token), Some(grant));
+    }
+
+    /// A Cluster may deliver a grant message twice: a copy that comes after the
+    /// grant was taken is dropped where it arrives (kept, the notifier would give
+    /// it back and delete the lease it names, held or being released).
+    #[tokio::test]
+    async fn a_copy_of_a_taken_grant_is_dropped_and_wakes_nobody() {
+        let signals = Signals::new();
+        let token = LeaseToken::random();
+        let grant = Grant {
+            token,
+            epoch: 3,
+            waiting: 0,
+            window: Duration::from_millis(500),
+            earliest_after_ask: None,
+            sent: Instant::now(),
+        };
+        let watch = signals.watch_grant(b"k", token);
+        assert!(signals.grant(b"k", grant));
+        watch.granted().await;
+        assert_eq!(signals.take_grant(b"k", token), Some(grant));
+        let mut waiter = signals.watch(crate::backend::LockKind::Mutex, &crate::LockKey::from("k"));
+        assert!(!signals.grant(b"k", grant), "a copy was kept");
+        assert!(!signals.has_grant(b"k", token));
+        assert_eq!(signals.take_grant(b"k", token), None);
+        let woke = tokio::time::timeout(Duration::from_millis(20), waiter.woken());
+        assert!(woke.await.is_err(), "a copy woke the key's waiters");
+        let late = tokio::time::timeout(Duration::from_millis(20), watch.granted());
+        assert!(late.await.is_err(), "a copy woke the token's loop");
+        // A grant for another token is no copy.
+        let next = Grant {
+            token: LeaseToken::random(),
+            ..grant
+        };
+        assert!(signals.grant(b"k", next));
+        assert_eq!(signals.take_grant(b"k", next.token), Some(next));
+    }
+
+    #[test]
+    fn the_taken_tokens_are_bounded() {
+        let signals = Signals::new();
+        let first = LeaseToken::random();
+        let grant = |token| Grant {
+            token,
+            epoch: 1,
+            waiting: 0,
+            window: Duration::from_millis(500),
+            earliest_after_ask: None,
+            sent: Instant::now(),
+        };
+        assert!(signals.grant(b"k", grant(first)));
+        assert!(signals.take_grant(b"k", first).is_some());
+        for _ in 0..TAKEN_KEPT {
+            let t = LeaseToken::random();
+            assert!(signals.grant(b"k", grant(t)));
+            assert!(signals.take_grant(b"k", t).is_some());
+        }
+        let granted = signals.granted();
+        assert_eq!(granted.taken.len(), TAKEN_KEPT);
+        assert_eq!(granted.order.len(), TAKEN_KEPT);
+        assert!(!granted.taken.contains(&first));
     }
 }

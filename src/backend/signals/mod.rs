@@ -13,8 +13,8 @@ mod revocation;
 mod wakeup;
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 
@@ -95,9 +95,9 @@ pub struct Signals {
     /// The election keys whose leader this instance observes: an announced change
     /// of the leader record (or a reconnect) has their observers read it again.
     leaders: Arc<Watchers>,
-    /// The grants of a key's mutex to this instance not taken yet, by key
-    /// (`grants.rs`).
-    granted: Arc<DashMap<Vec<u8>, Grant>>,
+    /// The grants of a key's mutex to this instance not taken yet, by key, and
+    /// the tokens whose grant was taken (`grants.rs`).
+    granted: Arc<Mutex<grants::Granted>>,
     /// The acquire loops waiting with a token that a grant may name, by key and
     /// token (`grants.rs`).
     grant_watches: Arc<grants::GrantWatches>,
@@ -112,7 +112,7 @@ impl Default for Signals {
             revocations: Arc::new(DashMap::new()),
             registered: Arc::new(DashMap::new()),
             leaders: Arc::new(DashMap::new()),
-            granted: Arc::new(DashMap::new()),
+            granted: Arc::default(),
             grant_watches: Arc::new(DashMap::new()),
             grants: Arc::new(AtomicBool::new(false)),
         }
