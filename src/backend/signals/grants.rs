@@ -238,21 +238,26 @@ impl Signals {
 mod tests {
     use super::*;
 
+    /// A grant to `token` with `epoch`, a 500 ms window, made from an ask sent now.
+    fn grant_to(token: LeaseToken, epoch: u64, waiting: u32) -> Grant {
+        Grant {
+            token,
+            epoch,
+            waiting,
+            window: Duration::from_millis(500),
+            earliest_after_ask: None,
+            sent: Instant::now(),
+        }
+    }
+
     #[tokio::test]
     async fn a_grant_wakes_its_token_alone_and_is_taken_once() {
         let signals = Signals::new();
         let (mine, other) = (LeaseToken::random(), LeaseToken::random());
         let watch = signals.watch_grant(b"k", mine);
         let theirs = signals.watch_grant(b"k", other);
-        let grant = Grant {
-            token: mine,
-            epoch: 7,
-            waiting: 1,
-            window: Duration::from_millis(500),
-            earliest_after_ask: None,
-            sent: Instant::now(),
-        };
-        // Before anyone waits: the permit is kept.
+        let grant = grant_to(mine, 7, 1);
+        // Kept, and its token's loop alone woken.
         signals.grant(b"k", grant);
         watch.granted().await;
         let woke = tokio::time::timeout(Duration::from_millis(20), theirs.granted());
@@ -269,14 +274,7 @@ mod tests {
         let signals = Signals::new();
         let token = LeaseToken::random();
         let _watch = signals.watch_grant(b"watched", token);
-        let grant = Grant {
-            token,
-            epoch: 1,
-            waiting: 0,
-            window: Duration::from_millis(500),
-            earliest_after_ask: None,
-            sent: Instant::now(),
-        };
+        let grant = grant_to(token, 1, 0);
         signals.grant(b"watched", grant);
         for i in 0..KEPT + 10 {
             signals.grant(format!("k{i}").as_bytes(), grant);
@@ -292,14 +290,7 @@ mod tests {
     async fn a_copy_of_a_taken_grant_is_dropped_and_wakes_nobody() {
         let signals = Signals::new();
         let token = LeaseToken::random();
-        let grant = Grant {
-            token,
-            epoch: 3,
-            waiting: 0,
-            window: Duration::from_millis(500),
-            earliest_after_ask: None,
-            sent: Instant::now(),
-        };
+        let grant = grant_to(token, 3, 0);
         let watch = signals.watch_grant(b"k", token);
         assert!(signals.grant(b"k", grant));
         watch.granted().await;
@@ -325,19 +316,11 @@ mod tests {
     fn the_taken_tokens_are_bounded() {
         let signals = Signals::new();
         let first = LeaseToken::random();
-        let grant = |token| Grant {
-            token,
-            epoch: 1,
-            waiting: 0,
-            window: Duration::from_millis(500),
-            earliest_after_ask: None,
-            sent: Instant::now(),
-        };
-        assert!(signals.grant(b"k", grant(first)));
+        assert!(signals.grant(b"k", grant_to(first, 1, 0)));
         assert!(signals.take_grant(b"k", first).is_some());
         for _ in 0..TAKEN_KEPT {
             let t = LeaseToken::random();
-            assert!(signals.grant(b"k", grant(t)));
+            assert!(signals.grant(b"k", grant_to(t, 1, 0)));
             assert!(signals.take_grant(b"k", t).is_some());
         }
         let granted = signals.granted();
