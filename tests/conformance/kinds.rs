@@ -210,6 +210,23 @@ impl Topology {
         }
     }
 
+    /// A connection to the node that keeps the Redis name `name` (one hash slot)
+    /// on this single-keyspace topology: the shared server, the slot's primary,
+    /// the Sentinel primary.
+    pub(crate) async fn connection_for(self, name: &[u8]) -> redis::aio::MultiplexedConnection {
+        match self {
+            Topology::OneServer | Topology::Uncoalesced => shared().connection().await,
+            Topology::Cluster => {
+                let primary = cluster().primary_of_slot(Cluster::slot(name)).await;
+                cluster().by_addr(&primary.addr).connection().await
+            }
+            Topology::Sentinel => sentinels().await.primary().await.connection().await,
+            Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("{self:?} has no single Redis keyspace"),
+        }
+    }
+
     /// Whether this topology offers `kind`: Redlock has only the mutex.
     pub(crate) fn offers(self, kind: Kind) -> bool {
         self != Topology::Redlock || matches!(kind, Kind::Mutex | Kind::Many)
@@ -423,6 +440,17 @@ impl Held {
             Held::Write(g) => g.lost(),
             Held::Permit(p) => p.lost(),
             Held::Many(g) => g.lost(),
+        }
+    }
+
+    /// Whether the lease is lost (its loss signalled, or its validity ended).
+    pub(crate) fn is_lost(&self) -> bool {
+        match self {
+            Held::Lock(g) => g.is_lost(),
+            Held::Read(g) => g.is_lost(),
+            Held::Write(g) => g.is_lost(),
+            Held::Permit(p) => p.is_lost(),
+            Held::Many(g) => g.is_lost(),
         }
     }
 
