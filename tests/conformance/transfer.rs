@@ -24,6 +24,9 @@ use crate::{Kind, Topology, matrix};
 /// The key of the cell, under its own prefix.
 const KEY: &str = "k";
 
+/// How long a waiting instance's queue entry lives in the cell.
+const ENTRY_TTL: Duration = Duration::from_secs(60);
+
 /// Whether A's release of `kind` on `topology` grants the key to B's waiting
 /// `kind.rival()`: only a mutex release grants (`lock_many` releases mutexes), and
 /// only a Redis backend that is no Redlock node (`Inner::grants`).
@@ -70,8 +73,16 @@ async fn a_release_passes_the_key_to_a_waiting_instance(kind: Kind, topology: To
     if topology.refuses(kind).await {
         return;
     }
+    // B's queue entry lives a minute, so B refreshes it every 20 s: no refresh
+    // of its own can fall between A's release and B's lease, and a request of
+    // B's there is the wake-up path's.
     let (lockers, prefix) = topology
-        .instances(&format!("transfer-{kind:?}"), 2, Duration::from_secs(30))
+        .instances_with_entries(
+            &format!("transfer-{kind:?}"),
+            2,
+            Duration::from_secs(30),
+            Some(ENTRY_TTL),
+        )
         .await;
     let (a, b) = (&lockers[0], &lockers[1]);
     let held = kind
