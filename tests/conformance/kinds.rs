@@ -19,7 +19,7 @@ use tokio::sync::OnceCell;
 
 use testkit::cluster::Cluster;
 use testkit::sentinel::{MASTER, Sentinels};
-use testkit::{RedisServer, backend_at, shared, unique_prefix};
+use testkit::{RedisServer, shared, unique_prefix};
 
 /// Where the lockers of a cell keep their locks. The Redis topologies are started
 /// once per test binary, on first use, and shared by the cells (each under its own
@@ -85,6 +85,20 @@ impl Topology {
         n: usize,
         ttl: Duration,
     ) -> (Vec<Locker>, String) {
+        self.instances_with_entries(cell, n, ttl, None).await
+    }
+
+    /// [`instances`](Self::instances) whose queue entries, on the Redis
+    /// topologies that queue waiting instances (one server, Cluster, Sentinel),
+    /// live `entry_ttl` (`RedisBackendBuilder::queue_entry_ttl`; a waiting
+    /// instance refreshes its entry every third of it) instead of the default.
+    pub(crate) async fn instances_with_entries(
+        self,
+        cell: &str,
+        n: usize,
+        ttl: Duration,
+        entry_ttl: Option<Duration>,
+    ) -> (Vec<Locker>, String) {
         let prefix = unique_prefix(cell);
         let memory = MemoryBackend::new();
         #[cfg(feature = "testing")]
@@ -95,7 +109,7 @@ impl Topology {
                 Topology::Memory => Locker::builder(memory.clone()),
                 #[cfg(feature = "testing")]
                 Topology::Sim => Locker::builder(sim.backend()),
-                _ => self.connected_builder(&prefix).await,
+                _ => self.connected_builder(&prefix, entry_ttl).await,
             };
             lockers.push(
                 builder
@@ -125,7 +139,7 @@ impl Topology {
             #[cfg(feature = "testing")]
             Topology::Sim => None,
             _ => Some(
-                configure(self.connected_builder(prefix).await)
+                configure(self.connected_builder(prefix, None).await)
                     .lease_ttl(ttl)
                     .wait_timeout(Duration::from_secs(30))
                     .build()
@@ -134,14 +148,20 @@ impl Topology {
         }
     }
 
-    /// A builder on a new connection to this Redis topology under `prefix`.
-    async fn connected_builder(self, prefix: &str) -> lockflight::LockerBuilder {
+    /// A builder on a new connection to this Redis topology under `prefix`, with
+    /// queue entries living `entry_ttl` where given (not on Redlock).
+    async fn connected_builder(
+        self,
+        prefix: &str,
+        entry_ttl: Option<Duration>,
+    ) -> lockflight::LockerBuilder {
         match self {
-            Topology::OneServer => Locker::builder(backend_at(&shared().url(), prefix).await),
-            Topology::Uncoalesced => Locker::builder(backend_at(&shared().url(), prefix).await)
-                .contention(Contention::PerTask),
-            Topology::Cluster | Topology::Sentinel => {
-                Locker::builder(self.redis_backend(prefix).await)
+            Topology::OneServer | Topology::Cluster | Topology::Sentinel => {
+                Locker::builder(self.redis_backend_with(prefix, entry_ttl).await)
+            }
+            Topology::Uncoalesced => {
+                Locker::builder(self.redis_backend_with(prefix, entry_ttl).await)
+                    .contention(Contention::PerTask)
             }
             Topology::Redlock => {
                 let urls: Vec<String> = redlock_nodes().iter().map(RedisServer::url).collect();
@@ -161,18 +181,26 @@ impl Topology {
     /// A subscribed backend of this single-keyspace Redis topology (one server,
     /// Cluster, Sentinel) under `prefix`.
     pub(crate) async fn redis_backend(self, prefix: &str) -> RedisBackend {
+        self.redis_backend_with(prefix, None).await
+    }
+
+    /// [`redis_backend`](Self::redis_backend) with queue entries living
+    /// `entry_ttl`, where given.
+    async fn redis_backend_with(self, prefix: &str, entry_ttl: Option<Duration>) -> RedisBackend {
         let builder = match self {
-            Topology::OneServer | Topology::Uncoalesced => {
-                return backend_at(&shared().url(), prefix).await;
-            }
+            Topology::OneServer | Topology::Uncoalesced => RedisBackend::builder(shared().url()),
             Topology::Cluster => RedisBackend::cluster(cluster().urls()),
             Topology::Sentinel => RedisBackend::sentinel(sentinels().await.sentinel_urls(), MASTER),
             Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
             #[cfg(feature = "testing")]
             Topology::Sim => panic!("{self:?} has no single Redis keyspace"),
         };
+        let builder = builder.prefix(prefix);
+        let builder = match entry_ttl {
+            Some(entry_ttl) => builder.queue_entry_ttl(entry_ttl),
+            None => builder,
+        };
         builder
-            .prefix(prefix)
             .connect()
             .await
             .unwrap_or_else(|e| panic!("connect to the {self:?} topology: {e}"))
@@ -207,6 +235,23 @@ impl Topology {
             Topology::Memory => panic!("the memory backend has no Redis names"),
             #[cfg(feature = "testing")]
             Topology::Sim => panic!("the simulated server has no Redis names"),
+        }
+    }
+
+    /// A connection to the node that keeps the Redis name `name` (one hash slot)
+    /// on this single-keyspace topology: the shared server, the slot's primary,
+    /// the Sentinel primary.
+    pub(crate) async fn connection_for(self, name: &[u8]) -> redis::aio::MultiplexedConnection {
+        match self {
+            Topology::OneServer | Topology::Uncoalesced => shared().connection().await,
+            Topology::Cluster => {
+                let primary = cluster().primary_of_slot(Cluster::slot(name)).await;
+                cluster().by_addr(&primary.addr).connection().await
+            }
+            Topology::Sentinel => sentinels().await.primary().await.connection().await,
+            Topology::Memory | Topology::Redlock => panic!("{self:?} has no single Redis keyspace"),
+            #[cfg(feature = "testing")]
+            Topology::Sim => panic!("{self:?} has no single Redis keyspace"),
         }
     }
 
@@ -423,6 +468,17 @@ impl Held {
             Held::Write(g) => g.lost(),
             Held::Permit(p) => p.lost(),
             Held::Many(g) => g.lost(),
+        }
+    }
+
+    /// Whether the lease is lost (its loss signalled, or its validity ended).
+    pub(crate) fn is_lost(&self) -> bool {
+        match self {
+            Held::Lock(g) => g.is_lost(),
+            Held::Read(g) => g.is_lost(),
+            Held::Write(g) => g.is_lost(),
+            Held::Permit(p) => p.is_lost(),
+            Held::Many(g) => g.is_lost(),
         }
     }
 

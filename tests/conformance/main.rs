@@ -23,6 +23,7 @@
 //! | `election::a_resignation_hands_over_and_observers_follow` | all (Redlock: `Unsupported`) | the election column: A resigns, the waiting B leads with a greater term, a third instance's `observe()` and `leader()` follow, and nobody leads after B resigns |
 //! | `election::a_leader_that_vanishes_is_replaced_after_its_ttl` | all (Redlock: `Unsupported`) | a leader gone without a word (dropped without a runtime, as after `kill -9`): the waiting instance leads after the TTL with a greater term; observers follow |
 //! | `idempotency::one_instance_runs_the_others_replay` | all (Redlock: `Unsupported`) | the idempotency column: A runs a request with a key while B's duplicate waits for A's lease; B, woken by A's release, and a later C replay A's stored response byte for byte; another body under the key is `422`; the handler ran once |
+//! | `transfer::a_release_passes_the_key_to_a_waiting_instance` | all | the grant column: A releases while B waits at the backend for the key (with the kind that excludes A's): a mutex release (also `lock_many`'s) on one server, Cluster and Sentinel, coalescing or not, grants B the key on the server, and B holds from the message alone (one grant, no acquire request of B's, a greater fencing token); on Redlock, the memory backend and the test kit, and for the read-write lock and the semaphore, B is woken and asks (no grant); the key is free after B's release |
 //!
 //! Why some cells run on one server only: a restart without persistence, `maxmemory`
 //! and a demotion change a whole server, so each of those tests starts servers of
@@ -60,6 +61,8 @@ mod lifecycle;
 mod loss;
 #[cfg(all(feature = "cluster", feature = "sentinel"))]
 mod release;
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
+mod transfer;
 /// The test kit's fault knobs and their real-server twins.
 #[cfg(feature = "testing")]
 mod twins;
