@@ -279,7 +279,13 @@ async fn coalesce_runs_once_per_generation_and_shares_the_value() {
         joined.load(Ordering::SeqCst) == 1_000
     })
     .await;
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The flight's work starts once its leader holds the lock, which may be after
+    // every caller joined (its acquire is a request to Redis): wait for it, then
+    // let it finish. The count after is what says it ran once.
+    eventually("the flight's work started", || async {
+        runs.load(Ordering::SeqCst) >= 1
+    })
+    .await;
     gate.notify_one();
     for c in callers {
         assert_eq!(c.await.unwrap().unwrap(), "generation 1");
