@@ -304,7 +304,12 @@ impl Lease {
                 _ = tokio::time::sleep_until(until) => {}
             }
             if Instant::now() >= self.valid_until() {
-                self.mark_lost(self.expiry_reason());
+                // Another caller may have begun marking it (set the reason) and
+                // not yet fired the signal: resolve with the signal, as the
+                // first branch does, so the loss is counted when this resolves.
+                if !self.mark_lost(self.expiry_reason()) {
+                    self.lost.cancelled().await;
+                }
                 return;
             }
         }
@@ -327,11 +332,16 @@ impl Lease {
 
     /// Signals loss once; returns `true` the first time. The reason and the loss
     /// counter are set before the signal fires, so whoever is woken by it sees both.
+    /// A lease whose final release had begun before it was marked is not
+    /// counted: that is read before the mark, so a release that follows a loss
+    /// (seen through [`is_lost`](Self::is_lost), which is true from the mark on)
+    /// cannot keep the loss from being counted.
     pub(crate) fn mark_lost(&self, reason: impl Into<String>) -> bool {
+        let released = self.is_stopped();
         if self.signalled() || self.lost_reason.set(reason.into()).is_err() {
             return false;
         }
-        if !self.is_stopped() {
+        if !released {
             self.stats.lost();
         }
         self.lost.cancel();
@@ -367,5 +377,68 @@ impl Losable for Lease {
         if self.mark_lost(RESTARTED) {
             tracing::debug!(key = %self.key, kind = ?self.kind, "lease lost with its server's data");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Poll;
+
+    use super::*;
+
+    /// A lease whose validity has ended, seen by `lost()` while another caller is
+    /// between marking it (the reason set) and firing the signal: `lost()` waits
+    /// for the signal, so the loss is counted when it resolves; and a release
+    /// that follows the mark does not keep the first marker from counting it.
+    #[tokio::test(start_paused = true)]
+    async fn lost_resolves_with_the_signal_and_a_later_release_keeps_the_count() {
+        let stats = Arc::new(StatsInner::default());
+        let ttl = Duration::from_secs(1);
+        let lease = Arc::new(Lease::new(
+            LockKey::from("k"),
+            LeaseToken::random(),
+            1,
+            ttl,
+            Instant::now(),
+            0,
+            Arc::clone(&stats),
+        ));
+        tokio::time::advance(2 * ttl).await;
+        // Another caller's mark, half done: the reason is set, the signal not yet.
+        lease.lost_reason.set("the validity ended".into()).unwrap();
+        let mut lost = std::pin::pin!(Arc::clone(&lease).lost());
+        assert!(
+            futures::poll!(lost.as_mut()).is_pending(),
+            "lost() resolved before the loss was signalled (and counted)"
+        );
+        lease.lost.cancel();
+        assert_eq!(futures::poll!(lost.as_mut()), Poll::Ready(()));
+
+        // A release that follows the mark: the mark still counts.
+        let other = Arc::new(Lease::new(
+            LockKey::from("k2"),
+            LeaseToken::random(),
+            2,
+            ttl,
+            Instant::now(),
+            0,
+            Arc::clone(&stats),
+        ));
+        assert!(other.mark_lost("gone"));
+        other.stop();
+        assert_eq!(stats.snapshot().leases_lost, 1);
+        // Marked after its release began: not counted.
+        let released = Arc::new(Lease::new(
+            LockKey::from("k3"),
+            LeaseToken::random(),
+            3,
+            ttl,
+            Instant::now(),
+            0,
+            Arc::clone(&stats),
+        ));
+        released.stop();
+        assert!(released.mark_lost("gone"));
+        assert_eq!(stats.snapshot().leases_lost, 1);
     }
 }
