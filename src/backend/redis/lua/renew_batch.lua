@@ -34,7 +34,10 @@
 -- nil), or whose queue exists, runs its single renewal's function, which gives the
 -- exact reply or error. An absent queue is one the function would count as empty
 -- (its ZCARD is 0). With undeclared keys (a cluster node's batch), or when the
--- MGET or EXISTS is refused (an ACL), every lease runs its function.
+-- MGET or EXISTS is refused (an ACL), every lease runs its function: a flagged
+-- script may touch keys of many slots, but each command only keys of one (an
+-- MGET across slots is refused as a "non local key"), so a node's batch would
+-- need a GET per slot, what the function does already.
 local me, n, ttl, fence_ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local K, k = KEYS, 1
 if #KEYS == 0 then
