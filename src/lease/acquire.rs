@@ -330,14 +330,17 @@ where
         key,
         ask.one_at_a_time,
     );
-    // A waiting mutex acquire may be granted the lock by another instance's
-    // release, on the server (`Signals::grants`): from its first busy answer
+    // A waiting mutex acquire, or a waiting writer, may be granted the lock by
+    // another instance's release, on the server (`Signals::grants`): from its
+    // first busy answer
     // (`busy_sent`) its token may hold the lock without another reply, so it stays
     // armed, and a grant message for it is a grant whose validity counts from the
     // send of the ask it was made from, which the message echoes (see "The grant"
     // in ARCHITECTURE.md).
-    let grantable =
-        kind == LeaseKind::Mutex && mode == WhenBusy::Queue && engine.backend.signals().grants();
+    let grantable = matches!(kind, LeaseKind::Mutex | LeaseKind::Write)
+        && mode == WhenBusy::Queue
+        && engine.backend.signals().grants();
+    let lock_kind = kind.lock_kind();
     let mut busy_sent: Option<Instant> = None;
     let mut grant_watch = None;
     // What this loop's request asked for, with what a reply or grant said.
@@ -356,7 +359,10 @@ where
     // or its grant expired).
     let take_grant = |busy_sent: Option<Instant>| {
         busy_sent?;
-        let g = engine.backend.signals().take_grant(key.as_bytes(), token)?;
+        let g = engine
+            .backend
+            .signals()
+            .take_grant(lock_kind, key.as_bytes(), token)?;
         // The granted ask's own send, echoed: not the last busy answer's, which
         // may be a later ask's (a grant read after it expired and the token was
         // answered busy again).
@@ -446,12 +452,19 @@ where
                     return Ok(None);
                 }
                 if grantable && grant_watch.is_none() {
-                    grant_watch = Some(engine.backend.signals().watch_grant(key.as_bytes(), token));
+                    grant_watch = Some(engine.backend.signals().watch_grant(
+                        lock_kind,
+                        key.as_bytes(),
+                        token,
+                    ));
                 }
                 // A grant that came while the request was in flight is taken now;
                 // one that comes later wakes this loop through `grant_watch`.
                 let ready = busy_sent.is_some()
-                    && engine.backend.signals().has_grant(key.as_bytes(), token);
+                    && engine
+                        .backend
+                        .signals()
+                        .has_grant(lock_kind, key.as_bytes(), token);
                 if !ready && pacer.watch() {
                     let granted = async {
                         match &grant_watch {
