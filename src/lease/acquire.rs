@@ -342,7 +342,18 @@ where
         && engine.backend.signals().grants();
     let lock_kind = kind.lock_kind();
     let mut busy_sent: Option<Instant> = None;
-    let mut grant_watch = None;
+    // A writer registers for its grant before its first ask, not after its
+    // first busy answer as a mutex acquire does: the notifier gives back a
+    // write grant nobody here waits for with the write release of its token,
+    // which retires the token, so a grant message that overtakes the busy reply
+    // must find this loop registered (a mutex grant goes back without a record,
+    // and the waiter's next ask only finds the key again).
+    let mut grant_watch = (grantable && kind == LeaseKind::Write).then(|| {
+        engine
+            .backend
+            .signals()
+            .watch_grant(lock_kind, key.as_bytes(), token)
+    });
     // What this loop's request asked for, with what a reply or grant said.
     let new_lease = |epoch: u64, sent_at: Instant, waiting: u32| NewLease {
         key,
