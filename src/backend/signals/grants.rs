@@ -290,6 +290,31 @@ mod tests {
         assert!(signals.grant_watches.is_empty());
     }
 
+    /// A key may name both a mutex and a read-write lock, two independent locks:
+    /// a grant of one is kept, woken and taken apart from the other's.
+    #[tokio::test]
+    async fn a_grant_of_one_kind_is_not_the_other_kinds() {
+        let signals = Signals::new();
+        let token = LeaseToken::random();
+        let mutex = signals.watch_grant(M, b"k", token);
+        let write = signals.watch_grant(LockKind::ReadWrite, b"k", token);
+        let grant = grant_to(token, 5, 0);
+        assert!(signals.grant(LockKind::ReadWrite, b"k", grant));
+        write.granted().await;
+        let woke = tokio::time::timeout(Duration::from_millis(20), mutex.granted());
+        assert!(woke.await.is_err(), "a write grant woke the mutex's loop");
+        assert!(!signals.has_grant(M, b"k", token));
+        assert_eq!(signals.take_grant(M, b"k", token), None);
+        assert!(signals.wants_grant(LockKind::ReadWrite, b"k", token));
+        assert_eq!(
+            signals.take_grant(LockKind::ReadWrite, b"k", token),
+            Some(grant)
+        );
+        drop(write);
+        assert!(!signals.wants_grant(LockKind::ReadWrite, b"k", token));
+        assert!(signals.wants_grant(M, b"k", token));
+    }
+
     #[test]
     fn grants_nobody_watches_are_swept_beyond_the_bound() {
         let signals = Signals::new();

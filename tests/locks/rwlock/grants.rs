@@ -4,7 +4,8 @@
 //! (`redis_lock::grants`), each failure of the message has a test: a grant lost on
 //! the way, one that lands after its writer gave up, a writer that times out, one
 //! that is cancelled, a second copy of one; and a released token is never
-//! granted, nor is anything granted while a read lease lives.
+//! granted, nor is anything granted while a read lease lives or while a
+//! restarted server's quarantine lasts.
 //!
 //! Windows here are long (waiting entries of 30 s, leases of 60 s), so a key left
 //! to a grant nobody uses would stay locked for tens of seconds: every bound below
@@ -519,4 +520,68 @@ async fn no_write_grant_while_a_read_lease_is_live() {
         "the last read lease's release grants"
     );
     assert!(b.release_write(&key, tb).await.unwrap().released);
+}
+
+/// A release during a restart's quarantine (grants wait: `redis/life.rs`) does not
+/// grant the write lease: the waiting writer's instance is woken, as before, and
+/// asks. Once the quarantine is over, a release grants again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_write_grant_during_a_restarts_quarantine() {
+    let (server, _log, prefix) = shared_scene("wgrant-quarantine");
+    let (a, b) = (
+        connect(&server.url(), &prefix).await,
+        connect(&server.url(), &prefix).await,
+    );
+    let mut con = server.connection().await;
+    let life = format!("{prefix}:life").into_bytes();
+    for (quarantined, name) in [(true, "k1"), (false, "k2")] {
+        let key = LockKey::from(name);
+        let _b_waits = b.signals().watch(LockKind::ReadWrite, &key);
+        let (ta, tb) = (LeaseToken::random(), LeaseToken::random());
+        assert!(ask_write(&a, &key, ta).await);
+        assert!(!ask_write(&b, &key, tb).await);
+        let started = get_string(&mut con, &life)
+            .await
+            .expect("the server's life");
+        let started = started.split(' ').next().unwrap().to_owned();
+        if quarantined {
+            // A quarantine a minute long, as an instance of an earlier life
+            // would write.
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut con).await.unwrap();
+            let until = secs * 1000 + micros / 1000 + 60_000;
+            let _: () = redis::cmd("SET")
+                .arg(&life)
+                .arg(format!("{started} {until}"))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+        let waiting = rw_name(&prefix, &key, ":rwq");
+        assert_eq!(zcard(&mut con, &waiting).await, 1, "B's instance waits");
+        assert!(a.release_write(&key, ta).await.unwrap().released);
+        let holder = write_holder(server, &prefix, &key).await;
+        if quarantined {
+            assert_eq!(holder, None, "granted in quarantine");
+            assert_eq!(
+                zcard(&mut con, &waiting).await,
+                0,
+                "the waiting instances were woken instead"
+            );
+            // The quarantine ends.
+            let _: () = redis::cmd("SET")
+                .arg(&life)
+                .arg(&started)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        } else {
+            assert_eq!(
+                holder.as_deref(),
+                Some(&*tb.to_hex()),
+                "granted after the quarantine"
+            );
+            assert!(b.release_write(&key, tb).await.unwrap().released);
+        }
+    }
 }
