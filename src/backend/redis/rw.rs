@@ -91,6 +91,9 @@ pub(super) fn fence_ttl_ms(ttl: Duration) -> u64 {
 enum Kind {
     Read,
     Write,
+    /// The give-back of a write grant nobody here took: a write release only
+    /// while the grant's mark shows no ask of the token took the lease.
+    GiveBack,
 }
 
 impl Kind {
@@ -98,6 +101,7 @@ impl Kind {
         match self {
             Kind::Read => b"r",
             Kind::Write => b"w",
+            Kind::GiveBack => b"g",
         }
     }
 }
@@ -141,11 +145,13 @@ impl Inner {
     }
 
     /// Gives back a write grant nobody here wants (see `notify`): the write
-    /// release of its token, which deletes the write lease if that token still
-    /// holds it, retires the token and passes the lock on, as the given-up
-    /// writer's own cleanup would.
+    /// release of its token, which deletes the write lease, retires the token and
+    /// passes the lock on, as the given-up writer's own cleanup would, but only
+    /// while the lease is still that token's and the grant's mark shows that no
+    /// ask of the token took it (a copy of the message that arrives after the
+    /// token's own ask took the lease changes nothing).
     pub(super) async fn give_back_write(&self, key: &LockKey, token: LeaseToken) -> Result<()> {
-        self.rw_release(Kind::Write, key, token).await.map(drop)
+        self.rw_release(Kind::GiveBack, key, token).await.map(drop)
     }
 }
 

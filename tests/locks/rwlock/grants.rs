@@ -394,6 +394,57 @@ async fn a_second_copy_of_a_taken_write_grant_changes_nothing() {
     guard.release().await.expect("the lease is still held");
 }
 
+/// A copy of a write grant's message that reaches the writer's instance after
+/// the writer's own ask took the lease ("already yours", as after a lost message)
+/// and after the writer stopped waiting (a lease not yet registered, or one whose
+/// release is on the wire) changes nothing: the give-back deletes a write lease
+/// only while the grant's mark shows that no ask of the token took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_grant_for_a_token_that_asked_since_changes_nothing() {
+    let (server, _log, prefix) = shared_scene("wgrant-asked");
+    let (a, b) = (
+        connect(&server.url(), &prefix).await,
+        connect(&server.url(), &prefix).await,
+    );
+    let key = LockKey::from("k");
+    let (ta, tb) = (LeaseToken::random(), LeaseToken::random());
+    assert!(ask_write(&a, &key, ta).await);
+    // B waits (watched, as a waiting loop is, so its notifier keeps the grant).
+    let b_waits = b.signals().watch(LockKind::ReadWrite, &key);
+    assert!(!ask_write(&b, &key, tb).await);
+    assert!(a.release_write(&key, ta).await.unwrap().released);
+    assert_eq!(
+        write_holder(server, &prefix, &key).await.as_deref(),
+        Some(&*tb.to_hex())
+    );
+    // B's next ask finds the lease its own; then it stops waiting.
+    assert!(ask_write(&b, &key, tb).await);
+    drop(b_waits);
+    let copy = [
+        &[0xF8][..],
+        tb.to_hex().as_bytes(),
+        b"1 0 3000 - 0 ",
+        key.as_bytes(),
+    ]
+    .concat();
+    let mut con = server.connection().await;
+    let receivers: i64 = redis::cmd("PUBLISH")
+        .arg(testkit::names::channel(&prefix, b.instance_id()))
+        .arg(copy)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(receivers, 1, "B's notifier reads the copy");
+    // Longer than the notifier's grace before it gives an unwanted grant back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        write_holder(server, &prefix, &key).await.as_deref(),
+        Some(&*tb.to_hex()),
+        "the lease B's ask took is still B's"
+    );
+    assert!(b.release_write(&key, tb).await.unwrap().released);
+}
+
 /// A writer whose token's release landed is never granted: withdrawn, the next
 /// writer is granted instead; and were its entries still there (a release of the
 /// token that found them left: the script's own record check), it still is not.

@@ -3,7 +3,8 @@
 -- KEYS[1] read leases   KEYS[2] write lease   KEYS[3] waiting writers
 -- KEYS[4] waiting instances   KEYS[5] this lease's release record
 -- KEYS[6] write fence   KEYS[7] the server's life key (see life.lua)
--- ARGV[1] "r" (read) or "w" (write)  ARGV[2] token  ARGV[3] channel prefix
+-- ARGV[1] "r" (read), "w" (write) or "g" (give back a write grant nobody here took,
+-- see below)  ARGV[2] token  ARGV[3] channel prefix
 -- ARGV[4] the wake-up message (a lock-kind tag byte + the key, built in Rust)  ARGV[5] release record ttl ms
 -- ARGV[6] "1" when this backend grants (see Grants below), "" when it never does
 --
@@ -21,6 +22,14 @@
 -- gets the wake-up message on its channel (channel prefix .. instance id) and the
 -- waiting set is deleted: the woken instances ask again (and register again if still
 -- refused). A refused PUBLISH is reported.
+--
+-- "g", the give-back of an unwanted write grant (the instance it was granted to
+-- has nobody waiting with its token): a write release of the token, but only while
+-- the write lease is still that token's and the grant's mark is still there (no
+-- ask with the token took the lease since: "already yours" deletes the mark, as
+-- leave.lua requires for the mutex); otherwise nothing changes and { 0, writers }
+-- is returned. A lease the token's own ask took is its holder's, however late a
+-- copy of the grant message arrives.
 --
 -- Grants: when no write lease and no live read lease is left, grants are on
 -- (ARGV[6]) and a writer waits, the writer whose live waiting entry is earliest
@@ -58,6 +67,12 @@ local entry = read('waiting writers', 'ZSCORE', writers, token)
 read('waiting instances', 'ZCARD', waiting)
 local t = now()
 local ms = string.format('%.0f', t.ms)
+if kind == 'g' then
+  if holder ~= token or redis.pcall('GET', writer .. ':g:' .. token) ~= 'granted ' .. token then
+    return { 0, redis.call('ZCOUNT', writers, '(' .. ms, '+inf') }
+  end
+  kind = 'w'
+end
 local held = (kind == 'w' and holder == token) or (kind ~= 'w' and lease and tonumber(lease) > t.ms)
 local previous = released_before(held, record)
 
