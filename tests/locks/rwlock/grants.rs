@@ -3,7 +3,9 @@
 //! writer takes it from the message alone. As for the mutex's grant
 //! (`redis_lock::grants`), each failure of the message has a test: a grant lost on
 //! the way, one that lands after its writer gave up, a writer that times out, one
-//! that is cancelled, a second copy of one; and a released token is never
+//! that is cancelled, a writer whose process is killed while it waits (a child
+//! process), a second copy of one, one that arrives after the writer's own ask
+//! took the lease; and a released token is never
 //! granted, nor is anything granted while a read lease lives or while a
 //! restarted server's quarantine lasts.
 //!
@@ -635,4 +637,94 @@ async fn no_write_grant_during_a_restarts_quarantine() {
             assert!(b.release_write(&key, tb).await.unwrap().released);
         }
     }
+}
+
+const DEAD_WRITER_ENV: &str = "LOCKFLIGHT_WRITE_GRANT_DEAD_WRITER";
+/// The dead writer's waiting-entry lifetime: the window of a grant made to it.
+const DEAD_ENTRY_TTL: Duration = Duration::from_secs(15);
+
+/// Not a test: the child process of
+/// [`a_writer_killed_while_its_grant_is_made_holds_the_key_for_its_window_only`].
+/// It names its instance and waits as a writer until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of a_writer_killed_while_its_grant_is_made_holds_the_key_for_its_window_only"]
+async fn dead_writer_child() {
+    if std::env::var_os(DEAD_WRITER_ENV).is_none() {
+        return;
+    }
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let backend = RedisBackend::builder(var("LOCKFLIGHT_CHILD_URL"))
+        .prefix(var("LOCKFLIGHT_CHILD_PREFIX"))
+        .queue_entry_ttl(DEAD_ENTRY_TTL)
+        .connect()
+        .await
+        .expect("child: connect");
+    testkit::tell_parent(&format!("LFCHILD ID {}", backend.instance_id()));
+    let locker = locker_on(backend, Duration::from_secs(120));
+    let _never = locker.rwlock(var("LOCKFLIGHT_CHILD_KEY")).write().await;
+    panic!("child: got the write lease it should have been killed waiting for");
+}
+
+/// A writer whose process is killed while it waits, at the head of the writers:
+/// the release grants it the write lease (its entry is fresh), nobody takes the
+/// grant, and the key is held for the grant's window only (the dead writer's
+/// entry lifetime, 15 s), not for the lease TTL (60 s): the next writer gets it
+/// when the window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_while_its_grant_is_made_holds_the_key_for_its_window_only() {
+    let (server, _log, prefix) = shared_scene("wgrant-dead");
+    let holder = locker_on(
+        connect(&server.url(), &prefix).await,
+        Duration::from_secs(30),
+    );
+    let key = LockKey::from("k");
+    let held = holder.rwlock(key.clone()).write().await.unwrap();
+    let (mut child, mut lines) = testkit::spawn_holder_child(
+        &testkit::test_path(module_path!(), "dead_writer_child"),
+        DEAD_WRITER_ENV,
+        server.url(),
+        &prefix,
+        "k",
+    );
+    testkit::child_line(&mut lines, "LFCHILD ID").await;
+    writers_wait(server, &prefix, &key, 1).await;
+    let mut con = server.connection().await;
+    let dead: Vec<String> = redis::cmd("ZRANGE")
+        .arg(rw_name(&prefix, &key, ":ww"))
+        .arg(0)
+        .arg(0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // B waits behind it (its entry, of 30 s, expires later: it is not the head).
+    let waiter = locker_on(
+        connect(&server.url(), &prefix).await,
+        Duration::from_secs(60),
+    );
+    let task = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = waiter.rwlock(key).write().await;
+            (guard, tokio::time::Instant::now())
+        })
+    };
+    writers_wait(server, &prefix, &key, 2).await;
+    child.kill().await.unwrap();
+    held.release().await.unwrap();
+    let released = tokio::time::Instant::now();
+    assert_eq!(
+        write_holder(server, &prefix, &key).await.as_deref(),
+        Some(&*dead[0]),
+        "the release granted the write lease to the dead writer"
+    );
+    let (guard, at) = within(Duration::from_secs(50), "B's write lease", task)
+        .await
+        .unwrap();
+    let guard = guard.unwrap();
+    let waited = at - released;
+    assert!(
+        waited < Duration::from_secs(40),
+        "B waited {waited:?}: the dead writer's grant outlived its window (15 s)"
+    );
+    guard.release().await.unwrap();
 }
