@@ -62,9 +62,9 @@ pub struct Stats {
     /// Ticks of scheduled jobs this process skipped because another replica or
     /// task held the job's lock ([`Tick::Skipped`](crate::job::Tick::Skipped)).
     pub jobs_skipped: u64,
-    /// Mutex leases this process took from a grant message (another instance's
-    /// release gave the lock to this process's waiting acquire on the server), with
-    /// no request of their own; each is counted in `acquired` too.
+    /// Mutex and write leases this process took from a grant message (another
+    /// instance's release gave the lock to this process's waiting acquire on the
+    /// server), with no request of their own; each is counted in `acquired` too.
     pub grants: u64,
     /// Keys with local state in this process when the snapshot was taken, of
     /// every kind (a holder, a leader, waiters, a cached lease, a semaphore

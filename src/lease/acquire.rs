@@ -330,16 +330,30 @@ where
         key,
         ask.one_at_a_time,
     );
-    // A waiting mutex acquire may be granted the lock by another instance's
-    // release, on the server (`Signals::grants`): from its first busy answer
+    // A waiting mutex acquire, or a waiting writer, may be granted the lock by
+    // another instance's release, on the server (`Signals::grants`): from its
+    // first busy answer
     // (`busy_sent`) its token may hold the lock without another reply, so it stays
     // armed, and a grant message for it is a grant whose validity counts from the
     // send of the ask it was made from, which the message echoes (see "The grant"
     // in ARCHITECTURE.md).
-    let grantable =
-        kind == LeaseKind::Mutex && mode == WhenBusy::Queue && engine.backend.signals().grants();
+    let grantable = matches!(kind, LeaseKind::Mutex | LeaseKind::Write)
+        && mode == WhenBusy::Queue
+        && engine.backend.signals().grants();
+    let lock_kind = kind.lock_kind();
     let mut busy_sent: Option<Instant> = None;
-    let mut grant_watch = None;
+    // A writer registers for its grant before its first ask, not after its
+    // first busy answer as a mutex acquire does: the notifier gives back a
+    // write grant nobody here waits for with the write release of its token,
+    // which retires the token, so a grant message that overtakes the busy reply
+    // must find this loop registered (a mutex grant goes back without a record,
+    // and the waiter's next ask only finds the key again).
+    let mut grant_watch = (grantable && kind == LeaseKind::Write).then(|| {
+        engine
+            .backend
+            .signals()
+            .watch_grant(lock_kind, key.as_bytes(), token)
+    });
     // What this loop's request asked for, with what a reply or grant said.
     let new_lease = |epoch: u64, sent_at: Instant, waiting: u32| NewLease {
         key,
@@ -356,7 +370,10 @@ where
     // or its grant expired).
     let take_grant = |busy_sent: Option<Instant>| {
         busy_sent?;
-        let g = engine.backend.signals().take_grant(key.as_bytes(), token)?;
+        let g = engine
+            .backend
+            .signals()
+            .take_grant(lock_kind, key.as_bytes(), token)?;
         // The granted ask's own send, echoed: not the last busy answer's, which
         // may be a later ask's (a grant read after it expired and the token was
         // answered busy again).
@@ -446,12 +463,19 @@ where
                     return Ok(None);
                 }
                 if grantable && grant_watch.is_none() {
-                    grant_watch = Some(engine.backend.signals().watch_grant(key.as_bytes(), token));
+                    grant_watch = Some(engine.backend.signals().watch_grant(
+                        lock_kind,
+                        key.as_bytes(),
+                        token,
+                    ));
                 }
                 // A grant that came while the request was in flight is taken now;
                 // one that comes later wakes this loop through `grant_watch`.
                 let ready = busy_sent.is_some()
-                    && engine.backend.signals().has_grant(key.as_bytes(), token);
+                    && engine
+                        .backend
+                        .signals()
+                        .has_grant(lock_kind, key.as_bytes(), token);
                 if !ready && pacer.watch() {
                     let granted = async {
                         match &grant_watch {

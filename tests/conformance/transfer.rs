@@ -28,10 +28,11 @@ const KEY: &str = "k";
 const ENTRY_TTL: Duration = Duration::from_secs(60);
 
 /// Whether A's release of `kind` on `topology` grants the key to B's waiting
-/// `kind.rival()`: only a mutex release grants (`lock_many` releases mutexes), and
-/// only a Redis backend that is no Redlock node (`Inner::grants`).
+/// `kind.rival()`: a release grants to a waiting mutex (`lock_many` releases
+/// mutexes) or a waiting writer (behind a writer or a reader), and only a Redis
+/// backend that is no Redlock node (`Inner::grants`).
 fn grants(kind: Kind, topology: Topology) -> bool {
-    kind.rival() == Kind::Mutex
+    matches!(kind.rival(), Kind::Mutex | Kind::Write)
         && matches!(
             topology,
             Topology::OneServer | Topology::Cluster | Topology::Sentinel | Topology::Uncoalesced
@@ -39,8 +40,9 @@ fn grants(kind: Kind, topology: Topology) -> bool {
 }
 
 /// Waits until `waiter`'s acquire is waiting at the backend: its request is
-/// sent, and where the release grants, its entry is in the key's queue on the
-/// server (the busy answer wrote it: the release finds B at the head).
+/// sent, and where the release grants, its entry is in the key's queue (a
+/// writer's: among the waiting writers) on the server (the busy answer wrote it:
+/// the release finds B first).
 async fn waits_at_the_backend(waiter: &Locker, kind: Kind, topology: Topology, prefix: &str) {
     eventually("B's acquire request", || {
         let sent = waiter.stats().acquire_attempts > 0;
@@ -48,7 +50,12 @@ async fn waits_at_the_backend(waiter: &Locker, kind: Kind, topology: Topology, p
     })
     .await;
     if grants(kind, topology) {
-        let queue = testkit::names::queue(prefix, &LockKey::from(KEY));
+        let key = LockKey::from(KEY);
+        let queue = if kind.rival() == Kind::Write {
+            [&testkit::names::lock(prefix, &key)[..], b":ww"].concat()
+        } else {
+            testkit::names::queue(prefix, &key)
+        };
         let con = topology.connection_for(&queue).await;
         eventually("B queued at the server", || {
             let (mut con, queue) = (con.clone(), queue.clone());

@@ -215,8 +215,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// A backend whose mutex releases never grant the key on the server, only
-    /// wake the next instance (a Redlock node: a grant on one node is no quorum).
+    /// A backend whose releases (mutex and read-write) never grant the key on
+    /// the server, only wake the next instance (a Redlock node: a grant on one
+    /// node is no quorum).
     pub(crate) fn without_grants(mut self) -> Self {
         self.grants = false;
         self

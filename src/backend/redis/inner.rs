@@ -76,7 +76,8 @@ impl Inner {
     }
 
     /// Whether a mutex release grants the key to the next waiting instance on the
-    /// server (`lua/release.lua`): not with `replica_ack`, whose grants are
+    /// server (`lua/release.lua`), and a read-write release that frees the lock
+    /// its write lease to a waiting writer (`lua/rw_release.lua`): not with `replica_ack`, whose grants are
     /// acknowledged by a `WAIT` after the granting script before anyone uses them,
     /// and a release's grant would be used on its message alone; not on a Redlock
     /// node, where one node's grant is no quorum.

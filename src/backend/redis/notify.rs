@@ -56,6 +56,13 @@
 //!   whose mutex nobody here waits for (still nobody after the grace period
 //!   below) is given back: the lock is deleted if that token still holds it
 //!   (`lua/leave.lua`).
+//! * A write grant (tag `0xF8`, then the same fields as a grant's, the earliest
+//!   arrival always `-`) says that a release gave the write lease of the key's
+//!   read-write lock to this instance's waiting writer with that token
+//!   (`lua/rw_release.lua`): kept and taken as a grant is, apart from the
+//!   mutex's. One nobody here waits for is given back with the write release of
+//!   that token (`lua/rw_release.lua`, `w`), which deletes the write lease if
+//!   that token still holds it, retires the token, and passes the lock on.
 //! * A message without a tag (a bare key) may be for any of the key's locks: it
 //!   wakes the watchers of every kind of that key, a spurious wake-up at worst.
 //!
@@ -160,6 +167,12 @@ const TAKEN_OVER: u8 = 0xFB;
 /// Not a [`LockKind`]'s tag, and not valid UTF-8 either.
 const GRANTED: u8 = 0xF9;
 
+/// The tag byte of a write grant: a release gave the write lease of the
+/// read-write lock of the key to this instance's waiting writer on the server
+/// (`lua/rw_release.lua`), with the fields of a [`GRANTED`] message. Not a
+/// [`LockKind`]'s tag, and not valid UTF-8 either.
+const WRITE_GRANTED: u8 = 0xF8;
+
 /// The tag byte of a leader message: the leader record of the election of the key
 /// that follows changed (`lua/leader_write.lua` and `lua/leader_clear.lua` publish
 /// it as they are given it). Not a [`LockKind`]'s tag, and not valid UTF-8 either.
@@ -185,8 +198,9 @@ enum Message<'a> {
     TakenOver(LeaseToken, &'a [u8]),
     /// The leader record of the election of a key changed.
     Leader(&'a [u8]),
-    /// A release granted the mutex of a key to this instance's acquire.
-    Granted(Grant, &'a [u8]),
+    /// A release granted the `kind` lock of a key (a mutex, or a read-write
+    /// lock's write lease) to this instance's acquire.
+    Granted(LockKind, Grant, &'a [u8]),
     /// The `kind` lock of a key, from [`wake_message`].
     Lock(LockKind, &'a [u8]),
     /// A bare key without a tag: any of its locks.
@@ -200,10 +214,15 @@ fn read_message(raw: &[u8]) -> Message<'_> {
     {
         return Message::TakenOver(token, &body[32..]);
     }
-    if let [GRANTED, body @ ..] = raw
+    if let [tag @ (GRANTED | WRITE_GRANTED), body @ ..] = raw
         && let Some((grant, key)) = read_grant(body)
     {
-        return Message::Granted(grant, key);
+        let kind = if *tag == GRANTED {
+            LockKind::Mutex
+        } else {
+            LockKind::ReadWrite
+        };
+        return Message::Granted(kind, grant, key);
     }
     match raw {
         [] => Message::Probe,
@@ -280,14 +299,15 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
             tracing::debug!(key = %String::from_utf8_lossy(key), ?token, held, "takeover message");
             return;
         }
-        Message::Granted(grant, key) => {
+        Message::Granted(kind, grant, key) => {
             // Kept for the acquire waiting with that token, which takes it. If
-            // nobody here waits for the key's mutex (still nobody after the grace
-            // period), nobody will: the lock goes back at once rather than at the
-            // end of its window. A copy of a grant already taken (a Cluster may
-            // deliver one through the key's node and one over the cluster bus)
-            // is dropped where it arrives (`signals/grants.rs`).
-            if !i.signals.grant(key, grant) {
+            // nobody here waits for the key's lock of that kind (still nobody
+            // after the grace period), nobody will: the lock goes back at once
+            // rather than at the end of its window. A copy of a grant already
+            // taken (a Cluster may deliver one through the key's node and one
+            // over the cluster bus) is dropped where it arrives
+            // (`signals/grants.rs`).
+            if !i.signals.grant(kind, key, grant) {
                 tracing::debug!(key = %String::from_utf8_lossy(key), "a copy of a taken grant");
                 return;
             }
@@ -296,14 +316,25 @@ fn deliver(i: Arc<Inner>, raw: &[u8]) {
                 tokio::time::sleep(UNWANTED_GRACE).await;
                 // Taking it here remembers its token too, so a later copy is
                 // dropped as well.
-                if i.signals.is_watched(LockKind::Mutex, key.as_bytes())
-                    || i.signals.wants_grant(key.as_bytes(), grant.token)
+                if i.signals.is_watched(kind, key.as_bytes())
+                    || i.signals.wants_grant(kind, key.as_bytes(), grant.token)
                     || i.signals.holds(grant.token)
-                    || i.signals.take_grant(key.as_bytes(), grant.token).is_none()
+                    || i.signals
+                        .take_grant(kind, key.as_bytes(), grant.token)
+                        .is_none()
                 {
                     return;
                 }
-                if let Err(e) = i.give_back(&key, grant.token).await {
+                // A mutex grant goes back through `leave.lua` (only while its
+                // mark shows no ask took it); a write grant with the write
+                // release of its token, as the given-up writer's own cleanup
+                // would send it.
+                let given_back = if kind == LockKind::Mutex {
+                    i.give_back(&key, grant.token).await.map(drop)
+                } else {
+                    i.give_back_write(&key, grant.token).await
+                };
+                if let Err(e) = given_back {
                     tracing::debug!(%key, error = %e, "giving back an unwanted grant failed");
                 }
             });
@@ -637,7 +668,17 @@ mod tests {
             sent: stamp_instant(stamp).unwrap(),
         };
         assert!(grant.sent <= sent);
-        assert_eq!(read_message(&message), Message::Granted(grant, b"sku: 5 5"));
+        assert_eq!(
+            read_message(&message),
+            Message::Granted(LockKind::Mutex, grant, b"sku: 5 5")
+        );
+        // A write grant: the same fields, of the key's read-write lock.
+        let write = [&[WRITE_GRANTED][..], &message[1..]].concat();
+        assert_eq!(
+            read_message(&write),
+            Message::Granted(LockKind::ReadWrite, grant, b"sku: 5 5")
+        );
+        assert!(std::str::from_utf8(&write).is_err(), "0xF8 begins UTF-8");
         let none = [
             &[GRANTED][..],
             token.to_hex().as_bytes(),
@@ -647,6 +688,7 @@ mod tests {
         assert!(matches!(
             read_message(&none),
             Message::Granted(
+                LockKind::Mutex,
                 Grant {
                     earliest_after_ask: None,
                     ..

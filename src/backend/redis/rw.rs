@@ -12,6 +12,11 @@
 //!   waiting writer re-registers at every attempt (at least every third of the
 //!   backend's queue entry TTL). While it holds a live entry no new read lease is
 //!   granted (writer preference).
+//! * `:wr:g:<token>` a waiting writer's grant entry (its token, TTL, last ask's
+//!   arrival, entry lifetime, send stamp and instance), living as long as its
+//!   `:ww` entry; a release that frees the lock may grant the write lease to the
+//!   earliest waiting writer from it, and marks it `granted <token>` then
+//!   (`lua/rw_release.lua`, "The grant" in ARCHITECTURE.md).
 //! * `:wf` the write fence: the last write epoch, `max(last + 1, TIME in µs)`, kept
 //!   for `max(60 s, 10 × TTL)` after a grant or a renewal that re-arms it (the
 //!   watchdog's renewals do when half of that time has passed: `lease/renewal.rs`).
@@ -33,10 +38,11 @@ use super::acked::{LeaseScript, first_is_one};
 use super::life::gated;
 use super::notify::wake_message;
 use super::{
-    Names, RedisBackend, decode_acquire, map_err, millis, renewal_script, script,
+    Inner, Names, RedisBackend, decode_acquire, map_err, millis, renewal_script, script,
     warn_refused_publish,
 };
 use crate::backend::rw::RwBackend;
+use crate::backend::signals::send_stamp;
 use crate::backend::{Acquire, LeaseToken, LockKind, Released, RenewItem, Renewal, WhenBusy};
 use crate::error::{Phase, Result};
 use crate::key::LockKey;
@@ -85,6 +91,9 @@ pub(super) fn fence_ttl_ms(ttl: Duration) -> u64 {
 enum Kind {
     Read,
     Write,
+    /// The give-back of a write grant nobody here took: a write release only
+    /// while the grant's mark shows no ask of the token took the lease.
+    GiveBack,
 }
 
 impl Kind {
@@ -92,7 +101,57 @@ impl Kind {
         match self {
             Kind::Read => b"r",
             Kind::Write => b"w",
+            Kind::GiveBack => b"g",
         }
+    }
+}
+
+impl Inner {
+    /// Runs `lua/rw_release.lua` for `kind` of `token`: a release, which retires
+    /// the token (its release record) and, where this backend grants
+    /// ([`grants`](Inner::grants)), may grant the write lease to a waiting
+    /// writer.
+    async fn rw_release(&self, kind: Kind, key: &LockKey, token: LeaseToken) -> Result<Released> {
+        let n = RwNames::new(&self.prefix, key);
+        let names = Names::new(&self.prefix, key);
+        let token = token.to_hex();
+        let record = names.release_record(&token);
+        let life = self.life.key_of(self.life.place_of(&[&names.lock]));
+        let message = wake_message(LockKind::ReadWrite, key);
+        let record_ttl_ms = self.release_record_ttl_ms.to_string();
+        let grants: &[u8] = if self.grants() { b"1" } else { b"" };
+        let keys: [&[u8]; 7] = [
+            &n.readers, &n.writer, &n.writers, &n.waiting, &record, &n.fence, &life,
+        ];
+        let args: [&[u8]; 6] = [
+            kind.arg(),
+            token.as_bytes(),
+            self.channel_prefix.as_bytes(),
+            &message,
+            record_ttl_ms.as_bytes(),
+            grants,
+        ];
+        let sent = self.replay_version(&keys);
+        let reply = self
+            .invoke(&RELEASE, &keys, &args)
+            .await
+            .map_err(|e| map_err(key, Phase::Releasing, e))?;
+        let (released, refused) = super::decode_release(key, &reply)?;
+        self.log_release(sent, &RELEASE, &keys, &args, &reply);
+        if let Some(error) = refused {
+            warn_refused_publish(key, "read-write release", &error);
+        }
+        Ok(released)
+    }
+
+    /// Gives back a write grant nobody here wants (see `notify`): the write
+    /// release of its token, which deletes the write lease, retires the token and
+    /// passes the lock on, as the given-up writer's own cleanup would, but only
+    /// while the lease is still that token's and the grant's mark shows that no
+    /// ask of the token took it (a copy of the message that arrives after the
+    /// token's own ask took the lease changes nothing).
+    pub(super) async fn give_back_write(&self, key: &LockKey, token: LeaseToken) -> Result<()> {
+        self.rw_release(Kind::GiveBack, key, token).await.map(drop)
     }
 }
 
@@ -114,6 +173,7 @@ impl RedisBackend {
         let token = token.to_hex();
         // A released token is never granted again (its record refuses a late copy).
         let record = Names::new(&inner.prefix, key).release_record(&token);
+        let stamp = send_stamp(tokio::time::Instant::now()).to_string();
         let reply = inner
             .invoke_lease(
                 script,
@@ -131,6 +191,11 @@ impl RedisBackend {
                         b"0"
                     },
                     fence_ttl_ms(ttl).to_string().as_bytes(),
+                    // The send stamp that a write grant's message echoes: taken
+                    // before the send, so a grant's validity never counts from
+                    // after it (see `lua/rw_release.lua`). The read script
+                    // ignores it.
+                    stamp.as_bytes(),
                 ],
             )
             .await
@@ -146,34 +211,6 @@ impl RedisBackend {
             });
         }
         decode_acquire(key, &reply, inner.entry_refresh)
-    }
-
-    async fn rw_release(&self, kind: Kind, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        let inner = &self.inner;
-        let n = RwNames::new(&inner.prefix, key);
-        let token = token.to_hex();
-        let record = Names::new(&inner.prefix, key).release_record(&token);
-        let message = wake_message(LockKind::ReadWrite, key);
-        let record_ttl_ms = inner.release_record_ttl_ms.to_string();
-        let keys: [&[u8]; 5] = [&n.readers, &n.writer, &n.writers, &n.waiting, &record];
-        let args: [&[u8]; 5] = [
-            kind.arg(),
-            token.as_bytes(),
-            inner.channel_prefix.as_bytes(),
-            &message,
-            record_ttl_ms.as_bytes(),
-        ];
-        let sent = inner.replay_version(&keys);
-        let reply = inner
-            .invoke(&RELEASE, &keys, &args)
-            .await
-            .map_err(|e| map_err(key, Phase::Releasing, e))?;
-        let (released, refused) = super::decode_release(key, &reply)?;
-        inner.log_release(sent, &RELEASE, &keys, &args, &reply);
-        if let Some(error) = refused {
-            warn_refused_publish(key, "read-write release", &error);
-        }
-        Ok(released)
     }
 
     async fn rw_renew(
@@ -225,11 +262,11 @@ impl RwBackend for RedisBackend {
     }
 
     async fn release_read(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        self.rw_release(Kind::Read, key, token).await
+        self.inner.rw_release(Kind::Read, key, token).await
     }
 
     async fn release_write(&self, key: &LockKey, token: LeaseToken) -> Result<Released> {
-        self.rw_release(Kind::Write, key, token).await
+        self.inner.rw_release(Kind::Write, key, token).await
     }
 
     async fn renew_read(&self, key: &LockKey, token: LeaseToken, ttl: Duration) -> Result<Renewal> {

@@ -1,8 +1,10 @@
 //! Grants: the server gave this instance's waiting mutex acquire the lock itself
-//! (`lua/release.lua` of the Redis backend), and the message says so: the token
-//! it was granted to, its fencing epoch, and the instances still waiting.
+//! (`lua/release.lua` of the Redis backend), or its waiting writer the write
+//! lease of a read-write lock (`lua/rw_release.lua`), and the message says so:
+//! the token it was granted to, its fencing epoch, and who still waits.
 //!
-//! A grant is kept here, by key, until the acquire loop waiting with that token
+//! A grant is kept here, by lock kind and key (a user key may name both a mutex
+//! and a read-write lock, two independent locks), until the acquire loop waiting with that token
 //! takes it ([`Signals::take_grant`]), and it wakes that loop alone, through the
 //! handle the loop registered for its token ([`Signals::watch_grant`]): the other
 //! tasks waiting for the key (without coalescing, each asks on its own) are not
@@ -40,10 +42,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Signals;
-use crate::backend::LeaseToken;
+use crate::backend::{LeaseToken, LockKind};
 
-/// The acquire loops waiting with a token that a grant may name, by key and token.
-pub(super) type GrantWatches = dashmap::DashMap<(Vec<u8>, LeaseToken), Arc<Notify>>;
+/// The acquire loops waiting with a token that a grant may name, by lock kind,
+/// key and token.
+pub(super) type GrantWatches = dashmap::DashMap<(LockKind, Vec<u8>, LeaseToken), Arc<Notify>>;
 
 /// The keys with an untaken grant beyond which those nobody watches are swept.
 const KEPT: usize = 256;
@@ -52,26 +55,29 @@ const KEPT: usize = 256;
 /// their grant message is dropped.
 const TAKEN_KEPT: usize = 4096;
 
-/// The grants not taken yet, by key, and the tokens whose grant was taken.
+/// The grants not taken yet, by lock kind and key, and the tokens whose grant
+/// was taken.
 #[derive(Debug, Default)]
 pub(crate) struct Granted {
-    by_key: HashMap<Vec<u8>, Grant>,
+    by_key: HashMap<(LockKind, Vec<u8>), Grant>,
     taken: HashSet<LeaseToken>,
     /// `taken` in the order of taking, for the bound.
     order: VecDeque<LeaseToken>,
 }
 
 impl Granted {
-    /// Takes the grant of `key` if it is for `token`, and remembers the token.
-    fn take(&mut self, key: &[u8], token: LeaseToken) -> Option<Grant> {
+    /// Takes the grant of the `kind` lock of `key` if it is for `token`, and
+    /// remembers the token.
+    fn take(&mut self, kind: LockKind, key: &[u8], token: LeaseToken) -> Option<Grant> {
+        let at = (kind, key.to_vec());
         if self
             .by_key
-            .get(key)
+            .get(&at)
             .is_none_or(|grant| grant.token != token)
         {
             return None;
         }
-        let grant = self.by_key.remove(key);
+        let grant = self.by_key.remove(&at);
         if self.taken.insert(token) {
             self.order.push_back(token);
             if self.order.len() > TAKEN_KEPT
@@ -100,12 +106,14 @@ pub(crate) fn stamp_instant(stamp: u64) -> Option<Instant> {
     ORIGIN.get()?.checked_add(Duration::from_micros(stamp))
 }
 
-/// A grant of a key's mutex to one token, from the server's message.
+/// A grant of a key's mutex, or of its read-write lock's write lease, to one
+/// token, from the server's message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Grant {
     pub(crate) token: LeaseToken,
     pub(crate) epoch: u64,
-    /// The instances still waiting for the key.
+    /// The instances still waiting for the key's mutex, or the writers still
+    /// waiting for its read-write lock.
     pub(crate) waiting: u32,
     /// How long the server keeps the lock for the token at least, counted from
     /// the arrival of the token's last ask (its renewal makes it a full lease).
@@ -119,13 +127,14 @@ pub(crate) struct Grant {
     pub(crate) earliest_after_ask: Option<i64>,
 }
 
-/// The registration of one acquire loop waiting with `token` for a key's mutex:
+/// The registration of one acquire loop waiting with `token` for a key's mutex
+/// or write lease:
 /// [`granted`](Self::granted) resolves when a grant to that token arrives.
 /// Dropping it ends the registration.
 #[derive(Debug)]
 pub(crate) struct GrantWatch {
     signals: Signals,
-    at: (Vec<u8>, LeaseToken),
+    at: (LockKind, Vec<u8>, LeaseToken),
     notify: Arc<Notify>,
 }
 
@@ -150,8 +159,9 @@ impl Drop for GrantWatch {
 
 impl Signals {
     /// Whether this backend's releases grant the lock to the next waiting
-    /// instance: a waiting mutex acquire may then hold the lock without asking,
-    /// so its token stays armed (released if the acquire is given up).
+    /// instance: a waiting mutex acquire (or writer) may then hold the lock
+    /// without asking, so its token stays armed (released if the acquire is
+    /// given up).
     pub(crate) fn grants(&self) -> bool {
         self.grants.load(Ordering::Relaxed)
     }
@@ -161,9 +171,10 @@ impl Signals {
         self.grants.store(grants, Ordering::Relaxed);
     }
 
-    /// Registers an acquire loop waiting with `token` for the mutex of `key`.
-    pub(crate) fn watch_grant(&self, key: &[u8], token: LeaseToken) -> GrantWatch {
-        let at = (key.to_vec(), token);
+    /// Registers an acquire loop waiting with `token` for the `kind` lock of
+    /// `key`.
+    pub(crate) fn watch_grant(&self, kind: LockKind, key: &[u8], token: LeaseToken) -> GrantWatch {
+        let at = (kind, key.to_vec(), token);
         let notify = Arc::clone(self.grant_watches.entry(at.clone()).or_default().value());
         GrantWatch {
             signals: self.clone(),
@@ -172,39 +183,41 @@ impl Signals {
         }
     }
 
-    /// A grant of the mutex of `key` arrived: keeps it for the acquire waiting
-    /// with its token and wakes that one (or, if none registered that token, the
-    /// key's mutex waiters). Returns `false`, keeping and waking nothing, for a
-    /// copy of a grant already taken.
-    pub(crate) fn grant(&self, key: &[u8], grant: Grant) -> bool {
+    /// A grant of the `kind` lock of `key` arrived: keeps it for the acquire
+    /// waiting with its token and wakes that one (or, if none registered that
+    /// token, the waiters of that lock). Returns `false`, keeping and waking
+    /// nothing, for a copy of a grant already taken.
+    pub(crate) fn grant(&self, kind: LockKind, key: &[u8], grant: Grant) -> bool {
         {
             let mut granted = self.granted();
             if granted.taken.contains(&grant.token) {
                 return false;
             }
             if granted.by_key.len() >= KEPT {
-                granted.by_key.retain(|key, grant| {
-                    self.grant_watches.contains_key(&(key.clone(), grant.token))
+                granted.by_key.retain(|(kind, key), grant| {
+                    self.grant_watches
+                        .contains_key(&(*kind, key.clone(), grant.token))
                 });
             }
-            granted.by_key.insert(key.to_vec(), grant);
+            granted.by_key.insert((kind, key.to_vec()), grant);
         }
-        match self.grant_watches.get(&(key.to_vec(), grant.token)) {
+        match self.grant_watches.get(&(kind, key.to_vec(), grant.token)) {
             Some(notify) => notify.notify_one(),
             // Nobody registered that token (yet): the key's waiters, if any, are
             // woken as by a release, and whoever asks with the token is answered
             // "already yours".
             None => {
-                self.wake(crate::backend::LockKind::Mutex, key);
+                self.wake(kind, key);
             }
         }
         true
     }
 
     /// Whether an acquire loop of this instance waits with `token` for a grant
-    /// of the mutex of `key`.
-    pub(crate) fn wants_grant(&self, key: &[u8], token: LeaseToken) -> bool {
-        self.grant_watches.contains_key(&(key.to_vec(), token))
+    /// of the `kind` lock of `key`.
+    pub(crate) fn wants_grant(&self, kind: LockKind, key: &[u8], token: LeaseToken) -> bool {
+        self.grant_watches
+            .contains_key(&(kind, key.to_vec(), token))
     }
 
     /// Whether a lease with `token` is held here (registered): a copy of a grant
@@ -214,19 +227,25 @@ impl Signals {
         self.registered.contains_key(&token)
     }
 
-    /// Whether a grant of the mutex of `key` to `token` came and was not taken.
-    pub(crate) fn has_grant(&self, key: &[u8], token: LeaseToken) -> bool {
+    /// Whether a grant of the `kind` lock of `key` to `token` came and was not
+    /// taken.
+    pub(crate) fn has_grant(&self, kind: LockKind, key: &[u8], token: LeaseToken) -> bool {
         self.granted()
             .by_key
-            .get(key)
+            .get(&(kind, key.to_vec()))
             .is_some_and(|grant| grant.token == token)
     }
 
-    /// The grant of the mutex of `key` to `token`, if one came: taken (a second
-    /// call, or a copy of its message, finds none). A grant to another token
-    /// stays.
-    pub(crate) fn take_grant(&self, key: &[u8], token: LeaseToken) -> Option<Grant> {
-        self.granted().take(key, token)
+    /// The grant of the `kind` lock of `key` to `token`, if one came: taken (a
+    /// second call, or a copy of its message, finds none). A grant to another
+    /// token, or of another kind's lock of the key, stays.
+    pub(crate) fn take_grant(
+        &self,
+        kind: LockKind,
+        key: &[u8],
+        token: LeaseToken,
+    ) -> Option<Grant> {
+        self.granted().take(kind, key, token)
     }
 
     fn granted(&self) -> MutexGuard<'_, Granted> {
@@ -237,6 +256,8 @@ impl Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const M: LockKind = LockKind::Mutex;
 
     /// A grant to `token` with `epoch`, a 500 ms window, made from an ask sent now.
     fn grant_to(token: LeaseToken, epoch: u64, waiting: u32) -> Grant {
@@ -254,33 +275,58 @@ mod tests {
     async fn a_grant_wakes_its_token_alone_and_is_taken_once() {
         let signals = Signals::new();
         let (mine, other) = (LeaseToken::random(), LeaseToken::random());
-        let watch = signals.watch_grant(b"k", mine);
-        let theirs = signals.watch_grant(b"k", other);
+        let watch = signals.watch_grant(M, b"k", mine);
+        let theirs = signals.watch_grant(M, b"k", other);
         let grant = grant_to(mine, 7, 1);
         // Kept, and its token's loop alone woken.
-        signals.grant(b"k", grant);
+        signals.grant(M, b"k", grant);
         watch.granted().await;
         let woke = tokio::time::timeout(Duration::from_millis(20), theirs.granted());
         assert!(woke.await.is_err(), "another token's loop was woken");
-        assert_eq!(signals.take_grant(b"k", other), None);
-        assert_eq!(signals.take_grant(b"k", mine), Some(grant));
-        assert_eq!(signals.take_grant(b"k", mine), None);
+        assert_eq!(signals.take_grant(M, b"k", other), None);
+        assert_eq!(signals.take_grant(M, b"k", mine), Some(grant));
+        assert_eq!(signals.take_grant(M, b"k", mine), None);
         drop((watch, theirs));
         assert!(signals.grant_watches.is_empty());
+    }
+
+    /// A key may name both a mutex and a read-write lock, two independent locks:
+    /// a grant of one is kept, woken and taken apart from the other's.
+    #[tokio::test]
+    async fn a_grant_of_one_kind_is_not_the_other_kinds() {
+        let signals = Signals::new();
+        let token = LeaseToken::random();
+        let mutex = signals.watch_grant(M, b"k", token);
+        let write = signals.watch_grant(LockKind::ReadWrite, b"k", token);
+        let grant = grant_to(token, 5, 0);
+        assert!(signals.grant(LockKind::ReadWrite, b"k", grant));
+        write.granted().await;
+        let woke = tokio::time::timeout(Duration::from_millis(20), mutex.granted());
+        assert!(woke.await.is_err(), "a write grant woke the mutex's loop");
+        assert!(!signals.has_grant(M, b"k", token));
+        assert_eq!(signals.take_grant(M, b"k", token), None);
+        assert!(signals.wants_grant(LockKind::ReadWrite, b"k", token));
+        assert_eq!(
+            signals.take_grant(LockKind::ReadWrite, b"k", token),
+            Some(grant)
+        );
+        drop(write);
+        assert!(!signals.wants_grant(LockKind::ReadWrite, b"k", token));
+        assert!(signals.wants_grant(M, b"k", token));
     }
 
     #[test]
     fn grants_nobody_watches_are_swept_beyond_the_bound() {
         let signals = Signals::new();
         let token = LeaseToken::random();
-        let _watch = signals.watch_grant(b"watched", token);
+        let _watch = signals.watch_grant(M, b"watched", token);
         let grant = grant_to(token, 1, 0);
-        signals.grant(b"watched", grant);
+        signals.grant(M, b"watched", grant);
         for i in 0..KEPT + 10 {
-            signals.grant(format!("k{i}").as_bytes(), grant);
+            signals.grant(M, format!("k{i}").as_bytes(), grant);
         }
         assert!(signals.granted().by_key.len() <= KEPT + 1);
-        assert_eq!(signals.take_grant(b"watched", token), Some(grant));
+        assert_eq!(signals.take_grant(M, b"watched", token), Some(grant));
     }
 
     /// A Cluster may deliver a grant message twice: a copy that comes after the
@@ -291,14 +337,14 @@ mod tests {
         let signals = Signals::new();
         let token = LeaseToken::random();
         let grant = grant_to(token, 3, 0);
-        let watch = signals.watch_grant(b"k", token);
-        assert!(signals.grant(b"k", grant));
+        let watch = signals.watch_grant(M, b"k", token);
+        assert!(signals.grant(M, b"k", grant));
         watch.granted().await;
-        assert_eq!(signals.take_grant(b"k", token), Some(grant));
-        let mut waiter = signals.watch(crate::backend::LockKind::Mutex, &crate::LockKey::from("k"));
-        assert!(!signals.grant(b"k", grant), "a copy was kept");
-        assert!(!signals.has_grant(b"k", token));
-        assert_eq!(signals.take_grant(b"k", token), None);
+        assert_eq!(signals.take_grant(M, b"k", token), Some(grant));
+        let mut waiter = signals.watch(M, &crate::LockKey::from("k"));
+        assert!(!signals.grant(M, b"k", grant), "a copy was kept");
+        assert!(!signals.has_grant(M, b"k", token));
+        assert_eq!(signals.take_grant(M, b"k", token), None);
         let woke = tokio::time::timeout(Duration::from_millis(20), waiter.woken());
         assert!(woke.await.is_err(), "a copy woke the key's waiters");
         let late = tokio::time::timeout(Duration::from_millis(20), watch.granted());
@@ -308,20 +354,20 @@ mod tests {
             token: LeaseToken::random(),
             ..grant
         };
-        assert!(signals.grant(b"k", next));
-        assert_eq!(signals.take_grant(b"k", next.token), Some(next));
+        assert!(signals.grant(M, b"k", next));
+        assert_eq!(signals.take_grant(M, b"k", next.token), Some(next));
     }
 
     #[test]
     fn the_taken_tokens_are_bounded() {
         let signals = Signals::new();
         let first = LeaseToken::random();
-        assert!(signals.grant(b"k", grant_to(first, 1, 0)));
-        assert!(signals.take_grant(b"k", first).is_some());
+        assert!(signals.grant(M, b"k", grant_to(first, 1, 0)));
+        assert!(signals.take_grant(M, b"k", first).is_some());
         for _ in 0..TAKEN_KEPT {
             let t = LeaseToken::random();
-            assert!(signals.grant(b"k", grant_to(t, 1, 0)));
-            assert!(signals.take_grant(b"k", t).is_some());
+            assert!(signals.grant(M, b"k", grant_to(t, 1, 0)));
+            assert!(signals.take_grant(M, b"k", t).is_some());
         }
         let granted = signals.granted();
         assert_eq!(granted.taken.len(), TAKEN_KEPT);

@@ -95,11 +95,12 @@ pub struct Signals {
     /// The election keys whose leader this instance observes: an announced change
     /// of the leader record (or a reconnect) has their observers read it again.
     leaders: Arc<Watchers>,
-    /// The grants of a key's mutex to this instance not taken yet, by key, and
-    /// the tokens whose grant was taken (`grants.rs`).
+    /// The grants of a key's mutex or write lease to this instance not taken
+    /// yet, by lock kind and key, and the tokens whose grant was taken
+    /// (`grants.rs`).
     granted: Arc<Mutex<grants::Granted>>,
-    /// The acquire loops waiting with a token that a grant may name, by key and
-    /// token (`grants.rs`).
+    /// The acquire loops waiting with a token that a grant may name, by lock
+    /// kind, key and token (`grants.rs`).
     grant_watches: Arc<grants::GrantWatches>,
     /// Whether the backend's releases grant (`grants.rs`).
     grants: Arc<AtomicBool>,

@@ -5,6 +5,7 @@
 
 mod backends;
 mod exclusion;
+mod grants;
 mod leases;
 mod sharing;
 

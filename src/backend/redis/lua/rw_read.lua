@@ -6,6 +6,7 @@
 -- KEYS[6] the release record of this token (see rw_release.lua)
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] waiting entry ttl ms
 -- ARGV[5] "1" to register for the wake-up when busy, "0" not to  ARGV[6] fence ttl ms
+-- ARGV[7] (optional) the send stamp rw_write.lua keeps for a write grant; unread here
 --
 -- Returns:
 --   { 1, last_write, 0 }        granted (or re-armed: the token already had a live

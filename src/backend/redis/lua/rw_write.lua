@@ -7,6 +7,9 @@
 -- ARGV[1] token  ARGV[2] lease ttl ms  ARGV[3] instance id  ARGV[4] waiting entry ttl ms
 -- ARGV[5] "1" to wait (register as a waiting writer and for the wake-up), "0" not to
 -- ARGV[6] fence ttl ms
+-- ARGV[7] (optional) the request's send stamp, a number on the caller's own clock
+-- that the script never reads, only keeps in the grant entry for the grant
+-- message to echo (as acquire.lua does; see Grants)
 --
 -- Returns:
 --   { 1, epoch, others }    granted (or re-armed: the token held it), with a fresh
@@ -18,6 +21,13 @@
 --   { -2 }                  the write lease is a string without a TTL (foreign)
 --   { -3 }                      this token's release was recorded: a late copy of an
 --                               acquire; nothing changed
+--
+-- Grants: a writer that waits (ARGV[5] "1", busy) also writes its grant entry,
+-- `<write lease>:g:<token>` = "<token> <ttl ms> <TIME ms> <entry ttl ms> <send
+-- stamp> <instance id>", living as long as its waiting-writer entry; a release
+-- that frees the lock may then give it the write lease on the server
+-- (rw_release.lua). A grant turns the entry into its mark, "granted <token>";
+-- an acquire that takes or re-arms the write lease with the token deletes it.
 local readers, writer, writers, fence, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, ttl, me = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local entry_ttl, fence_ttl = tonumber(ARGV[4]), tonumber(ARGV[6])
@@ -51,6 +61,10 @@ if holder == token or (holder == false and live_readers == 0) then
   if entry then
     redis.call('ZREM', writers, token)
   end
+  if entry or holder == token then
+    -- Its grant entry, or a grant's mark: the token holds the lease now.
+    redis.call('DEL', writer .. ':g:' .. token)
+  end
   redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
   redis.call('ZREMRANGEBYSCORE', readers, '-inf', ms)
   redis.call('ZREM', waiting, me)
@@ -78,5 +92,10 @@ redis.call('ZREMRANGEBYSCORE', writers, '-inf', ms)
 if ARGV[5] == '1' then
   add_living(writers, t.ms + entry_ttl, token, entry_ttl)
   add_living(waiting, t.ms + entry_ttl, me, entry_ttl)
+  -- What a release needs to grant the write lease to this token on the server
+  -- (see rw_release.lua): its TTL, its arrival by the server's clock, the send
+  -- stamp to echo and the instance to tell. Rewritten by every ask.
+  redis.call('SET', writer .. ':g:' .. token, token .. ' ' .. ARGV[2] .. ' ' .. ms .. ' '
+    .. ARGV[4] .. ' ' .. (ARGV[7] or '-') .. ' ' .. me, 'PX', entry_ttl)
 end
 return { 0, wait_ms, others }
