@@ -26,6 +26,9 @@
 //! * **Wake-ups, not polling.** A waiting instance is woken by a message when a
 //!   write lease is released or the last read lease leaves (the backend's pub/sub
 //!   channel, like the mutex), with the backend's `retry_in` as a fallback timer.
+//!   On Redis, a release that frees the lock while a writer of another instance
+//!   waits gives that writer the write lease on the server instead, and the writer
+//!   holds from the message with no request of its own (`Stats::grants`).
 //!
 //! # How long can readers hold off a writer?
 //!

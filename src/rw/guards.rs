@@ -66,7 +66,9 @@ impl ReadGuard {
     crate::lease::observe_lease!("read lease", signal);
 
     /// Leaves the shared read lease; the last local reader releases it at the
-    /// backend, which wakes the instances waiting for the key.
+    /// backend, which wakes the instances waiting for the key (on Redis, the
+    /// last read lease's release may instead give the write lease to a writer of
+    /// another instance that waits).
     ///
     /// # Errors
     ///
@@ -177,7 +179,8 @@ impl WriteGuard {
     crate::lease::observe_lease!("write lease", signal);
 
     /// Releases the write lock at the backend, which wakes the instances waiting
-    /// for the key.
+    /// for the key (on Redis, it may instead give the write lease to a writer of
+    /// another instance that waits).
     ///
     /// # Errors
     ///
