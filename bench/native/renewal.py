@@ -16,7 +16,17 @@ and prints the server's main-thread CPU (INFO cpu) per lease, median of the roun
 and each way's ratio to the script. Then it fills the server past `maxmemory`
 (noeviction) and shows which of the ways still renew there.
 
+Two more ways bound what the script could save, 500 leases per EVALSHA each:
+
+  floor script       the least a script can do for what renewal must learn: one
+                     MGET of the locks, one EXISTS of their queues, a PEXPIRE per
+                     lease whose value is its token
+  floor, no queue    the same without the EXISTS (the holder would no longer
+                     learn that others wait)
+
     python3 bench/native/renewal.py [N] [ROUNDS]
+    SERVER=redis python3 bench/native/renewal.py [N] [ROUNDS]   # redis-server from
+                     PATH (before 8.4: no SET ... IFEQ, so those ways are skipped)
 """
 import os
 import socket
@@ -71,6 +81,27 @@ class Conn:
         return float(fields["used_cpu_user_main_thread"]) + float(fields["used_cpu_sys_main_thread"])
 
 
+# KEYS: the locks; ARGV: the TTL, then each lock's token, then each lock's queue.
+FLOOR = """
+local n = #KEYS
+local values = redis.call('MGET', unpack(KEYS))
+local queued = redis.call('EXISTS', unpack(ARGV, 2 + n, 1 + 2 * n))
+local out = {}
+for i = 1, n do
+  if values[i] == ARGV[1 + i] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# The same without the queues' EXISTS.
+FLOOR_NO_QUEUE = FLOOR.replace("local queued = redis.call('EXISTS', unpack(ARGV, 2 + n, 1 + 2 * n))\n", "")
+
+
 def token(i):
     return "%032x" % (i * 7919 + 1)
 
@@ -82,8 +113,11 @@ def key(i):
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
-    server = subprocess.run([os.path.join(ROOT, "scripts", "valkey")], check=True,
-                            capture_output=True, text=True).stdout.strip()
+    if os.environ.get("SERVER") == "redis":
+        server = "redis-server"
+    else:
+        server = subprocess.run([os.path.join(ROOT, "scripts", "valkey")], check=True,
+                                capture_output=True, text=True).stdout.strip()
     port = 27000 + os.getpid() % 2000
     proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", tempfile.mkdtemp()],
@@ -107,6 +141,11 @@ def main():
 def run(conn, n, rounds):
     script = "".join(open(os.path.join(LUA, p)).read() for p in PARTS)
     sha = conn.pipe([["SCRIPT", "LOAD", script]])[0].decode()
+    floor = conn.pipe([["SCRIPT", "LOAD", FLOOR]])[0].decode()
+    no_queue = conn.pipe([["SCRIPT", "LOAD", FLOOR_NO_QUEUE]])[0].decode()
+    info = conn.pipe([["INFO", "server"]])[0].decode()
+    ifeq = "valkey_version" in info or tuple(
+        int(x) for x in info.split("redis_version:")[1].split()[0].split(".")[:2]) >= (8, 4)
     for b in range(0, n, 1000):
         conn.pipe([["SET", key(i), token(i), "PX", 600000] for i in range(b, min(n, b + 1000))])
 
@@ -127,17 +166,31 @@ def run(conn, n, rounds):
         for r in conn.pipe(commands):
             assert isinstance(r, list) and r[0] == b"1", r
 
+    def floor_way(sha_, queues):
+        commands = []
+        for b in range(0, n, 500):
+            ids = range(b, min(n, b + 500))
+            commands.append(["EVALSHA", sha_, len(ids)] + [key(i) for i in ids] + [TTL_MS]
+                            + [token(i) for i in ids]
+                            + ([key(i) + ":q" for i in ids] if queues else []))
+        for r in conn.pipe(commands):
+            assert isinstance(r, list) and r[0] == b"1", r
+
     def ok(replies):
         assert replies[0] == b"OK", replies[0]
 
     ways = [
         ("renew_batch.lua", script_way),
+        ("floor script", lambda: floor_way(floor, True)),
+        ("floor, no queue", lambda: floor_way(no_queue, False)),
         ("SET IFEQ + EXISTS", lambda: per_lease(
             lambda i: [["SET", key(i), token(i), "IFEQ", token(i), "PX", TTL_MS], ["EXISTS", key(i) + ":q"]], ok)),
         ("SET IFEQ", lambda: per_lease(
             lambda i: [["SET", key(i), token(i), "IFEQ", token(i), "PX", TTL_MS]], ok)),
         ("PEXPIRE", lambda: per_lease(lambda i: [["PEXPIRE", key(i), TTL_MS]], lambda r: None)),
     ]
+    if not ifeq:
+        ways = [w for w in ways if "IFEQ" not in w[0]]
     results = {name: [] for name, _ in ways}
     for r in range(rounds):
         for name, way in (ways if r % 2 == 0 else ways[::-1]):
@@ -156,7 +209,8 @@ def run(conn, n, rounds):
     print("past maxmemory:")
     print("  renew_batch.lua  ->", conn.pipe([["EVALSHA", sha, 3, key(0), key(0) + ":q", key(0) + ":qe",
                                                 "me", 1, TTL_MS, 60000, "m", token(0)]])[0])
-    print("  SET IFEQ         ->", conn.pipe([["SET", key(1), token(1), "IFEQ", token(1), "PX", TTL_MS]])[0])
+    if ifeq:
+        print("  SET IFEQ         ->", conn.pipe([["SET", key(1), token(1), "IFEQ", token(1), "PX", TTL_MS]])[0])
     print("  PEXPIRE          ->", conn.pipe([["PEXPIRE", key(2), TTL_MS]])[0])
     conn.pipe([["CONFIG", "SET", "maxmemory", "0"]])
 
