@@ -23,6 +23,9 @@ Two more ways bound what the script could save, 500 leases per EVALSHA each:
                      lease whose value is its token
   floor, no queue    the same without the EXISTS (the holder would no longer
                      learn that others wait)
+  floor, batch args  the floor script called with renew_batch.lua's arguments
+                     (three keys and a kind per lease) and reply (two values per
+                     lease): what the layout costs, apart from the script's logic
 
     python3 bench/native/renewal.py [N] [ROUNDS]
     SERVER=redis python3 bench/native/renewal.py [N] [ROUNDS]   # redis-server from
@@ -98,6 +101,27 @@ end
 return out
 """
 
+# The floor with renew_batch.lua's arguments and reply shape.
+FLOOR_BATCH_ARGS = """
+local n = tonumber(ARGV[2])
+local owned, queues = {}, {}
+for i = 1, n do
+  owned[i], queues[i] = KEYS[3 * i - 2], KEYS[3 * i - 1]
+end
+local values = redis.call('MGET', unpack(owned))
+local queued = redis.call('EXISTS', unpack(queues))
+local out = {}
+for i = 1, n do
+  if values[i] == ARGV[4 + 2 * i] then
+    redis.call('PEXPIRE', owned[i], ARGV[3])
+    out[2 * i - 1], out[2 * i] = 1, 0
+  else
+    out[2 * i - 1], out[2 * i] = 0, 0
+  end
+end
+return out
+"""
+
 # The same without the queues' EXISTS.
 FLOOR_NO_QUEUE = FLOOR.replace("local queued = redis.call('EXISTS', unpack(ARGV, 2 + n, 1 + 2 * n))\n", "")
 
@@ -143,6 +167,7 @@ def run(conn, n, rounds):
     sha = conn.pipe([["SCRIPT", "LOAD", script]])[0].decode()
     floor = conn.pipe([["SCRIPT", "LOAD", FLOOR]])[0].decode()
     no_queue = conn.pipe([["SCRIPT", "LOAD", FLOOR_NO_QUEUE]])[0].decode()
+    batch_args = conn.pipe([["SCRIPT", "LOAD", FLOOR_BATCH_ARGS]])[0].decode()
     info = conn.pipe([["INFO", "server"]])[0].decode()
     ifeq = "valkey_version" in info or tuple(
         int(x) for x in info.split("redis_version:")[1].split()[0].split(".")[:2]) >= (8, 4)
@@ -154,7 +179,7 @@ def run(conn, n, rounds):
             replies = conn.pipe([c for i in range(b, min(n, b + 1000)) for c in build(i)])
             check(replies)
 
-    def script_way():
+    def script_way(sha=sha):
         commands = []
         for b in range(0, n, 500):
             ids = range(b, min(n, b + 500))
@@ -181,6 +206,7 @@ def run(conn, n, rounds):
 
     ways = [
         ("renew_batch.lua", script_way),
+        ("floor, batch args", lambda: script_way(batch_args)),
         ("floor script", lambda: floor_way(floor, True)),
         ("floor, no queue", lambda: floor_way(no_queue, False)),
         ("SET IFEQ + EXISTS", lambda: per_lease(
