@@ -162,3 +162,32 @@ local function settle_release(held, previous, record, token, ttl_ms)
   redis.pcall('SET', record, '0', 'NX', 'PX', tonumber(ttl_ms))
   return 0
 end
+
+-- Whether a waiter's grant entry may be granted now (release.lua grants the mutex,
+-- rw_release.lua the write lease, under the same rule): its ask arrived `at` (ms,
+-- the server's clock) asking for `ttl` ms, in an entry that lives `life` ms. The
+-- window is the shorter of the two; the ask must be younger than half of it and
+-- than `max_age` (a release record's lifetime), no release record `record` may
+-- stand for its token, and the server must not be in a restart's quarantine (the
+-- life key `life_key`; a value of another type there means no grant).
+-- Returns the window and the ask's age in ms, or nil.
+local function grantable(ttl, at, life, max_age, record, life_key)
+  local window = math.min(tonumber(ttl), tonumber(life))
+  local age = now().ms - tonumber(at)
+  if age < 0 or age >= math.min(window / 2, tonumber(max_age)) then
+    return nil
+  end
+  if redis.call('EXISTS', record) == 1 then
+    return nil
+  end
+  local lived = redis.pcall('GET', life_key)
+  if type(lived) == 'string' then
+    local quarantine = tonumber(string.match(lived, '^%d+ (%d+)$') or '0')
+    if now().ms < quarantine then
+      return nil
+    end
+  elseif lived then
+    return nil
+  end
+  return window, age
+end

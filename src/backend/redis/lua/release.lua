@@ -18,7 +18,8 @@
 -- lesser of the lease TTL and the queue entry's lifetime, counted from the ask's
 -- arrival: the lock is set for that token until then, no longer than the queue
 -- presumes a silent waiter alive, so a waiter whose process died holds the key at
--- most as long as its queue entry would have lived. The script grants if
+-- most as long as its queue entry would have lived. The script grants if (the
+-- rule is `grantable` in queue.lua, which rw_release.lua shares)
 --   * that token has no release record (a token whose release was sent is never
 --     granted, as the acquire refuses it with { -3 }),
 --   * the entry is younger than half the window and than a release record's
@@ -105,21 +106,8 @@ local function grant(head)
   if tok == nil or string.len(tok) ~= 32 then
     return false
   end
-  local window = math.min(tonumber(ttl), tonumber(life))
-  local age = now().ms - tonumber(at)
-  if age < 0 or age >= math.min(window / 2, tonumber(ARGV[6])) then
-    return false
-  end
-  if redis.call('EXISTS', lock .. ':rel:' .. tok) == 1 then
-    return false
-  end
-  local lived = redis.pcall('GET', KEYS[7])
-  if type(lived) == 'string' then
-    local quarantine = tonumber(string.match(lived, '^%d+ (%d+)$') or '0')
-    if now().ms < quarantine then
-      return false
-    end
-  elseif lived then
+  local window, age = grantable(ttl, at, life, ARGV[6], lock .. ':rel:' .. tok, KEYS[7])
+  if window == nil then
     return false
   end
   -- The epoch, as acquire.lua mints it; a fence of another type means no grant.

@@ -34,7 +34,7 @@
 -- Grants: when no write lease and no live read lease is left, grants are on
 -- (ARGV[6]) and a writer waits, the writer whose live waiting entry is earliest
 -- (its last ask the oldest) may be given the write lease itself, on the server,
--- under the mutex's conditions (release.lua): its grant entry (rw_write.lua
+-- under the mutex's conditions (`grantable`, queue.lua): its grant entry (rw_write.lua
 -- writes `<write lease>:g:<token>` = "<token> <ttl ms> <arrival ms> <entry ttl ms>
 -- <send stamp> <instance id>" at each of its asks) is younger than half the
 -- window (the lesser of the lease TTL and the entry's lifetime) and than a release
@@ -113,22 +113,10 @@ local function grant()
   if tok == nil or string.len(tok) ~= 32 or tok ~= first[1] then
     return false
   end
-  local window = math.min(tonumber(ttl), tonumber(life))
-  local age = t.ms - tonumber(at)
-  if age < 0 or age >= math.min(window / 2, tonumber(ARGV[5])) then
-    return false
-  end
   -- That token's release record: this lease's record (KEYS[5]) less its token.
-  if redis.call('EXISTS', string.sub(record, 1, -33) .. tok) == 1 then
-    return false
-  end
-  local lived = redis.pcall('GET', KEYS[7])
-  if type(lived) == 'string' then
-    local quarantine = tonumber(string.match(lived, '^%d+ (%d+)$') or '0')
-    if t.ms < quarantine then
-      return false
-    end
-  elseif lived then
+  local window, age =
+    grantable(ttl, at, life, ARGV[5], string.sub(record, 1, -33) .. tok, KEYS[7])
+  if window == nil then
     return false
   end
   -- The write epoch, as rw_write.lua mints it; a fence of another type means no
