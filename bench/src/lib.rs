@@ -26,6 +26,12 @@
 //! a full run without a delay proxy; `cargo bench -p bench --bench topology` runs
 //! it alone).
 //!
+//! For every point of the hot-key workloads the report also says how busy the key
+//! was (the table *How busy the hot key is*, and `efficiency`, `transfers_per_s`,
+//! `idle_us_per_transfer` in `results.jsonl`): the critical sections' own time over
+//! the elapsed time, the transfers of the lock between processes per second, and the
+//! idle time per transfer (an upper bound: handoffs inside a process are idle too).
+//!
 //! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round,
 //! no comparison matrix), `LOCKFLIGHT_BENCH_SECS` (per point, default 2),
 //! `LOCKFLIGHT_BENCH_COMPARE` (`0`: skip the comparison matrix; or a comma list of its

@@ -37,6 +37,10 @@ pub(crate) struct WorkerSpec {
 pub(crate) struct WorkerResult {
     pub(crate) id: u64,
     pub(crate) sections: u64,
+    /// Time inside the critical sections (the GET + SET of the counter, and the hold
+    /// of `hotkey-rmw-hold1ms`; not the lock's acquire and release), summed over this
+    /// worker's sections, µs. The coordinator's efficiency of a hot key.
+    pub(crate) section_us: u64,
     pub(crate) elapsed_us: u64,
     /// Client-side requests `[acquire, release, renew, leave]` (the plain lock:
     /// `[SET NX attempts, releases, 0, 0]`).
@@ -142,7 +146,7 @@ mod tests {
 
     fn result_json() -> serde_json::Value {
         serde_json::json!({
-            "id": 1, "sections": 3, "elapsed_us": 500, "requests": [3, 3, 0, 0],
+            "id": 1, "sections": 3, "section_us": 120, "elapsed_us": 500, "requests": [3, 3, 0, 0],
             "stats": null, "hist": [[10, 3]], "records": [[0, 0, 0, 0]], "errors": [],
         })
     }
@@ -158,7 +162,14 @@ mod tests {
     /// of a missing `stats`); now every field is required.
     #[test]
     fn a_missing_or_unknown_field_is_an_error() {
-        for field in ["sections", "stats", "records", "errors", "requests"] {
+        for field in [
+            "sections",
+            "section_us",
+            "stats",
+            "records",
+            "errors",
+            "requests",
+        ] {
             let mut v = result_json();
             v.as_object_mut().expect("an object").remove(field);
             let e = serde_json::from_value::<WorkerResult>(v).expect_err(field);

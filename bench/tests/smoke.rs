@@ -10,11 +10,13 @@
 //! T = 4 tasks, 0.5 s per point, every workload and mode, against a private
 //! `redis-server`. It fails on any correctness violation (lost update, fencing token
 //! out of order, lease lost, timeout, leftover lock key or slot) and checks that an
-//! uncontended lock + release is exactly 2 backend round trips.
+//! uncontended lock + release is exactly 2 backend round trips, and that the hot key's
+//! efficiency is in (0, 1.05] and its lock passed between processes (P ≥ 2, a lock
+//! across processes).
 
 use std::time::{Duration, Instant};
 
-use bench::{Config, WORKER_ENV, run, worker_main};
+use bench::{Config, Mode, WORKER_ENV, Workload, run, worker_main};
 
 fn worker_command() -> std::process::Command {
     let mut cmd =
@@ -57,6 +59,26 @@ fn contention_smoke() {
             p.workload.name(),
             p.mode.name()
         );
+        if p.workload == Workload::Zipf {
+            continue;
+        }
+        // How busy the hot key was: no timing bound beyond what must hold (the
+        // sections on one key never overlap, so their time fits in the elapsed time).
+        let what = format!("{} {} P={}", p.workload.name(), p.mode.name(), p.procs);
+        let efficiency = p
+            .efficiency
+            .unwrap_or_else(|| panic!("{what}: no efficiency"));
+        assert!(
+            efficiency > 0.0 && efficiency <= 1.05,
+            "{what}: efficiency {efficiency} is not in (0, 1.05]"
+        );
+        if p.procs >= 2 && p.mode != Mode::Floor {
+            let transfers = p.transfers_per_s.unwrap_or(0.0);
+            assert!(
+                transfers > 0.0,
+                "{what}: the lock never passed between processes"
+            );
+        }
     }
     assert!(!report.uncontended.is_empty());
     for u in &report.uncontended {

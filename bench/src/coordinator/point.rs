@@ -196,6 +196,17 @@ fn summarize(
     }
     let sections: u64 = per_proc.iter().sum();
     let elapsed_s = elapsed_us as f64 / 1e6;
+    // How busy the hot key was: defined for one key only (`zipf`'s many keys are
+    // busy at once).
+    let hot_key = workload.keys() == 1;
+    let busy_us: u64 = results.iter().map(|r| r.section_us).sum();
+    let transfers = transfers(
+        results
+            .iter()
+            .flat_map(|r| r.records.iter().map(|&[k, value, ..]| (k, value, r.id)))
+            .collect(),
+    );
+    let idle_us = elapsed_us as f64 - busy_us as f64;
     let point = Point {
         workload,
         mode,
@@ -219,9 +230,54 @@ fn summarize(
         acquired,
         per_proc,
         rounds: Vec::new(),
+        efficiency: (hot_key && elapsed_us > 0).then(|| busy_us as f64 / elapsed_us as f64),
+        transfers_per_s: (hot_key && elapsed_s > 0.0).then(|| transfers as f64 / elapsed_s),
+        idle_us_per_transfer: (hot_key && transfers > 0).then(|| idle_us / transfers as f64),
     };
     if sections == 0 {
         bad.push("no critical section completed".into());
     }
     Ok((point, bad))
+}
+
+/// Transfers of a lock between worker processes: `sections` are `(key, counter value
+/// read, worker id)`, one per critical section. The value read orders the sections of
+/// a key (the verifier checks that each value is read once), so in that order every
+/// consecutive pair of sections of one key run by two different workers is one
+/// transfer; sections of different keys never pair.
+fn transfers(mut sections: Vec<(u64, u64, u64)>) -> u64 {
+    sections.sort_unstable();
+    sections
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0 && w[0].2 != w[1].2)
+        .count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transfers;
+
+    /// `(key, value, worker)` for the workers of `order`, one key, values 0, 1, ...
+    fn on_key(key: u64, order: &[u64]) -> Vec<(u64, u64, u64)> {
+        (0..).zip(order).map(|(v, &w)| (key, v, w)).collect()
+    }
+
+    #[test]
+    fn a_transfer_is_a_change_of_worker_in_counter_order() {
+        assert_eq!(transfers(on_key(0, &[0, 0, 1, 0])), 2);
+        assert_eq!(transfers(on_key(0, &[1, 1, 1])), 0, "one worker");
+        assert_eq!(transfers(Vec::new()), 0);
+        // The records arrive grouped by worker, not in counter order.
+        let mut mixed = on_key(0, &[0, 1, 0, 1]);
+        mixed.sort_by_key(|&(_, _, w)| w);
+        assert_eq!(transfers(mixed), 3);
+    }
+
+    #[test]
+    fn keys_do_not_pair_with_each_other() {
+        // Key 0 ends on worker 0, key 1 starts on worker 1: no transfer between them.
+        let mut both = on_key(0, &[0, 0]);
+        both.extend(on_key(1, &[1, 1, 0]));
+        assert_eq!(transfers(both), 1);
+    }
 }

@@ -31,6 +31,11 @@ pub(super) fn fmt_cs(p: &Point) -> String {
     }
 }
 
+/// A figure that may be undefined: `—` when it is.
+pub(super) fn fmt_opt(x: Option<f64>, fmt: impl FnOnce(f64) -> String) -> String {
+    x.map_or_else(|| "—".to_owned(), fmt)
+}
+
 pub(crate) fn fmt_shares(shares: &[f64]) -> String {
     shares
         .iter()

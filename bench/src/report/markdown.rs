@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::compare::compare_markdown;
-use super::format::{fmt_cs, fmt_shares, fmt_us, machine, utc_now};
+use super::format::{fmt_cs, fmt_opt, fmt_rate, fmt_shares, fmt_us, machine, utc_now};
 use super::targets::{find, targets};
 use super::{Point, Report, pct, sorted};
 use crate::config::{Config, Workload};
@@ -115,6 +115,8 @@ pub(crate) fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> Strin
         s.push('\n');
     }
 
+    busy_markdown(&mut s, r);
+
     let t = cfg.tasks.iter().copied().max().unwrap_or(1);
     let w = Workload::HotkeyRmw;
     let cols: Vec<&Point> = cfg
@@ -216,4 +218,53 @@ pub(crate) fn markdown(cfg: &Config, r: &Report, violations: &[String]) -> Strin
         s.push_str(&crate::topology::markdown(rows, cfg.secs));
     }
     s
+}
+
+/// How busy the hot key was: efficiency, transfers between processes, idle time per
+/// transfer, for every hot-key point (the comparison matrix's, then the per-workload
+/// matrix's).
+fn busy_markdown(s: &mut String, r: &Report) {
+    let hot: Vec<&Point> = r
+        .compare
+        .iter()
+        .chain(&r.points)
+        .filter(|p| p.efficiency.is_some())
+        .collect();
+    if hot.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "### How busy the hot key is
+"
+    );
+    let _ = writeln!(
+        s,
+        "Of the round shown (sections/s is that round's). Efficiency = the critical sections' \
+         own time (GET + SET of the counter, and the 1 ms hold; timed in the workers) / \
+         the point's elapsed time: 1.00 = the key is never idle. Transfers = consecutive \
+         critical sections (in counter order) run by two different processes. Idle per \
+         transfer = (elapsed − the sections' time) / transfers: handoffs inside a process \
+         are idle too, so it is an upper bound of one transfer's idle time.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | mode | P×T | sections/s | efficiency | transfers/s | idle µs per transfer |\n\
+         |---|---|---|--:|--:|--:|--:|"
+    );
+    for p in hot {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}×{} | {} | {} | {} | {} |",
+            p.workload.name(),
+            p.mode.name(),
+            p.procs,
+            p.tasks,
+            fmt_rate(p.throughput),
+            fmt_opt(p.efficiency, |e| format!("{e:.2}")),
+            fmt_opt(p.transfers_per_s, fmt_rate),
+            fmt_opt(p.idle_us_per_transfer, |us| format!("{us:.1}")),
+        );
+    }
+    s.push('\n');
 }

@@ -61,6 +61,24 @@ pub struct Point {
     pub per_proc: Vec<u64>,
     /// Throughput of every round of this point (the point itself is the median).
     pub rounds: Vec<f64>,
+    /// How busy the hot key was: the critical sections' own durations (timed in the
+    /// workers around the GET + SET of the counter, and the 1 ms hold of
+    /// `hotkey-rmw-hold1ms`; the lock's acquire and release are outside), summed,
+    /// over [`elapsed_s`](Self::elapsed_s), the same elapsed time as the throughput
+    /// (the slowest process, from the common start instant until all its tasks had
+    /// finished; a section started before the end instant is finished and counted).
+    /// 1.0: the key was never idle. `None` for `zipf` (many keys).
+    pub efficiency: Option<f64>,
+    /// Transfers of the hot key's lock between processes (consecutive critical
+    /// sections, in counter order, run by two different processes) per second of
+    /// [`elapsed_s`](Self::elapsed_s); 0 for one process (the floor). `None` for
+    /// `zipf`.
+    pub transfers_per_s: Option<f64>,
+    /// (elapsed − the critical sections' durations) / transfers between processes, µs.
+    /// The idle time of handoffs inside a process counts too, so this is an upper
+    /// bound of the idle time of one transfer between processes. `None` without a
+    /// transfer (one process) and for `zipf`.
+    pub idle_us_per_transfer: Option<f64>,
 }
 
 impl Point {
@@ -146,6 +164,9 @@ impl Point {
             "acquired": self.acquired,
             "per_process_cs": self.per_proc,
             "per_process_share": self.shares(),
+            "efficiency": self.efficiency,
+            "transfers_per_s": self.transfers_per_s,
+            "idle_us_per_transfer": self.idle_us_per_transfer,
         })
     }
 }

@@ -83,6 +83,8 @@ struct Ctx {
 #[derive(Default)]
 struct TaskOut {
     sections: u64,
+    /// Time spent inside [`critical_section`], summed over this task's sections.
+    section: Duration,
     hist: Option<Histogram<u64>>,
     /// `[key index, counter value read, epoch, seq]`
     records: Vec<[u64; 4]>,
@@ -160,12 +162,14 @@ async fn worker(spec: WorkerSpec) -> Result<WorkerResult, String> {
         .collect();
     let mut hist = new_histogram();
     let mut sections = 0;
+    let mut section = Duration::ZERO;
     let mut records = Vec::new();
     let mut errors = Vec::new();
     for h in handles {
         match h.await {
             Ok(out) => {
                 sections += out.sections;
+                section += out.section;
                 if let Some(h) = &out.hist {
                     hist.add(h).map_err(|e| e.to_string())?;
                 }
@@ -214,6 +218,7 @@ async fn worker(spec: WorkerSpec) -> Result<WorkerResult, String> {
     Ok(WorkerResult {
         id,
         sections,
+        section_us: section.as_micros() as u64,
         elapsed_us: micros(elapsed),
         requests,
         stats,
@@ -251,7 +256,7 @@ async fn task_body(
                     .await
                     .map_err(|e| format!("lock: {e}"))?;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = critical_section(ctx, &mut conn, k).await?;
+                let c = timed_section(ctx, &mut conn, k, out).await?;
                 let f = guard.fencing_token();
                 out.records.push([k as u64, c, f.epoch, f.seq]);
                 guard.release().await.map_err(|e| format!("release: {e}"))?;
@@ -259,14 +264,14 @@ async fn task_body(
             Guard::Mutexes(mutexes) => {
                 let guard = mutexes[k].lock().await;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = critical_section(ctx, &mut conn, k).await?;
+                let c = timed_section(ctx, &mut conn, k, out).await?;
                 out.records.push([k as u64, c, 0, 0]);
                 drop(guard);
             }
             Guard::Plain(plain) => {
                 let token = plain.lock(k, t0 + WAIT_TIMEOUT).await?;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = critical_section(ctx, &mut conn, k).await?;
+                let c = timed_section(ctx, &mut conn, k, out).await?;
                 out.records.push([k as u64, c, 0, 0]);
                 plain.unlock(k, &token).await?;
             }
@@ -274,6 +279,20 @@ async fn task_body(
         out.sections += 1;
     }
     Ok(())
+}
+
+/// [`critical_section`], its duration added to `out.section` (the key's busy time:
+/// the lock's own acquire and release are outside it).
+async fn timed_section(
+    ctx: &Ctx,
+    conn: &mut redis::aio::MultiplexedConnection,
+    k: usize,
+    out: &mut TaskOut,
+) -> Result<u64, String> {
+    let t = Instant::now();
+    let c = critical_section(ctx, conn, k).await?;
+    out.section += t.elapsed();
+    Ok(c)
 }
 
 /// GET the counter, SET it incremented (two round trips on the data connection),
