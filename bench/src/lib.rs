@@ -28,9 +28,11 @@
 //!
 //! For every point of the hot-key workloads the report also says how busy the key
 //! was (the table *How busy the hot key is*, and `efficiency`, `transfers_per_s`,
-//! `idle_us_per_transfer` in `results.jsonl`): the critical sections' own time over
-//! the elapsed time, the transfers of the lock between processes per second, and the
-//! idle time per transfer (an upper bound: handoffs inside a process are idle too).
+//! `idle_us_per_transfer`, `idle_us_per_turn` in `results.jsonl`): the critical
+//! sections' own time over the elapsed time, the transfers of the lock between
+//! processes per second, and the key's mean idle time from one section's end to the
+//! next one's start, at a transfer and at a turn inside a process (each worker
+//! records its sections' start and end on the machine's clock).
 //!
 //! Knobs (environment): `LOCKFLIGHT_BENCH_SMOKE=1` (P = 2, T = 4, 0.5 s, one round,
 //! no comparison matrix), `LOCKFLIGHT_BENCH_SECS` (per point, default 2),

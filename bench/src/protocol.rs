@@ -52,8 +52,9 @@ pub(crate) struct WorkerResult {
     pub(crate) stats: Option<LockStats>,
     /// The lock-wait histogram: `[value µs, count]` pairs.
     pub(crate) hist: Vec<[u64; 2]>,
-    /// One per critical section: `[key index, counter value read, epoch, seq]`.
-    pub(crate) records: Vec<[u64; 4]>,
+    /// One per critical section: `[key index, counter value read, epoch, seq, start,
+    /// end]`, start and end the section's own, in unix µs.
+    pub(crate) records: Vec<[u64; 6]>,
     /// Errors of the tasks (a lock or release that failed ends its task).
     pub(crate) errors: Vec<String>,
 }
@@ -147,7 +148,7 @@ mod tests {
     fn result_json() -> serde_json::Value {
         serde_json::json!({
             "id": 1, "sections": 3, "section_us": 120, "elapsed_us": 500, "requests": [3, 3, 0, 0],
-            "stats": null, "hist": [[10, 3]], "records": [[0, 0, 0, 0]], "errors": [],
+            "stats": null, "hist": [[10, 3]], "records": [[0, 0, 0, 0, 10, 50]], "errors": [],
         })
     }
 

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::Run;
 use super::verify::{commandstats, verify};
-use crate::config::{Mode, Workload};
+use crate::config::{HOLD, Mode, Workload};
 use crate::new_histogram;
 use crate::protocol::{Msg, WORKER_ENV, WorkerResult, WorkerSpec, go_line, unix_us};
 use crate::report::Point;
@@ -200,13 +200,22 @@ fn summarize(
     // busy at once).
     let hot_key = workload.keys() == 1;
     let busy_us: u64 = results.iter().map(|r| r.section_us).sum();
-    let transfers = transfers(
+    let gaps = Gaps::of(
         results
             .iter()
-            .flat_map(|r| r.records.iter().map(|&[k, value, ..]| (k, value, r.id)))
+            .flat_map(|r| {
+                r.records
+                    .iter()
+                    .map(|&[k, value, _, _, start, end]| Section {
+                        key: k,
+                        value,
+                        worker: r.id,
+                        start,
+                        end,
+                    })
+            })
             .collect(),
     );
-    let idle_us = elapsed_us as f64 - busy_us as f64;
     let point = Point {
         workload,
         mode,
@@ -231,8 +240,19 @@ fn summarize(
         per_proc,
         rounds: Vec::new(),
         efficiency: (hot_key && elapsed_us > 0).then(|| busy_us as f64 / elapsed_us as f64),
-        transfers_per_s: (hot_key && elapsed_s > 0.0).then(|| transfers as f64 / elapsed_s),
-        idle_us_per_transfer: (hot_key && transfers > 0).then(|| idle_us / transfers as f64),
+        transfers_per_s: (hot_key && elapsed_s > 0.0).then(|| gaps.transfers as f64 / elapsed_s),
+        idle_us_per_transfer: hot_key.then(|| gaps.per_transfer()).flatten(),
+        idle_us_per_turn: hot_key.then(|| gaps.per_turn()).flatten(),
+        one_way_us: (hot_key && sections > 0).then(|| {
+            // A section is a GET and a SET on the data connection (two round
+            // trips), plus the hold of `hotkey-rmw-hold1ms`.
+            let hold = if workload == Workload::HotkeyHold {
+                HOLD.as_micros() as f64
+            } else {
+                0.0
+            };
+            ((busy_us as f64 / sections as f64 - hold) / 4.0).max(0.0)
+        }),
     };
     if sections == 0 {
         bad.push("no critical section completed".into());
@@ -240,44 +260,111 @@ fn summarize(
     Ok((point, bad))
 }
 
-/// Transfers of a lock between worker processes: `sections` are `(key, counter value
-/// read, worker id)`, one per critical section. The value read orders the sections of
-/// a key (the verifier checks that each value is read once), so in that order every
-/// consecutive pair of sections of one key run by two different workers is one
-/// transfer; sections of different keys never pair.
-fn transfers(mut sections: Vec<(u64, u64, u64)>) -> u64 {
-    sections.sort_unstable();
-    sections
-        .windows(2)
-        .filter(|w| w[0].0 == w[1].0 && w[0].2 != w[1].2)
-        .count() as u64
+/// One critical section, as the coordinator orders them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Section {
+    key: u64,
+    /// The counter value the section read: orders the sections of a key (the
+    /// verifier checks that each value is read once).
+    value: u64,
+    worker: u64,
+    /// The section's start and end, unix µs (the workers share the machine's clock).
+    start: u64,
+    end: u64,
+}
+
+/// The hot key's idle gaps: from a critical section's end to the next section's
+/// start on the same key, split by whether the next section ran in another worker
+/// process (a transfer between instances) or the same one (a turn inside a process:
+/// a handoff or a cached lease).
+#[derive(Debug, Default, PartialEq)]
+struct Gaps {
+    transfers: u64,
+    transfer_idle_us: u64,
+    turns: u64,
+    turn_idle_us: u64,
+}
+
+impl Gaps {
+    fn of(mut sections: Vec<Section>) -> Gaps {
+        sections.sort_unstable();
+        let mut gaps = Gaps::default();
+        for w in sections.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a.key != b.key {
+                continue;
+            }
+            // Never negative under mutual exclusion; saturating all the same.
+            let idle = b.start.saturating_sub(a.end);
+            if a.worker == b.worker {
+                gaps.turns += 1;
+                gaps.turn_idle_us += idle;
+            } else {
+                gaps.transfers += 1;
+                gaps.transfer_idle_us += idle;
+            }
+        }
+        gaps
+    }
+
+    /// The mean idle time of a transfer between processes, µs.
+    fn per_transfer(&self) -> Option<f64> {
+        (self.transfers > 0).then(|| self.transfer_idle_us as f64 / self.transfers as f64)
+    }
+
+    /// The mean idle time of a turn inside a process, µs.
+    fn per_turn(&self) -> Option<f64> {
+        (self.turns > 0).then(|| self.turn_idle_us as f64 / self.turns as f64)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::transfers;
+    use super::{Gaps, Section};
 
-    /// `(key, value, worker)` for the workers of `order`, one key, values 0, 1, ...
-    fn on_key(key: u64, order: &[u64]) -> Vec<(u64, u64, u64)> {
-        (0..).zip(order).map(|(v, &w)| (key, v, w)).collect()
+    /// The sections of one key run by the workers of `order`, values 0, 1, ...,
+    /// each 10 µs long and starting `gap` µs after the previous one ended.
+    fn on_key(key: u64, order: &[u64], gap: u64) -> Vec<Section> {
+        let mut at = 0;
+        (0..)
+            .zip(order)
+            .map(|(value, &worker)| {
+                let s = Section {
+                    key,
+                    value,
+                    worker,
+                    start: at,
+                    end: at + 10,
+                };
+                at += 10 + gap;
+                s
+            })
+            .collect()
     }
 
     #[test]
     fn a_transfer_is_a_change_of_worker_in_counter_order() {
-        assert_eq!(transfers(on_key(0, &[0, 0, 1, 0])), 2);
-        assert_eq!(transfers(on_key(0, &[1, 1, 1])), 0, "one worker");
-        assert_eq!(transfers(Vec::new()), 0);
+        let g = Gaps::of(on_key(0, &[0, 0, 1, 0], 5));
+        assert_eq!((g.transfers, g.transfer_idle_us), (2, 10));
+        assert_eq!((g.turns, g.turn_idle_us), (1, 5));
+        assert_eq!(g.per_transfer(), Some(5.0));
+        let one = Gaps::of(on_key(0, &[1, 1, 1], 5));
+        assert_eq!((one.transfers, one.turns), (0, 2), "one worker");
+        assert_eq!(one.per_transfer(), None);
+        assert_eq!(Gaps::of(Vec::new()), Gaps::default());
         // The records arrive grouped by worker, not in counter order.
-        let mut mixed = on_key(0, &[0, 1, 0, 1]);
-        mixed.sort_by_key(|&(_, _, w)| w);
-        assert_eq!(transfers(mixed), 3);
+        let mut mixed = on_key(0, &[0, 1, 0, 1], 7);
+        mixed.sort_by_key(|s| s.worker);
+        let g = Gaps::of(mixed);
+        assert_eq!((g.transfers, g.transfer_idle_us, g.turns), (3, 21, 0));
     }
 
     #[test]
     fn keys_do_not_pair_with_each_other() {
         // Key 0 ends on worker 0, key 1 starts on worker 1: no transfer between them.
-        let mut both = on_key(0, &[0, 0]);
-        both.extend(on_key(1, &[1, 1, 0]));
-        assert_eq!(transfers(both), 1);
+        let mut both = on_key(0, &[0, 0], 1);
+        both.extend(on_key(1, &[1, 1, 0], 1));
+        let g = Gaps::of(both);
+        assert_eq!((g.transfers, g.turns), (1, 2));
     }
 }

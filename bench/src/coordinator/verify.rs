@@ -21,7 +21,7 @@ pub(super) async fn verify(
     // key -> [(value read, epoch, seq, worker)]
     let mut by_key: HashMap<u64, Vec<(u64, u64, u64, u64)>> = HashMap::new();
     for r in results {
-        for &[k, value, epoch, seq] in &r.records {
+        for &[k, value, epoch, seq, ..] in &r.records {
             by_key.entry(k).or_default().push((value, epoch, seq, r.id));
         }
     }

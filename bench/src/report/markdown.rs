@@ -244,18 +244,21 @@ fn busy_markdown(s: &mut String, r: &Report) {
          own time (GET + SET of the counter, and the 1 ms hold; timed in the workers) / \
          the point's elapsed time: 1.00 = the key is never idle. Transfers = consecutive \
          critical sections (in counter order) run by two different processes. Idle per \
-         transfer = (elapsed − the sections' time) / transfers: handoffs inside a process \
-         are idle too, so it is an upper bound of one transfer's idle time.\n"
+         transfer = the mean time from a section's end to the next section's start when \
+         another process runs it (the workers' clocks are the machine's); idle per turn = \
+         the same when the same process runs it. One-way = a section's mean time (less the \
+         hold) / 4, as the sections are two round trips; ÷ bound = idle per transfer / two \
+         one-way delays, the two messages a transfer needs.\n"
     );
     let _ = writeln!(
         s,
-        "| workload | mode | P×T | sections/s | efficiency | transfers/s | idle µs per transfer |\n\
-         |---|---|---|--:|--:|--:|--:|"
+        "| workload | mode | P×T | sections/s | efficiency | transfers/s | idle µs per transfer | idle µs per turn | one-way µs | ÷ bound |\n\
+         |---|---|---|--:|--:|--:|--:|--:|--:|--:|"
     );
     for p in hot {
         let _ = writeln!(
             s,
-            "| {} | {} | {}×{} | {} | {} | {} | {} |",
+            "| {} | {} | {}×{} | {} | {} | {} | {} | {} | {} | {} |",
             p.workload.name(),
             p.mode.name(),
             p.procs,
@@ -264,6 +267,9 @@ fn busy_markdown(s: &mut String, r: &Report) {
             fmt_opt(p.efficiency, |e| format!("{e:.2}")),
             fmt_opt(p.transfers_per_s, fmt_rate),
             fmt_opt(p.idle_us_per_transfer, |us| format!("{us:.1}")),
+            fmt_opt(p.idle_us_per_turn, |us| format!("{us:.1}")),
+            fmt_opt(p.one_way_us, |us| format!("{us:.1}")),
+            fmt_opt(p.transfer_vs_bound(), |r| format!("{r:.2}")),
         );
     }
     s.push('\n');

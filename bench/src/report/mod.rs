@@ -74,14 +74,38 @@ pub struct Point {
     /// [`elapsed_s`](Self::elapsed_s); 0 for one process (the floor). `None` for
     /// `zipf`.
     pub transfers_per_s: Option<f64>,
-    /// (elapsed − the critical sections' durations) / transfers between processes, µs.
-    /// The idle time of handoffs inside a process counts too, so this is an upper
-    /// bound of the idle time of one transfer between processes. `None` without a
-    /// transfer (one process) and for `zipf`.
+    /// The hot key's mean idle time at a transfer between processes, µs: from the end
+    /// of a critical section to the start of the next one (in counter order) when
+    /// another process runs it, both read from the machine's clock in the workers.
+    /// The key is held for part of it (the release, the lock's own reply or grant),
+    /// but no section runs: it is the time a transfer costs the key. `None` without
+    /// a transfer (one process) and for `zipf`.
     pub idle_us_per_transfer: Option<f64>,
+    /// The same for the next section in the same process (a handoff, a cached
+    /// lease, or the process's own next acquire), µs. `None` without one and for
+    /// `zipf`.
+    pub idle_us_per_turn: Option<f64>,
+    /// The one-way delay between a worker and Redis as the critical sections saw
+    /// it, µs: a section's mean duration (less the 1 ms hold of
+    /// `hotkey-rmw-hold1ms`) over four, since it is two round trips on the data
+    /// connection. A transfer between processes needs two such delays at least
+    /// (the release reaching Redis, the grant or the answer reaching the next
+    /// holder); [`transfer_vs_bound`](Self::transfer_vs_bound) compares with that.
+    /// `None` for `zipf`.
+    pub one_way_us: Option<f64>,
 }
 
 impl Point {
+    /// [`idle_us_per_transfer`](Self::idle_us_per_transfer) over two one-way delays
+    /// ([`one_way_us`](Self::one_way_us)): 1.0 means a transfer idles the key no
+    /// longer than the two messages it physically needs.
+    pub fn transfer_vs_bound(&self) -> Option<f64> {
+        match (self.idle_us_per_transfer, self.one_way_us) {
+            (Some(idle), Some(one_way)) if one_way > 0.0 => Some(idle / (2.0 * one_way)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn requests_per_cs(&self) -> f64 {
         self.requests.iter().sum::<u64>() as f64 / self.sections.max(1) as f64
     }
@@ -167,6 +191,9 @@ impl Point {
             "efficiency": self.efficiency,
             "transfers_per_s": self.transfers_per_s,
             "idle_us_per_transfer": self.idle_us_per_transfer,
+            "idle_us_per_turn": self.idle_us_per_turn,
+            "one_way_us": self.one_way_us,
+            "transfer_vs_bound": self.transfer_vs_bound(),
         })
     }
 }

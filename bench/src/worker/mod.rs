@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use crate::config::{
     HOLD, Mode, WAIT_TIMEOUT, Workload, ZIPF_KEYS, ZIPF_S, counter_name, lock_key,
 };
-use crate::protocol::{LockStats, WorkerResult, WorkerSpec, emit, parse_go};
+use crate::protocol::{LockStats, WorkerResult, WorkerSpec, emit, parse_go, unix_us};
 use crate::{data_connection, micros, new_histogram};
 use plain::PlainLock;
 use testkit::Counting;
@@ -86,8 +86,9 @@ struct TaskOut {
     /// Time spent inside [`critical_section`], summed over this task's sections.
     section: Duration,
     hist: Option<Histogram<u64>>,
-    /// `[key index, counter value read, epoch, seq]`
-    records: Vec<[u64; 4]>,
+    /// `[key index, counter value read, epoch, seq, start, end]` (start and end:
+    /// the section's, unix µs)
+    records: Vec<[u64; 6]>,
     error: Option<String>,
 }
 
@@ -256,23 +257,23 @@ async fn task_body(
                     .await
                     .map_err(|e| format!("lock: {e}"))?;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = timed_section(ctx, &mut conn, k, out).await?;
+                let (c, start, end) = timed_section(ctx, &mut conn, k, out).await?;
                 let f = guard.fencing_token();
-                out.records.push([k as u64, c, f.epoch, f.seq]);
+                out.records.push([k as u64, c, f.epoch, f.seq, start, end]);
                 guard.release().await.map_err(|e| format!("release: {e}"))?;
             }
             Guard::Mutexes(mutexes) => {
                 let guard = mutexes[k].lock().await;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = timed_section(ctx, &mut conn, k, out).await?;
-                out.records.push([k as u64, c, 0, 0]);
+                let (c, start, end) = timed_section(ctx, &mut conn, k, out).await?;
+                out.records.push([k as u64, c, 0, 0, start, end]);
                 drop(guard);
             }
             Guard::Plain(plain) => {
                 let token = plain.lock(k, t0 + WAIT_TIMEOUT).await?;
                 hist.record(micros(t0.elapsed())).ok();
-                let c = timed_section(ctx, &mut conn, k, out).await?;
-                out.records.push([k as u64, c, 0, 0]);
+                let (c, start, end) = timed_section(ctx, &mut conn, k, out).await?;
+                out.records.push([k as u64, c, 0, 0, start, end]);
                 plain.unlock(k, &token).await?;
             }
         }
@@ -282,17 +283,20 @@ async fn task_body(
 }
 
 /// [`critical_section`], its duration added to `out.section` (the key's busy time:
-/// the lock's own acquire and release are outside it).
+/// the lock's own acquire and release are outside it). Returns the value read and
+/// the section's start and end in unix µs: the worker processes share the machine's
+/// clock, so the coordinator can measure the gap between two processes' sections.
 async fn timed_section(
     ctx: &Ctx,
     conn: &mut redis::aio::MultiplexedConnection,
     k: usize,
     out: &mut TaskOut,
-) -> Result<u64, String> {
-    let t = Instant::now();
+) -> Result<(u64, u64, u64), String> {
+    let (t, start) = (Instant::now(), unix_us());
     let c = critical_section(ctx, conn, k).await?;
-    out.section += t.elapsed();
-    Ok(c)
+    let took = t.elapsed();
+    out.section += took;
+    Ok((c, start, start + micros(took)))
 }
 
 /// GET the counter, SET it incremented (two round trips on the data connection),
