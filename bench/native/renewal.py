@@ -124,6 +124,7 @@ return out
 
 # The same without the queues' EXISTS.
 FLOOR_NO_QUEUE = FLOOR.replace("local queued = redis.call('EXISTS', unpack(ARGV, 2 + n, 1 + 2 * n))\n", "")
+assert FLOOR_NO_QUEUE != FLOOR, "the floor's EXISTS line changed: update FLOOR_NO_QUEUE"
 
 
 def token(i):
